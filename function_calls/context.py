@@ -1,0 +1,84 @@
+"""What a tool handler receives besides its arguments, and what it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Generic, Literal, TypeVar
+from zoneinfo import ZoneInfo
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Caller", "ToolContext", "ToolResult"]
+
+D = TypeVar("D")
+
+
+class Caller(BaseModel):
+    """Who is asking and where: always taken from the platform, never from model arguments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: str = "local"
+    user_id: str = "user"
+    user_name: str = ""
+    chat_id: str = "local"
+    chat_kind: Literal["group", "private"] = "private"
+    is_admin: bool = False
+    addressed: bool = True
+
+    @property
+    def qualified_user(self) -> str:
+        return f"{self.platform}:{self.user_id}"
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class ToolContext(Generic[D]):
+    """Per-call context. ``deps`` is whatever the tool's plugin set up (typed by the plugin)."""
+
+    deps: D
+    caller: Caller = field(default_factory=Caller)
+    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    run_id: str = ""
+    tool_call_id: str = ""
+    clock: Callable[[], datetime] = _utcnow
+
+    def now(self) -> datetime:
+        """The current instant, aware UTC (a test clock when one is injected)."""
+        return self.clock()
+
+    def local_now(self) -> datetime:
+        """The current instant in the chat's zone."""
+        return self.clock().astimezone(self.zone)
+
+
+class ToolResult(BaseModel):
+    """A tool's outcome.
+
+    ``content`` goes to the model. ``user_messages`` go to the person directly. ``continue_``
+    says whether the model must see the result: an action tool whose ``user_messages`` already
+    answer (``continue_=False``) ends the run without another model call.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    content: str
+    user_messages: tuple[str, ...] = ()
+    continue_: bool = Field(default=True, serialization_alias="continue")
+    is_error: bool = False
+    data: dict[str, object] | None = None
+
+    @classmethod
+    def reply(cls, text: str, *, content: str | None = None, data: dict[str, object] | None = None) -> ToolResult:
+        """An action result that answers the user itself: no further model turn is needed."""
+        return cls(content=content or text, user_messages=(text,), continue_=False, data=data)
+
+    @classmethod
+    def error(cls, message: str) -> ToolResult:
+        """A failure the model should see and may correct."""
+        return cls(content=message, is_error=True)

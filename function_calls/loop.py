@@ -1,0 +1,388 @@
+"""The invoke loop: model turn -> validated tool calls run concurrently -> results -> repeat.
+
+A run always ends in a typed :class:`StopReason` with its messages kept; nothing here raises
+for a provider failure, a bad argument or a runaway model. The run's state is JSON, so a
+paused run (an approval) resumes after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from pydantic import BaseModel, Field
+
+from function_calls.context import Caller, ToolContext, ToolResult
+from function_calls.errors import ArgumentError, ModelAPIError, ToolError
+from function_calls.guards import (
+    BudgetHook,
+    Limits,
+    LoopConfig,
+    LoopDetector,
+    LoopLevel,
+    RetryPolicy,
+    args_key,
+    result_key,
+)
+from function_calls.model import ChatModel, ModelRequest, ModelResponse, TextCallback, ToolCall, Usage
+from function_calls.tokens import estimate_messages
+from function_calls.tool import Tool, Toolset
+
+__all__ = ["EventCallback", "RunResult", "RunState", "Runner", "StopReason", "ToolTrace"]
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[dict[str, Any]], Awaitable[None]]
+Approver = Callable[[ToolCall, Tool, Caller], Awaitable[bool | None]]
+
+
+class StopReason(StrEnum):
+    """Why a run ended."""
+
+    COMPLETED = "completed"
+    ANSWERED_BY_TOOL = "answered_by_tool"
+    ITERATION_LIMIT = "iteration_limit"
+    TOOL_CALL_LIMIT = "tool_call_limit"
+    TOKEN_BUDGET = "token_budget"
+    DAILY_BUDGET = "daily_budget"
+    LOOP_CRITICAL = "loop_critical"
+    LOOP_BREAKER = "loop_breaker"
+    TOOL_RETRIES_EXHAUSTED = "tool_retries_exhausted"
+    MODEL_ERROR = "model_error"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+class ToolTrace(BaseModel):
+    """One executed (or refused) tool call, for logs and the web playground."""
+
+    call_id: str
+    name: str
+    arguments: str
+    result: str
+    is_error: bool = False
+    duration_ms: float = 0.0
+    note: str = ""
+
+
+class RunState(BaseModel):
+    """Everything needed to resume a run; serialise with ``model_dump_json()``."""
+
+    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    messages: list[dict[str, Any]]
+    iterations: int = 0
+    tool_calls: int = 0
+    api_retries: int = 0
+    arg_failures: dict[str, int] = {}
+    usage: Usage = Usage()
+    pending: list[ToolCall] = []
+    user_messages: list[str] = []
+    trace: list[ToolTrace] = []
+    loop: dict[str, Any] = {}
+
+
+class RunResult(BaseModel):
+    """A finished (or paused) run. ``replies`` is what the user should see, in order."""
+
+    stop: StopReason
+    text: str = ""
+    replies: list[str] = []
+    detail: str = ""
+    usage: Usage = Usage()
+    trace: list[ToolTrace] = []
+    state: RunState
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.state.messages
+
+
+_STOP_TEXT = {
+    StopReason.LOOP_CRITICAL: "我好像在原地打转（{detail}），先停下来了。请换个说法或稍后再试。",
+    StopReason.LOOP_BREAKER: "本次请求重复调用过多（{detail}），已强制停止。",
+    StopReason.TOOL_RETRIES_EXHAUSTED: "我没能正确使用工具 {detail}，请换个说法再试。",
+    StopReason.MODEL_ERROR: "AI 服务暂时不可用（{detail}），请稍后再试。",
+    StopReason.DAILY_BUDGET: "今天的 AI 用量已达上限，明天再来吧。",
+    StopReason.AWAITING_APPROVAL: "这个操作需要管理员批准：{detail}",
+}
+
+_FINAL_NOTE = (
+    "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
+    "Answer the user now with what you already know, and say briefly what is left undone."
+)
+
+
+@dataclass
+class _Outcome:
+    call: ToolCall
+    result: ToolResult
+    trace: ToolTrace
+    stop: StopReason | None = None
+    detail: str = ""
+
+
+@dataclass
+class Runner:
+    """Drives one conversation to a terminal state under the configured guards."""
+
+    model: ChatModel
+    limits: Limits = field(default_factory=Limits)
+    loop_config: LoopConfig = field(default_factory=LoopConfig)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    budget: BudgetHook | None = None
+    approver: Approver | None = None
+    strict_tools: bool = False
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    async def run(
+        self,
+        messages: list[dict[str, Any]] | RunState,
+        tools: Toolset,
+        *,
+        caller: Caller | None = None,
+        deps_for: Callable[[Tool], Any] = lambda tool: None,
+        zone: ZoneInfo | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        on_text: TextCallback | None = None,
+        on_event: EventCallback | None = None,
+    ) -> RunResult:
+        """Run until a terminal state. Pass a :class:`RunState` to resume a paused run."""
+        caller = caller or Caller()
+        state = messages if isinstance(messages, RunState) else RunState(messages=list(messages))
+        detector = LoopDetector.restore(self.loop_config, state.loop) if state.loop else LoopDetector(self.loop_config)
+        offered = tools.filter(lambda t: t.allowed_for(caller))
+        env = _Env(self, offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state)
+        token_cap = self.limits.max_run_tokens
+        if self.budget is not None:
+            left = await self.budget.remaining(caller)
+            if left is not None and left <= 0:
+                return self._finish(state, StopReason.DAILY_BUDGET, detector)
+            if left is not None:
+                token_cap = min(token_cap, left)
+        try:
+            return await self._drive(env, token_cap, on_text)
+        finally:
+            if self.budget is not None and state.usage.requests:
+                await self.budget.charge(caller, state.usage)
+
+    async def _drive(self, env: _Env, token_cap: int, on_text: TextCallback | None) -> RunResult:
+        state = env.state
+        if state.pending:  # resuming after an approval pause
+            calls, state.pending = state.pending, []
+            stop = await self._run_calls(env, calls)
+            if stop is not None:
+                return stop
+        while True:
+            defs = [t.definition(strict=self.strict_tools) for t in env.tools]
+            why = ""
+            if state.iterations >= self.limits.max_iterations:
+                why, reason = f"{state.iterations} model turns", StopReason.ITERATION_LIMIT
+            elif state.tool_calls >= self.limits.max_tool_calls:
+                why, reason = f"{state.tool_calls} tool calls", StopReason.TOOL_CALL_LIMIT
+            elif state.usage.total_tokens + estimate_messages(state.messages, defs) > token_cap:
+                why, reason = f"{state.usage.total_tokens} of {token_cap} tokens", StopReason.TOKEN_BUDGET
+            if why:
+                return await self._final_answer(env, reason, why, on_text)
+            try:
+                response = await self._call_model(env, ModelRequest(messages=state.messages, tools=defs,
+                                                                    tool_choice="auto" if defs else None), on_text)
+            except ModelAPIError as exc:
+                return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc))
+            state.messages.append(_assistant_message(response))
+            if not response.tool_calls:
+                return self._finish(state, StopReason.COMPLETED, env.detector, text=response.text)
+            stop = await self._run_calls(env, response.tool_calls)
+            if stop is not None:
+                return stop
+
+    async def _run_calls(self, env: _Env, calls: list[ToolCall]) -> RunResult | None:
+        state = env.state
+        outcomes = await env.execute(calls)
+        for outcome in outcomes:
+            state.messages.append({"role": "tool", "tool_call_id": outcome.call.id, "content": outcome.result.content})
+            state.trace.append(outcome.trace)
+            state.user_messages.extend(outcome.result.user_messages)
+        stops = [o for o in outcomes if o.stop is not None]
+        if stops:
+            first = stops[0]
+            if first.stop is StopReason.AWAITING_APPROVAL:
+                state.pending = [o.call for o in stops]
+            return self._finish(state, first.stop or StopReason.COMPLETED, env.detector, detail=first.detail)
+        if all(not o.result.continue_ for o in outcomes):
+            return self._finish(state, StopReason.ANSWERED_BY_TOOL, env.detector)
+        return None
+
+    async def _call_model(self, env: _Env, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+        state = env.state
+        while True:
+            try:
+                response = await self.model.complete(request, on_text=on_text)
+            except ModelAPIError as exc:
+                state.usage = state.usage + Usage(requests=1, prompt_tokens=0)
+                if not exc.retryable or exc.text_shown or state.api_retries >= self.retry.max_retries:
+                    raise
+                state.api_retries += 1
+                wait = self.retry.delay(state.api_retries, exc.retry_after)
+                log.warning("model call failed (%s); retry %d in %.2fs", exc, state.api_retries, wait)
+                await env.emit({"type": "retry", "error": str(exc), "delay_s": wait})
+                await self.sleep(wait)
+                continue
+            state.iterations += 1
+            state.usage = state.usage + response.usage
+            return response
+
+    async def _final_answer(self, env: _Env, reason: StopReason, why: str, on_text: TextCallback | None) -> RunResult:
+        """Budgets end with an answer, not an exception: one last turn without tools, capped."""
+        state = env.state
+        messages = [*state.messages, {"role": "system", "content": _FINAL_NOTE.format(why=why)}]
+        request = ModelRequest(messages=messages, max_tokens=self.limits.final_answer_max_tokens)
+        try:
+            response = await self._call_model(env, request, on_text)
+            text = response.text
+        except ModelAPIError as exc:
+            log.warning("final answer after %s failed: %s", reason, exc)
+            text = ""
+        if text:
+            state.messages.append({"role": "assistant", "content": text})
+        elif not state.user_messages:
+            text = "这个请求太复杂了，我在限额内没能完成，请拆小一点再问。"
+        return self._finish(state, reason, env.detector, text=text, detail=why)
+
+    def _finish(self, state: RunState, stop: StopReason, detector: LoopDetector, *, text: str = "",
+                detail: str = "") -> RunResult:
+        state.loop = detector.snapshot()
+        template = _STOP_TEXT.get(stop)
+        if template and not text:
+            text = template.format(detail=detail)
+        replies = [*state.user_messages, *([text] if text else [])]
+        return RunResult(stop=stop, text=text, replies=replies, detail=detail, usage=state.usage,
+                         trace=list(state.trace), state=state)
+
+
+def _assistant_message(response: ModelResponse) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": response.text or None}
+    if response.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in response.tool_calls
+        ]
+    return message
+
+
+@dataclass
+class _Env:
+    """One run's execution environment: which tools, for whom, under which guards."""
+
+    runner: Runner
+    tools: Toolset
+    caller: Caller
+    deps_for: Callable[[Tool], Any]
+    zone: ZoneInfo
+    clock: Callable[[], datetime]
+    on_event: EventCallback | None
+    detector: LoopDetector
+    state: RunState
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            try:
+                await self.on_event(event)
+            except Exception:  # an observer must never break a run
+                log.exception("run event callback failed")
+
+    async def execute(self, calls: Sequence[ToolCall]) -> list[_Outcome]:
+        """Run one turn's calls: concurrent up to the cap, ``sequential`` tools alone, order kept."""
+        sem = asyncio.Semaphore(self.runner.limits.parallel_tools)
+        outcomes: list[_Outcome | None] = [None] * len(calls)
+        batch: list[asyncio.Task[None]] = []
+
+        async def one(i: int, call: ToolCall) -> None:
+            async with sem:
+                outcomes[i] = await self.call_one(call)
+
+        for i, call in enumerate(calls):
+            tool = self.tools.get(call.name)
+            if tool is not None and tool.sequential:
+                await asyncio.gather(*batch)
+                batch = []
+                outcomes[i] = await self.call_one(call)
+            else:
+                batch.append(asyncio.create_task(one(i, call)))
+        await asyncio.gather(*batch)
+        return [o for o in outcomes if o is not None]
+
+    async def call_one(self, call: ToolCall) -> _Outcome:
+        start = time.perf_counter()
+        outcome = await self._call_one(call)
+        outcome.trace.duration_ms = round((time.perf_counter() - start) * 1000, 2)
+        await self.emit({"type": "tool", **outcome.trace.model_dump()})
+        return outcome
+
+    def _refuse(self, call: ToolCall, content: str, stop: StopReason | None = None, detail: str = "",
+                note: str = "") -> _Outcome:
+        result = ToolResult(content=content, is_error=True)
+        trace = ToolTrace(call_id=call.id, name=call.name, arguments=call.arguments, result=content,
+                          is_error=True, note=note or (stop.value if stop else ""))
+        return _Outcome(call, result, trace, stop, detail)
+
+    async def _call_one(self, call: ToolCall) -> _Outcome:
+        state, runner = self.state, self.runner
+        tool = self.tools.get(call.name)
+        akey = args_key(call.arguments)
+        signal = self.detector.before(call.name, akey, unknown=tool is None)
+        if signal.level in (LoopLevel.CRITICAL, LoopLevel.BREAKER):
+            stop = StopReason.LOOP_BREAKER if signal.level is LoopLevel.BREAKER else StopReason.LOOP_CRITICAL
+            return self._refuse(call, f"[qunbot] blocked: {signal.reason}. Stop calling tools.", stop, signal.reason)
+        if state.tool_calls >= runner.limits.max_tool_calls:
+            return self._refuse(call, "[qunbot] tool-call limit for this request reached; not run.", note="limit")
+        state.tool_calls += 1
+        if tool is None:
+            names = ", ".join(self.tools.names()) or "(none)"
+            content = f"Unknown tool `{call.name}`. The tools that exist here are: {names}."
+            self.detector.record(call.name, akey, "unknown", unknown=True)
+            return self._refuse(call, content, note="unknown tool")
+        try:
+            args = tool.parse_arguments(call.arguments, strict=runner.strict_tools)
+        except ArgumentError as exc:
+            failures = state.arg_failures.get(tool.name, 0) + 1
+            state.arg_failures[tool.name] = failures
+            self.detector.record(tool.name, akey, result_key(exc.message, None, ()))
+            if failures > tool.retries:
+                return self._refuse(call, exc.message, StopReason.TOOL_RETRIES_EXHAUSTED,
+                                    f"{tool.name}（参数连续 {failures} 次无效）")
+            return self._refuse(call, exc.message, note=f"invalid arguments ({failures}/{tool.retries + 1})")
+        if tool.confirm and runner.approver is not None:
+            verdict = await runner.approver(call, tool, self.caller)
+            if verdict is None:
+                return self._refuse(call, "[qunbot] waiting for approval", StopReason.AWAITING_APPROVAL, tool.name)
+            if verdict is False:
+                return self._refuse(call, f"The user's admin declined `{tool.name}`. Tell the user.", note="declined")
+        ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
+                          tool_call_id=call.id, clock=self.clock)
+        try:
+            result = await asyncio.wait_for(tool.invoke(ctx, args), timeout=tool.timeout_s)
+        except ToolError as exc:
+            result = ToolResult.error(exc.message)
+        except TimeoutError:
+            result = ToolResult.error(f"`{tool.name}` timed out after {tool.timeout_s:g}s.")
+        except Exception as exc:  # a tool bug must not take its siblings or the run down
+            log.exception("tool %s failed", tool.name)
+            result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
+        rkey = result_key(result.content, result.data, tool.hash_exclude)
+        signal = self.detector.record(tool.name, akey, rkey)
+        note = ""
+        if signal.level is not LoopLevel.OK:
+            note = f"loop {signal.level.value}: {signal.reason}"
+            result = result.model_copy(update={"content": result.content + (
+                f"\n\n[qunbot] Warning: {signal.reason}. This is not making progress: change your approach "
+                "or answer the user with what you have.")})
+        trace = ToolTrace(call_id=call.id, name=tool.name, arguments=call.arguments, result=result.content,
+                          is_error=result.is_error, note=note)
+        return _Outcome(call, result, trace)

@@ -1,0 +1,123 @@
+"""The two entry points the robot uses: a chat run and a scheduled run.
+
+A chat run builds the system prompt (persona, current time and zone, chat kind), adds the
+chat's recent history within a token window, and shows failures to the user. A scheduled run
+(a reminder's prompt) has no history, an explicit tool allowlist, and only logs failures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from pydantic import BaseModel, ConfigDict
+
+from function_calls.context import Caller
+from function_calls.loop import EventCallback, Runner, RunResult, StopReason
+from function_calls.model import TextCallback
+from function_calls.tokens import estimate_tokens
+from function_calls.tool import Tool, Toolset
+
+__all__ = ["FunctionCallRouter", "HistoryTurn"]
+
+log = logging.getLogger(__name__)
+_WEEKDAYS = "一二三四五六日"
+
+
+class HistoryTurn(BaseModel):
+    """One earlier message of the chat, as the model will see it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_id: str
+    name: str
+    text: str
+    at: datetime
+    from_bot: bool = False
+
+
+@dataclass
+class FunctionCallRouter:
+    """Builds the messages for a run and hands them to the :class:`Runner`."""
+
+    runner: Runner
+    bot_name: str = "qunbot"
+    persona: str = "你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。"
+    history_tokens: int = 1500
+
+    def system_prompt(self, caller: Caller, zone: ZoneInfo, now: datetime) -> str:
+        local = now.astimezone(zone)
+        where = "群聊" if caller.chat_kind == "group" else "私聊"
+        who = f"{caller.user_name or caller.user_id}(id:{caller.user_id})"
+        return (
+            f"{self.persona}\n你的名字是「{self.bot_name}」。现在是 {local:%Y-%m-%d %H:%M} "
+            f"星期{_WEEKDAYS[local.weekday()]}（时区 {zone.key}）。这是一个{where}，当前提问者是 {who}。"
+        )
+
+    def window(self, history: Sequence[HistoryTurn], zone: ZoneInfo) -> list[dict[str, Any]]:
+        """The newest history that fits ``history_tokens``, oldest first."""
+        picked: list[dict[str, Any]] = []
+        used = 0
+        for turn in reversed(history):
+            if turn.from_bot:
+                message = {"role": "assistant", "content": turn.text}
+            else:
+                stamp = turn.at.astimezone(zone).strftime("%H:%M")
+                message = {"role": "user", "content": f"[{stamp}] {turn.name}(id:{turn.user_id}): {turn.text}"}
+            cost = estimate_tokens(str(message["content"])) + 4
+            if used + cost > self.history_tokens:
+                break
+            used += cost
+            picked.append(message)
+        picked.reverse()
+        return picked
+
+    async def chat(
+        self,
+        text: str,
+        *,
+        caller: Caller,
+        tools: Toolset,
+        history: Sequence[HistoryTurn] = (),
+        zone: ZoneInfo,
+        deps_for: Callable[[Tool], Any] = lambda tool: None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        on_text: TextCallback | None = None,
+        on_event: EventCallback | None = None,
+    ) -> RunResult:
+        """Answer one addressed message; failures come back as replies the user can read."""
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.system_prompt(caller, zone, clock())},
+            *self.window(history, zone),
+            {"role": "user", "content": text},
+        ]
+        return await self.runner.run(messages, tools, caller=caller, deps_for=deps_for, zone=zone, clock=clock,
+                                     on_text=on_text, on_event=on_event)
+
+    async def scheduled(
+        self,
+        prompt: str,
+        *,
+        caller: Caller,
+        tools: Toolset,
+        allow: Sequence[str],
+        zone: ZoneInfo,
+        deps_for: Callable[[Tool], Any] = lambda tool: None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> RunResult:
+        """Run a stored prompt with only the ``allow``-ed tools; failures are logged, not shown."""
+        allowed = tools.filter(lambda t: t.name in allow)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.system_prompt(caller, zone, clock())
+             + " 这是一个定时任务：直接给出要发送的内容。"},
+            {"role": "user", "content": prompt},
+        ]
+        result = await self.runner.run(messages, allowed, caller=caller, deps_for=deps_for, zone=zone, clock=clock)
+        if result.stop not in (StopReason.COMPLETED, StopReason.ANSWERED_BY_TOOL):
+            log.warning("scheduled run for %s stopped: %s %s", caller.qualified_user, result.stop, result.detail)
+            result = result.model_copy(update={"replies": [], "text": ""})
+        return result

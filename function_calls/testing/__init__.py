@@ -1,0 +1,25 @@
+"""Test seams for qunbot and its plugin authors: a scripted model and a fake OpenAI server."""
+
+from function_calls.testing.scripted import ScriptedModel, call, text
+from function_calls.testing.server import (
+    Call,
+    Delay,
+    Disconnect,
+    FakeOpenAIServer,
+    Fault,
+    RecordedRequest,
+    Reply,
+)
+
+__all__ = [
+    "Call",
+    "Delay",
+    "Disconnect",
+    "FakeOpenAIServer",
+    "Fault",
+    "RecordedRequest",
+    "Reply",
+    "ScriptedModel",
+    "call",
+    "text",
+]

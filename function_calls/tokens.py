@@ -1,0 +1,52 @@
+"""A dependency-free token estimate for budgets and history windows.
+
+Exact tokenizers need their vocabulary files (tiktoken downloads them at run time, which an
+offline bot cannot do), and the provider's reported usage is the real count anyway: this
+estimate only has to be close and a little pessimistic. CJK characters count one token each,
+other text one per four characters, plus a small per-message overhead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["estimate_messages", "estimate_tokens"]
+
+_MESSAGE_OVERHEAD = 4
+
+
+def _is_wide(ch: str) -> bool:
+    code = ord(ch)
+    return (
+        0x2E80 <= code <= 0x9FFF
+        or 0xAC00 <= code <= 0xD7AF
+        or 0xF900 <= code <= 0xFAFF
+        or 0xFF00 <= code <= 0xFFEF
+        or code >= 0x20000
+    )
+
+
+def estimate_tokens(text: str) -> int:
+    """Approximate token count of ``text``."""
+    wide = sum(1 for ch in text if _is_wide(ch))
+    narrow = len(text) - wide
+    return wide + (narrow + 3) // 4
+
+
+def estimate_messages(messages: Iterable[Mapping[str, Any]], tools: Iterable[Mapping[str, Any]] = ()) -> int:
+    """Approximate prompt tokens for a chat request (messages plus tool definitions)."""
+    total = 0
+    for message in messages:
+        total += _MESSAGE_OVERHEAD
+        content = message.get("content")
+        if isinstance(content, str):
+            total += estimate_tokens(content)
+        elif content is not None:
+            total += estimate_tokens(json.dumps(content, ensure_ascii=False))
+        for call in message.get("tool_calls") or ():
+            total += estimate_tokens(json.dumps(call, ensure_ascii=False))
+    for tool in tools:
+        total += estimate_tokens(json.dumps(tool, ensure_ascii=False, separators=(",", ":")))
+    return total

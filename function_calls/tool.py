@@ -1,0 +1,340 @@
+"""``@tool_function``, :class:`Tool` and :class:`Toolset`.
+
+Everything a tool needs at run time (the OpenAI definition, its strict variant, the compiled
+JSON-Schema validators, the Pydantic validator) is built once, when the function is decorated.
+Decorating mutates no global state: tools are collected from the modules a bot loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import types
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin, overload
+
+import jsonschema
+from pydantic import BaseModel, ValidationError
+
+from function_calls.context import Caller, ToolContext, ToolResult
+from function_calls.errors import ArgumentError, FieldProblem, ToolDefinitionError
+from function_calls.schema import EMPTY_PARAMETERS, compact_schema, strict_schema
+
+__all__ = ["Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
+
+Scope = Literal["group", "private", "both"]
+Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
+_MAX_VALUE_CHARS = 80
+
+
+@dataclass(frozen=True, eq=False)
+class Tool:
+    """A validated, callable tool. Build one with :func:`tool_function`."""
+
+    name: str
+    description: str
+    handler: Handler
+    args_model: type[BaseModel] | None
+    parameters: dict[str, Any]
+    strict_parameters: dict[str, Any]
+    examples: tuple[str, ...] = ()
+    scope: Scope = "both"
+    require_at: bool = False
+    admin_only: bool = False
+    confirm: bool = False
+    retries: int = 2
+    timeout_s: float = 30.0
+    sequential: bool = False
+    aliases: tuple[str, ...] = ()
+    hash_exclude: tuple[str, ...] = ()
+    _takes_ctx: bool = field(default=False, repr=False)
+    _validator: Any = field(default=None, repr=False)
+    _strict_validator: Any = field(default=None, repr=False)
+
+    def definition(self, *, strict: bool = False) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry for this tool."""
+        fn: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.strict_parameters if strict else self.parameters,
+        }
+        if strict:
+            fn["strict"] = True
+        return {"type": "function", "function": fn}
+
+    def allowed_for(self, caller: Caller) -> bool:
+        """Scope, @-requirement and admin rule: a tool that fails this is neither offered nor run."""
+        if self.scope != "both" and self.scope != caller.chat_kind:
+            return False
+        if self.require_at and caller.chat_kind == "group" and not caller.addressed:
+            return False
+        return not (self.admin_only and not caller.is_admin)
+
+    def parse_arguments(self, raw: str | dict[str, Any] | None, *, strict: bool = False) -> BaseModel | None:
+        """Raw JSON -> JSON Schema (as sent) -> Pydantic. Raises :class:`ArgumentError`."""
+        if isinstance(raw, dict):
+            data: Any = raw
+        else:
+            text = (raw or "").strip()
+            if not text:
+                text = "{}"  # an empty string is how some providers send "no arguments"
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                problem = FieldProblem("", f"not valid JSON: {exc.msg} at char {exc.pos}", _short(text))
+                raise ArgumentError(self.name, "JSON", [problem]) from None
+        if not isinstance(data, dict):
+            raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", _short(data))])
+        validator = self._strict_validator if strict else self._validator
+        problems = [
+            FieldProblem(_path(err.absolute_path), err.message if err.validator != "enum" else _enum_msg(err),
+                         _short(err.instance))
+            for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+        ]
+        if problems:
+            raise ArgumentError(self.name, "schema", problems)
+        if self.args_model is None:
+            return None
+        if strict:  # strict mode sends null for optional fields; let the model's defaults apply
+            data = {k: v for k, v in data.items() if v is not None or _nullable(self.parameters, k)}
+        try:
+            return self.args_model.model_validate(data)
+        except ValidationError as exc:
+            raise ArgumentError(
+                self.name,
+                "validation",
+                [FieldProblem(_path(e["loc"]), e["msg"], _short(e.get("input"))) for e in exc.errors()],
+            ) from None
+
+    async def invoke(self, ctx: ToolContext[Any], args: BaseModel | None) -> ToolResult:
+        """Run the handler (sync handlers in a worker thread) and normalise its result."""
+        call_args: list[Any] = []
+        if self._takes_ctx:
+            call_args.append(ctx)
+        if self.args_model is not None:
+            call_args.append(args)
+        if inspect.iscoroutinefunction(self.handler):
+            result = await self.handler(*call_args)
+        else:
+            result = await asyncio.to_thread(self.handler, *call_args)
+            if inspect.isawaitable(result):
+                result = await result
+        if isinstance(result, str):
+            return ToolResult(content=result)
+        if isinstance(result, ToolResult):
+            return result
+        raise ToolDefinitionError(f"tool {self.name!r} returned {type(result).__name__}, not ToolResult or str")
+
+
+def _path(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
+
+
+def _enum_msg(err: Any) -> str:
+    return "must be one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in err.validator_value)
+
+
+def _nullable(schema: dict[str, Any], prop: str) -> bool:
+    sub = schema.get("properties", {}).get(prop, {})
+    kind = sub.get("type")
+    return kind == "null" or (isinstance(kind, list) and "null" in kind) or {"type": "null"} in sub.get("anyOf", [])
+
+
+def _classify(tool: str, fn: Callable[..., Any]) -> tuple[bool, type[BaseModel] | None]:
+    """Find the context parameter and the argument model by annotation, whatever their names."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ToolDefinitionError(f"tool {tool!r}: cannot resolve annotations: {exc}") from exc
+    takes_ctx = False
+    model: type[BaseModel] | None = None
+    params = list(inspect.signature(fn).parameters.values())
+    for index, param in enumerate(params):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(f"tool {tool!r}: *args/**kwargs are not supported")
+        hint = hints.get(param.name)
+        if hint is None:
+            raise ToolDefinitionError(
+                f"tool {tool!r}: parameter {param.name!r} has no annotation; annotate it with ToolContext or a "
+                "pydantic BaseModel"
+            )
+        base = get_origin(hint) or hint
+        if base is ToolContext:
+            if index != 0:
+                raise ToolDefinitionError(f"tool {tool!r}: the ToolContext parameter must come first")
+            takes_ctx = True
+        elif isinstance(base, type) and issubclass(base, BaseModel):
+            if model is not None:
+                raise ToolDefinitionError(f"tool {tool!r}: only one pydantic argument model is allowed")
+            model = base
+        else:
+            raise ToolDefinitionError(
+                f"tool {tool!r}: parameter {param.name!r} is annotated {hint!r}; expected ToolContext or a "
+                "pydantic BaseModel subclass"
+            )
+    ret = hints.get("return")
+    if ret is not None and not _returns_ok(ret):
+        raise ToolDefinitionError(f"tool {tool!r}: return annotation must be ToolResult, str or their union")
+    return takes_ctx, model
+
+
+def _returns_ok(ret: Any) -> bool:
+    if ret in (ToolResult, str):
+        return True
+    if get_origin(ret) in (typing.Union, types.UnionType):
+        return all(_returns_ok(a) for a in get_args(ret))
+    return False
+
+
+@overload
+def tool_function(fn: Handler, /) -> Tool: ...
+@overload
+def tool_function(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    examples: Sequence[str] = (),
+    scope: Scope = "both",
+    require_at: bool = False,
+    admin_only: bool = False,
+    confirm: bool = False,
+    retries: int = 2,
+    timeout_s: float = 30.0,
+    sequential: bool = False,
+    aliases: Sequence[str] = (),
+    hash_exclude: Sequence[str] = (),
+) -> Callable[[Handler], Tool]: ...
+def tool_function(
+    fn: Handler | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    examples: Sequence[str] = (),
+    scope: Scope = "both",
+    require_at: bool = False,
+    admin_only: bool = False,
+    confirm: bool = False,
+    retries: int = 2,
+    timeout_s: float = 30.0,
+    sequential: bool = False,
+    aliases: Sequence[str] = (),
+    hash_exclude: Sequence[str] = (),
+) -> Tool | Callable[[Handler], Tool]:
+    """Declare a tool: ``async def f(ctx: ToolContext[D], args: Model) -> ToolResult | str``.
+
+    Usable bare (``@tool_function``) or with options. Mistakes raise :class:`ToolDefinitionError`
+    here, at decoration, with the tool's name.
+    """
+
+    def build(func: Handler) -> Tool:
+        tool_name: str = name or str(getattr(func, "__name__", ""))
+        if not tool_name.replace("_", "").replace("-", "").isalnum() or len(tool_name) > 64:
+            raise ToolDefinitionError(f"tool name {tool_name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
+        if scope not in ("group", "private", "both"):
+            raise ToolDefinitionError(f"tool {tool_name!r}: scope must be group, private or both, not {scope!r}")
+        if retries < 0 or timeout_s <= 0:
+            raise ToolDefinitionError(f"tool {tool_name!r}: retries must be >= 0 and timeout_s > 0")
+        desc = description if description is not None else inspect.getdoc(func)
+        if not desc:
+            raise ToolDefinitionError(f"tool {tool_name!r}: needs a docstring or description= (the model reads it)")
+        takes_ctx, model = _classify(tool_name, func)
+        params = compact_schema(model, tool_name) if model is not None else dict(EMPTY_PARAMETERS)
+        strict = strict_schema(params)
+        validator_cls = jsonschema.Draft202012Validator
+        for schema in (params, strict):
+            validator_cls.check_schema(schema)
+        tool = Tool(
+            name=tool_name, description=desc.strip(), handler=func, args_model=model,
+            parameters=params, strict_parameters=strict, examples=tuple(examples), scope=scope,
+            require_at=require_at, admin_only=admin_only, confirm=confirm, retries=retries,
+            timeout_s=timeout_s, sequential=sequential,
+            aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),
+            _takes_ctx=takes_ctx, _validator=validator_cls(params), _strict_validator=validator_cls(strict),
+        )
+        return tool
+
+    return build(fn) if fn is not None else build
+
+
+class Toolset:
+    """A named group of tools; names (and command aliases) are unique within a set."""
+
+    def __init__(self, name: str, tools: Iterable[Tool] = ()) -> None:
+        self.name = name
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> Tool:
+        """Register a tool; a second tool with the same name or alias is a :class:`ToolDefinitionError`."""
+        if not isinstance(tool, Tool):
+            raise ToolDefinitionError(f"toolset {self.name!r}: {tool!r} is not a Tool (decorate it with @tool_function)")
+        if tool.name in self._tools:
+            raise ToolDefinitionError(f"toolset {self.name!r}: two tools are named {tool.name!r}")
+        taken = {a for t in self._tools.values() for a in (t.name, *t.aliases)}
+        clash = [a for a in tool.aliases if a in taken]
+        if clash:
+            raise ToolDefinitionError(f"toolset {self.name!r}: tool {tool.name!r} alias {clash[0]!r} is already taken")
+        self._tools[tool.name] = tool
+        return tool
+
+    def merge(self, other: Toolset) -> Toolset:
+        """A new set holding both; a duplicate name is an error naming both sets."""
+        merged = Toolset(f"{self.name}+{other.name}", self)
+        for tool in other:
+            try:
+                merged.add(tool)
+            except ToolDefinitionError as exc:
+                raise ToolDefinitionError(f"{exc} (while adding toolset {other.name!r} to {self.name!r})") from None
+        return merged
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def resolve(self, name_or_alias: str) -> Tool | None:
+        """A tool by name or by command alias."""
+        key = name_or_alias.lstrip("/")
+        return self._tools.get(key) or next((t for t in self._tools.values() if key in t.aliases), None)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def filter(self, keep: Callable[[Tool], bool]) -> Toolset:
+        return Toolset(self.name, (t for t in self._tools.values() if keep(t)))
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __repr__(self) -> str:
+        return f"Toolset({self.name!r}, {self.names()})"
+
+
+def collect_tools(module: types.ModuleType) -> Toolset:
+    """The tools a module defines: every module-level :class:`Tool`, in definition order."""
+    seen: set[int] = set()
+    found: list[Tool] = []
+    for value in vars(module).values():
+        candidates = list(value) if isinstance(value, Toolset) else [value]
+        for tool in candidates:
+            if isinstance(tool, Tool) and id(tool) not in seen:
+                seen.add(id(tool))
+                found.append(tool)
+    return Toolset(module.__name__.rsplit(".", 1)[-1], found)

@@ -1,0 +1,102 @@
+"""The small abstract channel every platform adapter implements.
+
+A channel turns platform traffic into :class:`robot.Message` values, hands them to the
+sink the bot binds, and sends :class:`robot.OutgoingMessage` values back. Vendor details
+(wire formats, auth, reconnects) stay inside the channel.
+
+Errors::
+
+    ChannelError
+    ├── ChannelUnavailable   the platform is not reachable now; the outbox retries later
+    └── SendRejected         the platform refused this message; retrying will not help
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from robot.message import ChatRef, Message, OutgoingMessage
+
+__all__ = [
+    "Capabilities",
+    "Channel",
+    "ChannelError",
+    "ChannelUnavailable",
+    "MessageSink",
+    "SendReceipt",
+    "SendRejected",
+]
+
+MessageSink = Callable[[Message], Awaitable[None]]
+
+
+class ChannelError(Exception):
+    """Base of channel failures."""
+
+
+class ChannelUnavailable(ChannelError):
+    """Not connected or the platform timed out: the message stays in the outbox and is retried."""
+
+
+class SendRejected(ChannelError):
+    """The platform answered with a definite refusal: the message is marked failed, not retried."""
+
+
+class Capabilities(BaseModel):
+    """What a channel can do; the pipeline adapts replies to it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_text_len: int = 4000
+    mentions: bool = True
+    streaming: bool = False
+    markdown: bool = False
+
+
+class SendReceipt(BaseModel):
+    """The platform's acknowledgement of one sent message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform_message_id: str | None = None
+
+
+class Channel(abc.ABC):
+    """A platform adapter. ``platform`` is the prefix of chat keys and admin ids (``onebot``)."""
+
+    platform: str = "abstract"
+    capabilities: Capabilities = Capabilities()
+
+    def __init__(self) -> None:
+        self._sink: MessageSink | None = None
+
+    def bind(self, sink: MessageSink) -> None:
+        """Set where incoming messages go; the bot calls this before :meth:`start`."""
+        self._sink = sink
+
+    async def deliver(self, message: Message) -> None:
+        """Hand one incoming message to the bot."""
+        if self._sink is None:
+            raise ChannelError(f"channel {self.platform!r} received a message before it was bound")
+        await self._sink(message)
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start listening or connecting; returns once the channel is serving."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop and release sockets; idempotent."""
+
+    @abc.abstractmethod
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        """Send one message; raise :class:`ChannelUnavailable` or :class:`SendRejected` on failure."""
+
+    async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:  # noqa: B027
+        """Show a piece of a reply as it streams; only channels with ``capabilities.streaming`` act."""
+
+    async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:  # noqa: B027
+        """Observe a run's tool trace (the web playground shows it); a no-op elsewhere."""

@@ -1,0 +1,85 @@
+"""Platform-neutral messages: what channels produce and what the outbox sends."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+__all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender"]
+
+ChatKind = Literal["group", "private"]
+Role = Literal["owner", "admin", "member"]
+
+
+class ChatRef(BaseModel):
+    """Which chat: the platform, its id there, and whether it is a group or a private chat."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: str
+    chat_id: str
+    kind: ChatKind
+
+    @property
+    def key(self) -> str:
+        """A stable string key, e.g. ``onebot:group:123456``."""
+        return f"{self.platform}:{self.kind}:{self.chat_id}"
+
+    @classmethod
+    def from_key(cls, key: str) -> ChatRef:
+        platform, kind, chat_id = key.split(":", 2)
+        if kind not in ("group", "private"):
+            raise ValueError(f"bad chat key {key!r}")
+        return cls(platform=platform, chat_id=chat_id, kind=kind)  # type: ignore[arg-type]
+
+
+class Sender(BaseModel):
+    """Who wrote a message. ``user_id`` is the platform's id; the display name is only a label."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_id: str
+    name: str = ""
+    role: Role = "member"
+
+
+class Message(BaseModel):
+    """One incoming (or recorded outgoing) chat message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat: ChatRef
+    sender: Sender
+    message_id: str
+    text: str = Field(description="plain text with the mentions of the bot stripped")
+    timestamp: AwareDatetime
+    mentions: tuple[str, ...] = ()
+    mentions_bot: bool = False
+    reply_to: str | None = None
+    reply_to_bot: bool = False
+    from_bot: bool = False
+    raw: dict[str, object] | None = None
+
+    @property
+    def platform(self) -> str:
+        return self.chat.platform
+
+    @property
+    def qualified_sender(self) -> str:
+        """``platform:user_id``, the form admins are configured in."""
+        return f"{self.chat.platform}:{self.sender.user_id}"
+
+
+class OutgoingMessage(BaseModel):
+    """A reply or notification waiting in the outbox. ``key`` makes a send idempotent."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    chat: ChatRef
+    text: str
+    mention: tuple[str, ...] = Field(default=(), description="user ids to @ (groups only)")
+    reply_to: str | None = None
+    created_at: datetime | None = None
