@@ -32,7 +32,7 @@ class ChatRef(BaseModel):
         platform, kind, chat_id = key.split(":", 2)
         if kind not in ("group", "private"):
             raise ValueError(f"bad chat key {key!r}")
-        return cls(platform=platform, chat_id=chat_id, kind=kind)  # type: ignore[arg-type]
+        return cls(platform=platform, chat_id=chat_id, kind=kind)
 
 
 class Sender(BaseModel):

@@ -26,11 +26,14 @@ __all__ = [
     "ChannelError",
     "ChannelUnavailable",
     "MessageSink",
+    "PanelProvider",
     "SendReceipt",
     "SendRejected",
 ]
 
 MessageSink = Callable[[Message], Awaitable[None]]
+#: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
+PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
 
 
 class ChannelError(Exception):
@@ -100,3 +103,6 @@ class Channel(abc.ABC):
 
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:  # noqa: B027
         """Observe a run's tool trace (the web playground shows it); a no-op elsewhere."""
+
+    def attach_panels(self, panels: dict[str, PanelProvider]) -> None:  # noqa: B027
+        """Receive the bot's side panels (plugins add them at setup); only the web playground shows them."""

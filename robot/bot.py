@@ -1,0 +1,229 @@
+"""``Bot``: wires the settings, the store, the channels, the plugins and the LLM router."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from function_calls import (
+    Caller,
+    ChatModel,
+    FunctionCallRouter,
+    Limits,
+    OpenAIChatModel,
+    Runner,
+    RunResult,
+    Tool,
+    Toolset,
+)
+from robot.channels.base import Channel, PanelProvider
+from robot.config import Settings
+from robot.history import HistoryStore
+from robot.limits import DailyBudget, RateLimiter
+from robot.message import ChatRef, Message, OutgoingMessage
+from robot.outbox import Outbox
+from robot.pipeline import Pipeline
+from robot.plugin import Plugin, load_plugin
+from robot.store import Database, DedupeStore
+
+__all__ = ["Bot", "build_channels"]
+
+log = logging.getLogger(__name__)
+
+
+def build_channels(settings: Settings) -> list[Channel]:
+    """The channels enabled in config; none at all means the web playground."""
+    cfg = settings.channels
+    channels: list[Channel] = []
+    if cfg.onebot.enabled:
+        from robot.channels.onebot import OneBotChannel
+
+        channels.append(OneBotChannel(cfg.onebot, bot_name=settings.bot.name))
+    if cfg.wecom.enabled:
+        from robot.channels.wecom import create_channel
+
+        channels.append(create_channel(cfg.wecom))
+    if cfg.console.enabled:
+        from robot.channels.console import ConsoleChannel
+
+        channels.append(ConsoleChannel(bot_name=settings.bot.name))
+    if cfg.web.enabled or not channels:
+        from robot.channels.web import WebChannel
+
+        channels.append(WebChannel(cfg.web, bot_name=settings.bot.name))
+    return channels
+
+
+class Bot:
+    """A running qunbot. Construct, ``await start()``, and ``await stop()`` (SIGINT/SIGTERM do)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        model: ChatModel | None = None,
+        channels: Sequence[Channel] | None = None,
+        plugins: Sequence[Plugin[Any] | str] | None = None,
+        clock: Callable[[], datetime] | None = None,
+        database: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.zone = settings.zone
+        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
+        self.history = HistoryStore(self.db)
+        self.dedupe = DedupeStore(self.db)
+        self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
+        lim = settings.limits
+        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
+        self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
+                                  chat_tokens=lim.chat_daily_tokens, clock=self.clock)
+        self.model = model if model is not None else self._default_model()
+        self.router: FunctionCallRouter | None = None
+        if self.model is not None:
+            llm = settings.llm
+            runner = Runner(self.model, limits=Limits(max_iterations=llm.max_iterations, max_tool_calls=llm.max_tool_calls,
+                                                      max_run_tokens=llm.max_run_tokens),
+                            budget=self.budget, strict_tools=llm.strict_tools)
+            self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
+                                             history_tokens=llm.history_tokens)
+        self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
+                                                                      else build_channels(settings))}
+        specs = plugins if plugins is not None else settings.bot.plugins
+        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
+        merged = Toolset("bot")
+        for plugin in self.plugins:
+            merged = merged.merge(plugin.tools)
+        self.tools = merged
+        self._deps: dict[str, Any] = {}
+        #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
+        self.panels: dict[str, PanelProvider] = {}
+        self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
+        self.pipeline = Pipeline(self)
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._housekeeping: asyncio.Task[None] | None = None
+        self.started = False
+
+    def _default_model(self) -> ChatModel | None:
+        llm = self.settings.llm
+        if not llm.configured or llm.model is None:
+            return None
+        return OpenAIChatModel(model=llm.model, base_url=llm.base_url,
+                               api_key=llm.api_key.get_secret_value() if llm.api_key else None,
+                               temperature=llm.temperature, timeout_s=llm.timeout_s, stream=llm.stream,
+                               strict_tools=llm.strict_tools)
+
+    # --- services plugins use -------------------------------------------------------------
+    def deps_for(self, tool: Tool) -> Any:
+        plugin = self._plugin_of.get(tool.name)
+        return self._deps.get(plugin.name, self) if plugin else self
+
+    def unavailable_tools(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for plugin in self.plugins:
+            if plugin.unavailable is not None and plugin.name in self._deps:
+                reason = plugin.unavailable(self._deps[plugin.name])
+                if reason:
+                    out.update({t.name: reason for t in plugin.tools})
+        return out
+
+    def offered_tools(self) -> Toolset:
+        blocked = self.unavailable_tools()
+        return self.tools.filter(lambda t: t.name not in blocked)
+
+    def is_admin(self, platform: str, user_id: str) -> bool:
+        return f"{platform}:{user_id}" in self.settings.bot.admins
+
+    def caller_for(self, message: Message) -> Caller:
+        admin = self.is_admin(message.platform, message.sender.user_id) or (
+            message.chat.kind == "group" and message.sender.role in ("owner", "admin"))
+        return Caller(platform=message.platform, user_id=message.sender.user_id,
+                      user_name=message.sender.name or message.sender.user_id, chat_id=message.chat.chat_id,
+                      chat_kind=message.chat.kind, is_admin=admin, addressed=True)
+
+    async def send(self, chat: ChatRef, text: str, *, key: str, mention: Sequence[str] = ()) -> bool:
+        """Queue a message through the outbox; ``key`` makes it idempotent."""
+        return bool(await self.outbox.enqueue(OutgoingMessage(key=key, chat=chat, text=text, mention=tuple(mention))))
+
+    async def run_scheduled(self, prompt: str, caller: Caller, allow: Sequence[str]) -> RunResult | None:
+        """A stored prompt run by the model (reminders' prompt mode); None without an LLM."""
+        if self.router is None:
+            return None
+        return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                           zone=self.zone, deps_for=self.deps_for, clock=self.clock)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def handle(self, message: Message) -> None:
+        """The channels' sink. Errors are logged, never raised into a channel."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            await self.pipeline.handle(message)
+        except Exception:
+            log.exception("handling %s message %s failed", message.platform, message.message_id)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def start(self) -> None:
+        await self.db.open()
+        for plugin in self.plugins:
+            if plugin.setup is not None:
+                self._deps[plugin.name] = await plugin.setup(self)
+        for channel in self.channels.values():
+            self.outbox.register(channel)
+            channel.bind(self.handle)
+            channel.attach_panels(self.panels)
+        await self.outbox.start()
+        for channel in self.channels.values():
+            await channel.start()
+        self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
+        self.started = True
+        log.info("qunbot started: channels=%s tools=%s llm=%s", list(self.channels), self.tools.names(),
+                 self.model.name if self.model else None)
+
+    async def _housekeep(self) -> None:
+        while True:
+            try:
+                await self.dedupe.prune(self.clock())
+                await self.history.apply_retention(self.clock())
+            except Exception:
+                log.exception("housekeeping failed")
+            await asyncio.sleep(3600)
+
+    async def stop(self, flush_timeout_s: float = 5.0) -> None:
+        """Finish in-flight work, stop plugins, flush the outbox, then close channels and the store.
+
+        Channels close last so that the outbox can still deliver; anything not delivered by
+        then stays in SQLite and goes out on the next start.
+        """
+        if not self.started:
+            return
+        self.started = False
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=flush_timeout_s)
+        for plugin in self.plugins:
+            if plugin.teardown is not None and plugin.name in self._deps:
+                try:
+                    await plugin.teardown(self._deps[plugin.name])
+                except Exception:
+                    log.exception("plugin %s teardown failed", plugin.name)
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        await self.outbox.stop(flush_timeout_s)
+        for channel in self.channels.values():
+            try:
+                await channel.stop()
+            except Exception:
+                log.exception("stopping channel %s failed", channel.platform)
+        close = getattr(self.model, "aclose", None)
+        if close is not None:
+            await close()
+        await self.db.close()

@@ -1,0 +1,239 @@
+"""The WeCom AI bot (智能机器人) channel: encrypted JSON callbacks, passive stream replies.
+
+Protocol (developer.work.weixin.qq.com/document/path/100719 接收消息, 101031 被动回复消息,
+101033 加解密方案, 101138 主动回复消息; cross-checked with sipeed/picoclaw
+``pkg/channels/wecom/aibot.go``):
+
+* A user message arrives as ``{"encrypt": ...}`` (receive_id ``""``) whose plaintext has
+  ``msgid, aibotid, chatid, chattype ("single"|"group"), from.userid, response_url, msgtype``
+  and ``text.content`` (``"@RobotA hello"`` in groups). We answer at once with an encrypted
+  ``{"msgtype": "stream", "stream": {"id": <new>, "finish": false, "content": ""}}``.
+* Until a stream reply says ``finish: true`` (for up to 6 minutes), WeCom polls with
+  ``msgtype: "stream"`` callbacks carrying ``stream.id``; each answer carries the whole
+  content so far. :meth:`WeComAIBotChannel.stream_delta` appends to it and
+  :meth:`WeComAIBotChannel.send` sets the final text and finishes it.
+* Encrypted replies are JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}``.
+* With no open stream (a second reply, a reminder), ``send`` falls back to the message's
+  ``response_url`` (plain JSON markdown, single use, valid one hour).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from robot.channels.base import Capabilities, SendReceipt, SendRejected
+from robot.channels.wecom.api import call_json, raise_for_errcode, split_utf8
+from robot.channels.wecom.callback import CallbackQuery, WeComCallbackChannel
+from robot.channels.wecom.crypto import MalformedBody
+from robot.channels.wecom.settings import WeComSettings
+from robot.message import ChatRef, Message, OutgoingMessage, Sender
+
+__all__ = ["WeComAIBotChannel", "parse_aibot_message"]
+
+log = logging.getLogger("robot.channels.wecom")
+
+_STREAM_OPEN = 330.0  # WeCom stops polling 6 min after the user's message; keep a margin
+_STREAM_KEEP = 420.0  # finished streams still answer late polls for a while
+_RESPONSE_URL_TTL = 3500.0  # response_url is valid for one hour
+_STREAM_BYTES = 20480  # stream.content limit
+_MAX_STREAMS = 1024
+_LEADING_MENTION = re.compile(r"^\s*@\S+\s*")
+
+
+def parse_aibot_message(data: dict[str, Any], *, bot_name: str = "", received_at: datetime) -> Message | None:
+    """Turn a decrypted AI-bot callback into a Message; ``None`` for events and media-only messages."""
+    msgtype = data.get("msgtype")
+    if msgtype == "text":
+        text = _str(_dict(data.get("text")).get("content"))
+    elif msgtype == "mixed":
+        items = _dict(data.get("mixed")).get("msg_item")
+        parts = [
+            _str(_dict(item.get("text")).get("content"))
+            for item in (items if isinstance(items, list) else [])
+            if isinstance(item, dict) and item.get("msgtype") == "text"
+        ]
+        text = "\n".join(p for p in parts if p)
+    else:
+        return None
+    msgid = _str(data.get("msgid"))
+    user = _str(_dict(data.get("from")).get("userid"))
+    if not msgid or not user:
+        raise MalformedBody("AI-bot message without msgid or from.userid")
+    group = data.get("chattype") == "group"
+    if group:
+        chat_id = _str(data.get("chatid"))
+        if not chat_id:
+            raise MalformedBody("AI-bot group message without chatid")
+        chat = ChatRef(platform="wecom", chat_id=chat_id, kind="group")
+    else:
+        chat = ChatRef(platform="wecom", chat_id=user, kind="private")
+    if bot_name:
+        text = re.sub(rf"\s*@{re.escape(bot_name)}(?=\s|$)\s*", " ", text)
+    elif group:
+        text = _LEADING_MENTION.sub("", text, count=1)
+    # response_url lets anyone post into the chat for an hour: keep it out of stored history.
+    raw = {k: v for k, v in data.items() if k != "response_url"}
+    return Message(
+        chat=chat,
+        sender=Sender(user_id=user, name=user),
+        message_id=msgid,
+        text=text.strip(),
+        timestamp=received_at,
+        mentions_bot=group,
+        raw=raw,
+    )
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _cap(text: str) -> str:
+    return split_utf8(text, _STREAM_BYTES)[0]
+
+
+@dataclass
+class _Stream:
+    id: str
+    chat_key: str
+    msgid: str
+    created: float
+    content: str = ""
+    finish: bool = False
+
+
+class WeComAIBotChannel(WeComCallbackChannel):
+    """WeCom AI bot (``settings.mode == "aibot"``): private and group chats, streamed replies.
+
+    Construct with ``WeComAIBotChannel(settings)``; ``session`` shares an aiohttp ClientSession
+    (used only for the ``response_url`` fallback).
+    """
+
+    capabilities = Capabilities(max_text_len=6000, mentions=False, streaming=True, markdown=True)
+
+    def __init__(self, settings: WeComSettings, *, session: aiohttp.ClientSession | None = None) -> None:
+        if settings.mode != "aibot":
+            raise ValueError("WeComAIBotChannel needs mode='aibot'")
+        super().__init__(settings, session=session)
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()
+        self._response_urls: dict[str, tuple[str, float]] = {}
+
+    # -- callbacks --------------------------------------------------------------------------
+
+    async def handle_callback(self, query: CallbackQuery, body: bytes) -> web.StreamResponse:
+        plain = self.crypto.decrypt_json(query.msg_signature, query.timestamp, query.nonce, body)
+        try:
+            data = json.loads(plain)
+        except ValueError:
+            raise MalformedBody("decrypted AI-bot payload is not JSON") from None
+        if not isinstance(data, dict):
+            raise MalformedBody("decrypted AI-bot payload is not a JSON object")
+        now = self._now()
+        self._prune(now)
+        if data.get("msgtype") == "stream":
+            stream_id = _str(_dict(data.get("stream")).get("id"))
+            stream = self._streams.get(stream_id)
+            if stream is None:
+                # Unknown (expired, or from before a restart): end it rather than leave the user waiting.
+                log.info("wecom aibot: refresh for unknown stream %r, finishing it", stream_id)
+                stream = _Stream(id=stream_id, chat_key="", msgid="", created=now, finish=True)
+            return self._stream_reply(stream, query)
+        message = parse_aibot_message(data, bot_name=self.settings.bot_name, received_at=datetime.now(UTC))
+        if message is None:
+            log.debug("wecom aibot: ignoring %r callback", data.get("msgtype"))
+            return web.Response(text="")
+        stream = _Stream(
+            id=uuid.uuid4().hex, chat_key=message.chat.key, msgid=message.message_id, created=now
+        )
+        earlier = self.remember(message.message_id, stream.id)
+        if earlier is not None:
+            log.info("wecom aibot: duplicate msgid %s (WeCom retry)", message.message_id)
+            known = self._streams.get(earlier)
+            return self._stream_reply(known, query) if known else web.Response(text="")
+        self._streams[stream.id] = stream
+        while len(self._streams) > _MAX_STREAMS:
+            self._streams.popitem(last=False)
+        response_url = _str(data.get("response_url"))
+        if response_url:
+            self._response_urls[message.chat.key] = (response_url, now)
+        self.spawn_delivery(message)
+        return self._stream_reply(stream, query)
+
+    def _stream_reply(self, stream: _Stream, query: CallbackQuery) -> web.Response:
+        plain = json.dumps(
+            {
+                "msgtype": "stream",
+                "stream": {"id": stream.id, "finish": stream.finish, "content": stream.content},
+            },
+            ensure_ascii=False,
+        )
+        return web.json_response(self.crypto.encrypt_json_reply(plain, query.timestamp, query.nonce))
+
+    # -- sending ----------------------------------------------------------------------------
+
+    async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
+        stream = self._open_stream(chat.key, None)
+        if stream is not None:
+            stream.content = _cap(stream.content + delta)
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        stream = self._open_stream(message.chat.key, message.reply_to)
+        if stream is not None:
+            stream.content = _cap(message.text)
+            stream.finish = True
+            return SendReceipt(platform_message_id=stream.id)
+        url, received = self._response_urls.pop(message.chat.key, ("", 0.0))
+        if not url or self._now() - received > _RESPONSE_URL_TTL:
+            raise SendRejected(
+                f"WeCom AI bot cannot start a conversation in {message.chat.key}: "
+                "no open stream and no unused response_url"
+            )
+        data = await call_json(
+            self.http(),
+            "POST",
+            url,
+            what="aibot response_url",
+            payload={"msgtype": "markdown", "markdown": {"content": _cap(message.text)}},
+            request_timeout=self.settings.request_timeout,
+        )
+        raise_for_errcode(data, "aibot response_url")
+        return SendReceipt()
+
+    def _open_stream(self, chat_key: str, reply_to: str | None) -> _Stream | None:
+        """The stream a reply belongs to: the one for ``reply_to``, else the oldest open one."""
+        now = self._now()
+        candidates = [
+            s
+            for s in self._streams.values()
+            if s.chat_key == chat_key and not s.finish and now - s.created < _STREAM_OPEN
+        ]
+        for stream in candidates:
+            if reply_to is not None and stream.msgid == reply_to:
+                return stream
+        return candidates[0] if candidates else None
+
+    def _prune(self, now: float) -> None:
+        for stream_id in [sid for sid, s in self._streams.items() if now - s.created > _STREAM_KEEP]:
+            del self._streams[stream_id]
+        for key in [k for k, (_, t) in self._response_urls.items() if now - t > _RESPONSE_URL_TTL]:
+            del self._response_urls[key]
+
+    @staticmethod
+    def _now() -> float:
+        # Monotonic: streams only need relative ages, immune to wall-clock jumps.
+        return time.monotonic()

@@ -1,0 +1,191 @@
+"""The aiohttp callback server shared by the WeCom app and AI-bot channels.
+
+GET ``path`` answers WeCom's URL verification with the decrypted echostr; POST ``path``
+hands the raw body to the subclass. A bad signature gets 403, any other unreadable request
+400 and a log line; a handler bug gets 500 and a logged traceback. Messages are delivered to
+the bot in background tasks so WeCom (which retries after 5 s) gets its answer at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from robot.channels.base import Channel
+from robot.channels.wecom.crypto import MalformedBody, SignatureError, WeComCrypto, WeComCryptoError
+from robot.channels.wecom.settings import WeComSettings
+from robot.message import Message
+
+__all__ = ["CallbackQuery", "WeComCallbackChannel"]
+
+log = logging.getLogger("robot.channels.wecom")
+
+_MAX_BODY = 256 * 1024  # callbacks are small; refuse anything bigger early
+_DEDUPE_SIZE = 2048
+_STOP_GRACE = 5.0
+
+
+@dataclass(frozen=True)
+class CallbackQuery:
+    """The signature parameters WeCom puts in every callback URL."""
+
+    msg_signature: str
+    timestamp: str
+    nonce: str
+
+    @classmethod
+    def from_request(cls, request: web.Request) -> CallbackQuery:
+        q = request.query
+        values = (q.get("msg_signature"), q.get("timestamp"), q.get("nonce"))
+        if not all(values):
+            raise MalformedBody("missing msg_signature, timestamp or nonce")
+        sig, ts, nonce = (str(v) for v in values)
+        return cls(sig, ts, nonce)
+
+
+class WeComCallbackChannel(Channel, abc.ABC):
+    """Base of the callback-driven WeCom channels; subclasses implement :meth:`handle_callback`."""
+
+    platform = "wecom"
+
+    def __init__(self, settings: WeComSettings, *, session: aiohttp.ClientSession | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self.crypto = WeComCrypto(
+            settings.token.get_secret_value(),
+            settings.encoding_aes_key.get_secret_value(),
+            settings.receive_id,
+        )
+        self._own_session = session is None
+        self._session = session
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._seen: OrderedDict[str, str] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mode={self.settings.mode!r}, path={self.settings.path!r})"
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (useful when the settings asked for port 0)."""
+        if self._port is None:
+            raise RuntimeError("the WeCom channel is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The callback URL this server answers on."""
+        return f"http://{self.settings.host}:{self.port}{self.settings.path}"
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        app = web.Application(client_max_size=_MAX_BODY)
+        app.router.add_get(self.settings.path, self._on_get)
+        app.router.add_post(self.settings.path, self._on_post)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        address = runner.addresses[0]
+        self._port = int(address[1])
+        log.info("wecom (%s): callback server listening on %s", self.settings.mode, self.url)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        if self._tasks:
+            # Let deliveries in flight finish; the pipeline dedupes, so a cut-off one is not lost twice.
+            _, pending = await asyncio.wait(set(self._tasks), timeout=_STOP_GRACE)
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def http(self) -> aiohttp.ClientSession:
+        """The client session for outgoing calls (created on first use when none was given)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+            self._own_session = True
+        return self._session
+
+    # -- subclass API -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def handle_callback(self, query: CallbackQuery, body: bytes) -> web.StreamResponse:
+        """Answer one signed POST callback; raise WeComCryptoError for bad input."""
+
+    def remember(self, msgid: str, value: str = "") -> str | None:
+        """Record ``msgid``; return the value stored for it if it was seen before (a WeCom retry)."""
+        if msgid in self._seen:
+            self._seen.move_to_end(msgid)
+            return self._seen[msgid]
+        self._seen[msgid] = value
+        if len(self._seen) > _DEDUPE_SIZE:
+            self._seen.popitem(last=False)
+        return None
+
+    def spawn_delivery(self, message: Message) -> None:
+        """Deliver ``message`` to the bot in the background."""
+        task = asyncio.create_task(self._deliver_logged(message), name=f"wecom-deliver-{message.message_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver_logged(self, message: Message) -> None:
+        try:
+            await self.deliver(message)
+        except Exception:
+            log.exception("wecom: delivering message %s failed", message.message_id)
+
+    # -- HTTP handlers ----------------------------------------------------------------------
+
+    async def _on_get(self, request: web.Request) -> web.StreamResponse:
+        try:
+            query = CallbackQuery.from_request(request)
+            # A raw "+" in the query decodes to a space; base64 never contains spaces.
+            echostr = request.query.get("echostr", "").replace(" ", "+")
+            if not echostr:
+                raise MalformedBody("missing echostr")
+            plain = self.crypto.verify_url(query.msg_signature, query.timestamp, query.nonce, echostr)
+        except SignatureError:
+            log.warning("wecom: URL verification with a bad signature from %s", request.remote)
+            return web.Response(status=403, text="bad signature")
+        except WeComCryptoError as exc:
+            log.warning("wecom: bad URL verification request from %s: %s", request.remote, exc)
+            return web.Response(status=400, text="bad request")
+        log.info("wecom: URL verification succeeded")
+        return web.Response(text=plain)
+
+    async def _on_post(self, request: web.Request) -> web.StreamResponse:
+        try:
+            query = CallbackQuery.from_request(request)
+            body = await request.read()
+            return await self.handle_callback(query, body)
+        except SignatureError:
+            log.warning("wecom: callback with a bad signature from %s", request.remote)
+            return web.Response(status=403, text="bad signature")
+        except WeComCryptoError as exc:
+            log.warning("wecom: unreadable callback from %s: %s", request.remote, exc)
+            return web.Response(status=400, text="bad request")
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("wecom: callback handler failed")
+            return web.Response(status=500, text="internal error")

@@ -1,0 +1,217 @@
+"""Configuration: ``qunbot.toml`` plus ``QUNBOT_<SECTION>__<KEY>`` environment overrides.
+
+Precedence: environment > file > defaults. ``OPENAI_API_KEY``/``OPENAI_BASE_URL`` (and, for the
+search plugin, ``PERPLEXITY_API_KEY``) are fallbacks when the config does not set them. A bad
+file or value raises :class:`ConfigError` naming the key and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from robot.channels.onebot.settings import OneBotSettings
+from robot.channels.wecom.settings import WeComSettings
+
+__all__ = [
+    "BotSection",
+    "ChannelsSection",
+    "ConfigError",
+    "ConsoleSettings",
+    "GateSection",
+    "LLMSection",
+    "LimitsSection",
+    "Settings",
+    "WebSettings",
+    "load_settings",
+]
+
+M = TypeVar("M", bound=BaseModel)
+_FALLBACK_ENV = {("llm", "api_key"): "OPENAI_API_KEY", ("llm", "base_url"): "OPENAI_BASE_URL",
+                 ("search", "api_key"): "PERPLEXITY_API_KEY"}
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key and the problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+
+class BotSection(_Section):
+    name: str = Field("qunbot", description="the bot's name; a message starting with it addresses the bot")
+    timezone: str = Field("Asia/Shanghai", description="IANA zone for reminders and the model's clock")
+    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives")
+    admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
+    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
+                               description="plugin modules to load")
+    persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
+                         description="system prompt persona")
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
+        return value
+
+    @field_validator("admins")
+    @classmethod
+    def _admins(cls, value: list[str]) -> list[str]:
+        bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
+        if bad:
+            raise ValueError(f"admins must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
+        return value
+
+
+class LLMSection(_Section):
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (falls back to OPENAI_BASE_URL)")
+    api_key: SecretStr | None = Field(None, description="API key (falls back to OPENAI_API_KEY)")
+    model: str | None = Field(None, description="model name; no model = commands only")
+    stream: bool = Field(True, description="stream replies to channels that can show them")
+    temperature: float | None = Field(None, ge=0, le=2)
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout")
+    strict_tools: bool = Field(False, description="send strict tool schemas")
+    max_iterations: int = Field(6, ge=1, description="model turns per request")
+    max_tool_calls: int = Field(8, ge=0, description="tool calls per request")
+    max_run_tokens: int = Field(24_000, ge=500, description="tokens per request")
+    history_tokens: int = Field(1500, ge=0, description="chat history sent with each request")
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.model and (self.base_url or self.api_key))
+
+
+class LimitsSection(_Section):
+    user_per_minute: float = Field(6, gt=0, description="requests per user per minute (token bucket)")
+    user_burst: int = Field(4, ge=1)
+    chat_per_minute: float = Field(30, gt=0, description="requests per chat per minute")
+    chat_burst: int = Field(10, ge=1)
+    user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
+    chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
+
+
+class GateSection(_Section):
+    always: list[str] = Field(default_factory=list, description="group chat keys answered without an @")
+    never: list[str] = Field(default_factory=list, description="group chat keys never answered")
+    allowlist: list[str] = Field(default_factory=list, description="if set, only these groups are answered")
+
+
+class WebSettings(_Section):
+    enabled: bool = Field(False, description="the web playground (on by default when nothing is configured)")
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+
+
+class ConsoleSettings(_Section):
+    enabled: bool = False
+
+
+class ChannelsSection(_Section):
+    web: WebSettings = Field(default_factory=WebSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    onebot: OneBotSettings = Field(default_factory=OneBotSettings)
+    wecom: WeComSettings = Field(default_factory=WeComSettings)
+
+
+class Settings(BaseSettings):
+    """The whole configuration. Unknown top-level tables belong to plugins (see :meth:`section`)."""
+
+    model_config = SettingsConfigDict(env_prefix="QUNBOT_", env_nested_delimiter="__", extra="allow",
+                                      hide_input_in_errors=True)
+
+    bot: BotSection = Field(default_factory=BotSection)
+    llm: LLMSection = Field(default_factory=LLMSection)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+    gate: GateSection = Field(default_factory=GateSection)
+    channels: ChannelsSection = Field(default_factory=ChannelsSection)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file arrives through init kwargs (load_settings); environment wins over it.
+        return env_settings, init_settings
+
+    def section(self, name: str, model: type[M]) -> M:
+        """A plugin's table, validated by the plugin's model, with env overrides and fallbacks."""
+        data: dict[str, Any] = dict((self.model_extra or {}).get(name) or {})
+        prefix = f"QUNBOT_{name.upper()}__"
+        for key, value in os.environ.items():
+            if key.startswith(prefix):
+                data[key[len(prefix):].lower()] = value
+        for (section, key), env in _FALLBACK_ENV.items():
+            if section == name and not data.get(key) and os.environ.get(env):
+                data[key] = os.environ[env]
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc, prefix=f"[{name}] ")) from None
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.bot.timezone)
+
+
+def _explain(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        lines.append(f"  {prefix}{loc}: {err['msg']}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def _find_config(path: str | Path | None) -> Path | None:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("QUNBOT_CONFIG")
+    if env:
+        return Path(env)
+    default = Path("qunbot.toml")
+    return default if default.is_file() else None
+
+
+def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None]:
+    """Read the config (``--config``, ``QUNBOT_CONFIG``, ``./qunbot.toml``, or defaults)."""
+    file = _find_config(path)
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist (run `qunbot init` to write one)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: cannot read: {exc}") from None
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(f"{file or 'environment'}: " + _explain(exc)) from None
+    llm = settings.llm
+    if llm.api_key is None and os.environ.get("OPENAI_API_KEY"):
+        llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"])})
+    if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
+        llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
+    settings = settings.model_copy(update={"llm": llm})
+    for name, value in (settings.model_extra or {}).items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
+                              "channels, or a plugin's table)")
+    return settings, file
+
+

@@ -1,0 +1,134 @@
+"""Chat history: every message the bot sees or sends, per chat, with retention."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import sqlite_utils
+from pydantic import BaseModel, ConfigDict
+
+from function_calls import HistoryTurn
+from robot.message import ChatRef, Message
+from robot.store import Database, iso, parse_iso
+
+__all__ = ["HistoryEntry", "HistoryStore"]
+
+
+class HistoryEntry(BaseModel):
+    """One stored message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat: str
+    user_id: str
+    name: str
+    text: str
+    at: datetime
+    from_bot: bool = False
+    message_id: str = ""
+
+    def turn(self) -> HistoryTurn:
+        return HistoryTurn(user_id=self.user_id, name=self.name, text=self.text, at=self.at, from_bot=self.from_bot)
+
+
+def _entry(row: dict[str, object]) -> HistoryEntry:
+    return HistoryEntry(
+        chat=str(row["chat"]), user_id=str(row["user_id"]), name=str(row["name"]), text=str(row["text"]),
+        at=parse_iso(str(row["ts"])), from_bot=bool(row["from_bot"]), message_id=str(row["message_id"] or ""),
+    )
+
+
+class HistoryStore:
+    """Reads and writes the ``history`` table, indexed by (chat, time)."""
+
+    def __init__(self, db: Database, *, max_messages: int = 5000, max_age: timedelta = timedelta(days=30)) -> None:
+        self.db = db
+        self.max_messages = max_messages
+        self.max_age = max_age
+        db.migrate(self._schema)
+
+    @staticmethod
+    def _schema(db: sqlite_utils.Database) -> None:
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY, chat TEXT NOT NULL, user_id TEXT NOT NULL, "
+            "name TEXT NOT NULL, text TEXT NOT NULL, ts TEXT NOT NULL, from_bot INTEGER NOT NULL DEFAULT 0, "
+            "message_id TEXT)"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS history_chat_ts ON history (chat, ts)")
+        db.execute("CREATE TABLE IF NOT EXISTS summary_marks (chat TEXT PRIMARY KEY, ts TEXT NOT NULL)")
+
+    @staticmethod
+    def insert_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str, name: str, text: str,
+                    at: datetime, *, from_bot: bool = False, message_id: str = "") -> None:
+        """Insert inside a caller's transaction (the outbox records the bot's replies this way)."""
+        db.execute(
+            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id) VALUES (?,?,?,?,?,?,?)",
+            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id],
+        )
+
+    async def record(self, message: Message) -> None:
+        await self.db.run(lambda db: self.insert_sync(
+            db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id, message.text,
+            message.timestamp, from_bot=message.from_bot, message_id=message.message_id,
+        ))
+
+    async def recent(self, chat: ChatRef, limit: int = 50, *, before: datetime | None = None) -> list[HistoryEntry]:
+        """The newest ``limit`` messages (before ``before``), oldest first."""
+        cutoff = iso(before) if before else "9999"
+
+        def work(db: sqlite_utils.Database) -> list[HistoryEntry]:
+            rows = db.execute_returning_dicts(
+                "SELECT * FROM history WHERE chat = ? AND ts < ? ORDER BY ts DESC, id DESC LIMIT ?",
+                [chat.key, cutoff, limit],
+            )
+            return [_entry(r) for r in reversed(rows)]
+
+        return await self.db.run(work)
+
+    async def since(self, chat: ChatRef, start: datetime, *, end: datetime | None = None,
+                    limit: int = 100_000) -> list[HistoryEntry]:
+        """Messages with start <= time < end, oldest first."""
+        stop = iso(end) if end else "9999"
+
+        def work(db: sqlite_utils.Database) -> list[HistoryEntry]:
+            rows = db.execute_returning_dicts(
+                "SELECT * FROM history WHERE chat = ? AND ts >= ? AND ts < ? ORDER BY ts, id LIMIT ?",
+                [chat.key, iso(start), stop, limit],
+            )
+            return [_entry(r) for r in rows]
+
+        return await self.db.run(work)
+
+    async def forget_user(self, chat: ChatRef, user_id: str) -> int:
+        """Delete one person's stored messages in one chat; returns how many."""
+        return await self.db.run(lambda db: db.execute(
+            "DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0", [chat.key, user_id]
+        ).rowcount)
+
+    async def apply_retention(self, now: datetime) -> int:
+        """Drop messages older than ``max_age`` and beyond ``max_messages`` per chat."""
+        cutoff = iso(now - self.max_age)
+
+        def work(db: sqlite_utils.Database) -> int:
+            removed = db.execute("DELETE FROM history WHERE ts < ?", [cutoff]).rowcount
+            removed += db.execute(
+                "DELETE FROM history WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "
+                "(PARTITION BY chat ORDER BY ts DESC, id DESC) AS n FROM history) WHERE n > ?)",
+                [self.max_messages],
+            ).rowcount
+            return removed
+
+        return await self.db.run(work)
+
+    async def summary_mark(self, chat: ChatRef) -> datetime | None:
+        def work(db: sqlite_utils.Database) -> datetime | None:
+            rows = db.execute_returning_dicts("SELECT ts FROM summary_marks WHERE chat = ?", [chat.key])
+            return parse_iso(str(rows[0]["ts"])) if rows else None
+
+        return await self.db.run(work)
+
+    async def set_summary_mark(self, chat: ChatRef, at: datetime) -> None:
+        await self.db.run(lambda db: db.execute(
+            "INSERT INTO summary_marks (chat, ts) VALUES (?, ?) ON CONFLICT(chat) DO UPDATE SET ts = excluded.ts",
+            [chat.key, iso(at)],
+        ))

@@ -1,0 +1,61 @@
+"""Plugins: a module that defines tools, and optionally a :class:`Plugin` describing their setup.
+
+A plugin module either defines ``plugin = Plugin(...)`` (tools plus a ``setup`` that builds the
+typed dependencies its tools receive as ``ctx.deps``), or just module-level tools, whose
+``ctx.deps`` is then the :class:`robot.Bot`. Loading is explicit, by module name, from config.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from function_calls import Toolset, collect_tools
+
+if TYPE_CHECKING:
+    from robot.bot import Bot
+
+__all__ = ["Plugin", "PluginError", "load_plugin"]
+
+D = TypeVar("D")
+
+
+class PluginError(Exception):
+    """A plugin module could not be loaded or set up."""
+
+
+@dataclass
+class Plugin(Generic[D]):
+    """A named toolset with its lifecycle.
+
+    ``setup(bot)`` returns the deps the tools get; ``teardown(deps)`` runs at shutdown;
+    ``unavailable(deps)`` returns a reason when the tools cannot work now (say, no API key):
+    they are then not offered to the model, and their commands explain the reason.
+    """
+
+    name: str
+    tools: Toolset
+    setup: Callable[[Bot], Awaitable[D]] | None = None
+    teardown: Callable[[D], Awaitable[None]] | None = None
+    unavailable: Callable[[D], str | None] | None = None
+
+
+_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}
+
+
+def load_plugin(name: str) -> Plugin[Any]:
+    """Import a plugin module by name (``reminders`` or a dotted path) and describe it."""
+    module_name = _BUILTIN.get(name, name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginError(f"plugin {name!r}: cannot import module {module_name!r}: {exc}") from exc
+    declared = getattr(module, "plugin", None)
+    if isinstance(declared, Plugin):
+        return declared
+    tools = collect_tools(module)
+    if not len(tools):
+        raise PluginError(f"plugin {name!r}: module {module_name!r} defines no tools and no `plugin`")
+    return Plugin(name=name, tools=tools)

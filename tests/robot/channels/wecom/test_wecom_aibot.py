@@ -1,0 +1,223 @@
+"""The WeCom AI bot (智能机器人) channel: JSON callbacks and passive stream replies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from pydantic import SecretStr
+
+from robot.channels.base import SendRejected
+from robot.channels.wecom import WeComAIBotChannel, WeComSettings, create_channel
+from robot.channels.wecom.testing import FakeWeComAPI, signed_query
+from robot.message import ChatRef, Message, OutgoingMessage
+
+VECTORS = json.loads(
+    (Path(__file__).parents[4] / "../shared/vectors/wecom_callback.json").read_text(encoding="utf-8")
+)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeWeComAPI]:
+    async with FakeWeComAPI() as api:
+        yield api
+
+
+@pytest.fixture
+async def inbox() -> asyncio.Queue[Message]:
+    return asyncio.Queue()
+
+
+@pytest.fixture
+async def bot(fake: FakeWeComAPI, inbox: asyncio.Queue[Message]) -> AsyncIterator[WeComAIBotChannel]:
+    settings = WeComSettings(
+        enabled=True,
+        mode="aibot",
+        port=0,
+        token=SecretStr(VECTORS["token"]),
+        encoding_aes_key=SecretStr(VECTORS["encoding_aes_key"]),
+        bot_name="RobotA",
+        api_base=fake.base_url,
+    )
+    channel = create_channel(settings)
+    assert isinstance(channel, WeComAIBotChannel)
+
+    async def sink(message: Message) -> None:
+        await inbox.put(message)
+
+    channel.bind(sink)
+    await channel.start()
+    yield channel
+    await channel.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _callback(
+    http: aiohttp.ClientSession, bot: WeComAIBotChannel, payload: dict[str, Any]
+) -> dict[str, Any] | None:
+    """POST an encrypted callback; return the decrypted reply (None for an empty reply)."""
+    encrypt = bot.crypto.encrypt(json.dumps(payload, ensure_ascii=False))
+    params = signed_query(bot.crypto, encrypt, nonce="n7")
+    async with http.post(bot.url, params=params, json={"encrypt": encrypt}) as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    if not text:
+        return None
+    envelope = json.loads(text)
+    assert envelope["nonce"] == "n7"
+    plain = bot.crypto.decrypt(
+        envelope["msgsignature"], envelope["timestamp"], envelope["nonce"], envelope["encrypt"]
+    )
+    reply: dict[str, Any] = json.loads(plain)
+    return reply
+
+
+def _text(msgid: str, content: str, *, group: bool = True, response_url: str = "") -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "msgid": msgid,
+        "aibotid": "AIBOTID",
+        "chattype": "group" if group else "single",
+        "from": {"userid": "alice"},
+        "msgtype": "text",
+        "text": {"content": content},
+    }
+    if group:
+        payload["chatid"] = "CHAT1"
+    if response_url:
+        payload["response_url"] = response_url
+    return payload
+
+
+def _refresh(stream_id: str) -> dict[str, Any]:
+    return {
+        "msgid": "refresh",
+        "aibotid": "AIBOTID",
+        "chatid": "CHAT1",
+        "chattype": "group",
+        "from": {"userid": "alice"},
+        "msgtype": "stream",
+        "stream": {"id": stream_id},
+    }
+
+
+async def test_group_text_starts_stream_and_is_delivered(
+    bot: WeComAIBotChannel,
+    http: aiohttp.ClientSession,
+    inbox: asyncio.Queue[Message],
+    fake: FakeWeComAPI,
+) -> None:
+    first = await _callback(http, bot, _text("m1", "@RobotA hello robot", response_url=fake.response_url))
+    assert first is not None and first["msgtype"] == "stream"
+    assert first["stream"]["finish"] is False and first["stream"]["content"] == ""
+    stream_id = first["stream"]["id"]
+    assert stream_id
+
+    msg = await asyncio.wait_for(inbox.get(), 5)
+    assert msg.chat == ChatRef(platform="wecom", chat_id="CHAT1", kind="group")
+    assert msg.sender.user_id == "alice"
+    assert msg.text == "hello robot"
+    assert msg.mentions_bot is True
+    assert msg.message_id == "m1"
+    assert msg.raw is not None and "response_url" not in msg.raw
+
+    pending = await _callback(http, bot, _refresh(stream_id))
+    assert pending is not None and pending["stream"] == {"id": stream_id, "finish": False, "content": ""}
+
+    await bot.stream_delta(msg.chat, "run1", "thinking")
+    partial = await _callback(http, bot, _refresh(stream_id))
+    assert partial is not None and partial["stream"]["content"] == "thinking"
+
+    receipt = await bot.send(OutgoingMessage(key="r1", chat=msg.chat, text="hi there", reply_to="m1"))
+    assert receipt.platform_message_id == stream_id
+    done = await _callback(http, bot, _refresh(stream_id))
+    assert done is not None and done["stream"] == {"id": stream_id, "finish": True, "content": "hi there"}
+
+
+async def test_second_reply_uses_response_url_once(
+    bot: WeComAIBotChannel,
+    http: aiohttp.ClientSession,
+    inbox: asyncio.Queue[Message],
+    fake: FakeWeComAPI,
+) -> None:
+    await _callback(http, bot, _text("m2", "@RobotA remind me", response_url=fake.response_url))
+    msg = await asyncio.wait_for(inbox.get(), 5)
+    await bot.send(OutgoingMessage(key="a", chat=msg.chat, text="first"))
+    await bot.send(OutgoingMessage(key="b", chat=msg.chat, text="**later**"))
+    calls = fake.calls_to("/cgi-bin/aibot/response")
+    assert [c.body for c in calls] == [{"msgtype": "markdown", "markdown": {"content": "**later**"}}]
+    with pytest.raises(SendRejected):
+        await bot.send(OutgoingMessage(key="c", chat=msg.chat, text="third"))
+
+
+async def test_private_chat_and_duplicate_msgid(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    a = await _callback(http, bot, _text("p1", "hello", group=False))
+    b = await _callback(http, bot, _text("p1", "hello", group=False))
+    assert a is not None and b is not None and a["stream"]["id"] == b["stream"]["id"]
+    await _callback(http, bot, _text("p2", "again", group=False))
+    first = await asyncio.wait_for(inbox.get(), 5)
+    second = await asyncio.wait_for(inbox.get(), 5)
+    assert [first.message_id, second.message_id] == ["p1", "p2"]
+    assert first.chat == ChatRef(platform="wecom", chat_id="alice", kind="private")
+    assert first.text == "hello" and first.mentions_bot is False
+
+
+async def test_replies_fill_streams_in_order(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    s1 = await _callback(http, bot, _text("q1", "@RobotA one"))
+    s2 = await _callback(http, bot, _text("q2", "@RobotA two"))
+    assert s1 is not None and s2 is not None
+    m1, m2 = await asyncio.wait_for(inbox.get(), 5), await asyncio.wait_for(inbox.get(), 5)
+    await bot.send(OutgoingMessage(key="x2", chat=m2.chat, text="answer two", reply_to="q2"))
+    await bot.send(OutgoingMessage(key="x1", chat=m1.chat, text="answer one"))
+    r1 = await _callback(http, bot, _refresh(s1["stream"]["id"]))
+    r2 = await _callback(http, bot, _refresh(s2["stream"]["id"]))
+    assert r1 is not None and r1["stream"]["content"] == "answer one"
+    assert r2 is not None and r2["stream"]["content"] == "answer two"
+
+
+async def test_unknown_stream_events_and_bad_input(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    unknown = await _callback(http, bot, _refresh("nope"))
+    assert unknown is not None and unknown["stream"]["finish"] is True
+    event = {"msgid": "e1", "aibotid": "A", "from": {"userid": "alice"}, "msgtype": "event"}
+    assert await _callback(http, bot, {**event, "event": {"eventtype": "enter_chat"}}) is None
+
+    encrypt = bot.crypto.encrypt("{}")
+    async with http.post(
+        bot.url,
+        params={**signed_query(bot.crypto, encrypt), "msg_signature": "0" * 40},
+        json={"encrypt": encrypt},
+    ) as resp:
+        assert resp.status == 403
+    for body in (b"not json", b'{"encrypt": 5}', b"[]"):
+        async with http.post(bot.url, params=signed_query(bot.crypto, "x"), data=body) as resp:
+            assert resp.status == 400
+    bad_plain = bot.crypto.encrypt("not json either")
+    async with http.post(
+        bot.url, params=signed_query(bot.crypto, bad_plain), json={"encrypt": bad_plain}
+    ) as resp:
+        assert resp.status == 400
+    await _callback(http, bot, _text("ok1", "@RobotA still here"))
+    assert (await asyncio.wait_for(inbox.get(), 5)).text == "still here"
+
+
+async def test_url_verification_uses_empty_receive_id(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession
+) -> None:
+    own = bot.crypto.encrypt("echo-123")
+    async with http.get(bot.url, params={**signed_query(bot.crypto, own), "echostr": own}) as resp:
+        assert resp.status == 200 and await resp.text() == "echo-123"
