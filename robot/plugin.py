@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from pydantic import BaseModel
+
 from function_calls import Toolset, collect_tools
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ class Plugin(Generic[D]):
     setup: Callable[[Bot], Awaitable[D]] | None = None
     teardown: Callable[[D], Awaitable[None]] | None = None
     unavailable: Callable[[D], str | None] | None = None
+    #: The plugin's ``[name]`` config table, for ``qunbot init`` and the config reference.
+    settings_model: type[BaseModel] | None = None
 
 
 _BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}

@@ -1,0 +1,55 @@
+"""OneBot v11 channel (NapCat, Lagrange, LLOneBot, WeChat bridges) and its test peer."""
+
+from robot.channels.onebot.channel import OneBotChannel
+from robot.channels.onebot.connection import (
+    ClientRole,
+    Connection,
+    OneBotActionFailed,
+    PendingActions,
+    auth_rejection,
+    role_for,
+)
+from robot.channels.onebot.cq import (
+    CQCodeError,
+    Segment,
+    at_targets,
+    compose_message,
+    escape,
+    parse_cq,
+    parse_message,
+    parse_segments,
+    plain_text,
+    reply_id,
+    to_array,
+    to_cq,
+    unescape,
+)
+from robot.channels.onebot.events import message_from_event
+from robot.channels.onebot.settings import OneBotSettings
+from robot.channels.onebot.testing import OneBotTestPeer
+
+__all__ = [
+    "CQCodeError",
+    "ClientRole",
+    "Connection",
+    "OneBotActionFailed",
+    "OneBotChannel",
+    "OneBotSettings",
+    "OneBotTestPeer",
+    "PendingActions",
+    "Segment",
+    "at_targets",
+    "auth_rejection",
+    "compose_message",
+    "escape",
+    "message_from_event",
+    "parse_cq",
+    "parse_message",
+    "parse_segments",
+    "plain_text",
+    "reply_id",
+    "role_for",
+    "to_array",
+    "to_cq",
+    "unescape",
+]

@@ -1,0 +1,137 @@
+"""OneBot v11 wire pieces shared by both modes: sockets, the token check, echo-matched actions."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+from robot.channels.base import ChannelUnavailable, SendRejected
+
+__all__ = [
+    "ClientRole",
+    "Connection",
+    "OneBotActionFailed",
+    "PendingActions",
+    "auth_rejection",
+    "role_for",
+]
+
+ClientRole = Literal["Universal", "API", "Event"]
+_Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+_ROLES: dict[str, ClientRole] = {"universal": "Universal", "api": "API", "event": "Event"}
+
+
+class OneBotActionFailed(SendRejected):
+    """The implementation refused an action (``status: failed``); ``retcode`` says why."""
+
+    def __init__(self, action: str, retcode: object, detail: str = "") -> None:
+        self.action = action
+        self.retcode = retcode
+        suffix = f": {detail}" if detail else ""
+        super().__init__(f"onebot action {action!r} failed with retcode {retcode}{suffix}")
+
+
+@dataclass(eq=False)
+class Connection:
+    """One open socket: its role and the account id it speaks for (if known)."""
+
+    ws: _Socket
+    role: ClientRole
+    self_id: str | None
+    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def carries_actions(self) -> bool:
+        return self.role != "Event" and not self.ws.closed
+
+
+def auth_rejection(request: web.Request, token: str | None) -> web.Response | None:
+    """The OneBot access-token check, before the upgrade: 401 if missing, 403 if wrong, else None.
+
+    Accepts ``Authorization: Bearer <token>`` (or the older ``Token <token>``) and ``?access_token=``.
+    """
+    if token is None:
+        return None
+    supplied: str | None = None
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() in ("bearer", "token") and value.strip():
+        supplied = value.strip()
+    elif request.query.get("access_token"):
+        supplied = request.query["access_token"]
+    if supplied is None:
+        return web.Response(status=401, text="missing access token")
+    if not hmac.compare_digest(supplied.encode(), token.encode()):
+        return web.Response(status=403, text="invalid access token")
+    return None
+
+
+def role_for(request: web.Request, base_path: str) -> ClientRole | None:
+    """The socket role: ``X-Client-Role`` if valid, else by path (``base``, ``base/api``,
+    ``base/event``); ``None`` for a path that is not ours."""
+    base = base_path.rstrip("/")
+    path = request.path.rstrip("/")
+    by_header = _ROLES.get(request.headers.get("X-Client-Role", "").strip().lower())
+    by_path: dict[str, ClientRole] = {base: "Universal", f"{base}/api": "API", f"{base}/event": "Event"}
+    if path not in by_path:
+        return None
+    return by_header or by_path[path]
+
+
+class PendingActions:
+    """Sends action frames and matches answers by a unique ``echo``."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[asyncio.Future[dict[str, Any]], Connection]] = {}
+        self._prefix = secrets.token_hex(4)
+        self._seq = itertools.count(1)
+
+    async def call(
+        self, conn: Connection, action: str, params: Mapping[str, object], timeout_s: float
+    ) -> dict[str, Any]:
+        """Send one action on ``conn`` and return its successful response (see ``OneBotChannel.call_action``)."""
+        echo = f"{self._prefix}-{next(self._seq)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[echo] = (future, conn)
+        frame = json.dumps({"action": action, "params": dict(params), "echo": echo}, ensure_ascii=False)
+        try:
+            try:
+                async with conn.send_lock:
+                    await conn.ws.send_str(frame)
+            except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+                raise ChannelUnavailable(f"onebot: could not send {action!r}: {type(exc).__name__}") from exc
+            try:
+                async with asyncio.timeout(timeout_s):
+                    response = await future
+            except TimeoutError:
+                raise ChannelUnavailable(f"onebot: no answer to {action!r} within {timeout_s:g}s") from None
+        finally:
+            self._pending.pop(echo, None)
+        status, retcode = response.get("status"), response.get("retcode")
+        if status in ("ok", "async") or (status is None and retcode == 0):
+            return response
+        detail = response.get("wording") or response.get("message") or response.get("msg") or ""
+        raise OneBotActionFailed(action, retcode, str(detail)[:200])
+
+    def resolve(self, frame: Mapping[str, Any]) -> bool:
+        """Hand an answer to its caller; False if nobody waits for this echo."""
+        entry = self._pending.get(str(frame.get("echo")))
+        if entry is None:
+            return False
+        if not entry[0].done():
+            entry[0].set_result(dict(frame))
+        return True
+
+    def fail(self, conn: Connection) -> None:
+        """The socket closed: callers waiting on it get :class:`ChannelUnavailable` now."""
+        for future, owner in self._pending.values():
+            if owner is conn and not future.done():
+                future.set_exception(ChannelUnavailable("onebot: the socket closed before answering"))

@@ -1,0 +1,82 @@
+"""OneBot v11 message events -> :class:`robot.Message`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from robot.channels.onebot.cq import at_targets, parse_message, plain_text, reply_id
+from robot.message import ChatRef, Message, Role, Sender
+
+__all__ = ["message_from_event"]
+
+_ROLES: dict[str, Role] = {"owner": "owner", "admin": "admin", "member": "member"}
+
+
+def _id(value: object) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return None
+
+
+def _timestamp(value: object) -> datetime:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            value = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        # Some implementations report milliseconds.
+        seconds = value / 1000 if value > 10**11 else value
+        return datetime.fromtimestamp(seconds, tz=UTC)
+    return datetime.now(UTC)
+
+
+def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) -> Message | None:
+    """Convert a ``post_type: message`` event; ``None`` for events that are not chat input.
+
+    The bot's own messages (``user_id == self_id``) and message types other than ``group`` and
+    ``private`` give ``None``. ``text`` has the bot's @ removed and is stripped; other @s stay
+    as ``@name``/``@id``. Raises ``ValueError`` (or pydantic's ``ValidationError``) when required
+    fields are missing or the message cannot be parsed.
+    """
+    kind = event.get("message_type")
+    if kind not in ("group", "private"):
+        return None
+    bot_id = _id(event.get("self_id")) or self_id
+    user_id = _id(event.get("user_id"))
+    message_id = _id(event.get("message_id"))
+    if user_id is None or message_id is None:
+        raise ValueError(f"{kind} message event without user_id or message_id")
+    if bot_id is not None and user_id == bot_id:
+        return None
+    if kind == "group":
+        group_id = _id(event.get("group_id"))
+        if group_id is None:
+            raise ValueError("group message event without group_id")
+        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group")
+    else:
+        chat = ChatRef(platform="onebot", chat_id=user_id, kind="private")
+
+    segments = parse_message(event.get("message", ""))
+    raw_sender = event.get("sender")
+    sender = raw_sender if isinstance(raw_sender, Mapping) else {}
+    name = sender.get("card") or sender.get("nickname") or ""
+    role = _ROLES.get(str(sender.get("role") or "member"), "member")
+    targets = at_targets(segments)
+    return Message(
+        chat=chat,
+        sender=Sender(user_id=user_id, name=str(name), role=role),
+        message_id=message_id,
+        text=plain_text(segments, strip_at={bot_id} if bot_id else set()).strip(),
+        timestamp=_timestamp(event.get("time")),
+        mentions=tuple(target for target in targets if target != "all"),
+        mentions_bot=bot_id is not None and bot_id in targets,
+        reply_to=reply_id(segments),
+        raw=dict(event),
+    )

@@ -1,0 +1,210 @@
+"""The ``qunbot`` command: run, chat, tools, init, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from robot.bot import Bot
+from robot.channels.base import Channel
+from robot.config import ConfigError, Settings, load_settings
+from robot.plugin import Plugin, PluginError, load_plugin
+from robot.template import render_template
+
+__all__ = ["main"]
+
+log = logging.getLogger("qunbot")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("qunbot")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qunbot", description="A typed, guarded group-chat bot.")
+    parser.add_argument("--version", action="version", version=f"qunbot {_version()}")
+    parser.add_argument("--config", "-c", help="path to qunbot.toml (default: $QUNBOT_CONFIG or ./qunbot.toml)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("run", help="start every enabled channel (default: the web playground)")
+    chat = sub.add_parser("chat", help="chat with the bot in this terminal")
+    chat.add_argument("--group", action="store_true", help="simulate a group ('name: text' switches speaker)")
+    chat.add_argument("--user", default="me", help="your user id in the console chat")
+    tools = sub.add_parser("tools", help="list the loaded tools")
+    tools.add_argument("--json", action="store_true", help="print the OpenAI tool definitions as JSON")
+    tools.add_argument("--strict", action="store_true", help="with --json: the strict-mode variant")
+    init = sub.add_parser("init", help="write a commented qunbot.toml")
+    init.add_argument("--path", default="qunbot.toml")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    sub.add_parser("doctor", help="check the config, the LLM endpoint and each channel")
+    return parser
+
+
+def _plugins(settings: Settings) -> list[Plugin[object]]:
+    return [load_plugin(name) for name in settings.bot.plugins]
+
+
+def _plugin_sections(plugins: Sequence[Plugin[object]]) -> list[tuple[str, type[BaseModel]]]:
+    return [(p.name, p.settings_model) for p in plugins if p.settings_model is not None]
+
+
+async def _serve(bot: Bot, stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await bot.start()
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down: flushing the outbox")
+        await bot.stop()
+
+
+async def _run(settings: Settings, channels: list[Channel] | None = None) -> None:
+    stop = asyncio.Event()
+    bot = Bot(settings, channels=channels)
+    if bot.model is None:
+        log.warning("no LLM configured ([llm] model/base_url/api_key): the bot answers /commands only")
+    for channel in bot.channels.values():
+        url = getattr(channel, "url", None)
+        log.info("channel %s ready%s", channel.platform, f" at {url}" if url else "")
+    await _serve(bot, stop)
+
+
+async def _chat(settings: Settings, group: bool, user: str) -> None:
+    from robot.channels.console import ConsoleChannel
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    console = ConsoleChannel(bot_name=settings.bot.name, group=group, user=user,
+                             on_eof=lambda: stop.set())
+    await _serve(Bot(settings, channels=[console]), stop)
+
+
+def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
+    plugins = _plugins(settings)
+    tools = [t for p in plugins for t in p.tools]
+    if as_json:
+        print(json.dumps([t.definition(strict=strict) for t in tools], ensure_ascii=False, indent=2))
+        return 0
+    for tool in tools:
+        flags = [f for f, on in (("admin", tool.admin_only), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
+        aliases = ", ".join("/" + a for a in tool.aliases)
+        print(f"{tool.name:<18} {tool.description.splitlines()[0]}"
+              + (f"  [{aliases}]" if aliases else "") + (f"  ({', '.join(flags)})" if flags else ""))
+    return 0
+
+
+def _init(path: str, force: bool) -> int:
+    target = Path(path)
+    if target.exists() and not force:
+        print(f"error: {target} exists; use --force to overwrite", file=sys.stderr)
+        return 2
+    plugins = [load_plugin(n) for n in ("reminders", "search", "summary")]
+    target.write_text(render_template(_plugin_sections(plugins)), encoding="utf-8")
+    print(f"wrote {target}")
+    return 0
+
+
+async def _doctor(settings: Settings, source: Path | None) -> int:
+    problems = 0
+
+    def report(ok: bool, what: str, detail: str = "") -> None:
+        nonlocal problems
+        problems += 0 if ok else 1
+        print(f"{'ok ' if ok else 'FAIL'} {what}" + (f": {detail}" if detail else ""))
+
+    report(True, "config", str(source) if source else "built-in defaults (no qunbot.toml)")
+    try:
+        plugins = _plugins(settings)
+        for plugin in plugins:
+            if plugin.settings_model is not None:
+                settings.section(plugin.name, plugin.settings_model)
+        report(True, "plugins", ", ".join(f"{p.name} ({len(p.tools)} tools)" for p in plugins))
+    except (PluginError, ConfigError) as exc:
+        report(False, "plugins", str(exc))
+    llm = settings.llm
+    if not llm.configured:
+        report(True, "llm", "not configured: commands only")
+    else:
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key.get_secret_value() if llm.api_key
+                                    else "not-needed", timeout=10, max_retries=0)
+        try:
+            models = await client.models.list()
+            names = [m.id for m in models.data]
+            known = llm.model in names if names else True
+            report(known, "llm", f"{llm.base_url or 'default endpoint'} answers"
+                   + ("" if known else f", but model {llm.model!r} is not among {names[:5]}"))
+        except Exception as exc:
+            report(False, "llm", f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            await client.close()
+    ch = settings.channels
+    for name, enabled, host, port in (("web", ch.web.enabled, ch.web.host, ch.web.port),
+                                      ("onebot", ch.onebot.enabled and ch.onebot.mode == "reverse",
+                                       ch.onebot.host, ch.onebot.port),
+                                      ("wecom", ch.wecom.enabled, ch.wecom.host, ch.wecom.port)):
+        if not enabled:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+                report(True, f"channel {name}", f"{host}:{port} is free to listen on")
+            except OSError as exc:
+                report(False, f"channel {name}", f"cannot listen on {host}:{port}: {exc.strerror}")
+    if ch.onebot.enabled and ch.onebot.mode == "forward" and ch.onebot.url:
+        import aiohttp
+
+        try:
+            async with aiohttp.ClientSession() as session, session.ws_connect(ch.onebot.url, timeout=aiohttp.ClientWSTimeout(ws_close=5)):
+                report(True, "channel onebot", f"connected to {ch.onebot.url}")
+        except Exception as exc:
+            report(False, "channel onebot", f"cannot connect to {ch.onebot.url}: {type(exc).__name__}")
+    print("all good" if not problems else f"{problems} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``qunbot`` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command = args.command or "run"
+    if command == "init":
+        return _init(args.path, args.force)
+    try:
+        settings, source = load_settings(args.config)
+        if command == "tools":
+            return _tools(settings, args.json, args.strict)
+        if command == "doctor":
+            return asyncio.run(_doctor(settings, source))
+        if command == "chat":
+            asyncio.run(_chat(settings, args.group, args.user))
+        else:
+            asyncio.run(_run(settings))
+    except (ConfigError, PluginError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
