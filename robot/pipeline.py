@@ -46,22 +46,31 @@ class Pipeline:
 
     def addressed(self, message: Message) -> tuple[bool, str]:
         """Whether the bot should answer, and the text with the bot's name prefix removed."""
+        answer, _explicit, text = self.gate(message)
+        return answer, text
+
+    def gate(self, message: Message) -> tuple[bool, bool, str]:
+        """(answer?, explicitly addressed?, text without the name prefix).
+
+        A group listed in ``gate.always`` is answered without an @, but such a message is not
+        *addressed*: tools with ``require_at`` are then neither offered nor run.
+        """
         text = message.text.strip()
         chat = message.chat
         gate = self.bot.settings.gate
         short = f"{chat.platform}:{chat.chat_id}"
         if chat.kind == "private":
-            return True, text
+            return True, True, text
         if chat.key in gate.never or short in gate.never:
-            return False, text
+            return False, False, text
         if gate.allowlist and chat.key not in gate.allowlist and short not in gate.allowlist:
-            return False, text
+            return False, False, text
         name = self.bot.settings.bot.name
         if name and text.lower().startswith(name.lower()):
-            return True, text[len(name):].lstrip(" ,，:：")
+            return True, True, text[len(name):].lstrip(" ,，:：")
         if message.mentions_bot or message.reply_to_bot or text.startswith(("/", "／")):
-            return True, text
-        return chat.key in gate.always or short in gate.always, text
+            return True, True, text
+        return chat.key in gate.always or short in gate.always, False, text
 
     async def handle(self, message: Message) -> None:
         bot = self.bot
@@ -71,8 +80,8 @@ class Pipeline:
         await bot.history.record(message)
         if message.from_bot:
             return
-        addressed, text = self.addressed(message)
-        if not addressed:
+        answer, explicit, text = self.gate(message)
+        if not answer:
             return
         decision = bot.limiter.check(message.chat.key, message.qualified_sender)
         if decision is RateDecision.SILENT:
@@ -80,7 +89,7 @@ class Pipeline:
         if decision is RateDecision.NOTICE:
             await self.reply(message, [RATE_NOTICE])
             return
-        caller = bot.caller_for(message)
+        caller = bot.caller_for(message, addressed=explicit)
         command = parse_command(text)
         if command is not None:
             await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
@@ -105,7 +114,8 @@ class Pipeline:
         try:
             args = tool.parse_arguments(build_arguments(tool, rest))
             ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone,
-                                                clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}")
+                                                clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
+                                                via="command")
             result = await tool.invoke(ctx, args)
         except CommandError as exc:
             return str(exc)

@@ -1,0 +1,330 @@
+"""Perplexity web-search client: one question in, one answer with numbered sources out.
+
+Both Perplexity endpoints go through the official ``openai`` SDK (auth header, timeouts, HTTP
+error classes), with ``base_url`` set to the API root (``https://api.perplexity.ai``):
+
+* Agent API: ``POST {base}/v1/responses``, the OpenAI-Responses-compatible alias of
+  ``POST {base}/v1/agent``. Sent with ``client.post(..., cast_to=object)`` and read as plain JSON,
+  because ``client.responses.create`` types Perplexity's ``search_results`` output item as an
+  OpenAI message (and warns whenever the result is dumped).
+* Sonar chat completions: ``POST {base}/chat/completions`` via ``client.chat.completions.create``;
+  ``citations`` / ``search_results`` and the extra usage fields are read from the dumped model.
+
+In every ``SearchAnswer`` a marker ``[n]`` in ``text`` refers to ``sources[n - 1]``.
+
+Errors: one tree, every message short, user-presentable and free of the API key::
+
+    SearchError
+     ├── SearchNotConfigured   no API key in the settings
+     ├── SearchAuthError       HTTP 401/403: the key was rejected
+     ├── SearchRateLimited     HTTP 429; ``retry_after`` seconds when the server said
+     ├── SearchRejected        other 4xx (unknown model, bad request) or an empty query
+     └── SearchUnavailable     timeout, connection failure, 5xx, unreadable or failed response
+
+5xx answers and connection failures are retried once after a short pause; timeouts and 4xx never.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+
+from search._wire import (
+    CITATION_MARKER,
+    Endpoint,
+    SearchAnswer,
+    SearchUsage,
+    Source,
+    WireError,
+    parse_agent,
+    parse_chat,
+)
+from search.settings import SearchSettings
+
+__all__ = [
+    "AGENT_PATH",
+    "AGENT_PRESETS",
+    "CHAT_PATH",
+    "CITATION_MARKER",
+    "Endpoint",
+    "PerplexityClient",
+    "SearchAnswer",
+    "SearchAuthError",
+    "SearchError",
+    "SearchNotConfigured",
+    "SearchRateLimited",
+    "SearchRejected",
+    "SearchUnavailable",
+    "SearchUsage",
+    "Source",
+]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+AGENT_PATH = "v1/responses"
+"""Agent API path under the base URL (``/v1/agent`` is the same endpoint under its canonical name)."""
+CHAT_PATH = "chat/completions"
+"""Sonar chat-completions path under the base URL (the SDK appends it)."""
+AGENT_PRESETS = frozenset({"fast-search", "pro-search", "deep-research", "advanced-deep-research"})
+"""Agent API preset names; a ``model`` setting equal to one is sent as ``preset``."""
+
+# In "auto" these statuses from the agent endpoint mean "this account or deployment cannot use it
+# this way"; chat completions gets the question instead (a genuine bad request fails there too).
+_FALLBACK_STATUSES = frozenset({400, 403, 404, 405, 422, 501})
+
+
+class SearchError(Exception):
+    """Base of every search failure; ``str(exc)`` is fit to show a chat user."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+class SearchNotConfigured(SearchError):
+    """No Perplexity API key is configured."""
+
+
+class SearchAuthError(SearchError):
+    """Perplexity rejected the API key (HTTP 401/403)."""
+
+
+class SearchRateLimited(SearchError):
+    """Perplexity is rate-limiting (HTTP 429); ``retry_after`` is in seconds when known."""
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, status_code: int | None = 429
+    ) -> None:
+        super().__init__(message, status_code=status_code)
+        self.retry_after = retry_after
+
+
+class SearchRejected(SearchError):
+    """Perplexity refused the request as invalid; ``detail`` holds its own words (key scrubbed)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, detail: str | None = None) -> None:
+        super().__init__(message, status_code=status_code)
+        self.detail = detail
+
+
+class SearchUnavailable(SearchError):
+    """Perplexity could not be reached in time, failed, or answered unreadably."""
+
+
+class PerplexityClient:
+    """Asks Perplexity one question at a time. Safe to share; close with ``aclose()``."""
+
+    def __init__(self, settings: SearchSettings, *, retry_backoff_s: float = 0.5) -> None:
+        self._settings = settings
+        self._backoff = retry_backoff_s
+        self._remembered: Endpoint | None = None
+        self._sdk: openai.AsyncOpenAI | None = None
+        if settings.api_key is not None:
+            self._sdk = openai.AsyncOpenAI(
+                api_key=settings.api_key.get_secret_value(),
+                base_url=settings.base_url,
+                max_retries=0,
+                timeout=settings.timeout_s,
+            )
+            # The SDK fills these from OPENAI_ORG_ID / OPENAI_PROJECT_ID, which belong to the bot's
+            # own LLM provider and must not be sent to Perplexity.
+            self._sdk.organization = None
+            self._sdk.project = None
+
+    def __repr__(self) -> str:
+        s = self._settings
+        return f"PerplexityClient(endpoint={s.endpoint!r}, model={s.model!r}, configured={self.configured})"
+
+    @property
+    def settings(self) -> SearchSettings:
+        """The settings this client was built from."""
+        return self._settings
+
+    @property
+    def configured(self) -> bool:
+        """Whether an API key is set (searching can work at all)."""
+        return self._sdk is not None
+
+    @property
+    def endpoint_in_use(self) -> Endpoint | None:
+        """The endpoint searches go to: fixed by the settings, or learned in "auto" (None: not yet)."""
+        if self._settings.endpoint != "auto":
+            return self._settings.endpoint
+        return self._remembered
+
+    async def search(self, query: str, *, system: str | None = None) -> SearchAnswer:
+        """Search the web for ``query``; ``system`` is an optional instruction for the answer's style."""
+        if self._sdk is None:
+            raise SearchNotConfigured("web search is not set up (no Perplexity API key)")
+        query = query.strip()
+        if not query:
+            raise SearchRejected("the search query is empty")
+        try:
+            return await self._dispatch(self._sdk, query, system)
+        except WireError as exc:
+            raise SearchUnavailable(str(exc)) from None
+        except (openai.OpenAIError, TimeoutError, ValueError) as exc:
+            # ValueError: a body that is not JSON at all.
+            # "from None": SDK errors carry the request (and so the key) and raw server text.
+            raise self._translate(exc) from None
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        if self._sdk is not None:
+            await self._sdk.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- endpoint choice -------------------------------------------------------------------
+    async def _dispatch(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
+        mode = self._settings.endpoint
+        if mode == "chat" or (mode == "auto" and self._remembered == "chat"):
+            return await self._retrying(lambda: self._chat(sdk, query, system))
+        if mode == "agent":
+            return await self._retrying(lambda: self._agent(sdk, query, system))
+        try:
+            answer = await self._retrying(lambda: self._agent(sdk, query, system))
+        except openai.APIStatusError as exc:
+            if exc.status_code not in _FALLBACK_STATUSES:
+                raise
+            _log.info("Perplexity Agent API answered HTTP %s; trying chat completions", exc.status_code)
+            answer = await self._retrying(lambda: self._chat(sdk, query, system))
+            self._remembered = "chat"
+            _log.info("Perplexity search will use chat completions from now on")
+            return answer
+        self._remembered = "agent"
+        return answer
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        try:
+            return await self._bounded(attempt)
+        except openai.APITimeoutError:
+            raise  # the user already waited a full timeout
+        except (openai.APIConnectionError, openai.InternalServerError) as exc:
+            _log.warning("Perplexity request failed (%s); retrying once", type(exc).__name__)
+            await asyncio.sleep(self._backoff)
+            return await self._bounded(attempt)
+
+    async def _bounded(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        # The SDK timeout bounds each read; this bounds the whole exchange (a trickling server).
+        async with asyncio.timeout(self._settings.timeout_s):
+            return await attempt()
+
+    # -- the two endpoints -----------------------------------------------------------------
+    async def _agent(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
+        body: dict[str, Any] = {"input": query, **_agent_target(self._settings.model)}
+        if system:
+            body["instructions"] = system
+        data = await sdk.post(AGENT_PATH, cast_to=object, body=body)
+        if not isinstance(data, dict):
+            raise WireError()
+        return parse_agent(data, fallback_model=str(body.get("model") or body.get("preset")))
+
+    async def _chat(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
+        model = _chat_model(self._settings.model)
+        messages: list[ChatCompletionMessageParam] = []
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": query})
+        completion = await sdk.chat.completions.create(model=model, messages=messages)
+        if not isinstance(completion, ChatCompletion):  # the SDK hands back text for non-JSON bodies
+            raise WireError()
+        return parse_chat(completion.model_dump(warnings=False), fallback_model=model)
+
+    # -- errors ----------------------------------------------------------------------------
+    def _translate(self, exc: BaseException) -> SearchError:
+        if isinstance(exc, openai.APITimeoutError | TimeoutError):
+            return SearchUnavailable(f"Perplexity did not answer within {self._settings.timeout_s:g} s")
+        if isinstance(exc, openai.APIConnectionError):
+            return SearchUnavailable("could not reach Perplexity; try again later")
+        if isinstance(exc, openai.APIStatusError):
+            code = exc.status_code
+            _log.warning("Perplexity search failed: HTTP %s from %s", code, exc.request.url.path)
+            if code in (401, 403):
+                return SearchAuthError("the Perplexity API key was rejected", status_code=code)
+            if code == 429:
+                wait = _retry_after(exc.response.headers)
+                when = f"in {max(1, round(wait))} s" if wait is not None else "later"
+                return SearchRateLimited(
+                    f"Perplexity is rate-limiting searches; try again {when}", retry_after=wait
+                )
+            if code >= 500:
+                return SearchUnavailable(
+                    f"Perplexity is having trouble (HTTP {code}); try again later", status_code=code
+                )
+            return SearchRejected(
+                f"Perplexity refused the search request (HTTP {code})",
+                status_code=code,
+                detail=self._scrub(_server_message(exc.body)),
+            )
+        _log.warning("Perplexity answer could not be read: %s", type(exc).__name__)
+        return SearchUnavailable(str(WireError()))
+
+    def _scrub(self, text: str | None) -> str | None:
+        key = self._settings.api_key
+        if text is None or key is None:
+            return text
+        secret = key.get_secret_value()
+        return text.replace(secret, "***") if secret else text
+
+
+# -- request shaping -----------------------------------------------------------------------
+def _agent_target(model: str) -> dict[str, Any]:
+    if model in AGENT_PRESETS:
+        return {"preset": model}
+    if "/" not in model:
+        return {"model": f"perplexity/{model}"}
+    if model.startswith("perplexity/"):
+        return {"model": model}
+    # Third-party models search only through the web_search tool; Sonar searches by itself.
+    return {"model": model, "tools": [{"type": "web_search"}]}
+
+
+def _chat_model(model: str) -> str:
+    name = model.removeprefix("perplexity/")
+    return "sonar" if name in AGENT_PRESETS or "/" in name else name
+
+
+def _server_message(body: object) -> str | None:
+    if isinstance(body, Mapping):
+        for key in ("message", "detail"):
+            value = body.get(key)
+            if isinstance(value, str) and value:
+                return value[:300]
+    return None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            return max(0.0, float(raw) / scale)
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            continue
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)  # HTTP dates are GMT by definition
+        return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return None

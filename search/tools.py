@@ -1,0 +1,112 @@
+"""``perplexity_search``: web search with citations, as a data tool the model words itself."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from function_calls import ToolContext, ToolError, ToolResult, tool_function
+from search.client import (
+    PerplexityClient,
+    SearchAuthError,
+    SearchError,
+    SearchRateLimited,
+    SearchUnavailable,
+)
+from search.format import format_answer, format_for_model
+from search.settings import SearchSettings
+
+__all__ = ["SearchArgs", "SearchDeps", "WindowLimiter", "perplexity_search"]
+
+log = logging.getLogger(__name__)
+
+HOW_TO_ENABLE = (
+    "联网搜索未启用：请在 qunbot.toml 的 [search] 中设置 api_key（Perplexity API key），"
+    "或设置环境变量 PERPLEXITY_API_KEY 后重启。"
+)
+_MODEL_NOTE = (
+    "\n\n[qunbot] Answer the user in your own words from these results. Keep the [n] citation markers "
+    "and finish with the source lines you cited, formatted `[n] title url`."
+)
+
+
+@dataclass
+class WindowLimiter:
+    """At most ``limit`` events per ``window_s`` per key (a sliding window)."""
+
+    limit: int
+    window_s: float = 3600.0
+    monotonic: Callable[[], float] = time.monotonic
+    _events: dict[str, deque[float]] = field(default_factory=dict)
+
+    def wait_time(self, key: str) -> float:
+        """0 if an event is allowed now (and records it), else seconds until one is."""
+        now = self.monotonic()
+        events = self._events.setdefault(key, deque())
+        while events and now - events[0] >= self.window_s:
+            events.popleft()
+        if len(events) >= self.limit:
+            return self.window_s - (now - events[0])
+        events.append(now)
+        return 0.0
+
+
+@dataclass
+class SearchDeps:
+    """What the search tool needs: the client, the display limits and the cost limits."""
+
+    settings: SearchSettings
+    client: PerplexityClient
+    per_user: WindowLimiter
+    per_chat: WindowLimiter
+
+
+class SearchArgs(BaseModel):
+    query: str = Field(min_length=1, max_length=300,
+                       description="what to look up on the web, in the user's language; self-contained")
+
+
+def _minutes(seconds: float) -> int:
+    return max(1, round(seconds / 60))
+
+
+@tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"], timeout_s=60)
+async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> ToolResult:
+    """联网搜索 (web search through Perplexity): current facts, news, prices, weather; returns an answer with
+    numbered citations [n] and its sources."""
+    deps = ctx.deps
+    if not deps.client.configured:
+        raise ToolError("web search is not configured on this bot", user_message=HOW_TO_ENABLE)
+    chat_key = f"{ctx.caller.platform}:{ctx.caller.chat_kind}:{ctx.caller.chat_id}"
+    for limiter, key, who in ((deps.per_user, ctx.caller.qualified_user, "你"), (deps.per_chat, chat_key, "本群")):
+        wait = limiter.wait_time(key)
+        if wait:
+            text = f"{who}的搜索次数已达上限（每小时 {limiter.limit} 次），请 {_minutes(wait)} 分钟后再试。"
+            raise ToolError(f"search limit reached; tell the user: {text}", user_message=text)
+    try:
+        answer = await deps.client.search(args.query)
+    except SearchAuthError as exc:
+        log.warning("perplexity rejected the key: %s", exc)
+        raise ToolError("the search service rejected the bot's API key; tell the user search is unavailable",
+                        user_message="搜索服务拒绝了本机器人的 API key，请管理员检查 [search] api_key。") from None
+    except SearchRateLimited:
+        raise ToolError("the search service is rate limiting; tell the user to retry in a minute",
+                        user_message="搜索服务繁忙（被限流），请稍后再试。") from None
+    except SearchUnavailable as exc:
+        raise ToolError(f"the search service is unavailable ({exc}); tell the user to retry later",
+                        user_message="搜索服务暂时不可用（超时或故障），请稍后再试。") from None
+    except SearchError as exc:
+        raise ToolError(f"search failed: {exc}", user_message=f"搜索失败：{exc}") from None
+    settings = deps.settings
+    if ctx.via == "command":
+        return ToolResult.reply(format_answer(answer, max_chars=settings.max_answer_chars,
+                                              max_sources=settings.max_sources))
+    data: dict[str, object] = {"sources": [s.url for s in answer.sources], "endpoint": answer.endpoint,
+                               "citation_tokens": answer.usage.citation_tokens,
+                               "search_queries": answer.usage.num_search_queries}
+    return ToolResult(content=format_for_model(answer) + _MODEL_NOTE, data=data)
