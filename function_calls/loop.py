@@ -161,7 +161,11 @@ class Runner:
         env = _Env(self, offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state)
         token_cap = self.limits.max_run_tokens
         if self.budget is not None:
-            left = await self.budget.remaining(caller)
+            try:
+                left = await self.budget.remaining(caller)
+            except Exception:  # a broken budget store must not take the bot down; the run cap still holds
+                log.exception("budget hook failed; using the per-run cap only")
+                left = None
             if left is not None and left <= 0:
                 return self._finish(state, StopReason.DAILY_BUDGET, detector)
             if left is not None:
@@ -170,13 +174,16 @@ class Runner:
             return await self._drive(env, token_cap, on_text)
         finally:
             if self.budget is not None and state.usage.requests:
-                await self.budget.charge(caller, state.usage)
+                try:
+                    await self.budget.charge(caller, state.usage)
+                except Exception:
+                    log.exception("budget hook failed to record %s tokens", state.usage.total_tokens)
 
     async def _drive(self, env: _Env, token_cap: int, on_text: TextCallback | None) -> RunResult:
         state = env.state
         if state.pending:  # resuming after an approval pause
             calls, state.pending = state.pending, []
-            stop = await self._run_calls(env, calls)
+            stop = await self._run_calls(env, calls, resume=True)
             if stop is not None:
                 return stop
         while True:
@@ -202,11 +209,17 @@ class Runner:
             if stop is not None:
                 return stop
 
-    async def _run_calls(self, env: _Env, calls: list[ToolCall]) -> RunResult | None:
+    async def _run_calls(self, env: _Env, calls: list[ToolCall], *, resume: bool = False) -> RunResult | None:
         state = env.state
         outcomes = await env.execute(calls)
+        # On resume a call already has a "waiting for approval" answer: replace it (one answer per id).
+        answered = {m.get("tool_call_id"): i for i, m in enumerate(state.messages) if resume and m["role"] == "tool"}
         for outcome in outcomes:
-            state.messages.append({"role": "tool", "tool_call_id": outcome.call.id, "content": outcome.result.content})
+            message = {"role": "tool", "tool_call_id": outcome.call.id, "content": outcome.result.content}
+            if outcome.call.id in answered:
+                state.messages[answered[outcome.call.id]] = message
+            else:
+                state.messages.append(message)
             state.trace.append(outcome.trace)
             state.user_messages.extend(outcome.result.user_messages)
         stops = [o for o in outcomes if o.stop is not None]
@@ -358,15 +371,20 @@ class _Env:
                 return self._refuse(call, exc.message, StopReason.TOOL_RETRIES_EXHAUSTED,
                                     f"{tool.name}（参数连续 {failures} 次无效）")
             return self._refuse(call, exc.message, note=f"invalid arguments ({failures}/{tool.retries + 1})")
+        state.arg_failures.pop(tool.name, None)  # the budget counts consecutive failures
         if tool.confirm and runner.approver is not None:
-            verdict = await runner.approver(call, tool, self.caller)
+            try:
+                verdict = await runner.approver(call, tool, self.caller)
+            except Exception:  # a failing approval store must neither crash the run nor run the tool
+                log.exception("approver failed for %s", tool.name)
+                return self._refuse(call, f"Approval of `{tool.name}` failed; not run.", note="approval failed")
             if verdict is None:
                 return self._refuse(call, "[qunbot] waiting for approval", StopReason.AWAITING_APPROVAL, tool.name)
             if verdict is False:
                 return self._refuse(call, f"The user's admin declined `{tool.name}`. Tell the user.", note="declined")
-        ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
-                          tool_call_id=call.id, clock=self.clock)
         try:
+            ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
+                              tool_call_id=call.id, clock=self.clock)
             result = await asyncio.wait_for(tool.invoke(ctx, args), timeout=tool.timeout_s)
         except ToolError as exc:
             result = ToolResult.error(exc.message)

@@ -30,6 +30,7 @@ __all__ = [
     "ToolCallAccumulator",
     "Usage",
     "classify_status",
+    "translate_error",
 ]
 
 TextCallback = Callable[[str], Awaitable[None]]
@@ -271,12 +272,13 @@ class OpenAIChatModel:
         acc = ToolCallAccumulator()
         finish: str | None = None
         usage_obj: Any = None
-        shown = False
+        shown = received = False
         try:
             stream = await self._client.chat.completions.create(
                 **self._params(request), stream=True, stream_options={"include_usage": True}
             )
             async for chunk in stream:
+                received = True
                 if getattr(chunk, "usage", None) is not None:
                     usage_obj = chunk.usage
                 for choice in chunk.choices or ():
@@ -296,7 +298,7 @@ class OpenAIChatModel:
                         )
                     finish = choice.finish_reason or finish
         except Exception as exc:
-            if isinstance(exc, openai.APIError):
+            if isinstance(exc, openai.APIError) and not (isinstance(exc, openai.APIConnectionError) and received):
                 raise translate_error(exc, text_shown=shown) from None
             # Transport errors surface raw while a stream is being read: the stream broke off.
             raise ModelAPIError(

@@ -71,11 +71,11 @@ def _clean(node: JSON, defs: JSON, tool: str, path: str, seen: tuple[str, ...]) 
     if "const" in out and "enum" not in out:
         out["enum"] = [out.pop("const")]
     _collapse_nullable(out)
-    if out.get("type") == "object" or "properties" in out:
+    is_map = isinstance(out.get("additionalProperties"), dict)  # dict[str, X]: keys are free, values typed
+    if (out.get("type") == "object" or "properties" in out) and not is_map:
         out.setdefault("type", "object")
         out.setdefault("properties", {})
-        if "additionalProperties" not in out:
-            out["additionalProperties"] = False
+        out.setdefault("additionalProperties", False)
     if not _has_type(out):
         raise ToolDefinitionError(
             f"tool {tool!r}: field {path or '<root>'} has no JSON type (Any or an unsupported type); "
@@ -116,8 +116,9 @@ def _strictify(node: JSON) -> None:
                 _make_nullable(sub)
             _strictify(sub)
         node["required"] = list(props)
-        node["additionalProperties"] = False
-    for key in ("items",):
+        if not isinstance(node.get("additionalProperties"), dict):
+            node["additionalProperties"] = False
+    for key in ("items", "additionalProperties"):
         if isinstance(node.get(key), dict):
             _strictify(node[key])
     for key in ("anyOf", "oneOf", "allOf"):

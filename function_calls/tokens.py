@@ -9,6 +9,7 @@ other text one per four characters, plus a small per-message overhead.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,20 +18,12 @@ __all__ = ["estimate_messages", "estimate_tokens"]
 _MESSAGE_OVERHEAD = 4
 
 
-def _is_wide(ch: str) -> bool:
-    code = ord(ch)
-    return (
-        0x2E80 <= code <= 0x9FFF
-        or 0xAC00 <= code <= 0xD7AF
-        or 0xF900 <= code <= 0xFAFF
-        or 0xFF00 <= code <= 0xFFEF
-        or code >= 0x20000
-    )
+_WIDE = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020000-\U0010ffff]")
 
 
 def estimate_tokens(text: str) -> int:
     """Approximate token count of ``text``."""
-    wide = sum(1 for ch in text if _is_wide(ch))
+    wide = len(_WIDE.findall(text))
     narrow = len(text) - wide
     return wide + (narrow + 3) // 4
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -28,6 +29,7 @@ __all__ = ["Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
 Scope = Literal["group", "private", "both"]
 Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
 _MAX_VALUE_CHARS = 80
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts for a function name
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,11 +91,7 @@ class Tool:
         if not isinstance(data, dict):
             raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", _short(data))])
         validator = self._strict_validator if strict else self._validator
-        problems = [
-            FieldProblem(_path(err.absolute_path), err.message if err.validator != "enum" else _enum_msg(err),
-                         _short(err.instance))
-            for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
-        ]
+        problems = _schema_problems(validator.iter_errors(data))
         if problems:
             raise ArgumentError(self.name, "schema", problems)
         if self.args_model is None:
@@ -139,6 +137,28 @@ def _path(parts: Iterable[Any]) -> str:
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, default=str) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
+
+
+def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
+    problems: list[FieldProblem] = []
+    for err in errors:
+        if err.validator == "required" and isinstance(err.instance, dict):
+            # Point at the missing field itself, not at its parent object (one entry per field).
+            missing = err.message.split(" is a required property")[0].strip("'\"")
+            if missing in err.validator_value and missing not in err.instance:
+                problems.append(FieldProblem(_path([*err.absolute_path, missing]), "required field is missing"))
+                continue
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            known = err.schema.get("properties", {})
+            allowed = ", ".join(known) or "none"
+            problems.extend(
+                FieldProblem(_path([*err.absolute_path, k]), f"unknown field (allowed: {allowed})", _short(v))
+                for k, v in err.instance.items() if k not in known
+            )
+            continue
+        message = err.message if err.validator != "enum" else _enum_msg(err)
+        problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
+    return sorted(problems, key=lambda p: p.path)
 
 
 def _enum_msg(err: Any) -> str:
@@ -240,7 +260,7 @@ def tool_function(
 
     def build(func: Handler) -> Tool:
         tool_name: str = name or str(getattr(func, "__name__", ""))
-        if not tool_name.replace("_", "").replace("-", "").isalnum() or len(tool_name) > 64:
+        if not _NAME.fullmatch(tool_name):
             raise ToolDefinitionError(f"tool name {tool_name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
         if scope not in ("group", "private", "both"):
             raise ToolDefinitionError(f"tool {tool_name!r}: scope must be group, private or both, not {scope!r}")
@@ -284,9 +304,10 @@ class Toolset:
         if tool.name in self._tools:
             raise ToolDefinitionError(f"toolset {self.name!r}: two tools are named {tool.name!r}")
         taken = {a for t in self._tools.values() for a in (t.name, *t.aliases)}
-        clash = [a for a in tool.aliases if a in taken]
+        # A name equal to another tool's alias would make /name ambiguous too.
+        clash = [a for a in (tool.name, *tool.aliases) if a in taken]
         if clash:
-            raise ToolDefinitionError(f"toolset {self.name!r}: tool {tool.name!r} alias {clash[0]!r} is already taken")
+            raise ToolDefinitionError(f"toolset {self.name!r}: tool {tool.name!r}: name or alias {clash[0]!r} is already taken")
         self._tools[tool.name] = tool
         return tool
 

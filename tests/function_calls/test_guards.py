@@ -1,0 +1,243 @@
+"""Guards: loop detection, run limits, token and daily budgets, and the reliability scenario."""
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from function_calls import (
+    Caller,
+    Limits,
+    LoopConfig,
+    LoopDetector,
+    ModelRequest,
+    ModelResponse,
+    Runner,
+    StopReason,
+    Tool,
+    ToolResult,
+    Toolset,
+    Usage,
+    estimate_messages,
+    tool_function,
+)
+from function_calls.guards import LoopLevel
+from function_calls.testing import ScriptedModel, call, text
+
+ROOMY = Limits(max_iterations=50, max_tool_calls=50)
+USER = [{"role": "user", "content": "查一下"}]
+
+
+class Query(BaseModel):
+    q: str = "same"
+
+
+Result = str | ToolResult | Callable[[int], str | ToolResult]
+
+
+def counting_tool(name: str, runs: list[str], result: Result = "try again", **options: Any) -> Tool:
+    """A tool that records each run; ``result`` may be a callable of the run number."""
+
+    async def handler(args: Query) -> ToolResult | str:
+        runs.append(args.q)
+        return result(len(runs)) if callable(result) else result
+
+    return tool_function(name=name, description=f"{name} tool", **options)(handler)
+
+
+def forever(*turns: tuple[str, dict[str, Any]]) -> ScriptedModel:
+    """A model that cycles through the given calls and never gives up (text only when tools are gone)."""
+    cycle = itertools.cycle(turns)
+
+    def script(request: ModelRequest) -> ModelResponse:
+        if not request.tools:
+            return text("final answer without tools")
+        name, args = next(cycle)
+        return call(name, args)
+
+    return ScriptedModel(script)
+
+
+def tool_contents(result: Any) -> list[str]:
+    return [m["content"] for m in result.messages if m["role"] == "tool"]
+
+
+async def test_reliability_scenario_a_model_that_never_stops_is_stopped() -> None:
+    runs: list[str] = []
+    user = [{"role": "system", "content": "persona"},
+            {"role": "user", "content": "don't stop, ignore warnings, keep trying"}]
+    model = forever(("retry_me", {"q": "x"}))
+    result = await Runner(model, limits=ROOMY).run(user, Toolset("s", [counting_tool("retry_me", runs)]))
+
+    assert result.stop is StopReason.LOOP_CRITICAL
+    assert len(runs) == 7  # the 8th identical call is blocked before it runs
+    assert len(model.requests) == 8
+    assert result.replies and "原地打转" in result.replies[0]
+    assert "8" in result.detail
+    # Bounded cost: eight requests, each no larger than the last (prompts only grow), plus small answers.
+    last_prompt = estimate_messages(model.requests[-1].messages, model.requests[-1].tools)
+    bound = 8 * last_prompt + 8 * 50
+    assert result.usage.requests == 8
+    assert result.usage.total_tokens < bound < ROOMY.max_run_tokens
+    warnings = [c for c in tool_contents(result) if "[qunbot] Warning" in c]
+    assert len(warnings) == 3  # calls 5, 6 and 7 carried the warning to the model
+    assert "blocked" in tool_contents(result)[-1]
+
+
+async def test_warning_note_is_injected_at_the_fifth_identical_call() -> None:
+    runs: list[str] = []
+    script = [*[call("look", {"q": "a"}) for _ in range(5)], text("giving up")]
+    result = await Runner(ScriptedModel(script), limits=ROOMY).run(USER, Toolset("s", [counting_tool("look", runs)]))
+    contents = tool_contents(result)
+    assert result.stop is StopReason.COMPLETED and len(runs) == 5
+    assert all("Warning" not in c for c in contents[:4])
+    assert contents[4].startswith("try again\n\n[qunbot] Warning: `look` called 5 times")
+    assert result.trace[4].note.startswith("loop warn")
+
+
+async def test_breaker_stops_repeats_even_when_results_change() -> None:
+    runs: list[str] = []
+    tool = counting_tool("poll", runs, result=lambda n: f"status {n}")
+    result = await Runner(forever(("poll", {"q": "same"})), limits=ROOMY).run(USER, Toolset("s", [tool]))
+    assert result.stop is StopReason.LOOP_BREAKER
+    assert len(runs) == 10
+    assert "10 repeated calls" in result.detail
+    assert result.replies and "强制停止" in result.replies[0]
+
+
+async def test_ping_pong_between_two_tools_is_caught() -> None:
+    runs_a: list[str] = []
+    runs_b: list[str] = []
+    tools = Toolset("s", [counting_tool("a", runs_a, "A"), counting_tool("b", runs_b, "B")])
+    result = await Runner(forever(("a", {}), ("b", {})), limits=ROOMY).run(USER, tools)
+    assert result.stop is StopReason.LOOP_CRITICAL
+    assert "alternating" in result.detail
+    assert len(runs_a) + len(runs_b) == 7
+
+
+async def test_repeated_unknown_tools_are_caught() -> None:
+    names = (f"nope_{i}" for i in itertools.count())
+
+    def script(request: ModelRequest) -> ModelResponse:
+        return call(next(names), {}) if request.tools else text("final")
+
+    result = await Runner(ScriptedModel(script), limits=ROOMY).run(USER, Toolset("s", [counting_tool("real", [])]))
+    assert result.stop is StopReason.LOOP_CRITICAL
+    assert "do not exist" in result.detail
+    assert len(tool_contents(result)) == 8
+
+
+async def test_hash_exclude_ignores_fields_that_change_every_call() -> None:
+    def result(n: int) -> ToolResult:
+        return ToolResult(content=f"pending (checked at {n})", data={"status": "pending", "checked_at": n})
+
+    for exclude, expected in (((), StopReason.LOOP_BREAKER), (("checked_at",), StopReason.LOOP_CRITICAL)):
+        runs: list[str] = []
+        tool = counting_tool("status", runs, result, hash_exclude=exclude)
+        outcome = await Runner(forever(("status", {})), limits=ROOMY).run(USER, Toolset("s", [tool]))
+        assert outcome.stop is expected
+        assert len(runs) == (10 if expected is StopReason.LOOP_BREAKER else 7)
+
+
+async def test_loop_thresholds_are_configurable() -> None:
+    runs: list[str] = []
+    runner = Runner(forever(("look", {})), limits=ROOMY, loop_config=LoopConfig(warn=2, critical=3, breaker=4))
+    result = await runner.run(USER, Toolset("s", [counting_tool("look", runs)]))
+    assert result.stop is StopReason.LOOP_CRITICAL and len(runs) == 2
+    assert "Warning" in tool_contents(result)[1]
+
+
+def test_loop_detector_survives_a_snapshot() -> None:
+    det = LoopDetector(LoopConfig(warn=2, critical=3))
+    assert det.record("t", "k", "r").level is LoopLevel.OK
+    assert det.record("t", "k", "r").level is LoopLevel.WARN
+    restored = LoopDetector.restore(det.config, det.snapshot())
+    assert restored.before("t", "k").level is LoopLevel.CRITICAL
+    assert restored.before("t", "other").level is LoopLevel.OK
+
+
+async def test_iteration_limit_ends_with_a_final_answer_without_tools() -> None:
+    runs: list[str] = []
+    queries = (f"q{i}" for i in itertools.count())
+
+    def script(request: ModelRequest) -> ModelResponse:
+        return call("look", {"q": next(queries)}) if request.tools else text("here is what I found")
+
+    model = ScriptedModel(script)
+    result = await Runner(model).run(USER, Toolset("s", [counting_tool("look", runs)]))
+    assert result.stop is StopReason.ITERATION_LIMIT
+    assert len(runs) == 6 and len(model.requests) == 7
+    assert model.requests[-1].tools == [] and model.requests[-1].max_tokens == Limits().final_answer_max_tokens
+    assert "Do not call tools" in model.requests[-1].messages[-1]["content"]
+    assert result.replies == ["here is what I found"]
+
+
+async def test_tool_call_limit_defaults_to_eight() -> None:
+    runs: list[str] = []
+    queries = (f"q{i}" for i in itertools.count())
+
+    def script(request: ModelRequest) -> ModelResponse:
+        if not request.tools:
+            return text("partial answer")
+        return call("look", {"q": next(queries)}, ("look", {"q": next(queries)}), ("look", {"q": next(queries)}))
+
+    result = await Runner(ScriptedModel(script)).run(USER, Toolset("s", [counting_tool("look", runs)]))
+    assert result.stop is StopReason.TOOL_CALL_LIMIT
+    assert len(runs) == 8
+    assert "limit" in tool_contents(result)[-1]
+    assert result.replies == ["partial answer"]
+
+
+async def test_token_budget_ends_with_an_answer_not_an_exception() -> None:
+    runs: list[str] = []
+    queries = (f"q{i}" for i in itertools.count())
+
+    def script(request: ModelRequest) -> ModelResponse:
+        return call("look", {"q": next(queries)}) if request.tools else text("summary so far")
+
+    model = ScriptedModel(script)
+    big = counting_tool("look", runs, result="x" * 2000)
+    result = await Runner(model, limits=Limits(max_run_tokens=2500)).run(USER, Toolset("s", [big]))
+    assert result.stop is StopReason.TOKEN_BUDGET
+    assert model.requests[-1].tools == []
+    assert all(r.tools for r in model.requests[:-1])
+    assert 0 < len(runs) < 6
+    assert result.replies == ["summary so far"]
+
+
+class Budget:
+    def __init__(self, left: int | None) -> None:
+        self.left = left
+        self.charged: list[tuple[Caller, Usage]] = []
+
+    async def remaining(self, caller: Caller) -> int | None:
+        return self.left
+
+    async def charge(self, caller: Caller, usage: Usage) -> None:
+        self.charged.append((caller, usage))
+
+
+async def test_daily_budget_used_up_means_no_model_call() -> None:
+    model = ScriptedModel([text("never")])
+    budget = Budget(0)
+    result = await Runner(model, budget=budget).run(USER, Toolset("s"))
+    assert result.stop is StopReason.DAILY_BUDGET
+    assert model.requests == [] and budget.charged == []
+    assert result.replies and "上限" in result.replies[0]
+
+
+async def test_budget_is_charged_with_the_runs_usage_and_caps_the_token_budget() -> None:
+    alice = Caller(user_id="alice")
+    budget = Budget(10_000)
+    result = await Runner(ScriptedModel([call("look", {}), text("done")]), budget=budget).run(
+        USER, Toolset("s", [counting_tool("look", [])]), caller=alice)
+    assert budget.charged == [(alice, result.usage)]
+    assert result.usage.requests == 2 and result.usage.total_tokens > 0
+
+    tight = Budget(1)  # fewer tokens left today than the first prompt needs
+    model = ScriptedModel([text("short answer")])
+    capped = await Runner(model, budget=tight).run(USER, Toolset("s", [counting_tool("look", [])]))
+    assert capped.stop is StopReason.TOKEN_BUDGET
+    assert model.requests[0].tools == []
+    assert tight.charged == [(Caller(), capped.usage)]

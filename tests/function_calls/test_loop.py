@@ -1,0 +1,296 @@
+"""The invoke loop: concurrency, ordering, action tools, streaming, state and approvals."""
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+
+from function_calls import (
+    Caller,
+    Limits,
+    ModelResponse,
+    OpenAIChatModel,
+    Runner,
+    RunState,
+    StopReason,
+    Tool,
+    ToolCall,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    Toolset,
+    tool_function,
+)
+from function_calls.testing import Call, FakeOpenAIServer, Reply, ScriptedModel, call, text
+
+USER = [{"role": "user", "content": "go"}]
+
+
+class Job(BaseModel):
+    n: int = 0
+    delay: float = 0.0
+
+
+class Gauge:
+    """Counts how many handlers run at once."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.log: list[tuple[str, int]] = []
+
+    async def hold(self, name: str, n: int, delay: float) -> None:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        self.log.append((f"start {name}", self.active))
+        await asyncio.sleep(delay)
+        self.log.append((f"end {name}", n))
+        self.active -= 1
+
+
+def work_tool(gauge: Gauge, name: str = "work", **options: Any) -> Tool:
+    async def work(job: Job) -> str:
+        """Do a job."""
+        await gauge.hold(name, job.n, job.delay)
+        return f"{name} {job.n} done"
+
+    return tool_function(name=name, **options)(work)
+
+
+def calls(name: str, first: dict[str, Any], *rest: dict[str, Any]) -> ModelResponse:
+    """One model turn calling ``name`` once per argument dict."""
+    return call(name, first, *[(name, job) for job in rest])
+
+
+def tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in messages if m["role"] == "tool"]
+
+
+async def test_six_calls_run_concurrently_up_to_the_cap_of_four() -> None:
+    gauge = Gauge()
+    model = ScriptedModel([calls("work", *[{"n": i, "delay": 0.03} for i in range(6)]), text("all done")])
+    result = await Runner(model).run(USER, Toolset("s", [work_tool(gauge)]))
+    assert result.stop is StopReason.COMPLETED
+    assert gauge.peak == 4
+    assert len(tool_messages(result.messages)) == 6
+
+
+async def test_parallel_cap_is_configurable() -> None:
+    gauge = Gauge()
+    model = ScriptedModel([calls("work", *[{"n": i, "delay": 0.02} for i in range(5)]), text("ok")])
+    await Runner(model, limits=Limits(parallel_tools=2)).run(USER, Toolset("s", [work_tool(gauge)]))
+    assert gauge.peak == 2
+
+
+async def test_a_sequential_tool_runs_alone() -> None:
+    gauge = Gauge()
+    tools = Toolset("s", [work_tool(gauge), work_tool(gauge, "seq", sequential=True)])
+    turn = call("work", {"n": 1, "delay": 0.02}, ("work", {"n": 2, "delay": 0.02}), ("seq", {"n": 3, "delay": 0.02}),
+                ("work", {"n": 4, "delay": 0.02}), ("work", {"n": 5, "delay": 0.02}))
+    await Runner(ScriptedModel([turn, text("ok")])).run(USER, tools)
+    events = [e for e, _ in gauge.log]
+    seq_start, seq_end = events.index("start seq"), events.index("end seq")
+    assert dict(gauge.log)["start seq"] == 1  # nothing else was running when it started
+    assert events[seq_start + 1] == "end seq"  # and nothing started while it ran
+    assert {"end work"} == {e for e in events[:seq_start] if e.startswith("end")}
+    assert events[:seq_start].count("end work") == 2
+    assert events[seq_end + 1:].count("start work") == 2
+
+
+async def test_a_failing_call_does_not_cancel_its_siblings_and_hides_internals() -> None:
+    gauge = Gauge()
+
+    async def boom() -> str:
+        """Always fails."""
+        raise RuntimeError("db password=hunter2 leaked")
+
+    tools = Toolset("s", [work_tool(gauge), tool_function(boom)])
+    model = ScriptedModel([call("boom", {}, ("work", {"n": 7, "delay": 0.02})), text("partial")])
+    result = await Runner(model).run(USER, tools)
+    assert result.stop is StopReason.COMPLETED
+    first, second = (m["content"] for m in tool_messages(result.messages))
+    assert first == "`boom` failed internally (RuntimeError)."
+    assert "hunter2" not in str(result.model_dump())
+    assert second == "work 7 done"
+
+
+async def test_results_come_back_in_call_order_whatever_finishes_first() -> None:
+    gauge = Gauge()
+    turn = calls("work", *[{"n": i, "delay": 0.01 * (4 - i)} for i in range(4)])
+    result = await Runner(ScriptedModel([turn, text("ok")])).run(USER, Toolset("s", [work_tool(gauge)]))
+    assert [n for e, n in gauge.log if e.startswith("end")] == [3, 2, 1, 0]  # finished in reverse
+    msgs = tool_messages(result.messages)
+    assert [m["tool_call_id"] for m in msgs] == [c.id for c in turn.tool_calls]
+    assert [m["content"] for m in msgs] == [f"work {i} done" for i in range(4)]
+
+
+def action_and_data_tools(runs: list[str]) -> Toolset:
+    async def set_alarm(c: ToolContext[str], job: Job) -> ToolResult:
+        """Set an alarm."""
+        runs.append(f"alarm for {c.caller.user_id} via {c.deps}")
+        return ToolResult.reply(f"已设置闹钟 {job.n}")
+
+    async def lookup(job: Job) -> str:
+        """Look something up."""
+        runs.append("lookup")
+        return f"value {job.n}"
+
+    return Toolset("s", [tool_function(set_alarm), tool_function(lookup)])
+
+
+async def test_an_action_tool_reply_ends_the_run_without_another_model_call() -> None:
+    runs: list[str] = []
+    model = ScriptedModel([call("set_alarm", {"n": 7}), text("unused")])
+    result = await Runner(model).run(USER, action_and_data_tools(runs), caller=Caller(user_id="alice"),
+                                     deps_for=lambda tool: f"deps:{tool.name}")
+    assert result.stop is StopReason.ANSWERED_BY_TOOL
+    assert len(model.requests) == 1
+    assert result.replies == ["已设置闹钟 7"]
+    assert runs == ["alarm for alice via deps:set_alarm"]
+    assert tool_messages(result.messages)[0]["content"] == "已设置闹钟 7"
+
+
+async def test_a_data_tool_result_goes_back_to_the_model() -> None:
+    runs: list[str] = []
+    model = ScriptedModel([call("lookup", {"n": 3}), text("the value is 3")])
+    result = await Runner(model).run(USER, action_and_data_tools(runs))
+    assert result.stop is StopReason.COMPLETED
+    assert len(model.requests) == 2
+    assert model.requests[1].messages[-1]["content"] == "value 3"
+    assert result.replies == ["the value is 3"]
+
+
+async def test_action_and_data_in_one_turn_still_asks_the_model_and_keeps_both_replies() -> None:
+    model = ScriptedModel([call("set_alarm", {"n": 1}, ("lookup", {"n": 2})), text("and the value is 2")])
+    result = await Runner(model).run(USER, action_and_data_tools([]))
+    assert len(model.requests) == 2
+    assert result.replies == ["已设置闹钟 1", "and the value is 2"]
+
+
+async def test_streamed_text_deltas_reach_on_text_end_to_end() -> None:
+    deltas: list[str] = []
+
+    async def on_text(delta: str) -> None:
+        deltas.append(delta)
+
+    async with FakeOpenAIServer() as server:
+        server.script(Reply(tool_calls=[Call("lookup", {"n": 5}, id="k1")]), Reply("the answer is five", chunk_size=4))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="k")
+        result = await Runner(model).run(USER, action_and_data_tools([]), on_text=on_text)
+        await model.aclose()
+    assert result.stop is StopReason.COMPLETED and result.text == "the answer is five"
+    assert len(deltas) > 1 and "".join(deltas) == "the answer is five"
+    second = server.requests[1].messages
+    assert second[-2]["tool_calls"][0]["id"] == "k1"
+    assert second[-1] == {"role": "tool", "tool_call_id": "k1", "content": "value 5"}
+    assert result.usage.requests == 2 and result.usage.prompt_tokens > 0
+
+
+async def test_tool_errors_and_timeouts_go_back_to_the_model() -> None:
+    async def picky() -> str:
+        """Refuses."""
+        raise ToolError("no such city")
+
+    async def slow() -> str:
+        """Hangs."""
+        await asyncio.sleep(5)
+        return "late"
+
+    tools = Toolset("s", [tool_function(picky), tool_function(timeout_s=0.05)(slow)])
+    model = ScriptedModel([call("picky", {}, ("slow", {})), text("sorry")])
+    result = await Runner(model).run(USER, tools)
+    assert [m["content"] for m in tool_messages(result.messages)] == ["no such city", "`slow` timed out after 0.05s."]
+    assert result.stop is StopReason.COMPLETED
+
+
+async def test_admin_only_tools_are_neither_offered_nor_run_for_others() -> None:
+    runs: list[str] = []
+
+    async def wipe() -> str:
+        """Wipe everything."""
+        runs.append("wiped")
+        return "wiped"
+
+    tools = Toolset("s", [tool_function(admin_only=True)(wipe), *action_and_data_tools([])])
+    model = ScriptedModel([call("wipe"), text("no")])
+    await Runner(model).run(USER, tools, caller=Caller(is_admin=False))
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["set_alarm", "lookup"]
+    assert runs == []
+
+
+def confirm_tool(runs: list[str]) -> Toolset:
+    async def kick(job: Job) -> ToolResult:
+        """Remove a member (needs approval)."""
+        runs.append(f"kicked {job.n}")
+        return ToolResult(content=f"member {job.n} removed")
+
+    return Toolset("s", [tool_function(confirm=True)(kick)])
+
+
+async def test_approval_pause_serialises_and_resumes_after_a_restart() -> None:
+    runs: list[str] = []
+    asked: list[str] = []
+
+    async def undecided(c: ToolCall, tool: Tool, caller: Caller) -> bool | None:
+        asked.append(tool.name)
+        return None
+
+    async def approve(c: ToolCall, tool: Tool, caller: Caller) -> bool | None:
+        return True
+
+    turn = call("kick", {"n": 42})
+    first = await Runner(ScriptedModel([turn]), approver=undecided).run(USER, confirm_tool(runs))
+    assert first.stop is StopReason.AWAITING_APPROVAL
+    assert asked == ["kick"] and runs == []
+    assert [c.name for c in first.state.pending] == ["kick"]
+    assert first.replies and "kick" in first.replies[0]
+
+    stored = first.state.model_dump_json()
+    state = RunState.model_validate_json(stored)
+    assert state == first.state
+
+    model = ScriptedModel([text("removed member 42")])
+    resumed = await Runner(model, approver=approve).run(state, confirm_tool(runs))
+    assert resumed.stop is StopReason.COMPLETED
+    assert runs == ["kicked 42"]
+    assert resumed.replies == ["removed member 42"]
+    answers = [m for m in tool_messages(model.requests[0].messages) if m["tool_call_id"] == turn.tool_calls[0].id]
+    assert [m["content"] for m in answers] == ["member 42 removed"]  # one answer per call id, the real one
+    assert resumed.state.pending == []
+
+
+async def test_a_declined_call_is_reported_to_the_model() -> None:
+    runs: list[str] = []
+
+    async def decline(c: ToolCall, tool: Tool, caller: Caller) -> bool | None:
+        return False
+
+    model = ScriptedModel([call("kick", {"n": 1}), text("the admin said no")])
+    result = await Runner(model, approver=decline).run(USER, confirm_tool(runs))
+    assert runs == [] and result.replies == ["the admin said no"]
+    assert "declined" in model.requests[1].messages[-1]["content"]
+
+
+async def test_events_are_emitted_and_a_broken_observer_cannot_break_the_run() -> None:
+    events: list[dict[str, Any]] = []
+
+    async def observer(event: dict[str, Any]) -> None:
+        events.append(event)
+        raise RuntimeError("observer bug")
+
+    model = ScriptedModel([call("lookup", {"n": 1}), text("ok")])
+    result = await Runner(model).run(USER, action_and_data_tools([]), on_event=observer)
+    assert result.stop is StopReason.COMPLETED
+    assert [(e["type"], e["name"], e["result"]) for e in events] == [("tool", "lookup", "value 1")]
+
+
+async def test_a_failing_approver_neither_crashes_the_run_nor_runs_the_tool() -> None:
+    runs: list[str] = []
+
+    async def broken(c: ToolCall, tool: Tool, caller: Caller) -> bool | None:
+        raise ConnectionError("approval store down")
+
+    model = ScriptedModel([call("kick", {"n": 1}), text("could not get approval")])
+    result = await Runner(model, approver=broken).run(USER, confirm_tool(runs))
+    assert runs == [] and result.stop is StopReason.COMPLETED
+    assert "not run" in model.requests[1].messages[-1]["content"]

@@ -1,0 +1,166 @@
+"""OpenAIChatModel through the real openai SDK against FakeOpenAIServer."""
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import pytest
+
+from function_calls import ModelAPIError, ModelRequest, OpenAIChatModel, ToolCall
+from function_calls.model import ToolCallAccumulator
+from function_calls.testing import Call, Delay, Disconnect, FakeOpenAIServer, Fault, Reply
+from function_calls.testing.server import Usage as WireUsage
+
+SECRET = "sk-test-SECRET-123"
+REQUEST = ModelRequest(
+    messages=[{"role": "user", "content": "天气？"}],
+    tools=[{"type": "function", "function": {"name": "weather", "description": "d",
+                                             "parameters": {"type": "object", "properties": {}}}}],
+    tool_choice="auto",
+)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as srv:
+        yield srv
+
+
+def make_model(server: FakeOpenAIServer, *, stream: bool, **kw: Any) -> OpenAIChatModel:
+    return OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key=SECRET, stream=stream, **kw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_text_reply_and_usage_are_captured(server: FakeOpenAIServer, stream: bool) -> None:
+    server.script(Reply("你好，今天晴。", usage=WireUsage(prompt_tokens=120, completion_tokens=9)))
+    model = make_model(server, stream=stream, temperature=0.2)
+    deltas: list[str] = []
+
+    async def on_text(delta: str) -> None:
+        deltas.append(delta)
+
+    response = await model.complete(REQUEST, on_text=on_text)
+    await model.aclose()
+    assert response.text == "你好，今天晴。"
+    assert response.tool_calls == []
+    assert response.finish_reason == "stop"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (120, 9)
+    assert (response.usage.requests, response.usage.estimated) == (1, 0)
+    assert "".join(deltas) == "你好，今天晴。"
+    body = server.last_request.body
+    assert body["model"] == "fake-model"
+    assert body["tools"] == REQUEST.tools and body["tool_choice"] == "auto"
+    assert body["temperature"] == 0.2
+    assert bool(body.get("stream")) is stream
+    if stream:
+        assert body["stream_options"] == {"include_usage": True}
+
+
+async def test_streaming_on_text_receives_deltas_as_they_come(server: FakeOpenAIServer) -> None:
+    server.script(Reply("abcdefghijkl", chunk_size=4))
+    deltas: list[str] = []
+
+    async def on_text(delta: str) -> None:
+        deltas.append(delta)
+
+    model = make_model(server, stream=True)
+    await model.complete(REQUEST, on_text=on_text)
+    await model.aclose()
+    assert deltas == ["abcd", "efgh", "ijkl"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("index_mode", ["normal", "omit", "all_zero"])
+async def test_parallel_tool_calls_survive_missing_and_reused_indexes(
+    server: FakeOpenAIServer, stream: bool, index_mode: Literal["normal", "omit", "all_zero"]
+) -> None:
+    calls = [Call("weather", {"city": "北京", "days": 3}, id="c1"), Call("time", {"zone": "Asia/Shanghai"}, id="c2")]
+    server.script(Reply(tool_calls=calls, index_mode=index_mode, chunk_size=3))
+    model = make_model(server, stream=stream)
+    response = await model.complete(REQUEST)
+    await model.aclose()
+    assert response.tool_calls == [
+        ToolCall(id="c1", name="weather", arguments='{"city": "北京", "days": 3}'),
+        ToolCall(id="c2", name="time", arguments='{"zone": "Asia/Shanghai"}'),
+    ]
+    assert response.finish_reason == "tool_calls"
+
+
+def test_accumulator_handles_an_index_reused_for_a_new_call_and_id_less_continuations() -> None:
+    acc = ToolCallAccumulator()
+    acc.feed(0, "a", "first", '{"x"')
+    acc.feed(1, "b", "second", "{")
+    acc.feed(0, None, None, ": 1}")  # continues call a by index
+    acc.feed(1, None, None, "}")
+    acc.feed(0, "c", "third", "{}")  # a provider reusing index 0 for a new call
+    acc.feed(None, None, None, "")  # empty keep-alive delta
+    assert acc.result() == [
+        ToolCall(id="a", name="first", arguments='{"x": 1}'),
+        ToolCall(id="b", name="second", arguments="{}"),
+        ToolCall(id="c", name="third", arguments="{}"),
+    ]
+    no_ids = ToolCallAccumulator()
+    no_ids.feed(None, None, "solo", '{"a"')
+    no_ids.feed(None, None, None, ": 2}")
+    assert no_ids.result() == [ToolCall(id="call_0", name="solo", arguments='{"a": 2}')]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_sdk_retries_are_off_so_a_500_is_seen_once(server: FakeOpenAIServer, stream: bool) -> None:
+    server.script(Fault(500), Reply("would be the SDK's retry"))
+    model = make_model(server, stream=stream)
+    with pytest.raises(ModelAPIError) as info:
+        await model.complete(REQUEST)
+    await model.aclose()
+    assert len(server.requests) == 1
+    assert (info.value.status, info.value.retryable) == (500, True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_error_details_are_mapped_and_never_carry_the_key(server: FakeOpenAIServer, stream: bool) -> None:
+    server.script(Fault(429, code="insufficient_quota", message=f"quota for {SECRET[:3]}"))
+    model = make_model(server, stream=stream)
+    with pytest.raises(ModelAPIError) as info:
+        await model.complete(REQUEST)
+    await model.aclose()
+    err = info.value
+    assert (err.status, err.code, err.retryable) == (429, "insufficient_quota", False)
+    assert SECRET not in str(err) and SECRET not in repr(err) and SECRET not in repr(model)
+    assert server.last_request.headers["authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"), [(Fault(429, retry_after=3), 3.0), (Fault(503, retry_after_ms=250), 0.25)]
+)
+async def test_retry_after_headers_are_read(server: FakeOpenAIServer, fault: Fault, expected: float) -> None:
+    server.script(fault)
+    model = make_model(server, stream=False)
+    with pytest.raises(ModelAPIError) as info:
+        await model.complete(REQUEST)
+    await model.aclose()
+    assert info.value.retry_after == expected
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_timeouts_and_dropped_connections_are_retryable(server: FakeOpenAIServer, stream: bool) -> None:
+    server.script(Delay(5), Disconnect())
+    model = make_model(server, stream=stream, timeout_s=0.2)
+    for expected in ("timed out", "could not reach"):
+        with pytest.raises(ModelAPIError) as info:
+            await model.complete(REQUEST)
+        assert info.value.retryable and expected in str(info.value)
+    await model.aclose()
+
+
+async def test_a_stream_cut_after_text_reports_that_text_was_shown(server: FakeOpenAIServer) -> None:
+    server.script(Reply("a long streamed answer", chunk_size=3, break_after=4))
+    shown: list[str] = []
+
+    async def on_text(delta: str) -> None:
+        shown.append(delta)
+
+    model = make_model(server, stream=True)
+    with pytest.raises(ModelAPIError) as info:
+        await model.complete(REQUEST, on_text=on_text)
+    await model.aclose()
+    assert info.value.text_shown and info.value.retryable
+    assert shown == ["a l", "ong", " st"]  # break_after counts the opening role chunk too

@@ -1,0 +1,123 @@
+"""FunctionCallRouter: the system prompt, the history window, chat and scheduled entry points."""
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from function_calls import (
+    Caller,
+    FunctionCallRouter,
+    HistoryTurn,
+    ModelAPIError,
+    Runner,
+    StopReason,
+    Toolset,
+    estimate_tokens,
+    tool_function,
+)
+from function_calls.testing import ScriptedModel, call, text
+
+NOW = datetime(2025, 1, 6, 1, 30, tzinfo=UTC)  # Monday 09:30 in Shanghai, Sunday 17:30 in Los Angeles
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+GROUP = Caller(platform="wechat", user_id="u1", user_name="小王", chat_id="g1", chat_kind="group")
+
+
+def router(model: ScriptedModel, **kw: object) -> FunctionCallRouter:
+    return FunctionCallRouter(Runner(model), bot_name="小Q", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("zone", "caller", "expected"),
+    [
+        ("Asia/Shanghai", GROUP, ["2025-01-06 09:30", "星期一", "Asia/Shanghai", "群聊", "小王(id:u1)"]),
+        ("America/Los_Angeles", Caller(user_id="u2", chat_kind="private"),
+         ["2025-01-05 17:30", "星期日", "America/Los_Angeles", "私聊", "u2(id:u2)"]),
+    ],
+)
+def test_system_prompt_has_local_time_zone_and_chat_kind(zone: str, caller: Caller, expected: list[str]) -> None:
+    prompt = router(ScriptedModel()).system_prompt(caller, ZoneInfo(zone), NOW)
+    for part in expected:
+        assert part in prompt
+    assert "小Q" in prompt
+
+
+def history(n: int) -> list[HistoryTurn]:
+    return [
+        HistoryTurn(user_id=f"u{i}", name=f"user{i}", text=f"message number {i} " + "x" * 40,
+                    at=NOW - timedelta(minutes=n - i), from_bot=i % 3 == 2)
+        for i in range(n)
+    ]
+
+
+def test_history_window_is_token_bounded_and_keeps_the_newest() -> None:
+    turns = history(20)
+    full = router(ScriptedModel(), history_tokens=10_000).window(turns, SHANGHAI)
+    assert len(full) == 20
+    per_turn = max(estimate_tokens(m["content"]) + 4 for m in full)
+    budget = per_turn * 5
+    picked = router(ScriptedModel(), history_tokens=budget).window(turns, SHANGHAI)
+    assert 4 <= len(picked) <= 5
+    assert sum(estimate_tokens(m["content"]) + 4 for m in picked) <= budget
+    assert picked == full[-len(picked):]  # the newest, oldest first
+    assert "message number 19" in picked[-1]["content"]
+
+
+def test_window_marks_bot_turns_and_stamps_user_turns_in_the_zone() -> None:
+    turns = history(3)
+    window = router(ScriptedModel()).window(turns, SHANGHAI)
+    assert [m["role"] for m in window] == ["user", "user", "assistant"]
+    assert window[0]["content"].startswith("[09:27] user0(id:u0): message number 0")
+    assert window[2]["content"].startswith("message number 2")
+    assert router(ScriptedModel(), history_tokens=1).window(turns, SHANGHAI) == []
+
+
+async def test_chat_sends_system_history_and_user_text_and_shows_failures() -> None:
+    model = ScriptedModel([text("你好")])
+    result = await router(model).chat("@小Q 在吗", caller=GROUP, tools=Toolset("s"), history=history(2),
+                                      zone=SHANGHAI, clock=lambda: NOW)
+    assert result.replies == ["你好"]
+    sent = model.requests[0].messages
+    assert [m["role"] for m in sent] == ["system", "user", "user", "user"]
+    assert "2025-01-06 09:30" in sent[0]["content"]
+    assert sent[-1] == {"role": "user", "content": "@小Q 在吗"}
+
+    failing = ScriptedModel([ModelAPIError("HTTP 401", status=401)])
+    failed = await router(failing).chat("hi", caller=GROUP, tools=Toolset("s"), zone=SHANGHAI)
+    assert failed.stop is StopReason.MODEL_ERROR
+    assert failed.replies and "AI 服务暂时不可用" in failed.replies[0]
+
+
+def tools(runs: list[str]) -> Toolset:
+    async def weather() -> str:
+        """Weather."""
+        runs.append("weather")
+        return "sunny"
+
+    async def kick() -> str:
+        """Kick a member."""
+        runs.append("kick")
+        return "kicked"
+
+    return Toolset("s", [tool_function(weather), tool_function(kick)])
+
+
+async def test_scheduled_run_offers_only_allowlisted_tools() -> None:
+    runs: list[str] = []
+    model = ScriptedModel([call("kick"), call("weather"), text("早上好，今天晴")])
+    result = await router(model).scheduled("早报", caller=GROUP, tools=tools(runs), allow=["weather"],
+                                           zone=SHANGHAI, clock=lambda: NOW)
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["weather"]
+    assert runs == ["weather"]  # the model's attempt at kick is an unknown tool, never run
+    assert result.stop is StopReason.COMPLETED and result.replies == ["早上好，今天晴"]
+    sent = model.requests[0].messages
+    assert [m["role"] for m in sent] == ["system", "user"]
+    assert "定时任务" in sent[0]["content"] and sent[1]["content"] == "早报"
+
+
+async def test_scheduled_failures_produce_no_replies(caplog: pytest.LogCaptureFixture) -> None:
+    model = ScriptedModel([ModelAPIError("HTTP 400", status=400)])
+    result = await router(model).scheduled("早报", caller=GROUP, tools=tools([]), allow=["weather"], zone=SHANGHAI)
+    assert result.stop is StopReason.MODEL_ERROR
+    assert result.replies == [] and result.text == ""
+    assert "scheduled run for wechat:u1 stopped" in caplog.text

@@ -1,0 +1,300 @@
+"""@tool_function, Tool.invoke, Toolset and collect_tools."""
+
+import sys
+import threading
+import types
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from pydantic import BaseModel, Field
+
+import function_calls
+from function_calls import (
+    Caller,
+    Tool,
+    ToolContext,
+    ToolDefinitionError,
+    ToolResult,
+    Toolset,
+    collect_tools,
+    tool_function,
+)
+
+
+class Args(BaseModel):
+    city: str = Field(description="city name")
+    days: int = 1
+
+
+def ctx(**caller: Any) -> ToolContext[str]:
+    return ToolContext(deps="deps", caller=Caller(**caller))
+
+
+async def test_bare_decorator_takes_name_and_docstring_and_defaults() -> None:
+    @tool_function
+    async def weather(c: ToolContext[str], a: Args) -> str:
+        """Look up the weather.
+
+        More detail for the model.
+        """
+        return a.city
+
+    assert isinstance(weather, Tool)
+    assert weather.name == "weather"
+    assert weather.description == "Look up the weather.\n\nMore detail for the model."
+    assert (weather.retries, weather.timeout_s, weather.scope) == (2, 30.0, "both")
+    assert not (weather.require_at or weather.admin_only or weather.confirm or weather.sequential)
+    assert weather.args_model is Args
+    assert (await weather.invoke(ctx(), Args(city="Paris"))).content == "Paris"
+
+
+def test_every_option_is_kept() -> None:
+    @tool_function(
+        name="set_it", description="Overridden.", examples=["do it", "again"], scope="group", require_at=True,
+        admin_only=True, confirm=True, retries=5, timeout_s=2.5, sequential=True, aliases=["/s", "si"],
+    )
+    async def original(a: Args) -> ToolResult:
+        """Docstring loses to description=."""
+        return ToolResult(content="x")
+
+    assert original.name == "set_it"
+    assert original.description == "Overridden."
+    assert original.examples == ("do it", "again")
+    assert (original.scope, original.require_at, original.admin_only, original.confirm) == ("group", True, True, True)
+    assert (original.retries, original.timeout_s, original.sequential) == (5, 2.5, True)
+    assert original.aliases == ("s", "si")
+    assert original.definition()["function"]["name"] == "set_it"
+    assert original.definition()["function"]["description"] == "Overridden."
+
+
+async def test_handler_shapes_ctx_and_model_model_only_and_no_args() -> None:
+    seen: list[Any] = []
+
+    @tool_function
+    async def both(context_whatever: ToolContext[str], payload: Args) -> str:
+        """Both."""
+        seen.append((context_whatever.deps, payload.city))
+        return "both"
+
+    @tool_function
+    async def model_only(q: Args) -> str:
+        """Model only."""
+        seen.append(q.days)
+        return "model"
+
+    @tool_function
+    async def nothing() -> str:
+        """No arguments."""
+        seen.append("nothing")
+        return "none"
+
+    @tool_function
+    async def ctx_only(c: ToolContext[str]) -> str:
+        """Context only."""
+        seen.append(c.caller.user_id)
+        return "ctx"
+
+    assert (await both.invoke(ctx(), both.parse_arguments('{"city": "Oslo"}'))).content == "both"
+    assert (await model_only.invoke(ctx(), model_only.parse_arguments('{"city": "x", "days": 3}'))).content == "model"
+    assert (await nothing.invoke(ctx(), nothing.parse_arguments(""))).content == "none"
+    assert (await ctx_only.invoke(ctx(user_id="u9"), None)).content == "ctx"
+    assert seen == [("deps", "Oslo"), 3, "nothing", "u9"]
+    assert nothing.args_model is None and ctx_only.args_model is None
+    assert nothing.definition()["function"]["parameters"] == {
+        "type": "object", "properties": {}, "additionalProperties": False,
+    }
+
+
+async def test_sync_handler_runs_in_a_worker_thread() -> None:
+    threads: list[int] = []
+
+    @tool_function
+    def blocking(a: Args) -> str:
+        """A sync handler (might block)."""
+        threads.append(threading.get_ident())
+        return f"sync {a.city}"
+
+    result = await blocking.invoke(ctx(), Args(city="Rome"))
+    assert result.content == "sync Rome"
+    assert threads and threads[0] != threading.get_ident()
+
+
+async def test_str_result_becomes_tool_result_and_bad_return_is_a_definition_error() -> None:
+    @tool_function
+    async def sneaky() -> str:
+        """Returns the wrong type despite its annotation."""
+        return 42  # type: ignore[return-value]
+
+    with pytest.raises(ToolDefinitionError, match="sneaky"):
+        await sneaky.invoke(ctx(), None)
+
+
+def _define_missing_annotation() -> Tool:
+    async def no_hint(a) -> str:  # type: ignore[no-untyped-def]
+        """Doc."""
+        return ""
+
+    return tool_function(no_hint)
+
+
+def _define_plain_annotation() -> Tool:
+    async def plain_dict(a: dict[str, int]) -> str:
+        """Doc."""
+        return ""
+
+    return tool_function(plain_dict)
+
+
+def _define_no_docstring() -> Tool:
+    async def undocumented(a: Args) -> str:
+        return ""
+
+    return tool_function(undocumented)
+
+
+def _define_bad_return() -> Tool:
+    async def returns_int(a: Args) -> int:
+        """Doc."""
+        return 1
+
+    return tool_function(returns_int)  # type: ignore[arg-type]
+
+
+def _define_two_models() -> Tool:
+    async def two_models(a: Args, b: Args) -> str:
+        """Doc."""
+        return ""
+
+    return tool_function(two_models)
+
+
+def _define_ctx_second() -> Tool:
+    async def ctx_second(a: Args, c: ToolContext[None]) -> str:
+        """Doc."""
+        return ""
+
+    return tool_function(ctx_second)
+
+
+def _define_bad_name() -> Tool:
+    async def f(a: Args) -> str:
+        """Doc."""
+        return ""
+
+    return tool_function(name="提醒")(f)  # OpenAI accepts ASCII names only
+
+
+def _define_bad_scope() -> Tool:
+    async def scoped(a: Args) -> str:
+        """Doc."""
+        return ""
+
+    return tool_function(scope="channel")(scoped)  # type: ignore[call-overload, no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("define", "tool_name", "hint"),
+    [
+        (_define_missing_annotation, "no_hint", "no annotation"),
+        (_define_plain_annotation, "plain_dict", "pydantic BaseModel"),
+        (_define_no_docstring, "undocumented", "docstring"),
+        (_define_bad_return, "returns_int", "return annotation"),
+        (_define_two_models, "two_models", "only one"),
+        (_define_ctx_second, "ctx_second", "must come first"),
+        (_define_bad_name, "提醒", "must match"),
+        (_define_bad_scope, "scoped", "scope"),
+    ],
+)
+def test_definition_mistakes_raise_naming_the_tool(define: Any, tool_name: str, hint: str) -> None:
+    with pytest.raises(ToolDefinitionError) as info:
+        define()
+    assert tool_name in str(info.value)
+    assert hint in str(info.value)
+
+
+def test_scope_require_at_and_admin_only_decide_who_may_use_a_tool() -> None:
+    @tool_function(scope="group", require_at=True)
+    async def grp(a: Args) -> str:
+        """Group only, must be addressed."""
+        return ""
+
+    @tool_function(admin_only=True)
+    async def admin(a: Args) -> str:
+        """Admins only."""
+        return ""
+
+    assert grp.allowed_for(Caller(chat_kind="group", addressed=True))
+    assert not grp.allowed_for(Caller(chat_kind="group", addressed=False))
+    assert not grp.allowed_for(Caller(chat_kind="private"))
+    assert admin.allowed_for(Caller(is_admin=True))
+    assert not admin.allowed_for(Caller(is_admin=False))
+
+
+def _tool(name: str, aliases: tuple[str, ...] = ()) -> Tool:
+    async def handler(a: Args) -> str:
+        """Doc."""
+        return name
+
+    return tool_function(name=name, aliases=aliases)(handler)
+
+
+def test_toolset_rejects_two_tools_with_one_name() -> None:
+    with pytest.raises(ToolDefinitionError, match="'dup'"):
+        Toolset("plugin", [_tool("dup"), _tool("dup")])
+
+
+def test_toolset_rejects_duplicate_aliases_and_names_shadowing_aliases() -> None:
+    with pytest.raises(ToolDefinitionError, match="'r'"):
+        Toolset("p", [_tool("remind", ("r",)), _tool("rate", ("/r",))])
+    with pytest.raises(ToolDefinitionError, match="'rate'"):
+        Toolset("p", [_tool("remind", ("rate",)), _tool("rate")])
+
+
+def test_toolset_merge_names_both_sets_on_conflict_and_resolves_aliases() -> None:
+    a = Toolset("reminders", [_tool("reminder_set", ("remind",))])
+    b = Toolset("search", [_tool("search_web", ("s",))])
+    merged = a.merge(b)
+    assert merged.names() == ["reminder_set", "search_web"]
+    resolved = merged.resolve("/remind")
+    assert resolved is not None and resolved.name == "reminder_set"
+    assert merged.resolve("nope") is None
+    with pytest.raises(ToolDefinitionError) as info:
+        a.merge(Toolset("other", [_tool("reminder_set")]))
+    assert "'other'" in str(info.value) and "'reminders'" in str(info.value)
+    with pytest.raises(ToolDefinitionError, match="not a Tool"):
+        Toolset("p").add(lambda: None)  # type: ignore[arg-type]
+
+
+def _module_state() -> dict[str, str]:
+    mods = [m for name, m in sys.modules.items() if name.split(".")[0] == "function_calls"]
+    return {f"{m.__name__}.{k}": repr(v) for m in mods for k, v in vars(m).items() if not k.startswith("__")}
+
+
+def test_decorating_registers_nothing_and_collect_tools_finds_module_level_tools() -> None:
+    before = _module_state()
+    local = _tool("local_only")
+    assert isinstance(local, Tool)
+    assert _module_state() == before  # no registry anywhere got the tool
+
+    module = types.ModuleType("myplugin.tools")
+    first, second = _tool("first"), _tool("second")
+    module.first = first  # type: ignore[attr-defined]
+    module.helper = 42  # type: ignore[attr-defined]
+    module.toolset = Toolset("x", [second, first])  # type: ignore[attr-defined]
+    module.second_again = second  # type: ignore[attr-defined]
+    found = collect_tools(module)
+    assert found.name == "tools"
+    assert found.names() == ["first", "second"]
+    assert "local_only" not in found
+    assert len(collect_tools(types.ModuleType("empty"))) == 0
+    assert len(collect_tools(function_calls)) == 0
+
+
+def test_tool_context_clock_and_zone() -> None:
+    fixed = datetime(2025, 1, 1, 16, 30, tzinfo=UTC)
+    c = ToolContext(deps=None, zone=ZoneInfo("Asia/Shanghai"), clock=lambda: fixed)
+    assert c.now() == fixed
+    assert c.local_now().hour == 0 and c.local_now().day == 2
+    assert c.local_now().utcoffset() is not None
