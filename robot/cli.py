@@ -22,7 +22,7 @@ from robot.config import ConfigError, Settings, load_settings
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.template import render_template
 
-__all__ = ["main"]
+__all__ = ["builtin_template", "main"]
 
 log = logging.getLogger("qunbot")
 
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     tools.add_argument("--json", action="store_true", help="print the OpenAI tool definitions as JSON")
     tools.add_argument("--strict", action="store_true", help="with --json: the strict-mode variant")
     init = sub.add_parser("init", help="write a commented qunbot.toml")
-    init.add_argument("--path", default="qunbot.toml")
+    init.add_argument("--path", default="qunbot.toml", help="where to write it ('-' for stdout)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", help="check the config, the LLM endpoint and each channel")
     return parser
@@ -90,7 +90,6 @@ async def _chat(settings: Settings, group: bool, user: str) -> None:
     from robot.channels.console import ConsoleChannel
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     console = ConsoleChannel(bot_name=settings.bot.name, group=group, user=user,
                              on_eof=lambda: stop.set())
     await _serve(Bot(settings, channels=[console]), stop)
@@ -110,12 +109,25 @@ def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
     return 0
 
 
+def builtin_template() -> str:
+    """The commented config with the built-in plugins' tables (README's reference is this text)."""
+    return render_template(_plugin_sections([load_plugin(n) for n in ("reminders", "search", "summary")]))
+
+
 def _init(path: str, force: bool) -> int:
+    if path == "-":
+        sys.stdout.write(builtin_template())
+        return 0
     target = Path(path)
     if target.exists() and not force:
         print(f"error: {target} exists; use --force to overwrite", file=sys.stderr)
         return 2
-    plugins = [load_plugin(n) for n in ("reminders", "search", "summary")]
+    plugins: list[Plugin[object]] = []
+    for name in ("reminders", "search", "summary"):
+        try:
+            plugins.append(load_plugin(name))
+        except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
+            print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
     target.write_text(render_template(_plugin_sections(plugins)), encoding="utf-8")
     print(f"wrote {target}")
     return 0

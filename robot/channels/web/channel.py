@@ -1,0 +1,364 @@
+"""The web playground: a local page that simulates a group chat (and private chats) with the bot.
+
+``GET /`` serves the page; ``/ws`` speaks the JSON protocol of :mod:`robot.channels.web.protocol`.
+Several pages may be open: every page gets every frame (people's messages, streaming deltas, the
+bot's replies, tool traces, side panels) and shows the chat it is on. Replies sent while no page
+is connected wait in a bounded per-chat transcript that each page receives on connect.
+
+The playground has no login: it binds 127.0.0.1 by default, and when bound to a loopback address
+it refuses requests whose ``Host`` is not loopback (DNS rebinding) and WebSockets opened from
+another origin (a web site the user visits must not drive the bot). Nothing from the config but
+the bot's name reaches the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import json
+import logging
+import re
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from yarl import URL
+
+from robot.channels.base import (
+    Capabilities,
+    Channel,
+    ChannelUnavailable,
+    PanelProvider,
+    SendReceipt,
+    SendRejected,
+)
+from robot.channels.web.protocol import (
+    MAX_TEXT,
+    FrameError,
+    PanelsFrame,
+    PingFrame,
+    SendFrame,
+    address,
+    parse_frame,
+)
+from robot.config import WebSettings
+from robot.message import ChatRef, Message, OutgoingMessage, Sender
+
+__all__ = ["GROUP_ID", "MEMBERS", "WebChannel"]
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+GROUP_ID = "playground"
+#: Preset identities of the simulated group; their ids are stable across restarts.
+MEMBERS: tuple[tuple[str, str], ...] = (("u-xiaoming", "小明"), ("u-aqiang", "阿强"), ("u-alice", "Alice"))
+_TRANSCRIPT = 200  # frames kept per chat
+_CHATS = 100  # chats with a transcript
+_NAMES = 1000  # remembered display names
+_QUEUE = 2000  # frames waiting for one slow page before it is dropped
+_LONG = 4000  # trace strings are cut here
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _authority(url: str) -> str | None:
+    try:
+        return URL(url).raw_authority
+    except ValueError:
+        return None
+
+
+def _trim(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > _LONG:
+        return value[:_LONG] + f"… ({len(value) - _LONG} more characters)"
+    if isinstance(value, dict):
+        return {str(k): _trim(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_trim(v) for v in value]
+    return value
+
+
+class _Page:
+    """One connected page: its socket and an ordered queue of frames a writer task drains."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self.queue: asyncio.Queue[str] = asyncio.Queue(_QUEUE)
+        self.writer: asyncio.Task[None] | None = None
+
+    def push(self, frame: dict[str, Any]) -> bool:
+        """Queue a frame; False when the page is too far behind (the caller drops it)."""
+        try:
+            self.queue.put_nowait(json.dumps(frame, ensure_ascii=False, default=str))
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    async def write(self) -> None:
+        while True:
+            data = await self.queue.get()
+            try:
+                await self.ws.send_str(data)
+            except Exception:  # the socket closed under us: the reader side cleans up
+                log.debug("web page went away while sending")
+                return
+
+
+class WebChannel(Channel):
+    """The web playground channel (platform ``web``)."""
+
+    platform = "web"
+    capabilities = Capabilities(max_text_len=MAX_TEXT, streaming=True, markdown=False)
+
+    def __init__(self, settings: WebSettings, *, bot_name: str = "qunbot",
+                 clock: Callable[[], datetime] | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self.bot_name = bot_name
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._mention = re.compile("@" + re.escape(bot_name), re.IGNORECASE) if bot_name else None
+        self._panels: dict[str, PanelProvider] = {}
+        self._pages: dict[web.WebSocketResponse, _Page] = {}
+        self._names: dict[str, str] = dict(MEMBERS)
+        self._transcripts: OrderedDict[str, deque[tuple[int, dict[str, Any]]]] = OrderedDict()
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_get("/", self._index)
+        app.router.add_get("/ws", self._socket)
+        app.router.add_static("/static/", STATIC)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ChannelUnavailable(f"web playground cannot listen on {self.settings.host}:"
+                                     f"{self.settings.port}: {exc.strerror or exc}") from None
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        if not _is_loopback(self.settings.host):
+            log.warning("web playground listens on %s: it has no login, anyone who reaches it can talk "
+                        "to the bot as any user", self.settings.host)
+        log.info("web playground at %s", self.url)
+
+    async def stop(self) -> None:
+        pages, self._pages = list(self._pages.values()), {}
+        for page in pages:
+            if page.writer is not None:
+                page.writer.cancel()
+            with contextlib.suppress(Exception):
+                await page.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when configured as 0); only after :meth:`start`."""
+        if self._port is None:
+            raise RuntimeError("the web playground is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The page's address, e.g. ``http://127.0.0.1:8765/``."""
+        host = self.settings.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/"
+
+    @property
+    def pages(self) -> int:
+        """How many pages are connected now."""
+        return len(self._pages)
+
+    # --- the Channel interface ------------------------------------------------------------
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        chat = message.chat
+        if chat.platform != self.platform:
+            raise SendRejected(f"the web playground cannot send to {chat.key}")
+        mention = [{"id": uid, "name": self._names.get(uid, uid)} for uid in message.mention] \
+            if chat.kind == "group" else []
+        self._publish(chat, {"type": "reply", "chat": address(chat), "id": message.key, "text": message.text,
+                             "mention": mention, "reply_to": message.reply_to, "time": self._now()})
+        return SendReceipt(platform_message_id=message.key)
+
+    async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
+        self._broadcast({"type": "delta", "chat": address(chat), "run_id": run_id, "delta": delta})
+
+    async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
+        clean = json.loads(json.dumps(_trim(event), ensure_ascii=False, default=str))
+        self._publish(chat, {"type": "trace", "chat": address(chat), "event": clean})
+        if event.get("type") == "run_end" and self._panels:
+            self._spawn(self._push_panels(chat, None))
+
+    def attach_panels(self, panels: dict[str, PanelProvider]) -> None:
+        self._panels = panels  # the bot's own dict: panels added later show up too
+
+    # --- HTTP -----------------------------------------------------------------------------
+    @web.middleware
+    async def _guard(self, request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        try:
+            host = URL(f"http://{request.host}").host
+        except ValueError:
+            return web.Response(status=400, text="bad Host header\n")
+        if _is_loopback(self.settings.host) and not _is_loopback(host):
+            log.warning("web playground refused a request for host %r", request.host[:100])
+            return web.Response(status=403, text="the playground only answers to localhost\n")
+        origin = request.headers.get("Origin")
+        if request.path == "/ws" and origin is not None and _authority(origin) != request.host:
+            log.warning("web playground refused a WebSocket from origin %r", origin[:100])
+            return web.Response(status=403, text="cross-origin WebSocket refused\n")
+        response = await handler(request)
+        if not response.prepared:
+            response.headers.update(_HEADERS)
+        return response
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=64 * 1024)
+        await ws.prepare(request)
+        page = _Page(ws)
+        page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID, "max_text_len": MAX_TEXT,
+                   "members": [{"id": uid, "name": name} for uid, name in MEMBERS]})
+        frames = sorted((item for t in self._transcripts.values() for item in t), key=lambda item: item[0])
+        page.push({"type": "history", "frames": [frame for _, frame in frames]})
+        page.writer = asyncio.create_task(page.write(), name="web-page-writer")
+        self._pages[ws] = page
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    self._on_frame(page, msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    page.push({"type": "error", "error": "binary frames are not supported; send JSON text"})
+                elif msg.type == WSMsgType.ERROR:
+                    log.info("web page socket error: %s", ws.exception())
+        finally:
+            self._pages.pop(ws, None)
+            if page.writer is not None:
+                page.writer.cancel()
+        return ws
+
+    def _on_frame(self, page: _Page, raw: str) -> None:
+        try:
+            frame = parse_frame(raw)
+        except FrameError as exc:
+            log.info("web playground refused a frame: %s", exc)
+            page.push({"type": "error", "error": str(exc)})
+            return
+        if isinstance(frame, PingFrame):
+            page.push({"type": "pong"})
+        elif isinstance(frame, PanelsFrame):
+            chat = ChatRef(platform=self.platform, chat_id=frame.chat.id, kind=frame.chat.kind)
+            self._spawn(self._push_panels(chat, page))
+        elif isinstance(frame, SendFrame):
+            self._accept(frame)
+
+    def _accept(self, frame: SendFrame) -> None:
+        user = frame.user
+        chat = ChatRef(platform=self.platform, chat_id=GROUP_ID if frame.kind == "group" else user.id,
+                       kind=frame.kind)
+        text, mentions_bot = frame.text, False
+        if self._mention is not None and self._mention.search(text):
+            mentions_bot = True
+            text = re.sub(r"[ \t]{2,}", " ", self._mention.sub(" ", text)).strip()
+        self._remember(user.id, user.name)
+        message = Message(chat=chat, sender=Sender(user_id=user.id, name=user.name), message_id=uuid.uuid4().hex,
+                          text=text, timestamp=self._clock(), mentions_bot=mentions_bot, raw={"text": frame.text})
+        # Echo first: every page (the sender's too) sees the message before any reply to it.
+        self._publish(chat, {"type": "message", "chat": address(chat), "id": message.message_id,
+                             "sender": {"id": user.id, "name": user.name}, "text": frame.text,
+                             "time": message.timestamp.astimezone(UTC).isoformat(), "mentions_bot": mentions_bot})
+        self._spawn(self._deliver(message))
+
+    async def _deliver(self, message: Message) -> None:
+        try:
+            await self.deliver(message)
+        except Exception:
+            log.exception("web playground could not deliver message %s", message.message_id)
+
+    async def _push_panels(self, chat: ChatRef, page: _Page | None) -> None:
+        panels: list[dict[str, Any]] = []
+        for name, provider in list(self._panels.items()):
+            try:
+                rows = await provider(chat)
+                panels.append({"name": name, "rows": [{str(k): str(v) for k, v in row.items()} for row in rows[:50]]})
+            except Exception:
+                log.exception("web panel %r failed for %s", name, chat.key)
+                panels.append({"name": name, "rows": [], "error": "could not load this panel"})
+        frame = {"type": "panels", "chat": address(chat), "panels": panels}
+        if page is None:
+            self._broadcast(frame)
+        elif not page.push(frame):
+            self._drop(page)
+
+    # --- fan-out --------------------------------------------------------------------------
+    def _publish(self, chat: ChatRef, frame: dict[str, Any]) -> None:
+        """Keep the frame in the chat's transcript (for pages that connect later) and broadcast it."""
+        transcript = self._transcripts.get(chat.key)
+        if transcript is None:
+            transcript = self._transcripts[chat.key] = deque(maxlen=_TRANSCRIPT)
+            while len(self._transcripts) > _CHATS:
+                self._transcripts.popitem(last=False)
+        self._transcripts.move_to_end(chat.key)
+        transcript.append((next(self._seq), frame))
+        self._broadcast(frame)
+
+    def _broadcast(self, frame: dict[str, Any]) -> None:
+        for page in list(self._pages.values()):
+            if not page.push(frame):
+                self._drop(page)
+
+    def _drop(self, page: _Page) -> None:
+        log.warning("web page fell %d frames behind; closing it (it reloads the transcript on reconnect)", _QUEUE)
+        self._pages.pop(page.ws, None)
+        self._spawn(page.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too far behind"))
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _remember(self, user_id: str, name: str) -> None:
+        self._names.pop(user_id, None)
+        self._names[user_id] = name
+        while len(self._names) > _NAMES:
+            del self._names[next(iter(self._names))]
+
+    def _now(self) -> str:
+        return self._clock().astimezone(UTC).isoformat()

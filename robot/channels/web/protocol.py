@@ -1,0 +1,121 @@
+"""The web playground's JSON protocol: one JSON object per WebSocket text frame on ``/ws``.
+
+Page -> server::
+
+    {"type": "send", "kind": "group" | "private", "user": {"id": "u-alice", "name": "Alice"}, "text": "@qunbot hi"}
+    {"type": "panels", "chat": {"kind": "group", "id": "playground"}}    ask for one chat's side panels
+    {"type": "ping"}                                                      answered by {"type": "pong"}
+
+A ``send`` goes to the shared group (id ``playground``) or to the sender's private chat with
+the bot (its id is the user's id). Ids are ``[A-Za-z0-9_.-]{1,64}``, names 1-32 characters.
+
+Server -> page. Each chat-bound frame names its ``chat`` as ``{"kind", "id"}``; every page gets
+every frame and shows the chat it is on::
+
+    {"type": "welcome", "bot_name", "group_id", "members": [{"id", "name"}], "max_text_len"}     always first
+    {"type": "history", "frames": [...]}   recent message/reply/trace frames of every chat, oldest first;
+                                           also what a page missed while none was connected
+    {"type": "message", "chat", "id", "sender": {"id", "name"}, "text", "time", "mentions_bot"}
+                                           a person's message, echoed to every page (the sender's too)
+    {"type": "delta", "chat", "run_id", "delta"}     a piece of a streaming reply; ``run_id`` is the id
+                                                     of the message being answered
+    {"type": "reply", "chat", "id", "text", "mention": [{"id", "name"}], "reply_to", "time"}
+                                           the bot's message; it replaces the streaming bubble of ``reply_to``
+    {"type": "trace", "chat", "event"}     a run's event: "tool" (call_id, name, arguments, result, is_error,
+                                           duration_ms, note), "retry" (error, delay_s) or "run_end" (stop,
+                                           detail, tokens, model_calls); ``event.message_id`` is the run
+    {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "error"?}]}
+                                           side panels, pushed after each run_end and on request
+    {"type": "error", "error": "..."}      the page's last frame was refused; the socket stays open
+    {"type": "pong"}
+
+Times are ISO 8601 in UTC.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from robot.message import ChatKind, ChatRef
+
+__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "parse_frame"]
+
+_ID = r"^[A-Za-z0-9_.\-]{1,64}$"
+MAX_TEXT = 4000
+
+
+class FrameError(ValueError):
+    """A frame from a page that cannot be used; the message says why and goes back to the page."""
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", str_strip_whitespace=True)
+
+
+class UserRef(_Frame):
+    """The identity a page speaks as."""
+
+    id: str = Field(pattern=_ID)
+    name: str = Field(min_length=1, max_length=32)
+
+
+class ChatAddress(_Frame):
+    """A chat as pages name it."""
+
+    kind: ChatKind
+    id: str = Field(pattern=_ID)
+
+
+class SendFrame(_Frame):
+    """A person's message."""
+
+    type: Literal["send"]
+    kind: ChatKind
+    user: UserRef
+    text: str = Field(min_length=1, max_length=MAX_TEXT)
+
+
+class PanelsFrame(_Frame):
+    """A request for one chat's side panels."""
+
+    type: Literal["panels"]
+    chat: ChatAddress
+
+
+class PingFrame(_Frame):
+    """A liveness probe."""
+
+    type: Literal["ping"]
+
+
+Inbound = Annotated[SendFrame | PanelsFrame | PingFrame, Field(discriminator="type")]
+_INBOUND: TypeAdapter[SendFrame | PanelsFrame | PingFrame] = TypeAdapter(Inbound)
+_TYPES = ("send", "panels", "ping")
+
+
+def parse_frame(raw: str) -> SendFrame | PanelsFrame | PingFrame:
+    """Parse and validate one page frame; :class:`FrameError` says what is wrong."""
+    try:
+        data: Any = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise FrameError(f"frame is not JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise FrameError("frame is nested too deeply") from None
+    if not isinstance(data, dict):
+        raise FrameError("frame must be a JSON object")
+    if data.get("type") not in _TYPES:
+        raise FrameError(f"unknown frame type {str(data.get('type'))[:40]!r}; expected one of {', '.join(_TYPES)}")
+    try:
+        return _INBOUND.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
+        raise FrameError(f"bad {data['type']} frame: {where}: {first['msg']}") from None
+
+
+def address(chat: ChatRef) -> dict[str, str]:
+    """A chat as it appears in server frames."""
+    return {"kind": chat.kind, "id": chat.chat_id}

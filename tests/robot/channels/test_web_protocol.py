@@ -1,0 +1,205 @@
+"""The web playground's WebSocket protocol, driven by a plain aiohttp client against a real Bot."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from pydantic import BaseModel
+
+from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
+from function_calls.testing import ScriptedModel, call, text
+from robot.bot import Bot
+from robot.channels.web import WebChannel
+from robot.config import Settings, WebSettings
+from robot.message import ChatRef, OutgoingMessage
+from robot.plugin import Plugin
+
+A = {"id": "u-aqiang", "name": "阿强"}
+B = {"id": "u-xiaoming", "name": "小明"}
+C = {"id": "u-alice", "name": "Alice"}
+GROUP = ChatRef(platform="web", chat_id="playground", kind="group")
+Frame = dict[str, Any]
+
+
+class WeatherArgs(BaseModel):
+    city: str
+
+
+@tool_function
+async def weather(ctx: ToolContext[object], args: WeatherArgs) -> ToolResult:
+    """Today's weather for a city."""
+    return ToolResult(content=f"{args.city}: sunny, 25°C")
+
+
+async def _setup(bot: Bot) -> None:
+    async def notes(chat: ChatRef) -> list[dict[str, str]]:
+        return [{"chat": chat.key, "note": "water the plants"}]
+
+    bot.panels["notes"] = notes
+
+
+PLUGIN: Plugin[None] = Plugin("demo", Toolset("demo", [weather]), setup=_setup)
+
+
+def answer(request: ModelRequest) -> ModelResponse:
+    """Weather questions call the tool, then summarise it; anything else gets a greeting."""
+    last = request.messages[-1]
+    if last["role"] == "tool":
+        return text("上海今天晴，25°C。")
+    return call("weather", {"city": "上海"}) if "天气" in str(last["content"]) else text("你好 Alice！")
+
+
+@pytest.fixture
+async def bot(tmp_path: Path) -> AsyncIterator[Bot]:
+    model = ScriptedModel(answer)
+    channel = WebChannel(WebSettings(enabled=True, port=0), bot_name="qunbot")
+    b = Bot(Settings(bot={"data_dir": tmp_path}), model=model, channels=[channel], plugins=[PLUGIN])
+    await b.start()
+    yield b
+    await b.stop()
+
+
+def web(bot: Bot) -> WebChannel:
+    channel = bot.channels["web"]
+    assert isinstance(channel, WebChannel)
+    return channel
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def connect(session: aiohttp.ClientSession, bot: Bot) -> tuple[aiohttp.ClientWebSocketResponse, Frame]:
+    """Open a page socket; returns it and its history frame (after checking the welcome)."""
+    ws = await session.ws_connect(web(bot).url + "ws")
+    welcome = await ws.receive_json(timeout=5)
+    assert welcome["type"] == "welcome" and welcome["bot_name"] == "qunbot" and welcome["group_id"] == "playground"
+    assert {"id": "u-alice", "name": "Alice"} in welcome["members"]
+    history = await ws.receive_json(timeout=5)
+    assert history["type"] == "history"
+    return ws, history
+
+
+async def until(ws: aiohttp.ClientWebSocketResponse, match: Callable[[Frame], bool],
+                seen: list[Frame] | None = None) -> Frame:
+    """Read frames (collecting them into ``seen``) until one matches."""
+    async with asyncio.timeout(5):
+        while True:
+            frame: Frame = await ws.receive_json()
+            if seen is not None:
+                seen.append(frame)
+            if match(frame):
+                return frame
+
+
+def send(kind: str, user: dict[str, str], words: str) -> Frame:
+    return {"type": "send", "kind": kind, "user": user, "text": words}
+
+
+async def test_group_answers_only_who_mentioned_the_bot(bot: Bot, session: aiohttp.ClientSession) -> None:
+    page1, _ = await connect(session, bot)
+    page2, _ = await connect(session, bot)
+    await page1.send_json(send("group", B, "大家好，中午吃什么？"))
+    b_echo = await until(page1, lambda f: f["type"] == "message")
+    await page1.send_json(send("group", A, "@QunBot 上海天气怎么样"))
+    frames: list[Frame] = []
+    reply = await until(page1, lambda f: f["type"] == "reply", frames)
+
+    a_echo = next(f for f in frames if f["type"] == "message")
+    assert a_echo["sender"] == A and a_echo["mentions_bot"] is True and a_echo["chat"] == {"kind": "group", "id": "playground"}
+    assert b_echo["sender"] == B and b_echo["mentions_bot"] is False
+    assert reply["chat"] == {"kind": "group", "id": "playground"}
+    assert reply["mention"] == [A] and reply["reply_to"] == a_echo["id"]
+    assert reply["text"] == "上海今天晴，25°C。"
+    assert "".join(f["delta"] for f in frames if f["type"] == "delta" and f["run_id"] == a_echo["id"]) == reply["text"]
+    tools = [f["event"] for f in frames if f["type"] == "trace" and f["event"]["type"] == "tool"]
+    assert [(t["name"], t["message_id"], t["is_error"]) for t in tools] == [("weather", a_echo["id"], False)]
+    assert isinstance(tools[0]["duration_ms"], float) and "sunny" in tools[0]["result"]
+    end = next(f["event"] for f in frames if f["type"] == "trace" and f["event"]["type"] == "run_end")
+    assert end["stop"] == "completed" and end["model_calls"] == 2
+
+    # The model saw the question without the "@qunbot", and only A's message reached it.
+    model = bot.model
+    assert isinstance(model, ScriptedModel) and len(model.requests) == 2
+    asked = str(model.requests[0].messages[-1]["content"])
+    assert asked == "上海天气怎么样"
+    recent = await bot.history.recent(GROUP, 10)
+    assert b_echo["id"] in {h.message_id for h in recent}  # handled (recorded) ...
+    assert all(r["reply_to"] != b_echo["id"] for r in await bot.outbox.rows())  # ... and not answered
+
+    # The other page saw both people's messages and the reply, and got the chat's side panels after the run.
+    seen2: list[Frame] = []
+    await until(page2, lambda f: {"reply", "panels"} <= {g["type"] for g in seen2}, seen2)
+    assert [f["sender"]["name"] for f in seen2 if f["type"] == "message"] == ["小明", "阿强"]
+    panels = next(f for f in seen2 if f["type"] == "panels")
+    assert panels["panels"] == [{"name": "notes", "rows": [{"chat": "web:group:playground", "note": "water the plants"}]}]
+
+
+async def test_private_chat_replies_without_mention(bot: Bot, session: aiohttp.ClientSession) -> None:
+    page, _ = await connect(session, bot)
+    await page.send_json(send("private", C, "你好"))
+    echo = await until(page, lambda f: f["type"] == "message")
+    reply = await until(page, lambda f: f["type"] == "reply")
+    assert echo["chat"] == reply["chat"] == {"kind": "private", "id": "u-alice"}
+    assert reply["text"] == "你好 Alice！" and reply["mention"] == [] and reply["reply_to"] == echo["id"]
+    await page.send_json({"type": "panels", "chat": {"kind": "private", "id": "u-alice"}})
+    panels = await until(page, lambda f: f["type"] == "panels")
+    assert panels["panels"][0]["rows"][0]["chat"] == "web:private:u-alice"
+
+
+@pytest.mark.parametrize("raw", [
+    "not json",
+    "[1, 2]",
+    '{"type": "shout"}',
+    '{"type": "send", "kind": "group", "user": {"id": "u-a"}, "text": "hi"}',
+    '{"type": "send", "kind": "group", "user": {"id": "bad id!", "name": "x"}, "text": "hi"}',
+    '{"type": "send", "kind": "guild", "user": {"id": "u-a", "name": "x"}, "text": "hi"}',
+    '{"type": "send", "kind": "group", "user": {"id": "u-a", "name": "x"}, "text": "   "}',
+    "[" * 50000,
+])
+async def test_bad_frames_get_an_error_and_the_socket_survives(bot: Bot, session: aiohttp.ClientSession,
+                                                               raw: str) -> None:
+    page, _ = await connect(session, bot)
+    await page.send_str(raw)
+    error = await page.receive_json(timeout=5)
+    assert error["type"] == "error" and error["error"]
+    await page.send_bytes(b"\x00\x01")
+    assert (await page.receive_json(timeout=5))["type"] == "error"
+    await page.send_json({"type": "ping"})
+    assert await page.receive_json(timeout=5) == {"type": "pong"}
+    assert web(bot).pages == 1
+
+
+async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, session: aiohttp.ClientSession) -> None:
+    channel = web(bot)
+    assert channel.pages == 0
+    receipt = await channel.send(OutgoingMessage(key="r1", chat=GROUP, text="别忘了开会", mention=("u-alice",)))
+    assert receipt.platform_message_id == "r1"
+    _, history = await connect(session, bot)
+    replies = [f for f in history["frames"] if f["type"] == "reply"]
+    assert replies == [{"type": "reply", "chat": {"kind": "group", "id": "playground"}, "id": "r1",
+                        "text": "别忘了开会", "mention": [{"id": "u-alice", "name": "Alice"}], "reply_to": None,
+                        "time": replies[0]["time"]}]
+
+
+async def test_page_and_assets_are_served_to_localhost_only(bot: Bot, session: aiohttp.ClientSession) -> None:
+    url = web(bot).url
+    async with session.get(url) as resp:
+        assert resp.status == 200 and "default-src 'self'" in resp.headers["Content-Security-Policy"]
+        assert '<script src="/static/app.js"' in await resp.text()
+    async with session.get(url + "static/app.js") as resp:
+        assert resp.status == 200 and "textContent" in await resp.text()
+    async with session.get(url, headers={"Host": "evil.example:80"}) as resp:
+        assert resp.status == 403
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await session.ws_connect(url + "ws", headers={"Origin": "http://evil.example"})
+    assert refused.value.status == 403
+    page, _ = await connect(session, bot)  # still serving
+    await page.close()
