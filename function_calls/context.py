@@ -10,6 +10,8 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from function_calls.model import Usage
+
 __all__ = ["Caller", "ToolContext", "ToolResult"]
 
 D = TypeVar("D")
@@ -74,11 +76,14 @@ class ToolResult(BaseModel):
     continue_: bool = Field(default=True, serialization_alias="continue")
     is_error: bool = False
     data: dict[str, object] | None = None
+    #: Model tokens the tool itself spent (a summary's map-reduce): added to the run's usage and budget.
+    usage: Usage | None = None
 
     @classmethod
-    def reply(cls, text: str, *, content: str | None = None, data: dict[str, object] | None = None) -> ToolResult:
+    def reply(cls, text: str, *, content: str | None = None, data: dict[str, object] | None = None,
+              usage: Usage | None = None) -> ToolResult:
         """An action result that answers the user itself: no further model turn is needed."""
-        return cls(content=content or text, user_messages=(text,), continue_=False, data=data)
+        return cls(content=content or text, user_messages=(text,), continue_=False, data=data, usage=usage)
 
     @classmethod
     def error(cls, message: str) -> ToolResult:

@@ -222,6 +222,8 @@ class Runner:
                 state.messages.append(message)
             state.trace.append(outcome.trace)
             state.user_messages.extend(outcome.result.user_messages)
+            if outcome.result.usage is not None:
+                state.usage = state.usage + outcome.result.usage
         stops = [o for o in outcomes if o.stop is not None]
         if stops:
             first = stops[0]

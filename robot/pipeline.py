@@ -126,6 +126,8 @@ class Pipeline:
         except Exception:
             log.exception("command /%s failed", name)
             return f"/{name} 执行失败了，请稍后再试。"
+        if result.usage is not None and result.usage.requests:
+            await bot.budget.charge(caller, result.usage)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:

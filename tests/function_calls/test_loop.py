@@ -294,3 +294,18 @@ async def test_a_failing_approver_neither_crashes_the_run_nor_runs_the_tool() ->
     result = await Runner(model, approver=broken).run(USER, confirm_tool(runs))
     assert runs == [] and result.stop is StopReason.COMPLETED
     assert "not run" in model.requests[1].messages[-1]["content"]
+
+
+async def test_a_tools_own_model_usage_counts_in_the_run() -> None:
+    from function_calls import Runner, ToolResult, Toolset, Usage, tool_function
+    from function_calls.testing import ScriptedModel, call
+
+    @tool_function
+    async def digest() -> ToolResult:
+        """Summarise with the model behind the scenes."""
+        return ToolResult.reply("摘要", usage=Usage(prompt_tokens=1000, completion_tokens=50, requests=3))
+
+    model = ScriptedModel([call("digest")])
+    result = await Runner(model).run([{"role": "user", "content": "总结"}], Toolset("t", [digest]))
+    assert result.usage.requests == 4  # one turn of the loop + the tool's three
+    assert result.usage.prompt_tokens >= 1000 and result.usage.completion_tokens >= 50

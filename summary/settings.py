@@ -1,0 +1,52 @@
+"""Settings of the ``summary`` plugin: the ``[summary]`` table of ``qunbot.toml``.
+
+``retention_max_messages`` and ``retention_days`` set the bot's chat-history retention (the
+history store is shared, so the values apply to every chat, each chat counted separately)::
+
+    [summary]
+    max_request_tokens = 3000      # no single model call's prompt is larger
+    max_chunks = 16                # at most this many map calls; beyond it, chunks are sampled evenly
+    retention_max_messages = 5000  # per chat
+    retention_days = 30
+
+Environment overrides: ``QUNBOT_SUMMARY__MAX_CHUNKS=8`` and so on.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["PROMPT_ALLOWANCE", "SummarySettings"]
+
+# Room the map/reduce instructions need besides the chat text (see mapreduce.py).
+PROMPT_ALLOWANCE = 400
+
+
+class SummarySettings(BaseModel):
+    """How much a summary may cost and how long history is kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_request_tokens: int = Field(3000, ge=800, le=1_000_000,
+                                    description="largest prompt of any one model call, instructions included")
+    max_chunks: int = Field(16, ge=1, le=256, description="most map calls per summary; more chunks are sampled")
+    chunk_output_tokens: int = Field(300, ge=50, description="longest partial summary of one chunk")
+    summary_output_tokens: int = Field(800, ge=100, description="longest final summary")
+    max_message_tokens: int = Field(400, ge=20, description="a longer single message is cut with …")
+    concurrency: int = Field(4, ge=1, le=32, description="map calls in flight at once")
+    default_hours: float = Field(24, gt=0, le=168, description="window when there is no earlier summary")
+    max_fetch: int = Field(20_000, ge=100, description="most messages read from history for one summary")
+    salient_count: int = Field(5, ge=0, le=20, description="messages quoted by the extractive summary")
+    top_members: int = Field(5, ge=1, le=20, description="most active members listed by the extractive summary")
+    retention_max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (sets the bot's retention)")
+    retention_days: float = Field(30, gt=0, description="chat history kept, in days (sets the bot's retention)")
+
+    @model_validator(mode="after")
+    def _reduce_can_progress(self) -> SummarySettings:
+        # A reduce request must hold at least two partial summaries, or merging never converges.
+        if 2 * self.chunk_output_tokens + PROMPT_ALLOWANCE > self.max_request_tokens:
+            raise ValueError(
+                f"chunk_output_tokens ({self.chunk_output_tokens}) is too large for max_request_tokens "
+                f"({self.max_request_tokens}): need 2 * chunk_output_tokens + {PROMPT_ALLOWANCE} <= max_request_tokens"
+            )
+        return self

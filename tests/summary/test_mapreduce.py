@@ -1,0 +1,167 @@
+"""Map-reduce: every request within the cap, every message summarised once, bounded cost."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from function_calls import ModelAPIError, ModelRequest, ModelResponse, estimate_messages, estimate_tokens
+from function_calls.testing import ScriptedModel, text
+from robot.history import HistoryEntry
+from summary.extractive import Speakers
+from summary.mapreduce import SummaryFailed, map_reduce, plan_chunks, truncate_tokens
+from summary.settings import SummarySettings
+
+T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
+ZONE = ZoneInfo("Asia/Shanghai")
+LINE = re.compile(r"^\[\d\d-\d\d \d\d:\d\d\] (.+?): (.*)$")
+
+
+def entries(count: int, *, chat: str = "memory:group:g1") -> list[HistoryEntry]:
+    return [
+        HistoryEntry(chat=chat, user_id=str(100 + i % 7), name=f"成员{i % 7}",
+                     text=f"消息{i}：今天讨论第{i}个话题，大家觉得怎么样？", at=T0 + timedelta(seconds=30 * i))
+        for i in range(count)
+    ]
+
+
+def transcript(request: ModelRequest) -> list[str]:
+    """The chat lines of a map (or single-chunk) request."""
+    body = str(request.messages[-1]["content"])
+    return [line for line in body.splitlines() if LINE.match(line)]
+
+
+def is_map_or_single(request: ModelRequest) -> bool:
+    return "聊天记录：" in str(request.messages[-1]["content"])
+
+
+def summariser(reply: str = "要点：讨论了若干话题。") -> ScriptedModel:
+    return ScriptedModel(lambda request: text(reply))
+
+
+async def test_every_request_fits_and_every_message_is_summarised_exactly_once() -> None:
+    settings = SummarySettings(max_request_tokens=1000, max_chunks=256, chunk_output_tokens=120)
+    model = summariser()
+    history = entries(600)
+    result = await map_reduce(history, model, settings, zone=ZONE)
+    sizes = [estimate_messages(r.messages) for r in model.requests]
+    assert max(sizes) <= 1000
+    assert result.largest_request == max(sizes)
+    lines = [line for r in model.requests if is_map_or_single(r) for line in transcript(r)]
+    said = [LINE.match(line).group(2) for line in lines]  # type: ignore[union-attr]
+    assert said == [e.text for e in history]  # all of them, in order, none twice
+    maps = [r for r in model.requests if is_map_or_single(r)]
+    assert result.chunks == result.chunks_used == len(maps) > 1
+    assert not result.sampled and result.messages_used == 600
+    assert result.usage.requests == len(model.requests) > len(maps)  # map calls plus reduce calls
+    assert result.usage.prompt_tokens > 0 and result.usage.completion_tokens > 0
+    assert result.text == "要点：讨论了若干话题。"
+
+
+async def test_beyond_max_chunks_the_chunks_are_sampled_evenly_and_cost_stays_bounded() -> None:
+    settings = SummarySettings(max_request_tokens=1000, max_chunks=4, chunk_output_tokens=120)
+    model = summariser()
+    history = entries(3000)
+    result = await map_reduce(history, model, settings, zone=ZONE)
+    maps = [r for r in model.requests if is_map_or_single(r)]
+    assert len(maps) == 4 and result.chunks_used == 4 and result.chunks > 4 and result.sampled
+    assert len(model.requests) <= 4 + 3  # 4 map calls + at most a few reduce calls
+    first, last = transcript(maps[0])[0], transcript(maps[-1])[-1]
+    assert history[0].text in first and history[-1].text in last  # the whole period is covered
+    middle = transcript(maps[1])[0]
+    index = int(re.search(r"消息(\d+)", middle).group(1))  # type: ignore[union-attr]
+    assert 500 < index < 1500
+    assert result.messages_used == sum(len(transcript(r)) for r in maps) < 3000
+
+
+async def test_a_message_longer_than_a_chunk_is_truncated_with_an_ellipsis() -> None:
+    settings = SummarySettings(max_request_tokens=900, chunk_output_tokens=100, max_message_tokens=5000)
+    model = summariser()
+    huge = HistoryEntry(chat="c", user_id="1", name="话痨", text="很长" * 20_000, at=T0)
+    result = await map_reduce([huge, *entries(3)], model, settings, zone=ZONE)
+    assert all(estimate_messages(r.messages) <= 900 for r in model.requests)
+    lines = [line for r in model.requests if is_map_or_single(r) for line in transcript(r)]
+    assert lines[0].startswith("[03-01 08:00] 话痨(1): 很长很长") and lines[0].endswith("…")
+    assert result.messages_used == 4
+
+
+async def test_a_small_history_takes_one_call_with_speakers_by_id() -> None:
+    model = summariser("总结")
+    history = [
+        HistoryEntry(chat="c", user_id="1", name="小张", text="早", at=T0),
+        HistoryEntry(chat="c", user_id="1", name="张三", text="周六打球？", at=T0 + timedelta(minutes=1)),
+        HistoryEntry(chat="c", user_id="2", name="张三", text="我去", at=T0 + timedelta(minutes=2)),
+        HistoryEntry(chat="c", user_id="bot", name="qunbot", text="好的", at=T0 + timedelta(minutes=3), from_bot=True),
+    ]
+    result = await map_reduce(history, model, SummarySettings(), zone=ZONE)
+    assert len(model.requests) == 1 and result.usage.requests == 1
+    body = str(model.requests[0].messages[1]["content"])
+    assert body.count("小张") == 1  # the alias is listed once, in the roster
+    assert "用过多个名字的人：张三(1)（曾用名：小张）" in body
+    assert transcript(model.requests[0]) == [
+        "[03-01 08:00] 张三(1): 早",
+        "[03-01 08:01] 张三(1): 周六打球？",
+        "[03-01 08:02] 张三(2): 我去",
+        "[03-01 08:03] qunbot[机器人]: 好的",
+    ]
+    assert model.requests[0].max_tokens == SummarySettings().summary_output_tokens
+
+
+async def test_long_partial_summaries_are_merged_in_rounds_within_the_cap() -> None:
+    settings = SummarySettings(max_request_tokens=900, max_chunks=64, chunk_output_tokens=200)
+    model = summariser("很长的分段总结" * 200)  # a model that ignores max_tokens
+    result = await map_reduce(entries(1500), model, settings, zone=ZONE)
+    reduces = [r for r in model.requests if not is_map_or_single(r)]
+    assert len(reduces) >= 3  # at least one intermediate round before the final merge
+    assert all(estimate_messages(r.messages) <= 900 for r in model.requests)
+    assert result.usage.requests == len(model.requests)
+
+
+async def test_a_failing_model_raises_summary_failed_with_the_usage_spent() -> None:
+    calls = 0
+
+    def flaky(request: ModelRequest) -> ModelResponse | ModelAPIError:
+        nonlocal calls
+        calls += 1
+        return text("ok") if calls == 1 else ModelAPIError("HTTP 400", status=400)
+
+    model = ScriptedModel(flaky)
+    settings = SummarySettings(max_request_tokens=1000, chunk_output_tokens=120, concurrency=1)
+    with pytest.raises(SummaryFailed) as info:
+        await map_reduce(entries(600), model, settings, zone=ZONE)
+    assert calls == 2  # nothing more is spent after the failure
+    assert info.value.usage.requests == 2
+    assert "400" in info.value.reason
+
+
+async def test_a_retryable_failure_is_retried_once() -> None:
+    answers: list[ModelResponse | ModelAPIError] = [ModelAPIError("busy", status=503, retryable=True, retry_after=0),
+                                                    text("终于好了")]
+    model = ScriptedModel(answers)
+    result = await map_reduce(entries(3), model, SummarySettings(), zone=ZONE)
+    assert result.text == "终于好了" and result.usage.requests == 2
+
+
+def test_truncate_tokens_cuts_to_the_limit() -> None:
+    assert truncate_tokens("short", 10) == "short"
+    cut = truncate_tokens("汉" * 100, 10)
+    assert cut.endswith("…") and estimate_tokens(cut) <= 10 and len(cut) > 5
+
+
+def test_plan_chunks_respects_the_budget_including_alias_notes() -> None:
+    history = [HistoryEntry(chat="c", user_id="1", name=f"名字{i % 3}", text="话" * 50, at=T0 + timedelta(minutes=i))
+               for i in range(40)]
+    speakers = Speakers(history)
+    chunks = plan_chunks(history, speakers, ZONE, budget=300, max_message_tokens=400)
+    assert len(chunks) > 1
+    assert all(estimate_tokens(c.body()) <= 300 for c in chunks)
+    assert all(len(c.notes) == 1 for c in chunks)  # the roster is repeated per chunk, once each
+    assert sum(len(c.lines) for c in chunks) == 40
+
+
+def test_settings_refuse_a_reduce_that_could_not_progress() -> None:
+    with pytest.raises(ValueError, match="chunk_output_tokens"):
+        SummarySettings(max_request_tokens=1000, chunk_output_tokens=400)

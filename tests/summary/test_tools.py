@@ -1,0 +1,258 @@
+"""The summary and forget tools inside a real bot (MemoryChannel, scripted model)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import summary
+from function_calls import (
+    ArgumentError,
+    Caller,
+    ModelAPIError,
+    ModelRequest,
+    ModelResponse,
+    ToolContext,
+    ToolResult,
+    estimate_messages,
+)
+from function_calls.testing import ScriptedModel, call, text
+from robot.bot import Bot
+from robot.config import ConfigError, Settings
+from robot.message import ChatRef
+from robot.testing import MemoryChannel
+from summary import SummaryArgs
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def ago(minutes: float) -> datetime:
+    return NOW - timedelta(minutes=minutes)
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, model: Any = None, clock: Clock | None = None,
+                  **sections: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
+    ch = MemoryChannel()
+    sections["limits"] = {"user_burst": 50, "chat_burst": 50, **sections.get("limits", {})}
+    settings = Settings(bot={"data_dir": tmp_path}, **sections)
+    bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=clock or Clock())
+    await bot.start()
+    try:
+        yield bot, ch
+    finally:
+        await bot.stop()
+
+
+def summariser() -> ScriptedModel:
+    """Calls the summary tool when offered tools; otherwise answers a map/reduce request."""
+    return ScriptedModel(lambda r: call("summary", {}) if r.tools else text("模型总结"))
+
+
+def chat_lines(model: ScriptedModel) -> list[str]:
+    out: list[str] = []
+    for request in model.requests:
+        if not request.tools:
+            body = str(request.messages[-1]["content"])
+            out += [line.split("] ", 1)[1] for line in body.splitlines() if line.startswith("[")]
+    return out
+
+
+async def run_tool(bot: Bot, args: SummaryArgs, *, user: str = "1", chat: ChatRef = G1) -> ToolResult:
+    caller = Caller(platform=chat.platform, user_id=user, user_name=user, chat_id=chat.chat_id, chat_kind=chat.kind)
+    ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(summary.summary), caller=caller, zone=bot.zone,
+                                        clock=bot.clock)
+    return await summary.summary.invoke(ctx, args)
+
+
+def test_arguments_window_rules_are_readable_errors() -> None:
+    tool = summary.summary
+    with pytest.raises(ArgumentError, match="either hours or messages, not both"):
+        tool.parse_arguments({"hours": 2, "messages": 10})
+    for bad in ({"hours": 0}, {"hours": 169}, {"messages": 0}, {"messages": 5001}, {"days": 1}):
+        with pytest.raises(ArgumentError):
+            tool.parse_arguments(bad)
+    assert tool.parse_arguments({}) == SummaryArgs()
+    assert tool.name == "summary" and tool.aliases == () and summary.forget.aliases == ()
+    assert summary.forget.scope == "both"
+
+
+async def test_default_window_is_since_the_last_summary_and_the_mark_moves(tmp_path: Path) -> None:
+    model, clock = summariser(), Clock()
+    async with running(tmp_path, model, clock) as (bot, ch):
+        await ch.inject("上周的旧消息", user="1", at=ago(25 * 60))
+        await ch.inject("今天开会吗", user="1", at=ago(30))
+        await ch.inject("下午三点", user="2", at=ago(20))
+        first = await run_tool(bot, SummaryArgs())
+        assert chat_lines(model) == ["1(1): 今天开会吗", "2(2): 下午三点"]  # no mark yet: the last 24 h
+        assert await bot.history.summary_mark(G1) == ago(20)
+        await bot.send(G1, first.user_messages[0], key="summary-1")  # the summary lands in history too
+        clock.now = NOW + timedelta(minutes=5)
+        await ch.inject("那我订会议室", user="3", at=NOW + timedelta(minutes=1))
+        model.requests.clear()
+        await run_tool(bot, SummaryArgs())
+        assert chat_lines(model) == ["3(3): 那我订会议室"]  # not the old ones, not the bot's summary
+        assert await bot.history.summary_mark(G1) == NOW + timedelta(minutes=1)
+
+
+async def test_hours_and_messages_windows(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        for i, minutes in enumerate((300, 150, 90, 30, 10)):
+            await ch.inject(f"消息{i}", user=str(i), at=ago(minutes))
+        result = await run_tool(bot, SummaryArgs(hours=2))
+        assert chat_lines(model) == ["2(2): 消息2", "3(3): 消息3", "4(4): 消息4"]
+        assert result.user_messages[0].startswith("【群聊总结】最近 2 小时 · 3 条消息 · 3 人发言")
+        model.requests.clear()
+        await run_tool(bot, SummaryArgs(messages=2))
+        assert chat_lines(model) == ["3(3): 消息3", "4(4): 消息4"]
+
+
+async def test_a_summary_never_includes_another_chats_messages(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        await ch.inject("这边的消息", user="1", chat=G1, at=ago(3))
+        await ch.inject("那边的秘密", user="1", chat=G2, at=ago(2))
+        await run_tool(bot, SummaryArgs(messages=50))
+    assert chat_lines(model) == ["1(1): 这边的消息"]
+    assert all("秘密" not in str(r.messages) for r in model.requests)
+
+
+async def test_usage_is_returned_in_the_tool_data(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model, summary={"max_request_tokens": 900, "chunk_output_tokens": 100}) as (bot, ch):
+        for i in range(60):
+            await ch.inject(f"第{i}条：" + "讨论内容" * 20, user=str(i % 4), at=ago(60 - i))
+        result = await run_tool(bot, SummaryArgs())
+    data = result.data or {}
+    assert data["model_calls"] == len(model.requests) > 2
+    assert data["prompt_tokens"] == sum(estimate_messages(r.messages) for r in model.requests)
+    assert 0 < int(str(data["largest_request_tokens"])) <= 900
+    assert data["messages"] == 60 and data["completion_tokens"] and data["mode"] == "llm"
+    assert not result.continue_ and result.user_messages[0] == result.content
+
+
+async def test_asked_in_chat_the_summary_is_the_answer_without_another_model_turn(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model) as (_bot, ch):
+        await ch.inject("周六去爬山吧", user="1", name="Alice", at=ago(5))
+        await ch.inject("好呀", user="2", name="Bob", at=ago(4))
+        await ch.inject("帮我总结一下", user="2", name="Bob", at=ago(1), at_bot=True)
+        sent = await ch.wait_sent(1)
+    with_tools = [r for r in model.requests if r.tools]
+    assert len(with_tools) == 1  # the tool's reply ended the run
+    assert len(sent) == 1 and sent[0].mention == ("2",)
+    assert sent[0].text.startswith("【群聊总结】最近 24 小时 · 3 条消息 · 2 人发言") and sent[0].text.endswith("模型总结")
+
+
+async def test_a_failing_model_falls_back_to_the_extractive_summary_and_keeps_the_mark(tmp_path: Path) -> None:
+    def broken(request: ModelRequest) -> ModelResponse | ModelAPIError:
+        return ModelAPIError("the model endpoint answered HTTP 401", status=401)
+
+    async with running(tmp_path, ScriptedModel(broken)) as (bot, ch):
+        await ch.inject("明天8点集合？", user="1", name="Alice", at=ago(5))
+        result = await run_tool(bot, SummaryArgs())
+        assert await bot.history.summary_mark(G1) is None
+    reply = result.user_messages[0]
+    assert "AI 总结暂时失败" in reply and "Alice(1): 明天8点集合？" in reply
+    assert result.data and result.data["mode"] == "fallback" and result.data["model_calls"] == 1
+
+
+async def test_without_budget_left_the_summary_is_extractive(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model, limits={"user_daily_tokens": 0}) as (_bot, ch):
+        await ch.inject("明天8点集合？", user="1", at=ago(5))
+        await ch.inject("/summary", user="1", at=ago(1))
+        sent = await ch.wait_sent(1)
+    assert model.requests == []
+    assert "今天的 AI 用量已达上限" in sent[0].text and "1(1): 明天8点集合？" in sent[0].text
+
+
+async def test_an_empty_window_says_so(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        await ch.inject("/summary hours=1", user="1", at=ago(1))
+        sent = await ch.wait_sent(1)
+        assert await bot.history.summary_mark(G1) is None
+    assert sent[0].text == "【群聊总结】最近 1 小时：没有可以总结的新消息。"
+    assert model.requests == []
+
+
+async def test_both_window_arguments_on_the_command_line_are_refused(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("/summary hours=2 messages=10", user="1", at=ago(1))
+        sent = await ch.wait_sent(1)
+    assert "参数有误" in sent[0].text and "either hours or messages" in sent[0].text
+
+
+async def test_the_fetch_cap_keeps_the_newest_messages_and_says_so(tmp_path: Path) -> None:
+    async with running(tmp_path, summary={"max_fetch": 100}) as (bot, ch):
+        for i in range(130):
+            await ch.inject(f"消息{i}", user="1", at=ago(200 - i))
+        result = await run_tool(bot, SummaryArgs())
+    assert "这段时间共 130 条，只看最近 100 条" in result.user_messages[0]
+    assert result.data and result.data["messages"] == 100
+
+
+async def test_forget_me_deletes_only_the_callers_messages_in_this_chat(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ch.inject("我的第一条", user="1", chat=G1, at=ago(9))
+        await ch.inject("别人的", user="2", chat=G1, at=ago(8))
+        await ch.inject("我的第二条", user="1", chat=G1, at=ago(7))
+        await ch.inject("我在别的群", user="1", chat=G2, at=ago(6))
+        await bot.send(G1, "机器人的话", key="k1")
+        await ch.inject("/forget me", user="1", chat=G1, at=ago(1))
+        sent = await ch.wait_sent(2)
+        left_here = [(h.user_id, h.text) for h in await bot.history.recent(G1, 50)]
+        left_there = [(h.user_id, h.text) for h in await bot.history.recent(G2, 50)]
+    assert sent[-1].text == "已删除你在本群被记录的 3 条消息。"  # two messages and the /forget line itself
+    assert ("2", "别人的") in left_here and ("bot", "机器人的话") in left_here
+    assert not any(user == "1" for user, _ in left_here)
+    assert left_there == [("1", "我在别的群")]
+
+
+async def test_forget_needs_the_explicit_target_me(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ch.inject("留着", user="1", at=ago(5))
+        await ch.inject("/forget", user="1", at=ago(2))
+        await ch.inject("/forget everyone", user="1", at=ago(1))
+        sent = await ch.wait_sent(2)
+        kept = await bot.history.recent(G1, 50)
+    assert all("参数有误" in m.text for m in sent)
+    assert any(h.text == "留着" for h in kept)
+
+
+async def test_retention_settings_configure_the_history_store(tmp_path: Path) -> None:
+    cfg = {"retention_max_messages": 10, "retention_days": 2}
+    async with running(tmp_path, summary=cfg) as (bot, ch):
+        assert bot.history.max_messages == 10 and bot.history.max_age == timedelta(days=2)
+        await ch.inject("三天前", user="1", chat=G2, at=NOW - timedelta(days=3))
+        for i in range(15):
+            await ch.inject(f"消息{i}", user="1", chat=G1, at=ago(30 - i))
+        await ch.inject("还在", user="1", chat=G2, at=ago(1))
+        await bot.history.apply_retention(NOW)
+        here = [h.text for h in await bot.history.recent(G1, 100)]
+        there = [h.text for h in await bot.history.recent(G2, 100)]
+    assert here == [f"消息{i}" for i in range(5, 15)]  # per chat: the newest 10
+    assert there == ["还在"]
+
+
+def test_bad_summary_settings_are_a_config_error(tmp_path: Path) -> None:
+    settings = Settings(bot={"data_dir": tmp_path}, summary={"max_chunks": 0})
+    with pytest.raises(ConfigError, match=r"\[summary\] max_chunks"):
+        settings.section("summary", summary.SummarySettings)
