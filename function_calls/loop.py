@@ -160,6 +160,7 @@ class Runner:
         offered = tools.filter(lambda t: t.allowed_for(caller))
         env = _Env(self, offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state)
         token_cap = self.limits.max_run_tokens
+        daily_cap = False
         if self.budget is not None:
             try:
                 left = await self.budget.remaining(caller)
@@ -168,10 +169,10 @@ class Runner:
                 left = None
             if left is not None and left <= 0:
                 return self._finish(state, StopReason.DAILY_BUDGET, detector)
-            if left is not None:
-                token_cap = min(token_cap, left)
+            if left is not None and left < token_cap:
+                token_cap, daily_cap = left, True
         try:
-            return await self._drive(env, token_cap, on_text)
+            return await self._drive(env, token_cap, daily_cap, on_text)
         finally:
             if self.budget is not None and state.usage.requests:
                 try:
@@ -179,7 +180,7 @@ class Runner:
                 except Exception:
                     log.exception("budget hook failed to record %s tokens", state.usage.total_tokens)
 
-    async def _drive(self, env: _Env, token_cap: int, on_text: TextCallback | None) -> RunResult:
+    async def _drive(self, env: _Env, token_cap: int, daily_cap: bool, on_text: TextCallback | None) -> RunResult:
         state = env.state
         if state.pending:  # resuming after an approval pause
             calls, state.pending = state.pending, []
@@ -195,6 +196,9 @@ class Runner:
                 why, reason = f"{state.tool_calls} tool calls", StopReason.TOOL_CALL_LIMIT
             elif state.usage.total_tokens + estimate_messages(state.messages, defs) > token_cap:
                 why, reason = f"{state.usage.total_tokens} of {token_cap} tokens", StopReason.TOKEN_BUDGET
+            if why and reason is StopReason.TOKEN_BUDGET and daily_cap:
+                # The cap is what is left of today's budget: a final answer would overspend it.
+                return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail=why)
             if why:
                 return await self._final_answer(env, reason, why, on_text)
             try:

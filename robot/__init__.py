@@ -1,0 +1,47 @@
+"""qunbot's bot core: messages, the bot, channels, plugins, config and the durable stores.
+
+Plugins import what they need from here (``from robot import Bot, ChatRef, Plugin``); test seams
+live in :mod:`robot.testing`.
+"""
+
+from robot.bot import Bot
+from robot.channels.base import (
+    Capabilities,
+    Channel,
+    ChannelError,
+    ChannelUnavailable,
+    SendReceipt,
+    SendRejected,
+)
+from robot.config import ConfigError, Settings, load_settings
+from robot.history import HistoryEntry, HistoryStore
+from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
+from robot.outbox import Outbox
+from robot.plugin import Plugin, PluginError, load_plugin
+from robot.store import Database
+
+__all__ = [
+    "Bot",
+    "Capabilities",
+    "Channel",
+    "ChannelError",
+    "ChannelUnavailable",
+    "ChatKind",
+    "ChatRef",
+    "ConfigError",
+    "Database",
+    "HistoryEntry",
+    "HistoryStore",
+    "Message",
+    "Outbox",
+    "OutgoingMessage",
+    "Plugin",
+    "PluginError",
+    "Role",
+    "SendReceipt",
+    "SendRejected",
+    "Sender",
+    "Settings",
+    "load_plugin",
+    "load_settings",
+]

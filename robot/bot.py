@@ -138,12 +138,13 @@ class Bot:
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
 
-    def caller_for(self, message: Message) -> Caller:
+    def caller_for(self, message: Message, *, addressed: bool = True) -> Caller:
+        """The run's identity, from the platform: admins by config or by group role."""
         admin = self.is_admin(message.platform, message.sender.user_id) or (
             message.chat.kind == "group" and message.sender.role in ("owner", "admin"))
         return Caller(platform=message.platform, user_id=message.sender.user_id,
                       user_name=message.sender.name or message.sender.user_id, chat_id=message.chat.chat_id,
-                      chat_kind=message.chat.kind, is_admin=admin, addressed=True)
+                      chat_kind=message.chat.kind, is_admin=admin, addressed=addressed)
 
     async def send(self, chat: ChatRef, text: str, *, key: str, mention: Sequence[str] = ()) -> bool:
         """Queue a message through the outbox; ``key`` makes it idempotent."""
@@ -171,19 +172,28 @@ class Bot:
                 self._inflight.discard(task)
 
     async def start(self) -> None:
+        """Open the store, set up plugins, start the outbox and the channels.
+
+        If any step fails (say, a channel's port is taken), what did start is stopped again
+        before the error propagates, so no socket, worker or DB thread is left behind.
+        """
         await self.db.open()
-        for plugin in self.plugins:
-            if plugin.setup is not None:
-                self._deps[plugin.name] = await plugin.setup(self)
-        for channel in self.channels.values():
-            self.outbox.register(channel)
-            channel.bind(self.handle)
-            channel.attach_panels(self.panels)
-        await self.outbox.start()
-        for channel in self.channels.values():
-            await channel.start()
-        self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         self.started = True
+        try:
+            for plugin in self.plugins:
+                if plugin.setup is not None:
+                    self._deps[plugin.name] = await plugin.setup(self)
+            for channel in self.channels.values():
+                self.outbox.register(channel)
+                channel.bind(self.handle)
+                channel.attach_panels(self.panels)
+            await self.outbox.start()
+            for channel in self.channels.values():
+                await channel.start()
+            self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
+        except BaseException:
+            await self.stop(flush_timeout_s=0)
+            raise
         log.info("qunbot started: channels=%s tools=%s llm=%s", list(self.channels), self.tools.names(),
                  self.model.name if self.model else None)
 
@@ -223,6 +233,8 @@ class Bot:
                 await channel.stop()
             except Exception:
                 log.exception("stopping channel %s failed", channel.platform)
+        if self._inflight:  # messages that arrived while the outbox was flushing
+            await asyncio.wait(self._inflight, timeout=flush_timeout_s)
         close = getattr(self.model, "aclose", None)
         if close is not None:
             await close()

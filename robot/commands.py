@@ -7,13 +7,23 @@ type, then go through the same two-stage validation as a model's arguments.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 from function_calls import ArgumentError, Caller, Tool, Toolset
 from function_calls.errors import FieldProblem
 
-__all__ = ["CommandError", "ParsedCommand", "build_arguments", "help_text", "parse_command", "refusal"]
+__all__ = [
+    "CommandError",
+    "ParsedCommand",
+    "build_arguments",
+    "format_argument_error",
+    "help_text",
+    "parse_command",
+    "refusal",
+    "usage_line",
+]
 
 
 class CommandError(Exception):
@@ -28,12 +38,16 @@ class ParsedCommand:
         self.rest = rest
 
 
+_HEAD = re.compile(r"\s+")
+
+
 def parse_command(text: str) -> ParsedCommand | None:
     stripped = text.strip()
     if not stripped.startswith(("/", "／")) or len(stripped) < 2:
         return None
-    head, _, rest = stripped[1:].partition(" ")
-    return ParsedCommand(head.strip().lower(), rest.strip())
+    # Any whitespace ends the name: IMEs type the full-width space U+3000, phones a newline.
+    head, rest = _HEAD.split(stripped[1:], maxsplit=1) if _HEAD.search(stripped[1:]) else (stripped[1:], "")
+    return ParsedCommand(head.lower(), rest.strip())
 
 
 def _coerce(schema: dict[str, Any], raw: str) -> Any:
@@ -97,6 +111,8 @@ def refusal(tool: Tool, caller: Caller) -> str | None:
         return f"/{tool.name} 只能在私聊里使用。"
     if tool.admin_only and not caller.is_admin:
         return f"/{tool.name} 只有管理员可以使用。"
+    if not tool.allowed_for(caller):  # require_at: only when the bot was addressed directly
+        return f"/{tool.name} 需要 @我 才能使用。"
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -165,6 +166,14 @@ class Settings(BaseSettings):
     @property
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.bot.timezone)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # Plugin tables are plain dicts until section() validates them: they may hold API keys.
+        extra = self.model_extra or {}
+        for name, value in super().__repr_args__():
+            if name in extra:
+                value = dict.fromkeys(value, "***") if isinstance(value, dict) else "***"
+            yield name, value
 
 
 def _explain(exc: ValidationError, prefix: str = "") -> str:

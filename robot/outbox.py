@@ -88,6 +88,7 @@ class Outbox:
             "created_at TEXT NOT NULL, sent_at TEXT, error TEXT, receipt TEXT)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS outbox_due ON outbox (platform, status, next_at)")
+        db.execute("CREATE INDEX IF NOT EXISTS outbox_chat ON outbox (chat, status, next_at)")
 
     def enqueue_sync(self, db: sqlite_utils.Database, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -168,9 +169,12 @@ class Outbox:
         now = iso(self.clock())
 
         def work(db: sqlite_utils.Database) -> tuple[list[dict[str, object]], float | None]:
+            # A row waiting out a retry holds back the later rows of its chat: each chat in order.
             rows = db.execute_returning_dicts(
-                "SELECT * FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
-                "ORDER BY created_at, rowid LIMIT 64", [platform, now])
+                "SELECT * FROM outbox AS o WHERE platform = ? AND status = 'pending' AND next_at <= ? "
+                "AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.chat = o.chat AND p.status = 'pending' "
+                "AND p.next_at > ? AND (p.created_at < o.created_at OR (p.created_at = o.created_at "
+                "AND p.rowid < o.rowid))) ORDER BY created_at, rowid LIMIT 64", [platform, now, now])
             nxt = db.execute("SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending'",
                              [platform]).fetchone()[0]
             wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())

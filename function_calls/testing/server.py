@@ -175,7 +175,7 @@ class FakeOpenAIServer:
         # the short shutdown_timeout keeps stop() from waiting out a long Delay.
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()  # bursts of clients in benches
         self._runner = runner
         self._port = int(runner.addresses[0][1])
 

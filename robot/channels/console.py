@@ -2,7 +2,8 @@
 
 In group mode (``qunbot chat --group``) a line ``name: text`` speaks as that member (a new
 name joins the group), and plain lines speak as the current member; ``@<bot name>`` addresses
-the bot. Reading stdin happens in a worker thread, so the event loop never blocks on input.
+the bot. Reading stdin happens in a daemon thread, so the event loop never blocks on input and
+a read still waiting at shutdown does not keep the process alive.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -39,6 +41,7 @@ class ConsoleChannel(Channel):
         self.on_eof = on_eof
         self._reader: asyncio.Task[None] | None = None
         self._streaming: dict[str, str] = {}
+        self._line_open = False
         self._names: dict[str, str] = {user: user}
 
     @property
@@ -54,7 +57,12 @@ class ConsoleChannel(Channel):
     async def start(self) -> None:
         mode = "群聊模式：用「名字: 内容」切换发言人，@" + self.bot_name + " 呼叫机器人" if self.group else "私聊模式"
         self._write(f"qunbot console ({mode}); /help 查看命令，Ctrl-D 退出。\n")
-        self._reader = asyncio.create_task(self._read_loop(), name="console-reader")
+        lines: asyncio.Queue[str] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        # Not asyncio.to_thread: asyncio.run() joins the default executor at exit, and a
+        # readline() blocked on the terminal would then hang shutdown (SIGTERM, Ctrl-C).
+        threading.Thread(target=self._pump, args=(loop, lines), name="console-stdin", daemon=True).start()
+        self._reader = asyncio.create_task(self._read_loop(lines), name="console-reader")
 
     async def stop(self) -> None:
         if self._reader is not None:
@@ -84,9 +92,22 @@ class ConsoleChannel(Channel):
         return Message(chat=self.chat, sender=Sender(user_id=speaker, name=speaker), message_id=uuid.uuid4().hex,
                        text=text, timestamp=datetime.now(UTC), mentions_bot=at_bot)
 
-    async def _read_loop(self) -> None:
+    def _pump(self, loop: asyncio.AbstractEventLoop, lines: asyncio.Queue[str]) -> None:
         while True:
-            line = await asyncio.to_thread(self.stdin.readline)
+            try:
+                line = self.stdin.readline()
+            except (OSError, ValueError):  # stdin closed under us: same as end of input
+                line = ""
+            try:
+                loop.call_soon_threadsafe(lines.put_nowait, line)
+            except RuntimeError:  # the loop is closed: the bot has stopped
+                return
+            if line == "":
+                return
+
+    async def _read_loop(self, lines: asyncio.Queue[str]) -> None:
+        while True:
+            line = await lines.get()
             if line == "":
                 if self.on_eof is not None:
                     self.on_eof()
@@ -101,13 +122,17 @@ class ConsoleChannel(Channel):
             self._write(f"{self.bot_name} ▸ ")
         self._streaming[run_id] += delta
         self._write(delta)
+        self._line_open = True
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:
         at = "".join(f"@{self._names.get(u, u)} " for u in message.mention)
-        streamed = self._streaming.pop(message.reply_to, None) if message.reply_to else None
-        if streamed is not None:
+        if self._line_open:
             self._write("\n")
-            if streamed.strip() == message.text.strip():
-                return SendReceipt(platform_message_id=message.key)  # already on screen
+            self._line_open = False
+        streamed = self._streaming.get(message.reply_to) if message.reply_to else None
+        # A run may send a tool's message before its streamed final text: match the text, not the order.
+        if streamed is not None and message.text.strip() and streamed.strip().endswith(message.text.strip()):
+            del self._streaming[str(message.reply_to)]
+            return SendReceipt(platform_message_id=message.key)  # already on screen
         self._write(f"{self.bot_name} ▸ {at}{message.text}\n")
         return SendReceipt(platform_message_id=message.key)

@@ -1,0 +1,185 @@
+"""``/commands`` and permissions: parsing, /help, and tools a caller may not use (model and command)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from function_calls import Caller, ToolContext, ToolResult, Toolset, tool_function
+from function_calls.testing import ScriptedModel, text
+from robot.commands import CommandError, build_arguments, help_text, parse_command
+from robot.message import ChatRef
+from robot.plugin import Plugin
+
+GROUP = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+PRIVATE = Caller(platform="memory", user_id="u1", chat_id="u1", chat_kind="private")
+DM = ChatRef(platform="memory", chat_id="u1", kind="private")
+
+
+def tool(plugin: Plugin[Any], name: str) -> Any:
+    found = plugin.tools.get(name)
+    assert found is not None
+    return found
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("line", "name", "rest"), [
+    ("/help", "help", ""), ("  /N  milk 2 ", "n", "milk 2"), ("／帮助", "帮助", ""),
+    ("/n\u3000牛奶", "n", "牛奶"), ("/n\nline two", "n", "line two")])
+def test_parse_command(line: str, name: str, rest: str) -> None:
+    parsed = parse_command(line)
+    assert parsed is not None and (parsed.name, parsed.rest) == (name, rest)
+
+
+@pytest.mark.parametrize("line", ["hello /n", "/", "", "http://x"])
+def test_not_a_command(line: str) -> None:
+    assert parse_command(line) is None
+
+
+def test_positional_values_follow_field_order_named_ones_are_taken_out(plugin: Plugin[Any]) -> None:
+    note = tool(plugin, "note")
+    assert build_arguments(note, "milk 3") == {"text": "milk", "times": 3}
+    assert build_arguments(note, "times=2 bread") == {"text": "bread", "times": 2}
+    assert build_arguments(note, '"oat milk" 2') == {"text": "oat milk", "times": 2}
+    assert build_arguments(note, "text='a b' times=4") == {"text": "a b", "times": 4}
+
+
+def test_the_last_free_field_takes_the_rest_and_bad_quoting_is_explained(plugin: Plugin[Any]) -> None:
+    kick = tool(plugin, "kick")
+    assert build_arguments(kick, "spam bot account") == {"target": "spam bot account"}
+    with pytest.raises(CommandError, match="引号"):
+        build_arguments(kick, '"unclosed')
+    with pytest.raises(CommandError, match="不需要"):
+        build_arguments(tool(plugin, "poke"), "extra words")
+
+
+async def test_commands_validate_like_model_calls(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject("/n milk 9")  # times <= 5
+    await ch.inject("/note")
+    await ch.inject("/n boom")
+    await ch.inject("/nope")
+    await ch.inject("/N Milk")
+    bad_value, missing, tool_error, unknown, alias = (m.text for m in await ch.wait_sent(5))
+    assert "times" in bad_value and "用法：/n <text> [times]" in bad_value
+    assert "text" in missing and "参数有误" in missing
+    assert tool_error == "记不下来：boom"
+    assert "没有 /nope 这个命令" in unknown and "/help" in unknown
+    assert alias == "noted for u1: Milk x1"
+
+
+# --- /help -------------------------------------------------------------------------------------
+
+def test_help_is_generated_from_tool_metadata_for_this_caller(plugin: Plugin[Any]) -> None:
+    group_help = help_text(plugin.tools, GROUP, {})
+    assert "/n <text> [times] — Take a note" in group_help and "（也可用 /note）" in group_help
+    assert "例：/n 买牛奶 2" in group_help
+    assert "/kick <target>" in group_help and "/poke" in group_help
+    assert "/whisper" not in group_help and "/purge" not in group_help
+    private_help = help_text(plugin.tools, PRIVATE, {})
+    assert "/whisper" in private_help and "/kick" not in private_help
+    admin_help = help_text(plugin.tools, GROUP.model_copy(update={"is_admin": True}), {"note": "no key"})
+    assert "/purge" in admin_help and "[未启用：no key]" in admin_help
+
+
+async def test_help_command_works_without_an_llm(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject("/help")
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text.startswith("可用命令") and "/n" in sent.text and "/purge" not in sent.text
+
+
+# --- permissions: not offered to the model, refused as commands ---------------------------------
+
+def offered(model: ScriptedModel, index: int = -1) -> set[str]:
+    return {t["function"]["name"] for t in model.requests[index].tools}
+
+
+async def test_a_group_member_is_offered_only_what_they_may_use(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("ok"))
+    _bot, ch = await make_bot(model)
+    await ch.inject("hi", at_bot=True)
+    await ch.inject("hi", chat=DM)
+    await ch.wait_sent(2)
+    assert offered(model, 0) == {"note", "kick", "poke"}
+    assert offered(model, 1) == {"note", "whisper", "poke"}
+
+
+async def test_require_at_tools_are_not_offered_when_answering_unaddressed(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("ok"))
+    _bot, ch = await make_bot(model, gate={"always": ["memory:g1"]})
+    await ch.inject("chatting along")  # answered because of gate.always, but not addressed
+    await ch.inject("poke someone", at_bot=True)
+    await ch.wait_sent(2)
+    assert "poke" not in offered(model, 0) and "poke" in offered(model, 1)
+
+
+async def test_disallowed_tools_are_refused_as_commands(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject("/purge")
+    await ch.inject("/whisper")
+    await ch.inject("/kick someone", chat=DM)
+    purge, whisper, kick = (m.text for m in await ch.wait_sent(3))
+    assert "只有管理员" in purge and "只能在私聊" in whisper and "只能在群聊" in kick
+
+
+async def test_configured_admins_are_platform_qualified(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("ok"))
+    _bot, ch = await make_bot(model, bot={"admins": ["memory:u9", "other:u1"]})
+    await ch.inject("/purge", user="u9")
+    await ch.inject("/purge", user="u1")  # admin on another platform only
+    await ch.inject("hi", user="u9", at_bot=True)
+    admin, other, _ = await ch.wait_sent(3)
+    assert admin.text == "purged by u9" and "只有管理员" in other.text
+    assert "purge" in offered(model)
+
+
+async def test_group_owners_and_admins_are_admins_there(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject("/purge", user="o1", role="owner")
+    await ch.inject("/purge", user="a1", role="admin")
+    await ch.inject("/purge", user="a1", role="admin", chat=ChatRef(platform="memory", chat_id="a1",
+                                                                    kind="private"))
+    owner, admin, private = (m.text for m in await ch.wait_sent(3))
+    assert owner == "purged by o1" and admin == "purged by a1"
+    assert "只有管理员" in private  # a group role means nothing in a private chat
+
+
+class QueryArgs(BaseModel):
+    q: str = Field(description="what to look up")
+
+
+@tool_function
+async def websearch(ctx: ToolContext[str], args: QueryArgs) -> ToolResult:
+    """Search the web."""
+    return ToolResult.reply(f"results for {args.q} with {ctx.deps}")
+
+
+def web_plugin(key: str) -> Plugin[str]:
+    async def setup(bot: Any) -> str:
+        return key
+
+    return Plugin("web", Toolset("web", [websearch]), setup=setup,
+                  unavailable=lambda deps: None if deps else "没有配置 API key")
+
+
+async def test_an_unavailable_plugins_tools_are_hidden_and_explained(make_bot: Any, plugin: Plugin[Any]) -> None:
+    model = ScriptedModel(lambda req: text("ok"))
+    _bot, ch = await make_bot(model, plugins=[plugin, web_plugin("")])
+    await ch.inject("search something", at_bot=True)
+    await ch.inject("/websearch cats")
+    await ch.inject("/help")
+    _, refused, helped = (m.text for m in await ch.wait_sent(3))
+    assert "websearch" not in offered(model)
+    assert refused == "/websearch 暂不可用：没有配置 API key"
+    assert "/websearch <q> — Search the web. [未启用：没有配置 API key]" in helped
+
+
+async def test_a_plugins_tools_get_the_deps_its_setup_built(make_bot: Any, plugin: Plugin[Any]) -> None:
+    _bot, ch = await make_bot(None, plugins=[plugin, web_plugin("key-1")])
+    await ch.inject("/websearch cats and dogs")
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "results for cats and dogs with key-1"

@@ -1,0 +1,163 @@
+"""Configuration: where the file is found, environment overrides, plugin tables, clear errors, secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from robot.config import ConfigError, Settings, load_settings
+
+SECRET = "sk-test-VERY-SECRET-0042"
+
+
+class SearchSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: SecretStr | None = None
+    timeout_s: float = 10.0
+    engine: str = "sonar"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- where the file comes from -------------------------------------------------------------------
+
+def test_defaults_without_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings, source = load_settings()
+    assert source is None
+    assert settings.bot.name == "qunbot" and settings.llm.model is None and not settings.llm.configured
+    assert settings.zone == ZoneInfo("Asia/Shanghai")
+    assert settings.bot.plugins == ["reminders", "search", "summary"]
+
+
+def test_file_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "qunbot.toml", '[bot]\nname = "cwd"\n')
+    via_env = write(tmp_path / "env.toml", '[bot]\nname = "env"\n')
+    explicit = write(tmp_path / "flag.toml", '[bot]\nname = "flag"\n')
+    assert load_settings()[0].bot.name == "cwd"
+    monkeypatch.setenv("QUNBOT_CONFIG", str(via_env))
+    settings, source = load_settings()
+    assert settings.bot.name == "env" and source == via_env
+    assert load_settings(explicit)[0].bot.name == "flag"
+
+
+def test_a_missing_config_file_is_an_error_not_defaults(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml")
+
+
+# --- environment -------------------------------------------------------------------------------
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = write(tmp_path / "q.toml", '[llm]\nmodel = "from-file"\nbase_url = "http://127.0.0.1:1/v1"\n'
+                                     '[limits]\nuser_burst = 3\n')
+    monkeypatch.setenv("QUNBOT_LLM__MODEL", "from-env")
+    monkeypatch.setenv("QUNBOT_LIMITS__USER_BURST", "7")
+    monkeypatch.setenv("QUNBOT_BOT__ADMINS", '["onebot:1"]')
+    settings, _ = load_settings(cfg)
+    assert settings.llm.model == "from-env" and settings.llm.base_url == "http://127.0.0.1:1/v1"
+    assert settings.limits.user_burst == 7 and settings.bot.admins == ["onebot:1"]
+
+
+def test_openai_variables_are_fallbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    settings, _ = load_settings(write(tmp_path / "q.toml", '[llm]\nmodel = "m"\n'))
+    assert settings.llm.api_key is not None and settings.llm.api_key.get_secret_value() == SECRET
+    assert settings.llm.base_url == "http://127.0.0.1:9/v1" and settings.llm.configured
+    own, _ = load_settings(write(tmp_path / "q2.toml", '[llm]\napi_key = "sk-own"\nbase_url = "http://own/v1"\n'))
+    assert own.llm.api_key is not None and own.llm.api_key.get_secret_value() == "sk-own"
+    assert own.llm.base_url == "http://own/v1"
+
+
+# --- plugin tables ------------------------------------------------------------------------------
+
+def test_plugin_sections_validate_with_env_overrides_and_fallbacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings, _ = load_settings(write(tmp_path / "q.toml", '[search]\nengine = "pro"\ntimeout_s = 3\n'))
+    monkeypatch.setenv("QUNBOT_SEARCH__TIMEOUT_S", "4.5")
+    monkeypatch.setenv("PERPLEXITY_API_KEY", SECRET)
+    section = settings.section("search", SearchSettings)
+    assert (section.engine, section.timeout_s) == ("pro", 4.5)
+    assert section.api_key is not None and section.api_key.get_secret_value() == SECRET
+    assert settings.section("absent", SearchSettings) == SearchSettings()
+
+
+def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
+    settings, _ = load_settings(write(tmp_path / "q.toml", f'[search]\napi_key = "{SECRET}"\ntimeout_s = "slow"\n'
+                                                        'colour = "red"\n'))
+    with pytest.raises(ConfigError) as err:
+        settings.section("search", SearchSettings)
+    message = str(err.value)
+    assert "[search] timeout_s" in message and "valid number" in message
+    assert "[search] colour" in message and "Extra inputs" in message
+    assert SECRET not in message and SECRET not in repr(err.value)
+
+
+# --- bad files and values ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("toml", "needles"), [
+    ("[llm\nmodel = 1\n", ["not valid TOML", "line 1"]),
+    ('[bot]\ntimezone = "Mars/Olympus"\n', ["bot.timezone", "unknown IANA time zone"]),
+    ('[limits]\nuser_burst = "lots"\n', ["limits.user_burst", "valid integer"]),
+    ('[llm]\nmodle = "gpt"\n', ["llm.modle", "Extra inputs are not permitted"]),
+    ('[bot]\nadmins = ["10001"]\n', ["bot.admins", "platform-qualified"]),
+    ('[channels.onebot]\nport = 70000\n', ["channels.onebot.port", "less than or equal"]),
+    ("debug = true\n", ["unknown key 'debug'"]),
+])
+def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml: str, needles: list[str]) -> None:
+    path = write(tmp_path / "q.toml", toml)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    for needle in needles:
+        assert needle in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_a_bad_environment_value_is_named_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUNBOT_LLM__TIMEOUT_S", "soon")
+    with pytest.raises(ConfigError, match=r"llm\.timeout_s"):
+        load_settings(write(tmp_path / "q.toml", ""))
+
+
+# --- secrets -----------------------------------------------------------------------------------
+
+def test_secrets_stay_out_of_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = [
+        f'[llm]\napi_key = "{SECRET}"\ntimeout_s = "x"\n',  # a bad value next to the key
+        f'[llm]\napi_key = ["{SECRET}"]\n',  # the key itself is malformed
+        f'[llm]\napi_key = "{SECRET}"\n[llm]\n',  # broken TOML containing the key
+    ]
+    for i, toml in enumerate(cases):
+        with pytest.raises(ConfigError) as err:
+            load_settings(write(tmp_path / f"q{i}.toml", toml))
+        assert SECRET not in str(err.value) and SECRET not in repr(err.value), toml
+    monkeypatch.setenv("QUNBOT_LLM__API_KEY", SECRET)
+    monkeypatch.setenv("QUNBOT_LLM__MAX_ITERATIONS", "0")
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path / "env.toml", ""))
+    assert "llm.max_iterations" in str(err.value) and SECRET not in str(err.value)
+
+
+def test_secrets_stay_out_of_reprs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    settings, _ = load_settings(write(tmp_path / "q.toml", f'[search]\napi_key = "{SECRET}-plugin"\n'
+                                                        '[channels.onebot]\naccess_token = "tok-SECRET-1"\n'))
+    assert settings.llm.api_key is not None
+    for shown in (repr(settings), str(settings), repr(settings.llm)):
+        assert SECRET not in shown and "tok-SECRET-1" not in shown
+    assert "search" in repr(settings)  # the plugin table is still visible, its values are not
+    assert settings.section("search", SearchSettings).api_key == SecretStr(f"{SECRET}-plugin")
+
+
+def test_settings_can_be_built_directly_for_tests(tmp_path: Path) -> None:
+    settings = Settings(bot={"data_dir": tmp_path, "timezone": "Europe/Berlin"})
+    assert settings.bot.data_dir == tmp_path and settings.zone.key == "Europe/Berlin"

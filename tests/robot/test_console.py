@@ -1,0 +1,91 @@
+"""The console channel: typed lines in group and private mode, printed replies, streaming."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from function_calls import ToolContext, ToolResult, Toolset, tool_function
+from function_calls.testing import ScriptedModel, call, text
+from robot.channels.console import ConsoleChannel
+from robot.message import ChatRef, OutgoingMessage
+from robot.plugin import Plugin
+
+Until = Callable[..., Awaitable[None]]
+
+
+def console(*, group: bool = False, stdin: str = "") -> tuple[ConsoleChannel, io.StringIO]:
+    out = io.StringIO()
+    return ConsoleChannel(bot_name="qunbot", group=group, user="me", stdin=io.StringIO(stdin), stdout=out), out
+
+
+def test_group_mode_lines_name_the_speaker_and_may_address_the_bot() -> None:
+    ch, _ = console(group=True)
+    first = ch.parse_line("小明: @qunbot 你好\n")
+    assert first is not None
+    assert (first.sender.user_id, first.sender.name, first.text, first.mentions_bot) == ("小明", "小明", "你好", True)
+    assert first.chat == ChatRef(platform="console", chat_id="console-group", kind="group")
+    follow = ch.parse_line("顺便问一下")  # the current speaker goes on talking
+    assert follow is not None and follow.sender.user_id == "小明" and not follow.mentions_bot
+    other = ch.parse_line("阿强：今晚打球")  # a full-width colon works too
+    assert other is not None and (other.sender.user_id, other.text) == ("阿强", "今晚打球")
+    command = ch.parse_line("/help")
+    assert command is not None and command.text == "/help" and command.sender.user_id == "阿强"
+    assert ch.parse_line("   \n") is None
+    assert first.message_id != follow.message_id
+
+
+def test_private_mode_lines_are_the_users_own() -> None:
+    ch, _ = console()
+    msg = ch.parse_line("小明: hello")
+    assert msg is not None
+    assert (msg.sender.user_id, msg.text) == ("me", "小明: hello")
+    assert msg.chat == ChatRef(platform="console", chat_id="me", kind="private")
+
+
+async def test_send_prints_mentions_by_name() -> None:
+    ch, out = console(group=True)
+    ch.parse_line("小明: hi")
+    await ch.send(OutgoingMessage(key="k", chat=ch.chat, text="你好", mention=("小明",)))
+    assert out.getvalue() == "qunbot ▸ @小明 你好\n"
+
+
+async def test_typed_lines_reach_the_bot_and_the_answer_is_printed(make_bot: Any, until: Until) -> None:
+    ended: list[bool] = []
+    out = io.StringIO()
+    ch = ConsoleChannel(bot_name="qunbot", group=True, stdin=io.StringIO("小明: @qunbot /n 牛奶\n小红: 路过\n"),
+                        stdout=out, on_eof=lambda: ended.append(True))
+    bot, _ = await make_bot(None, channel=ch)
+    await until(lambda: ended == [True])
+    await bot.outbox.flush()
+    shown = out.getvalue()
+    assert "qunbot ▸ @小明 noted for 小明: 牛奶 x1" in shown
+    replies = [line for line in shown.splitlines() if line.startswith("qunbot ▸")]
+    assert len(replies) == 1  # 小红 did not address the bot: recorded only
+    assert [e.text for e in await bot.history.recent(ch.chat)] == ["/n 牛奶", "noted for 小明: 牛奶 x1", "路过"]
+
+
+@tool_function
+async def announce(ctx: ToolContext[object]) -> ToolResult:
+    """Tell the user something and let the model go on."""
+    return ToolResult(content="announced", user_messages=("工具先说一句",))
+
+
+async def test_a_streamed_reply_is_not_printed_twice(make_bot: Any) -> None:
+    out = io.StringIO()
+    ch = ConsoleChannel(bot_name="qunbot", stdin=io.StringIO(""), stdout=out)
+    model = ScriptedModel([call("announce"), text("最后的回答"), text("第二次回答")])
+    bot, _ = await make_bot(model, channel=ch, plugins=[Plugin("a", Toolset("a", [announce]))])
+    await ch.deliver(ch.parse_line("hi") or _never())
+    await bot.outbox.flush()
+    await ch.deliver(ch.parse_line("again") or _never())
+    await bot.outbox.flush()
+    shown = out.getvalue()
+    assert shown.count("最后的回答") == 1 and shown.count("工具先说一句") == 1
+    assert shown.count("第二次回答") == 1
+    assert shown.endswith("\n")
+
+
+def _never() -> Any:
+    raise AssertionError("parse_line returned None")

@@ -1,0 +1,159 @@
+"""End to end: a OneBot peer, the real OneBot channel, the bot, the real OpenAI client and a fake LLM.
+
+A group member @-s the bot; the model (over HTTP, streamed) calls a tool; the reply goes back as
+``send_group_msg`` @-ing the member. While the peer is away the outbox holds the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from function_calls import Caller, OpenAIChatModel, ToolContext, ToolResult, Toolset, tool_function
+from function_calls.testing import Call, FakeOpenAIServer, Reply
+from robot.bot import Bot
+from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
+from robot.config import Settings
+from robot.plugin import Plugin
+
+VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[3] / "shared" / "vectors" / "onebot_v11.json").read_text("utf-8"))
+AT_BOT: dict[str, Any] = VECTORS["events"]["group_message_at_bot"]
+Until = Callable[..., Awaitable[None]]
+CALLERS: list[Caller] = []
+
+
+class RemindArgs(BaseModel):
+    when: str = Field(description="when, in the chat's zone")
+    content: str = Field(description="what to remind of")
+
+
+class ForecastArgs(BaseModel):
+    day: str = Field(description="which day")
+
+
+@tool_function
+async def remind(ctx: ToolContext[object], args: RemindArgs) -> ToolResult:
+    """Set a reminder for the person asking."""
+    CALLERS.append(ctx.caller)
+    return ToolResult.reply("已为你设置提醒")
+
+
+@tool_function
+async def forecast(ctx: ToolContext[object], args: ForecastArgs) -> str:
+    """The weather forecast (data for the model)."""
+    return f"{args.day}: 晴, 12-20°C"
+
+
+@dataclass
+class Rig:
+    server: FakeOpenAIServer
+    channel: OneBotChannel
+    peer: OneBotTestPeer
+    bot: Bot
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    CALLERS.clear()
+    async with FakeOpenAIServer() as server:
+        channel = OneBotChannel(OneBotSettings(enabled=True, port=0, action_timeout_s=2.0))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="test")
+        bot = Bot(Settings(bot={"data_dir": tmp_path}), model=model, channels=[channel],
+                  plugins=[Plugin("e2e", Toolset("e2e", [remind, forecast]))])
+        bot.outbox.retry_base_s, bot.outbox.retry_max_s = 0.05, 0.2
+        await bot.start()
+        try:
+            async with OneBotTestPeer(self_id=10001) as peer:
+                await peer.connect(channel.url)
+                await asyncio.wait_for(channel.wait_connected(), 5)
+                yield Rig(server, channel, peer, bot)
+        finally:
+            await bot.stop(flush_timeout_s=0.5)
+
+
+def is_group_send(frame: dict[str, Any]) -> bool:
+    return frame.get("action") == "send_group_msg"
+
+
+def texts(frame: dict[str, Any]) -> str:
+    return "".join(s["data"]["text"] for s in frame["params"]["message"] if s["type"] == "text")
+
+
+async def test_an_at_in_a_group_is_answered_by_a_tool_at_ing_the_sender(rig: Rig) -> None:
+    rig.server.script(Reply(tool_calls=[Call("remind", {"when": "明天 08:00", "content": "交周报"})]))
+    await rig.peer.send_event(AT_BOT)
+    action = await rig.peer.wait_for_action(is_group_send, timeout=10)
+    params = action["params"]
+    assert params["group_id"] == 123456
+    assert {"type": "at", "data": {"qq": "20002"}} in params["message"]
+    assert texts(action).strip() == "已为你设置提醒"
+    # What the model was asked, and who the tool believed was asking (the platform, not the model).
+    request = rig.server.requests[0].body
+    assert request["messages"][-1] == {"role": "user", "content": "提醒我明天早上8点交周报"}
+    assert "群聊" in request["messages"][0]["content"] and "id:20002" in request["messages"][0]["content"]
+    assert {t["function"]["name"] for t in request["tools"]} == {"remind", "forecast"}
+    (caller,) = CALLERS
+    assert (caller.platform, caller.user_id, caller.chat_id, caller.chat_kind) == ("onebot", "20002", "123456", "group")
+    assert len(rig.server.requests) == 1  # the tool's reply ended the run
+
+
+async def test_a_data_tool_result_goes_back_to_the_model_then_the_answer_goes_out(rig: Rig) -> None:
+    rig.server.script(Reply(tool_calls=[Call("forecast", {"day": "明天"})]), Reply("明天晴，12 到 20 度。"))
+    await rig.peer.send_event(AT_BOT, message_id=2101)
+    action = await rig.peer.wait_for_action(is_group_send, timeout=10)
+    assert {"type": "at", "data": {"qq": "20002"}} in action["params"]["message"]
+    assert texts(action).strip() == "明天晴，12 到 20 度。"
+    second = rig.server.requests[1].body["messages"]
+    assert any(m["role"] == "tool" and "晴, 12-20°C" in m["content"] for m in second)
+
+
+async def test_a_redelivered_event_is_answered_once(rig: Rig) -> None:
+    rig.server.script(Reply("好的"), Reply("第二条"))
+    await rig.peer.send_event(AT_BOT, message_id=2201)
+    await rig.peer.wait_for_action(is_group_send, timeout=10)
+    await rig.peer.send_event(AT_BOT, message_id=2201)  # the implementation redelivers
+    await rig.peer.send_event(AT_BOT, message_id=2202)
+    await rig.peer.wait_for_action(is_group_send, timeout=10)
+    await rig.bot.stop()  # waits for in-flight messages and flushes the outbox
+    assert [texts(a).strip() for a in rig.peer.actions if is_group_send(a)] == ["好的", "第二条"]
+    assert len(rig.server.requests) == 2
+
+
+async def test_the_outbox_holds_the_reply_while_the_peer_is_away(rig: Rig, until: Until) -> None:
+    release = asyncio.Event()
+
+    async def slow_model(body: dict[str, Any]) -> Reply:
+        await release.wait()
+        return Reply(tool_calls=[Call("remind", {"when": "明天 08:00", "content": "交周报"})])
+
+    rig.server.responder = slow_model
+    await rig.peer.send_event(AT_BOT, message_id=2301)
+    await until(lambda: len(rig.server.requests) == 1)
+    await rig.peer.disconnect()
+    await until(lambda: not rig.channel.connected)
+    release.set()
+
+    async def held() -> bool:
+        rows = await rig.bot.outbox.rows("pending")
+        return bool(rows) and int(str(rows[0]["attempts"])) >= 2
+
+    await until(held, timeout=10)
+    assert not any(is_group_send(a) for a in rig.peer.actions)
+    await rig.peer.connect(rig.channel.url)
+    action = await rig.peer.wait_for_action(is_group_send, timeout=10)
+    assert {"type": "at", "data": {"qq": "20002"}} in action["params"]["message"]
+    assert texts(action).strip() == "已为你设置提醒"
+
+    async def sent() -> bool:
+        return [r["status"] for r in await rig.bot.outbox.rows()] == ["sent"]
+
+    await until(sent)
+    assert len([a for a in rig.peer.actions if is_group_send(a)]) == 1

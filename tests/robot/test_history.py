@@ -1,0 +1,92 @@
+"""Chat history: per-chat windows, ranges, forgetting a person, retention, summary marks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from robot.history import HistoryStore
+from robot.message import ChatRef, Message, Sender
+from robot.store import Database
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[HistoryStore]:
+    db = Database(tmp_path / "h.sqlite3")
+    history = HistoryStore(db, max_messages=3, max_age=timedelta(days=1))
+    await db.open()
+    yield history
+    await db.close()
+
+
+def msg(text: str, minute: int, *, chat: ChatRef = G1, user: str = "u1", name: str = "",
+        from_bot: bool = False) -> Message:
+    return Message(chat=chat, sender=Sender(user_id=user, name=name), message_id=f"{chat.chat_id}-{minute}",
+                   text=text, timestamp=T0 + timedelta(minutes=minute), from_bot=from_bot)
+
+
+async def test_recent_is_oldest_first_newest_n_and_per_chat(store: HistoryStore) -> None:
+    for i in range(5):
+        await store.record(msg(f"g1 #{i}", i))
+    await store.record(msg("other chat", 2, chat=G2))
+    recent = await store.recent(G1, limit=3)
+    assert [e.text for e in recent] == ["g1 #2", "g1 #3", "g1 #4"]
+    assert all(e.chat == G1.key for e in recent)
+    before = await store.recent(G1, before=T0 + timedelta(minutes=2))
+    assert [e.text for e in before] == ["g1 #0", "g1 #1"]
+
+
+async def test_entry_keeps_sender_and_becomes_a_history_turn(store: HistoryStore) -> None:
+    await store.record(msg("hi", 0, user="20002", name="小明"))
+    await store.record(msg("hello", 1, user="bot", name="qunbot", from_bot=True))
+    first, second = await store.recent(G1)
+    assert (first.user_id, first.name, first.message_id, first.from_bot) == ("20002", "小明", "g1-0", False)
+    assert first.at == T0
+    assert second.from_bot and second.turn().from_bot
+    assert first.turn().name == "小明" and first.turn().text == "hi"
+
+
+async def test_a_sender_without_a_name_is_stored_under_the_id(store: HistoryStore) -> None:
+    await store.record(msg("x", 0, user="20003"))
+    (entry,) = await store.recent(G1)
+    assert entry.name == "20003"
+
+
+async def test_since_is_a_half_open_range(store: HistoryStore) -> None:
+    for i in range(4):
+        await store.record(msg(f"#{i}", i * 10))
+    got = await store.since(G1, T0 + timedelta(minutes=10), end=T0 + timedelta(minutes=30))
+    assert [e.text for e in got] == ["#1", "#2"]
+
+
+async def test_forget_user_deletes_one_persons_messages_in_one_chat(store: HistoryStore) -> None:
+    await store.record(msg("mine", 0, user="u1"))
+    await store.record(msg("theirs", 1, user="u2"))
+    await store.record(msg("mine elsewhere", 2, user="u1", chat=G2))
+    assert await store.forget_user(G1, "u1") == 1
+    assert [e.text for e in await store.recent(G1)] == ["theirs"]
+    assert [e.text for e in await store.recent(G2)] == ["mine elsewhere"]
+
+
+async def test_retention_drops_old_and_excess_messages(store: HistoryStore) -> None:
+    await store.record(msg("ancient", -3000))
+    for i in range(5):
+        await store.record(msg(f"#{i}", i))
+    removed = await store.apply_retention(T0 + timedelta(hours=1))
+    assert removed == 3  # one too old, two beyond max_messages=3
+    assert [e.text for e in await store.recent(G1)] == ["#2", "#3", "#4"]
+
+
+async def test_summary_mark_is_per_chat_and_updatable(store: HistoryStore) -> None:
+    assert await store.summary_mark(G1) is None
+    await store.set_summary_mark(G1, T0)
+    await store.set_summary_mark(G1, T0 + timedelta(hours=2))
+    assert await store.summary_mark(G1) == T0 + timedelta(hours=2)
+    assert await store.summary_mark(G2) is None

@@ -1,0 +1,140 @@
+"""Rate limits (token buckets per user and per chat) and daily LLM token budgets."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from function_calls import Caller, Usage
+from function_calls.testing import ScriptedModel, text
+from robot.limits import DailyBudget, RateDecision, RateLimiter, TokenBucket
+from robot.message import ChatRef
+from robot.pipeline import RATE_NOTICE
+from robot.store import Database
+
+ALLOW, NOTICE, SILENT = RateDecision.ALLOW, RateDecision.NOTICE, RateDecision.SILENT
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+
+
+def test_token_bucket_bursts_then_refills_at_its_rate() -> None:
+    bucket = TokenBucket(rate=0.5, burst=2)
+    assert [bucket.take(0.0), bucket.take(0.0), bucket.take(0.0)] == [True, True, False]
+    assert not bucket.take(1.0)  # half a token
+    assert bucket.take(2.0)
+    assert bucket.take(100.0) and bucket.take(100.0) and not bucket.take(100.0)  # never above burst
+
+
+def test_a_flooding_member_gets_one_notice_then_silence_others_unaffected() -> None:
+    now = [0.0]
+    limiter = RateLimiter(user_per_minute=60, user_burst=2, chat_per_minute=6000, chat_burst=100,
+                          monotonic=lambda: now[0])
+    flood = [limiter.check("c", "u1") for _ in range(5)]
+    assert flood == [ALLOW, ALLOW, NOTICE, SILENT, SILENT]
+    assert limiter.check("c", "u2") is ALLOW
+    now[0] += 1.0  # one token back
+    assert limiter.check("c", "u1") is ALLOW
+    assert [limiter.check("c", "u1") for _ in range(2)] == [NOTICE, SILENT]  # a new flood, a new notice
+
+
+def test_a_busy_chat_is_limited_without_touching_other_chats() -> None:
+    limiter = RateLimiter(user_per_minute=600, user_burst=100, chat_per_minute=1, chat_burst=3,
+                          monotonic=lambda: 0.0)
+    got = [limiter.check("busy", f"u{i}") for i in range(5)]
+    assert got == [ALLOW, ALLOW, ALLOW, NOTICE, NOTICE]  # each member is told once
+    assert limiter.check("busy", "u3") is SILENT
+    assert limiter.check("quiet", "u3") is ALLOW
+
+
+async def test_a_flood_in_a_bot_gets_one_notice_and_only_the_flooder_is_slowed(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model, limits={"user_burst": 2, "user_per_minute": 0.01, "chat_burst": 100})
+    for i in range(6):
+        await ch.inject(f"spam {i}", at_bot=True, user="flooder")
+    await ch.inject("a fair question", at_bot=True, user="calm")
+    await ch.inject("/help", user="flooder")  # commands count too
+    await ch.wait_sent(4)
+    await bot.outbox.flush()
+    by_user = [(m.mention, m.text) for m in ch.sent]
+    assert by_user.count((("flooder",), "answer")) == 2
+    assert by_user.count((("flooder",), RATE_NOTICE)) == 1
+    assert (("calm",), "answer") in by_user
+    assert len(ch.sent) == 4 and len(model.requests) == 3
+    assert len(await bot.history.recent(G1)) == 8 + 4  # everything is still recorded
+
+
+# --- daily budgets -----------------------------------------------------------------------------
+
+def caller(user: str = "u1", chat: str = "g1") -> Caller:
+    return Caller(platform="memory", user_id=user, chat_id=chat, chat_kind="group")
+
+
+async def test_daily_budget_counts_per_user_and_chat_and_resets_at_local_midnight(tmp_path: Path) -> None:
+    db = Database(tmp_path / "b.sqlite3")
+    moment = [datetime(2026, 3, 1, 15, 59, tzinfo=UTC)]  # 23:59 in Shanghai
+    budget = DailyBudget(db, ZoneInfo("Asia/Shanghai"), user_tokens=100, chat_tokens=150,
+                         clock=lambda: moment[0])
+    await db.open()
+    assert await budget.remaining(caller()) == 100
+    await budget.charge(caller(), Usage(prompt_tokens=60, completion_tokens=10, requests=1))
+    assert await budget.remaining(caller()) == 30
+    assert await budget.remaining(caller("u2")) == 80  # the chat's budget is the tighter one now
+    assert await budget.remaining(caller("u2", chat="g2")) == 100
+    await budget.charge(caller("u2"), Usage(prompt_tokens=500))
+    assert await budget.remaining(caller("u3")) == 0  # never negative
+    moment[0] += timedelta(minutes=1)  # a new day in the bot's zone (still March 1st in UTC)
+    assert await budget.remaining(caller()) == 100
+    await db.close()
+
+
+async def test_no_budgets_configured_means_no_limit(tmp_path: Path) -> None:
+    db = Database(tmp_path / "b.sqlite3")
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=None, chat_tokens=None)
+    await db.open()
+    await budget.charge(caller(), Usage(prompt_tokens=10**9))
+    assert await budget.remaining(caller()) is None
+    await db.close()
+
+
+async def test_runs_are_charged_to_the_daily_budget(make_bot: Any) -> None:
+    bot, ch = await make_bot(ScriptedModel(lambda req: text("answer")))
+    await ch.inject("hello", at_bot=True)
+    await ch.wait_sent(1)
+    assert await bot.budget.used("user:memory:u1") > 0
+    assert await bot.budget.used("chat:memory:group:g1") == await bot.budget.used("user:memory:u1")
+
+
+async def test_a_user_over_budget_gets_the_daily_budget_reply_without_a_model_call(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model, limits={"user_burst": 100, "chat_burst": 100, "user_daily_tokens": 5000})
+    await bot.budget.charge(caller("u1"), Usage(prompt_tokens=5000))
+    await ch.inject("one more?", at_bot=True, user="u1")
+    await ch.inject("me too", at_bot=True, user="u2")
+    over, fine = await ch.wait_sent(2)
+    assert "今天的 AI 用量已达上限" in over.text and over.mention == ("u1",)
+    assert fine.text == "answer"
+    assert len(model.requests) == 1 and model.requests[0].messages[-1]["content"] == "me too"
+
+
+async def test_a_chat_over_budget_is_refused_for_everyone_in_it_only(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model, limits={"user_burst": 100, "chat_burst": 100, "chat_daily_tokens": 5000})
+    await bot.budget.charge(caller("u1"), Usage(prompt_tokens=5000))
+    await ch.inject("in the spent chat", at_bot=True, user="u2")
+    await ch.inject("in another chat", at_bot=True, user="u2", chat=G2)
+    spent, other = await ch.wait_sent(2)
+    assert "今天的 AI 用量已达上限" in spent.text and other.text == "answer"
+    assert [r.messages[-1]["content"] for r in model.requests] == ["in another chat"]
+
+
+async def test_a_nearly_spent_budget_buys_no_model_call(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model, limits={"user_burst": 100, "chat_burst": 100, "user_daily_tokens": 5000})
+    await bot.budget.charge(caller("u1"), Usage(prompt_tokens=4990))  # 10 tokens left: no prompt fits
+    await ch.inject("one more?", at_bot=True, user="u1")
+    (sent,) = await ch.wait_sent(1)
+    assert "今天的 AI 用量已达上限" in sent.text
+    assert model.requests == []
+    assert await bot.budget.used("user:memory:u1") <= 5000

@@ -1,0 +1,251 @@
+"""The durable outbox: commit before send, retry while down, refusals, restarts, long texts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from robot.channels.base import ChannelUnavailable, SendReceipt, SendRejected
+from robot.history import HistoryStore
+from robot.message import ChatRef, OutgoingMessage
+from robot.outbox import Outbox, split_text
+from robot.store import Database
+from robot.testing import MemoryChannel
+
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+Until = Callable[..., Awaitable[None]]
+
+
+class PickyChannel(MemoryChannel):
+    """Refuses (``reject``) or cannot deliver yet (``hold``) messages by their text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reject: set[str] = set()
+        self.hold: set[str] = set()
+        self.attempts: list[str] = []
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.attempts.append(message.text)
+        if message.text in self.reject:
+            raise SendRejected("the platform refused it")
+        if message.text in self.hold:
+            raise ChannelUnavailable("not reachable now")
+        return await super().send(message)
+
+
+class Rig:
+    """An outbox on a database file, restartable like a bot process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db: Database | None = None
+        self.outbox: Outbox | None = None
+
+    async def up(self, channel: MemoryChannel, *, start: bool = True) -> Outbox:
+        self.db = Database(self.path)
+        self.outbox = Outbox(self.db, bot_name="qunbot", retry_base_s=0.02, retry_max_s=0.1)
+        HistoryStore(self.db)
+        await self.db.open()
+        self.outbox.register(channel)
+        if start:
+            await self.outbox.start()
+        return self.outbox
+
+    async def down(self) -> None:
+        assert self.outbox is not None and self.db is not None
+        await self.outbox.stop(flush_timeout_s=0.2)
+        await self.db.close()
+        self.outbox = self.db = None
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path / "out.sqlite3")
+    yield r
+    if r.outbox is not None:
+        await r.down()
+
+
+def out(key: str, text: str, chat: ChatRef = G1, mention: tuple[str, ...] = ()) -> OutgoingMessage:
+    return OutgoingMessage(key=key, chat=chat, text=text, mention=mention)
+
+
+async def status_of(outbox: Outbox, key: str) -> dict[str, object]:
+    return next(r for r in await outbox.rows() if r["key"] == key)
+
+
+async def test_a_message_is_committed_before_it_is_sent(rig: Rig, until: Until) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch, start=False)
+    assert await outbox.enqueue(out("k1", "hello")) == 1
+    (row,) = await outbox.rows()
+    assert row["status"] == "pending" and ch.sent == []
+    await outbox.start()
+    await ch.wait_sent(1)
+    await until(lambda: _is(outbox, "k1", "sent"))
+    row = await status_of(outbox, "k1")
+    assert row["receipt"] == "m1" and row["sent_at"]
+
+
+async def _is(outbox: Outbox, key: str, status: str) -> bool:
+    return (await status_of(outbox, key))["status"] == status
+
+
+async def test_the_bots_own_message_is_recorded_in_history_once(rig: Rig) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch, start=False)
+    assert await outbox.enqueue(out("k1", "hello")) == 1
+    assert await outbox.enqueue(out("k1", "hello")) == 0
+    assert rig.db is not None
+    entries = await HistoryStore(rig.db).recent(G1)
+    assert [(e.text, e.from_bot, e.name) for e in entries] == [("hello", True, "qunbot")]
+
+
+async def test_the_same_key_twice_is_one_row_and_one_send(rig: Rig) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("same", "once"), out("same", "once"))
+    await outbox.enqueue(out("same", "once"))
+    await ch.wait_sent(1)
+    await outbox.flush()
+    assert len(await outbox.rows()) == 1
+    assert [m.text for m in ch.sent] == ["once"]
+
+
+async def test_retried_with_backoff_while_the_channel_is_down(rig: Rig, until: Until) -> None:
+    ch = MemoryChannel()
+    ch.down = True
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("k1", "later", mention=("u1",)))
+
+    async def tried_twice() -> bool:
+        return int(str((await status_of(outbox, "k1"))["attempts"])) >= 2
+
+    await until(tried_twice)
+    row = await status_of(outbox, "k1")
+    assert row["status"] == "pending" and "down" in str(row["error"]) and ch.sent == []
+    ch.down = False
+    await ch.wait_sent(1)
+    await until(lambda: _is(outbox, "k1", "sent"))
+    assert [(m.text, m.mention) for m in ch.sent] == [("later", ("u1",))]
+
+
+async def test_a_refused_message_fails_for_good_and_its_chat_moves_on(rig: Rig, until: Until) -> None:
+    ch = PickyChannel()
+    ch.reject.add("forbidden words")
+    outbox = await rig.up(ch, start=False)
+    await outbox.enqueue(out("a", "forbidden words"), out("b", "fine words"))
+    await outbox.start()
+    await ch.wait_sent(1)
+    await until(lambda: _is(outbox, "a", "failed"))
+    row = await status_of(outbox, "a")
+    assert "refused" in str(row["error"])
+    assert [m.text for m in ch.sent] == ["fine words"]
+    await outbox.enqueue(out("c", "more words"))
+    await ch.wait_sent(2)
+    assert ch.attempts.count("forbidden words") == 1  # never retried
+
+
+async def test_a_held_message_keeps_its_chats_order_but_not_other_chats(rig: Rig, until: Until) -> None:
+    ch = PickyChannel()
+    ch.hold.add("first")
+    outbox = await rig.up(ch, start=False)
+    await outbox.enqueue(out("1", "first"), out("2", "second"), out("3", "elsewhere", chat=G2))
+    await outbox.start()
+    await ch.wait_sent(1)
+    await until(lambda: ch.attempts.count("first") >= 3)  # several retries have come and gone
+    assert [m.text for m in ch.sent] == ["elsewhere"]
+    ch.hold.clear()
+    await ch.wait_sent(3)
+    assert [m.text for m in ch.sent] == ["elsewhere", "first", "second"]
+
+
+async def test_after_a_restart_unsent_messages_go_out_once(rig: Rig, until: Until) -> None:
+    ch = MemoryChannel()
+    ch.down = True
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("k1", "survives"), out("k2", "me too", chat=G2))
+    await rig.down()  # the process dies with both still pending
+
+    ch.down = False
+    outbox = await rig.up(ch)
+    await ch.wait_sent(2)
+    await until(lambda: _is(outbox, "k2", "sent"))
+    await until(lambda: _is(outbox, "k1", "sent"))
+    await rig.down()
+
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("k1", "survives"))  # the same reply queued again after restart
+    await outbox.flush()
+    await rig.down()
+    assert sorted(m.text for m in ch.sent) == ["me too", "survives"]
+
+
+LONG = ("第一段讲的是一件事。" * 4 + "\n\n" + "第二段接着说另一件事！" * 4 + "\n\n" + "最后一段收尾。" * 4)
+
+
+def test_split_text_cuts_at_natural_breaks_within_the_limit() -> None:
+    parts = split_text(LONG, 50)
+    assert len(parts) > 1
+    assert all(0 < len(p) <= 50 for p in parts)
+    assert all(p.endswith(("。", "！")) for p in parts)
+    assert "".join(parts) == LONG.replace("\n", "")
+
+
+def test_split_text_edge_cases() -> None:
+    assert split_text("short", 10) == ["short"]
+    assert split_text("", 10) == [""]
+    assert split_text("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]  # no break: a hard cut
+    with pytest.raises(ValueError):
+        split_text("x", 0)
+
+
+async def test_long_texts_go_out_in_parts_mentioning_once(rig: Rig) -> None:
+    ch = MemoryChannel(max_text_len=50)
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("long", LONG, mention=("u1",)))
+    expected = split_text(LONG, 50)
+    sent = await ch.wait_sent(len(expected))
+    await outbox.flush()
+    assert [m.text for m in sent] == expected
+    assert all(len(m.text) <= 50 for m in sent)
+    assert sent[0].mention == ("u1",) and all(m.mention == () for m in sent[1:])
+    row = await status_of(outbox, "long")
+    assert row["status"] == "sent" and row["parts_sent"] == len(expected)
+
+
+async def test_a_restart_mid_way_resumes_at_the_first_unsent_part(rig: Rig) -> None:
+    ch = MemoryChannel(max_text_len=50)
+    outbox = await rig.up(ch, start=False)
+    await outbox.enqueue(out("long", LONG))
+    assert rig.db is not None
+    # As if the process died after two parts were acknowledged and committed.
+    await rig.db.run(lambda d: d.execute("UPDATE outbox SET parts_sent = 2 WHERE key = 'long'"))
+    await outbox.start()
+    expected = split_text(LONG, 50)
+    sent = await ch.wait_sent(len(expected) - 2)
+    await outbox.flush()
+    assert [m.text for m in sent] == expected[2:]
+
+
+async def test_stop_flushes_what_is_due(rig: Rig) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch)
+    await outbox.enqueue(*(out(f"k{i}", f"#{i}", chat=ChatRef(platform="memory", chat_id=f"c{i % 3}",
+                                                                     kind="group")) for i in range(20)))
+    await rig.down()
+    assert sorted(m.text for m in ch.sent) == sorted(f"#{i}" for i in range(20))
+
+
+async def test_rows_store_mentions_as_json(rig: Rig) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch, start=False)
+    await outbox.enqueue(out("k", "hi", mention=("20002", "20003")))
+    (row,) = await outbox.rows("pending")
+    assert json.loads(str(row["mention"])) == ["20002", "20003"]
+    assert await outbox.pending("memory") == 1 and await outbox.pending("other") == 0

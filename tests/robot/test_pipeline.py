@@ -1,0 +1,270 @@
+"""The message path: model, dedupe, history, gate, routing to the model with the chat's history."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from function_calls import ModelAPIError, ModelRequest, Toolset
+from function_calls.testing import ScriptedModel, call, text
+from robot.bot import Bot
+from robot.config import Settings
+from robot.message import ChatRef, Message, OutgoingMessage, Sender
+from robot.pipeline import NO_LLM_REPLY
+from robot.plugin import Plugin
+from robot.testing import MemoryChannel
+
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+P1 = ChatRef(platform="memory", chat_id="u1", kind="private")
+
+
+def echo_model() -> ScriptedModel:
+    """Answers every request with ``re: <the user's text>``."""
+    return ScriptedModel(lambda req: text("re: " + str(req.messages[-1]["content"])))
+
+
+def contents(request: ModelRequest) -> list[str]:
+    return [str(m.get("content")) for m in request.messages]
+
+
+# --- the message model -------------------------------------------------------------------------
+
+def test_message_model_fields() -> None:
+    chat = ChatRef(platform="onebot", chat_id="123456", kind="group")
+    assert chat.key == "onebot:group:123456" and ChatRef.from_key(chat.key) == chat
+    assert ChatRef.from_key("wecom:private:a:b").chat_id == "a:b"
+    with pytest.raises(ValueError):
+        ChatRef.from_key("onebot:channel:1")
+    msg = Message(chat=chat, sender=Sender(user_id="20002", name="小明", role="admin"), message_id="2001",
+                  text="hi", timestamp=datetime(2026, 3, 1, tzinfo=UTC), mentions=("10001",), mentions_bot=True)
+    assert msg.platform == "onebot" and msg.qualified_sender == "onebot:20002"
+    assert (msg.reply_to, msg.reply_to_bot, msg.from_bot, msg.raw) == (None, False, False, None)
+    with pytest.raises(ValidationError):
+        msg.text = "changed"  # type: ignore[misc]
+    with pytest.raises(ValidationError):  # naive timestamps are refused
+        Message(chat=chat, sender=Sender(user_id="1"), message_id="x", text="", timestamp=datetime(2026, 3, 1))
+    with pytest.raises(ValidationError):
+        ChatRef(platform="onebot", chat_id="1", kind="channel")
+    out = OutgoingMessage(key="k", chat=chat, text="t")
+    assert out.mention == () and out.reply_to is None
+
+
+# --- dedupe and history ------------------------------------------------------------------------
+
+async def test_a_redelivered_message_is_answered_once_even_after_a_restart(make_bot: Any, tmp_path: Any) -> None:
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    await ch.inject("hello", at_bot=True, message_id="dup")
+    await ch.inject("hello", at_bot=True, message_id="dup")
+    await ch.wait_sent(1)
+    await bot.stop()
+    assert len(model.requests) == 1 and len(ch.sent) == 1
+
+    bot2, ch2 = await make_bot(model, data_dir=tmp_path)
+    await ch2.inject("hello", at_bot=True, message_id="dup")
+    await ch2.inject("hello again", at_bot=True, message_id="new")
+    await ch2.wait_sent(1)
+    await bot2.outbox.flush()
+    assert [m.text for m in ch2.sent] == ["re: hello again"]
+    texts = [e.text for e in await bot2.history.recent(G1)]
+    assert texts.count("hello") == 1
+
+
+async def test_every_message_is_recorded_including_the_bots_replies(make_bot: Any) -> None:
+    bot, ch = await make_bot(echo_model())
+    await ch.inject("just chatting", user="u2")
+    await ch.inject("question", at_bot=True)
+    await ch.wait_sent(1)
+    entries = await bot.history.recent(G1)
+    assert [(e.user_id, e.text, e.from_bot) for e in entries] == [
+        ("u2", "just chatting", False), ("u1", "question", False), ("bot", "re: question", True)]
+
+
+async def test_messages_from_the_bot_itself_are_recorded_not_answered(make_bot: Any) -> None:
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    own = Message(chat=G1, sender=Sender(user_id="bot"), message_id="echoed", text="/help",
+                  timestamp=datetime.now(UTC), from_bot=True, mentions_bot=True)
+    await ch.deliver(own)
+    assert [e.text for e in await bot.history.recent(G1)] == ["/help"]
+    assert await bot.outbox.rows() == [] and model.requests == []
+
+
+# --- the gate ----------------------------------------------------------------------------------
+
+async def test_group_messages_need_addressing_private_ones_do_not(make_bot: Any) -> None:
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    await ch.inject("nobody asked you", user="u2")
+    await ch.inject("about qunbot, it is nice", user="u2")  # the name, but not as a prefix
+    assert await bot.outbox.rows() == [] and model.requests == []
+    await ch.inject("in private", chat=P1)
+    await ch.inject("@-ed", at_bot=True)
+    await ch.deliver(Message(chat=G1, sender=Sender(user_id="u3"), message_id="r1", text="replying",
+                             timestamp=datetime.now(UTC), reply_to="m1", reply_to_bot=True))
+    await ch.inject("/n milk")
+    sent = await ch.wait_sent(4)
+    assert sorted(m.text for m in sent) == sorted(
+        ["re: in private", "re: @-ed", "re: replying", "noted for u1: milk x1"])
+    assert len(model.requests) == 3
+
+
+@pytest.mark.parametrize(("said", "seen"), [
+    ("qunbot 你好", "你好"), ("QunBot，帮个忙", "帮个忙"), ("qunbot: 在吗", "在吗")])
+async def test_the_bots_name_as_prefix_addresses_it_and_is_stripped(make_bot: Any, said: str, seen: str) -> None:
+    model = echo_model()
+    _bot, ch = await make_bot(model)
+    await ch.inject(said)
+    await ch.wait_sent(1)
+    assert model.requests[0].messages[-1] == {"role": "user", "content": seen}
+
+
+async def test_the_name_prefix_reaches_commands_stripped(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject("qunbot /n tea 2")
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "noted for u1: tea x2"
+
+
+async def test_per_group_gate_overrides(make_bot: Any) -> None:
+    model = echo_model()
+    bot, ch = await make_bot(model, gate={"always": ["memory:g2"], "never": ["memory:group:g3"]})
+    g3 = ChatRef(platform="memory", chat_id="g3", kind="group")
+    await ch.inject("@ in a never group", chat=g3, at_bot=True)
+    await ch.inject("/help", chat=g3)
+    assert await bot.outbox.rows() == []
+    assert [e.text for e in await bot.history.recent(g3)] == ["@ in a never group", "/help"]  # still recorded
+    await ch.inject("plain talk", chat=G2)
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "re: plain talk" and sent.chat == G2
+
+
+async def test_allowlist_limits_groups_not_private_chats(make_bot: Any) -> None:
+    _bot, ch = await make_bot(echo_model(), gate={"allowlist": ["memory:g1"]})
+    await ch.inject("outside", chat=G2, at_bot=True)
+    await ch.inject("inside", chat=G1, at_bot=True)
+    await ch.inject("private", chat=P1)
+    await ch.wait_sent(2)
+    await _bot.outbox.flush()
+    assert sorted(m.text for m in ch.sent) == ["re: inside", "re: private"]
+
+
+# --- replies -----------------------------------------------------------------------------------
+
+async def test_group_replies_mention_the_asker_private_ones_do_not(make_bot: Any) -> None:
+    _bot, ch = await make_bot(echo_model())
+    await ch.inject("group q", user="20002", at_bot=True)
+    await ch.inject("private q", user="20002", chat=ChatRef(platform="memory", chat_id="20002", kind="private"))
+    sent = {m.text: m for m in await ch.wait_sent(2)}
+    assert sent["re: group q"].mention == ("20002",)
+    assert sent["re: private q"].mention == ()
+    assert sent["re: group q"].reply_to is not None
+
+
+async def test_without_an_llm_commands_work_and_questions_get_setup_help(make_bot: Any) -> None:
+    bot, ch = await make_bot(None)
+    assert bot.router is None
+    await ch.inject("what's the weather?", at_bot=True)
+    await ch.inject("/n bread")
+    first, second = await ch.wait_sent(2)
+    assert first.text == NO_LLM_REPLY and "[llm]" in first.text and "QUNBOT_LLM__MODEL" in first.text
+    assert second.text == "noted for u1: bread x1"
+
+
+async def test_an_action_tool_answers_through_the_model(make_bot: Any) -> None:
+    model = ScriptedModel([call("note", {"text": "call mom"})])
+    _bot, ch = await make_bot(model)
+    await ch.inject("remind me to call mom", at_bot=True, name="Alice")
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "noted for Alice: call mom x1" and sent.mention == ("u1",)
+    assert len(model.requests) == 1  # the tool's reply ends the run
+
+
+# --- the history window ------------------------------------------------------------------------
+
+async def test_the_model_sees_this_chats_recent_history_only(make_bot: Any) -> None:
+    model = echo_model()
+    _bot, ch = await make_bot(model)
+    await ch.inject("apples are red", user="u2", name="Bob")
+    await ch.inject("cherry secret", user="u3", chat=G2)
+    await ch.inject("bananas are yellow", user="u3")
+    await ch.inject("which fruits?", at_bot=True)
+    await ch.wait_sent(1)
+    await ch.inject("and then?", at_bot=True)
+    await ch.wait_sent(2)
+    first, second = (contents(r) for r in model.requests)
+    assert any("apples are red" in c and "Bob" in c for c in first)
+    assert any("bananas are yellow" in c for c in first)
+    assert not any("cherry" in c for c in first + second)
+    assert first[-1] == "which fruits?" and sum("which fruits?" in c for c in first) == 1
+    # The second request sees the first exchange, the bot's reply as the assistant's turn.
+    assert {"role": "assistant", "content": "re: which fruits?"} in model.requests[1].messages
+
+
+async def test_the_history_window_is_token_bounded(make_bot: Any) -> None:
+    model = echo_model()
+    _bot, ch = await make_bot(model, llm={"history_tokens": 120})
+    for i in range(30):
+        await ch.inject(f"message number {i:02d} " + "blah " * 10, user="u2")
+    await ch.inject("summarise", at_bot=True)
+    await ch.wait_sent(1)
+    seen = [c for c in contents(model.requests[0]) if "message number" in c]
+    assert 0 < len(seen) < 30
+    assert "message number 29" in seen[-1]  # the newest are kept, in order
+    numbers = [int(c.split("message number ")[1][:2]) for c in seen]
+    assert numbers == sorted(numbers) and numbers[-1] == 29
+
+
+async def test_a_failing_model_is_explained_without_internals(make_bot: Any) -> None:
+    model = ScriptedModel([ModelAPIError("upstream 400", retryable=False)])
+    _bot, ch = await make_bot(model)
+    await ch.inject("hi", at_bot=True)
+    (sent,) = await ch.wait_sent(1)
+    assert "AI 服务暂时不可用" in sent.text and "Traceback" not in sent.text
+
+
+async def test_stop_waits_for_in_flight_work_and_flushes(make_bot: Any) -> None:
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    for i in range(10):
+        await ch.inject(f"q{i}", at_bot=True, user=f"u{i}")
+    await bot.stop()
+    assert len(ch.sent) == 10
+
+
+
+class BrokenChannel(MemoryChannel):
+    def __init__(self, platform: str) -> None:
+        super().__init__(platform)
+        self.stopped = False
+
+    async def start(self) -> None:
+        if self.platform == "broken":
+            raise OSError("address already in use")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_failed_start_undoes_what_did_start(tmp_path: Any) -> None:
+    torn_down: list[str] = []
+
+    async def setup(bot: Bot) -> str:
+        return "deps"
+
+    async def teardown(deps: str) -> None:
+        torn_down.append(deps)
+
+    good, bad = BrokenChannel("good"), BrokenChannel("broken")
+    bot = Bot(Settings(bot={"data_dir": tmp_path}), channels=[good, bad],
+              plugins=[Plugin("p", Toolset("p"), setup=setup, teardown=teardown)])
+    with pytest.raises(OSError, match="address already in use"):
+        await bot.start()
+    assert good.stopped and torn_down == ["deps"] and not bot.started
+    again = Bot(Settings(bot={"data_dir": tmp_path}), channels=[BrokenChannel("good")], plugins=[])
+    await again.start()  # nothing was left holding the store
+    await again.stop()
