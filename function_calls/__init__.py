@@ -10,9 +10,10 @@ from function_calls.errors import (
     ToolError,
 )
 from function_calls.guards import BudgetHook, Limits, LoopConfig, LoopDetector, RetryPolicy
-from function_calls.loop import Runner, RunResult, RunState, StopReason, ToolTrace
+from function_calls.loop import Runner
 from function_calls.model import ChatModel, ModelRequest, ModelResponse, OpenAIChatModel, ToolCall, Usage
 from function_calls.router import FunctionCallRouter, HistoryTurn
+from function_calls.run import RunResult, RunState, StopReason, ToolTrace
 from function_calls.schema import compact_schema, strict_schema
 from function_calls.tokens import estimate_messages, estimate_tokens
 from function_calls.tool import Scope, Tool, Toolset, collect_tools, tool_function

@@ -9,99 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, Field
-
-from function_calls.context import Caller, ToolContext, ToolResult
-from function_calls.errors import ArgumentError, ModelAPIError, ToolError
-from function_calls.guards import (
-    BudgetHook,
-    Limits,
-    LoopConfig,
-    LoopDetector,
-    LoopLevel,
-    RetryPolicy,
-    args_key,
-    result_key,
-)
+from function_calls.context import Caller
+from function_calls.errors import ModelAPIError
+from function_calls.executor import CallExecutor
+from function_calls.guards import BudgetHook, Limits, LoopConfig, LoopDetector, RetryPolicy
 from function_calls.model import ChatModel, ModelRequest, ModelResponse, TextCallback, ToolCall, Usage
+from function_calls.run import Approver, EventCallback, RunResult, RunState, StopReason, ToolTrace
 from function_calls.tokens import estimate_messages
 from function_calls.tool import Tool, Toolset
 
 __all__ = ["EventCallback", "RunResult", "RunState", "Runner", "StopReason", "ToolTrace"]
 
 log = logging.getLogger(__name__)
-
-EventCallback = Callable[[dict[str, Any]], Awaitable[None]]
-Approver = Callable[[ToolCall, Tool, Caller], Awaitable[bool | None]]
-
-
-class StopReason(StrEnum):
-    """Why a run ended."""
-
-    COMPLETED = "completed"
-    ANSWERED_BY_TOOL = "answered_by_tool"
-    ITERATION_LIMIT = "iteration_limit"
-    TOOL_CALL_LIMIT = "tool_call_limit"
-    TOKEN_BUDGET = "token_budget"
-    DAILY_BUDGET = "daily_budget"
-    LOOP_CRITICAL = "loop_critical"
-    LOOP_BREAKER = "loop_breaker"
-    TOOL_RETRIES_EXHAUSTED = "tool_retries_exhausted"
-    MODEL_ERROR = "model_error"
-    AWAITING_APPROVAL = "awaiting_approval"
-
-
-class ToolTrace(BaseModel):
-    """One executed (or refused) tool call, for logs and the web playground."""
-
-    call_id: str
-    name: str
-    arguments: str
-    result: str
-    is_error: bool = False
-    duration_ms: float = 0.0
-    note: str = ""
-
-
-class RunState(BaseModel):
-    """Everything needed to resume a run; serialise with ``model_dump_json()``."""
-
-    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
-    messages: list[dict[str, Any]]
-    iterations: int = 0
-    tool_calls: int = 0
-    api_retries: int = 0
-    arg_failures: dict[str, int] = {}
-    usage: Usage = Usage()
-    pending: list[ToolCall] = []
-    user_messages: list[str] = []
-    trace: list[ToolTrace] = []
-    loop: dict[str, Any] = {}
-
-
-class RunResult(BaseModel):
-    """A finished (or paused) run. ``replies`` is what the user should see, in order."""
-
-    stop: StopReason
-    text: str = ""
-    replies: list[str] = []
-    detail: str = ""
-    usage: Usage = Usage()
-    trace: list[ToolTrace] = []
-    state: RunState
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return self.state.messages
 
 
 _STOP_TEXT = {
@@ -117,15 +42,6 @@ _FINAL_NOTE = (
     "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
     "Answer the user now with what you already know, and say briefly what is left undone."
 )
-
-
-@dataclass
-class _Outcome:
-    call: ToolCall
-    result: ToolResult
-    trace: ToolTrace
-    stop: StopReason | None = None
-    detail: str = ""
 
 
 @dataclass
@@ -158,7 +74,8 @@ class Runner:
         state = messages if isinstance(messages, RunState) else RunState(messages=list(messages))
         detector = LoopDetector.restore(self.loop_config, state.loop) if state.loop else LoopDetector(self.loop_config)
         offered = tools.filter(lambda t: t.allowed_for(caller))
-        env = _Env(self, offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state)
+        env = CallExecutor(offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state,
+                           limits=self.limits, approver=self.approver, strict_tools=self.strict_tools)
         token_cap = self.limits.max_run_tokens
         daily_cap = False
         if self.budget is not None:
@@ -180,7 +97,7 @@ class Runner:
                 except Exception:
                     log.exception("budget hook failed to record %s tokens", state.usage.total_tokens)
 
-    async def _drive(self, env: _Env, token_cap: int, daily_cap: bool, on_text: TextCallback | None) -> RunResult:
+    async def _drive(self, env: CallExecutor, token_cap: int, daily_cap: bool, on_text: TextCallback | None) -> RunResult:
         state = env.state
         if state.pending:  # resuming after an approval pause
             calls, state.pending = state.pending, []
@@ -213,7 +130,7 @@ class Runner:
             if stop is not None:
                 return stop
 
-    async def _run_calls(self, env: _Env, calls: list[ToolCall], *, resume: bool = False) -> RunResult | None:
+    async def _run_calls(self, env: CallExecutor, calls: list[ToolCall], *, resume: bool = False) -> RunResult | None:
         state = env.state
         outcomes = await env.execute(calls)
         # On resume a call already has a "waiting for approval" answer: replace it (one answer per id).
@@ -238,7 +155,7 @@ class Runner:
             return self._finish(state, StopReason.ANSWERED_BY_TOOL, env.detector)
         return None
 
-    async def _call_model(self, env: _Env, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+    async def _call_model(self, env: CallExecutor, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
         state = env.state
         while True:
             try:
@@ -257,7 +174,7 @@ class Runner:
             state.usage = state.usage + response.usage
             return response
 
-    async def _final_answer(self, env: _Env, reason: StopReason, why: str, on_text: TextCallback | None) -> RunResult:
+    async def _final_answer(self, env: CallExecutor, reason: StopReason, why: str, on_text: TextCallback | None) -> RunResult:
         """Budgets end with an answer, not an exception: one last turn without tools, capped."""
         state = env.state
         messages = [*state.messages, {"role": "system", "content": _FINAL_NOTE.format(why=why)}]
@@ -293,120 +210,3 @@ def _assistant_message(response: ModelResponse) -> dict[str, Any]:
             for c in response.tool_calls
         ]
     return message
-
-
-@dataclass
-class _Env:
-    """One run's execution environment: which tools, for whom, under which guards."""
-
-    runner: Runner
-    tools: Toolset
-    caller: Caller
-    deps_for: Callable[[Tool], Any]
-    zone: ZoneInfo
-    clock: Callable[[], datetime]
-    on_event: EventCallback | None
-    detector: LoopDetector
-    state: RunState
-
-    async def emit(self, event: dict[str, Any]) -> None:
-        if self.on_event is not None:
-            try:
-                await self.on_event(event)
-            except Exception:  # an observer must never break a run
-                log.exception("run event callback failed")
-
-    async def execute(self, calls: Sequence[ToolCall]) -> list[_Outcome]:
-        """Run one turn's calls: concurrent up to the cap, ``sequential`` tools alone, order kept."""
-        sem = asyncio.Semaphore(self.runner.limits.parallel_tools)
-        outcomes: list[_Outcome | None] = [None] * len(calls)
-        batch: list[asyncio.Task[None]] = []
-
-        async def one(i: int, call: ToolCall) -> None:
-            async with sem:
-                outcomes[i] = await self.call_one(call)
-
-        for i, call in enumerate(calls):
-            tool = self.tools.get(call.name)
-            if tool is not None and tool.sequential:
-                await asyncio.gather(*batch)
-                batch = []
-                outcomes[i] = await self.call_one(call)
-            else:
-                batch.append(asyncio.create_task(one(i, call)))
-        await asyncio.gather(*batch)
-        return [o for o in outcomes if o is not None]
-
-    async def call_one(self, call: ToolCall) -> _Outcome:
-        start = time.perf_counter()
-        outcome = await self._call_one(call)
-        outcome.trace.duration_ms = round((time.perf_counter() - start) * 1000, 2)
-        await self.emit({"type": "tool", **outcome.trace.model_dump()})
-        return outcome
-
-    def _refuse(self, call: ToolCall, content: str, stop: StopReason | None = None, detail: str = "",
-                note: str = "") -> _Outcome:
-        result = ToolResult(content=content, is_error=True)
-        trace = ToolTrace(call_id=call.id, name=call.name, arguments=call.arguments, result=content,
-                          is_error=True, note=note or (stop.value if stop else ""))
-        return _Outcome(call, result, trace, stop, detail)
-
-    async def _call_one(self, call: ToolCall) -> _Outcome:
-        state, runner = self.state, self.runner
-        tool = self.tools.get(call.name)
-        akey = args_key(call.arguments)
-        signal = self.detector.before(call.name, akey, unknown=tool is None)
-        if signal.level in (LoopLevel.CRITICAL, LoopLevel.BREAKER):
-            stop = StopReason.LOOP_BREAKER if signal.level is LoopLevel.BREAKER else StopReason.LOOP_CRITICAL
-            return self._refuse(call, f"[qunbot] blocked: {signal.reason}. Stop calling tools.", stop, signal.reason)
-        if state.tool_calls >= runner.limits.max_tool_calls:
-            return self._refuse(call, "[qunbot] tool-call limit for this request reached; not run.", note="limit")
-        state.tool_calls += 1
-        if tool is None:
-            names = ", ".join(self.tools.names()) or "(none)"
-            content = f"Unknown tool `{call.name}`. The tools that exist here are: {names}."
-            self.detector.record(call.name, akey, "unknown", unknown=True)
-            return self._refuse(call, content, note="unknown tool")
-        try:
-            args = tool.parse_arguments(call.arguments, strict=runner.strict_tools)
-        except ArgumentError as exc:
-            failures = state.arg_failures.get(tool.name, 0) + 1
-            state.arg_failures[tool.name] = failures
-            self.detector.record(tool.name, akey, result_key(exc.message, None, ()))
-            if failures > tool.retries:
-                return self._refuse(call, exc.message, StopReason.TOOL_RETRIES_EXHAUSTED,
-                                    f"{tool.name}（参数连续 {failures} 次无效）")
-            return self._refuse(call, exc.message, note=f"invalid arguments ({failures}/{tool.retries + 1})")
-        state.arg_failures.pop(tool.name, None)  # the budget counts consecutive failures
-        if tool.confirm and runner.approver is not None:
-            try:
-                verdict = await runner.approver(call, tool, self.caller)
-            except Exception:  # a failing approval store must neither crash the run nor run the tool
-                log.exception("approver failed for %s", tool.name)
-                return self._refuse(call, f"Approval of `{tool.name}` failed; not run.", note="approval failed")
-            if verdict is None:
-                return self._refuse(call, "[qunbot] waiting for approval", StopReason.AWAITING_APPROVAL, tool.name)
-            if verdict is False:
-                return self._refuse(call, f"The user's admin declined `{tool.name}`. Tell the user.", note="declined")
-        try:
-            ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
-                              tool_call_id=call.id, clock=self.clock)
-            result = await asyncio.wait_for(tool.invoke(ctx, args), timeout=tool.timeout_s)
-        except ToolError as exc:
-            result = ToolResult.error(exc.message)
-        except TimeoutError:
-            result = ToolResult.error(f"`{tool.name}` timed out after {tool.timeout_s:g}s.")
-        except Exception as exc:  # a tool bug must not take its siblings or the run down
-            log.exception("tool %s failed", tool.name)
-            result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
-        rkey = result_key(result.content, result.data, tool.hash_exclude)
-        signal = self.detector.record(tool.name, akey, rkey)
-        note = ""
-        if signal.level is not LoopLevel.OK:
-            note = f"loop {signal.level.value}: {signal.reason}"
-            result = result.model_copy(update={"content": result.content + (
-                f"\n\n[qunbot] Warning: {signal.reason}. This is not making progress: change your approach "
-                "or answer the user with what you have.")})
-        trace = ToolTrace(call_id=call.id, name=tool.name, arguments=call.arguments, result=result.content,
-                          is_error=result.is_error, note=note)
-        return _Outcome(call, result, trace)

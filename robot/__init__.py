@@ -15,10 +15,11 @@ from robot.channels.base import (
 )
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
+from robot.limits import DailyBudget
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
 from robot.plugin import Plugin, PluginError, load_plugin
-from robot.store import Database
+from robot.store import Database, iso, parse_iso, utcnow
 
 __all__ = [
     "Bot",
@@ -29,6 +30,7 @@ __all__ = [
     "ChatKind",
     "ChatRef",
     "ConfigError",
+    "DailyBudget",
     "Database",
     "HistoryEntry",
     "HistoryStore",
@@ -42,6 +44,9 @@ __all__ = [
     "SendRejected",
     "Sender",
     "Settings",
+    "iso",
     "load_plugin",
     "load_settings",
+    "parse_iso",
+    "utcnow",
 ]

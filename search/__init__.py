@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from function_calls import Toolset
-from robot.plugin import Plugin
+from robot import Plugin
 from search.client import PerplexityClient, SearchAnswer, SearchError, Source
 from search.format import format_answer, format_for_model
 from search.settings import SearchSettings
 from search.tools import HOW_TO_ENABLE, SearchDeps, WindowLimiter, perplexity_search
 
 if TYPE_CHECKING:
-    from robot.bot import Bot
+    from robot import Bot
 
 __all__ = [
     "PerplexityClient",

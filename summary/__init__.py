@@ -7,7 +7,7 @@ deletes the caller's own stored messages in this chat. ``[summary] retention_max
 ``retention_days`` set how long the bot keeps chat history (see :mod:`summary.settings`).
 """
 
-from robot.plugin import Plugin
+from robot import Plugin
 from summary.extractive import extractive_summary
 from summary.mapreduce import MapReduceResult, SummaryFailed, map_reduce
 from summary.settings import SummarySettings

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from robot.history import HistoryEntry
+from robot import HistoryEntry
 
 __all__ = [
     "BOT_TAG",

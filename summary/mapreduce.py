@@ -21,7 +21,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from function_calls import ChatModel, ModelAPIError, ModelRequest, Usage, estimate_messages, estimate_tokens
-from robot.history import HistoryEntry
+from robot import HistoryEntry
 from summary.extractive import Speaker, Speakers, one_line
 from summary.settings import SummarySettings
 

@@ -22,16 +22,13 @@ import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
 from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
-from robot.history import HistoryEntry, HistoryStore
-from robot.limits import DailyBudget
-from robot.message import ChatRef
-from robot.store import Database, iso, parse_iso
+from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore, iso, parse_iso
 from summary.extractive import HEADER, Speakers, extractive_summary
 from summary.mapreduce import SummaryFailed, map_reduce
 from summary.settings import SummarySettings
 
 if TYPE_CHECKING:
-    from robot.bot import Bot
+    from robot import Bot
 
 __all__ = [
     "ForgetArgs",

@@ -1,0 +1,153 @@
+"""Executing one model turn's tool calls: validation, guards, concurrency, approvals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from function_calls.context import Caller, ToolContext, ToolResult
+from function_calls.errors import ArgumentError, ToolError
+from function_calls.guards import Limits, LoopDetector, LoopLevel, args_key, result_key
+from function_calls.model import ToolCall
+from function_calls.run import Approver, EventCallback, RunState, StopReason, ToolTrace
+from function_calls.tool import Tool, Toolset
+
+__all__ = ["CallExecutor", "Outcome"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """One call's result, its trace, and whether it stops the run."""
+
+    call: ToolCall
+    result: ToolResult
+    trace: ToolTrace
+    stop: StopReason | None = None
+    detail: str = ""
+
+
+@dataclass
+class CallExecutor:
+    """Runs one turn's tool calls for one run: which tools, for whom, under which guards."""
+
+    tools: Toolset
+    caller: Caller
+    deps_for: Callable[[Tool], Any]
+    zone: ZoneInfo
+    clock: Callable[[], datetime]
+    on_event: EventCallback | None
+    detector: LoopDetector
+    state: RunState
+    limits: Limits
+    approver: Approver | None = None
+    strict_tools: bool = False
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            try:
+                await self.on_event(event)
+            except Exception:  # an observer must never break a run
+                log.exception("run event callback failed")
+
+    async def execute(self, calls: Sequence[ToolCall]) -> list[Outcome]:
+        """Run one turn's calls: concurrent up to the cap, ``sequential`` tools alone, order kept."""
+        sem = asyncio.Semaphore(self.limits.parallel_tools)
+        outcomes: list[Outcome | None] = [None] * len(calls)
+        batch: list[asyncio.Task[None]] = []
+
+        async def one(i: int, call: ToolCall) -> None:
+            async with sem:
+                outcomes[i] = await self.call_one(call)
+
+        for i, call in enumerate(calls):
+            tool = self.tools.get(call.name)
+            if tool is not None and tool.sequential:
+                await asyncio.gather(*batch)
+                batch = []
+                outcomes[i] = await self.call_one(call)
+            else:
+                batch.append(asyncio.create_task(one(i, call)))
+        await asyncio.gather(*batch)
+        return [o for o in outcomes if o is not None]
+
+    async def call_one(self, call: ToolCall) -> Outcome:
+        start = time.perf_counter()
+        outcome = await self._call_one(call)
+        outcome.trace.duration_ms = round((time.perf_counter() - start) * 1000, 2)
+        await self.emit({"type": "tool", **outcome.trace.model_dump()})
+        return outcome
+
+    def _refuse(self, call: ToolCall, content: str, stop: StopReason | None = None, detail: str = "",
+                note: str = "") -> Outcome:
+        result = ToolResult(content=content, is_error=True)
+        trace = ToolTrace(call_id=call.id, name=call.name, arguments=call.arguments, result=content,
+                          is_error=True, note=note or (stop.value if stop else ""))
+        return Outcome(call, result, trace, stop, detail)
+
+    async def _call_one(self, call: ToolCall) -> Outcome:
+        state = self.state
+        tool = self.tools.get(call.name)
+        akey = args_key(call.arguments)
+        signal = self.detector.before(call.name, akey, unknown=tool is None)
+        if signal.level in (LoopLevel.CRITICAL, LoopLevel.BREAKER):
+            stop = StopReason.LOOP_BREAKER if signal.level is LoopLevel.BREAKER else StopReason.LOOP_CRITICAL
+            return self._refuse(call, f"[qunbot] blocked: {signal.reason}. Stop calling tools.", stop, signal.reason)
+        if state.tool_calls >= self.limits.max_tool_calls:
+            return self._refuse(call, "[qunbot] tool-call limit for this request reached; not run.", note="limit")
+        state.tool_calls += 1
+        if tool is None:
+            names = ", ".join(self.tools.names()) or "(none)"
+            content = f"Unknown tool `{call.name}`. The tools that exist here are: {names}."
+            self.detector.record(call.name, akey, "unknown", unknown=True)
+            return self._refuse(call, content, note="unknown tool")
+        try:
+            args = tool.parse_arguments(call.arguments, strict=self.strict_tools)
+        except ArgumentError as exc:
+            failures = state.arg_failures.get(tool.name, 0) + 1
+            state.arg_failures[tool.name] = failures
+            self.detector.record(tool.name, akey, result_key(exc.message, None, ()))
+            if failures > tool.retries:
+                return self._refuse(call, exc.message, StopReason.TOOL_RETRIES_EXHAUSTED,
+                                    f"{tool.name}（参数连续 {failures} 次无效）")
+            return self._refuse(call, exc.message, note=f"invalid arguments ({failures}/{tool.retries + 1})")
+        state.arg_failures.pop(tool.name, None)  # the budget counts consecutive failures
+        if tool.confirm and self.approver is not None:
+            try:
+                verdict = await self.approver(call, tool, self.caller)
+            except Exception:  # a failing approval store must neither crash the run nor run the tool
+                log.exception("approver failed for %s", tool.name)
+                return self._refuse(call, f"Approval of `{tool.name}` failed; not run.", note="approval failed")
+            if verdict is None:
+                return self._refuse(call, "[qunbot] waiting for approval", StopReason.AWAITING_APPROVAL, tool.name)
+            if verdict is False:
+                return self._refuse(call, f"The user's admin declined `{tool.name}`. Tell the user.", note="declined")
+        try:
+            ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
+                              tool_call_id=call.id, clock=self.clock)
+            result = await asyncio.wait_for(tool.invoke(ctx, args), timeout=tool.timeout_s)
+        except ToolError as exc:
+            result = ToolResult.error(exc.message)
+        except TimeoutError:
+            result = ToolResult.error(f"`{tool.name}` timed out after {tool.timeout_s:g}s.")
+        except Exception as exc:  # a tool bug must not take its siblings or the run down
+            log.exception("tool %s failed", tool.name)
+            result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
+        rkey = result_key(result.content, result.data, tool.hash_exclude)
+        signal = self.detector.record(tool.name, akey, rkey)
+        note = ""
+        if signal.level is not LoopLevel.OK:
+            note = f"loop {signal.level.value}: {signal.reason}"
+            result = result.model_copy(update={"content": result.content + (
+                f"\n\n[qunbot] Warning: {signal.reason}. This is not making progress: change your approach "
+                "or answer the user with what you have.")})
+        trace = ToolTrace(call_id=call.id, name=tool.name, arguments=call.arguments, result=result.content,
+                          is_error=result.is_error, note=note)
+        return Outcome(call, result, trace)
