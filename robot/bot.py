@@ -47,6 +47,10 @@ def build_channels(settings: Settings) -> list[Channel]:
         from robot.channels.wecom import create_channel
 
         channels.append(create_channel(cfg.wecom))
+    if cfg.wecom.webhook_key is not None:
+        from robot.channels.wecom import WeComWebhookChannel
+
+        channels.append(WeComWebhookChannel.from_settings(cfg.wecom))
     if cfg.console.enabled:
         from robot.channels.console import ConsoleChannel
 

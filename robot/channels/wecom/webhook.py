@@ -136,11 +136,12 @@ class WeComWebhook:
 class WeComWebhookChannel(Channel):
     """A send-only channel that posts every message to one group through a webhook.
 
-    The group is ``ChatRef(platform="wecom", chat_id=chat_id, kind="group")``; messages for any
-    other chat are rejected so a reply never lands in the wrong group.
+    The group is ``ChatRef(platform="wecom-webhook", chat_id=chat_id, kind="group")`` (its own
+    platform, so it can run beside the callback channel); messages for any other chat are
+    rejected so a reply never lands in the wrong group.
     """
 
-    platform = "wecom"
+    platform = "wecom-webhook"
     capabilities = Capabilities(max_text_len=2000, mentions=True, streaming=False, markdown=False)
 
     def __init__(self, webhook: WeComWebhook, *, chat_id: str = "webhook") -> None:
@@ -175,6 +176,6 @@ class WeComWebhookChannel(Channel):
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:
         if message.chat.kind != "group" or message.chat.chat_id != self.chat_id:
-            raise SendRejected(f"the WeCom webhook only reaches wecom:group:{self.chat_id}")
+            raise SendRejected(f"the WeCom webhook only reaches {self.platform}:group:{self.chat_id}")
         await self.webhook.send_text(message.text, mentioned_list=message.mention)
         return SendReceipt()

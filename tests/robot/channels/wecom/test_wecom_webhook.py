@@ -92,7 +92,7 @@ async def test_webhook_channel_sends_to_its_group_only(fake: FakeWeComAPI) -> No
     channel = WeComWebhookChannel.from_settings(settings, chat_id="ops")
     await channel.start()
     try:
-        group = ChatRef(platform="wecom", chat_id="ops", kind="group")
+        group = ChatRef(platform="wecom-webhook", chat_id="ops", kind="group")
         await channel.send(OutgoingMessage(key="k", chat=group, text="deploy done", mention=("bob",)))
         body = fake.calls_to("/cgi-bin/webhook/send")[0].body
         assert body == {"msgtype": "text", "text": {"content": "deploy done", "mentioned_list": ["bob"]}}
