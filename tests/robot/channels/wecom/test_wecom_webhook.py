@@ -100,7 +100,7 @@ async def test_webhook_channel_sends_to_its_group_only(fake: FakeWeComAPI) -> No
             await channel.send(
                 OutgoingMessage(key="k2", chat=group.model_copy(update={"chat_id": "other"}), text="x")
             )
-        assert channel.platform == "wecom"
+        assert channel.platform == "wecom-webhook"
     finally:
         await channel.stop()
     with pytest.raises(ValueError):
