@@ -174,7 +174,7 @@ class Outbox:
                 "SELECT * FROM outbox AS o WHERE platform = ? AND status = 'pending' AND next_at <= ? "
                 "AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.chat = o.chat AND p.status = 'pending' "
                 "AND p.next_at > ? AND (p.created_at < o.created_at OR (p.created_at = o.created_at "
-                "AND p.rowid < o.rowid))) ORDER BY created_at, rowid LIMIT 64", [platform, now, now])
+                "AND p.rowid < o.rowid))) ORDER BY created_at, rowid LIMIT 256", [platform, now, now])
             nxt = db.execute("SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending'",
                              [platform]).fetchone()[0]
             wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())
@@ -221,7 +221,8 @@ class Outbox:
                     mention=mention if index == 0 else (), reply_to=str(row["reply_to"]) if row["reply_to"] else None,
                 )
                 receipt = await channel.send(out)
-                await self._set_parts(key, index + 1)
+                if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
+                    await self._set_parts(key, index + 1)
         except SendRejected as exc:
             log.warning("outbox %s: %s refused message %s: %s", chat.key, channel.platform, key, exc)
             await self._mark(key, "failed", error=str(exc)[:500])
@@ -235,13 +236,15 @@ class Outbox:
             await self.db.run(lambda db: db.execute(
                 "UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params))
             return False
-        await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None)
+        await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
         return True
 
     async def _set_parts(self, key: str, parts: int) -> None:
         await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
 
-    async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None) -> None:
+    async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
+                    parts: int | None = None) -> None:
+        now = iso(self.clock())
         await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ? WHERE key = ?",
-            [status, iso(self.clock()), error, receipt, key]))
+            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, "
+            "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))

@@ -65,10 +65,19 @@ class Database:
         return self._db
 
     def migrate(self, step: Callable[[sqlite_utils.Database], object]) -> None:
-        """Register an idempotent schema step; it runs on :meth:`open` (or now, if already open)."""
+        """Register an idempotent schema step that runs on :meth:`open` (constructors use this).
+
+        On an open database the step runs at once, blocking: async code uses :meth:`ensure`.
+        """
         self._migrations.append(step)
         if self._db is not None:
             self._pool.submit(step, self._db).result()
+
+    async def ensure(self, step: Callable[[sqlite_utils.Database], object]) -> None:
+        """Register a schema step and, if the database is already open, run it now (plugin setup)."""
+        self._migrations.append(step)
+        if self._db is not None:
+            await self.run(step)
 
     async def open(self) -> None:
         def work() -> None:

@@ -1,0 +1,160 @@
+"""Reminders benchmark: lateness under a burst, loss/duplication, start-up time and memory.
+
+    .venv/bin/python bench/bench_reminders.py [--count 10000] [--spread 60 0] [--stored 100000]
+
+1. ``--count`` daily reminders due within one minute (whole seconds spread over ``--spread``
+   seconds; ``0`` puts them all on the same second, the worst case) on one bot with the real
+   clock, APScheduler, the outbox and a recording channel. Lateness is measured from the due
+   instant to the moment the channel's ``send()`` is called.
+2. Start-up of a bot whose database holds ``--stored`` active reminders spread over the next
+   ``--window`` seconds (24 h; the timer arms only those due within its one-hour horizon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import gc
+import random
+import statistics
+import tempfile
+import time
+import tracemalloc
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import psutil  # type: ignore[import-untyped]
+
+import reminders
+from reminders.store import Reminder, ReminderStore, new_id
+from reminders.tools import ReminderDeps
+from robot.bot import Bot
+from robot.channels.base import SendReceipt
+from robot.config import Settings
+from robot.message import OutgoingMessage
+from robot.testing import MemoryChannel
+
+ZONE = "Asia/Shanghai"
+
+
+class RecordingChannel(MemoryChannel):
+    """Records (key, wall-clock instant of the send call); no per-message condition variable."""
+
+    def __init__(self) -> None:
+        super().__init__(platform="bench")
+        self.calls: list[tuple[str, datetime]] = []
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.calls.append((message.key, datetime.now(UTC)))
+        return SendReceipt(platform_message_id=None)
+
+
+def rss_mb() -> float:
+    return float(psutil.Process().memory_info().rss) / 2**20
+
+
+def make_rows(dues: list[datetime]) -> list[Reminder]:
+    tz = ZoneInfo(ZONE)
+    now = datetime.now(UTC)
+    return [Reminder(id=new_id(), owner=f"bench:user{i}", owner_name=f"user{i}", chat=f"bench:group:{i % 500}",
+                     type="daily", wall=due.astimezone(tz).strftime("%H:%M:%S"), zone=ZONE, weekday=None,
+                     content=f"提醒 {i}", mode="text", created_at=now, updated_at=now, next_fire=due)
+            for i, due in enumerate(dues)]
+
+
+def settings(data: Path) -> Settings:
+    return Settings(bot={"data_dir": data, "timezone": ZONE},
+                    reminders={"max_per_user": 10**6, "max_per_chat": 10**6})
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def burst(count: int, spread: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ch = RecordingChannel()
+        bot = Bot(settings(Path(tmp)), channels=[ch], plugins=[reminders.plugin])
+        await bot.start()
+        deps = bot.deps_for(reminders.reminder_set)
+        assert isinstance(deps, ReminderDeps)
+        start = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+        dues = [start + timedelta(seconds=random.randrange(spread) if spread else 0) for _ in range(count)]
+        rows = make_rows(dues)
+        gc.collect()
+        before = rss_mb()
+        await bot.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+        armed = await deps.service.arm_window()
+        after_arm = rss_mb()
+        expected = {f"rem:{r.id}:{r.next_fire.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}": r.next_fire
+                    for r in rows if r.next_fire is not None}
+        deadline = max(dues) + timedelta(seconds=60)
+        while len(ch.calls) < count and datetime.now(UTC) < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # anything sent twice would show up now
+        peak = rss_mb()
+        await bot.stop()
+    seen = collections.Counter(key for key, _ in ch.calls)
+    late_ms = [(at - expected[key]).total_seconds() * 1000 for key, at in ch.calls if key in expected]
+    lost = sum(1 for key in expected if key not in seen)
+    dup = sum(n - 1 for n in seen.values() if n > 1)
+    label = "same second" if spread == 0 else f"spread over {spread} s"
+    print(f"[burst] {count} reminders due within one minute ({label}); {armed} timer jobs armed")
+    print(f"[burst] lateness due->send(): p50 {statistics.median(late_ms):.1f} ms, p99 {pct(late_ms, 0.99):.1f} ms, "
+          f"max {max(late_ms):.1f} ms, min {min(late_ms):.1f} ms")
+    print(f"[burst] lost {lost}, duplicated {dup}, sent {len(ch.calls)}")
+    print(f"[burst] RSS: +{after_arm - before:.1f} MB after storing and arming, +{peak - before:.1f} MB at the end")
+
+
+async def startup(stored: int, window: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        bot = Bot(settings(data), channels=[RecordingChannel()], plugins=[reminders.plugin])
+        await bot.start()
+        now = datetime.now(UTC)
+        for start in range(0, stored, 10_000):  # in slices, so the rows built here do not inflate RSS
+            dues = [now + timedelta(seconds=random.randrange(60, window)) for _ in range(min(10_000, stored - start))]
+            await bot.db.run(lambda db, d=dues: ReminderStore.insert_sync(db, make_rows(d)))  # type: ignore[misc]
+        await bot.stop()
+        for traced in (False, True):  # time without tracemalloc, then Python heap with it
+            gc.collect()
+            before = rss_mb()
+            if traced:
+                tracemalloc.start()
+            t0 = time.perf_counter()
+            bot = Bot(settings(data), channels=[RecordingChannel()], plugins=[reminders.plugin])
+            await bot.start()
+            took = time.perf_counter() - t0
+            heap = tracemalloc.get_traced_memory()[1] / 2**20 if traced else 0.0
+            tracemalloc.stop()
+            deps = bot.deps_for(reminders.reminder_set)
+            assert isinstance(deps, ReminderDeps) and deps.service.scheduler is not None
+            jobs = len(deps.service.scheduler.get_jobs())
+            grown = rss_mb() - before
+            await bot.stop()
+            if not traced:
+                print(f"[start-up] {stored} stored reminders, next fires spread over {window / 3600:g} h: "
+                      f"bot.start() {took * 1000:.0f} ms, {jobs} timer jobs armed (1 h horizon), RSS +{grown:.1f} MB")
+            else:
+                print(f"[start-up] Python heap allocated during start-up (tracemalloc peak): {heap:.1f} MB")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--spread", type=int, nargs="+", default=[60, 0],
+                        help="seconds the due instants spread over, one run each (0 = all in the same second)")
+    parser.add_argument("--stored", type=int, default=100_000)
+    parser.add_argument("--window", type=int, default=86_400, help="seconds the stored reminders spread over")
+    args = parser.parse_args()
+    random.seed(7)
+    await startup(args.stored, args.window)
+    for spread in args.spread:
+        await burst(args.count, spread)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,77 @@
+"""The reminders plugin: once, daily and weekly reminders (or scheduled prompts) per chat.
+
+``plugin`` sets up the ``reminders`` table, a :class:`ReminderService` around an APScheduler
+``AsyncIOScheduler`` (the timer; the table is the truth), fires what fell due while the bot was
+down, and registers the ``reminders`` side panel. Configure it in the ``[reminders]`` table
+(:class:`ReminderSettings`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from reminders.service import FireReport, ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import LimitError, Reminder, ReminderError, ReminderStore
+from reminders.tools import (
+    DeleteArgs,
+    ReminderArgs,
+    ReminderDeps,
+    reminder_delete,
+    reminder_list,
+    reminder_set,
+    toolset,
+)
+from robot import Plugin
+
+if TYPE_CHECKING:
+    from robot import Bot
+
+__all__ = [
+    "DeleteArgs",
+    "FireReport",
+    "LimitError",
+    "Reminder",
+    "ReminderArgs",
+    "ReminderDeps",
+    "ReminderError",
+    "ReminderService",
+    "ReminderSettings",
+    "ReminderStore",
+    "plugin",
+    "reminder_delete",
+    "reminder_list",
+    "reminder_set",
+    "setup",
+    "teardown",
+    "toolset",
+]
+
+
+async def setup(bot: Bot) -> ReminderDeps:
+    """Create the table, start the timer, catch up on missed reminders, register the panel."""
+    settings = bot.settings.section("reminders", ReminderSettings)
+    quiet = logging.getLogger("apscheduler")
+    if quiet.level == logging.NOTSET:  # APScheduler logs every job at INFO; keep an explicit setting
+        quiet.setLevel(logging.WARNING)
+    await bot.db.ensure(ReminderStore.schema)
+    scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"),
+                                 job_defaults={"misfire_grace_time": None, "coalesce": True})
+    service = ReminderService(ReminderStore(bot.db), bot, settings, scheduler=scheduler)
+    await service.start()
+    deps = ReminderDeps(service)
+    bot.panels["reminders"] = deps.panel
+    return deps
+
+
+async def teardown(deps: ReminderDeps) -> None:
+    """Stop the timer (without waiting for jobs) and any running prompt."""
+    await deps.service.stop()
+
+
+plugin: Plugin[ReminderDeps] = Plugin(name="reminders", tools=toolset, setup=setup, teardown=teardown,
+                                      settings_model=ReminderSettings)

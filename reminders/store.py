@@ -1,0 +1,296 @@
+"""The ``reminders`` table: the source of truth (APScheduler only wakes the bot up).
+
+Every function ending in ``_sync`` takes the ``sqlite_utils.Database`` and runs inside the
+caller's ``bot.db.run``/``bot.db.transaction`` on the database thread; the async methods of
+:class:`ReminderStore` wrap them. Instants are stored as sortable UTC text (``robot.store.iso``).
+
+Errors::
+
+    ReminderError      a request the store refuses; the message is written for the model and user
+     └── LimitError    a per-user, per-chat or rate limit was reached
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import sqlite_utils
+
+from reminders.schedule import Kind, Schedule
+from reminders.settings import ReminderSettings
+from robot import ChatRef, Database, iso
+
+__all__ = [
+    "MIN_SHORT_ID",
+    "LimitError",
+    "Mode",
+    "Reminder",
+    "ReminderError",
+    "ReminderStore",
+    "Status",
+    "new_id",
+    "parse_instant",
+]
+
+Mode = Literal["text", "prompt"]
+Status = Literal["active", "done", "missed", "deleted", "broken"]
+MIN_SHORT_ID = 4
+_HEX = re.compile(r"[0-9a-f]{1,32}")
+_COLUMNS = ("id", "owner", "owner_name", "chat", "type", "wall", "zone", "weekday", "content", "mode",
+            "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported")
+_INSERT = f"INSERT INTO reminders ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+
+
+class ReminderError(Exception):
+    """A request the reminders store refuses (the message explains why)."""
+
+
+class LimitError(ReminderError):
+    """Too many reminders (per person or chat) or created too quickly."""
+
+
+def new_id() -> str:
+    """A fresh reminder id: 32 hex characters of a uuid4."""
+    return uuid.uuid4().hex
+
+
+def parse_instant(text: str | None) -> datetime | None:
+    """Stored UTC text -> aware datetime (``fromisoformat`` is ~30x faster than ``strptime``)."""
+    return None if text is None else datetime.fromisoformat(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule(kind: Kind, wall: str, zone: str, weekday: int | None) -> Schedule:
+    return Schedule(kind, wall, zone, weekday)
+
+
+@dataclass(frozen=True, slots=True)
+class Reminder:
+    """One stored reminder. ``owner`` is ``platform:user_id``; ``chat`` a :class:`ChatRef` key."""
+
+    id: str
+    owner: str
+    owner_name: str
+    chat: str
+    type: Kind
+    wall: str
+    zone: str
+    weekday: int | None
+    content: str
+    mode: Mode
+    created_at: datetime
+    updated_at: datetime
+    next_fire: datetime | None
+    last_fired: datetime | None = None
+    status: Status = "active"
+    failure_reported: bool = False
+
+    @property
+    def schedule(self) -> Schedule:
+        """The validated schedule (raises ``ScheduleError`` for a corrupted row)."""
+        return _schedule(self.type, self.wall, self.zone, self.weekday)
+
+    @property
+    def chat_ref(self) -> ChatRef:
+        return ChatRef.from_key(self.chat)
+
+    @property
+    def owner_id(self) -> str:
+        """The platform's user id (what a mention needs)."""
+        return self.owner.split(":", 1)[1]
+
+    def evolve(self, **changes: Any) -> Reminder:
+        return replace(self, **changes)
+
+    def row(self) -> tuple[object, ...]:
+        return (self.id, self.owner, self.owner_name, self.chat, self.type, self.wall, self.zone, self.weekday,
+                self.content, self.mode, iso(self.created_at), iso(self.updated_at),
+                None if self.next_fire is None else iso(self.next_fire),
+                None if self.last_fired is None else iso(self.last_fired), self.status, int(self.failure_reported))
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Reminder:
+        created = parse_instant(row["created_at"])
+        updated = parse_instant(row["updated_at"])
+        assert created is not None and updated is not None
+        return cls(
+            id=row["id"], owner=row["owner"], owner_name=row["owner_name"], chat=row["chat"], type=row["type"],
+            wall=row["wall"], zone=row["zone"], weekday=row["weekday"], content=row["content"], mode=row["mode"],
+            created_at=created, updated_at=updated, next_fire=parse_instant(row["next_fire"]),
+            last_fired=parse_instant(row["last_fired"]), status=row["status"],
+            failure_reported=bool(row["failure_reported"]),
+        )
+
+
+def _rows(db: sqlite_utils.Database, sql: str, params: list[Any]) -> list[Reminder]:
+    return [Reminder.from_row(r) for r in db.execute_returning_dicts(sql, params)]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ReminderStore:
+    """Reads and writes the ``reminders`` table through the bot's :class:`robot.store.Database`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @staticmethod
+    def schema(db: sqlite_utils.Database) -> None:
+        """Idempotent schema step for ``bot.db.migrate``."""
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS reminders (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+            "owner_name TEXT NOT NULL, chat TEXT NOT NULL, type TEXT NOT NULL, wall TEXT NOT NULL, "
+            "zone TEXT NOT NULL, weekday INTEGER, content TEXT NOT NULL, mode TEXT NOT NULL DEFAULT 'text', "
+            "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, next_fire TEXT, last_fired TEXT, "
+            "status TEXT NOT NULL, failure_reported INTEGER NOT NULL DEFAULT 0)"
+        )
+        db.execute("CREATE INDEX IF NOT EXISTS reminders_due ON reminders (status, next_fire)")
+        db.execute("CREATE INDEX IF NOT EXISTS reminders_owner ON reminders (owner, status, next_fire)")
+        db.execute("CREATE INDEX IF NOT EXISTS reminders_chat ON reminders (chat, status, next_fire)")
+        db.execute("CREATE INDEX IF NOT EXISTS reminders_created ON reminders (owner, created_at)")
+
+    # --- synchronous helpers (database thread) -----------------------------------------------
+    @staticmethod
+    def insert_sync(db: sqlite_utils.Database, reminders: list[Reminder]) -> None:
+        """Insert without limit checks (imports, benchmarks)."""
+        db.conn.executemany(_INSERT, [r.row() for r in reminders])
+
+    @staticmethod
+    def create_sync(db: sqlite_utils.Database, reminder: Reminder, limits: ReminderSettings, now: datetime) -> None:
+        """Check the limits and insert, in the caller's transaction (so two requests cannot race)."""
+        def count(sql: str, params: list[Any]) -> int:
+            return int(db.execute(sql, params).fetchone()[0])
+
+        mine = count("SELECT count(*) FROM reminders WHERE owner = ? AND status = 'active'", [reminder.owner])
+        if mine >= limits.max_per_user:
+            raise LimitError(f"you already have {mine} active reminders (limit {limits.max_per_user}); "
+                             "delete some with reminder_delete first")
+        here = count("SELECT count(*) FROM reminders WHERE chat = ? AND status = 'active'", [reminder.chat])
+        if here >= limits.max_per_chat:
+            raise LimitError(f"this chat already has {here} active reminders (limit {limits.max_per_chat})")
+        recent = count("SELECT count(*) FROM reminders WHERE owner = ? AND created_at > ?",
+                       [reminder.owner, iso(now - timedelta(minutes=10))])
+        if recent >= limits.create_per_10min:
+            raise LimitError(f"you created {recent} reminders in the last 10 minutes (limit "
+                             f"{limits.create_per_10min}); try again later")
+        db.execute(_INSERT, list(reminder.row()))
+
+    @staticmethod
+    def get_sync(db: sqlite_utils.Database, reminder_id: str) -> Reminder | None:
+        found = _rows(db, "SELECT * FROM reminders WHERE id = ?", [reminder_id])
+        return found[0] if found else None
+
+    @staticmethod
+    def due_sync(db: sqlite_utils.Database, now: datetime, mode: Mode, limit: int) -> list[Reminder]:
+        """Active reminders of ``mode`` due at ``now``, oldest first."""
+        return _rows(db, "SELECT * FROM reminders WHERE status = 'active' AND next_fire <= ? AND mode = ? "
+                         "ORDER BY next_fire, id LIMIT ?", [iso(now), mode, limit])
+
+    @staticmethod
+    def save_sync(db: sqlite_utils.Database, r: Reminder) -> None:
+        """Write a reminder's mutable state back."""
+        db.execute(
+            "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ? "
+            "WHERE id = ?",
+            [None if r.next_fire is None else iso(r.next_fire), None if r.last_fired is None else iso(r.last_fired),
+             r.status, int(r.failure_reported), iso(r.updated_at), r.id],
+        )
+
+    @staticmethod
+    def short_ids_sync(db: sqlite_utils.Database, ids: list[str]) -> dict[str, str]:
+        """The shortest prefix of each id that no other stored id shares (at least 4 characters)."""
+        out: dict[str, str] = {}
+        for rid in ids:
+            length = MIN_SHORT_ID
+            for sql in ("SELECT max(id) FROM reminders WHERE id < ?", "SELECT min(id) FROM reminders WHERE id > ?"):
+                other = db.execute(sql, [rid]).fetchone()[0]
+                if other is not None:
+                    length = max(length, _common_prefix(rid, other) + 1)
+            out[rid] = rid[:length]
+        return out
+
+    # --- async API -------------------------------------------------------------------------
+    async def create(self, reminder: Reminder, limits: ReminderSettings, now: datetime) -> None:
+        await self.db.transaction(lambda db: self.create_sync(db, reminder, limits, now))
+
+    async def get(self, reminder_id: str) -> Reminder | None:
+        return await self.db.run(lambda db: self.get_sync(db, reminder_id))
+
+    async def for_owner(self, owner: str) -> list[Reminder]:
+        """The person's active reminders in every chat, soonest first."""
+        return await self.db.run(lambda db: _rows(
+            db, "SELECT * FROM reminders WHERE owner = ? AND status = 'active' ORDER BY next_fire, id", [owner]))
+
+    async def for_chat(self, chat: str) -> list[Reminder]:
+        """A chat's active reminders, soonest first."""
+        return await self.db.run(lambda db: _rows(
+            db, "SELECT * FROM reminders WHERE chat = ? AND status = 'active' ORDER BY next_fire, id", [chat]))
+
+    async def short_ids(self, ids: list[str]) -> dict[str, str]:
+        return await self.db.run(lambda db: self.short_ids_sync(db, ids))
+
+    async def match(self, prefix: str, *, owner: str | None, or_chat: str | None = None) -> list[Reminder]:
+        """Active reminders whose id starts with ``prefix``: ``owner``'s (or those in ``or_chat``), or
+        anyone's when ``owner`` is None.
+
+        ``prefix`` may carry a leading ``#`` and any case; anything but hex matches nothing.
+        """
+        text = prefix.strip().lstrip("#").lower()
+        if not _HEX.fullmatch(text):
+            return []
+        # Every id with this prefix sorts in [prefix, prefix + "g"): the primary key index serves it.
+        sql = "SELECT * FROM reminders WHERE id >= ? AND id < ? AND status = 'active'"
+        params: list[Any] = [text, text + "g"]
+        if owner is not None:
+            sql += " AND (owner = ? OR chat = ?)"
+            params += [owner, or_chat]
+        return await self.db.run(lambda db: _rows(db, sql + " ORDER BY next_fire, id LIMIT 20", params))
+
+    async def delete(self, reminder_id: str, now: datetime) -> bool:
+        """Mark an active reminder deleted; False when it was not active (already fired or gone)."""
+        return bool(await self.db.run(lambda db: db.execute(
+            "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
+            "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount))
+
+    async def delete_chat(self, chat: str, now: datetime) -> list[str]:
+        """Delete every active reminder of a chat; returns their ids."""
+        def work(db: sqlite_utils.Database) -> list[str]:
+            ids = [r[0] for r in db.execute(
+                "SELECT id FROM reminders WHERE chat = ? AND status = 'active'", [chat]).fetchall()]
+            db.execute("UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
+                       "WHERE chat = ? AND status = 'active'", [iso(now), chat])
+            return ids
+
+        return await self.db.transaction(work)
+
+    async def upcoming(self, after: datetime, until: datetime, limit: int) -> list[tuple[str, datetime, str]]:
+        """``(id, next fire, zone)`` of active reminders due in ``(after, until]``, soonest first."""
+        def work(db: sqlite_utils.Database) -> list[tuple[str, datetime, str]]:
+            rows = db.execute("SELECT id, next_fire, zone FROM reminders WHERE status = 'active' AND next_fire > ? "
+                              "AND next_fire <= ? ORDER BY next_fire LIMIT ?", [iso(after), iso(until), limit])
+            return [(rid, datetime.fromisoformat(at), zone) for rid, at, zone in rows.fetchall()]
+
+        return await self.db.run(work)
+
+    async def next_due(self) -> datetime | None:
+        """The earliest next fire of any active reminder."""
+        text = await self.db.run(lambda db: db.execute(
+            "SELECT min(next_fire) FROM reminders WHERE status = 'active'").fetchone()[0])
+        return parse_instant(text)
+
+    async def prune(self, before: datetime) -> int:
+        """Forget finished (done, missed, deleted, broken) reminders last changed before ``before``."""
+        return await self.db.run(lambda db: db.execute(
+            "DELETE FROM reminders WHERE status != 'active' AND updated_at < ?", [iso(before)]).rowcount)

@@ -1,0 +1,192 @@
+"""The reminder tools (``reminder_set``, ``reminder_list``, ``reminder_delete``) and their deps.
+
+Identity comes from ``ctx.caller`` only: no argument can name another person. Errors raise
+:class:`ToolError` with a message the model can act on (for a past time, the current time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from function_calls import Caller, ToolContext, ToolError, ToolResult, Toolset, tool_function
+from reminders.schedule import ScheduleError, describe, parse_schedule
+from reminders.service import ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import Reminder, ReminderError, ReminderStore
+from robot import ChatRef, iso
+
+__all__ = [
+    "DeleteArgs",
+    "ReminderArgs",
+    "ReminderDeps",
+    "reminder_delete",
+    "reminder_list",
+    "reminder_set",
+    "toolset",
+]
+
+_LISTED = 10
+
+
+class ReminderArgs(BaseModel):
+    """Arguments of ``reminder_set``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["once", "daily", "weekly"] = Field(
+        description="once = 一次性 one time; daily = 每天 every day; weekly = 每周 every week")
+    time: str = Field(
+        description="once: 'YYYY-MM-DD HH:MM' (seconds allowed) in the chat's time zone, e.g. '2026-11-22 15:00'; "
+        "daily/weekly: 'HH:MM', e.g. '08:00'")
+    content: str = Field(
+        min_length=1, max_length=500,
+        description="提醒内容 text sent to the user when it fires; in prompt mode, the instruction to run then")
+    weekday: int | None = Field(
+        default=None, ge=0, le=6, description="weekly only (leave out otherwise): 0=Monday 周一 ... 6=Sunday 周日")
+    mode: Literal["text", "prompt"] = Field(
+        default="text",
+        description="text = send content as is; prompt = at fire time run content as a request to the assistant "
+        "and send its answer (e.g. 'tell me Beijing's weather')")
+
+
+class DeleteArgs(BaseModel):
+    """Arguments of ``reminder_delete``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reminder_id: str = Field(
+        min_length=1, max_length=40,
+        description="the reminder's id as shown by reminder_list (e.g. '3f9a'), or any unique prefix of it")
+
+
+def _chat_of(caller: Caller) -> ChatRef:
+    return ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
+
+
+@dataclass
+class ReminderDeps:
+    """What the reminder tools receive as ``ctx.deps``."""
+
+    service: ReminderService
+
+    @property
+    def store(self) -> ReminderStore:
+        return self.service.store
+
+    @property
+    def settings(self) -> ReminderSettings:
+        return self.service.settings
+
+    @property
+    def llm_available(self) -> bool:
+        return self.service.bot.router is not None
+
+    def zone_for(self, chat: ChatRef) -> str:
+        """The chat's zone: configured per chat in ``[reminders] zones``, else the bot's."""
+        return self.settings.zones.get(chat.key) or self.service.bot.zone.key
+
+    def scope(self, caller: Caller) -> tuple[str | None, str | None]:
+        """``(owner, or_chat)`` for matching what ``caller`` may delete: their own reminders; bot
+        admins anyone's; a group's owner/admins also those living in that group."""
+        if self.service.bot.is_admin(caller.platform, caller.user_id):
+            return None, None
+        in_group_as_admin = caller.is_admin and caller.chat_kind == "group"
+        return caller.qualified_user, _chat_of(caller).key if in_group_as_admin else None
+
+    async def describe(self, caller: Caller, reminders: list[Reminder]) -> list[str]:
+        """One line per reminder: short id, chat, schedule with next fire, content."""
+        short = await self.store.short_ids([r.id for r in reminders])
+        here = _chat_of(caller).key
+        lines = []
+        for r in reminders:
+            chat = r.chat_ref
+            where = ("本群" if chat.kind == "group" else "本聊天") if r.chat == here else (
+                f"群 {chat.chat_id}" if chat.kind == "group" else "私聊")
+            kind = "[定时任务] " if r.mode == "prompt" else ""
+            who = f"（{r.owner_name}）" if r.owner != caller.qualified_user else ""
+            lines.append(f"#{short[r.id]} [{where}] {describe(r.schedule, r.next_fire)} — {kind}{r.content}{who}")
+        return lines
+
+    async def panel(self, chat: ChatRef) -> list[dict[str, str]]:
+        """The web playground's side panel: the chat's active reminders."""
+        rows = await self.store.for_chat(chat.key)
+        short = await self.store.short_ids([r.id for r in rows])
+        return [{"id": short[r.id], "owner": r.owner_name, "schedule": describe(r.schedule, r.next_fire),
+                 "mode": r.mode, "content": r.content[:80]} for r in rows]
+
+
+@tool_function(
+    require_at=True, aliases=["remind"],
+    examples=["提醒我明天下午3点开会", "每天早上8点提醒我喝水", "每周一9:30提醒大家交周报", "每天8点告诉我北京的天气"],
+)
+async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> ToolResult:
+    """设置提醒 (set a reminder) for the person asking, in this chat; it @-mentions them when it fires.
+
+    Times are wall-clock times in the chat's time zone. Use mode 'prompt' only when the person
+    wants fresh information produced at that time (weather, news), not for plain reminders.
+    """
+    deps = ctx.deps
+    content = args.content.strip()
+    if not content:
+        raise ToolError("content is empty: say what the reminder should tell the user")
+    if len(content) > deps.settings.max_content:
+        raise ToolError(f"content is {len(content)} characters; the limit is {deps.settings.max_content}. "
+                        "Shorten it.")
+    if args.mode == "prompt" and not deps.llm_available:
+        raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
+                        user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
+    try:
+        schedule = parse_schedule(args.type, args.time, deps.zone_for(_chat_of(ctx.caller)), args.weekday)
+        reminder = await deps.service.create(ctx.caller, schedule, content, args.mode)
+    except (ScheduleError, ReminderError) as exc:
+        raise ToolError(str(exc), user_message=f"设置提醒失败：{exc}") from None
+    short = (await deps.store.short_ids([reminder.id]))[reminder.id]
+    what = "定时任务" if args.mode == "prompt" else "提醒"
+    text = f"好的，已设置{what} #{short}：{describe(schedule, reminder.next_fire)}\n内容：{content}"
+    assert reminder.next_fire is not None
+    return ToolResult.reply(text, data={"id": reminder.id, "short_id": short, "next_fire": iso(reminder.next_fire)})
+
+
+@tool_function(aliases=["reminders"])
+async def reminder_list(ctx: ToolContext[ReminderDeps]) -> ToolResult:
+    """列出我的提醒 (list the asking person's active reminders in every chat, with ids for reminder_delete)."""
+    deps = ctx.deps
+    mine = await deps.store.for_owner(ctx.caller.qualified_user)
+    if not mine:
+        return ToolResult(content="你目前没有任何提醒。(The user has no active reminders.)")
+    lines = await deps.describe(ctx.caller, mine)
+    return ToolResult(content=f"你的提醒（共 {len(mine)} 个）：\n" + "\n".join(lines),
+                      data={"ids": [r.id for r in mine]})
+
+
+@tool_function(aliases=["unremind"])
+async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> ToolResult:
+    """删除提醒 (delete one of the asking person's reminders by the id reminder_list shows, or a unique prefix)."""
+    deps, caller = ctx.deps, ctx.caller
+    owner, or_chat = deps.scope(caller)
+    wanted = args.reminder_id.strip()
+    found = await deps.store.match(wanted, owner=owner, or_chat=or_chat)
+    if len(found) == 1:
+        target = found[0]
+        line = (await deps.describe(caller, [target]))[0]
+        if not await deps.service.delete(target.id):
+            raise ToolError(f"reminder {wanted!r} has just fired or was deleted; nothing to delete")
+        return ToolResult.reply(f"已删除提醒 {line}", data={"id": target.id})
+    if found:
+        lines = await deps.describe(caller, found)
+        raise ToolError(f"id {wanted!r} is ambiguous: it matches {len(found)} reminders. Use more characters "
+                        "of the id:\n" + "\n".join(lines), user_message=f"编号 {wanted} 不唯一：\n" + "\n".join(lines))
+    mine = await deps.store.for_owner(caller.qualified_user)
+    if not mine:
+        raise ToolError(f"no reminder with id {wanted!r}: the user has no active reminders",
+                        user_message="你目前没有任何提醒。")
+    lines = await deps.describe(caller, mine[:_LISTED])
+    more = f"\n…and {len(mine) - _LISTED} more (call reminder_list)" if len(mine) > _LISTED else ""
+    raise ToolError(f"no reminder of this user has id {wanted!r}. Their reminders are:\n" + "\n".join(lines) + more,
+                    user_message=f"没有找到编号为 {wanted} 的提醒。你的提醒：\n" + "\n".join(lines) + more)
+
+
+toolset = Toolset("reminders", [reminder_set, reminder_list, reminder_delete])

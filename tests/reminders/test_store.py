@@ -1,0 +1,205 @@
+"""The reminders table: limits, short ids, prefix matching, deletion, the timer window, settings."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+import reminders
+from reminders.settings import ReminderSettings
+from reminders.store import LimitError, Reminder, ReminderStore, new_id
+from robot.config import ConfigError, Settings
+from robot.store import Database
+
+NOW = datetime(2030, 1, 7, 1, 0, tzinfo=UTC)
+GROUP = "memory:group:g1"
+
+
+def make(rid: str | None = None, *, owner: str = "memory:u1", chat: str = GROUP, at: datetime = NOW,
+         next_fire: datetime | None = NOW + timedelta(hours=1), status: str = "active") -> Reminder:
+    return Reminder(id=rid or new_id(), owner=owner, owner_name=owner.split(":")[1], chat=chat, type="daily",
+                    wall="09:00:00", zone="Asia/Shanghai", weekday=None, content="喝水", mode="text",
+                    created_at=at, updated_at=at, next_fire=next_fire, status=status)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ReminderStore]:
+    db = Database(tmp_path / "r.sqlite3")
+    db.migrate(ReminderStore.schema)
+    await db.open()
+    yield ReminderStore(db)
+    await db.close()
+
+
+@pytest.mark.parametrize("name", ["reminders", "reminders.store", "reminders.service", "reminders.tools",
+                                  "reminders.settings", "reminders.schedule"])
+def test_exports_are_complete(name: str) -> None:
+    module = importlib.import_module(name)
+    assert len(set(module.__all__)) == len(module.__all__)
+    assert all(hasattr(module, n) for n in module.__all__)
+    defined = {n for n, obj in vars(module).items() if not n.startswith("_")
+               and (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ == name}
+    assert defined <= set(module.__all__)
+
+
+def test_plugin_shape() -> None:
+    assert reminders.plugin.name == "reminders"
+    assert reminders.plugin.tools.names() == ["reminder_set", "reminder_list", "reminder_delete"]
+    tools = reminders.plugin.tools
+    assert tools.resolve("remind") is reminders.reminder_set and reminders.reminder_set.require_at
+    assert tools.resolve("reminders") is reminders.reminder_list
+    assert tools.resolve("unremind") is reminders.reminder_delete
+
+
+async def test_round_trip_keeps_aware_utc_instants(store: ReminderStore) -> None:
+    original = make(next_fire=NOW + timedelta(hours=3, microseconds=250))
+    await store.create(original, ReminderSettings(), NOW)
+    loaded = await store.get(original.id)
+    assert loaded == original
+    assert loaded is not None and loaded.next_fire is not None and loaded.next_fire.tzinfo is not None
+    assert loaded.owner_id == "u1" and loaded.chat_ref.kind == "group"
+
+
+async def test_per_user_limit_counts_active_reminders_in_every_chat(store: ReminderStore) -> None:
+    limits = ReminderSettings(max_per_user=2)
+    await store.create(make(chat="memory:group:a"), limits, NOW)
+    await store.create(make(chat="memory:private:u1"), limits, NOW)
+    with pytest.raises(LimitError, match=r"already have 2 active reminders \(limit 2\)"):
+        await store.create(make(chat="memory:group:b"), limits, NOW)
+    await store.create(make(owner="memory:u2"), limits, NOW)  # someone else is not affected
+    finished = (await store.for_owner("memory:u1"))[0]
+    assert await store.delete(finished.id, NOW)
+    await store.create(make(chat="memory:group:b"), limits, NOW)  # deleting frees a slot
+
+
+async def test_per_chat_limit(store: ReminderStore) -> None:
+    limits = ReminderSettings(max_per_chat=2)
+    for user in ("u1", "u2"):
+        await store.create(make(owner=f"memory:{user}"), limits, NOW)
+    with pytest.raises(LimitError, match=r"this chat already has 2 active reminders"):
+        await store.create(make(owner="memory:u3"), limits, NOW)
+    await store.create(make(owner="memory:u3", chat="memory:group:other"), limits, NOW)
+
+
+async def test_creation_rate_is_per_ten_minutes_and_counts_deleted_ones(store: ReminderStore) -> None:
+    limits = ReminderSettings(create_per_10min=3)
+    made = [make(at=NOW + timedelta(minutes=i)) for i in range(3)]
+    for i, r in enumerate(made):
+        await store.create(r, limits, NOW + timedelta(minutes=i))
+    await store.delete(made[0].id, NOW)
+    with pytest.raises(LimitError, match=r"created 3 reminders in the last 10 minutes"):
+        await store.create(make(), limits, NOW + timedelta(minutes=5))
+    await store.create(make(), limits, NOW + timedelta(minutes=10, seconds=1))
+
+
+async def test_short_ids_are_the_shortest_unique_prefix_of_at_least_four(store: ReminderStore) -> None:
+    ids = ["abcdef00" + "0" * 24, "abcdef11" + "0" * 24, "abd00000" + "0" * 24, "ff000000" + "0" * 24]
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [make(i) for i in ids]))
+    short = await store.short_ids(ids)
+    assert short == {ids[0]: "abcdef0", ids[1]: "abcdef1", ids[2]: "abd0", ids[3]: "ff00"}
+
+
+async def test_match_by_prefix_is_scoped_to_the_owner(store: ReminderStore) -> None:
+    mine = make("abc1" + "0" * 28)
+    theirs = make("abc2" + "0" * 28, owner="memory:u2", chat="memory:group:g2")
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [mine, theirs]))
+    assert [r.id for r in await store.match("ABC", owner="memory:u1")] == [mine.id]
+    assert [r.id for r in await store.match("#abc1", owner="memory:u1")] == [mine.id]
+    assert await store.match("abc2", owner="memory:u1") == []
+    assert {r.id for r in await store.match("abc", owner=None)} == {mine.id, theirs.id}
+    assert [r.id for r in await store.match("abc2", owner="memory:u1", or_chat="memory:group:g2")] == [theirs.id]
+    assert await store.match("x'; DROP TABLE reminders; --", owner=None) == []
+    assert await store.match("", owner=None) == []
+
+
+async def test_delete_and_delete_chat_only_touch_active_reminders(store: ReminderStore) -> None:
+    a, b, c = make(), make(), make(chat="memory:group:g2")
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [a, b, c]))
+    assert await store.delete(a.id, NOW)
+    assert not await store.delete(a.id, NOW)  # already gone
+    assert await store.delete_chat(GROUP, NOW) == [b.id]
+    assert [r.id for r in await store.for_chat("memory:group:g2")] == [c.id]
+    gone = await store.get(b.id)
+    assert gone is not None and gone.status == "deleted" and gone.next_fire is None
+
+
+async def test_upcoming_window_is_sorted_and_excludes_inactive(store: ReminderStore) -> None:
+    soon = make(next_fire=NOW + timedelta(minutes=5))
+    sooner = make(next_fire=NOW + timedelta(minutes=1))
+    later = make(next_fire=NOW + timedelta(hours=5))
+    done = make(next_fire=NOW + timedelta(minutes=2), status="done")
+    due = make(next_fire=NOW)
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [soon, sooner, later, done, due]))
+    window = await store.upcoming(NOW, NOW + timedelta(hours=1), 10)
+    assert [(rid, zone) for rid, _, zone in window] == [(sooner.id, "Asia/Shanghai"), (soon.id, "Asia/Shanghai")]
+    assert [rid for rid, _, _ in await store.upcoming(NOW, NOW + timedelta(hours=1), 1)] == [sooner.id]
+    assert await store.next_due() == due.next_fire
+
+
+async def test_prune_forgets_only_old_finished_reminders(store: ReminderStore) -> None:
+    old_done = make(status="done", at=NOW - timedelta(days=40))
+    old_active = make(at=NOW - timedelta(days=40))
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [old_done, old_active]))
+    assert await store.prune(NOW - timedelta(days=30)) == 1
+    assert await store.get(old_done.id) is None and await store.get(old_active.id) is not None
+
+
+def test_settings_from_toml_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(reminders={"grace_hours": 2, "zones": {GROUP: "Europe/Berlin"}})
+    section = settings.section("reminders", ReminderSettings)
+    assert section.grace_hours == 2 and section.zones == {GROUP: "Europe/Berlin"}
+    assert section.max_per_user == 50 and section.prompt_tools == ["perplexity_search"]
+    monkeypatch.setenv("QUNBOT_REMINDERS__PROMPT_TOOLS", '["a", "b"]')
+    monkeypatch.setenv("QUNBOT_REMINDERS__MAX_PER_CHAT", "7")
+    section = settings.section("reminders", ReminderSettings)
+    assert section.prompt_tools == ["a", "b"] and section.max_per_chat == 7
+    monkeypatch.setenv("QUNBOT_REMINDERS__ZONES", '{"x": "Mars/Olympus"}')
+    with pytest.raises(ConfigError, match="not an IANA time zone"):
+        settings.section("reminders", ReminderSettings)
+    monkeypatch.delenv("QUNBOT_REMINDERS__ZONES")
+    monkeypatch.setenv("QUNBOT_REMINDERS__GRACE_HOURS", "-1")
+    with pytest.raises(ConfigError, match=r"\[reminders\] grace_hours"):
+        settings.section("reminders", ReminderSettings)
+
+
+# --- the timer window (APScheduler jobs built from the table) -------------------------------------
+async def test_timer_jobs_are_armed_from_the_table_within_the_horizon(store: ReminderStore) -> None:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from reminders.service import ReminderService
+
+    class FakeBot:  # what the service reads from a bot when it only arms timers
+        clock = staticmethod(lambda: NOW)
+
+    soon = [make(next_fire=NOW + timedelta(minutes=m)) for m in (1, 2, 3)]
+    berlin = make(next_fire=NOW + timedelta(minutes=4)).evolve(zone="Europe/Berlin")
+    far, due = make(next_fire=NOW + timedelta(hours=2)), make(next_fire=NOW)
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [*soon, berlin, far, due]))
+    scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"))
+    scheduler.start(paused=True)  # nothing may really run: the instants are in 2030 anyway
+    try:
+        service = ReminderService(store, FakeBot(), ReminderSettings(), scheduler=scheduler,  # type: ignore[arg-type]
+                                  max_armed=3)
+        assert await service.arm_window() == 3
+        jobs = {job.id: job for job in scheduler.get_jobs()}
+        assert set(jobs) == {f"rem:{r.id}" for r in soon} | {"rem:refill-next"}
+        first = jobs[f"rem:{soon[0].id}"]
+        assert first.next_run_time == soon[0].next_fire and first.misfire_grace_time is None and first.coalesce
+        assert first.trigger.run_date.tzinfo == ZoneInfo("Asia/Shanghai")
+        assert jobs["rem:refill-next"].next_run_time == soon[2].next_fire  # arms the next ones then
+        assert await service.arm_window() == 0  # idempotent
+        service.max_armed = 10
+        assert await service.arm_window() == 1  # Berlin; `far` is beyond the horizon, `due` is for a pass
+        assert scheduler.get_job(f"rem:{berlin.id}").trigger.run_date.tzinfo == ZoneInfo("Europe/Berlin")
+        assert scheduler.get_job(f"rem:{far.id}") is None and scheduler.get_job(f"rem:{due.id}") is None
+        service.disarm(soon[0].id)
+        service.disarm(soon[0].id)  # already gone: fine
+        assert scheduler.get_job(f"rem:{soon[0].id}") is None
+    finally:
+        scheduler.shutdown(wait=False)

@@ -1,0 +1,253 @@
+"""The reminder tools through a real bot: commands, the model's calls, limits, ids and permissions."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import reminders
+import reminders.service
+from function_calls import ArgumentError
+from function_calls.testing import ScriptedModel, call, text
+from reminders.tools import ReminderDeps
+from robot.bot import Bot
+from robot.config import Settings
+from robot.message import Role
+from robot.testing import MemoryChannel
+
+NOW = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)  # Monday 12:00 in Asia/Shanghai
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Chat:
+    """A bot with the reminders plugin and a memory channel; ``say`` returns the bot's reply."""
+
+    def __init__(self, bot: Bot, ch: MemoryChannel, clock: Clock) -> None:
+        self.bot, self.ch, self.clock = bot, ch, clock
+
+    async def say(self, line: str, *, user: str = "u1", chat: str = "g1", kind: str = "group",
+                  role: Role = "member") -> str:
+        before = len(self.ch.sent)
+        await self.ch.inject(line, user=user, name=user, chat=self.ch.chat(chat, kind), at_bot=True, role=role)
+        sent = await self.ch.wait_sent(before + 1)
+        return sent[before].text
+
+    @property
+    def deps(self) -> ReminderDeps:
+        deps = self.bot.deps_for(reminders.reminder_set)
+        assert isinstance(deps, ReminderDeps)
+        return deps
+
+
+Start = Callable[..., Awaitable[Chat]]
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Start]:
+    bots: list[Bot] = []
+
+    async def make(*, model: Any = None, cfg: dict[str, Any] | None = None, admins: tuple[str, ...] = ()) -> Chat:
+        clock = Clock(NOW)
+        ch = MemoryChannel(clock=clock)
+        settings = Settings(bot={"data_dir": tmp_path, "admins": list(admins)}, reminders=cfg or {},
+                            limits={"user_burst": 100, "chat_burst": 100})
+        bot = Bot(settings, model=model, channels=[ch], plugins=[reminders.plugin], clock=clock)
+        await bot.start()
+        bots.append(bot)
+        return Chat(bot, ch, clock)
+
+    yield make
+    for bot in bots:
+        await bot.stop()
+
+
+def short_id(reply: str) -> str:
+    found = re.search(r"#([0-9a-f]{4,32})", reply)
+    assert found, reply
+    return found[1]
+
+
+async def test_set_by_command_confirms_the_next_fire_time(start: Start) -> None:
+    chat = await start()
+    once = await chat.say('/remind once "2030-01-07 15:00" 开会')
+    assert re.fullmatch(r"好的，已设置提醒 #[0-9a-f]{4}：2030-01-07 15:00 \(Asia/Shanghai\)，下次: 2030-01-07 15:00 周一"
+                        r"\n内容：开会", once)
+    daily = await chat.say("/remind daily 8:00 喝水")
+    assert "每天 08:00 (Asia/Shanghai)，下次: 2030-01-08 08:00 周二\n内容：喝水" in daily
+    weekly = await chat.say("/remind weekly 09:30 交周报 weekday=4")
+    assert "每周五 09:30 (Asia/Shanghai)，下次: 2030-01-11 09:30 周五" in weekly
+    assert chat.ch.sent[-1].mention == ("u1",)
+
+
+async def test_a_past_time_error_gives_the_model_the_current_time_so_it_corrects_itself(start: Start) -> None:
+    model = ScriptedModel([
+        call("reminder_set", {"type": "once", "time": "2030-01-06 15:00", "content": "开会"}),
+        call("reminder_set", {"type": "once", "time": "2030-01-07 15:00", "content": "开会"}),
+    ])
+    chat = await start(model=model)
+    reply = await chat.say("提醒我今天下午3点开会")
+    assert reply.startswith("好的，已设置提醒 #") and "2030-01-07 15:00" in reply
+    tool_answer = model.requests[1].messages[-1]
+    assert tool_answer["role"] == "tool"
+    assert ("that time (2030-01-06 15:00 Asia/Shanghai) is in the past; the current time is "
+            "2030-01-07 12:00 (Monday) Asia/Shanghai") in tool_answer["content"]
+    assert len(model.requests) == 2  # the confirmation answered the user: no third model turn
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("/remind weekly 09:30 周会", "weekly reminders need a weekday"),
+    ("/remind daily 08:00 喝水 weekday=2", "weekday is only for weekly reminders"),
+    ("/remind weekly 09:30 周会 weekday=7", "weekday"),
+    ("/remind daily 25:00 喝水", "hour must be 00-23"),
+    ("/remind hourly 08:00 喝水", "type"),
+])
+async def test_bad_schedules_are_refused_with_the_fix(start: Start, line: str, expected: str) -> None:
+    chat = await start()
+    assert expected in await chat.say(line)
+    assert await chat.deps.store.for_owner("memory:u1") == []
+
+
+async def test_limits_per_user_per_chat_and_content_length(start: Start) -> None:
+    chat = await start(cfg={"max_per_user": 2, "max_per_chat": 3, "max_content": 10})
+    assert "the limit is 10" in await chat.say("/remind daily 08:00 " + "长" * 11)
+    for i in range(2):
+        assert (await chat.say(f"/remind daily 08:0{i} 喝水")).startswith("好的")
+    assert "limit 2" in await chat.say("/remind daily 09:00 喝水", chat="g2")  # per user, in any chat
+    assert (await chat.say("/remind daily 08:00 喝水", user="u2")).startswith("好的")
+    assert "this chat already has 3 active reminders" in await chat.say("/remind daily 08:00 喝水", user="u3")
+    assert (await chat.say("/remind daily 08:00 喝水", user="u3", chat="g2")).startswith("好的")
+
+
+async def test_creation_rate_limit_recovers_after_ten_minutes(start: Start) -> None:
+    chat = await start(cfg={"create_per_10min": 2})
+    r1 = await chat.say("/remind daily 08:00 a")
+    await chat.say("/remind daily 08:00 b")
+    assert "created 2 reminders in the last 10 minutes" in await chat.say("/remind daily 08:00 c")
+    await chat.say(f"/unremind {short_id(r1)}")
+    assert "created 2 reminders" in await chat.say("/remind daily 08:00 c")  # deleting does not reset it
+    chat.clock.now = NOW + timedelta(minutes=10, seconds=1)
+    assert (await chat.say("/remind daily 08:00 c")).startswith("好的")
+
+
+async def test_a_chat_can_have_its_own_time_zone(start: Start) -> None:
+    chat = await start(cfg={"zones": {"memory:group:g1": "Europe/Berlin"}})
+    assert "每天 08:00 (Europe/Berlin)，下次: 2030-01-07 08:00 周一" in await chat.say("/remind daily 08:00 x")
+    assert "(Asia/Shanghai)" in await chat.say("/remind daily 08:00 x", chat="g2")
+
+
+async def test_list_shows_my_reminders_in_every_chat_and_nobody_elses(start: Start) -> None:
+    chat = await start()
+    await chat.say("/remind daily 08:00 喝水")
+    await chat.say("/remind once 2030-01-08T09:00 体检", chat="u1", kind="private")
+    await chat.say("/remind daily 07:00 跑步", user="u2")
+    listing = await chat.say("/reminders", chat="g2")
+    lines = listing.splitlines()
+    assert lines[0] == "你的提醒（共 2 个）："
+    assert re.fullmatch(r"#[0-9a-f]{4} \[群 g1\] 每天 08:00 \(Asia/Shanghai\)，下次: 2030-01-08 08:00 周二 — 喝水", lines[1])
+    assert re.fullmatch(r"#[0-9a-f]{4} \[私聊\] 2030-01-08 09:00 .* — 体检", lines[2])
+    assert "[本群]" in await chat.say("/reminders")
+    assert await chat.say("/reminders", user="u3") == "你目前没有任何提醒。(The user has no active reminders.)"
+
+
+async def test_delete_by_short_id_full_id_and_the_reminder_never_fires(start: Start) -> None:
+    chat = await start()
+    first = await chat.say('/remind once "2030-01-07 12:30" 开会')
+    await chat.say("/remind daily 08:00 喝水")
+    gone = await chat.say(f"/unremind {short_id(first)}")
+    assert gone.startswith(f"已删除提醒 #{short_id(first)} [本群] 2030-01-07 12:30")
+    [left] = await chat.deps.store.for_owner("memory:u1")
+    assert (await chat.say(f"/unremind {left.id.upper()}")).startswith("已删除提醒")
+    chat.clock.now = NOW + timedelta(days=2)
+    report = await chat.deps.service.fire_due()
+    assert report.delivered == report.missed == 0
+
+
+async def test_ambiguous_and_unknown_ids_list_the_callers_candidates(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = itertools.chain(["abcd1" + "0" * 27, "abcd2" + "0" * 27], ["f" * 32])
+    monkeypatch.setattr(reminders.service, "new_id", lambda: next(ids))
+    chat = await start()
+    await chat.say("/remind daily 08:00 甲")
+    await chat.say("/remind daily 09:00 乙")
+    ambiguous = await chat.say("/unremind abc")
+    assert ambiguous.startswith("编号 abc 不唯一：")
+    assert "#abcd1 [本群] 每天 08:00" in ambiguous and "#abcd2 [本群] 每天 09:00" in ambiguous
+    unknown = await chat.say("/unremind 1234")
+    assert unknown.startswith("没有找到编号为 1234 的提醒。你的提醒：") and "#abcd1" in unknown and "#abcd2" in unknown
+    assert await chat.say("/unremind 1234", user="u2") == "你目前没有任何提醒。"
+    assert len(await chat.deps.store.for_owner("memory:u1")) == 2
+
+
+async def test_only_the_owner_or_an_admin_can_delete(start: Start) -> None:
+    chat = await start(admins=("memory:boss",))
+    mine = short_id(await chat.say("/remind daily 08:00 甲"))
+    other_group = short_id(await chat.say("/remind daily 08:00 乙", chat="g2"))
+    assert (await chat.say(f"/unremind {mine}", user="u2")).startswith("你目前没有任何提醒")
+    assert (await chat.say(f"/unremind {other_group}", user="mod", role="admin")).startswith("你目前没有任何提醒")
+    assert (await chat.say(f"/unremind {mine}", user="mod", role="admin")).startswith("已删除提醒")
+    assert (await chat.say(f"/unremind {other_group}", user="boss", chat="u9", kind="private")).startswith("已删除")
+    assert await chat.deps.store.for_owner("memory:u1") == []
+
+
+async def test_no_argument_can_name_another_user() -> None:
+    good = {"type": "once", "time": "2030-01-07 15:00", "content": "x"}
+    for extra in ({"user_id": "u2"}, {"owner": "u2"}, {"chat_id": "g2"}):
+        with pytest.raises(ArgumentError, match="unknown field"):
+            reminders.reminder_set.parse_arguments({**good, **extra})
+    assert list(reminders.reminder_delete.parameters["properties"]) == ["reminder_id"]
+    assert reminders.reminder_list.parameters["properties"] == {}
+
+
+async def test_prompt_mode_needs_an_llm(start: Start) -> None:
+    chat = await start()
+    refused = await chat.say("/remind daily 08:00 告诉我北京的天气 mode=prompt")
+    assert "没有接入大模型" in refused and await chat.deps.store.for_owner("memory:u1") == []
+
+
+async def test_prompt_mode_set_by_the_model(start: Start) -> None:
+    args = {"type": "daily", "time": "08:00", "content": "告诉我北京的天气", "mode": "prompt"}
+    chat = await start(model=ScriptedModel([call("reminder_set", args), text("unused")]))
+    reply = await chat.say("每天早上8点告诉我北京的天气")
+    assert reply.startswith("好的，已设置定时任务 #")
+    [stored] = await chat.deps.store.for_owner("memory:u1")
+    assert stored.mode == "prompt" and stored.content == "告诉我北京的天气"
+
+
+async def test_list_through_the_model_and_the_side_panel(start: Start) -> None:
+    model = ScriptedModel([call("reminder_list"), text("你有一个提醒：每天 8 点喝水。")])
+    chat = await start(model=model)
+    await chat.say("/remind daily 08:00 喝水")
+    assert await chat.say("我有哪些提醒？") == "你有一个提醒：每天 8 点喝水。"
+    assert "— 喝水" in model.requests[1].messages[-1]["content"]
+    panel = await chat.bot.panels["reminders"](chat.ch.chat("g1"))
+    assert [(row["owner"], row["content"], row["mode"]) for row in panel] == [("u1", "喝水", "text")]
+    assert panel[0]["schedule"].startswith("每天 08:00") and len(panel[0]["id"]) >= 4
+
+
+async def test_a_new_reminder_gets_its_timer_job_and_deleting_removes_it(start: Start) -> None:
+    chat = await start()
+    scheduler = chat.deps.service.scheduler
+    assert scheduler is not None and scheduler.running
+    soon = short_id(await chat.say('/remind once "2030-01-07 12:30" 开会'))
+    later = short_id(await chat.say("/remind daily 08:00 喝水"))  # tomorrow: beyond the 1 h horizon
+    [first] = await chat.deps.store.match(soon, owner=None)
+    job = scheduler.get_job(f"rem:{first.id}")
+    assert job is not None and job.next_run_time == first.next_fire
+    [second] = await chat.deps.store.match(later, owner=None)
+    assert scheduler.get_job(f"rem:{second.id}") is None
+    await chat.say(f"/unremind {soon}")
+    assert scheduler.get_job(f"rem:{first.id}") is None
