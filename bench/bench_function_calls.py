@@ -131,18 +131,25 @@ def _tokens(definitions: list[dict[str, Any]]) -> int:
 
 
 def bench_definition_tokens() -> None:
-    print("2. Tool-definition tokens, five built-in-like tools (estimate_tokens on compact JSON)")
+    """The five built-in tools as shipped, against a plain model_json_schema() rendering of their models."""
+    import reminders.tools
+    import search.tools
+    import summary.tools
+
+    builtins: list[Tool] = [reminders.tools.reminder_set, reminders.tools.reminder_list,
+                            reminders.tools.reminder_delete, search.tools.perplexity_search, summary.tools.summary]
+    print("2. Tool-definition tokens, the five built-in tools (estimate_tokens on compact JSON)")
     ours: list[dict[str, Any]] = []
     plain: list[dict[str, Any]] = []
     print(f"   {'tool':<18}{'compact':>9}{'plain':>9}")
-    for handler, model in HANDLERS:
-        tool: Tool = tool_function(handler)
+    for tool in builtins:
         ours.append(tool.definition())
-        fn = {"name": tool.name, "description": tool.description, "parameters": model.model_json_schema()}
+        schema = tool.args_model.model_json_schema() if tool.args_model else {"type": "object", "properties": {}}
+        fn = {"name": tool.name, "description": tool.description, "parameters": schema}
         plain.append({"type": "function", "function": fn})
         print(f"   {tool.name:<18}{_tokens(ours[-1:]):>9}{_tokens(plain[-1:]):>9}")
     a, b = _tokens(ours), _tokens(plain)
-    strict = _tokens([tool_function(h).definition(strict=True) for h, _ in HANDLERS])
+    strict = _tokens([t.definition(strict=True) for t in builtins])
     print(f"   {'total':<18}{a:>9}{b:>9}   compact/plain = {a / b:.2f} ({(1 - a / b) * 100:.0f}% fewer)")
     print(f"   strict variant total: {strict}")
 

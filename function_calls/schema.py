@@ -35,6 +35,7 @@ def compact_schema(model: type[BaseModel], tool: str) -> JSON:
     out = _clean(raw, defs, tool, path="", seen=())
     if out.get("type") != "object":
         raise ToolDefinitionError(f"tool {tool!r}: the argument model must be an object")
+    out.pop("description", None)  # the model's class docstring: the tool's description already says it
     return out
 
 
