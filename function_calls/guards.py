@@ -99,8 +99,8 @@ def _digest(value: Any) -> str:
 def args_key(raw: str) -> str:
     """A canonical hash of a call's arguments (key order and spacing do not matter)."""
     try:
-        return _digest(json.loads(raw or "{}"))
-    except json.JSONDecodeError:
+        return _digest(json.loads(raw or "{}")) if len(raw) <= 64_000 else _digest(raw)
+    except (ValueError, RecursionError):
         return _digest(raw)
 
 

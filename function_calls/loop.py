@@ -38,6 +38,7 @@ _STOP_TEXT = {
     StopReason.AWAITING_APPROVAL: "这个操作需要管理员批准：{detail}",
 }
 
+_TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
 _FINAL_NOTE = (
     "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
     "Answer the user now with what you already know, and say briefly what is left undone."
@@ -117,7 +118,7 @@ class Runner:
                 # The cap is what is left of today's budget: a final answer would overspend it.
                 return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail=why)
             if why:
-                return await self._final_answer(env, reason, why, on_text)
+                return await self._final_answer(env, reason, why, on_text, token_cap)
             try:
                 response = await self._call_model(env, ModelRequest(messages=state.messages, tools=defs,
                                                                     tool_choice="auto" if defs else None), on_text)
@@ -174,10 +175,14 @@ class Runner:
             state.usage = state.usage + response.usage
             return response
 
-    async def _final_answer(self, env: CallExecutor, reason: StopReason, why: str, on_text: TextCallback | None) -> RunResult:
+    async def _final_answer(self, env: CallExecutor, reason: StopReason, why: str, on_text: TextCallback | None,
+                            token_cap: int) -> RunResult:
         """Budgets end with an answer, not an exception: one last turn without tools, capped."""
         state = env.state
         messages = [*state.messages, {"role": "system", "content": _FINAL_NOTE.format(why=why)}]
+        if estimate_messages(messages) > 2 * token_cap:
+            # Even the bare conversation is far over budget (a pasted novel): answering would cost it all.
+            return self._finish(state, reason, env.detector, detail=why, text=_TOO_LARGE)
         request = ModelRequest(messages=messages, max_tokens=self.limits.final_answer_max_tokens)
         try:
             response = await self._call_model(env, request, on_text)

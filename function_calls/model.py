@@ -9,6 +9,7 @@ by one classification (408, 409, 429, 5xx, timeouts and connection errors retry;
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -158,6 +159,14 @@ class _Partial:
     arguments: str = ""
 
 
+def _complete_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 @dataclass
 class ToolCallAccumulator:
     """Assembles streamed tool-call deltas.
@@ -181,8 +190,12 @@ class ToolCallAccumulator:
                 self._by_id[call_id] = part
         elif index is not None and index in self._by_index:
             part = self._by_index[index]
+        elif index is not None and self.calls:
+            part = self._new("")  # an index not seen before starts a call, even without an id
         else:
             part = self._last or self._new("")
+        if name and not call_id and part.name and _complete_json(part.arguments):
+            part = self._new("")  # a name after complete arguments: a new call under a reused index
         if index is not None:
             self._by_index[index] = part
         if name and part.name != name:

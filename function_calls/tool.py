@@ -29,6 +29,9 @@ __all__ = ["Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
 Scope = Literal["group", "private", "both"]
 Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
 _MAX_VALUE_CHARS = 80
+_MAX_MESSAGE_CHARS = 160
+#: Larger argument strings are refused before parsing: no tool needs them, and parsing costs.
+MAX_ARGUMENT_CHARS = 64_000
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts for a function name
 
 
@@ -83,11 +86,16 @@ class Tool:
             text = (raw or "").strip()
             if not text:
                 text = "{}"  # an empty string is how some providers send "no arguments"
+            if len(text) > MAX_ARGUMENT_CHARS:
+                problem = FieldProblem("", f"arguments are {len(text)} characters; the limit is {MAX_ARGUMENT_CHARS}")
+                raise ArgumentError(self.name, "JSON", [problem])
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
                 problem = FieldProblem("", f"not valid JSON: {exc.msg} at char {exc.pos}", _short(text))
                 raise ArgumentError(self.name, "JSON", [problem]) from None
+            except RecursionError:
+                raise ArgumentError(self.name, "JSON", [FieldProblem("", "JSON nested too deeply")]) from None
         if not isinstance(data, dict):
             raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", _short(data))])
         validator = self._strict_validator if strict else self._validator
@@ -135,8 +143,19 @@ def _path(parts: Iterable[Any]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """A JSON rendering of a value, cut to a readable length; lone surrogates made safe to send."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        text = repr(value)
+    text = text.encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
+
+
+def _cut(message: str) -> str:
+    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart)."""
+    message = message.encode("utf-8", "replace").decode("utf-8")
+    return message if len(message) <= _MAX_MESSAGE_CHARS else message[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
 def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
@@ -156,7 +175,7 @@ def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
                 for k, v in err.instance.items() if k not in known
             )
             continue
-        message = err.message if err.validator != "enum" else _enum_msg(err)
+        message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
         problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
     return sorted(problems, key=lambda p: p.path)
 

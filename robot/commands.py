@@ -68,31 +68,61 @@ def _coerce(schema: dict[str, Any], raw: str) -> Any:
     return raw
 
 
+_DATE = re.compile(r"^\d{4}[-/]\d{1,2}[-/]\d{1,2}$")
+_TIME = re.compile(r"^\d{1,2}[:：]\d{2}([:：]\d{2})?$")
+
+
+def _is_text(schema: dict[str, Any]) -> bool:
+    kinds = schema.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    return "string" in kinds and "enum" not in schema
+
+
+def _fits(schema: dict[str, Any], value: Any) -> bool:
+    """Whether a coerced positional value plausibly belongs to this field."""
+    if "enum" in schema:
+        return value in schema["enum"]
+    kinds = schema.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    return "string" in kinds or not isinstance(value, str)
+
+
 def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
-    """Command text -> an arguments object for ``tool.parse_arguments``."""
+    """Command text -> an arguments object for ``tool.parse_arguments``.
+
+    Positional values fill the fields in order. A value that cannot belong to the next field
+    (a word where a number or a choice is expected), and any surplus, continues the text field
+    before it, so ``/remind daily 08:00 起床 喝水`` needs no quotes; an unquoted
+    ``2026-11-22 15:00`` stays one value.
+    """
     try:
         tokens = shlex.split(rest)
     except ValueError as exc:
         raise CommandError(f"无法解析参数（{exc}）。带空格的值请用引号括起来。") from None
     props: dict[str, Any] = tool.parameters.get("properties", {})
-    names = list(props)
     args: dict[str, Any] = {}
     positional: list[str] = []
     for token in tokens:
         key, eq, value = token.partition("=")
         if eq and key in props:
             args[key] = _coerce(props[key], value)
+        elif positional and _DATE.match(positional[-1]) and _TIME.match(token):
+            positional[-1] = f"{positional[-1]} {token}"
         else:
             positional.append(token)
-    free = [n for n in names if n not in args]
-    if len(positional) > len(free):
-        if not free:
-            raise CommandError(f"/{tool.name} 不需要这么多参数：{' '.join(positional)}")
-        # The last free text field takes the rest: "/search 北京 天气" searches "北京 天气".
-        keep = len(free) - 1
-        positional = [*positional[:keep], " ".join(positional[keep:])]
-    for name, value in zip(free, positional, strict=False):
-        args[name] = _coerce(props[name], value)
+    free = [n for n in props if n not in args]
+    last_text: str | None = None
+    for token in positional:
+        value = _coerce(props[free[0]], token) if free else token
+        if free and (_fits(props[free[0]], value) or last_text is None):
+            name = free.pop(0)
+            args[name] = value
+            if _is_text(props[name]):
+                last_text = name
+        elif last_text is not None:
+            args[last_text] = f"{args[last_text]} {token}"
+        else:
+            raise CommandError(f"/{tool.name} 不需要这么多参数：{token}")
     return args
 
 

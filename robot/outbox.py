@@ -88,6 +88,7 @@ class Outbox:
             "created_at TEXT NOT NULL, sent_at TEXT, error TEXT, receipt TEXT)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS outbox_due ON outbox (platform, status, next_at)")
+        db.execute("CREATE INDEX IF NOT EXISTS outbox_receipt ON outbox (chat, receipt)")
         db.execute("CREATE INDEX IF NOT EXISTS outbox_chat ON outbox (chat, status, next_at)")
 
     def enqueue_sync(self, db: sqlite_utils.Database, message: OutgoingMessage) -> bool:
@@ -158,6 +159,12 @@ class Outbox:
             if not due:
                 return
             await asyncio.sleep(0.02)
+
+    async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
+        """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
+        return bool(await self.db.run(lambda db: db.execute(
+            "SELECT 1 FROM outbox WHERE chat = ? AND receipt = ? LIMIT 1", [chat.key, platform_message_id]
+        ).fetchone()))
 
     async def rows(self, status: str | None = None) -> list[dict[str, object]]:
         """Outbox rows for inspection (tests, ``qunbot doctor``)."""

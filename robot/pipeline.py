@@ -7,6 +7,7 @@ into the outbox, each keyed by the incoming message so a redelivery cannot doubl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ NO_LLM_REPLY = (
     "管理员可在 qunbot.toml 的 [llm] 中设置 model、base_url、api_key，"
     "或设置环境变量 QUNBOT_LLM__MODEL 和 OPENAI_API_KEY 后重启。"
 )
+_AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
 
 
@@ -49,7 +51,22 @@ class Pipeline:
         answer, _explicit, text = self.gate(message)
         return answer, text
 
-    def gate(self, message: Message) -> tuple[bool, bool, str]:
+    def _name_prefix(self, text: str) -> str | None:
+        """The text after the bot's name when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
+        name = self.bot.settings.bot.name
+        if not name or not text.lower().startswith(name.lower()):
+            return None
+        rest = text[len(name):]
+        if rest and not (rest[0].isspace() or rest[0] in _AFTER_NAME):
+            return None
+        return rest.lstrip(" ,，:：、~～")
+
+    def _is_command(self, text: str) -> bool:
+        command = parse_command(text)
+        return command is not None and (command.name in ("help", "帮助")
+                                        or self.bot.tools.resolve(command.name) is not None)
+
+    def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
 
         A group listed in ``gate.always`` is answered without an @, but such a message is not
@@ -65,10 +82,11 @@ class Pipeline:
             return False, False, text
         if gate.allowlist and chat.key not in gate.allowlist and short not in gate.allowlist:
             return False, False, text
-        name = self.bot.settings.bot.name
-        if name and text.lower().startswith(name.lower()):
-            return True, True, text[len(name):].lstrip(" ,，:：")
-        if message.mentions_bot or message.reply_to_bot or text.startswith(("/", "／")):
+        after_name = self._name_prefix(text)
+        if after_name is not None:
+            return True, True, after_name
+        # In a group only a known /command addresses the bot: "/usr/bin" pasted in chat does not.
+        if message.mentions_bot or message.reply_to_bot or replied_to_bot or self._is_command(text):
             return True, True, text
         return chat.key in gate.always or short in gate.always, False, text
 
@@ -80,8 +98,14 @@ class Pipeline:
         await bot.history.record(message)
         if message.from_bot:
             return
-        answer, explicit, text = self.gate(message)
+        replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(
+            message.chat, str(message.reply_to))
+        answer, explicit, text = self.gate(message, replied_to_bot=replied)
         if not answer:
+            return
+        limit = bot.settings.limits.max_message_chars
+        if len(text) > limit:
+            await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
             return
         decision = bot.limiter.check(message.chat.key, message.qualified_sender)
         if decision is RateDecision.SILENT:
@@ -116,7 +140,9 @@ class Pipeline:
             ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone,
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
-            result = await tool.invoke(ctx, args)
+            result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+        except TimeoutError:
+            return f"/{name} 执行超时（{tool.timeout_s:g} 秒），请稍后再试。"
         except CommandError as exc:
             return str(exc)
         except ArgumentError as exc:

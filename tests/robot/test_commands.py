@@ -61,7 +61,7 @@ async def test_commands_validate_like_model_calls(make_bot: Any) -> None:
     await ch.inject("/n milk 9")  # times <= 5
     await ch.inject("/note")
     await ch.inject("/n boom")
-    await ch.inject("/nope")
+    await ch.inject("/nope", at_bot=True)  # an unknown /command answers only when the bot is addressed
     await ch.inject("/N Milk")
     bad_value, missing, tool_error, unknown, alias = (m.text for m in await ch.wait_sent(5))
     assert "times" in bad_value and "用法：/n <text> [times]" in bad_value
