@@ -28,7 +28,11 @@ class Caller(BaseModel):
     chat_id: str = "local"
     chat_kind: Literal["group", "private"] = "private"
     is_admin: bool = False
+    #: A configured bot admin (``[bot] admins``); ``is_admin`` also covers group owners and admins.
+    bot_admin: bool = False
     addressed: bool = True
+    #: The platform id of the message being answered ("" for scheduled runs).
+    message_id: str = ""
 
     @property
     def qualified_user(self) -> str:

@@ -8,12 +8,14 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from function_calls import (
     Caller,
     ChatModel,
     FunctionCallRouter,
     Limits,
+    LoopConfig,
     OpenAIChatModel,
     Runner,
     RunResult,
@@ -90,9 +92,11 @@ class Bot:
         self.router: FunctionCallRouter | None = None
         if self.model is not None:
             llm = settings.llm
-            runner = Runner(self.model, limits=Limits(max_iterations=llm.max_iterations, max_tool_calls=llm.max_tool_calls,
-                                                      max_run_tokens=llm.max_run_tokens),
-                            budget=self.budget, strict_tools=llm.strict_tools)
+            limits = Limits(max_iterations=llm.max_iterations, max_tool_calls=llm.max_tool_calls,
+                            max_run_tokens=llm.max_run_tokens)
+            loop = LoopConfig(warn=llm.loop_warn, critical=llm.loop_critical, breaker=llm.loop_breaker)
+            runner = Runner(self.model, limits=limits, loop_config=loop, budget=self.budget,
+                            strict_tools=llm.strict_tools)
             self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
@@ -144,22 +148,30 @@ class Bot:
 
     def caller_for(self, message: Message, *, addressed: bool = True) -> Caller:
         """The run's identity, from the platform: admins by config or by group role."""
-        admin = self.is_admin(message.platform, message.sender.user_id) or (
-            message.chat.kind == "group" and message.sender.role in ("owner", "admin"))
+        bot_admin = self.is_admin(message.platform, message.sender.user_id)
+        admin = bot_admin or (message.chat.kind == "group" and message.sender.role in ("owner", "admin"))
         return Caller(platform=message.platform, user_id=message.sender.user_id,
                       user_name=message.sender.name or message.sender.user_id, chat_id=message.chat.chat_id,
-                      chat_kind=message.chat.kind, is_admin=admin, addressed=addressed)
+                      chat_kind=message.chat.kind, is_admin=admin, bot_admin=bot_admin, addressed=addressed,
+                      message_id=message.message_id)
+
+    def zone_for(self, chat: ChatRef) -> ZoneInfo:
+        """The chat's zone (``[bot] zones``), else the bot's."""
+        return self.settings.zone_for(chat.key)
 
     async def send(self, chat: ChatRef, text: str, *, key: str, mention: Sequence[str] = ()) -> bool:
         """Queue a message through the outbox; ``key`` makes it idempotent."""
         return bool(await self.outbox.enqueue(OutgoingMessage(key=key, chat=chat, text=text, mention=tuple(mention))))
 
-    async def run_scheduled(self, prompt: str, caller: Caller, allow: Sequence[str]) -> RunResult | None:
+    async def run_scheduled(self, prompt: str, caller: Caller, allow: Sequence[str],
+                            zone: ZoneInfo | None = None) -> RunResult | None:
         """A stored prompt run by the model (reminders' prompt mode); None without an LLM."""
         if self.router is None:
             return None
+        chat = ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
         return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                           zone=self.zone, deps_for=self.deps_for, clock=self.clock)
+                                           zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                           clock=self.clock)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:

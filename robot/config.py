@@ -53,6 +53,8 @@ class BotSection(_Section):
     admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
     plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
                                description="plugin modules to load")
+    zones: dict[str, str] = Field(default_factory=dict,
+                                  description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
     persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
                          description="system prompt persona")
 
@@ -63,6 +65,16 @@ class BotSection(_Section):
             ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
+        return value
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, value: dict[str, str]) -> dict[str, str]:
+        for chat, zone in value.items():
+            try:
+                ZoneInfo(zone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"zones[{chat!r}]: unknown IANA time zone {zone!r}") from None
         return value
 
     @field_validator("admins")
@@ -85,6 +97,9 @@ class LLMSection(_Section):
     max_iterations: int = Field(6, ge=1, description="model turns per request")
     max_tool_calls: int = Field(8, ge=0, description="tool calls per request")
     max_run_tokens: int = Field(24_000, ge=500, description="tokens per request")
+    loop_warn: int = Field(5, ge=2, description="identical no-progress tool calls before the model is warned")
+    loop_critical: int = Field(8, ge=2, description="... before the call is blocked and the request ends")
+    loop_breaker: int = Field(10, ge=2, description="repeated calls in one request before everything stops")
     history_tokens: int = Field(1500, ge=0, description="chat history sent with each request")
 
     @property
@@ -168,6 +183,10 @@ class Settings(BaseSettings):
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.bot.timezone)
 
+    def zone_for(self, chat_key: str) -> ZoneInfo:
+        """A chat's zone: ``[bot] zones`` for that chat, else the bot's ``timezone``."""
+        return ZoneInfo(self.bot.zones.get(chat_key, self.bot.timezone))
+
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # Plugin tables are plain dicts until section() validates them: they may hold API keys.
         extra = self.model_extra or {}
@@ -211,7 +230,9 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     try:
         settings = Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(f"{file or 'environment'}: " + _explain(exc)) from None
+        overrides = sorted(k for k in os.environ if k.startswith("QUNBOT_") and "__" in k)
+        source = f"{file or 'defaults'}" + (f" with {', '.join(overrides)} set" if overrides else "")
+        raise ConfigError(f"{source}: " + _explain(exc)) from None
     llm = settings.llm
     if llm.api_key is None and os.environ.get("OPENAI_API_KEY"):
         llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"])})

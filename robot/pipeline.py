@@ -22,12 +22,12 @@ from robot.commands import (
     refusal,
 )
 from robot.limits import RateDecision
-from robot.message import Message, OutgoingMessage
+from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline"]
+__all__ = ["NO_LLM_REPLY", "Pipeline", "caller_chat"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,10 @@ NO_LLM_REPLY = (
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+
+
+def caller_chat(caller: Caller) -> ChatRef:
+    return ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
 
 
 class Pipeline:
@@ -137,7 +141,7 @@ class Pipeline:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
         try:
             args = tool.parse_arguments(build_arguments(tool, rest))
-            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone,
+            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(caller_chat(caller)),
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
             result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
@@ -174,7 +178,7 @@ class Pipeline:
         tools: Toolset = bot.offered_tools()
         result = await bot.router.chat(
             text, caller=caller, tools=tools, history=[h.turn() for h in history if h.message_id != message.message_id],
-            zone=bot.zone, deps_for=bot.deps_for, clock=bot.clock, on_text=on_text, on_event=on_event,
+            zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text, on_event=on_event,
         )
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
