@@ -52,12 +52,15 @@ class RateLimiter:
     chat_per_minute: float
     chat_burst: int
     monotonic: Callable[[], float] = time.monotonic
+    max_tracked: int = 10_000
     _users: dict[str, TokenBucket] = field(default_factory=dict)
     _chats: dict[str, TokenBucket] = field(default_factory=dict)
     _noticed: set[str] = field(default_factory=set)
 
     def check(self, chat_key: str, user_key: str) -> RateDecision:
         now = self.monotonic()
+        if len(self._users) + len(self._chats) > self.max_tracked:
+            self._prune(now)
         user = self._users.setdefault(user_key, TokenBucket(self.user_per_minute / 60, self.user_burst))
         chat = self._chats.setdefault(chat_key, TokenBucket(self.chat_per_minute / 60, self.chat_burst))
         if user.take(now) and chat.take(now):
@@ -67,6 +70,15 @@ class RateLimiter:
             return RateDecision.SILENT
         self._noticed.add(user_key)
         return RateDecision.NOTICE
+
+
+    def _prune(self, now: float) -> None:
+        """Forget buckets that have refilled completely: they behave exactly like new ones."""
+        for buckets in (self._users, self._chats):
+            full = [k for k, b in buckets.items() if b.tokens + (now - b.stamp) * b.rate >= b.burst]
+            for key in full:
+                del buckets[key]
+        self._noticed.intersection_update(self._users)
 
 
 class DailyBudget:

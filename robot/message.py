@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -82,4 +81,4 @@ class OutgoingMessage(BaseModel):
     text: str
     mention: tuple[str, ...] = Field(default=(), description="user ids to @ (groups only)")
     reply_to: str | None = None
-    created_at: datetime | None = None
+    created_at: AwareDatetime | None = None

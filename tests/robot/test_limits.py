@@ -138,3 +138,15 @@ async def test_a_nearly_spent_budget_buys_no_model_call(make_bot: Any) -> None:
     assert "今天的 AI 用量已达上限" in sent.text
     assert model.requests == []
     assert await bot.budget.used("user:memory:u1") <= 5000
+
+
+def test_idle_rate_buckets_are_forgotten_so_memory_stays_bounded() -> None:
+    from robot.limits import RateDecision, RateLimiter
+
+    clock = [0.0]
+    limiter = RateLimiter(60, 1, 600, 10, monotonic=lambda: clock[0], max_tracked=100)
+    for n in range(1000):
+        assert limiter.check(f"chat{n % 7}", f"user{n}") is RateDecision.ALLOW
+        clock[0] += 1.0  # each user's bucket refills within a second
+    assert len(limiter._users) + len(limiter._chats) <= 110
+    assert limiter.check("chat0", "user999") is RateDecision.ALLOW
