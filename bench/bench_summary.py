@@ -1,4 +1,4 @@
-"""Summary of 10,000 messages: model calls, largest request, wall time (map-reduce and extractive).
+"""Summary of 10,000 messages: model calls, largest request, wall time, longest event-loop stall.
 
 Run: ``.venv/bin/python bench/bench_summary.py [messages]``. The model is a ScriptedModel that
 answers every request with a short text, so the figures measure the plugin, not an LLM.
@@ -47,12 +47,29 @@ def short_answer(request: ModelRequest) -> ModelResponse:
     return text("要点：讨论了打球、订场地和聚餐，约定周六下午三点。")
 
 
-async def timed(bot: Bot, deps: Any) -> tuple[float, dict[str, object]]:
+async def _heartbeat(gaps: list[float]) -> None:
+    """Wakes every millisecond; a long gap means something held the event loop."""
+    last = time.perf_counter()
+    while True:
+        await asyncio.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+
+
+async def timed(bot: Bot, deps: Any) -> tuple[float, float, dict[str, object]]:
+    """Wall time, longest event-loop stall, and the tool's data."""
     caller = Caller(platform="memory", user_id="10001", user_name="bench", chat_id="g1", chat_kind="group")
     ctx: ToolContext[Any] = ToolContext(deps=deps, caller=caller, zone=bot.zone, clock=lambda: NOW)
+    gaps: list[float] = []
+    beat = asyncio.create_task(_heartbeat(gaps))
+    await asyncio.sleep(0)
     start = time.perf_counter()
-    result = await summary.summary.invoke(ctx, summary.SummaryArgs(hours=24))
-    return time.perf_counter() - start, dict(result.data or {})
+    try:
+        result = await summary.summary.invoke(ctx, summary.SummaryArgs(hours=24))
+    finally:
+        beat.cancel()
+    return time.perf_counter() - start, max(gaps, default=0.0), dict(result.data or {})
 
 
 async def main(count: int) -> None:
@@ -65,7 +82,7 @@ async def main(count: int) -> None:
         try:
             await bot.db.run(lambda db: fill(db, count))
             deps = bot.deps_for(summary.summary)
-            wall, data = await timed(bot, deps)
+            wall, stall, data = await timed(bot, deps)
             largest = max(estimate_messages(r.messages) for r in model.requests)
             cfg = deps.settings
             print(f"messages in window:        {data['messages']}")
@@ -75,9 +92,10 @@ async def main(count: int) -> None:
             print(f"model calls:               {data['model_calls']} (scripted model saw {len(model.requests)})")
             print(f"largest request (tokens):  {largest} (reported {data['largest_request_tokens']})")
             print(f"prompt / completion tokens: {data['prompt_tokens']} / {data['completion_tokens']}")
-            print(f"map-reduce wall time:      {wall * 1000:.1f} ms")
-            wall_x, data_x = await timed(bot, dataclasses.replace(deps, model=None))
-            print(f"extractive wall time:      {wall_x * 1000:.1f} ms ({data_x['messages']} messages, mode {data_x['mode']})")
+            print(f"map-reduce wall time:      {wall * 1000:.1f} ms (longest event-loop stall {stall * 1000:.1f} ms)")
+            wall_x, stall_x, data_x = await timed(bot, dataclasses.replace(deps, model=None))
+            print(f"extractive wall time:      {wall_x * 1000:.1f} ms ({data_x['messages']} messages, mode {data_x['mode']}; "
+                  f"longest event-loop stall {stall_x * 1000:.1f} ms)")
         finally:
             await bot.stop()
 

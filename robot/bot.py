@@ -218,6 +218,7 @@ class Bot:
             try:
                 await self.dedupe.prune(self.clock())
                 await self.history.apply_retention(self.clock())
+                await self.outbox.prune(self.clock())
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

@@ -160,6 +160,12 @@ class Outbox:
                 return
             await asyncio.sleep(0.02)
 
+    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7)) -> int:
+        """Forget delivered and failed messages older than ``keep``: the outbox is no archive."""
+        cutoff = iso(now - keep)
+        return int(await self.db.run(lambda db: db.execute(
+            "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount))
+
     async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
         """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
         return bool(await self.db.run(lambda db: db.execute(

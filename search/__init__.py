@@ -9,7 +9,7 @@ from robot import Plugin
 from search.client import PerplexityClient, SearchAnswer, SearchError, Source
 from search.format import format_answer, format_for_model
 from search.settings import SearchSettings
-from search.tools import HOW_TO_ENABLE, SearchDeps, WindowLimiter, perplexity_search
+from search.tools import HOW_TO_ENABLE, SearchDeps, WindowLimiter, disabled_reason, perplexity_search
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -40,7 +40,7 @@ async def _teardown(deps: SearchDeps) -> None:
 
 
 def _unavailable(deps: SearchDeps) -> str | None:
-    return None if deps.client.configured else HOW_TO_ENABLE
+    return disabled_reason(deps) if deps.client.configured else HOW_TO_ENABLE
 
 
 plugin: Plugin[SearchDeps] = Plugin(

@@ -80,6 +80,11 @@ AGENT_PRESETS = frozenset({"fast-search", "pro-search", "deep-research", "advanc
 # In "auto" these statuses from the agent endpoint mean "this account or deployment cannot use it
 # this way"; chat completions gets the question instead (a genuine bad request fails there too).
 _FALLBACK_STATUSES = frozenset({400, 403, 404, 405, 422, 501})
+# Of those, only these say the endpoint itself is missing; they switch "auto" to chat for good.
+# A 400/403/422 may concern one odd query (or a passing state), so it falls back for that query only.
+_MISSING_STATUSES = frozenset({404, 405, 501})
+# Chat completions answering these after "auto" switched to it: it moved away; try the agent again.
+_CHAT_GONE_STATUSES = frozenset({404, 410})
 
 
 class SearchError(Exception):
@@ -194,10 +199,22 @@ class PerplexityClient:
     # -- endpoint choice -------------------------------------------------------------------
     async def _dispatch(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
         mode = self._settings.endpoint
-        if mode == "chat" or (mode == "auto" and self._remembered == "chat"):
+        if mode == "chat":
             return await self._retrying(lambda: self._chat(sdk, query, system))
         if mode == "agent":
             return await self._retrying(lambda: self._agent(sdk, query, system))
+        if self._remembered == "chat":
+            try:
+                return await self._retrying(lambda: self._chat(sdk, query, system))
+            except openai.APIStatusError as exc:
+                if exc.status_code not in _CHAT_GONE_STATUSES:
+                    raise
+                _log.info("Perplexity chat completions answered HTTP %s; trying the Agent API again",
+                          exc.status_code)
+                self._remembered = None  # whatever happens next, probe afresh next time
+            answer = await self._retrying(lambda: self._agent(sdk, query, system))
+            self._remembered = "agent"
+            return answer
         try:
             answer = await self._retrying(lambda: self._agent(sdk, query, system))
         except openai.APIStatusError as exc:
@@ -205,8 +222,9 @@ class PerplexityClient:
                 raise
             _log.info("Perplexity Agent API answered HTTP %s; trying chat completions", exc.status_code)
             answer = await self._retrying(lambda: self._chat(sdk, query, system))
-            self._remembered = "chat"
-            _log.info("Perplexity search will use chat completions from now on")
+            if exc.status_code in _MISSING_STATUSES:
+                self._remembered = "chat"
+                _log.info("Perplexity search will use chat completions from now on")
             return answer
         self._remembered = "agent"
         return answer

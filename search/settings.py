@@ -13,9 +13,10 @@ class SearchSettings(BaseModel):
     """How the search plugin reaches Perplexity and how much it shows.
 
     ``endpoint``: ``"agent"`` is the Agent API (``POST /v1/responses``), ``"chat"`` the classic
-    Sonar chat completions (``POST /chat/completions``); ``"auto"`` tries the Agent API first, falls
-    back to chat completions when the agent endpoint is missing or refuses the request
-    (404/405/400/403/422/501), and remembers that choice for the client's lifetime.
+    Sonar chat completions (``POST /chat/completions``); ``"auto"`` tries the Agent API first and falls
+    back to chat completions when the agent endpoint refuses the request (400/403/422: for that
+    search only) or is missing (404/405/501: remembered, later searches go to chat completions; if
+    chat completions then answers 404/410, the Agent API is tried again).
 
     ``model``: a Sonar model (``"sonar"``, ``"sonar-pro"``; sent to the Agent API as
     ``"perplexity/<name>"``), an Agent API ``provider/model`` id, or an Agent API preset
@@ -33,8 +34,10 @@ class SearchSettings(BaseModel):
         default=1500, ge=50, description="longest reply shown in chat, sources included"
     )
     max_sources: int = Field(default=5, ge=0, le=20)
-    user_rate_per_hour: int = Field(default=20, ge=0, description="searches one user may start per hour")
-    chat_rate_per_hour: int = Field(default=60, ge=0, description="searches one chat may start per hour")
+    user_rate_per_hour: int = Field(default=20, ge=0,
+                                    description="answered searches one user may have per hour; 0 turns search off")
+    chat_rate_per_hour: int = Field(default=60, ge=0,
+                                    description="answered searches one chat may have per hour; 0 turns search off")
 
     @field_validator("api_key", mode="before")
     @classmethod

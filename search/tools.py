@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from pydantic import BaseModel, Field
 from function_calls import ToolContext, ToolError, ToolResult, tool_function
 from search.client import (
     PerplexityClient,
+    SearchAnswer,
     SearchAuthError,
     SearchError,
     SearchRateLimited,
@@ -21,7 +23,7 @@ from search.client import (
 from search.format import format_answer, format_for_model
 from search.settings import SearchSettings
 
-__all__ = ["SearchArgs", "SearchDeps", "WindowLimiter", "perplexity_search"]
+__all__ = ["SearchArgs", "SearchDeps", "WindowLimiter", "disabled_reason", "perplexity_search"]
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +39,56 @@ _MODEL_NOTE = (
 
 @dataclass
 class WindowLimiter:
-    """At most ``limit`` events per ``window_s`` per key (a sliding window)."""
+    """At most ``limit`` events per ``window_s`` per key (a sliding window); ``limit`` 0 allows none.
+
+    Checking (:meth:`wait_time`) and recording (:meth:`acquire`) are separate, so a caller can
+    check several limiters before using a slot in any, and give a slot back (:meth:`release`)
+    when the work it paid for failed.
+    """
 
     limit: int
     window_s: float = 3600.0
     monotonic: Callable[[], float] = time.monotonic
     _events: dict[str, deque[float]] = field(default_factory=dict)
 
-    def wait_time(self, key: str) -> float:
-        """0 if an event is allowed now (and records it), else seconds until one is."""
-        now = self.monotonic()
-        events = self._events.setdefault(key, deque())
+    def _live(self, key: str, now: float) -> deque[float]:
+        events = self._events.get(key)
+        if events is None:
+            return deque()
         while events and now - events[0] >= self.window_s:
             events.popleft()
+        if not events:
+            del self._events[key]  # idle keys cost no memory
+        return events
+
+    @property
+    def disabled(self) -> bool:
+        """True when the limit is 0: nothing is ever allowed."""
+        return self.limit <= 0
+
+    def wait_time(self, key: str) -> float:
+        """0 if an event is allowed now, else seconds until one is (``inf`` when disabled). Records nothing."""
+        if self.disabled:
+            return math.inf
+        now = self.monotonic()
+        events = self._live(key, now)
         if len(events) >= self.limit:
             return self.window_s - (now - events[0])
-        events.append(now)
         return 0.0
+
+    def acquire(self, key: str) -> float:
+        """Record an event now (after :meth:`wait_time` said 0); returns its stamp for :meth:`release`."""
+        stamp = self.monotonic()
+        self._events.setdefault(key, deque()).append(stamp)
+        return stamp
+
+    def release(self, key: str, stamp: float) -> None:
+        """Give back the event recorded at ``stamp`` (the work it was for failed)."""
+        events = self._events.get(key)
+        if events is not None and stamp in events:
+            events.remove(stamp)
+            if not events:
+                del self._events[key]
 
 
 @dataclass
@@ -71,25 +106,21 @@ class SearchArgs(BaseModel):
                        description="what to look up on the web, in the user's language; self-contained")
 
 
+def disabled_reason(deps: SearchDeps) -> str | None:
+    """Why search is off because a rate limit is set to 0 (users see it), or None."""
+    for limiter, setting in ((deps.per_user, "user_rate_per_hour"), (deps.per_chat, "chat_rate_per_hour")):
+        if limiter.disabled:
+            return f"联网搜索已被管理员关闭（[search] {setting} = 0）。"
+    return None
+
+
 def _minutes(seconds: float) -> int:
     return max(1, round(seconds / 60))
 
 
-@tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"], timeout_s=60)
-async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> ToolResult:
-    """联网搜索 (web search through Perplexity): current facts, news, prices, weather; returns an answer with
-    numbered citations [n] and its sources."""
-    deps = ctx.deps
-    if not deps.client.configured:
-        raise ToolError("web search is not configured on this bot", user_message=HOW_TO_ENABLE)
-    chat_key = f"{ctx.caller.platform}:{ctx.caller.chat_kind}:{ctx.caller.chat_id}"
-    for limiter, key, who in ((deps.per_user, ctx.caller.qualified_user, "你"), (deps.per_chat, chat_key, "本群")):
-        wait = limiter.wait_time(key)
-        if wait:
-            text = f"{who}的搜索次数已达上限（每小时 {limiter.limit} 次），请 {_minutes(wait)} 分钟后再试。"
-            raise ToolError(f"search limit reached; tell the user: {text}", user_message=text)
+async def _search(client: PerplexityClient, query: str) -> SearchAnswer:
     try:
-        answer = await deps.client.search(args.query)
+        return await client.search(query)
     except SearchAuthError as exc:
         log.warning("perplexity rejected the key: %s", exc)
         raise ToolError("the search service rejected the bot's API key; tell the user search is unavailable",
@@ -102,6 +133,36 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
                         user_message="搜索服务暂时不可用（超时或故障），请稍后再试。") from None
     except SearchError as exc:
         raise ToolError(f"search failed: {exc}", user_message=f"搜索失败：{exc}") from None
+
+
+@tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"], timeout_s=60)
+async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> ToolResult:
+    """联网搜索 (web search through Perplexity): current facts, news, prices, weather; returns an answer with
+    numbered citations [n] and its sources."""
+    deps = ctx.deps
+    if not deps.client.configured:
+        raise ToolError("web search is not configured on this bot", user_message=HOW_TO_ENABLE)
+    caller = ctx.caller
+    chat_key = f"{caller.platform}:{caller.chat_kind}:{caller.chat_id}"
+    chat_word = "本群" if caller.chat_kind == "group" else "本聊天"
+    off = disabled_reason(deps)
+    if off is not None:
+        raise ToolError(f"web search is switched off on this bot; tell the user: {off}", user_message=off)
+    checks = ((deps.per_user, caller.qualified_user, "你"), (deps.per_chat, chat_key, chat_word))
+    for limiter, key, who in checks:  # every limit is checked before any slot is used
+        wait = limiter.wait_time(key)
+        if wait:
+            text = f"{who}的搜索次数已达上限（每小时 {limiter.limit} 次），请 {_minutes(wait)} 分钟后再试。"
+            raise ToolError(f"search limit reached; tell the user: {text}", user_message=text)
+    # Slots are taken now (no await since the checks, so concurrent searches cannot overshoot)
+    # and given back if the search fails: only answered searches count.
+    taken = [(limiter, key, limiter.acquire(key)) for limiter, key, _ in checks]
+    try:
+        answer = await _search(deps.client, args.query)
+    except BaseException:
+        for limiter, key, stamp in taken:
+            limiter.release(key, stamp)
+        raise
     settings = deps.settings
     if ctx.via == "command":
         return ToolResult.reply(format_answer(answer, max_chars=settings.max_answer_chars,

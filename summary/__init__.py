@@ -3,7 +3,8 @@
 Load it with ``plugins = ["summary"]`` (a default). ``summary`` summarises this chat since its
 last summary (or the last N hours / N messages), map-reducing through the bot's model within
 ``[summary] max_request_tokens`` per call, or extractively when there is no model. ``forget``
-deletes the caller's own stored messages in this chat. ``[summary] retention_max_messages`` and
+deletes the caller's own stored messages in this chat and the bot's earlier summaries there
+(they may quote them). ``[summary] retention_max_messages`` and
 ``retention_days`` set how long the bot keeps chat history (see :mod:`summary.settings`).
 """
 

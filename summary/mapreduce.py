@@ -5,6 +5,7 @@ messages -> one transcript line each (a message longer than a chunk allows is cu
 per chunk, at most ``max_chunks`` (beyond that, chunks are picked evenly across the period and
 the result says so) -> the partial summaries merged in as many reduce rounds as it takes for
 every reduce request to fit too -> the final text. One chunk needs a single call.
+Planning the chunks is CPU work and runs in a worker thread, not on the event loop.
 
 Sizes use :func:`function_calls.estimate_messages`; each piece is costed on its own, which
 never undercounts the joined text, so the cap holds by construction.
@@ -220,12 +221,15 @@ async def map_reduce(entries: Sequence[HistoryEntry], model: ChatModel, settings
                      zone: ZoneInfo, where: str = "群聊") -> MapReduceResult:
     """Summarise ``entries`` (oldest first, non-empty). Raises :class:`SummaryFailed`."""
     cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
-    speakers = Speakers(entries)
     # Instruction sizes for the longest index numbers, so the real prompts are never larger.
     worst_map = max(_base(_MAP.format(where=where, index=999, total=999, limit=out_cap)),
                     _base(_FINAL.format(where=where, limit=final_cap)))
-    planned = plan_chunks(entries, speakers, zone, budget=cap - worst_map,
-                          max_message_tokens=settings.max_message_tokens)
+
+    def plan() -> list[Chunk]:
+        return plan_chunks(entries, Speakers(entries), zone, budget=cap - worst_map,
+                           max_message_tokens=settings.max_message_tokens)
+
+    planned = await asyncio.to_thread(plan)  # ~0.2 s for 20k messages: keep the event loop free
     picked = [planned[i] for i in _evenly(len(planned), settings.max_chunks)]
     used = sum(len(c.lines) for c in picked)
     session = _Session(model, settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,22 @@ async def test_rows_store_mentions_as_json(rig: Rig) -> None:
     (row,) = await outbox.rows("pending")
     assert json.loads(str(row["mention"])) == ["20002", "20003"]
     assert await outbox.pending("memory") == 1 and await outbox.pending("other") == 0
+
+
+async def test_old_delivered_messages_are_pruned_but_pending_ones_never(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    db = Database(tmp_path / "o.sqlite3")
+    HistoryStore(db)  # the outbox records the bot's replies in history
+    outbox = Outbox(db, clock=lambda: now)
+    await db.open()
+    chat = ChatRef(platform="memory", chat_id="g", kind="group")
+    old = now - timedelta(days=8)
+    await outbox.enqueue(OutgoingMessage(key="old-sent", chat=chat, text="a", created_at=old),
+                         OutgoingMessage(key="old-pending", chat=chat, text="b", created_at=old),
+                         OutgoingMessage(key="new-sent", chat=chat, text="c"))
+    await db.run(lambda d: d.execute("UPDATE outbox SET status='sent' WHERE key IN ('old-sent','new-sent')"))
+    assert await outbox.prune(now) == 1
+    assert sorted(str(r["key"]) for r in await outbox.rows()) == ["new-sent", "old-pending"]
+    await db.close()

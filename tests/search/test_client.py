@@ -111,15 +111,56 @@ async def test_auto_falls_back_to_chat_when_agent_is_missing_and_remembers(
     assert [r.endpoint for r in server.requests] == ["agent", "chat", "chat"]
 
 
-@pytest.mark.parametrize("status", [400, 403, 405])
-async def test_auto_falls_back_when_agent_refuses_this_key_or_request(
+@pytest.mark.parametrize("status", [404, 405, 501])
+async def test_auto_remembers_chat_when_the_agent_endpoint_is_missing(
     server: FakePerplexityServer, status: int
 ) -> None:
-    server.next_status(status)  # e.g. 403: the key has no Agent API access
+    tries = 2 if status >= 500 else 1  # a 5xx is retried once first
+    for _ in range(tries):
+        server.next_status(status)
     async with make_client(server) as client:
-        answer = await client.search("q")
-    assert answer.endpoint == "chat"
+        first = await client.search("q")
+        second = await client.search("q2")
+    assert first.endpoint == second.endpoint == "chat"
     assert client.endpoint_in_use == "chat"
+    assert [r.endpoint for r in server.requests] == ["agent"] * tries + ["chat", "chat"]
+
+
+@pytest.mark.parametrize("status", [400, 403, 422])
+async def test_auto_falls_back_for_one_refused_query_only(server: FakePerplexityServer, status: int) -> None:
+    server.next_status(status)  # one odd query (or a passing refusal) must not switch for good
+    async with make_client(server) as client:
+        odd = await client.search("an odd query")
+        assert odd.endpoint == "chat"
+        assert client.endpoint_in_use is None
+        normal = await client.search("q")
+    assert normal.endpoint == "agent"
+    assert client.endpoint_in_use == "agent"
+    assert [r.endpoint for r in server.requests] == ["agent", "chat", "agent"]
+
+
+@pytest.mark.parametrize("status", [404, 410])
+async def test_auto_goes_back_to_the_agent_api_when_chat_moves_away(
+    server: FakePerplexityServer, status: int
+) -> None:
+    server.disable_endpoint("agent")
+    async with make_client(server) as client:
+        assert (await client.search("q1")).endpoint == "chat"  # auto switched to chat
+        server.enable_endpoint("agent")
+        server.next_status(status)  # chat completions has moved
+        answer = await client.search("q2")
+        assert answer.endpoint == "agent" and answer.text == PARIS_TEXT
+        assert client.endpoint_in_use == "agent"
+        await client.search("q3")
+    assert [r.endpoint for r in server.requests] == ["agent", "chat", "chat", "agent", "agent"]
+
+
+async def test_fixed_chat_endpoint_never_tries_the_agent_api(server: FakePerplexityServer) -> None:
+    server.next_status(404)
+    async with make_client(server, endpoint="chat") as client:
+        with pytest.raises(SearchRejected):
+            await client.search("q")
+    assert [r.endpoint for r in server.requests] == ["chat"]
 
 
 async def test_agent_answer_with_only_url_annotations_keeps_its_sources(server: FakePerplexityServer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,14 @@ from typing import Any
 import pytest
 
 import search
+from function_calls import Caller, ToolContext, ToolError
 from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.config import Settings
+from robot.message import ChatRef
 from robot.testing import MemoryChannel
 from search.testing import FakePerplexityServer
+from search.tools import WindowLimiter
 
 KEY = "pplx-secret-key-123"
 
@@ -134,3 +138,93 @@ async def test_per_user_and_per_chat_hourly_limits(tmp_path: Path, perplexity: F
     assert "[1]" in texts[3]  # bob is unaffected by alice's limit
     assert "本群" in texts[4] and "每小时 3 次" in texts[4]  # the chat's limit (3 searches ran)
     assert len(perplexity.requests_to("chat")) == 3
+
+
+def chat_cfg(perplexity: FakePerplexityServer, **limits: int) -> dict[str, Any]:
+    return {"api_key": KEY, "base_url": perplexity.base_url, "endpoint": "chat", **limits}
+
+
+async def test_a_chat_limit_refusal_does_not_use_up_the_users_own_searches(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    bot, channel = make_bot(tmp_path, None, chat_cfg(perplexity, user_rate_per_hour=1, chat_rate_per_hour=1))
+    g2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+    await bot.start()
+    try:
+        await channel.inject("/search q1", user="alice")
+        await channel.inject("/search q2", user="bob")  # this group's one search is used
+        await channel.inject("/search q3", user="bob", chat=g2)  # bob's own one is still there
+        sent = await channel.wait_sent(3)
+    finally:
+        await bot.stop()
+    assert "本群的搜索次数已达上限" in sent[1].text
+    assert "[1]" in sent[2].text
+    assert len(perplexity.requests_to("chat")) == 2
+
+
+async def test_a_failed_search_does_not_count_against_the_limits(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    perplexity.next_status(503)
+    perplexity.next_status(503)  # the client's one retry fails too
+    bot, channel = make_bot(tmp_path, None, chat_cfg(perplexity, user_rate_per_hour=1, chat_rate_per_hour=1))
+    await bot.start()
+    try:
+        await channel.inject("/search q1", user="alice")
+        await channel.inject("/search q1", user="alice")
+        sent = await channel.wait_sent(2)
+    finally:
+        await bot.stop()
+    assert "暂时不可用" in sent[0].text
+    assert "[1]" in sent[1].text  # the retry after the failure is answered, not refused
+
+
+async def test_the_chat_limit_in_a_private_chat_does_not_say_group(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    bot, channel = make_bot(tmp_path, None, chat_cfg(perplexity, user_rate_per_hour=5, chat_rate_per_hour=1))
+    private = ChatRef(platform="memory", chat_id="alice", kind="private")
+    await bot.start()
+    try:
+        await channel.inject("/search q1", user="alice", chat=private)
+        await channel.inject("/search q2", user="alice", chat=private)
+        sent = await channel.wait_sent(2)
+    finally:
+        await bot.stop()
+    assert "本聊天的搜索次数已达上限（每小时 1 次）" in sent[1].text and "本群" not in sent[1].text
+
+
+@pytest.mark.parametrize("setting", ["user_rate_per_hour", "chat_rate_per_hour"])
+async def test_a_rate_of_zero_switches_search_off_with_a_clear_message(
+        tmp_path: Path, perplexity: FakePerplexityServer, setting: str) -> None:
+    model = ScriptedModel([text("搜不了。")])
+    bot, channel = make_bot(tmp_path, model, chat_cfg(perplexity, **{setting: 0}))
+    await bot.start()
+    try:
+        await channel.inject("/search q1", user="alice")
+        await channel.inject("帮我搜一下上海天气", user="alice", at_bot=True)
+        sent = await channel.wait_sent(2)
+        caller = Caller(platform="memory", user_id="alice", chat_id="g1", chat_kind="group")
+        ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(search.perplexity_search), caller=caller)
+        with pytest.raises(ToolError) as refused:  # called anyway (say, by a scheduled run)
+            await search.perplexity_search.invoke(ctx, search.perplexity_search.parse_arguments({"query": "q"}))
+    finally:
+        await bot.stop()
+    assert f"[search] {setting} = 0" in sent[0].text and "关闭" in sent[0].text
+    assert model.requests[0].tools == []  # the model is not offered a tool that cannot work
+    assert refused.value.user_message is not None and f"{setting} = 0" in refused.value.user_message
+    assert perplexity.requests == []
+
+
+def test_window_limiter_checks_without_recording_and_gives_slots_back() -> None:
+    now = [100.0]
+    limiter = WindowLimiter(2, window_s=60, monotonic=lambda: now[0])
+    assert limiter.wait_time("a") == 0 and limiter.wait_time("a") == 0  # checking records nothing
+    first = limiter.acquire("a")
+    now[0] += 10
+    second = limiter.acquire("a")
+    assert limiter.wait_time("a") == 50  # the first slot frees 60 s after it was taken
+    limiter.release("a", second)  # that search failed
+    assert limiter.wait_time("a") == 0 and limiter.wait_time("b") == 0
+    limiter.acquire("a")
+    now[0] += 50
+    assert limiter.wait_time("a") == 0  # the first one expired
+    assert first == 100.0
+    assert WindowLimiter(0).disabled and WindowLimiter(0).wait_time("a") == math.inf  # no IndexError

@@ -19,6 +19,7 @@ from robot.bot import Bot
 from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
 from robot.config import Settings
 from robot.message import ChatRef
+from summary.window import read_mark
 
 SELF_ID = 10001
 GROUP, OTHER_GROUP = 123456, 654321
@@ -95,7 +96,7 @@ async def test_a_member_asks_for_a_summary_and_the_group_gets_it(world: World) -
     # The summary comes back to the group, addressed to the member who asked.
     assert action["params"]["group_id"] == GROUP
     reply = sent_text(action)
-    assert reply.startswith("【群聊总结】最近 24 小时 · 4 条消息 · 3 人发言")
+    assert reply.startswith("【群聊总结】最近 24 小时 · 3 条消息 · 3 人发言")
     assert SUMMARY_TEXT in reply
     assert {"type": "at", "data": {"qq": "20002"}} in action["params"]["message"]
 
@@ -104,20 +105,24 @@ async def test_a_member_asks_for_a_summary_and_the_group_gets_it(world: World) -
     summary_request = server.requests[1]
     body = summary_request.messages[-1]["content"]
     lines = [LINE.match(line).groups() for line in body.splitlines() if LINE.match(line)]  # type: ignore[union-attr]
-    assert lines == [
+    assert lines == [  # exactly the three members' messages: not the request, not the other group
         ("小明", "20002", "周六下午去打球吗？"),
         ("阿强", "20003", "可以，三点以后都行"),
         ("小红", "20004", "我来订场地，体育馆二号场"),
-        ("小明", "20002", "帮忙总结一下群聊"),
     ]
+    assert "帮忙总结一下群聊" not in body
     assert all("明天考试" not in r.raw.decode() for r in server.requests)
     assert summary_request.body["model"] == "fake-model" and summary_request.body.get("max_tokens")
 
     await asyncio.sleep(0.05)  # nothing is sent to the other group
     assert [a["params"].get("group_id") for a in peer.actions if a["action"] == "send_group_msg"] == [GROUP]
-    mark = await bot.history.summary_mark(G)
-    assert mark is not None and int(mark.timestamp()) == start + 300
-    assert await bot.history.summary_mark(OTHER) is None
+    assert await read_mark(bot.db, G) is not None
+    assert await read_mark(bot.db, OTHER) is None
+
+    # Asked again: the earlier talk and the first request are behind the mark.
+    await peer.send_event(group_event(GROUP, 20003, "阿强", "再总结一次", 5004, start + 400, at_bot=True))
+    again = await peer.wait_for_action(lambda f: f["action"] == "send_group_msg", timeout=10)
+    assert sent_text(again).startswith("【群聊总结】自上次总结以来：没有可以总结的新消息。")
 
 
 async def test_forget_me_over_onebot_deletes_only_the_callers_messages(world: World) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,6 +13,8 @@ from typing import Any
 import pytest
 
 import summary
+import summary.mapreduce as mapreduce_module
+import summary.tools as tools_module
 from function_calls import (
     ArgumentError,
     Caller,
@@ -26,7 +30,8 @@ from robot.bot import Bot
 from robot.config import ConfigError, Settings
 from robot.message import ChatRef
 from robot.testing import MemoryChannel
-from summary import SummaryArgs
+from summary import SummaryArgs, extractive_summary
+from summary.window import read_mark
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
@@ -73,8 +78,10 @@ def chat_lines(model: ScriptedModel) -> list[str]:
     return out
 
 
-async def run_tool(bot: Bot, args: SummaryArgs, *, user: str = "1", chat: ChatRef = G1) -> ToolResult:
-    caller = Caller(platform=chat.platform, user_id=user, user_name=user, chat_id=chat.chat_id, chat_kind=chat.kind)
+async def run_tool(bot: Bot, args: SummaryArgs, *, user: str = "1", chat: ChatRef = G1,
+                   message_id: str = "") -> ToolResult:
+    caller = Caller(platform=chat.platform, user_id=user, user_name=user, chat_id=chat.chat_id, chat_kind=chat.kind,
+                    message_id=message_id)
     ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(summary.summary), caller=caller, zone=bot.zone,
                                         clock=bot.clock)
     return await summary.summary.invoke(ctx, args)
@@ -100,14 +107,44 @@ async def test_default_window_is_since_the_last_summary_and_the_mark_moves(tmp_p
         await ch.inject("下午三点", user="2", at=ago(20))
         first = await run_tool(bot, SummaryArgs())
         assert chat_lines(model) == ["1(1): 今天开会吗", "2(2): 下午三点"]  # no mark yet: the last 24 h
-        assert await bot.history.summary_mark(G1) == ago(20)
         await bot.send(G1, first.user_messages[0], key="summary-1")  # the summary lands in history too
         clock.now = NOW + timedelta(minutes=5)
         await ch.inject("那我订会议室", user="3", at=NOW + timedelta(minutes=1))
         model.requests.clear()
         await run_tool(bot, SummaryArgs())
         assert chat_lines(model) == ["3(3): 那我订会议室"]  # not the old ones, not the bot's summary
-        assert await bot.history.summary_mark(G1) == NOW + timedelta(minutes=1)
+        third = await run_tool(bot, SummaryArgs())
+    assert third.user_messages[0] == "【群聊总结】自上次总结以来：没有可以总结的新消息。"
+
+
+async def test_a_message_in_the_same_second_as_the_last_summarised_one_is_not_lost(tmp_path: Path) -> None:
+    # OneBot timestamps are whole seconds: a later message can carry the mark's own second.
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        await ch.inject("第一条", user="1", at=ago(1))
+        await run_tool(bot, SummaryArgs())
+        await ch.inject("同一秒的第二条", user="2", at=ago(1))
+        model.requests.clear()
+        await run_tool(bot, SummaryArgs())
+        assert chat_lines(model) == ["2(2): 同一秒的第二条"]  # neither skipped nor the first one again
+        model.requests.clear()
+        again = await run_tool(bot, SummaryArgs())
+    assert "没有可以总结的新消息" in again.user_messages[0] and model.requests == []
+
+
+async def test_a_chat_with_a_timestamp_mark_from_before_continues_from_it(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        await ch.inject("已经总结过", user="1", at=ago(30))
+        await ch.inject("还没总结", user="2", at=ago(10))
+        await bot.history.set_summary_mark(G1, ago(30))  # as the plugin used to store it
+        result = await run_tool(bot, SummaryArgs())
+        assert chat_lines(model) == ["2(2): 还没总结"]
+        assert result.user_messages[0].startswith("【群聊总结】自上次总结以来 · 1 条消息")
+        model.requests.clear()
+        await ch.inject("新消息", user="3", at=ago(5))
+        await run_tool(bot, SummaryArgs())
+        assert chat_lines(model) == ["3(3): 新消息"]
 
 
 async def test_hours_and_messages_windows(tmp_path: Path) -> None:
@@ -157,7 +194,65 @@ async def test_asked_in_chat_the_summary_is_the_answer_without_another_model_tur
     with_tools = [r for r in model.requests if r.tools]
     assert len(with_tools) == 1  # the tool's reply ended the run
     assert len(sent) == 1 and sent[0].mention == ("2",)
-    assert sent[0].text.startswith("【群聊总结】最近 24 小时 · 3 条消息 · 2 人发言") and sent[0].text.endswith("模型总结")
+    assert sent[0].text.startswith("【群聊总结】最近 24 小时 · 2 条消息 · 2 人发言") and sent[0].text.endswith("模型总结")
+    assert chat_lines(model) == ["Alice(1): 周六去爬山吧", "Bob(2): 好呀"]  # not the request itself
+
+
+async def test_the_request_is_not_one_of_the_last_n_messages(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda r: call("summary", {"messages": 2}) if r.tools else text("模型总结"))
+    async with running(tmp_path, model) as (bot, ch):
+        for i in range(3):
+            await ch.inject(f"消息{i}", user=str(i), at=ago(10 - i))
+        await ch.inject("总结最近两条", user="9", at=ago(1), at_bot=True)
+        await ch.wait_sent(1)
+        assert chat_lines(model) == ["1(1): 消息1", "2(2): 消息2"]
+        model.requests.clear()
+        later = await run_tool(bot, SummaryArgs())  # the mark moved past the request too
+    assert "没有可以总结的新消息" in later.user_messages[0]
+
+
+class LoopProbe:
+    """Wraps a function so it returns only after the event loop ran something else meanwhile."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.loop_ran = threading.Event()
+        self.loop_was_free: list[bool] = []
+
+    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.loop_ran.clear()
+            self.started.set()
+            # On the event loop's own thread this waits in vain: the watcher cannot run.
+            self.loop_was_free.append(self.loop_ran.wait(3))
+            return real(*args, **kwargs)
+        return wrapper
+
+    async def watch(self) -> None:
+        while True:
+            if self.started.is_set():
+                self.started.clear()
+                self.loop_ran.set()
+            await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+async def test_heavy_summary_work_leaves_the_event_loop_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             with_model: bool) -> None:
+    probe = LoopProbe()
+    if with_model:
+        monkeypatch.setattr(mapreduce_module, "plan_chunks", probe.wrap(mapreduce_module.plan_chunks))
+    else:
+        monkeypatch.setattr(tools_module, "extractive_summary", probe.wrap(extractive_summary))
+    async with running(tmp_path, summariser() if with_model else None) as (bot, ch):
+        await ch.inject("周六打球", user="1", at=ago(3))
+        watcher = asyncio.create_task(probe.watch())
+        try:
+            result = await run_tool(bot, SummaryArgs())
+        finally:
+            watcher.cancel()
+    assert probe.loop_was_free == [True]
+    assert "周六打球" in result.user_messages[0] or result.user_messages[0].endswith("模型总结")
 
 
 async def test_a_failing_model_falls_back_to_the_extractive_summary_and_keeps_the_mark(tmp_path: Path) -> None:
@@ -167,7 +262,7 @@ async def test_a_failing_model_falls_back_to_the_extractive_summary_and_keeps_th
     async with running(tmp_path, ScriptedModel(broken)) as (bot, ch):
         await ch.inject("明天8点集合？", user="1", name="Alice", at=ago(5))
         result = await run_tool(bot, SummaryArgs())
-        assert await bot.history.summary_mark(G1) is None
+        assert await read_mark(bot.db, G1) is None
     reply = result.user_messages[0]
     assert "AI 总结暂时失败" in reply and "Alice(1): 明天8点集合？" in reply
     assert result.data and result.data["mode"] == "fallback" and result.data["model_calls"] == 1
@@ -188,7 +283,7 @@ async def test_an_empty_window_says_so(tmp_path: Path) -> None:
     async with running(tmp_path, model) as (bot, ch):
         await ch.inject("/summary hours=1", user="1", at=ago(1))
         sent = await ch.wait_sent(1)
-        assert await bot.history.summary_mark(G1) is None
+        assert await read_mark(bot.db, G1) is None
     assert sent[0].text == "【群聊总结】最近 1 小时：没有可以总结的新消息。"
     assert model.requests == []
 
@@ -224,6 +319,24 @@ async def test_forget_me_deletes_only_the_callers_messages_in_this_chat(tmp_path
     assert ("2", "别人的") in left_here and ("bot", "机器人的话") in left_here
     assert not any(user == "1" for user, _ in left_here)
     assert left_there == [("1", "我在别的群")]
+
+
+async def test_forget_me_also_removes_earlier_summaries_that_may_quote_the_caller(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ch.inject("我的手机号是 138xxxx", user="1", chat=G1, at=ago(9))
+        await ch.inject("那边的话", user="1", chat=G2, at=ago(8))
+        for chat, key in ((G1, "s1"), (G2, "s2")):
+            await bot.send(chat, (await run_tool(bot, SummaryArgs(), chat=chat)).user_messages[0], key=key)
+        await bot.send(G1, "机器人的话", key="k1")
+        await ch.wait_sent(3)
+        await ch.inject("/forget me", user="1", chat=G1, at=ago(1))
+        sent = await ch.wait_sent(4)
+        here = [h.text for h in await bot.history.recent(G1, 50)]
+        there = [h.text for h in await bot.history.recent(G2, 50)]
+    assert sent[-1].text == ("已删除你在本群被记录的 2 条消息，并删除了本群之前的 1 条聊天总结"
+                             "（其中可能引用了你的消息）。")
+    assert not any("138xxxx" in t for t in here) and "机器人的话" in here
+    assert any(t.startswith("【群聊总结】") and "那边的话" in t for t in there)  # another chat: untouched
 
 
 async def test_forget_needs_the_explicit_target_me(tmp_path: Path) -> None:
