@@ -28,11 +28,11 @@ import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from aiohttp import web
 
+from function_calls.testing.loopback import LoopbackServer
 from search.client import CITATION_MARKER, Source
 
 __all__ = ["FakePerplexityServer", "RecordedRequest"]
@@ -81,10 +81,11 @@ class _Fault:
     body: str | None
 
 
-class FakePerplexityServer:
+class FakePerplexityServer(LoopbackServer):
     """An aiohttp server on 127.0.0.1 (random free port) answering like Perplexity."""
 
     def __init__(self, *, api_key: str | None = None) -> None:
+        super().__init__()
         self.api_key = api_key
         self.requests: list[RecordedRequest] = []
         self._text = _DEFAULT_TEXT
@@ -93,49 +94,30 @@ class FakePerplexityServer:
         self._disabled: set[FakeEndpoint] = set()
         self._delay = 0.0
         self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Bind and start serving."""
-        if self._runner is not None:
-            raise RuntimeError("FakePerplexityServer is already started")
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self._agent)
         app.router.add_post("/v1/agent", self._agent)
         app.router.add_post("/chat/completions", self._chat)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
-        # handler_cancellation: a client that times out mid-delay cancels its handler quietly.
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self._closing.clear()
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
 
-    async def close(self) -> None:
+    async def start(self) -> None:
+        self._closing.clear()
+        await super().start()
+
+    async def stop(self) -> None:
         """Stop serving; delayed requests are cut short. Safe to call twice."""
         self._closing.set()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        await super().stop()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+    async def close(self) -> None:
+        await self.stop()
 
     @property
     def base_url(self) -> str:
         """``http://127.0.0.1:PORT``: the API root, as ``SearchSettings.base_url`` expects."""
-        if self._port is None:
-            raise RuntimeError("FakePerplexityServer is not started")
-        return f"http://127.0.0.1:{self._port}"
+        return self.root_url
 
     @property
     def last_request(self) -> RecordedRequest:

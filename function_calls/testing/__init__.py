@@ -1,5 +1,6 @@
 """Test seams for qunbot and its plugin authors: a scripted model and a fake OpenAI server."""
 
+from function_calls.testing.loopback import LoopbackServer
 from function_calls.testing.scripted import ScriptedModel, call, text
 from function_calls.testing.server import (
     Call,
@@ -17,6 +18,7 @@ __all__ = [
     "Disconnect",
     "FakeOpenAIServer",
     "Fault",
+    "LoopbackServer",
     "RecordedRequest",
     "Reply",
     "ScriptedModel",

@@ -26,10 +26,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Literal, Self, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from aiohttp import web
+
+from function_calls.testing.loopback import LoopbackServer
 
 __all__ = [
     "Call",
@@ -150,61 +151,27 @@ class RecordedRequest:
         return tools
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopbackServer):
     """An aiohttp server on 127.0.0.1 (random free port) speaking the chat-completions API."""
 
     MODELS: tuple[str, ...] = ("fake-model", "fake-model-mini")
 
     def __init__(self, responder: Responder | None = None) -> None:
+        super().__init__()
         self.responder: Responder | None = responder
         self.requests: list[RecordedRequest] = []
         self._steps: deque[Step] = deque()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
         self._counter = 0
 
-    async def start(self) -> None:
-        """Bind and start serving."""
-        if self._runner is not None:
-            raise RuntimeError("FakeOpenAIServer is already started")
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
-        # handler_cancellation: a client that hangs up mid-Delay cancels the handler quietly;
-        # the short shutdown_timeout keeps stop() from waiting out a long Delay.
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()  # bursts of clients in benches
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        """Stop serving; requests still in flight are cancelled. Safe to call twice."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    @property
-    def port(self) -> int:
-        """The bound port (after ``start``)."""
-        if self._port is None:
-            raise RuntimeError("FakeOpenAIServer is not started")
-        return self._port
 
     @property
     def base_url(self) -> str:
         """``http://127.0.0.1:PORT/v1``, ready for ``openai.AsyncOpenAI(base_url=...)``."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.root_url}/v1"
 
     def script(self, *steps: Step) -> None:
         """Queue steps; each chat-completions request consumes the oldest one."""

@@ -11,11 +11,11 @@ import collections
 import itertools
 import json
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
+from function_calls.testing.loopback import LoopbackServer
 from robot.channels.wecom.crypto import WeComCrypto
 
 __all__ = ["FakeWeComAPI", "RecordedCall", "signed_query"]
@@ -41,12 +41,13 @@ def signed_query(
     }
 
 
-class FakeWeComAPI:
+class FakeWeComAPI(LoopbackServer):
     """A local stand-in for ``qyapi.weixin.qq.com``; use as ``async with FakeWeComAPI() as api``."""
 
     def __init__(
         self, *, corp_id: str = "corp", corp_secret: str = "secret", webhook_key: str = "hook"
     ) -> None:
+        super().__init__()
         self.corp_id = corp_id
         self.corp_secret = corp_secret
         self.webhook_key = webhook_key
@@ -55,7 +56,6 @@ class FakeWeComAPI:
         self.fail_webhooks: collections.deque[int] = collections.deque()
         self.token: str | None = None
         self._counter = itertools.count(1)
-        self._runner: web.AppRunner | None = None
         self.base_url = ""
 
     def calls_to(self, path: str) -> list[RecordedCall]:
@@ -67,33 +67,15 @@ class FakeWeComAPI:
         """A response_url pointing at this fake (what an AI-bot callback would carry)."""
         return f"{self.base_url}/cgi-bin/aibot/response?response_code=code{next(self._counter)}"
 
-    async def start(self) -> str:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/cgi-bin/gettoken", self._gettoken)
         app.router.add_post("/cgi-bin/message/send", self._message_send)
         app.router.add_post("/cgi-bin/webhook/send", self._webhook_send)
         app.router.add_post("/cgi-bin/aibot/response", self._aibot_response)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.base_url = f"http://127.0.0.1:{port}"
-        return self.base_url
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeWeComAPI:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
+    async def start(self) -> None:
+        await super().start()
+        self.base_url = self.root_url
 
     async def _record(self, request: web.Request) -> RecordedCall:
         body = None

@@ -215,7 +215,8 @@ async def test_long_text_is_split_at_2048_bytes(channel: WeComChannel, fake: Fak
 
 async def test_unreachable_api_is_unavailable_and_hides_secrets() -> None:
     gone = FakeWeComAPI(corp_id=VECTORS["receive_id"], corp_secret="secret")
-    base = await gone.start()
+    await gone.start()
+    base = gone.base_url
     await gone.stop()
     channel = create_channel(_settings(base))
     assert isinstance(channel, WeComChannel)
