@@ -1,6 +1,6 @@
 """Reminders benchmark: lateness under a burst, loss/duplication, start-up time and memory.
 
-    .venv/bin/python bench/bench_reminders.py [--count 10000] [--spread 60 0] [--stored 100000]
+    .venv/bin/python bench/bench_reminders.py [--count 10000] [--spread 60 0] [--stored 100000] [--prompts 2000]
 
 1. ``--count`` daily reminders due within one minute (whole seconds spread over ``--spread``
    seconds; ``0`` puts them all on the same second, the worst case) on one bot with the real
@@ -8,6 +8,9 @@
    instant to the moment the channel's ``send()`` is called.
 2. Start-up of a bot whose database holds ``--stored`` active reminders spread over the next
    ``--window`` seconds (24 h; the timer arms only those due within its one-hour horizon).
+3. ``--prompts`` prompt-mode reminders due at once, answered by a fake model that takes
+   ``--model-ms``: how many model runs overlap (bounded by ``[reminders] prompt_concurrency``)
+   and how long the queue takes to drain.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import time
 import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Literal
 from zoneinfo import ZoneInfo
 
 import psutil  # type: ignore[import-untyped]
 
 import reminders
+from function_calls import ModelRequest, ModelResponse
+from function_calls.testing import ScriptedModel, text
 from reminders.store import Reminder, ReminderStore, new_id
 from reminders.tools import ReminderDeps
 from robot.bot import Bot
@@ -55,12 +61,12 @@ def rss_mb() -> float:
     return float(psutil.Process().memory_info().rss) / 2**20
 
 
-def make_rows(dues: list[datetime]) -> list[Reminder]:
+def make_rows(dues: list[datetime], mode: Literal["text", "prompt"] = "text") -> list[Reminder]:
     tz = ZoneInfo(ZONE)
     now = datetime.now(UTC)
     return [Reminder(id=new_id(), owner=f"bench:user{i}", owner_name=f"user{i}", chat=f"bench:group:{i % 500}",
                      type="daily", wall=due.astimezone(tz).strftime("%H:%M:%S"), zone=ZONE, weekday=None,
-                     content=f"提醒 {i}", mode="text", created_at=now, updated_at=now, next_fire=due)
+                     content=f"提醒 {i}", mode=mode, created_at=now, updated_at=now, next_fire=due)
             for i, due in enumerate(dues)]
 
 
@@ -142,6 +148,36 @@ async def startup(stored: int, window: int) -> None:
                 print(f"[start-up] Python heap allocated during start-up (tracemalloc peak): {heap:.1f} MB")
 
 
+async def prompts(count: int, model_ms: float) -> None:
+    running = peak = 0
+
+    async def answer(request: ModelRequest) -> ModelResponse:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(model_ms / 1000)
+        running -= 1
+        return text("晴")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ch = RecordingChannel()
+        bot = Bot(settings(Path(tmp)), model=ScriptedModel(answer), channels=[ch], plugins=[reminders.plugin])
+        await bot.start()
+        deps = bot.deps_for(reminders.reminder_set)
+        assert isinstance(deps, ReminderDeps)
+        due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+        rows = make_rows([due] * count, mode="prompt")
+        await bot.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+        t0 = time.perf_counter()
+        report = await deps.service.fire_due()
+        took = time.perf_counter() - t0
+        await bot.outbox.flush()
+        await bot.stop()
+    limit = deps.settings.prompt_concurrency
+    print(f"[prompts] {count} prompt reminders due at once, fake model {model_ms:g} ms: delivered {report.delivered}, "
+          f"failed {report.failed}; at most {peak} model runs at a time (limit {limit}); drained in {took:.1f} s")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=10_000)
@@ -149,8 +185,12 @@ async def main() -> None:
                         help="seconds the due instants spread over, one run each (0 = all in the same second)")
     parser.add_argument("--stored", type=int, default=100_000)
     parser.add_argument("--window", type=int, default=86_400, help="seconds the stored reminders spread over")
+    parser.add_argument("--prompts", type=int, default=2_000, help="prompt reminders due at once (0 = skip)")
+    parser.add_argument("--model-ms", type=float, default=20.0, help="the fake model's answer time")
     args = parser.parse_args()
     random.seed(7)
+    if args.prompts:
+        await prompts(args.prompts, args.model_ms)
     await startup(args.stored, args.window)
     for spread in args.spread:
         await burst(args.count, spread)

@@ -45,6 +45,9 @@ MISSED_FIRES_CAP = 1000
 
 _WEEKDAYS_EN = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _WEEKDAYS_ZH = ("一", "二", "三", "四", "五", "六", "日")
+_KINDS_ZH = {"once": "一次性", "daily": "每天", "weekly": "每周"}
+_UNKNOWN_KIND_ZH = "提醒类型 {!r} 不认识，请用 once（一次性）、daily（每天）或 weekly（每周）。"
+_WEEKDAY_HINT_ZH = "0=周一 … 6=周日"
 
 _TIME_RE = re.compile(r"([0-9]{1,2}):([0-9]{1,2})(?::([0-9]{1,2}))?")
 _DATETIME_RE = re.compile(
@@ -56,7 +59,15 @@ _WALL_DATETIME_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0
 
 
 class ScheduleError(ValueError):
-    """Invalid reminder input; the message says what was wrong and what is expected."""
+    """Invalid reminder input; the message says what was wrong and what is expected.
+
+    ``str(exc)`` is English, for the model; ``user_message`` the same in Chinese, for a person
+    (None only for corrupted stored rows, which no person typed).
+    """
+
+    def __init__(self, message: str, *, user_message: str | None = None) -> None:
+        super().__init__(message)
+        self.user_message = user_message
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ScheduleError(f"unknown reminder type {self.kind!r}; use one of: {', '.join(_KINDS)}")
+            raise ScheduleError(f"unknown reminder type {self.kind!r}; use one of: {', '.join(_KINDS)}",
+                                user_message=_UNKNOWN_KIND_ZH.format(self.kind))
         _zone(self.zone)
         pattern = _WALL_DATETIME_RE if self.kind == "once" else _WALL_TIME_RE
         if not pattern.fullmatch(self.wall):
@@ -98,32 +110,36 @@ def _zone(name: str) -> zoneinfo.ZoneInfo:
         pass
     hint = _zone_names_by_lower().get(name.strip().lower())
     suggestion = f"did you mean {hint!r}?" if hint else "use an IANA name such as 'Asia/Shanghai'"
-    raise ScheduleError(f"unknown time zone {name!r}; {suggestion}")
+    raise ScheduleError(f"unknown time zone {name!r}; {suggestion}", user_message=f"时区 {name!r} 不存在。")
 
 
 def _check_weekday(kind: Kind, weekday: int | None) -> None:
     if kind == "weekly":
         if weekday is None:
-            raise ScheduleError("weekly reminders need a weekday: 0=Monday ... 6=Sunday")
+            raise ScheduleError("weekly reminders need a weekday: 0=Monday ... 6=Sunday",
+                                user_message=f"每周提醒需要指定星期几：weekday={_WEEKDAY_HINT_ZH}。")
         if isinstance(weekday, bool) or not isinstance(weekday, int) or not 0 <= weekday <= 6:
-            raise ScheduleError(f"weekday {weekday!r} is out of range; use 0=Monday ... 6=Sunday")
+            raise ScheduleError(f"weekday {weekday!r} is out of range; use 0=Monday ... 6=Sunday",
+                                user_message=f"星期几 {weekday!r} 超出范围，请用 {_WEEKDAY_HINT_ZH}。")
     elif weekday is not None:
-        raise ScheduleError(f"weekday is only for weekly reminders; leave it out for a {kind} reminder")
+        raise ScheduleError(f"weekday is only for weekly reminders; leave it out for a {kind} reminder",
+                            user_message=f"只有每周提醒需要星期几；{_KINDS_ZH[kind]}提醒请去掉 weekday。")
 
 
 def _time_of_day(text: str, h: str, m: str, s: str | None) -> dt_time:
     hour, minute, second = int(h), int(m), int(s or 0)
     problem = (
-        "hour must be 00-23"
+        ("hour must be 00-23", "小时应为 00-23")
         if hour > 23
-        else "minute must be 00-59"
+        else ("minute must be 00-59", "分钟应为 00-59")
         if minute > 59
-        else "second must be 00-59"
+        else ("second must be 00-59", "秒应为 00-59")
         if second > 59
         else None
     )
     if problem:
-        raise ScheduleError(f"time {text!r} is not a valid HH:MM time ({problem})")
+        raise ScheduleError(f"time {text!r} is not a valid HH:MM time ({problem[0]})",
+                            user_message=f"时间 {text!r} 无效（{problem[1]}）。")
     return dt_time(hour, minute, second)
 
 
@@ -136,7 +152,8 @@ def parse_schedule(kind: str, time: str, zone: str, weekday: int | None) -> Sche
     norm_kind = kind.strip().lower()
     chosen = next((k for k in _KINDS if k == norm_kind), None)
     if chosen is None:
-        raise ScheduleError(f"unknown reminder type {kind!r}; use one of: {', '.join(_KINDS)}")
+        raise ScheduleError(f"unknown reminder type {kind!r}; use one of: {', '.join(_KINDS)}",
+                            user_message=_UNKNOWN_KIND_ZH.format(kind))
     zone = zone.strip()
     _zone(zone)
     _check_weekday(chosen, weekday)
@@ -148,13 +165,15 @@ def parse_schedule(kind: str, time: str, zone: str, weekday: int | None) -> Sche
         if m is None:
             raise ScheduleError(
                 f"time {time!r} is not a valid date and time; once reminders need 'YYYY-MM-DD HH:MM' "
-                "in the chat's time zone, e.g. '2026-11-22 15:00'"
+                "in the chat's time zone, e.g. '2026-11-22 15:00'",
+                user_message=f"时间 {time!r} 格式不对：一次性提醒请写“年-月-日 时:分”，例如 2026-11-22 15:00。",
             )
         tod = _time_of_day(text, m[4], m[5], m[6])
         try:
             day = date(int(m[1]), int(m[2]), int(m[3]))
         except ValueError:
-            raise ScheduleError(f"date in {time!r} does not exist; use 'YYYY-MM-DD HH:MM'") from None
+            raise ScheduleError(f"date in {time!r} does not exist; use 'YYYY-MM-DD HH:MM'",
+                                user_message=f"{time!r} 里的日期不存在。") from None
         wall = f"{day.isoformat()} {tod.isoformat()}"
     else:
         m = _TIME_RE.fullmatch(text)
@@ -162,9 +181,11 @@ def parse_schedule(kind: str, time: str, zone: str, weekday: int | None) -> Sche
             if _DATETIME_RE.fullmatch(text):
                 raise ScheduleError(
                     f"{chosen} reminders take only a time of day 'HH:MM', got {time!r}; "
-                    "use type 'once' for a specific date"
+                    "use type 'once' for a specific date",
+                    user_message=f"{_KINDS_ZH[chosen]}提醒只需要时:分（收到 {time!r}）；指定日期请用一次性提醒（once）。",
                 )
-            raise ScheduleError(f"time {time!r} is not a valid HH:MM time, e.g. '08:30'")
+            raise ScheduleError(f"time {time!r} is not a valid HH:MM time, e.g. '08:30'",
+                                user_message=f"时间 {time!r} 格式不对，请写“时:分”，例如 08:30。")
         wall = _time_of_day(text, m[1], m[2], m[3]).isoformat()
     return Schedule(kind=chosen, wall=wall, zone=zone, weekday=weekday)
 
@@ -255,9 +276,12 @@ def first_fire(schedule: Schedule, now: datetime) -> datetime:
     seconds = tod.second != 0
     asked = f"{day} {_short_time(tod)}"
     local_now = now.astimezone(tz)
+    current = _format_wall(local_now, seconds)
     raise ScheduleError(
         f"that time ({asked} {schedule.zone}) is in the past; the current time is "
-        f"{_format_wall(local_now, seconds)} ({_WEEKDAYS_EN[local_now.weekday()]}) {schedule.zone}"
+        f"{current} ({_WEEKDAYS_EN[local_now.weekday()]}) {schedule.zone}",
+        user_message=f"这个时间（{asked}，{schedule.zone}）已经过去了；现在是 {current} "
+        f"周{_WEEKDAYS_ZH[local_now.weekday()]}（{schedule.zone}）。",
     )
 
 

@@ -13,8 +13,10 @@ APScheduler (about 1 KB per job) keeps start-up with 100k stored reminders fast 
 job firing triggers one coalesced pass, so reminders due in the same second fire in a handful
 of transactions, however many there are.
 
-Prompt-mode reminders run the model (``bot.run_scheduled``) outside any transaction, then
-commit the answer the same way after re-checking that the row is still active and unchanged.
+Prompt-mode reminders run the model (``bot.run_scheduled``, in the reminder's stored zone)
+outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
+same way after re-checking that the row is still active and unchanged. A run that stopped early,
+or whose every tool call failed, counts as failed: the owner hears about it once, not daily.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
+from reminders.prompts import run_prompt
 from reminders.schedule import MISSED_FIRES_CAP, Schedule, ScheduleError, first_fire, next_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderStore, new_id
@@ -118,6 +121,7 @@ class ReminderService:
         self._pass: asyncio.Task[None] | None = None
         self._again = False
         self._prompts: dict[str, asyncio.Task[None]] = {}
+        self._running = asyncio.Semaphore(settings.prompt_concurrency)  # model runs at once, not tasks
         self._crash_at = os.environ.get(CRASH_ENV, "")
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -329,21 +333,13 @@ class ReminderService:
         answer: str | None = None
         try:
             latest = _catch_up(r.schedule, planned, now)[0]
-        except ScheduleError:
-            latest = planned  # the commit below marks it broken
-        if now - latest <= self.grace:  # only run the model for an occurrence that will be delivered
-            chat = r.chat_ref
-            caller = Caller(platform=chat.platform, user_id=r.owner_id, user_name=r.owner_name,
-                            chat_id=chat.chat_id, chat_kind=chat.kind, is_admin=False, addressed=True)
-            try:
-                result = await self.bot.run_scheduled(r.content, caller, self.settings.prompt_tools)
-                if result is not None:
-                    answer = "\n".join(t for t in result.replies if t.strip()) or None
-                if answer is None:
-                    log.warning("reminders: prompt %s produced no answer (%s)", r.id,
-                                "no LLM" if result is None else result.stop.value)
-            except Exception:
-                log.exception("reminders: prompt %s failed", r.id)
+            zone: ZoneInfo | None = ZoneInfo(r.zone)
+        except (ScheduleError, ZoneInfoNotFoundError, ValueError):
+            latest, zone = planned, None  # a corrupted row: the commit below marks it broken
+        if zone is not None and now - latest <= self.grace:  # run the model only for what will be delivered
+            async with self._running:
+                if await self._still_due(r.id, planned):
+                    answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
         def commit(db: sqlite_utils.Database) -> tuple[Reminder, Outcome, str | None] | None:
             current = self.store.get_sync(db, r.id)
@@ -354,6 +350,11 @@ class ReminderService:
         applied = await self.store.db.transaction(commit)
         if applied is not None:
             self._after_commit([applied], report)
+
+    async def _still_due(self, reminder_id: str, planned: datetime) -> bool:
+        # A queued prompt may wait a while for its turn: skip the model for one deleted meanwhile.
+        current = await self.store.get(reminder_id)
+        return current is not None and current.status == "active" and current.next_fire == planned
 
     # --- requests from tools ---------------------------------------------------------------
     async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode) -> Reminder:
@@ -375,9 +376,9 @@ class ReminderService:
         self.disarm(reminder_id)
         return deleted
 
-    async def delete_chat(self, chat: ChatRef) -> int:
-        """Delete every active reminder of a chat (say, the bot left the group)."""
-        ids = await self.store.delete_chat(chat.key, self.clock())
+    async def delete_chat(self, chat: ChatRef, *, owner: str | None = None) -> int:
+        """Delete every active reminder of a chat (only ``owner``'s, if given) at once; returns how many."""
+        ids = await self.store.delete_chat(chat.key, self.clock(), owner=owner)
         for rid in ids:
             self.disarm(rid)
         return len(ids)

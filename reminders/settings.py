@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["ReminderSettings"]
 
 
 class ReminderSettings(BaseModel):
-    """Limits, the late-delivery window and the tools a scheduled prompt may use."""
+    """Limits, the late-delivery window and what scheduled prompts may use.
+
+    Per-chat time zones live in the bot core (``[bot] zones``), not here.
+    """
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
@@ -26,13 +28,19 @@ class ReminderSettings(BaseModel):
     prompt_tools: list[str] = Field(
         default_factory=lambda: ["perplexity_search"], description="tools a scheduled prompt may call"
     )
-    zones: dict[str, str] = Field(
-        default_factory=dict,
-        description='per-chat IANA zone, keyed by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}; '
-        "other chats use the bot's timezone",
+    prompt_concurrency: int = Field(
+        8, ge=1, description="scheduled prompts that may run the model at the same time; the rest wait their turn"
     )
 
-    @field_validator("prompt_tools", "zones", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_zones(cls, data: object) -> object:
+        # Older configs set per-chat zones here; say where they went instead of "extra inputs".
+        if isinstance(data, dict) and "zones" in data:
+            raise ValueError("zones moved to the [bot] table: set [bot] zones instead of [reminders] zones")
+        return data
+
+    @field_validator("prompt_tools", mode="before")
     @classmethod
     def _json_from_env(cls, value: object) -> object:
         # Environment overrides arrive as text: QUNBOT_REMINDERS__PROMPT_TOOLS='["a", "b"]'.
@@ -40,15 +48,5 @@ class ReminderSettings(BaseModel):
             try:
                 return json.loads(value)
             except json.JSONDecodeError:
-                raise ValueError("expected JSON, e.g. [\"perplexity_search\"] or {\"chat\": \"Asia/Shanghai\"}") from None
-        return value
-
-    @field_validator("zones")
-    @classmethod
-    def _check_zones(cls, value: dict[str, str]) -> dict[str, str]:
-        for chat, zone in value.items():
-            try:
-                ZoneInfo(zone)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise ValueError(f"zone {zone!r} for chat {chat!r} is not an IANA time zone") from None
+                raise ValueError("expected a JSON list, e.g. [\"perplexity_search\"]") from None
         return value

@@ -47,7 +47,12 @@ _INSERT = f"INSERT INTO reminders ({', '.join(_COLUMNS)}) VALUES ({', '.join('?'
 
 
 class ReminderError(Exception):
-    """A request the reminders store refuses (the message explains why)."""
+    """A request the reminders store refuses: ``str(exc)`` tells the model why (English),
+    ``user_message`` tells the person (Chinese)."""
+
+    def __init__(self, message: str, *, user_message: str | None = None) -> None:
+        super().__init__(message)
+        self.user_message = user_message
 
 
 class LimitError(ReminderError):
@@ -176,15 +181,20 @@ class ReminderStore:
         mine = count("SELECT count(*) FROM reminders WHERE owner = ? AND status = 'active'", [reminder.owner])
         if mine >= limits.max_per_user:
             raise LimitError(f"you already have {mine} active reminders (limit {limits.max_per_user}); "
-                             "delete some with reminder_delete first")
+                             "delete some with reminder_delete first",
+                             user_message=f"你已经有 {mine} 个提醒了（上限 {limits.max_per_user} 个），"
+                             "请先删除一些（/unremind 编号）。")
         here = count("SELECT count(*) FROM reminders WHERE chat = ? AND status = 'active'", [reminder.chat])
         if here >= limits.max_per_chat:
-            raise LimitError(f"this chat already has {here} active reminders (limit {limits.max_per_chat})")
+            raise LimitError(f"this chat already has {here} active reminders (limit {limits.max_per_chat})",
+                             user_message=f"这个聊天已经有 {here} 个提醒了（上限 {limits.max_per_chat} 个）。")
         recent = count("SELECT count(*) FROM reminders WHERE owner = ? AND created_at > ?",
                        [reminder.owner, iso(now - timedelta(minutes=10))])
         if recent >= limits.create_per_10min:
             raise LimitError(f"you created {recent} reminders in the last 10 minutes (limit "
-                             f"{limits.create_per_10min}); try again later")
+                             f"{limits.create_per_10min}); try again later",
+                             user_message=f"你在 10 分钟内已经设置了 {recent} 个提醒（上限 "
+                             f"{limits.create_per_10min} 个），请稍后再试。")
         db.execute(_INSERT, list(reminder.row()))
 
     @staticmethod
@@ -241,9 +251,8 @@ class ReminderStore:
     async def short_ids(self, ids: list[str]) -> dict[str, str]:
         return await self.db.run(lambda db: self.short_ids_sync(db, ids))
 
-    async def match(self, prefix: str, *, owner: str | None, or_chat: str | None = None) -> list[Reminder]:
-        """Active reminders whose id starts with ``prefix``: ``owner``'s (or those in ``or_chat``), or
-        anyone's when ``owner`` is None.
+    async def match(self, prefix: str, *, owner: str | None) -> list[Reminder]:
+        """Active reminders whose id starts with ``prefix``: ``owner``'s, or anyone's when ``owner`` is None.
 
         ``prefix`` may carry a leading ``#`` and any case; anything but hex matches nothing.
         """
@@ -254,8 +263,8 @@ class ReminderStore:
         sql = "SELECT * FROM reminders WHERE id >= ? AND id < ? AND status = 'active'"
         params: list[Any] = [text, text + "g"]
         if owner is not None:
-            sql += " AND (owner = ? OR chat = ?)"
-            params += [owner, or_chat]
+            sql += " AND owner = ?"
+            params.append(owner)
         return await self.db.run(lambda db: _rows(db, sql + " ORDER BY next_fire, id LIMIT 20", params))
 
     async def delete(self, reminder_id: str, now: datetime) -> bool:
@@ -264,13 +273,17 @@ class ReminderStore:
             "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
             "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount))
 
-    async def delete_chat(self, chat: str, now: datetime) -> list[str]:
-        """Delete every active reminder of a chat; returns their ids."""
+    async def delete_chat(self, chat: str, now: datetime, *, owner: str | None = None) -> list[str]:
+        """Delete every active reminder of a chat (only ``owner``'s, if given); returns their ids."""
+        where, params = "chat = ? AND status = 'active'", [chat]
+        if owner is not None:
+            where += " AND owner = ?"
+            params.append(owner)
+
         def work(db: sqlite_utils.Database) -> list[str]:
-            ids = [r[0] for r in db.execute(
-                "SELECT id FROM reminders WHERE chat = ? AND status = 'active'", [chat]).fetchall()]
-            db.execute("UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
-                       "WHERE chat = ? AND status = 'active'", [iso(now), chat])
+            ids = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where}", params).fetchall()]
+            db.execute(f"UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? WHERE {where}",
+                       [iso(now), *params])
             return ids
 
         return await self.db.transaction(work)

@@ -1,7 +1,13 @@
 """The reminder tools (``reminder_set``, ``reminder_list``, ``reminder_delete``) and their deps.
 
-Identity comes from ``ctx.caller`` only: no argument can name another person. Errors raise
-:class:`ToolError` with a message the model can act on (for a past time, the current time).
+Identity comes from ``ctx.caller`` only: no argument can name another person. Times are read in
+the chat's zone (``ctx.zone``, from ``[bot] zones``). Errors raise :class:`ToolError` with an
+English message the model can act on (for a past time, the current time) and a Chinese
+``user_message`` for the person.
+
+Deleting: anyone deletes their own reminders; a bot admin (``[bot] admins``) anyone's by id.
+``reminder_id="all"`` clears this chat: every reminder in it for a bot admin or the group's
+owner/admins, otherwise the caller's own ones there.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = [
 ]
 
 _LISTED = 10
+_ALL = frozenset({"all", "全部"})
 
 
 class ReminderArgs(BaseModel):
@@ -59,7 +66,8 @@ class DeleteArgs(BaseModel):
 
     reminder_id: str = Field(
         min_length=1, max_length=40,
-        description="the reminder's id as shown by reminder_list (e.g. '3f9a'), or any unique prefix of it")
+        description="the reminder's id as shown by reminder_list (e.g. '3f9a'), or any unique prefix of it; "
+        "'all' deletes every reminder the person may delete in this chat")
 
 
 def _chat_of(caller: Caller) -> ChatRef:
@@ -84,17 +92,15 @@ class ReminderDeps:
     def llm_available(self) -> bool:
         return self.service.bot.router is not None
 
-    def zone_for(self, chat: ChatRef) -> str:
-        """The chat's zone: configured per chat in ``[reminders] zones``, else the bot's."""
-        return self.settings.zones.get(chat.key) or self.service.bot.zone.key
+    @staticmethod
+    def owner_scope(caller: Caller) -> str | None:
+        """Whose reminders ``caller`` may delete by id: their own (None: anyone's, for a bot admin)."""
+        return None if caller.bot_admin else caller.qualified_user
 
-    def scope(self, caller: Caller) -> tuple[str | None, str | None]:
-        """``(owner, or_chat)`` for matching what ``caller`` may delete: their own reminders; bot
-        admins anyone's; a group's owner/admins also those living in that group."""
-        if self.service.bot.is_admin(caller.platform, caller.user_id):
-            return None, None
-        in_group_as_admin = caller.is_admin and caller.chat_kind == "group"
-        return caller.qualified_user, _chat_of(caller).key if in_group_as_admin else None
+    @staticmethod
+    def clears_chat(caller: Caller) -> bool:
+        """Whether ``caller``'s "all" deletes everyone's reminders in this chat, not just their own."""
+        return caller.bot_admin or (caller.is_admin and caller.chat_kind == "group")
 
     async def describe(self, caller: Caller, reminders: list[Reminder]) -> list[str]:
         """One line per reminder: short id, chat, schedule with next fire, content."""
@@ -131,18 +137,20 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     deps = ctx.deps
     content = args.content.strip()
     if not content:
-        raise ToolError("content is empty: say what the reminder should tell the user")
+        raise ToolError("content is empty: say what the reminder should tell the user",
+                        user_message="设置提醒失败：提醒内容不能为空。")
     if len(content) > deps.settings.max_content:
         raise ToolError(f"content is {len(content)} characters; the limit is {deps.settings.max_content}. "
-                        "Shorten it.")
+                        "Shorten it.",
+                        user_message=f"设置提醒失败：内容有 {len(content)} 字，最多 {deps.settings.max_content} 字。")
     if args.mode == "prompt" and not deps.llm_available:
         raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
                         user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
     try:
-        schedule = parse_schedule(args.type, args.time, deps.zone_for(_chat_of(ctx.caller)), args.weekday)
+        schedule = parse_schedule(args.type, args.time, ctx.zone.key, args.weekday)
         reminder = await deps.service.create(ctx.caller, schedule, content, args.mode)
     except (ScheduleError, ReminderError) as exc:
-        raise ToolError(str(exc), user_message=f"设置提醒失败：{exc}") from None
+        raise ToolError(str(exc), user_message=f"设置提醒失败：{exc.user_message or '时间或参数无效。'}") from None
     short = (await deps.store.short_ids([reminder.id]))[reminder.id]
     what = "定时任务" if args.mode == "prompt" else "提醒"
     text = f"好的，已设置{what} #{short}：{describe(schedule, reminder.next_fire)}\n内容：{content}"
@@ -156,7 +164,7 @@ async def reminder_list(ctx: ToolContext[ReminderDeps]) -> ToolResult:
     deps = ctx.deps
     mine = await deps.store.for_owner(ctx.caller.qualified_user)
     if not mine:
-        return ToolResult(content="你目前没有任何提醒。(The user has no active reminders.)")
+        return ToolResult.reply("你目前没有任何提醒。", content="The user has no active reminders.")
     lines = await deps.describe(ctx.caller, mine)
     return ToolResult(content=f"你的提醒（共 {len(mine)} 个）：\n" + "\n".join(lines),
                       data={"ids": [r.id for r in mine]})
@@ -164,16 +172,23 @@ async def reminder_list(ctx: ToolContext[ReminderDeps]) -> ToolResult:
 
 @tool_function(aliases=["unremind"])
 async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> ToolResult:
-    """删除提醒 (delete one of the asking person's reminders by the id reminder_list shows, or a unique prefix)."""
+    """删除提醒 (delete one of the asking person's reminders by the id reminder_list shows, or a unique
+    prefix; 'all' = every reminder they may delete in this chat)."""
     deps, caller = ctx.deps, ctx.caller
-    owner, or_chat = deps.scope(caller)
     wanted = args.reminder_id.strip()
-    found = await deps.store.match(wanted, owner=owner, or_chat=or_chat)
+    if wanted.lower() in _ALL:
+        if ctx.via != "command" and caller.is_admin:
+            # Clearing a whole chat is for a person to type, not for a model to infer from chat text.
+            raise ToolError("deleting every reminder in the chat needs the person to send `/unremind all` "
+                            "themselves; tell them so", user_message="要删除本聊天的全部提醒，请直接发送 /unremind all。")
+        return await _delete_all(deps, caller)
+    found = await deps.store.match(wanted, owner=deps.owner_scope(caller))
     if len(found) == 1:
         target = found[0]
         line = (await deps.describe(caller, [target]))[0]
         if not await deps.service.delete(target.id):
-            raise ToolError(f"reminder {wanted!r} has just fired or was deleted; nothing to delete")
+            raise ToolError(f"reminder {wanted!r} has just fired or was deleted; nothing to delete",
+                            user_message=f"提醒 {wanted} 刚刚已经发出或被删除了。")
         return ToolResult.reply(f"已删除提醒 {line}", data={"id": target.id})
     if found:
         lines = await deps.describe(caller, found)
@@ -184,9 +199,26 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
         raise ToolError(f"no reminder with id {wanted!r}: the user has no active reminders",
                         user_message="你目前没有任何提醒。")
     lines = await deps.describe(caller, mine[:_LISTED])
-    more = f"\n…and {len(mine) - _LISTED} more (call reminder_list)" if len(mine) > _LISTED else ""
+    extra = len(mine) - _LISTED
+    more, more_zh = (f"\n…and {extra} more (call reminder_list)", f"\n……还有 {extra} 个（发送 /reminders 查看）"
+                     ) if extra > 0 else ("", "")
     raise ToolError(f"no reminder of this user has id {wanted!r}. Their reminders are:\n" + "\n".join(lines) + more,
-                    user_message=f"没有找到编号为 {wanted} 的提醒。你的提醒：\n" + "\n".join(lines) + more)
+                    user_message=f"没有找到编号为 {wanted} 的提醒。你的提醒：\n" + "\n".join(lines) + more_zh)
+
+
+async def _delete_all(deps: ReminderDeps, caller: Caller) -> ToolResult:
+    everyone = deps.clears_chat(caller)
+    here = "本群" if caller.chat_kind == "group" else "本聊天"
+    count = await deps.service.delete_chat(_chat_of(caller), owner=None if everyone else caller.qualified_user)
+    whose = "" if everyone else "你在"
+    if count == 0:
+        return ToolResult.reply(f"{whose}{here}没有可删除的提醒。",
+                                content="nothing to delete: no active reminders of this user in this chat"
+                                if not everyone else "nothing to delete: this chat has no active reminders")
+    return ToolResult.reply(f"已删除{whose}{here}的全部 {count} 个提醒。",
+                            content=f"deleted {count} reminders in this chat"
+                            + ("" if everyone else " (only the user's own: they are not an admin here)"),
+                            data={"deleted": count})
 
 
 toolset = Toolset("reminders", [reminder_set, reminder_list, reminder_delete])

@@ -1,0 +1,203 @@
+"""Scheduled prompts: the stored zone, failed tool calls reported once, bounded concurrent model runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from pydantic import BaseModel
+
+from function_calls import (
+    Caller,
+    ModelRequest,
+    ModelResponse,
+    RunResult,
+    RunState,
+    StopReason,
+    ToolContext,
+    ToolError,
+    Toolset,
+    ToolTrace,
+    tool_function,
+)
+from function_calls.testing import ScriptedModel, call, text
+from reminders.prompts import run_failure
+from reminders.schedule import parse_schedule
+from reminders.service import ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import Reminder, ReminderStore
+from robot.bot import Bot
+from robot.config import Settings
+from robot.plugin import Plugin
+from robot.testing import MemoryChannel
+
+SH, BERLIN = "Asia/Shanghai", "Europe/Berlin"
+ALICE = Caller(platform="memory", user_id="u1", user_name="Alice", chat_id="g1", chat_kind="group")
+FAILURE = "⚠️ 定时任务「天气」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。"
+
+
+def at(zone: str, wall: str) -> datetime:
+    return datetime.fromisoformat(wall).replace(tzinfo=ZoneInfo(zone)).astimezone(UTC)
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class SearchArgs(BaseModel):
+    query: str
+
+
+class Weather:
+    """A search tool whose backend is down until ``up`` is set."""
+
+    up = False
+
+
+@tool_function
+async def weather_search(ctx: ToolContext[object], args: SearchArgs) -> str:
+    """Search the weather."""
+    if not Weather.up:
+        raise ToolError("weather backend unavailable (HTTP 503)")
+    return "晴，-3°C"
+
+
+WEATHER: Plugin[object] = Plugin("fake_weather", Toolset("fake_weather", [weather_search]))
+
+
+@dataclass
+class Rig:
+    bot: Bot
+    ch: MemoryChannel
+    service: ReminderService
+    clock: Clock
+
+    async def add(self, time: str, content: str = "天气", *, zone: str = SH, kind: str = "daily") -> Reminder:
+        return await self.service.create(ALICE, parse_schedule(kind, time, zone, None), content, "prompt")
+
+    async def fire(self, now: datetime) -> None:
+        self.clock.now = now
+        await self.service.fire_due(now)
+
+    async def texts(self) -> list[str]:
+        await self.bot.outbox.flush()
+        return [m.text for m in self.ch.sent]
+
+
+Factory = Callable[..., Awaitable[Rig]]
+
+
+@pytest.fixture
+async def rig_factory(tmp_path: Path) -> AsyncIterator[Factory]:
+    bots: list[Bot] = []
+
+    async def make(now: datetime, model: Any, cfg: dict[str, Any] | None = None) -> Rig:
+        clock = Clock(now)
+        ch = MemoryChannel(clock=clock)
+        settings = Settings(bot={"data_dir": tmp_path, "timezone": SH}, reminders=cfg or {})
+        bot = Bot(settings, model=model, channels=[ch], plugins=[WEATHER], clock=clock)
+        await bot.start()
+        bots.append(bot)
+        await bot.db.ensure(ReminderStore.schema)
+        service = ReminderService(ReminderStore(bot.db), bot, settings.section("reminders", ReminderSettings))
+        return Rig(bot, ch, service, clock)
+
+    yield make
+    Weather.up = False
+    for bot in bots:
+        await bot.stop()
+
+
+def search_then_answer(request: ModelRequest) -> ModelResponse:
+    """Call the search tool, then answer with whatever came back (an apology after an error)."""
+    last = request.messages[-1]
+    if last["role"] == "user":
+        return call("weather_search", {"query": "北京天气"})
+    return text(last["content"] if "晴" in last["content"] else "抱歉，天气服务暂时不可用。")
+
+
+async def test_a_prompt_runs_with_the_reminders_stored_zone_not_the_chats_current_one(rig_factory: Factory) -> None:
+    model = ScriptedModel([text("柏林今天多云")])
+    rig = await rig_factory(at(SH, "2030-01-07 12:00"), model)
+    await rig.add("08:00", zone=BERLIN)  # the chat itself has no [bot] zones entry: Shanghai
+    await rig.fire(at(BERLIN, "2030-01-08 08:00"))
+    assert await rig.texts() == ["柏林今天多云"]
+    assert "现在是 2030-01-08 08:00 星期二（时区 Europe/Berlin）" in model.requests[0].messages[0]["content"]
+
+
+async def test_a_prompt_whose_tool_fails_is_reported_once_not_delivered_daily(rig_factory: Factory) -> None:
+    model = ScriptedModel(search_then_answer)
+    rig = await rig_factory(at(SH, "2030-01-07 07:00"), model, {"prompt_tools": ["weather_search"]})
+    r = await rig.add("08:00")
+    for day in (7, 8, 9):
+        await rig.fire(at(SH, f"2030-01-{day:02d} 08:00"))
+    assert await rig.texts() == [FAILURE]  # not "抱歉，天气服务暂时不可用。" three times
+    assert len(model.requests) == 6  # it did try every day
+    row = await rig.service.store.get(r.id)
+    assert row is not None and row.failure_reported and row.status == "active"
+    Weather.up = True
+    await rig.fire(at(SH, "2030-01-10 08:00"))
+    Weather.up = False
+    await rig.fire(at(SH, "2030-01-11 08:00"))
+    assert await rig.texts() == [FAILURE, "晴，-3°C", FAILURE]  # a success resets the once-only report
+
+
+def result(stop: StopReason, errors: tuple[bool, ...], reply: str = "好") -> RunResult:
+    trace = [ToolTrace(call_id=str(i), name="t", arguments="{}", result="x", is_error=e) for i, e in enumerate(errors)]
+    return RunResult(stop=stop, replies=[reply] if reply else [], trace=trace, state=RunState(messages=[]))
+
+
+@pytest.mark.parametrize(("run", "failed"), [
+    (result(StopReason.COMPLETED, ()), False),
+    (result(StopReason.COMPLETED, (False,)), False),
+    (result(StopReason.COMPLETED, (True, False)), False),  # a retry that worked
+    (result(StopReason.ANSWERED_BY_TOOL, (False,)), False),
+    (result(StopReason.COMPLETED, (True,)), True),
+    (result(StopReason.COMPLETED, (True, True)), True),
+    (result(StopReason.TOOL_RETRIES_EXHAUSTED, (True, True, True), ""), True),
+    (result(StopReason.ITERATION_LIMIT, (False,)), True),
+    (result(StopReason.COMPLETED, (), ""), True),
+    (None, True),
+])
+def test_which_runs_count_as_failed(run: RunResult | None, failed: bool) -> None:
+    assert (run_failure(run) is not None) == failed
+
+
+async def test_due_prompts_run_the_model_at_most_n_at_a_time(rig_factory: Factory) -> None:
+    running = peak = 0
+    third, release = asyncio.Event(), asyncio.Event()
+
+    async def script(request: ModelRequest) -> ModelResponse:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        if running >= 3:
+            third.set()
+        await release.wait()
+        running -= 1
+        return text("好")
+
+    rig = await rig_factory(at(SH, "2030-01-07 07:00"), ScriptedModel(script), {"prompt_concurrency": 3})
+    for i in range(10):
+        await rig.add("08:00", f"任务{i}")
+    rig.clock.now = at(SH, "2030-01-07 08:00")
+    firing = asyncio.create_task(rig.service.fire_due())
+    await asyncio.wait_for(third.wait(), 5)
+    for _ in range(20):  # let every other due prompt get as far as it can (DB round trips included)
+        await asyncio.sleep(0)
+        await rig.bot.db.run(lambda db: None)
+    assert running == 3
+    release.set()
+    report = await asyncio.wait_for(firing, 10)
+    assert report.delivered == 10 and peak == 3
+    assert len(await rig.texts()) == 10
