@@ -42,6 +42,14 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and the problem."""
 
 
+def _check_zone(value: str, where: str = "") -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"{where}unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
@@ -61,20 +69,13 @@ class BotSection(_Section):
     @field_validator("timezone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
-        return value
+        return _check_zone(value)
 
     @field_validator("zones")
     @classmethod
     def _zones(cls, value: dict[str, str]) -> dict[str, str]:
         for chat, zone in value.items():
-            try:
-                ZoneInfo(zone)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise ValueError(f"zones[{chat!r}]: unknown IANA time zone {zone!r}") from None
+            _check_zone(zone, where=f"zones[{chat!r}]: ")
         return value
 
     @field_validator("admins")
