@@ -68,6 +68,9 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await bot.start()
+    for channel in bot.channels.values():
+        where = channel.location()
+        log.info("channel %s ready%s", channel.platform, f" at {where}" if where else "")
     try:
         await stop.wait()
     finally:
@@ -80,9 +83,6 @@ async def _run(settings: Settings, channels: list[Channel] | None = None) -> Non
     bot = Bot(settings, channels=channels)
     if bot.model is None:
         log.warning("no LLM configured ([llm] model/base_url/api_key): the bot answers /commands only")
-    for channel in bot.channels.values():
-        url = getattr(channel, "url", None)
-        log.info("channel %s ready%s", channel.platform, f" at {url}" if url else "")
     await _serve(bot, stop)
 
 

@@ -98,6 +98,10 @@ class Channel(abc.ABC):
     async def send(self, message: OutgoingMessage) -> SendReceipt:
         """Send one message; raise :class:`ChannelUnavailable` or :class:`SendRejected` on failure."""
 
+    def location(self) -> str | None:
+        """Where people or the platform reach this channel once started (a URL), for start-up logs."""
+        return None
+
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:  # noqa: B027
         """Show a piece of a reply as it streams; only channels with ``capabilities.streaming`` act."""
 

@@ -247,3 +247,43 @@ async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path) -> 
     status = {str(r["key"]): r["status"] for r in await outbox.rows()}
     await db.close()
     assert status == {"left-over": "sent", "no-channel": "pending"}  # flushed, and kept for its channel
+
+
+async def test_quickstart_run_with_no_config_serves_the_playground_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The README's first command: no qunbot.toml, no LLM -> the web playground, SQLite under ./data."""
+    import socket
+
+    import aiohttp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
+    env["QUNBOT_CHANNELS__WEB__PORT"] = str(port)  # the default 8765 may be taken on a shared machine
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "robot.cli", "run", cwd=tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        page = ""
+        async with asyncio.timeout(20), aiohttp.ClientSession() as session:
+            while not page:
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/") as resp:
+                        assert resp.status == 200
+                        page = await resp.text()
+                except aiohttp.ClientConnectorError:
+                    assert proc.returncode is None, "qunbot run exited early"
+                    await asyncio.sleep(0.1)
+        assert "qunbot" in page
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            code = await proc.wait()
+        assert proc.stdout is not None
+        log = (await proc.stdout.read()).decode()
+        assert code == 0, log
+        assert "Traceback" not in log and f"channel web ready at http://127.0.0.1:{port}/" in log
+        assert (tmp_path / "data" / "qunbot.sqlite3").is_file()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()

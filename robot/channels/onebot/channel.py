@@ -132,6 +132,9 @@ class OneBotChannel(Channel):
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._connected.clear()
 
+    def location(self) -> str | None:
+        return self.url
+
     @property
     def url(self) -> str:
         """Reverse mode: the ws URL to give the implementation (the real port once started)."""

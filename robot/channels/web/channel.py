@@ -193,6 +193,9 @@ class WebChannel(Channel):
             raise RuntimeError("the web playground is not started")
         return self._port
 
+    def location(self) -> str | None:
+        return self.url
+
     @property
     def url(self) -> str:
         """The page's address, e.g. ``http://127.0.0.1:8765/``."""

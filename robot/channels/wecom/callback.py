@@ -80,6 +80,9 @@ class WeComCallbackChannel(Channel, abc.ABC):
             raise RuntimeError("the WeCom channel is not started")
         return self._port
 
+    def location(self) -> str | None:
+        return self.url
+
     @property
     def url(self) -> str:
         """The callback URL this server answers on."""
