@@ -157,7 +157,7 @@ def help_text(tools: Toolset, caller: Caller, unavailable: dict[str, str]) -> st
     for tool in tools:
         if refusal(tool, caller):
             continue
-        summary = tool.description.strip().splitlines()[0]
+        summary = " ".join(tool.description.strip().split("\n\n")[0].split())  # the first paragraph
         others = [n for n in (tool.name, *tool.aliases) if n != (tool.aliases[0] if tool.aliases else tool.name)]
         aliases = f"（也可用 {', '.join('/' + a for a in others)}）" if others else ""
         note = f" [未启用：{unavailable[tool.name]}]" if tool.name in unavailable else ""
