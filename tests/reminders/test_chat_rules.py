@@ -4,75 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-import reminders
 from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import ScriptedModel, call, text
-from reminders.tools import ReminderDeps
-from robot.bot import Bot
-from robot.config import Settings
 from robot.message import Role
-from robot.testing import MemoryChannel
 
-NOW = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)  # Monday 12:00 in Shanghai, 05:00 in Berlin
 G1 = "memory:group:g1"
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-class Chat:
-    def __init__(self, bot: Bot, ch: MemoryChannel, clock: Clock) -> None:
-        self.bot, self.ch, self.clock = bot, ch, clock
-
-    async def say(self, line: str, *, user: str = "u1", chat: str = "g1", kind: str = "group",
-                  role: Role = "member") -> str:
-        before = len(self.ch.sent)
-        await self.ch.inject(line, user=user, name=user, chat=self.ch.chat(chat, kind), at_bot=True, role=role)
-        return (await self.ch.wait_sent(before + 1))[before].text
-
-    @property
-    def deps(self) -> ReminderDeps:
-        deps = self.bot.deps_for(reminders.reminder_set)
-        assert isinstance(deps, ReminderDeps)
-        return deps
-
-    async def active(self, chat: str = G1) -> list[str]:
-        return sorted(r.content for r in await self.deps.store.for_chat(chat))
-
-
-Start = Callable[..., Awaitable[Chat]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    bots: list[Bot] = []
-
-    async def make(*, model: Any = None, zones: dict[str, str] | None = None, admins: tuple[str, ...] = ()) -> Chat:
-        clock = Clock(NOW)
-        ch = MemoryChannel(clock=clock)
-        settings = Settings(bot={"data_dir": tmp_path, "timezone": "Asia/Shanghai", "zones": zones or {},
-                                 "admins": list(admins)},
-                            limits={"user_burst": 100, "chat_burst": 100})
-        bot = Bot(settings, model=model, channels=[ch], plugins=[reminders.plugin], clock=clock)
-        await bot.start()
-        bots.append(bot)
-        return Chat(bot, ch, clock)
-
-    yield make
-    for bot in bots:
-        await bot.stop()
+# ``start`` and ``Chat`` live in conftest.py; the clock starts at Monday 2030-01-07 12:00 in
+# Shanghai (05:00 in Berlin).
+Start = Callable[..., Awaitable[Any]]
 
 
 # --- the chat's zone comes from [bot] zones ------------------------------------------------------
@@ -135,7 +80,7 @@ async def test_unremind_all_while_a_prompt_is_running_sends_no_ghost_answer(star
 
     chat = await start(model=ScriptedModel(script))
     assert (await chat.say("/remind daily 12:30 北京天气 mode=prompt")).startswith("好的，已设置定时任务")
-    chat.clock.now = NOW + timedelta(minutes=30)
+    chat.clock.now += timedelta(minutes=30)  # 12:30 in Shanghai
     firing = asyncio.create_task(chat.deps.service.fire_due())
     await asyncio.wait_for(asked.wait(), 5)
     assert await chat.say("/unremind all", role="admin") == "已删除本群的全部 1 个提醒。"

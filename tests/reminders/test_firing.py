@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import pytest
 from pydantic import BaseModel
 
 import reminders
@@ -24,9 +22,6 @@ from function_calls import (
     tool_function,
 )
 from function_calls.testing import ScriptedModel, text
-from reminders.schedule import parse_schedule
-from reminders.service import ReminderService
-from reminders.settings import ReminderSettings
 from reminders.store import Reminder, ReminderStore, new_id
 from robot.bot import Bot
 from robot.config import Settings
@@ -34,72 +29,16 @@ from robot.plugin import Plugin
 from robot.testing import MemoryChannel
 
 SH, BERLIN = "Asia/Shanghai", "Europe/Berlin"
+# The conftest Rig adds reminders as this same Alice unless told otherwise.
 ALICE = Caller(platform="memory", user_id="u1", user_name="Alice", chat_id="g1", chat_kind="group")
-
-
-class Clock:
-    """A controllable aware-UTC clock."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def at(zone: str, text_: str) -> datetime:
     return datetime.fromisoformat(text_).replace(tzinfo=ZoneInfo(zone)).astimezone(UTC)
 
 
-@dataclass
-class Rig:
-    bot: Bot
-    ch: MemoryChannel
-    service: ReminderService
-    clock: Clock
-
-    async def add(self, kind: str, time: str, content: str = "交周报", *, zone: str = SH, weekday: int | None = None,
-                  caller: Caller = ALICE, mode: str = "text") -> Reminder:
-        return await self.service.create(caller, parse_schedule(kind, time, zone, weekday), content, mode)  # type: ignore[arg-type]
-
-    async def fire(self, now: datetime) -> int:
-        self.clock.now = now
-        report = await self.service.fire_due(now)
-        await self.bot.outbox.flush()
-        return report.delivered + report.missed + report.failed
-
-    async def texts(self) -> list[str]:
-        await self.bot.outbox.flush()
-        return [m.text for m in self.ch.sent]
-
-    async def row(self, reminder: Reminder) -> Reminder:
-        found = await self.service.store.get(reminder.id)
-        assert found is not None
-        return found
-
-
-Factory = Callable[..., Awaitable[Rig]]
-
-
-@pytest.fixture
-async def rig_factory(tmp_path: Path) -> AsyncIterator[Factory]:
-    bots: list[Bot] = []
-
-    async def make(now: datetime, *, model: Any = None, cfg: dict[str, Any] | None = None,
-                   plugins: tuple[Plugin[Any], ...] = ()) -> Rig:
-        clock = Clock(now)
-        ch = MemoryChannel(clock=clock)
-        settings = Settings(bot={"data_dir": tmp_path}, reminders=cfg or {})
-        bot = Bot(settings, model=model, channels=[ch], plugins=list(plugins), clock=clock)
-        await bot.start()
-        bots.append(bot)
-        await bot.db.ensure(ReminderStore.schema)
-        service = ReminderService(ReminderStore(bot.db), bot, settings.section("reminders", ReminderSettings))
-        return Rig(bot, ch, service, clock)
-
-    yield make
-    for bot in bots:
-        await bot.stop()
+# ``rig_factory(now, model=, cfg=, plugins=)`` (conftest.py) gives a Rig: add, fire, texts, row.
+Factory = Callable[..., Awaitable[Any]]
 
 
 async def test_once_fires_at_its_instant_exactly_once_and_mentions_the_owner(rig_factory: Factory) -> None:
@@ -320,22 +259,16 @@ async def test_deleting_while_the_prompt_runs_sends_nothing(rig_factory: Factory
 
 
 # --- through the plugin: start-up catch-up and the real timer ------------------------------------
-async def test_restart_fires_what_fell_due_while_down_exactly_once(tmp_path: Path) -> None:
-    clock = Clock(at(SH, "2030-01-07 12:00"))
-    settings = Settings(bot={"data_dir": tmp_path})
-
+async def test_restart_fires_what_fell_due_while_down_exactly_once(launch: Any) -> None:
     async def run(now: datetime, command: str | None = None) -> list[str]:
-        clock.now = now
-        ch = MemoryChannel(clock=clock)
-        bot = Bot(settings, channels=[ch], plugins=[reminders.plugin], clock=clock)
-        await bot.start()
+        bot, ch, _ = await launch(now, plugins=[reminders.plugin])  # same data_dir every time
         if command:
             await ch.inject(command, at_bot=True)
         await bot.outbox.flush()
         await bot.stop()
         return [m.text for m in ch.sent]
 
-    assert (await run(clock.now, "/remind daily 08:00 喝水"))[0].startswith("好的，已设置提醒")
+    assert (await run(at(SH, "2030-01-07 12:00"), "/remind daily 08:00 喝水"))[0].startswith("好的，已设置提醒")
     assert await run(at(SH, "2030-01-09 10:00")) == [
         "⏰ 提醒：喝水\n（迟到提醒：原定 2030-01-09 08:00）\n（另有 1 次在机器人离线期间错过）"]
     assert await run(at(SH, "2030-01-09 10:05")) == []

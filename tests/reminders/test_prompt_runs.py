@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,7 +12,6 @@ import pytest
 from pydantic import BaseModel
 
 from function_calls import (
-    Caller,
     ModelRequest,
     ModelResponse,
     RunResult,
@@ -28,30 +25,14 @@ from function_calls import (
 )
 from function_calls.testing import ScriptedModel, call, text
 from reminders.prompts import run_failure
-from reminders.schedule import parse_schedule
-from reminders.service import ReminderService
-from reminders.settings import ReminderSettings
-from reminders.store import Reminder, ReminderStore
-from robot.bot import Bot
-from robot.config import Settings
 from robot.plugin import Plugin
-from robot.testing import MemoryChannel
 
 SH, BERLIN = "Asia/Shanghai", "Europe/Berlin"
-ALICE = Caller(platform="memory", user_id="u1", user_name="Alice", chat_id="g1", chat_kind="group")
 FAILURE = "⚠️ 定时任务「天气」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。"
 
 
 def at(zone: str, wall: str) -> datetime:
     return datetime.fromisoformat(wall).replace(tzinfo=ZoneInfo(zone)).astimezone(UTC)
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 class SearchArgs(BaseModel):
@@ -75,47 +56,19 @@ async def weather_search(ctx: ToolContext[object], args: SearchArgs) -> str:
 WEATHER: Plugin[object] = Plugin("fake_weather", Toolset("fake_weather", [weather_search]))
 
 
-@dataclass
-class Rig:
-    bot: Bot
-    ch: MemoryChannel
-    service: ReminderService
-    clock: Clock
-
-    async def add(self, time: str, content: str = "天气", *, zone: str = SH, kind: str = "daily") -> Reminder:
-        return await self.service.create(ALICE, parse_schedule(kind, time, zone, None), content, "prompt")
-
-    async def fire(self, now: datetime) -> None:
-        self.clock.now = now
-        await self.service.fire_due(now)
-
-    async def texts(self) -> list[str]:
-        await self.bot.outbox.flush()
-        return [m.text for m in self.ch.sent]
-
-
-Factory = Callable[..., Awaitable[Rig]]
+# ``rig_factory`` wraps the conftest one: ``add``, ``fire`` and ``texts`` come from its Rig.
+Factory = Callable[..., Awaitable[Any]]
 
 
 @pytest.fixture
-async def rig_factory(tmp_path: Path) -> AsyncIterator[Factory]:
-    bots: list[Bot] = []
+async def rig_factory(rig_factory: Factory) -> AsyncIterator[Factory]:
+    """Rigs with the fake weather plugin and the bot's zone pinned to Shanghai."""
 
-    async def make(now: datetime, model: Any, cfg: dict[str, Any] | None = None) -> Rig:
-        clock = Clock(now)
-        ch = MemoryChannel(clock=clock)
-        settings = Settings(bot={"data_dir": tmp_path, "timezone": SH}, reminders=cfg or {})
-        bot = Bot(settings, model=model, channels=[ch], plugins=[WEATHER], clock=clock)
-        await bot.start()
-        bots.append(bot)
-        await bot.db.ensure(ReminderStore.schema)
-        service = ReminderService(ReminderStore(bot.db), bot, settings.section("reminders", ReminderSettings))
-        return Rig(bot, ch, service, clock)
+    async def make(now: datetime, model: Any, cfg: dict[str, Any] | None = None) -> Any:
+        return await rig_factory(now, model=model, cfg=cfg, plugins=(WEATHER,), timezone=SH)
 
     yield make
     Weather.up = False
-    for bot in bots:
-        await bot.stop()
 
 
 def search_then_answer(request: ModelRequest) -> ModelResponse:
@@ -129,7 +82,8 @@ def search_then_answer(request: ModelRequest) -> ModelResponse:
 async def test_a_prompt_runs_with_the_reminders_stored_zone_not_the_chats_current_one(rig_factory: Factory) -> None:
     model = ScriptedModel([text("柏林今天多云")])
     rig = await rig_factory(at(SH, "2030-01-07 12:00"), model)
-    await rig.add("08:00", zone=BERLIN)  # the chat itself has no [bot] zones entry: Shanghai
+    # The chat itself has no [bot] zones entry: Shanghai.
+    await rig.add("daily", "08:00", "天气", zone=BERLIN, mode="prompt")
     await rig.fire(at(BERLIN, "2030-01-08 08:00"))
     assert await rig.texts() == ["柏林今天多云"]
     assert "现在是 2030-01-08 08:00 星期二（时区 Europe/Berlin）" in model.requests[0].messages[0]["content"]
@@ -138,7 +92,7 @@ async def test_a_prompt_runs_with_the_reminders_stored_zone_not_the_chats_curren
 async def test_a_prompt_whose_tool_fails_is_reported_once_not_delivered_daily(rig_factory: Factory) -> None:
     model = ScriptedModel(search_then_answer)
     rig = await rig_factory(at(SH, "2030-01-07 07:00"), model, {"prompt_tools": ["weather_search"]})
-    r = await rig.add("08:00")
+    r = await rig.add("daily", "08:00", "天气", mode="prompt")
     for day in (7, 8, 9):
         await rig.fire(at(SH, f"2030-01-{day:02d} 08:00"))
     assert await rig.texts() == [FAILURE]  # not "抱歉，天气服务暂时不可用。" three times
@@ -189,7 +143,7 @@ async def test_due_prompts_run_the_model_at_most_n_at_a_time(rig_factory: Factor
 
     rig = await rig_factory(at(SH, "2030-01-07 07:00"), ScriptedModel(script), {"prompt_concurrency": 3})
     for i in range(10):
-        await rig.add("08:00", f"任务{i}")
+        await rig.add("daily", "08:00", f"任务{i}", mode="prompt")
     rig.clock.now = at(SH, "2030-01-07 08:00")
     firing = asyncio.create_task(rig.service.fire_due())
     await asyncio.wait_for(third.wait(), 5)

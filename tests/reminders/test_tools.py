@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,65 +14,9 @@ import reminders
 import reminders.service
 from function_calls import ArgumentError
 from function_calls.testing import ScriptedModel, call, text
-from reminders.tools import ReminderDeps
-from robot.bot import Bot
-from robot.config import Settings
-from robot.message import Role
-from robot.testing import MemoryChannel
 
-NOW = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)  # Monday 12:00 in Asia/Shanghai
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-class Chat:
-    """A bot with the reminders plugin and a memory channel; ``say`` returns the bot's reply."""
-
-    def __init__(self, bot: Bot, ch: MemoryChannel, clock: Clock) -> None:
-        self.bot, self.ch, self.clock = bot, ch, clock
-
-    async def say(self, line: str, *, user: str = "u1", chat: str = "g1", kind: str = "group",
-                  role: Role = "member") -> str:
-        before = len(self.ch.sent)
-        await self.ch.inject(line, user=user, name=user, chat=self.ch.chat(chat, kind), at_bot=True, role=role)
-        sent = await self.ch.wait_sent(before + 1)
-        return sent[before].text
-
-    @property
-    def deps(self) -> ReminderDeps:
-        deps = self.bot.deps_for(reminders.reminder_set)
-        assert isinstance(deps, ReminderDeps)
-        return deps
-
-
-Start = Callable[..., Awaitable[Chat]]
-
-
-@pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    bots: list[Bot] = []
-
-    async def make(*, model: Any = None, cfg: dict[str, Any] | None = None, admins: tuple[str, ...] = (),
-                   zones: dict[str, str] | None = None) -> Chat:
-        clock = Clock(NOW)
-        ch = MemoryChannel(clock=clock)
-        settings = Settings(bot={"data_dir": tmp_path, "admins": list(admins), "zones": zones or {}},
-                            reminders=cfg or {},
-                            limits={"user_burst": 100, "chat_burst": 100})
-        bot = Bot(settings, model=model, channels=[ch], plugins=[reminders.plugin], clock=clock)
-        await bot.start()
-        bots.append(bot)
-        return Chat(bot, ch, clock)
-
-    yield make
-    for bot in bots:
-        await bot.stop()
+# ``start`` and ``Chat`` live in conftest.py: the clock starts at Monday 2030-01-07 12:00 in Asia/Shanghai.
+Start = Callable[..., Awaitable[Any]]
 
 
 def short_id(reply: str) -> str:
@@ -141,7 +84,7 @@ async def test_creation_rate_limit_recovers_after_ten_minutes(start: Start) -> N
     assert "10 分钟内已经设置了 2 个提醒" in await chat.say("/remind daily 08:00 c")
     await chat.say(f"/unremind {short_id(r1)}")
     assert "已经设置了 2 个提醒" in await chat.say("/remind daily 08:00 c")  # deleting does not reset it
-    chat.clock.now = NOW + timedelta(minutes=10, seconds=1)
+    chat.clock.now += timedelta(minutes=10, seconds=1)
     assert (await chat.say("/remind daily 08:00 c")).startswith("好的")
 
 
@@ -173,7 +116,7 @@ async def test_delete_by_short_id_full_id_and_the_reminder_never_fires(start: St
     assert gone.startswith(f"已删除提醒 #{short_id(first)} [本群] 2030-01-07 12:30")
     [left] = await chat.deps.store.for_owner("memory:u1")
     assert (await chat.say(f"/unremind {left.id.upper()}")).startswith("已删除提醒")
-    chat.clock.now = NOW + timedelta(days=2)
+    chat.clock.now += timedelta(days=2)
     report = await chat.deps.service.fire_due()
     assert report.delivered == report.missed == 0
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 
-from function_calls import OpenAIChatModel, ToolContext, ToolResult, Toolset, tool_function
+from function_calls import OpenAIChatModel
 from function_calls.testing import Call, FakeOpenAIServer, Reply
 from robot.bot import Bot
 from robot.channels.web import WebChannel
@@ -24,24 +23,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's ch
 ANSWER = "上海今天晴，最高 25°C，适合出门散步。"
 
 
-class WeatherArgs(BaseModel):
-    city: str
-
-
-@tool_function
-async def weather(ctx: ToolContext[object], args: WeatherArgs) -> ToolResult:
-    """Today's weather for a city."""
-    return ToolResult(content=f"{args.city}: sunny, 25°C")
-
-
-async def _setup(bot: Bot) -> None:
-    async def reminders(chat: ChatRef) -> list[dict[str, str]]:
-        return [{"时间": "明天 09:00", "内容": "带伞"}] if chat.kind == "group" else []
-
-    bot.panels["reminders"] = reminders
-
-
-PLUGIN: Plugin[None] = Plugin("demo", Toolset("demo", [weather]), setup=_setup)
+async def reminders_panel(chat: ChatRef) -> list[dict[str, str]]:
+    return [{"时间": "明天 09:00", "内容": "带伞"}] if chat.kind == "group" else []
 
 
 @pytest.fixture
@@ -51,10 +34,14 @@ async def server() -> AsyncIterator[FakeOpenAIServer]:
 
 
 @pytest.fixture
-async def bot(tmp_path: Path, server: FakeOpenAIServer) -> AsyncIterator[Bot]:
+async def bot(
+    tmp_path: Path, server: FakeOpenAIServer, demo_plugin: Callable[..., Plugin[None]]
+) -> AsyncIterator[Bot]:
+    """A bot with conftest's ``weather`` tool and a "reminders" side panel for group chats."""
     model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="test", stream=True)
     b = Bot(Settings(bot={"data_dir": tmp_path}), model=model,
-            channels=[WebChannel(WebSettings(enabled=True, port=0))], plugins=[PLUGIN])
+            channels=[WebChannel(WebSettings(enabled=True, port=0))],
+            plugins=[demo_plugin(reminders=reminders_panel)])
     await b.start()
     yield b
     await b.stop()

@@ -9,9 +9,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from pydantic import BaseModel
 
-from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
+from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.channels.web import WebChannel
@@ -26,24 +25,8 @@ GROUP = ChatRef(platform="web", chat_id="playground", kind="group")
 Frame = dict[str, Any]
 
 
-class WeatherArgs(BaseModel):
-    city: str
-
-
-@tool_function
-async def weather(ctx: ToolContext[object], args: WeatherArgs) -> ToolResult:
-    """Today's weather for a city."""
-    return ToolResult(content=f"{args.city}: sunny, 25°C")
-
-
-async def _setup(bot: Bot) -> None:
-    async def notes(chat: ChatRef) -> list[dict[str, str]]:
-        return [{"chat": chat.key, "note": "water the plants"}]
-
-    bot.panels["notes"] = notes
-
-
-PLUGIN: Plugin[None] = Plugin("demo", Toolset("demo", [weather]), setup=_setup)
+async def notes_panel(chat: ChatRef) -> list[dict[str, str]]:
+    return [{"chat": chat.key, "note": "water the plants"}]
 
 
 def answer(request: ModelRequest) -> ModelResponse:
@@ -55,10 +38,12 @@ def answer(request: ModelRequest) -> ModelResponse:
 
 
 @pytest.fixture
-async def bot(tmp_path: Path) -> AsyncIterator[Bot]:
+async def bot(tmp_path: Path, demo_plugin: Callable[..., Plugin[None]]) -> AsyncIterator[Bot]:
+    """A bot with conftest's ``weather`` tool and a "notes" side panel."""
     model = ScriptedModel(answer)
     channel = WebChannel(WebSettings(enabled=True, port=0), bot_name="qunbot")
-    b = Bot(Settings(bot={"data_dir": tmp_path}), model=model, channels=[channel], plugins=[PLUGIN])
+    b = Bot(Settings(bot={"data_dir": tmp_path}), model=model, channels=[channel],
+            plugins=[demo_plugin(notes=notes_panel)])
     await b.start()
     yield b
     await b.stop()
@@ -70,15 +55,9 @@ def web(bot: Bot) -> WebChannel:
     return channel
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
-async def connect(session: aiohttp.ClientSession, bot: Bot) -> tuple[aiohttp.ClientWebSocketResponse, Frame]:
+async def connect(http: aiohttp.ClientSession, bot: Bot) -> tuple[aiohttp.ClientWebSocketResponse, Frame]:
     """Open a page socket; returns it and its history frame (after checking the welcome)."""
-    ws = await session.ws_connect(web(bot).url + "ws")
+    ws = await http.ws_connect(web(bot).url + "ws")
     welcome = await ws.receive_json(timeout=5)
     assert welcome["type"] == "welcome" and welcome["bot_name"] == "qunbot" and welcome["group_id"] == "playground"
     assert {"id": "u-alice", "name": "Alice"} in welcome["members"]
@@ -103,9 +82,9 @@ def send(kind: str, user: dict[str, str], words: str) -> Frame:
     return {"type": "send", "kind": kind, "user": user, "text": words}
 
 
-async def test_group_answers_only_who_mentioned_the_bot(bot: Bot, session: aiohttp.ClientSession) -> None:
-    page1, _ = await connect(session, bot)
-    page2, _ = await connect(session, bot)
+async def test_group_answers_only_who_mentioned_the_bot(bot: Bot, http: aiohttp.ClientSession) -> None:
+    page1, _ = await connect(http, bot)
+    page2, _ = await connect(http, bot)
     await page1.send_json(send("group", B, "大家好，中午吃什么？"))
     b_echo = await until(page1, lambda f: f["type"] == "message")
     await page1.send_json(send("group", A, "@QunBot 上海天气怎么样"))
@@ -142,8 +121,8 @@ async def test_group_answers_only_who_mentioned_the_bot(bot: Bot, session: aioht
     assert panels["panels"] == [{"name": "notes", "rows": [{"chat": "web:group:playground", "note": "water the plants"}]}]
 
 
-async def test_private_chat_replies_without_mention(bot: Bot, session: aiohttp.ClientSession) -> None:
-    page, _ = await connect(session, bot)
+async def test_private_chat_replies_without_mention(bot: Bot, http: aiohttp.ClientSession) -> None:
+    page, _ = await connect(http, bot)
     await page.send_json(send("private", C, "你好"))
     echo = await until(page, lambda f: f["type"] == "message")
     reply = await until(page, lambda f: f["type"] == "reply")
@@ -164,9 +143,9 @@ async def test_private_chat_replies_without_mention(bot: Bot, session: aiohttp.C
     '{"type": "send", "kind": "group", "user": {"id": "u-a", "name": "x"}, "text": "   "}',
     "[" * 50000,
 ])
-async def test_bad_frames_get_an_error_and_the_socket_survives(bot: Bot, session: aiohttp.ClientSession,
+async def test_bad_frames_get_an_error_and_the_socket_survives(bot: Bot, http: aiohttp.ClientSession,
                                                                raw: str) -> None:
-    page, _ = await connect(session, bot)
+    page, _ = await connect(http, bot)
     await page.send_str(raw)
     error = await page.receive_json(timeout=5)
     assert error["type"] == "error" and error["error"]
@@ -177,29 +156,29 @@ async def test_bad_frames_get_an_error_and_the_socket_survives(bot: Bot, session
     assert web(bot).pages == 1
 
 
-async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, session: aiohttp.ClientSession) -> None:
+async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, http: aiohttp.ClientSession) -> None:
     channel = web(bot)
     assert channel.pages == 0
     receipt = await channel.send(OutgoingMessage(key="r1", chat=GROUP, text="别忘了开会", mention=("u-alice",)))
     assert receipt.platform_message_id == "r1"
-    _, history = await connect(session, bot)
+    _, history = await connect(http, bot)
     replies = [f for f in history["frames"] if f["type"] == "reply"]
     assert replies == [{"type": "reply", "chat": {"kind": "group", "id": "playground"}, "id": "r1",
                         "text": "别忘了开会", "mention": [{"id": "u-alice", "name": "Alice"}], "reply_to": None,
                         "time": replies[0]["time"]}]
 
 
-async def test_page_and_assets_are_served_to_localhost_only(bot: Bot, session: aiohttp.ClientSession) -> None:
+async def test_page_and_assets_are_served_to_localhost_only(bot: Bot, http: aiohttp.ClientSession) -> None:
     url = web(bot).url
-    async with session.get(url) as resp:
+    async with http.get(url) as resp:
         assert resp.status == 200 and "default-src 'self'" in resp.headers["Content-Security-Policy"]
         assert '<script src="/static/app.js"' in await resp.text()
-    async with session.get(url + "static/app.js") as resp:
+    async with http.get(url + "static/app.js") as resp:
         assert resp.status == 200 and "textContent" in await resp.text()
-    async with session.get(url, headers={"Host": "evil.example:80"}) as resp:
+    async with http.get(url, headers={"Host": "evil.example:80"}) as resp:
         assert resp.status == 403
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-        await session.ws_connect(url + "ws", headers={"Origin": "http://evil.example"})
+        await http.ws_connect(url + "ws", headers={"Origin": "http://evil.example"})
     assert refused.value.status == 403
-    page, _ = await connect(session, bot)  # still serving
+    page, _ = await connect(http, bot)  # still serving
     await page.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ VECTORS: dict[str, Any] = json.loads(
 EVENTS: dict[str, dict[str, Any]] = VECTORS["events"]
 TOKEN = "forward-token-91c2"
 GROUP = ChatRef(platform="onebot", chat_id="123456", kind="group")
+Running = Callable[[OneBotChannel], AbstractAsyncContextManager[OneBotChannel]]
 
 
 def forward_settings(url: str, token: str = TOKEN) -> OneBotSettings:
@@ -41,22 +43,10 @@ async def peer() -> AsyncIterator[OneBotTestPeer]:
         yield p
 
 
-@pytest.fixture
-def inbox() -> asyncio.Queue[Message]:
-    return asyncio.Queue()
-
-
-async def started(channel: OneBotChannel, inbox: asyncio.Queue[Message]) -> OneBotChannel:
-    channel.bind(inbox.put)
-    await channel.start()
-    return channel
-
-
 async def test_forward_connects_receives_and_sends(
-    peer: OneBotTestPeer, inbox: asyncio.Queue[Message]
+    peer: OneBotTestPeer, running: Running, inbox: asyncio.Queue[Message]
 ) -> None:
-    channel = await started(OneBotChannel(forward_settings(await peer.serve())), inbox)
-    try:
+    async with running(OneBotChannel(forward_settings(await peer.serve()))) as channel:
         await peer.wait_connected()
         await asyncio.wait_for(channel.wait_connected(), 5)
         await peer.send_event(EVENTS["group_message_at_bot"])
@@ -67,16 +57,13 @@ async def test_forward_connects_receives_and_sends(
         out = OutgoingMessage(key="f1", chat=GROUP, text="已为你设置提醒", mention=("20002",))
         assert (await channel.send(out)).platform_message_id == "3001"
         assert (await peer.wait_for_action())["params"] == VECTORS["action_call"]["params"]
-    finally:
-        await channel.stop()
     assert peer.rejected == 0
 
 
 async def test_forward_reconnects_after_the_peer_drops(
-    peer: OneBotTestPeer, inbox: asyncio.Queue[Message]
+    peer: OneBotTestPeer, running: Running, inbox: asyncio.Queue[Message]
 ) -> None:
-    channel = await started(OneBotChannel(forward_settings(await peer.serve())), inbox)
-    try:
+    async with running(OneBotChannel(forward_settings(await peer.serve()))) as channel:
         await peer.wait_connected()
         await asyncio.wait_for(channel.wait_connected(), 5)
         await peer.disconnect()
@@ -86,15 +73,12 @@ async def test_forward_reconnects_after_the_peer_drops(
         assert (await channel.send(OutgoingMessage(key="f2", chat=GROUP, text="back"))).platform_message_id
         await peer.send_event(EVENTS["private_message"])
         assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "2003"
-    finally:
-        await channel.stop()
 
 
 async def test_forward_wrong_token_keeps_retrying_without_connecting(
-    peer: OneBotTestPeer, inbox: asyncio.Queue[Message]
+    peer: OneBotTestPeer, running: Running
 ) -> None:
-    channel = await started(OneBotChannel(forward_settings(await peer.serve(), token="not-the-token")), inbox)
-    try:
+    async with running(OneBotChannel(forward_settings(await peer.serve(), token="not-the-token"))) as channel:
         async with asyncio.timeout(5):
             while peer.rejected < 2:
                 await asyncio.sleep(0.01)
@@ -102,16 +86,14 @@ async def test_forward_wrong_token_keeps_retrying_without_connecting(
         assert not channel.connected
         with pytest.raises(ChannelUnavailable):
             await channel.send(OutgoingMessage(key="f3", chat=GROUP, text="x"))
-    finally:
+
+
+async def test_forward_stop_closes_the_socket(peer: OneBotTestPeer, running: Running) -> None:
+    async with running(OneBotChannel(forward_settings(await peer.serve()))) as channel:
+        await peer.wait_connected()
         await channel.stop()
-
-
-async def test_forward_stop_closes_the_socket(peer: OneBotTestPeer, inbox: asyncio.Queue[Message]) -> None:
-    channel = await started(OneBotChannel(forward_settings(await peer.serve())), inbox)
-    await peer.wait_connected()
-    await channel.stop()
-    async with asyncio.timeout(5):
-        while peer.connected:
-            await asyncio.sleep(0.01)
-    assert peer.connections == 1
-    await channel.stop()
+        async with asyncio.timeout(5):
+            while peer.connected:
+                await asyncio.sleep(0.01)
+        assert peer.connections == 1
+        await channel.stop()  # again: stop is idempotent

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,19 +27,15 @@ GROUP = ChatRef(platform="onebot", chat_id="123456", kind="group")
 
 
 @pytest.fixture
-def inbox() -> asyncio.Queue[Message]:
-    return asyncio.Queue()
-
-
-@pytest.fixture
-async def channel(inbox: asyncio.Queue[Message]) -> AsyncIterator[OneBotChannel]:
+async def channel(
+    running: Callable[[OneBotChannel], AbstractAsyncContextManager[OneBotChannel]],
+) -> AsyncIterator[OneBotChannel]:
+    """A reverse-mode channel posting into ``inbox`` (conftest)."""
     ch = OneBotChannel(
         OneBotSettings(enabled=True, port=0, access_token=SecretStr(TOKEN), action_timeout_s=0.3)
     )
-    ch.bind(inbox.put)
-    await ch.start()
-    yield ch
-    await ch.stop()
+    async with running(ch):
+        yield ch
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,11 @@ async def fake() -> AsyncIterator[FakeWeComAPI]:
 
 
 @pytest.fixture
-async def inbox() -> asyncio.Queue[Message]:
-    return asyncio.Queue()
-
-
-@pytest.fixture
-async def bot(fake: FakeWeComAPI, inbox: asyncio.Queue[Message]) -> AsyncIterator[WeComAIBotChannel]:
+async def bot(
+    fake: FakeWeComAPI,
+    running: Callable[[WeComAIBotChannel], AbstractAsyncContextManager[WeComAIBotChannel]],
+) -> AsyncIterator[WeComAIBotChannel]:
+    """An AI-bot channel posting into ``inbox`` (conftest), talking to the fake API."""
     settings = WeComSettings(
         enabled=True,
         mode="aibot",
@@ -46,20 +46,8 @@ async def bot(fake: FakeWeComAPI, inbox: asyncio.Queue[Message]) -> AsyncIterato
     )
     channel = create_channel(settings)
     assert isinstance(channel, WeComAIBotChannel)
-
-    async def sink(message: Message) -> None:
-        await inbox.put(message)
-
-    channel.bind(sink)
-    await channel.start()
-    yield channel
-    await channel.stop()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
+    async with running(channel):
+        yield channel
 
 
 async def _callback(

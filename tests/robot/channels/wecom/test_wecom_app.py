@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,27 +47,12 @@ async def fake() -> AsyncIterator[FakeWeComAPI]:
 
 
 @pytest.fixture
-async def inbox() -> asyncio.Queue[Message]:
-    return asyncio.Queue()
-
-
-@pytest.fixture
-async def channel(fake: FakeWeComAPI, inbox: asyncio.Queue[Message]) -> AsyncIterator[WeComChannel]:
-    ch = WeComChannel(_settings(fake.base_url))
-
-    async def sink(message: Message) -> None:
-        await inbox.put(message)
-
-    ch.bind(sink)
-    await ch.start()
-    yield ch
-    await ch.stop()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
+async def channel(
+    fake: FakeWeComAPI, running: Callable[[WeComChannel], AbstractAsyncContextManager[WeComChannel]]
+) -> AsyncIterator[WeComChannel]:
+    """An app channel posting into ``inbox`` (conftest), talking to the fake API."""
+    async with running(WeComChannel(_settings(fake.base_url))) as ch:
+        yield ch
 
 
 def _text_xml(user: str, content: str, msg_id: str, created: int = 1700000000) -> str:
@@ -213,6 +199,20 @@ async def test_long_text_is_split_at_2048_bytes(channel: WeComChannel, fake: Fak
     assert all(len(p.encode()) <= 2048 for p in pieces)
 
 
+async def _refused(channel: WeComChannel, error: type[Exception]) -> str:
+    """Send one private message that must fail with ``error``; the error's text. Stops the channel."""
+    try:
+        with pytest.raises(error) as info:
+            await channel.send(
+                OutgoingMessage(
+                    key="k", chat=ChatRef(platform="wecom", chat_id="u", kind="private"), text="x"
+                )
+            )
+        return str(info.value)
+    finally:
+        await channel.stop()
+
+
 async def test_unreachable_api_is_unavailable_and_hides_secrets() -> None:
     gone = FakeWeComAPI(corp_id=VECTORS["receive_id"], corp_secret="secret")
     await gone.start()
@@ -220,31 +220,12 @@ async def test_unreachable_api_is_unavailable_and_hides_secrets() -> None:
     await gone.stop()
     channel = create_channel(_settings(base))
     assert isinstance(channel, WeComChannel)
-    try:
-        with pytest.raises(ChannelUnavailable) as info:
-            await channel.send(
-                OutgoingMessage(
-                    key="k", chat=ChatRef(platform="wecom", chat_id="u", kind="private"), text="x"
-                )
-            )
-        assert "secret" not in str(info.value)
-    finally:
-        await channel.stop()
+    assert "secret" not in await _refused(channel, ChannelUnavailable)
 
 
 async def test_bad_corp_secret_is_rejected(fake: FakeWeComAPI) -> None:
     settings = _settings(fake.base_url).model_copy(update={"corp_secret": SecretStr("wrong-secret")})
-    channel = WeComChannel(settings)
-    try:
-        with pytest.raises(SendRejected) as info:
-            await channel.send(
-                OutgoingMessage(
-                    key="k", chat=ChatRef(platform="wecom", chat_id="u", kind="private"), text="x"
-                )
-            )
-        assert "wrong-secret" not in str(info.value)
-    finally:
-        await channel.stop()
+    assert "wrong-secret" not in await _refused(WeComChannel(settings), SendRejected)
 
 
 async def test_logs_never_contain_secrets(
