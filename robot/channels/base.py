@@ -14,6 +14,8 @@ Errors::
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 from pydantic import BaseModel, ConfigDict
@@ -34,6 +36,9 @@ __all__ = [
 MessageSink = Callable[[Message], Awaitable[None]]
 #: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
 PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
+
+
+log = logging.getLogger(__name__)
 
 
 class ChannelError(Exception):
@@ -75,6 +80,7 @@ class Channel(abc.ABC):
 
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
+        self._deliveries: set[asyncio.Task[None]] = set()
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""
@@ -85,6 +91,28 @@ class Channel(abc.ABC):
         if self._sink is None:
             raise ChannelError(f"channel {self.platform!r} received a message before it was bound")
         await self._sink(message)
+
+    def deliver_soon(self, message: Message) -> None:
+        """Deliver in the background, so the platform's reader never waits on the bot; failures are logged."""
+        task = asyncio.create_task(self._deliver_logged(message),
+                                   name=f"{self.platform}-deliver-{message.message_id}")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver_logged(self, message: Message) -> None:
+        try:
+            await self.deliver(message)
+        except Exception:
+            log.exception("%s: delivering message %s failed", self.platform, message.message_id)
+
+    async def finish_deliveries(self, grace_s: float = 0.0) -> None:
+        """For :meth:`stop`: give deliveries in flight ``grace_s`` to finish, then cancel the rest."""
+        pending = set(self._deliveries)
+        if pending and grace_s > 0:
+            _, pending = await asyncio.wait(pending, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -38,7 +38,7 @@ from robot.channels.onebot.connection import (
 from robot.channels.onebot.cq import compose_message, to_array
 from robot.channels.onebot.events import message_from_event
 from robot.channels.onebot.settings import OneBotSettings
-from robot.message import Message, OutgoingMessage
+from robot.message import OutgoingMessage
 
 __all__ = ["OneBotChannel"]
 
@@ -73,7 +73,6 @@ class OneBotChannel(Channel):
         """The account's online state from lifecycle/heartbeat events (``None``: not reported)."""
         self._conns: list[Connection] = []
         self._actions = PendingActions()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._connected = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -126,10 +125,7 @@ class OneBotChannel(Channel):
         if self._session is not None:
             await self._session.close()
             self._session = None
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.finish_deliveries()
         self._connected.clear()
 
     def location(self) -> str | None:
@@ -287,7 +283,7 @@ class OneBotChannel(Channel):
                 log.warning("onebot: dropping a malformed message event: %s", exc)
                 return
             if message is not None:
-                self._spawn_delivery(message)
+                self.deliver_soon(message)
         else:
             # message_sent (our own sends echoed back), notice and request events are not chat input.
             log.debug("onebot: ignoring %s event", post_type)
@@ -310,13 +306,3 @@ class OneBotChannel(Channel):
                 self.online = online
             log.debug("onebot: heartbeat (self_id=%s)", self.self_id)
 
-    def _spawn_delivery(self, message: Message) -> None:
-        task = asyncio.create_task(self._deliver_safely(message), name=f"onebot-deliver-{message.message_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _deliver_safely(self, message: Message) -> None:
-        try:
-            await self.deliver(message)
-        except Exception:
-            log.exception("onebot: the bot failed on message %s in %s", message.message_id, message.chat.key)

@@ -182,6 +182,7 @@ class WebChannel(Channel):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.finish_deliveries()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -307,13 +308,7 @@ class WebChannel(Channel):
         self._publish(chat, {"type": "message", "chat": address(chat), "id": message.message_id,
                              "sender": {"id": user.id, "name": user.name}, "text": frame.text,
                              "time": message.timestamp.astimezone(UTC).isoformat(), "mentions_bot": mentions_bot})
-        self._spawn(self._deliver(message))
-
-    async def _deliver(self, message: Message) -> None:
-        try:
-            await self.deliver(message)
-        except Exception:
-            log.exception("web playground could not deliver message %s", message.message_id)
+        self.deliver_soon(message)
 
     async def _push_panels(self, chat: ChatRef, page: _Page | None) -> None:
         panels: list[dict[str, Any]] = []

@@ -171,7 +171,7 @@ class WeComAIBotChannel(WeComCallbackChannel):
         response_url = _str(data.get("response_url"))
         if response_url:
             self._response_urls[message.chat.key] = (response_url, now)
-        self.spawn_delivery(message)
+        self.deliver_soon(message)
         return self._stream_reply(stream, query)
 
     def _stream_reply(self, stream: _Stream, query: CallbackQuery) -> web.Response:

@@ -90,7 +90,7 @@ class WeComChannel(WeComCallbackChannel):
         elif self.remember(message.message_id) is not None:
             log.info("wecom: duplicate MsgId %s ignored (WeCom retry)", message.message_id)
         else:
-            self.spawn_delivery(message)
+            self.deliver_soon(message)
         return web.Response(text="success")
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:

@@ -9,8 +9,6 @@ the bot in background tasks so WeCom (which retries after 5 s) gets its answer a
 from __future__ import annotations
 
 import abc
-import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,7 +19,6 @@ from aiohttp import web
 from robot.channels.base import Channel
 from robot.channels.wecom.crypto import MalformedBody, SignatureError, WeComCrypto, WeComCryptoError
 from robot.channels.wecom.settings import WeComSettings
-from robot.message import Message
 
 __all__ = ["CallbackQuery", "WeComCallbackChannel"]
 
@@ -67,7 +64,6 @@ class WeComCallbackChannel(Channel, abc.ABC):
         self._session = session
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._seen: OrderedDict[str, str] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -110,14 +106,8 @@ class WeComCallbackChannel(Channel, abc.ABC):
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-        if self._tasks:
-            # Let deliveries in flight finish; the pipeline dedupes, so a cut-off one is not lost twice.
-            _, pending = await asyncio.wait(set(self._tasks), timeout=_STOP_GRACE)
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        # Let deliveries in flight finish; the pipeline dedupes, so a cut-off one is not lost twice.
+        await self.finish_deliveries(_STOP_GRACE)
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -144,18 +134,6 @@ class WeComCallbackChannel(Channel, abc.ABC):
         if len(self._seen) > _DEDUPE_SIZE:
             self._seen.popitem(last=False)
         return None
-
-    def spawn_delivery(self, message: Message) -> None:
-        """Deliver ``message`` to the bot in the background."""
-        task = asyncio.create_task(self._deliver_logged(message), name=f"wecom-deliver-{message.message_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _deliver_logged(self, message: Message) -> None:
-        try:
-            await self.deliver(message)
-        except Exception:
-            log.exception("wecom: delivering message %s failed", message.message_id)
 
     # -- HTTP handlers ----------------------------------------------------------------------
 
