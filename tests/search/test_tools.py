@@ -14,7 +14,7 @@ from function_calls import Caller, ToolContext, ToolError
 from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.config import Settings
-from robot.message import ChatRef
+from robot.message import ChatRef, OutgoingMessage
 from robot.testing import MemoryChannel
 from search.testing import FakePerplexityServer
 from search.tools import WindowLimiter
@@ -35,6 +35,26 @@ def make_bot(tmp_path: Path, model: ScriptedModel | None, search_cfg: dict[str, 
                         limits={"user_per_minute": 600, "user_burst": 100, "chat_per_minute": 600, "chat_burst": 100})
     channel = MemoryChannel()
     return Bot(settings, model=model, channels=[channel], plugins=[search.plugin]), channel
+
+
+Line = str | tuple[str, dict[str, Any]]
+
+
+def chat_cfg(perplexity: FakePerplexityServer, **extra: Any) -> dict[str, Any]:
+    return {"api_key": KEY, "base_url": perplexity.base_url, "endpoint": "chat", **extra}
+
+
+async def exchange(tmp_path: Path, search_cfg: dict[str, Any], *lines: Line, timeout: float = 5.0) -> list[OutgoingMessage]:
+    """Start a bot without an LLM, type ``lines`` (text, or text and inject() options), return its replies."""
+    bot, channel = make_bot(tmp_path, None, search_cfg)
+    await bot.start()
+    try:
+        for line in lines:
+            text_, options = (line, {}) if isinstance(line, str) else line
+            await channel.inject(text_, **options)
+        return await channel.wait_sent(len(lines), timeout=timeout)
+    finally:
+        await bot.stop()
 
 
 async def test_without_key_the_tool_is_not_offered_and_the_command_explains(tmp_path: Path,
@@ -75,14 +95,8 @@ async def test_model_gets_results_with_sources_and_answers_in_its_own_voice(
 
 async def test_search_command_shows_numbered_citations_and_sources(tmp_path: Path,
                                                                    perplexity: FakePerplexityServer) -> None:
-    bot, channel = make_bot(tmp_path, None, {"api_key": KEY, "base_url": perplexity.base_url,
-                                             "max_answer_chars": 400})
-    await bot.start()
-    try:
-        await channel.inject("/search 上海天气")
-        sent = await channel.wait_sent(1)
-    finally:
-        await bot.stop()
+    sent = await exchange(tmp_path, {"api_key": KEY, "base_url": perplexity.base_url, "max_answer_chars": 400},
+                          "/search 上海天气")
     reply = sent[0].text
     assert "[1]" in reply and "[2]" in reply
     assert "https://weather.example/sh" in reply and "https://nmc.example/sh" in reply
@@ -97,42 +111,21 @@ async def test_provider_errors_give_a_clear_message_without_secrets(
         tmp_path: Path, perplexity: FakePerplexityServer, status: int, expected: str) -> None:
     for _ in range(4):  # enough for the client's retry and the auto endpoint's fallback
         perplexity.next_status(status)
-    bot, channel = make_bot(tmp_path, None, {"api_key": KEY, "base_url": perplexity.base_url, "endpoint": "chat"})
-    await bot.start()
-    try:
-        await channel.inject("/search 上海天气")
-        sent = await channel.wait_sent(1)
-    finally:
-        await bot.stop()
+    sent = await exchange(tmp_path, chat_cfg(perplexity), "/search 上海天气")
     assert expected in sent[0].text.lower()
     assert KEY not in sent[0].text and "Traceback" not in sent[0].text
 
 
 async def test_timeout_is_reported_not_raised(tmp_path: Path, perplexity: FakePerplexityServer) -> None:
     perplexity.delay(2.0)
-    bot, channel = make_bot(tmp_path, None, {"api_key": KEY, "base_url": perplexity.base_url, "endpoint": "chat",
-                                             "timeout_s": 0.3})
-    await bot.start()
-    try:
-        await channel.inject("/search 上海天气")
-        sent = await channel.wait_sent(1, timeout=10)
-    finally:
-        await bot.stop()
+    sent = await exchange(tmp_path, chat_cfg(perplexity, timeout_s=0.3), "/search 上海天气", timeout=10)
     assert "暂时不可用" in sent[0].text
 
 
 async def test_per_user_and_per_chat_hourly_limits(tmp_path: Path, perplexity: FakePerplexityServer) -> None:
-    bot, channel = make_bot(tmp_path, None, {"api_key": KEY, "base_url": perplexity.base_url, "endpoint": "chat",
-                                             "user_rate_per_hour": 2, "chat_rate_per_hour": 3})
-    await bot.start()
-    try:
-        for n in range(3):
-            await channel.inject(f"/search q{n}", user="alice")
-        await channel.inject("/search q3", user="bob")
-        await channel.inject("/search q4", user="carol")
-        sent = await channel.wait_sent(5)
-    finally:
-        await bot.stop()
+    sent = await exchange(tmp_path, chat_cfg(perplexity, user_rate_per_hour=2, chat_rate_per_hour=3),
+                          *[(f"/search q{n}", {"user": "alice"}) for n in range(3)],
+                          ("/search q3", {"user": "bob"}), ("/search q4", {"user": "carol"}))
     texts = [m.text for m in sent]
     assert "每小时 2 次" in texts[2]  # alice's third search: her own limit
     assert "[1]" in texts[3]  # bob is unaffected by alice's limit
@@ -140,22 +133,13 @@ async def test_per_user_and_per_chat_hourly_limits(tmp_path: Path, perplexity: F
     assert len(perplexity.requests_to("chat")) == 3
 
 
-def chat_cfg(perplexity: FakePerplexityServer, **limits: int) -> dict[str, Any]:
-    return {"api_key": KEY, "base_url": perplexity.base_url, "endpoint": "chat", **limits}
-
-
 async def test_a_chat_limit_refusal_does_not_use_up_the_users_own_searches(
         tmp_path: Path, perplexity: FakePerplexityServer) -> None:
-    bot, channel = make_bot(tmp_path, None, chat_cfg(perplexity, user_rate_per_hour=1, chat_rate_per_hour=1))
     g2 = ChatRef(platform="memory", chat_id="g2", kind="group")
-    await bot.start()
-    try:
-        await channel.inject("/search q1", user="alice")
-        await channel.inject("/search q2", user="bob")  # this group's one search is used
-        await channel.inject("/search q3", user="bob", chat=g2)  # bob's own one is still there
-        sent = await channel.wait_sent(3)
-    finally:
-        await bot.stop()
+    sent = await exchange(tmp_path, chat_cfg(perplexity, user_rate_per_hour=1, chat_rate_per_hour=1),
+                          ("/search q1", {"user": "alice"}),
+                          ("/search q2", {"user": "bob"}),  # this group's one search is used
+                          ("/search q3", {"user": "bob", "chat": g2}))  # bob's own one is still there
     assert "本群的搜索次数已达上限" in sent[1].text
     assert "[1]" in sent[2].text
     assert len(perplexity.requests_to("chat")) == 2
@@ -165,29 +149,17 @@ async def test_a_failed_search_does_not_count_against_the_limits(
         tmp_path: Path, perplexity: FakePerplexityServer) -> None:
     perplexity.next_status(503)
     perplexity.next_status(503)  # the client's one retry fails too
-    bot, channel = make_bot(tmp_path, None, chat_cfg(perplexity, user_rate_per_hour=1, chat_rate_per_hour=1))
-    await bot.start()
-    try:
-        await channel.inject("/search q1", user="alice")
-        await channel.inject("/search q1", user="alice")
-        sent = await channel.wait_sent(2)
-    finally:
-        await bot.stop()
+    sent = await exchange(tmp_path, chat_cfg(perplexity, user_rate_per_hour=1, chat_rate_per_hour=1),
+                          ("/search q1", {"user": "alice"}), ("/search q1", {"user": "alice"}))
     assert "暂时不可用" in sent[0].text
     assert "[1]" in sent[1].text  # the retry after the failure is answered, not refused
 
 
 async def test_the_chat_limit_in_a_private_chat_does_not_say_group(
         tmp_path: Path, perplexity: FakePerplexityServer) -> None:
-    bot, channel = make_bot(tmp_path, None, chat_cfg(perplexity, user_rate_per_hour=5, chat_rate_per_hour=1))
-    private = ChatRef(platform="memory", chat_id="alice", kind="private")
-    await bot.start()
-    try:
-        await channel.inject("/search q1", user="alice", chat=private)
-        await channel.inject("/search q2", user="alice", chat=private)
-        sent = await channel.wait_sent(2)
-    finally:
-        await bot.stop()
+    private = {"user": "alice", "chat": ChatRef(platform="memory", chat_id="alice", kind="private")}
+    sent = await exchange(tmp_path, chat_cfg(perplexity, user_rate_per_hour=5, chat_rate_per_hour=1),
+                          ("/search q1", private), ("/search q2", private))
     assert "本聊天的搜索次数已达上限（每小时 1 次）" in sent[1].text and "本群" not in sent[1].text
 
 
