@@ -55,7 +55,6 @@ class HistoryStore:
             "message_id TEXT)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS history_chat_ts ON history (chat, ts)")
-        db.execute("CREATE TABLE IF NOT EXISTS summary_marks (chat TEXT PRIMARY KEY, ts TEXT NOT NULL)")
 
     @staticmethod
     def insert_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str, name: str, text: str,
@@ -119,16 +118,3 @@ class HistoryStore:
             return removed
 
         return await self.db.run(work)
-
-    async def summary_mark(self, chat: ChatRef) -> datetime | None:
-        def work(db: sqlite_utils.Database) -> datetime | None:
-            rows = db.execute_returning_dicts("SELECT ts FROM summary_marks WHERE chat = ?", [chat.key])
-            return parse_iso(str(rows[0]["ts"])) if rows else None
-
-        return await self.db.run(work)
-
-    async def set_summary_mark(self, chat: ChatRef, at: datetime) -> None:
-        await self.db.run(lambda db: db.execute(
-            "INSERT INTO summary_marks (chat, ts) VALUES (?, ?) ON CONFLICT(chat) DO UPDATE SET ts = excluded.ts",
-            [chat.key, iso(at)],
-        ))

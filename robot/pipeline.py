@@ -50,11 +50,6 @@ class Pipeline:
     def __init__(self, bot: Bot) -> None:
         self.bot = bot
 
-    def addressed(self, message: Message) -> tuple[bool, str]:
-        """Whether the bot should answer, and the text with the bot's name prefix removed."""
-        answer, _explicit, text = self.gate(message)
-        return answer, text
-
     def _name_prefix(self, text: str) -> str | None:
         """The text after the bot's name when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
         name = self.bot.settings.bot.name

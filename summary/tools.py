@@ -48,9 +48,6 @@ __all__ = [
     "toolset",
 ]
 
-_TICK = timedelta(microseconds=1)  # legacy timestamp marks: "after the mark" starts here
-
-
 class SummaryArgs(BaseModel):
     """Which messages to summarise; neither field means "since the last summary"."""
 
@@ -121,12 +118,8 @@ async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: dat
     if mark is not None:
         got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip)
         return Window(got.entries, "自上次总结以来", got.total, got.newest_id)
-    legacy = await deps.history.summary_mark(chat)  # a timestamp mark from before row-id marks
-    if legacy is not None:
-        start, title = legacy + _TICK, "自上次总结以来"
-    else:
-        hours = deps.settings.default_hours
-        start, title = now - timedelta(hours=hours), f"最近 {hours:g} 小时"
+    hours = deps.settings.default_hours
+    start, title = now - timedelta(hours=hours), f"最近 {hours:g} 小时"
     got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
     return Window(got.entries, title, got.total, got.newest_id)
 

@@ -1,11 +1,10 @@
 """Which stored messages a summary reads, and each chat's "summarised up to here" mark.
 
 The mark is the ``history`` row id of the newest message a summary covered, kept in this
-plugin's own table ``summary_marks_v2``. Row ids grow in the order messages are stored, so
+plugin's own table ``summary_marks``. Row ids grow in the order messages are stored, so
 "since the last summary" means ``id > last_id``: a message stored after a summary is never
 skipped and never counted twice, even when platform timestamps are whole seconds (OneBot) and
-it carries the same second as the mark. A chat that only has the older timestamp mark
-(``HistoryStore.summary_mark``) is read from that time once, then gets a row-id mark.
+it carries the same second as the mark.
 
 The message that asked for the summary (``Caller.message_id``) is never part of the window,
 but the mark moves past it, so the request is not summarised next time either.
@@ -22,7 +21,7 @@ from robot import ChatRef, Database, HistoryEntry, iso, parse_iso
 
 __all__ = ["MARKS_TABLE", "Fetched", "advance_mark", "create_marks_table", "fetch", "read_mark"]
 
-MARKS_TABLE = "summary_marks_v2"
+MARKS_TABLE = "summary_marks"
 
 
 def create_marks_table(db: sqlite_utils.Database) -> None:

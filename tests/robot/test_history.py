@@ -84,9 +84,3 @@ async def test_retention_drops_old_and_excess_messages(store: HistoryStore) -> N
     assert [e.text for e in await store.recent(G1)] == ["#2", "#3", "#4"]
 
 
-async def test_summary_mark_is_per_chat_and_updatable(store: HistoryStore) -> None:
-    assert await store.summary_mark(G1) is None
-    await store.set_summary_mark(G1, T0)
-    await store.set_summary_mark(G1, T0 + timedelta(hours=2))
-    assert await store.summary_mark(G1) == T0 + timedelta(hours=2)
-    assert await store.summary_mark(G2) is None

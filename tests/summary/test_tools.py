@@ -132,21 +132,6 @@ async def test_a_message_in_the_same_second_as_the_last_summarised_one_is_not_lo
     assert "没有可以总结的新消息" in again.user_messages[0] and model.requests == []
 
 
-async def test_a_chat_with_a_timestamp_mark_from_before_continues_from_it(tmp_path: Path) -> None:
-    model = summariser()
-    async with running(tmp_path, model) as (bot, ch):
-        await ch.inject("已经总结过", user="1", at=ago(30))
-        await ch.inject("还没总结", user="2", at=ago(10))
-        await bot.history.set_summary_mark(G1, ago(30))  # as the plugin used to store it
-        result = await run_tool(bot, SummaryArgs())
-        assert chat_lines(model) == ["2(2): 还没总结"]
-        assert result.user_messages[0].startswith("【群聊总结】自上次总结以来 · 1 条消息")
-        model.requests.clear()
-        await ch.inject("新消息", user="3", at=ago(5))
-        await run_tool(bot, SummaryArgs())
-        assert chat_lines(model) == ["3(3): 新消息"]
-
-
 async def test_hours_and_messages_windows(tmp_path: Path) -> None:
     model = summariser()
     async with running(tmp_path, model) as (bot, ch):
