@@ -360,7 +360,7 @@ class ReminderService:
     async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode) -> Reminder:
         """Store a new reminder (limits checked atomically) and arm it. Raises ScheduleError/LimitError."""
         now = self.clock()
-        chat = ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
+        chat = ChatRef.of(caller)
         reminder = Reminder(
             id=new_id(), owner=caller.qualified_user, owner_name=caller.user_name or caller.user_id, chat=chat.key,
             type=schedule.kind, wall=schedule.wall, zone=schedule.zone, weekday=schedule.weekday, content=content,

@@ -70,10 +70,6 @@ class DeleteArgs(BaseModel):
         "'all' deletes every reminder the person may delete in this chat")
 
 
-def _chat_of(caller: Caller) -> ChatRef:
-    return ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
-
-
 @dataclass
 class ReminderDeps:
     """What the reminder tools receive as ``ctx.deps``."""
@@ -105,7 +101,7 @@ class ReminderDeps:
     async def describe(self, caller: Caller, reminders: list[Reminder]) -> list[str]:
         """One line per reminder: short id, chat, schedule with next fire, content."""
         short = await self.store.short_ids([r.id for r in reminders])
-        here = _chat_of(caller).key
+        here = ChatRef.of(caller).key
         lines = []
         for r in reminders:
             chat = r.chat_ref
@@ -209,7 +205,7 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
 async def _delete_all(deps: ReminderDeps, caller: Caller) -> ToolResult:
     everyone = deps.clears_chat(caller)
     here = "本群" if caller.chat_kind == "group" else "本聊天"
-    count = await deps.service.delete_chat(_chat_of(caller), owner=None if everyone else caller.qualified_user)
+    count = await deps.service.delete_chat(ChatRef.of(caller), owner=None if everyone else caller.qualified_user)
     whose = "" if everyone else "你在"
     if count == 0:
         return ToolResult.reply(f"{whose}{here}没有可删除的提醒。",

@@ -168,7 +168,7 @@ class Bot:
         """A stored prompt run by the model (reminders' prompt mode); None without an LLM."""
         if self.router is None:
             return None
-        chat = ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
+        chat = ChatRef.of(caller)
         return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
                                            zone=zone or self.zone_for(chat), deps_for=self.deps_for,
                                            clock=self.clock)

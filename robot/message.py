@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from function_calls import Caller
+
 __all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender"]
 
 ChatKind = Literal["group", "private"]
@@ -25,6 +27,11 @@ class ChatRef(BaseModel):
     def key(self) -> str:
         """A stable string key, e.g. ``onebot:group:123456``."""
         return f"{self.platform}:{self.kind}:{self.chat_id}"
+
+    @classmethod
+    def of(cls, caller: Caller) -> ChatRef:
+        """The chat a tool call comes from."""
+        return cls(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
 
     @classmethod
     def from_key(cls, key: str) -> ChatRef:

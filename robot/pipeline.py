@@ -27,7 +27,7 @@ from robot.message import ChatRef, Message, OutgoingMessage
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline", "caller_chat"]
+__all__ = ["NO_LLM_REPLY", "Pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,6 @@ NO_LLM_REPLY = (
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
-
-
-def caller_chat(caller: Caller) -> ChatRef:
-    return ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
 
 
 class Pipeline:
@@ -136,7 +132,7 @@ class Pipeline:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
         try:
             args = tool.parse_arguments(build_arguments(tool, rest))
-            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(caller_chat(caller)),
+            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
             result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)

@@ -40,7 +40,6 @@ __all__ = [
     "SummaryArgs",
     "SummaryDeps",
     "Window",
-    "chat_of",
     "conversation",
     "forget",
     "setup",
@@ -90,11 +89,6 @@ async def setup(bot: Bot) -> SummaryDeps:
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
 
-def chat_of(caller: Caller) -> ChatRef:
-    """The chat the caller is in: the only chat its tools may read or change."""
-    return ChatRef(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
-
-
 @dataclass
 class Window:
     """Messages picked for a summary (oldest first), how many the window holds, where the mark goes."""
@@ -106,7 +100,7 @@ class Window:
 
 
 async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime) -> Window:
-    chat, limit, skip = chat_of(caller), deps.settings.max_fetch, caller.message_id
+    chat, limit, skip = ChatRef.of(caller), deps.settings.max_fetch, caller.message_id
     if args.messages is not None:
         got = await fetch(deps.db, chat, limit=args.messages, skip_message_id=skip)
         return Window(got.entries, f"最近 {args.messages} 条", len(got.entries), got.newest_id)
@@ -158,7 +152,7 @@ def _prepare(entries: Sequence[HistoryEntry], commands: frozenset[str]) -> tuple
 async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResult:
     """总结本聊天的消息 (summarise this chat): 默认总结上次总结以来的消息，也可指定最近 hours 小时或最近 messages 条。"""
     deps, caller = ctx.deps, ctx.caller
-    chat = chat_of(caller)
+    chat = ChatRef.of(caller)
     window = await _window(deps, caller, args, ctx.now())
     entries, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
     if not entries:
@@ -217,7 +211,7 @@ def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tupl
 async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
     """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录，以及本聊天中机器人之前发的总结。"""
     caller = ctx.caller
-    chat = chat_of(caller)
+    chat = ChatRef.of(caller)
     removed, summaries = await ctx.deps.db.transaction(lambda db: _forget_sync(db, chat, caller.user_id))
     where = "本群" if caller.chat_kind == "group" else "本聊天"
     text = f"已删除你在{where}被记录的 {removed} 条消息"
