@@ -40,3 +40,13 @@ async def test_plugin_authors_example_runs_as_written() -> None:
         assert plugin.name == "weather" and plugin.tools.names() == ["weather"]
     finally:
         sys.modules.pop("weather_plugin", None)
+
+
+def test_readme_links_stay_inside_the_repository() -> None:
+    root = Path(__file__).resolve().parents[1]
+    for target in re.findall(r"\]\(([^)#\s]+)\)", README):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path = (root / target).resolve()
+        assert path.is_relative_to(root), f"README links outside the repository: {target}"
+        assert path.exists(), f"README links to a missing file: {target}"

@@ -18,7 +18,7 @@ from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
 from robot.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-VECTORS: dict[str, Any] = json.loads((ROOT / ".." / "shared" / "vectors" / "onebot_v11.json").read_text("utf-8"))
+VECTORS: dict[str, Any] = json.loads((ROOT / "tests" / "vectors" / "onebot_v11.json").read_text("utf-8"))
 ASK = VECTORS["events"]["group_message_at_bot"]  # user 20002 in group 123456: "@bot 提醒我...交周报"
 
 

@@ -24,7 +24,7 @@ from robot.config import Settings
 from robot.plugin import Plugin
 
 VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).resolve().parents[3] / "shared" / "vectors" / "onebot_v11.json").read_text("utf-8"))
+    (Path(__file__).resolve().parents[1] / "vectors" / "onebot_v11.json").read_text("utf-8"))
 AT_BOT: dict[str, Any] = VECTORS["events"]["group_message_at_bot"]
 Until = Callable[..., Awaitable[None]]
 CALLERS: list[Caller] = []

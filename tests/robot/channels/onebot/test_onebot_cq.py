@@ -35,7 +35,7 @@ from robot.channels.onebot import settings as settings_mod
 from robot.channels.onebot import testing as testing_mod
 
 VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).resolve().parents[4] / ".." / "shared" / "vectors" / "onebot_v11.json").read_text("utf-8")
+    (Path(__file__).resolve().parents[3] / "vectors" / "onebot_v11.json").read_text("utf-8")
 )
 EVENTS: dict[str, dict[str, Any]] = VECTORS["events"]
 

@@ -19,7 +19,7 @@ from robot.channels.onebot import OneBotActionFailed, OneBotChannel, OneBotSetti
 from robot.message import ChatRef, Message, OutgoingMessage
 
 VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).resolve().parents[4] / ".." / "shared" / "vectors" / "onebot_v11.json").read_text("utf-8")
+    (Path(__file__).resolve().parents[3] / "vectors" / "onebot_v11.json").read_text("utf-8")
 )
 EVENTS: dict[str, dict[str, Any]] = VECTORS["events"]
 TOKEN = "test-token-7f3a"

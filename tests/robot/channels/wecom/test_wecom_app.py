@@ -21,7 +21,7 @@ from robot.channels.wecom.testing import FakeWeComAPI, signed_query
 from robot.message import ChatRef, Message, OutgoingMessage
 
 VECTORS = json.loads(
-    (Path(__file__).parents[4] / "../shared/vectors/wecom_callback.json").read_text(encoding="utf-8")
+    (Path(__file__).resolve().parents[3] / "vectors" / "wecom_callback.json").read_text(encoding="utf-8")
 )
 
 

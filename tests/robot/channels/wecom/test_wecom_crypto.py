@@ -23,7 +23,7 @@ from robot.channels.wecom.crypto import (
     parse_xml,
 )
 
-VECTORS_PATH = Path(__file__).parents[4] / "../shared/vectors/wecom_callback.json"
+VECTORS_PATH = Path(__file__).resolve().parents[3] / "vectors" / "wecom_callback.json"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,51 @@
+"""Suite-wide guard: tests stand alone, so no test may read a file beside the repository.
+
+A clean clone has nothing next to it (no ``../shared``), so a fixture read from there works on
+our machines and fails for every user. An audit hook records every ``open`` of a path that lies
+in the repository's parent folder but outside the repository; a test that did so fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_BESIDE = REPO.parent
+_outside: list[str] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event != "open" or not args or not isinstance(args[0], str | bytes | os.PathLike):
+        return
+    try:
+        raw = os.fsdecode(args[0])
+        path = Path(raw)
+        path = Path(os.path.normpath(path if path.is_absolute() else Path.cwd() / path))
+    except (OSError, ValueError, TypeError):
+        return
+    if path.is_relative_to(_BESIDE) and not path.is_relative_to(REPO):
+        _outside.append(str(path))
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture
+def outside_reads() -> list[str]:
+    """The paths beside the repository opened so far by this test (the guard's own test clears it)."""
+    return _outside
+
+
+@pytest.fixture(autouse=True)
+def _stand_alone() -> Iterator[None]:
+    _outside.clear()
+    yield
+    found, _outside[:] = list(_outside), []
+    if found:
+        pytest.fail(f"this test read files outside the repository (copy fixtures into tests/): {found}")
