@@ -153,9 +153,19 @@ def _short(value: Any) -> str:
 
 
 def _cut(message: str) -> str:
-    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart)."""
+    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart).
+
+    The cut is in the middle: the reason ("is too long") comes after the value and must survive.
+    """
     message = message.encode("utf-8", "replace").decode("utf-8")
-    return message if len(message) <= _MAX_MESSAGE_CHARS else message[: _MAX_MESSAGE_CHARS - 1] + "…"
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    half = (_MAX_MESSAGE_CHARS - 1) // 2
+    return message[:half] + "…" + message[-half:]
+
+
+_LENGTH_REASONS = {"maxLength": "is too long: at most {} characters", "minLength": "is too short: at least {} characters",
+                   "maxItems": "has too many items: at most {}", "minItems": "has too few items: at least {}"}
 
 
 def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
@@ -175,7 +185,10 @@ def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
                 for k, v in err.instance.items() if k not in known
             )
             continue
-        message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
+        if err.validator in _LENGTH_REASONS:
+            message = _LENGTH_REASONS[err.validator].format(err.validator_value)
+        else:
+            message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
         problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
     return sorted(problems, key=lambda p: p.path)
 
