@@ -123,7 +123,8 @@ class Bot:
         return OpenAIChatModel(model=llm.model, base_url=llm.base_url,
                                api_key=llm.api_key.get_secret_value() if llm.api_key else None,
                                temperature=llm.temperature, timeout_s=llm.timeout_s, stream=llm.stream,
-                               strict_tools=llm.strict_tools)
+                               strict_tools=llm.strict_tools, reasoning_pass_back=llm.reasoning_pass_back,
+                               token_param=llm.token_param)
 
     # --- services plugins use -------------------------------------------------------------
     def deps_for(self, tool: Tool) -> Any:
