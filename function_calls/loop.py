@@ -166,7 +166,13 @@ class Runner:
         state = env.state
         while True:
             try:
-                response = await self.model.complete(request, on_text=on_text)
+                try:
+                    response = await self.model.complete(request, on_text=on_text)
+                except ModelAPIError:
+                    raise
+                except Exception as exc:  # any ChatModel: a bug in it ends the run typed, never raised
+                    log.exception("chat model %s raised", getattr(self.model, "name", "?"))
+                    raise ModelAPIError(f"the model call failed ({type(exc).__name__})") from None
             except ModelAPIError as exc:
                 state.usage = state.usage + Usage(requests=1, prompt_tokens=0)
                 if not exc.retryable or exc.text_shown or state.api_retries >= self.retry.max_retries:

@@ -210,6 +210,13 @@ class _Shower:
         self.shown = True
 
 
+def _count(value: Any) -> int | None:
+    """A token count as reported, or ``None`` when it is not a non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
+        return None
+    return int(value)
+
+
 def _reasoning(obj: Any) -> str:
     """Thinking text: ``reasoning_content`` (DeepSeek, Qwen) or ``reasoning`` (vLLM, OpenRouter)."""
     for key in ("reasoning_content", "reasoning"):
@@ -356,10 +363,8 @@ class OpenAIChatModel:
         )
 
     def _usage(self, usage: Any, request: ModelRequest) -> Usage:
-        if usage is None or getattr(usage, "prompt_tokens", None) is None:
+        prompt, completion = _count(getattr(usage, "prompt_tokens", None)), _count(
+            getattr(usage, "completion_tokens", None))
+        if prompt is None:  # absent or unreadable: estimate, and say so
             return Usage(prompt_tokens=estimate_messages(request.messages, request.tools), requests=1, estimated=1)
-        return Usage(
-            prompt_tokens=int(usage.prompt_tokens or 0),
-            completion_tokens=int(usage.completion_tokens or 0),
-            requests=1,
-        )
+        return Usage(prompt_tokens=prompt, completion_tokens=completion or 0, requests=1)

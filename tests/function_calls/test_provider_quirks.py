@@ -401,3 +401,28 @@ async def test_a_too_long_value_keeps_its_reason(env: Env) -> None:
     assert "city" in content and "too long" in content and "20" in content
     assert len(content) < 600
     assert result.stop is StopReason.COMPLETED
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_unreadable_usage_is_estimated_not_fatal(env: Env, stream: bool) -> None:
+    usage = {"prompt_tokens": "many", "completion_tokens": [1]}
+    if stream:
+        step: Step = Raw([chunk({"content": "晴"}, "stop"), chunk(choices=False, usage=usage)])
+    else:
+        step = Raw(body={"id": "x", "object": "chat.completion", "created": 0, "model": "m", "usage": usage,
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "晴"},
+                                      "finish_reason": "stop"}]})
+    result = await env.run(step, stream=stream)
+    assert result.stop is StopReason.COMPLETED and result.text == "晴"
+    assert result.usage.estimated == 1 and result.usage.prompt_tokens > 0
+
+
+async def test_a_chat_model_that_raises_ends_the_run_typed() -> None:
+    class Broken:
+        name = "broken"
+
+        async def complete(self, request: Any, *, on_text: Any = None) -> Any:
+            raise RuntimeError("bug in a custom model")
+
+    result = await Runner(Broken()).run(USER, Toolset("t"))
+    assert result.stop is StopReason.MODEL_ERROR and "RuntimeError" in result.detail

@@ -56,11 +56,12 @@ delta = st.one_of(
     st.fixed_dictionaries({"tool_calls": st.lists(tool_call, min_size=1, max_size=2)}),
     st.just({}),
 )
+counts = st.one_of(st.integers(0, 10**6), st.none(), st.sampled_from([-1, "12", "many", 1.5, [1]]))
 finish = st.one_of(st.none(), st.sampled_from(["stop", "tool_calls", "length", "content_filter", "function_call"]))
 event = st.one_of(
     st.builds(lambda d, f: chunk(d, f), delta, finish),
     st.builds(lambda d: chunk(d), delta),
-    st.just(chunk(choices=False, usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7})),
+    st.builds(lambda p, c: chunk(choices=False, usage={"prompt_tokens": p, "completion_tokens": c}), counts, counts),
 )
 error_event = st.sampled_from([
     {"error": {"message": "context too long", "type": "invalid_request_error", "code": "context_length_exceeded"}},
@@ -123,13 +124,14 @@ non_stream_call = st.fixed_dictionaries(
     optional={"id": st.sampled_from(["", "call_1", "call_2"])},
 )
 bodies = st.builds(
-    lambda content, reasoning, calls, finish_reason: Raw(body={
+    lambda content, reasoning, calls, finish_reason, usage: Raw(body={
         "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "usage": {"prompt_tokens": usage, "completion_tokens": 1},
         "choices": [{"index": 0, "finish_reason": finish_reason,
                      "message": {"role": "assistant", "content": content, "reasoning_content": reasoning,
                                  **({"tool_calls": calls} if calls is not None else {})}}]}),
     st.one_of(st.none(), texts), st.one_of(st.none(), texts), st.one_of(st.none(), st.lists(non_stream_call, max_size=3)),
-    finish,
+    finish, counts,
 )
 
 
