@@ -210,6 +210,16 @@ class _Shower:
         self.shown = True
 
 
+def _text_of(content: Any) -> str:
+    """Message text: a string, or a list of content parts (Mistral) whose text parts are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return ""
+
+
 def _count(value: Any) -> int | None:
     """A token count as reported, or ``None`` when it is not a non-negative number."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
@@ -300,7 +310,7 @@ class OpenAIChatModel:
                 for n, c in enumerate(message.tool_calls or [])
                 if getattr(c, "function", None) is not None
             ]
-            text = message.content if isinstance(message.content, str) else ""
+            text = _text_of(message.content)
             response = ModelResponse(text=text, tool_calls=calls, usage=self._usage(resp.usage, request),
                                      finish_reason=_str_or_none(choice.finish_reason), reasoning=_reasoning(message))
         except ModelAPIError:
@@ -328,9 +338,11 @@ class OpenAIChatModel:
                 if getattr(chunk, "usage", None) is not None:
                     usage_obj = chunk.usage
                 for choice in getattr(chunk, "choices", None) or ():
+                    if getattr(choice, "index", 0) not in (0, None):
+                        continue  # only the first choice is the answer; others would garble it
                     delta = getattr(choice, "delta", None)
-                    content = getattr(delta, "content", None)
-                    if isinstance(content, str) and content:
+                    content = _text_of(getattr(delta, "content", None))
+                    if content:
                         text_parts.append(content)
                         await shower.show(content)
                     if thought := _reasoning(delta):

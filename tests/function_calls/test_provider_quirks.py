@@ -426,3 +426,20 @@ async def test_a_chat_model_that_raises_ends_the_run_typed() -> None:
 
     result = await Runner(Broken()).run(USER, Toolset("t"))
     assert result.stop is StopReason.MODEL_ERROR and "RuntimeError" in result.detail
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_content_parts_and_extra_choices(env: Env, stream: bool) -> None:
+    """Mistral's reasoning models send content as a list of parts; n>1 choices must not be interleaved."""
+    parts = [{"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]}, {"type": "text", "text": "晴天"}]
+    if stream:
+        other = chunk({"content": "另一个回答"})
+        other["choices"][0]["index"] = 1
+        step: Step = Raw([chunk({"role": "assistant", "content": parts}), other, chunk({"content": "。"}, "stop")])
+    else:
+        step = Raw(body={"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": parts},
+                                      "finish_reason": "stop"}]})
+    result = await env.run(step, stream=stream)
+    assert result.stop is StopReason.COMPLETED
+    assert result.text == ("晴天。" if stream else "晴天")
