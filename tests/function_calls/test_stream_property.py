@@ -103,7 +103,7 @@ async def run_once(server: FakeOpenAIServer, first: Raw, again: Raw, *, stream: 
         await model.aclose()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(first=streams, again=streams)
 def test_any_legal_stream_ends_in_a_typed_stop(
@@ -135,7 +135,7 @@ bodies = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(first=bodies)
 def test_any_non_streamed_reply_ends_in_a_typed_stop(
