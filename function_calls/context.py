@@ -33,6 +33,8 @@ class Caller(BaseModel):
     addressed: bool = True
     #: The platform id of the message being answered ("" for scheduled runs).
     message_id: str = ""
+    #: The bot account that received the message or owns the chat ("" when the platform has one).
+    account: str = ""
 
     @property
     def qualified_user(self) -> str:

@@ -157,3 +157,20 @@ async def test_the_outbox_holds_the_reply_while_the_peer_is_away(rig: Rig, until
 
     await until(sent)
     assert len([a for a in rig.peer.actions if is_group_send(a)]) == 1
+
+
+async def test_with_two_accounts_on_one_url_the_reply_leaves_through_the_account_that_was_asked(
+    rig: Rig, until: Until
+) -> None:
+    rig.server.script(Reply(tool_calls=[Call("remind", {"when": "明天 08:00", "content": "交周报"})]))
+    async with OneBotTestPeer(self_id=10002) as second:
+        await second.connect(rig.channel.url)  # the newer socket, another QQ account
+        await until(lambda: second.connected)
+        await rig.peer.send_event(AT_BOT, message_id=2401)
+        action = await rig.peer.wait_for_action(is_group_send, timeout=10)
+        assert texts(action).strip() == "已为你设置提醒"
+        assert second.actions == []
+        (caller,) = CALLERS
+        assert caller.account == "10001"
+        rows = await rig.bot.outbox.rows()
+        assert [r["account"] for r in rows] == ["10001"]

@@ -2,11 +2,14 @@
 
 from robot.channels.onebot.channel import OneBotChannel
 from robot.channels.onebot.connection import (
+    ActionTimeout,
     ClientRole,
     Connection,
     OneBotActionFailed,
     PendingActions,
     auth_rejection,
+    check_response,
+    peer_rejection,
     role_for,
 )
 from robot.channels.onebot.cq import (
@@ -29,6 +32,7 @@ from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.onebot.testing import OneBotTestPeer
 
 __all__ = [
+    "ActionTimeout",
     "CQCodeError",
     "ClientRole",
     "Connection",
@@ -40,12 +44,14 @@ __all__ = [
     "Segment",
     "at_targets",
     "auth_rejection",
+    "check_response",
     "compose_message",
     "escape",
     "message_from_event",
     "parse_cq",
     "parse_message",
     "parse_segments",
+    "peer_rejection",
     "plain_text",
     "reply_id",
     "role_for",

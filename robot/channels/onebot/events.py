@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +12,7 @@ from robot.message import ChatRef, Message, Role, Sender
 
 __all__ = ["message_from_event"]
 
+log = logging.getLogger("robot.channels.onebot.channel")
 _ROLES: dict[str, Role] = {"owner": "owner", "admin": "admin", "member": "member"}
 
 
@@ -33,7 +35,10 @@ def _timestamp(value: object) -> datetime:
     if isinstance(value, int | float) and not isinstance(value, bool):
         # Some implementations report milliseconds.
         seconds = value / 1000 if value > 10**11 else value
-        return datetime.fromtimestamp(seconds, tz=UTC)
+        try:
+            return datetime.fromtimestamp(seconds, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            log.warning("onebot: event time %r is out of range; using the time it arrived", value)
     return datetime.now(UTC)
 
 
@@ -59,9 +64,9 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
         group_id = _id(event.get("group_id"))
         if group_id is None:
             raise ValueError("group message event without group_id")
-        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group")
+        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group", account=bot_id or "")
     else:
-        chat = ChatRef(platform="onebot", chat_id=user_id, kind="private")
+        chat = ChatRef(platform="onebot", chat_id=user_id, kind="private", account=bot_id or "")
 
     segments = parse_message(event.get("message", ""))
     raw_sender = event.get("sender")
