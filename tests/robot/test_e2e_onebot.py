@@ -21,6 +21,7 @@ from function_calls.testing import Call, FakeOpenAIServer, Reply
 from robot.bot import Bot
 from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
 from robot.config import Settings
+from robot.message import ChatRef
 from robot.plugin import Plugin
 
 VECTORS: dict[str, Any] = json.loads(
@@ -174,3 +175,25 @@ async def test_with_two_accounts_on_one_url_the_reply_leaves_through_the_account
         assert caller.account == "10001"
         rows = await rig.bot.outbox.rows()
         assert [r["account"] for r in rows] == ["10001"]
+
+
+async def test_an_image_only_at_reaches_the_model_as_placeholders_in_history_and_prompt(
+    rig: Rig, until: Until
+) -> None:
+    peers = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "onebot_peers.json").read_text("utf-8"))
+    rig.server.script(Reply("看到了一张图片。"))
+    # First a file shared in the group (not addressed: only recorded), then an @ with only an image.
+    shared = [peers["napcat_segments"]["file"]]
+    await rig.peer.send_event(VECTORS["events"]["group_message_plain"], message_id=2501, message=shared,
+                              user_id=20003)
+    group = ChatRef(platform="onebot", chat_id="123456", kind="group")
+
+    async def recorded() -> bool:
+        return any(e.text == "[文件: 周报.docx]" for e in await rig.bot.history.recent(group, 10))
+
+    await until(recorded)
+    await rig.peer.send_event(peers["napcat_group_image_only_at_bot"])
+    await rig.peer.wait_for_action(is_group_send, timeout=10)
+    messages = rig.server.requests[0].body["messages"]
+    assert messages[-1] == {"role": "user", "content": "[图片]"}
+    assert any("[文件: 周报.docx]" in str(m["content"]) for m in messages[:-1])

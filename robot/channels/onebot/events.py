@@ -78,7 +78,7 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
         chat=chat,
         sender=Sender(user_id=user_id, name=str(name), role=role),
         message_id=message_id,
-        text=plain_text(segments, strip_at={bot_id} if bot_id else set()).strip(),
+        text=plain_text(segments, strip_at={bot_id} if bot_id else set(), placeholders=True).strip(),
         timestamp=_timestamp(event.get("time")),
         mentions=tuple(target for target in targets if target != "all"),
         mentions_bot=bot_id is not None and bot_id in targets,
