@@ -30,7 +30,7 @@ class OneBotSettings(BaseModel):
         default=None, description="forward mode: the implementation's ws:// or wss:// URL"
     )
     access_token: SecretStr | None = Field(
-        default=None, description="OneBot access token; checked/sent when set"
+        default=None, description="OneBot access token; checked/sent when set (unset: reverse mode accepts loopback only)"
     )
     # Above NapCat's own 10 s wait for a send: a slow but successful send must not look lost.
     action_timeout_s: float = Field(default=30.0, gt=0, description="how long to wait for an action's answer")
