@@ -35,6 +35,8 @@ class Caller(BaseModel):
     message_id: str = ""
     #: The bot account that received the message or owns the chat ("" when the platform has one).
     account: str = ""
+    #: The sender is an anonymous group member: their id is not an account that can own things.
+    anonymous: bool = False
 
     @property
     def qualified_user(self) -> str:

@@ -57,6 +57,9 @@ class Sender(BaseModel):
     user_id: str
     name: str = ""
     role: Role = "member"
+    #: An anonymous group member (QQ 匿名): ``user_id`` keys the anonymous identity, it is nobody's
+    #: account, so it is never @-ed and owns nothing that outlives the conversation (reminders).
+    anonymous: bool = False
 
 
 class Message(BaseModel):

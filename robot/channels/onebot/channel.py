@@ -178,7 +178,8 @@ class OneBotChannel(Channel):
         chat = message.chat
         if chat.platform != self.platform:
             raise SendRejected(f"chat {chat.key!r} is not a onebot chat")
-        mentions = message.mention if chat.kind == "group" else ()
+        # An anonymous member's id is no account: an @ of it would reach nobody (or a stranger).
+        mentions = tuple(m for m in message.mention if not m.startswith("anonymous:")) if chat.kind == "group" else ()
         segments = compose_message(message.text, mentions=mentions, reply_to=message.reply_to)
         if not segments:
             raise SendRejected("refusing to send an empty message")

@@ -73,10 +73,17 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
     sender = raw_sender if isinstance(raw_sender, Mapping) else {}
     name = sender.get("card") or sender.get("nickname") or ""
     role = _ROLES.get(str(sender.get("role") or "member"), "member")
+    anonymous, is_anonymous = event.get("anonymous"), False
+    if kind == "group" and (event.get("sub_type") == "anonymous" or isinstance(anonymous, Mapping)):
+        # Every anonymous member shares one user_id (80000000): key them by their anonymous flag.
+        info = anonymous if isinstance(anonymous, Mapping) else {}
+        flag = _id(info.get("flag")) or _id(info.get("id")) or "unknown"
+        user_id, role, is_anonymous = f"anonymous:{flag}", "member", True
+        name = f"匿名·{info.get('name') or '?'}"
     targets = at_targets(segments)
     return Message(
         chat=chat,
-        sender=Sender(user_id=user_id, name=str(name), role=role),
+        sender=Sender(user_id=user_id, name=str(name), role=role, anonymous=is_anonymous),
         message_id=message_id,
         text=plain_text(segments, strip_at={bot_id} if bot_id else set(), placeholders=True).strip(),
         timestamp=_timestamp(event.get("time")),

@@ -356,3 +356,17 @@ async def test_an_image_only_at_is_not_an_empty_message(
     message = await asyncio.wait_for(inbox.get(), 5)
     assert message.mentions_bot is True
     assert message.text == "[图片]"
+
+
+async def test_anonymous_members_are_keyed_by_their_flag_and_never_at_ed(
+    peer: OneBotTestPeer, channel: OneBotChannel, inbox: asyncio.Queue[Message]
+) -> None:
+    await peer.send_event(PEERS["anonymous_group_message"])
+    message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.sender.anonymous is True
+    assert message.sender.user_id == "anonymous:AAAAAAAAAAAAAAAAAAAA|大力鬼王"  # not the shared 80000000
+    assert message.sender.name == "匿名·大力鬼王" and message.sender.role == "member"
+    assert message.mentions_bot and message.text == "明天早上8点提醒我交周报"
+    await channel.send(OutgoingMessage(key="an1", chat=message.chat, text="好的", mention=(message.sender.user_id,)))
+    (action,) = peer.actions
+    assert [s["type"] for s in action["params"]["message"]] == ["text"]
