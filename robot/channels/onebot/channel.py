@@ -33,13 +33,14 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
-from robot.channels.base import Capabilities, Channel, ChannelUnavailable, SendReceipt, SendRejected
+from robot.channels.base import Capabilities, Channel, SendReceipt, SendRejected
 from robot.channels.onebot.connection import (
     ActionTimeout,
     ClientRole,
     Connection,
     LateAnswer,
     PendingActions,
+    Sockets,
     auth_rejection,
     check_response,
     peer_rejection,
@@ -82,7 +83,7 @@ class OneBotChannel(Channel):
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
         self.online: bool | None = None
         """The account's online state from lifecycle/heartbeat events (``None``: not reported)."""
-        self._conns: list[Connection] = []
+        self._conns = Sockets()
         self._actions = PendingActions()
         self._connected = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -135,7 +136,7 @@ class OneBotChannel(Channel):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._forward_task
             self._forward_task = None
-        for conn in list(self._conns):
+        for conn in self._conns.all():
             with contextlib.suppress(Exception):
                 await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"bot stopping")
         if self._runner is not None:
@@ -161,7 +162,7 @@ class OneBotChannel(Channel):
     @property
     def connected(self) -> bool:
         """Whether a socket that can carry actions (Universal or API) is open."""
-        return self._has_api_conn()
+        return self._conns.carries_actions()
 
     async def wait_connected(self) -> None:
         """Wait until :attr:`connected` (wrap in ``asyncio.timeout`` to bound the wait)."""
@@ -218,14 +219,8 @@ class OneBotChannel(Channel):
         message_id = data.get("message_id") if isinstance(data, Mapping) else None
         return SendReceipt(platform_message_id=None if message_id is None else str(message_id))
 
-    async def call_action(
-        self,
-        action: str,
-        params: Mapping[str, object] | None = None,
-        *,
-        account: str = "",
-        on_late: LateAnswer | None = None,
-    ) -> dict[str, Any]:
+    async def call_action(self, action: str, params: Mapping[str, object] | None = None, *, account: str = "",
+                          on_late: LateAnswer | None = None) -> dict[str, Any]:
         """Call any OneBot action (e.g. ``get_login_info``) and return the whole response.
 
         ``account`` picks the socket of that bot account (``ChatRef.account``); ``""`` is fine
@@ -233,35 +228,12 @@ class OneBotChannel(Channel):
         :class:`ChannelUnavailable` when not connected, on a dropped socket or after
         ``action_timeout_s``, and :class:`OneBotActionFailed` when the implementation refuses.
         """
-        conn = self._api_conn(account)
+        conn = self._conns.for_account(account)
         return await self._actions.call(
             conn, action, params or {}, self.settings.action_timeout_s, on_late=on_late
         )
 
     # -- connections ---------------------------------------------------------------------------
-
-    def _api_conn(self, account: str | None = None) -> Connection:
-        """The newest action socket of ``account``; with ``""``, of the only account connected.
-
-        ``None`` (the ``connected`` check) takes any. Raises :class:`ChannelUnavailable` when
-        that account is offline and :class:`SendRejected` when ``""`` is ambiguous.
-        """
-        live = [conn for conn in reversed(self._conns) if conn.carries_actions]
-        if not live:
-            raise ChannelUnavailable("onebot: no OneBot implementation is connected")
-        if account is None:
-            return live[0]
-        if account:
-            mine = [conn for conn in live if conn.self_id == account]
-            if not mine:
-                raise ChannelUnavailable(f"onebot: account {account} is not connected")
-            return mine[0]
-        if len({conn.self_id for conn in live}) > 1:
-            raise SendRejected("onebot: several accounts are connected and this message names none")
-        return live[0]
-
-    def _has_api_conn(self) -> bool:
-        return any(conn.carries_actions for conn in self._conns)
 
     async def _handle_upgrade(self, request: web.Request) -> web.StreamResponse:
         role = role_for(request, self.settings.path)
@@ -319,11 +291,7 @@ class OneBotChannel(Channel):
 
     async def _serve(self, ws: _Socket, role: ClientRole, self_id: str | None) -> Connection:
         conn = Connection(ws, role, self_id)
-        if self_id and role != "Event" and any(
-            other.self_id == self_id and other.carries_actions for other in self._conns
-        ):
-            log.warning("onebot: a new %s socket for account %s replaces its open one", role, self_id)
-        self._conns.append(conn)
+        self._conns.add(conn)
         if self_id:
             self.self_id = self_id
         if role != "Event":
@@ -340,7 +308,7 @@ class OneBotChannel(Channel):
         finally:
             self._conns.remove(conn)
             self._actions.fail(conn)
-            if not self._has_api_conn():
+            if not self._conns.carries_actions():
                 self._connected.clear()
             log.info("onebot: %s socket closed (self_id=%s)", role, conn.self_id)
         return conn

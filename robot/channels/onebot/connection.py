@@ -7,6 +7,7 @@ import hmac
 import ipaddress
 import itertools
 import json
+import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -24,6 +25,7 @@ __all__ = [
     "Connection",
     "OneBotActionFailed",
     "PendingActions",
+    "Sockets",
     "auth_rejection",
     "check_response",
     "peer_rejection",
@@ -32,6 +34,7 @@ __all__ = [
 
 ClientRole = Literal["Universal", "API", "Event"]
 _Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+log = logging.getLogger("robot.channels.onebot.channel")
 _ROLES: dict[str, ClientRole] = {"universal": "Universal", "api": "API", "event": "Event"}
 _LATE_KEEP = 256  # timed-out echos still awaited: a slow implementation may answer after all
 LateAnswer = Callable[[dict[str, Any]], None]
@@ -85,6 +88,47 @@ def auth_rejection(request: web.Request, token: str | None) -> web.Response | No
     if not hmac.compare_digest(supplied.encode(), token.encode()):
         return web.Response(status=403, text="invalid access token")
     return None
+
+
+class Sockets:
+    """The open sockets, newest last, and which one carries a given account's actions."""
+
+    def __init__(self) -> None:
+        self._conns: list[Connection] = []
+
+    def all(self) -> list[Connection]:
+        return list(self._conns)
+
+    def add(self, conn: Connection) -> None:
+        if conn.self_id and conn.role != "Event" and any(
+            other.self_id == conn.self_id and other.carries_actions for other in self._conns
+        ):
+            log.warning("onebot: a new %s socket for account %s replaces its open one", conn.role, conn.self_id)
+        self._conns.append(conn)
+
+    def remove(self, conn: Connection) -> None:
+        self._conns.remove(conn)
+
+    def carries_actions(self) -> bool:
+        return any(conn.carries_actions for conn in self._conns)
+
+    def for_account(self, account: str) -> Connection:
+        """The newest action socket of ``account``; with ``""``, of the only account connected.
+
+        Raises :class:`ChannelUnavailable` when that account is offline and
+        :class:`SendRejected` when ``""`` is ambiguous (several accounts are connected).
+        """
+        live = [conn for conn in reversed(self._conns) if conn.carries_actions]
+        if not live:
+            raise ChannelUnavailable("onebot: no OneBot implementation is connected")
+        if account:
+            mine = [conn for conn in live if conn.self_id == account]
+            if not mine:
+                raise ChannelUnavailable(f"onebot: account {account} is not connected")
+            return mine[0]
+        if len({conn.self_id for conn in live}) > 1:
+            raise SendRejected("onebot: several accounts are connected and this message names none")
+        return live[0]
 
 
 def _is_loopback(remote: str | None) -> bool:

@@ -294,7 +294,7 @@ async def test_two_accounts_on_one_url_each_reply_through_their_own_socket(
         await a.connect(channel.url)
         await b.connect(channel.url)  # the newer socket
         async with asyncio.timeout(5):
-            while len([c for c in channel._conns if c.carries_actions]) < 2:
+            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
                 await asyncio.sleep(0.01)
         await a.send_event(EVENTS["group_message_at_bot"])
         message = await asyncio.wait_for(inbox.get(), 5)
