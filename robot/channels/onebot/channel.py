@@ -91,8 +91,8 @@ class OneBotChannel(Channel):
         self._session: aiohttp.ClientSession | None = None
         self._forward_task: asyncio.Task[None] | None = None
         self._running = False
-        # Outbox keys whose send got no answer in time: None while unanswered, else the late answer.
-        self._unanswered: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
+        # Outbox keys whose send got no answer in time -> that answer, should it still come.
+        self._unanswered: OrderedDict[str, asyncio.Future[dict[str, Any]]] = OrderedDict()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -173,8 +173,9 @@ class OneBotChannel(Channel):
     async def send(self, message: OutgoingMessage) -> SendReceipt:
         """``send_group_msg`` / ``send_private_msg`` with array-form segments, through the chat's account.
 
-        A retry of a key whose first attempt timed out returns that attempt's late answer if it
-        came (the message was delivered after all); otherwise it resends, and says so in the log.
+        A retry of a key whose attempt timed out first waits (``action_timeout_s`` more) for that
+        attempt's late answer: if it comes the message was delivered after all and is not sent
+        again; otherwise it is resent, and the log says so.
         """
         chat = message.chat
         if chat.platform != self.platform:
@@ -188,26 +189,27 @@ class OneBotChannel(Channel):
             action, params = "send_group_msg", {"group_id": _wire_id(chat.chat_id)}
         else:
             action, params = "send_private_msg", {"user_id": _wire_id(chat.chat_id)}
-        key = message.key
-        if key in self._unanswered:
-            late = self._unanswered.pop(key)
-            if late is not None:
-                response = check_response(action, late)
+        key, timeout = message.key, self.settings.action_timeout_s
+        late = self._unanswered.pop(key, None)
+        if late is not None:
+            with contextlib.suppress(TimeoutError):
+                response = check_response(action, await asyncio.wait_for(late, timeout))
                 log.info("onebot: %s was delivered after its timeout; not sending it again", key)
                 return self._receipt(response)
             log.warning("onebot: resending %s: the first attempt got no answer within %gs "
-                        "(the chat may see it twice)", key, self.settings.action_timeout_s)
+                        "(the chat may see it twice)", key, 2 * timeout)
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
         def on_late(frame: dict[str, Any]) -> None:
-            if key in self._unanswered:
-                self._unanswered[key] = frame
+            if not answer.done():
+                answer.set_result(frame)
 
         try:
             response = await self.call_action(
                 action, {**params, "message": to_array(segments)}, account=chat.account, on_late=on_late
             )
         except ActionTimeout:
-            self._unanswered[key] = None
+            self._unanswered[key] = answer
             while len(self._unanswered) > _LATE_KEEP:
                 self._unanswered.popitem(last=False)
             raise

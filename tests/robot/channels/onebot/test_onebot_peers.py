@@ -190,15 +190,16 @@ async def test_a_late_answer_marks_the_row_sent_without_a_second_send(
 ) -> None:
     caplog.set_level(logging.INFO, logger="robot.channels.onebot")
     db = Database(tmp_path / "bot.sqlite3")
-    outbox = Outbox(db, retry_base_s=0.5, retry_max_s=0.5)
+    # The outbox retries long before the late answer comes: the retry must wait for it, not resend.
+    outbox = Outbox(db, retry_base_s=0.02, retry_max_s=0.05)
     HistoryStore(db)
     await db.open()
     try:
-        async with running(reverse(action_timeout_s=0.2)) as ch, \
+        async with running(reverse(action_timeout_s=0.5)) as ch, \
                 OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
             await p.connect(ch.url)
             await asyncio.wait_for(ch.wait_connected(), 5)
-            p.delay_next_action(0.4)  # slow, but it does send
+            p.delay_next_action(0.7)  # slow (like NapCat waiting on QQ), but it does send
             outbox.register(ch)
             await outbox.start()
             await outbox.enqueue(OutgoingMessage(key="slow", chat=GROUP_A, text="慢慢来"))
