@@ -154,7 +154,8 @@ class Bot:
         return Caller(platform=message.platform, user_id=message.sender.user_id,
                       user_name=message.sender.name or message.sender.user_id, chat_id=message.chat.chat_id,
                       chat_kind=message.chat.kind, is_admin=admin, bot_admin=bot_admin, addressed=addressed,
-                      message_id=message.message_id)
+                      message_id=message.message_id, account=message.chat.account,
+                      anonymous=message.sender.anonymous)
 
     def zone_for(self, chat: ChatRef) -> ZoneInfo:
         """The chat's zone (``[bot] zones``), else the bot's."""
