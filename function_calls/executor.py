@@ -119,6 +119,9 @@ class CallExecutor:
                                     f"{tool.name}（参数连续 {failures} 次无效）")
             return self._refuse(call, exc.message, note=f"invalid arguments ({failures}/{tool.retries + 1})")
         state.arg_failures.pop(tool.name, None)  # the budget counts consecutive failures
+        if tool.confirm and self.approver is None:  # fail closed: nobody can approve here, so it never runs
+            return self._refuse(call, f"`{tool.name}` needs a person's approval, which is not available here; "
+                                "not run. Tell the user.", note="needs approval")
         if tool.confirm and self.approver is not None:
             try:
                 verdict = await self.approver(call, tool, self.caller)
