@@ -79,7 +79,10 @@ class SnapshotStore:
             "resolved_by TEXT, mac TEXT NOT NULL)"
         )
         db.execute("CREATE UNIQUE INDEX IF NOT EXISTS snapshots_live_code ON snapshots (code) WHERE status = 'pending'")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_code ON snapshots (code, created_at)")
         db.execute("CREATE INDEX IF NOT EXISTS snapshots_chat ON snapshots (chat, requester, status, created_at)")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_answerable ON snapshots (chat) "
+                   "WHERE status = 'pending' AND (kind = 'input' OR approver = 'requester')")
         db.execute("CREATE INDEX IF NOT EXISTS snapshots_due ON snapshots (status, expires_at)")
 
     def mac(self, row: Row) -> str:

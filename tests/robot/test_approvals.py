@@ -267,3 +267,20 @@ async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None
 def test_codes_avoid_ambiguous_characters() -> None:
     assert not set("0O1I") & set(ALPHABET) and len(ALPHABET) == 32
     assert sqlite3.sqlite_version  # the partial unique index on live codes needs SQLite >= 3.8
+
+
+async def test_qunbot_pending_lists_what_waits(make_bot: Any, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from robot.cli import main
+
+    data = tmp_path / "d"
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await bot.stop(flush_timeout_s=0.5)
+    config = tmp_path / "qunbot.toml"
+    config.write_text(f'[bot]\ndata_dir = "{data}"\n', encoding="utf-8")
+    assert await asyncio.to_thread(main, ["--config", str(config), "pending"]) == 0
+    out = capsys.readouterr().out
+    assert code in out and "admin approval" in out and "memory:u1 in memory:group:g1" in out
+    assert "42" not in out.split(code, 1)[1].split("\n", 1)[0]  # the CLI shows no arguments or state
