@@ -63,6 +63,7 @@ class Approvals:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._resuming: set[asyncio.Task[None]] = set()
+        self._notices: list[OutgoingMessage] = []
         #: Chat keys with a pending input or requester snapshot: only their messages are looked up.
         self._watch: set[str] = set()
 
@@ -156,15 +157,16 @@ class Approvals:
         if approver == "requester":
             return (f"确定要执行 {what} 吗？回复 /approve {code} 确认（或直接回复“确认”），"
                     f"/deny {code} 取消；{minutes} 分钟内有效。")
-        await self._notify_approvers(chat, code, what, caller)
+        self._queue_notices(chat, code, what, caller)
         return (f"这个操作需要管理员批准：{what}。已通知管理员，批准后我会继续；"
                 f"管理员可回复 /approve {code} 批准，/deny {code} 拒绝（{minutes} 分钟内有效）。")
 
     def _approver_ids(self) -> list[str]:
         return [*self.bot.settings.bot.admins, *self.settings.approvers]
 
-    async def _notify_approvers(self, chat: ChatRef, code: str, what: str, caller: Caller) -> None:
-        """Approvers hear of it: @-ed in a group, privately otherwise (on the chat's platform)."""
+    def _queue_notices(self, chat: ChatRef, code: str, what: str, caller: Caller) -> None:
+        """Approvers hear of it (after the requester's reply, see :meth:`announce`): @-ed in a group,
+        privately otherwise, on the chat's platform."""
         same = [q.split(":", 1)[1] for q in self._approver_ids() if q.split(":", 1)[0] == chat.platform]
         if not same:
             log.warning("an approval waits, but no approver is configured on %s ([bot] admins, [approvals] "
@@ -172,14 +174,20 @@ class Approvals:
             return
         text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
         if chat.kind == "group":
-            await self.bot.outbox.enqueue(OutgoingMessage(key=f"approval:{code}:{chat.key}:notify", chat=chat,
-                                                          text=text, mention=tuple(same)))
+            self._notices.append(OutgoingMessage(key=f"approval:{code}:{chat.key}:notify", chat=chat, text=text,
+                                                 mention=tuple(same)))
             return
         for user_id in same:
             if user_id != caller.user_id:
                 target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
-                await self.bot.outbox.enqueue(OutgoingMessage(key=f"approval:{code}:{user_id}:notify", chat=target,
-                                                              text=f"（来自 {chat.key}）{text}"))
+                self._notices.append(OutgoingMessage(key=f"approval:{code}:{user_id}:notify", chat=target,
+                                                     text=f"（来自 {chat.key}）{text}"))
+
+    async def announce(self) -> None:
+        """Queue the approvers' notices of the requests paused so far (after the requester's reply)."""
+        notices, self._notices = self._notices, []
+        if notices:
+            await self.bot.outbox.enqueue(*notices)
 
     # --- people's answers ---------------------------------------------------------------------
     def _entitled(self, row: Row, caller: Caller) -> bool:
@@ -347,6 +355,7 @@ class Approvals:
         await self.bot.db.transaction(commit)
         for platform in {m.chat.platform for m in messages}:
             self.bot.outbox.notify(platform)
+        await self.announce()
 
     async def _run_command(self, calls: Sequence[ToolCall], caller: Caller, chat: ChatRef) -> list[str]:
         out: list[str] = []

@@ -188,6 +188,7 @@ class Bot:
             await self.outbox.enqueue(*(OutgoingMessage(key=f"scheduled:{result.state.run_id}:{i}", chat=chat, text=t,
                                                         mention=mention)
                                         for i, t in enumerate([*result.state.user_messages, ask]) if t.strip()))
+            await self.approvals.announce()
         return result
 
     # --- lifecycle ------------------------------------------------------------------------

@@ -121,6 +121,7 @@ class Pipeline:
         command = parse_command(text)
         if command is not None:
             await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
+            await bot.approvals.announce()
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
@@ -202,6 +203,7 @@ class Pipeline:
             ask = await bot.approvals.pause(result, caller, message.chat, reply_to=message.message_id)
             replies = [*result.state.user_messages, ask]
         await self.reply(message, replies)
+        await bot.approvals.announce()
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""
