@@ -169,6 +169,8 @@ class CallExecutor:
                 return self._refuse(call, "[qunbot] waiting for approval", StopReason.AWAITING_APPROVAL, tool.name)
             if verdict is False:
                 return self._refuse(call, f"The user's admin declined `{tool.name}`. Tell the user.", note="declined")
+            if isinstance(verdict, str):
+                return self._refuse(call, verdict, note="declined")
         try:
             ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
                               tool_call_id=call.id, clock=self.clock)

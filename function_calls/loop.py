@@ -103,6 +103,7 @@ class Runner:
         state = env.state
         if state.pending:  # resuming after an approval pause
             calls, state.pending = state.pending, []
+            state.tool_calls = max(0, state.tool_calls - len(calls))  # a paused call counts once
             stop = await self._run_calls(env, calls, resume=True)
             if stop is not None:
                 return stop

@@ -16,7 +16,8 @@ from function_calls.tool import Tool
 __all__ = ["Approver", "EventCallback", "RunResult", "RunState", "StopReason", "ToolTrace"]
 
 EventCallback = Callable[[dict[str, Any]], Awaitable[None]]
-Approver = Callable[[ToolCall, Tool, Caller], Awaitable[bool | None]]
+#: Decides a ``confirm`` call: True runs it, None pauses the run, False or a reason (told to the model) refuses.
+Approver = Callable[[ToolCall, Tool, Caller], Awaitable[bool | str | None]]
 
 
 class StopReason(StrEnum):

@@ -24,9 +24,11 @@ from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolDefinitionError
 from function_calls.schema import EMPTY_PARAMETERS, compact_schema, strict_schema
 
-__all__ = ["Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
+__all__ = ["Confirm", "Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
 
 Scope = Literal["group", "private", "both"]
+#: Who must agree before a ``confirm`` tool runs (see :attr:`Tool.confirm`).
+Confirm = Literal["requester", "admin", "input"]
 Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
 _MAX_VALUE_CHARS = 80
 _MAX_MESSAGE_CHARS = 160
@@ -49,7 +51,9 @@ class Tool:
     scope: Scope = "both"
     require_at: bool = False
     admin_only: bool = False
-    confirm: bool = False
+    #: Who must agree before the call runs: the ``"requester"``, an ``"admin"`` (approver), or the
+    #: asker's ``"input"`` (``ask_user``); None runs at once. The bot pauses the run until then.
+    confirm: Confirm | None = None
     retries: int = 2
     timeout_s: float = 30.0
     sequential: bool = False
@@ -260,7 +264,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
-    confirm: bool = False,
+    confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
     sequential: bool = False,
@@ -277,7 +281,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
-    confirm: bool = False,
+    confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
     sequential: bool = False,
@@ -296,6 +300,8 @@ def tool_function(
             raise ToolDefinitionError(f"tool name {tool_name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
         if scope not in ("group", "private", "both"):
             raise ToolDefinitionError(f"tool {tool_name!r}: scope must be group, private or both, not {scope!r}")
+        if confirm not in (None, False, True, "requester", "admin", "input"):
+            raise ToolDefinitionError(f"tool {tool_name!r}: confirm must be True, 'requester' or 'admin', not {confirm!r}")
         if retries < 0 or timeout_s <= 0:
             raise ToolDefinitionError(f"tool {tool_name!r}: retries must be >= 0 and timeout_s > 0")
         desc = description if description is not None else inspect.getdoc(func)
@@ -310,7 +316,8 @@ def tool_function(
         tool = Tool(
             name=tool_name, description=desc.strip(), handler=func, args_model=model,
             parameters=params, strict_parameters=strict, examples=tuple(examples), scope=scope,
-            require_at=require_at, admin_only=admin_only, confirm=confirm, retries=retries,
+            require_at=require_at, admin_only=admin_only,
+            confirm="admin" if confirm is True else (confirm or None), retries=retries,
             timeout_s=timeout_s, sequential=sequential,
             aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),
             _takes_ctx=takes_ctx, _validator=validator_cls(params), _strict_validator=validator_cls(strict),

@@ -299,6 +299,8 @@ class ReminderService:
             text = f"⚠️ 错过的{what}：{r.content}\n机器人离线，没能按时发出（原定 {when}，共错过 {count} 次）。"
             if following is not None:
                 text += f"\n下次：{format_local(following, r.zone, seconds=seconds)}"
+        elif r.mode == "prompt" and answer == "":  # paused for an approval: the request is already posted
+            outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
         elif failed:
             outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
             text = None if r.failure_reported else (

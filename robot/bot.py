@@ -19,9 +19,12 @@ from function_calls import (
     OpenAIChatModel,
     Runner,
     RunResult,
+    StopReason,
     Tool,
     Toolset,
 )
+from robot.approvals import Approvals
+from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
 from robot.config import Settings
 from robot.history import HistoryStore
@@ -89,6 +92,10 @@ class Bot:
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, clock=self.clock)
         self.model = model if model is not None else self._default_model()
+        in_memory = str(self.db.path) == ":memory:"
+        #: Runs paused for an approval or the user's input (snapshots in the database).
+        self.approvals = Approvals(self, settings.approvals,
+                                   None if in_memory else settings.bot.data_dir / "secret.key")
         self.router: FunctionCallRouter | None = None
         if self.model is not None:
             llm = settings.llm
@@ -96,7 +103,7 @@ class Bot:
                             max_run_tokens=llm.max_run_tokens)
             loop = LoopConfig(warn=llm.loop_warn, critical=llm.loop_critical, breaker=llm.loop_breaker)
             runner = Runner(self.model, limits=limits, loop_config=loop, budget=self.budget,
-                            strict_tools=llm.strict_tools)
+                            approver=self.approvals.approver, strict_tools=llm.strict_tools)
             self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
@@ -106,6 +113,8 @@ class Bot:
         merged = Toolset("bot")
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
+        if self.model is not None and settings.approvals.ask_user:  # the model's way to ask; no command
+            merged = merged.merge(Toolset("core", [ask_user]))
         self.tools = merged
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
@@ -171,9 +180,18 @@ class Bot:
         if self.router is None:
             return None
         chat = ChatRef.of(caller)
-        return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                           zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                           clock=self.clock)
+        result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                             zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                             clock=self.clock)
+        if result.stop is StopReason.AWAITING_APPROVAL:
+            # The request is posted in the chat; the run resumes there once approved.
+            ask = await self.approvals.pause(result, caller, chat, origin="scheduled")
+            mention = (caller.user_id,) if chat.kind == "group" else ()
+            await self.outbox.enqueue(*(OutgoingMessage(key=f"scheduled:{result.state.run_id}:{i}", chat=chat, text=t,
+                                                        mention=mention)
+                                        for i, t in enumerate([*result.state.user_messages, ask]) if t.strip()))
+            await self.approvals.announce()
+        return result
 
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
@@ -208,6 +226,7 @@ class Bot:
             await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()
+            await self.approvals.start()
             self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         except BaseException:
             await self.stop(flush_timeout_s=0)
@@ -242,6 +261,7 @@ class Bot:
                     await plugin.teardown(self._deps[plugin.name])
                 except Exception:
                     log.exception("plugin %s teardown failed", plugin.name)
+        await self.approvals.stop(flush_timeout_s)
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,4 +1,4 @@
-"""The ``qunbot`` command: run, chat, tools, init, doctor."""
+"""The ``qunbot`` command: run, chat, tools, init, doctor, pending."""
 
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--path", default="qunbot.toml", help="where to write it ('-' for stdout)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", help="check the config, the LLM endpoint and each channel")
+    pending = sub.add_parser("pending", help="list runs waiting for an approval or an answer")
+    pending.add_argument("--all", action="store_true", help="every snapshot, not only the pending ones")
     return parser
 
 
@@ -205,6 +207,30 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
     return 1 if problems else 0
 
 
+async def _pending(settings: Settings, everything: bool) -> int:
+    from robot.snapshots import SnapshotStore
+    from robot.store import Database
+
+    path = settings.bot.data_dir / "qunbot.sqlite3"
+    if not path.exists():
+        print(f"no database at {path}: nothing is waiting")
+        return 0
+    db = Database(path)
+    store = SnapshotStore(db)
+    try:
+        await db.open()
+        rows = await store.with_status(None if everything else "pending")
+    finally:
+        await db.close()
+    if not rows:
+        print("nothing is waiting")
+    for row in rows:
+        who = "answer" if row["kind"] == "input" else f"{row['approver']} approval"
+        print(f"{row['code']}  {row['status']:<11} {who:<18} {row['requester']} in {row['chat']}  "
+              f"expires {row['expires_at'][:16].replace('T', ' ')} UTC")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qunbot`` console script."""
     args = _parser().parse_args(argv)
@@ -218,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tools(settings, args.json, args.strict)
         if command == "doctor":
             return asyncio.run(_doctor(settings, source))
+        if command == "pending":
+            return asyncio.run(_pending(settings, args.all))
         if command == "chat":
             asyncio.run(_chat(settings, args.group, args.user))
         else:

@@ -21,6 +21,7 @@ from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.wecom.settings import WeComSettings
 
 __all__ = [
+    "ApprovalsSection",
     "BotSection",
     "ChannelsSection",
     "ConfigError",
@@ -81,10 +82,7 @@ class BotSection(_Section):
     @field_validator("admins")
     @classmethod
     def _admins(cls, value: list[str]) -> list[str]:
-        bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
-        if bad:
-            raise ValueError(f"admins must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
-        return value
+        return _qualified(value, "admins")
 
 
 class LLMSection(_Section):
@@ -96,7 +94,7 @@ class LLMSection(_Section):
     timeout_s: float = Field(60.0, gt=0, description="per-request timeout")
     strict_tools: bool = Field(False, description="send strict tool schemas")
     max_iterations: int = Field(6, ge=1, description="model turns per request")
-    max_tool_calls: int = Field(8, ge=0, description="tool calls per request")
+    max_tool_calls: int = Field(5, ge=0, description="tool calls per request (a paused call counts once)")
     max_run_tokens: int = Field(24_000, ge=500, description="tokens per request")
     loop_warn: int = Field(5, ge=2, description="identical no-progress tool calls before the model is warned")
     loop_critical: int = Field(8, ge=2, description="... before the call is blocked and the request ends")
@@ -128,6 +126,27 @@ class GateSection(_Section):
     allowlist: list[str] = Field(default_factory=list, description="if set, only these groups are answered")
 
 
+def _qualified(value: list[str], what: str) -> list[str]:
+    bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
+    if bad:
+        raise ValueError(f"{what} must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
+    return value
+
+
+class ApprovalsSection(_Section):
+    approvers: list[str] = Field(default_factory=list, description=(
+        'who may approve confirm tools besides [bot] admins, e.g. "onebot:10001"'))
+    ttl_minutes: int = Field(30, ge=1, le=7 * 24 * 60, description="how long an approval request stays valid")
+    max_wrong_codes: int = Field(5, ge=1, description="wrong codes one user may try in a chat before a cool-down")
+    cooldown_minutes: int = Field(10, ge=1, description="how long that cool-down lasts")
+    ask_user: bool = Field(True, description="offer the model ask_user (pause and wait for the asker's answer)")
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, value: list[str]) -> list[str]:
+        return _qualified(value, "approvers")
+
+
 class WebSettings(_Section):
     enabled: bool = Field(False, description="the web playground (on by default when nothing is configured)")
     host: str = "127.0.0.1"
@@ -155,6 +174,7 @@ class Settings(BaseSettings):
     llm: LLMSection = Field(default_factory=LLMSection)
     limits: LimitsSection = Field(default_factory=LimitsSection)
     gate: GateSection = Field(default_factory=GateSection)
+    approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 
     @classmethod

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, ToolContext, ToolError, Toolset
+from function_calls import ArgumentError, Caller, StopReason, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
     build_arguments,
@@ -38,6 +38,12 @@ NO_LLM_REPLY = (
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+_APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
+_CORE_COMMANDS = frozenset({"help", "帮助", *_APPROVE, *_DENY, *_PENDING})
+APPROVALS_HELP = (
+    "需要确认的操作会给出一个 5 位确认码：/approve 码 批准，/deny 码 [理由] 拒绝，/pending 查看等待中的请求。"
+    "需要你本人确认的操作，也可以在本群（或私聊）直接回复“确认”“好的”或“yes”（只对你最近的一个请求有效）。"
+)
 
 
 class Pipeline:
@@ -58,7 +64,7 @@ class Pipeline:
 
     def _is_command(self, text: str) -> bool:
         command = parse_command(text)
-        return command is not None and (command.name in ("help", "帮助")
+        return command is not None and (command.name in _CORE_COMMANDS
                                         or self.bot.tools.resolve(command.name) is not None)
 
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
@@ -93,6 +99,9 @@ class Pipeline:
         await bot.history.record(message)
         if message.from_bot:
             return
+        # An answer to a paused run (ask_user, or a plain "确认") is consumed, addressed or not.
+        if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), message.text):
+            return
         replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(
             message.chat, str(message.reply_to))
         answer, explicit, text = self.gate(message, replied_to_bot=replied)
@@ -112,6 +121,7 @@ class Pipeline:
         command = parse_command(text)
         if command is not None:
             await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
+            await bot.approvals.announce()
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
@@ -121,19 +131,32 @@ class Pipeline:
         bot = self.bot
         unavailable = bot.unavailable_tools()
         if name in ("help", "帮助"):
-            return help_text(bot.tools, caller, unavailable)
+            commands = bot.tools.filter(lambda t: t.confirm != "input")
+            return help_text(commands, caller, unavailable) + "\n\n" + APPROVALS_HELP
+        if name in _APPROVE or name in _DENY:
+            code, _, why = rest.strip().partition(" ")
+            if not code:
+                return f"用法：/{name} 确认码" + (" [理由]" if name in _DENY else "")
+            return await bot.approvals.decide(caller, ChatRef.of(caller), code, approve=name in _APPROVE,
+                                              reason=why)
+        if name in _PENDING:
+            return await bot.approvals.pending_text(caller)
         tool = bot.tools.resolve(name)
+        if tool is not None and tool.confirm == "input":
+            tool = None  # ask_user is the model's way to ask; a person just says it
         if tool is None:
             return f"没有 /{name} 这个命令。发送 /help 查看可用命令。"
         reason = refusal(tool, caller)
         if reason:
             return reason
-        if tool.confirm:  # fail closed: no approvals exist yet, so a confirm tool never runs unapproved
-            return f"/{name} 需要管理员批准才能执行，但审批功能尚未启用，所以没有执行。"
         if tool.name in unavailable:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
         try:
-            args = tool.parse_arguments(build_arguments(tool, rest))
+            raw = build_arguments(tool, rest)
+            args = tool.parse_arguments(raw)
+            if tool.confirm:
+                return await bot.approvals.pause_command(tool, raw, caller, ChatRef.of(caller),
+                                                         caller.message_id or None)
             ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
@@ -175,7 +198,12 @@ class Pipeline:
         )
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
-        await self.reply(message, result.replies)
+        replies = result.replies
+        if result.stop is StopReason.AWAITING_APPROVAL:
+            ask = await bot.approvals.pause(result, caller, message.chat, reply_to=message.message_id)
+            replies = [*result.state.user_messages, ask]
+        await self.reply(message, replies)
+        await bot.approvals.announce()
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""

@@ -62,7 +62,7 @@ def test_every_option_is_kept() -> None:
     assert original.name == "set_it"
     assert original.description == "Overridden."
     assert original.examples == ("do it", "again")
-    assert (original.scope, original.require_at, original.admin_only, original.confirm) == ("group", True, True, True)
+    assert (original.scope, original.require_at, original.admin_only, original.confirm) == ("group", True, True, "admin")
     assert (original.retries, original.timeout_s, original.sequential) == (5, 2.5, True)
     assert original.aliases == ("s", "si")
     assert original.definition()["function"]["name"] == "set_it"

@@ -104,8 +104,8 @@ async def test_a_group_member_is_offered_only_what_they_may_use(make_bot: Any) -
     await ch.inject("hi", at_bot=True)
     await ch.inject("hi", chat=DM)
     await ch.wait_sent(2)
-    assert offered(model, 0) == {"note", "kick", "poke"}
-    assert offered(model, 1) == {"note", "whisper", "poke"}
+    assert offered(model, 0) == {"note", "kick", "poke", "ask_user"}
+    assert offered(model, 1) == {"note", "whisper", "poke", "ask_user"}
 
 
 async def test_require_at_tools_are_not_offered_when_answering_unaddressed(make_bot: Any) -> None:

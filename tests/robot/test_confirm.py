@@ -1,4 +1,4 @@
-"""``confirm=True`` tools never run unapproved: not from a /command, not from the model."""
+"""``confirm=True`` tools never run unapproved: from a /command or the model, they wait for an approval."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from function_calls import ToolContext, ToolResult, Toolset, tool_function
-from function_calls.testing import ScriptedModel, call, text
+from function_calls.testing import ScriptedModel, call
 from robot.plugin import Plugin
 
 
@@ -25,25 +25,24 @@ def dangerous(ran: list[str]) -> Plugin[Any]:
     return Plugin("danger", Toolset("danger", [wipe]))
 
 
-async def test_a_confirm_tool_is_refused_on_the_command_path(make_bot: Any) -> None:
+async def test_a_confirm_tool_waits_for_approval_on_the_command_path(make_bot: Any) -> None:
     ran: list[str] = []
     _bot, ch = await make_bot(plugins=[dangerous(ran)], bot={"admins": ["memory:boss"]})
-    await ch.inject("/wipe alice", user="boss", at_bot=True)
-    await ch.inject("/清空 bob", user="boss", chat=ch.chat("boss", "private"))
-    sent = await ch.wait_sent(2)
+    await ch.inject("/wipe alice", user="u1", at_bot=True)
+    await ch.inject("/清空 bob", user="u1", chat=ch.chat("u1", "private"))
+    sent = await ch.wait_sent(4)  # two requests, and the admin's notice of each (@ in the group, privately)
     assert ran == []
-    for out in sent:
-        assert "需要管理员批准" in out.text and "没有执行" in out.text
-        assert out.text.startswith("/")
+    requests = [m for m in sent if m.mention != ("boss",) and m.chat.chat_id != "boss"]
+    assert len(requests) == 2
+    for out in requests:
+        assert "需要管理员批准" in out.text and "/approve " in out.text
 
 
-async def test_a_confirm_tool_is_refused_on_the_model_path(make_bot: Any) -> None:
+async def test_a_confirm_tool_waits_for_approval_on_the_model_path(make_bot: Any) -> None:
     ran: list[str] = []
-    model = ScriptedModel([call("wipe", {"who": "alice"}), text("这个操作需要管理员批准，我没有执行。")])
+    model = ScriptedModel([call("wipe", {"who": "alice"})])
     _bot, ch = await make_bot(model, plugins=[dangerous(ran)])
-    await ch.inject("帮我清空 alice 的数据", user="boss", chat=ch.chat("boss", "private"))
+    await ch.inject("帮我清空 alice 的数据", user="u1", chat=ch.chat("u1", "private"))
     sent = await ch.wait_sent(1)
-    assert ran == []
-    tool_turn = [m for m in model.requests[-1].messages if m["role"] == "tool"]
-    assert "需要管理员批准" in tool_turn[0]["content"] and "没有执行" in tool_turn[0]["content"]
-    assert sent[-1].text == "这个操作需要管理员批准，我没有执行。"
+    assert ran == [] and len(model.requests) == 1  # paused before the call: no second model turn
+    assert "需要管理员批准" in sent[-1].text and "wipe(who=alice)" in sent[-1].text

@@ -100,7 +100,7 @@ async def test_an_at_in_a_group_is_answered_by_a_tool_at_ing_the_sender(rig: Rig
     request = rig.server.requests[0].body
     assert request["messages"][-1] == {"role": "user", "content": "提醒我明天早上8点交周报"}
     assert "群聊" in request["messages"][0]["content"] and "id:20002" in request["messages"][0]["content"]
-    assert {t["function"]["name"] for t in request["tools"]} == {"remind", "forecast"}
+    assert {t["function"]["name"] for t in request["tools"]} == {"remind", "forecast", "ask_user"}
     (caller,) = CALLERS
     assert (caller.platform, caller.user_id, caller.chat_id, caller.chat_kind) == ("onebot", "20002", "123456", "group")
     assert len(rig.server.requests) == 1  # the tool's reply ended the run

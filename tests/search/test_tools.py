@@ -69,7 +69,8 @@ async def test_without_key_the_tool_is_not_offered_and_the_command_explains(tmp_
         sent = await channel.wait_sent(2)
     finally:
         await bot.stop()
-    assert model.requests[0].tools == []  # nothing to offer: the model cannot call a dead tool
+    # nothing of search to offer: the model cannot call a dead tool
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["ask_user"]
     assert "PERPLEXITY_API_KEY" in sent[1].text and "api_key" in sent[1].text
 
 
@@ -180,7 +181,8 @@ async def test_a_rate_of_zero_switches_search_off_with_a_clear_message(
     finally:
         await bot.stop()
     assert f"[search] {setting} = 0" in sent[0].text and "关闭" in sent[0].text
-    assert model.requests[0].tools == []  # the model is not offered a tool that cannot work
+    # the model is not offered a tool that cannot work
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["ask_user"]
     assert refused.value.user_message is not None and f"{setting} = 0" in refused.value.user_message
     assert perplexity.requests == []
 
