@@ -16,6 +16,12 @@ Routes, as on ``api.perplexity.ai``: ``POST /v1/responses`` and its canonical tw
 ``usage`` with ``citation_tokens``, ``num_search_queries`` and ``search_context_size``).
 Anything else is 404. With ``api_key`` set, a request without ``Bearer <api_key>`` gets the HTML
 401 page Perplexity's front proxy sends. Malformed requests get a 400 JSON error, never a crash.
+
+Requests are validated against the official SDK's request models (``perplexityai``:
+``ResponsesRequestInput``, ``ApiChatCompletionsRequestInput``), so a field of the wrong shape gets
+the 422 ``detail`` list a FastAPI server sends. On top of the SDK (whose fields are plain strings),
+the fake refuses what Perplexity's docs rule out: a field the SDK does not know, the deprecated
+``preset``, an effort level or a model name the docs do not list for that endpoint (400).
 """
 
 from __future__ import annotations
@@ -31,11 +37,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import web
+from perplexity.generated import api as sdk_api
+from pydantic import ValidationError
 
 from function_calls.testing.loopback import LoopbackServer
 from search.client import CITATION_MARKER, Source
 
-__all__ = ["FakePerplexityServer", "RecordedRequest"]
+__all__ = ["AGENT_MODELS_DOCUMENTED", "CHAT_MODELS_DOCUMENTED", "FakePerplexityServer", "RecordedRequest"]
+
+CHAT_MODELS_DOCUMENTED = frozenset({"sonar", "sonar-pro", "sonar-reasoning-pro", "sonar-deep-research"})
+"""Models Perplexity's docs list for Sonar chat completions."""
+AGENT_MODELS_DOCUMENTED = frozenset({"perplexity/sonar"})
+"""The only Perplexity model Perplexity's docs list for the Agent API (third-party ``provider/model`` besides)."""
+_AGENT_PROVIDERS = frozenset({"openai", "anthropic", "google", "xai", "nvidia", "moonshotai"})
+_EFFORTS = frozenset({"fast", "low", "medium", "high", "xhigh"})
 
 FakeEndpoint = Literal["agent", "chat"]
 
@@ -93,6 +108,8 @@ class FakePerplexityServer(LoopbackServer):
         self._faults: deque[_Fault] = deque()
         self._disabled: set[FakeEndpoint] = set()
         self._delay = 0.0
+        self._chunked = False
+        self._cut_off = False
         self._closing = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -129,10 +146,18 @@ class FakePerplexityServer(LoopbackServer):
         return [r for r in self.requests if r.endpoint == endpoint]
 
     # -- scripting -------------------------------------------------------------------------
-    def answer(self, text: str, sources: Iterable[Source | tuple[str, str]] = ()) -> None:
-        """Answer every later search with ``text``; its ``[n]`` cites the n-th of ``sources``."""
+    def answer(self, text: str, sources: Iterable[Source | tuple[str, str]] = (), *, chunked: bool = False,
+               cut_off: bool = False) -> None:
+        """Answer every later search with ``text``; its ``[n]`` cites the n-th of ``sources``.
+
+        ``chunked``: chat completions send the content as a list of text chunks. ``cut_off``: the
+        answer stopped at the output-token limit (``finish_reason: "length"``; Agent API status
+        ``incomplete``).
+        """
         self._text = text
         self._sources = [s if isinstance(s, Source) else Source(title=s[0], url=s[1]) for s in sources]
+        self._chunked = chunked
+        self._cut_off = cut_off
 
     def next_status(
         self,
@@ -198,6 +223,9 @@ class FakePerplexityServer(LoopbackServer):
             return _fault(self._faults.popleft())
         if body is None:
             return _error(400, "request body must be a JSON object")
+        invalid = _validate(body, endpoint)
+        if invalid is not None:
+            return invalid
         problem = _check_agent(body) if endpoint == "agent" else _check_chat(body)
         if problem:
             return _error(400, problem)
@@ -218,6 +246,12 @@ class FakePerplexityServer(LoopbackServer):
             for s in self._sources
         ]
 
+    def _content(self) -> str | list[dict[str, str]]:
+        if not self._chunked:
+            return self._text
+        half = len(self._text) // 2
+        return [{"type": "text", "text": self._text[:half]}, {"type": "text", "text": self._text[half:]}]
+
     def _chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = _tokens(json.dumps(body.get("messages"), ensure_ascii=False))
         completion = _tokens(self._text)
@@ -230,8 +264,8 @@ class FakePerplexityServer(LoopbackServer):
             "choices": [
                 {
                     "index": 0,
-                    "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": self._text},
+                    "finish_reason": "length" if self._cut_off else "stop",
+                    "message": {"role": "assistant", "content": self._content()},
                     "delta": {"role": "assistant", "content": ""},
                 }
             ],
@@ -274,21 +308,20 @@ class FakePerplexityServer(LoopbackServer):
             str(body.get("instructions", ""))
         )
         completion = _tokens(self._text)
-        model = body.get("model") or {"pro-search": "openai/gpt-5.1"}.get(
-            str(body.get("preset")), "perplexity/sonar"
-        )
+        model = body.get("model") or {"medium": "openai/gpt-5.1"}.get(str(body.get("effort")), "perplexity/sonar")
+        status = "incomplete" if self._cut_off else "completed"
         return {
             "id": f"resp_{uuid.uuid4()}",
             "object": "response",
             "created_at": int(time.time()),
-            "status": "completed",
+            "status": status,
             "model": model,
             "output": [
                 {"type": "search_results", "queries": [query[:80]], "results": results},
                 {
                     "type": "message",
                     "id": f"msg_{uuid.uuid4()}",
-                    "status": "completed",
+                    "status": status,
                     "role": "assistant",
                     "content": [{"type": "output_text", "text": self._text, "annotations": annotations}],
                 },
@@ -309,9 +342,25 @@ class FakePerplexityServer(LoopbackServer):
         }
 
 
+def _validate(body: dict[str, Any], endpoint: FakeEndpoint) -> web.Response | None:
+    """The SDK's request model on the body: a 422 ``detail`` list (FastAPI's shape) when it fails."""
+    model = sdk_api.ResponsesRequestInput if endpoint == "agent" else sdk_api.ApiChatCompletionsRequestInput
+    unknown = sorted(set(body) - set(model.model_fields))
+    if unknown:
+        return _error(400, f"unknown parameter(s): {', '.join(unknown)}")
+    try:
+        model.model_validate(body)
+    except ValidationError as exc:
+        detail = [{"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()]
+        return web.json_response({"detail": detail}, status=422)
+    return None
+
+
 def _check_chat(body: dict[str, Any]) -> str | None:
     if not isinstance(body.get("model"), str):
         return "model is required"
+    if body["model"] not in CHAT_MODELS_DOCUMENTED:
+        return f"Invalid model '{body['model']}'. Permitted models: {', '.join(sorted(CHAT_MODELS_DOCUMENTED))}"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "messages must be a non-empty list"
@@ -321,8 +370,17 @@ def _check_chat(body: dict[str, Any]) -> str | None:
 def _check_agent(body: dict[str, Any]) -> str | None:
     if not isinstance(body.get("input"), str | list) or not body["input"]:
         return "input is required"
-    if not any(isinstance(body.get(k), str | list) for k in ("model", "models", "preset")):
-        return "one of model, models or preset is required"
+    if "preset" in body:
+        return "preset is deprecated: use effort"
+    if not any(isinstance(body.get(k), str | list) for k in ("model", "models", "effort")):
+        return "one of model, models or effort is required"
+    if "effort" in body and str(body["effort"]).split("@")[0] not in _EFFORTS:
+        return f"unknown effort '{body['effort']}'; use one of {', '.join(sorted(_EFFORTS))}"
+    models = body.get("models") or ([body["model"]] if isinstance(body.get("model"), str) else [])
+    for name in models:
+        provider = str(name).split("/")[0]
+        if name not in AGENT_MODELS_DOCUMENTED and (provider == "perplexity" or provider not in _AGENT_PROVIDERS):
+            return f"model '{name}' is not supported by the Agent API"
     return None
 
 
