@@ -3,9 +3,11 @@
 ``summary`` reads this chat's history only (the chat comes from the caller, never from
 arguments): since the chat's last summary by default (the last ``default_hours`` when there
 was none), or the last ``hours`` hours, or the last ``messages`` messages; the message that
-asked is never part of it (see :mod:`summary.window`). With a model it map-reduces (see
-:mod:`summary.mapreduce`); without one, or when the daily token budget is spent, it gives the
-extractive summary. The summary is the answer (no further model turn), and the chat's summary
+asked is never part of it (see :mod:`summary.window`). Noise (stickers, 哈哈, +1, see
+:mod:`summary.signals`) is dropped first. With a model every other message is map-reduced (see
+:mod:`summary.mapreduce`) within what is left of the daily token budget; if that cannot cover
+the whole window, the newest part is summarised and the reply names the period left out.
+Without a model, or when the budget cannot pay for any of it, it gives the extractive summary. The summary is the answer (no further model turn), and the chat's summary
 mark moves to the newest message covered. If the model fails midway the extractive summary is
 shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
 worker thread, so a summary of thousands of messages does not stall the bot.
@@ -28,8 +30,9 @@ from pydantic import BaseModel, Field, model_validator
 from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
 from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
 from summary.extractive import HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, map_reduce
+from summary.mapreduce import SummaryFailed, SummaryUnaffordable, map_reduce
 from summary.settings import SummarySettings
+from summary.signals import is_noise
 from summary.window import advance_mark, create_marks_table, fetch, read_mark
 
 if TYPE_CHECKING:
@@ -143,9 +146,12 @@ def _data(usage: Usage, messages: int, mode: str, **extra: object) -> dict[str, 
             "completion_tokens": usage.completion_tokens, "messages": messages, "mode": mode, **extra}
 
 
-def _prepare(entries: Sequence[HistoryEntry], commands: frozenset[str]) -> tuple[list[HistoryEntry], int]:
+def _prepare(entries: Sequence[HistoryEntry],
+             commands: frozenset[str]) -> tuple[list[HistoryEntry], list[HistoryEntry], int]:
+    """The conversation, the part of it worth a model's time (no noise), and how many people spoke."""
     kept = conversation(entries, commands)
-    return kept, len(Speakers(kept).members())
+    meaningful = [e for e in kept if not is_noise(e.text)]
+    return kept, meaningful, len(Speakers(meaningful).members())
 
 
 @tool_function(timeout_s=600, examples=["总结一下今天的群聊", "/summary hours=3", "/summary messages=200"])
@@ -154,41 +160,53 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     deps, caller = ctx.deps, ctx.caller
     chat = ChatRef.of(caller)
     window = await _window(deps, caller, args, ctx.now())
-    entries, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
+    entries, meaningful, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
     if not entries:
         return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
     note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
-    mode = "extractive"
-    if deps.model is not None and deps.budget is not None:
+
+    def extract(extra_note: str) -> str:
+        return extractive_summary(entries, zone=ctx.zone, title=window.title, note=note + extra_note,
+                                  top_members=settings.top_members, salient_count=settings.salient_count,
+                                  fact_count=settings.fact_count, link_count=settings.link_count)
+
+    mode, left = "extractive", None
+    if deps.model is not None and not meaningful:
+        mode = "noise"  # only stickers and +1s: nothing for a model to read
+    elif deps.model is not None and deps.budget is not None:
         left = await deps.budget.remaining(caller)
         if left is not None and left <= 0:
-            note, mode = note + "（今天的 AI 用量已达上限，以下为自动摘录）", "budget"
-    if deps.model is None or mode == "budget":
-        text = await asyncio.to_thread(extractive_summary, entries, zone=ctx.zone, title=window.title, note=note,
-                                       top_members=settings.top_members, salient_count=settings.salient_count)
+            mode = "budget"
+    if deps.model is None or mode != "extractive":
+        budget_note = "（今天的 AI 用量已达上限，以下为自动摘录）" if mode == "budget" else ""
+        text = await asyncio.to_thread(extract, budget_note)
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
     where = "群聊" if caller.chat_kind == "group" else "私聊"
     try:
-        done = await map_reduce(entries, deps.model, settings, zone=ctx.zone, where=where)
+        done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left)
+    except SummaryUnaffordable:
+        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
+        await _set_mark(deps, chat, window)
+        return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
     except SummaryFailed as exc:
         text = await asyncio.to_thread(
-            extractive_summary, entries, zone=ctx.zone, title=window.title,
-            note=note + "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）",
-            top_members=settings.top_members, salient_count=settings.salient_count)
+            extract, "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）")
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
     header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
-    if done.sampled:
-        note += (f"（消息太多：按时间均匀抽取了 {done.chunks_used}/{done.chunks} 段、"
-                 f"{done.messages_used} 条来总结）")
+    if done.partial and done.covered is not None and done.left_out is not None:
+        why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
+        note += (f"（{why}只够总结 {done.covered.describe(ctx.zone)} 的 {done.messages_used} 条；"
+                 f"{done.left_out.describe(ctx.zone)} 的消息没有总结）")
     text = "\n".join(part for part in (header, note, done.text) if part)
     await _set_mark(deps, chat, window)
     return ToolResult.reply(text, usage=done.usage, data=_data(
         done.usage, len(entries), "llm", chunks=done.chunks, chunks_used=done.chunks_used,
-        messages_used=done.messages_used, largest_request_tokens=done.largest_request,
+        messages_used=done.messages_used, noise=len(entries) - len(meaningful),
+        largest_request_tokens=done.largest_request,
     ))
 
 
