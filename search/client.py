@@ -37,6 +37,7 @@ from typing import Any, Self, TypeVar
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
+from search._shape import Request, about_model, agent_body, server_message
 from search._wire import (
     CITATION_MARKER,
     Endpoint,
@@ -177,7 +178,7 @@ class PerplexityClient:
         query = query.strip()
         if not query:
             raise SearchRejected("the search query is empty")
-        request = _Request(query, system, recency or self._settings.search_recency_filter)
+        request = Request(query, system, recency or self._settings.search_recency_filter)
         try:
             return await self._dispatch(self._sdk, request)
         except WireError as exc:
@@ -201,7 +202,7 @@ class PerplexityClient:
         await self.aclose()
 
     # -- endpoint choice -------------------------------------------------------------------
-    async def _dispatch(self, sdk: openai.AsyncOpenAI, req: _Request) -> SearchAnswer:
+    async def _dispatch(self, sdk: openai.AsyncOpenAI, req: Request) -> SearchAnswer:
         mode = self._settings.endpoint
         if mode == "chat" or (mode == "auto" and not self._settings.agent_serves()):
             # A Sonar model the Agent API does not list: asking it first would always be refused.
@@ -228,7 +229,7 @@ class PerplexityClient:
             _log.info("Perplexity Agent API answered HTTP %s; trying chat completions", exc.status_code)
             answer = await self._retrying(lambda: self._chat(sdk, req))
             if exc.status_code in _MISSING_STATUSES or (
-                    exc.status_code in _MODEL_STATUSES and _about_model(exc.body)):
+                    exc.status_code in _MODEL_STATUSES and about_model(exc.body)):
                 self._remembered = "chat"
                 _log.info("Perplexity search will use chat completions from now on")
             return answer
@@ -251,14 +252,14 @@ class PerplexityClient:
             return await attempt()
 
     # -- the two endpoints -----------------------------------------------------------------
-    async def _agent(self, sdk: openai.AsyncOpenAI, req: _Request) -> SearchAnswer:
-        body = _agent_body(self._settings, req)
+    async def _agent(self, sdk: openai.AsyncOpenAI, req: Request) -> SearchAnswer:
+        body = agent_body(self._settings, req)
         data = await sdk.post(AGENT_PATH, cast_to=object, body=body)
         if not isinstance(data, dict):
             raise WireError()
         return parse_agent(data, fallback_model=str(body.get("model") or body.get("effort")))
 
-    async def _chat(self, sdk: openai.AsyncOpenAI, req: _Request) -> SearchAnswer:
+    async def _chat(self, sdk: openai.AsyncOpenAI, req: Request) -> SearchAnswer:
         settings = self._settings
         model = settings.chat_model()
         messages: list[ChatCompletionMessageParam] = []
@@ -302,7 +303,7 @@ class PerplexityClient:
                 return SearchUnavailable(
                     f"Perplexity is having trouble (HTTP {code}); try again later", status_code=code
                 )
-            detail = self._scrub(_server_message(exc.body))
+            detail = self._scrub(server_message(exc.body))
             return SearchRejected(
                 f"Perplexity refused the search request (HTTP {code})" + (f": {detail}" if detail else ""),
                 status_code=code,
@@ -317,79 +318,6 @@ class PerplexityClient:
             return text
         secret = key.get_secret_value()
         return text.replace(secret, "***") if secret else text
-
-
-# -- request shaping -----------------------------------------------------------------------
-class _Request:
-    """One search as asked: the query, an optional style instruction, an optional recency."""
-
-    __slots__ = ("query", "recency", "system")
-
-    def __init__(self, query: str, system: str | None, recency: Recency | None) -> None:
-        self.query, self.system, self.recency = query, system, recency
-
-
-def _agent_body(settings: SearchSettings, req: _Request) -> dict[str, Any]:
-    body: dict[str, Any] = {"input": req.query}
-    if settings.effort is not None:
-        body["effort"] = settings.effort
-    elif "/" in settings.model:
-        body["model"] = settings.model
-    else:
-        body["model"] = f"perplexity/{settings.model}"
-    if req.system:
-        body["instructions"] = req.system
-    if settings.language_preference:
-        body["language_preference"] = settings.language_preference
-    if settings.max_output_tokens is not None:
-        body["max_output_tokens"] = settings.max_output_tokens
-    filters: dict[str, Any] = {}
-    if req.recency:
-        filters["search_recency_filter"] = req.recency
-    if settings.search_domain_filter:
-        filters["search_domain_filter"] = list(settings.search_domain_filter)
-    # Third-party models search only through the web_search tool; Sonar and effort levels search by
-    # themselves, and get the tool only to carry filters.
-    third_party = settings.effort is None and "/" in settings.model
-    if third_party or filters:
-        tool: dict[str, Any] = {"type": "web_search"}
-        if filters:
-            tool["filters"] = filters
-        body["tools"] = [tool]
-    return body
-
-
-def _about_model(body: object) -> bool:
-    """Whether an error body blames the model (name unknown or not offered on this endpoint)."""
-    return "model" in (_server_message(body) or "").lower()
-
-
-def _server_message(body: object) -> str | None:
-    if isinstance(body, Mapping):
-        error = body.get("error")
-        if isinstance(error, Mapping) and body.get("detail") is None:
-            body = error
-        for key in ("message", "detail"):
-            value = body.get(key)
-            if isinstance(value, str) and value:
-                return value[:300]
-            if isinstance(value, list) and (text := _detail_list(value)):
-                return text[:300]
-    return None
-
-
-def _detail_list(items: list[Any]) -> str:
-    """A FastAPI-style 422 ``detail`` list as ``"body.model: Field required; ..."``."""
-    parts: list[str] = []
-    for item in items:
-        if not isinstance(item, Mapping):
-            continue
-        loc = item.get("loc")
-        where = ".".join(str(p) for p in loc) if isinstance(loc, list) else ""
-        msg = item.get("msg")
-        if isinstance(msg, str) and msg:
-            parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

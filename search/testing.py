@@ -37,20 +37,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import web
-from perplexity.generated import api as sdk_api
-from pydantic import ValidationError
 
 from function_calls.testing.loopback import LoopbackServer
+from search._fakecheck import (
+    AGENT_MODELS_DOCUMENTED,
+    CHAT_MODELS_DOCUMENTED,
+    check_agent,
+    check_chat,
+    error,
+    validate,
+)
 from search.client import CITATION_MARKER, Source
 
 __all__ = ["AGENT_MODELS_DOCUMENTED", "CHAT_MODELS_DOCUMENTED", "FakePerplexityServer", "RecordedRequest"]
-
-CHAT_MODELS_DOCUMENTED = frozenset({"sonar", "sonar-pro", "sonar-reasoning-pro", "sonar-deep-research"})
-"""Models Perplexity's docs list for Sonar chat completions."""
-AGENT_MODELS_DOCUMENTED = frozenset({"perplexity/sonar"})
-"""The only Perplexity model Perplexity's docs list for the Agent API (third-party ``provider/model`` besides)."""
-_AGENT_PROVIDERS = frozenset({"openai", "anthropic", "google", "xai", "nvidia", "moonshotai"})
-_EFFORTS = frozenset({"fast", "low", "medium", "high", "xhigh"})
 
 FakeEndpoint = Literal["agent", "chat"]
 
@@ -197,7 +196,7 @@ class FakePerplexityServer(LoopbackServer):
 
     async def _unknown(self, request: web.Request) -> web.StreamResponse:
         await self._record(request, None)
-        return _error(404, f"no route {request.method} {request.path}")
+        return error(404, f"no route {request.method} {request.path}")
 
     async def _record(self, request: web.Request, endpoint: FakeEndpoint | None) -> dict[str, Any] | None:
         raw = await request.read()
@@ -216,19 +215,19 @@ class FakePerplexityServer(LoopbackServer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), timeout=self._delay)
         if endpoint in self._disabled:
-            return _error(404, "Not Found")
+            return error(404, "Not Found")
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.Response(status=401, text=_HTML_401, content_type="text/html")
         if self._faults:
             return _fault(self._faults.popleft())
         if body is None:
-            return _error(400, "request body must be a JSON object")
-        invalid = _validate(body, endpoint)
+            return error(400, "request body must be a JSON object")
+        invalid = validate(body, endpoint)
         if invalid is not None:
             return invalid
-        problem = _check_agent(body) if endpoint == "agent" else _check_chat(body)
+        problem = check_agent(body) if endpoint == "agent" else check_chat(body)
         if problem:
-            return _error(400, problem)
+            return error(400, problem)
         built = self._agent_body(body) if endpoint == "agent" else self._chat_body(body)
         return web.json_response(built, dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
@@ -342,61 +341,8 @@ class FakePerplexityServer(LoopbackServer):
         }
 
 
-def _validate(body: dict[str, Any], endpoint: FakeEndpoint) -> web.Response | None:
-    """The SDK's request model on the body: a 422 ``detail`` list (FastAPI's shape) when it fails."""
-    model = sdk_api.ResponsesRequestInput if endpoint == "agent" else sdk_api.ApiChatCompletionsRequestInput
-    unknown = sorted(set(body) - set(model.model_fields))
-    if unknown:
-        return _error(400, f"unknown parameter(s): {', '.join(unknown)}")
-    try:
-        model.model_validate(body)
-    except ValidationError as exc:
-        detail = [{"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()]
-        return web.json_response({"detail": detail}, status=422)
-    return None
-
-
-def _check_chat(body: dict[str, Any]) -> str | None:
-    if not isinstance(body.get("model"), str):
-        return "model is required"
-    if body["model"] not in CHAT_MODELS_DOCUMENTED:
-        return f"Invalid model '{body['model']}'. Permitted models: {', '.join(sorted(CHAT_MODELS_DOCUMENTED))}"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "messages must be a non-empty list"
-    return None
-
-
-def _check_agent(body: dict[str, Any]) -> str | None:
-    if not isinstance(body.get("input"), str | list) or not body["input"]:
-        return "input is required"
-    if "preset" in body:
-        return "preset is deprecated: use effort"
-    if not any(isinstance(body.get(k), str | list) for k in ("model", "models", "effort")):
-        return "one of model, models or effort is required"
-    if "effort" in body and str(body["effort"]).split("@")[0] not in _EFFORTS:
-        return f"unknown effort '{body['effort']}'; use one of {', '.join(sorted(_EFFORTS))}"
-    models = body.get("models") or ([body["model"]] if isinstance(body.get("model"), str) else [])
-    for name in models:
-        provider = str(name).split("/")[0]
-        if name not in AGENT_MODELS_DOCUMENTED and (provider == "perplexity" or provider not in _AGENT_PROVIDERS):
-            return f"model '{name}' is not supported by the Agent API"
-    return None
-
-
 def _tokens(text: str) -> int:
     return max(1, len(text) // 4)
-
-
-def _error(status: int, message: str) -> web.Response:
-    kind = (
-        "rate_limit_exceeded"
-        if status == 429
-        else "server_error"
-        if status >= 500
-        else "invalid_request_error"
-    )
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
 def _fault(fault: _Fault) -> web.Response:
@@ -405,7 +351,7 @@ def _fault(fault: _Fault) -> web.Response:
     elif fault.status == 401:
         response = web.Response(status=401, text=_HTML_401, content_type="text/html")
     else:
-        response = _error(fault.status, fault.message or f"fake fault {fault.status}")
+        response = error(fault.status, fault.message or f"fake fault {fault.status}")
     if fault.retry_after is not None:
         ra = fault.retry_after
         response.headers["Retry-After"] = str(int(ra)) if float(ra).is_integer() else str(ra)
