@@ -14,7 +14,7 @@ Environment overrides: ``QUNBOT_SUMMARY__MAX_CHUNKS=8`` and so on.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["PROMPT_ALLOWANCE", "SummarySettings"]
 
@@ -41,8 +41,20 @@ class SummarySettings(BaseModel):
     fact_count: int = Field(12, ge=0, le=50, description="decisions and action items listed by the extractive summary")
     link_count: int = Field(8, ge=0, le=50, description="links listed (whole) by the extractive summary")
     top_members: int = Field(5, ge=1, le=20, description="most active members listed by the extractive summary")
+    user_cooldown_s: float = Field(60, ge=0, description="seconds between one member's AI summaries in a chat (0: none)")
+    prompt: str = Field("", max_length=500, description="the owner's extra instructions for every AI summary (style, persona)")
+    prompts: dict[str, str] = Field(default_factory=dict,
+                                    description='per chat, "<platform>:<chat id>" = instructions; overrides prompt there')
     retention_max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (sets the bot's retention)")
     retention_days: float = Field(30, gt=0, description="chat history kept, in days (sets the bot's retention)")
+
+    @field_validator("prompts")
+    @classmethod
+    def _short_prompts(cls, value: dict[str, str]) -> dict[str, str]:
+        long = [k for k, v in value.items() if len(v) > 500]
+        if long:
+            raise ValueError(f"prompts longer than 500 characters: {', '.join(long)}")
+        return value
 
     @model_validator(mode="after")
     def _reduce_can_progress(self) -> SummarySettings:

@@ -20,20 +20,38 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
+from zoneinfo import ZoneInfo
 
 import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
-from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
+from function_calls import (
+    Caller,
+    ChatModel,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    Toolset,
+    Usage,
+    tool_function,
+)
 from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
 from summary.extractive import HEADER, Speakers, extractive_summary
 from summary.mapreduce import SummaryFailed, SummaryUnaffordable, map_reduce
 from summary.settings import SummarySettings
 from summary.signals import is_noise
-from summary.window import advance_mark, create_marks_table, fetch, read_mark
+from summary.window import (
+    advance_mark,
+    create_marks_table,
+    fetch,
+    opted_out,
+    parse_period,
+    read_mark,
+    set_optout,
+)
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -51,15 +69,31 @@ __all__ = [
 ]
 
 class SummaryArgs(BaseModel):
-    """Which messages to summarise; neither field means "since the last summary"."""
+    """Which messages to summarise; no window field means "since the last summary"."""
 
+    period: str | None = Field(
+        default=None, max_length=40,
+        description='a named window: "昨天", "今天", a date "2026-11-20", a time range "09:00-12:00" (today) or '
+                    '"昨天 09:00-12:00"; or "optout" / "optin": stop / resume summarising the asker\'s own messages '
+                    "in this chat")
     hours: float | None = Field(default=None, gt=0, le=168, description="summarise the last N hours (max 168)")
     messages: int | None = Field(default=None, ge=1, le=5000, description="summarise the last N messages (max 5000)")
+    member: str | None = Field(default=None, max_length=40,
+                               description='only this member\'s messages, by the name shown in the chat ("小明" or "@小明")')
 
     @model_validator(mode="after")
     def _one_window(self) -> SummaryArgs:
+        period = (self.period or "").strip()
+        if period.startswith(("@", "＠")) and self.member is None:  # "/summary @小明"
+            self.period, self.member, period = None, period, ""
+        elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
+            if not 0 < float(period) <= 168:
+                raise ValueError("hours must be more than 0 and at most 168")
+            self.period, self.hours, period = None, float(period), ""
         if self.hours is not None and self.messages is not None:
             raise ValueError("give either hours or messages, not both (or neither: since the last summary)")
+        if period and (self.hours is not None or self.messages is not None):
+            raise ValueError("give a period, hours or messages, not several")
         return self
 
 
@@ -80,6 +114,8 @@ class SummaryDeps:
     budget: DailyBudget | None
     commands: frozenset[str]
     """This bot's command names: ``/summary`` lines are requests, not conversation."""
+    last_run: dict[str, datetime] = field(default_factory=dict)
+    """When each member last had a model summary in each chat (the cool-down)."""
 
 
 async def setup(bot: Bot) -> SummaryDeps:
@@ -102,8 +138,15 @@ class Window:
     newest_id: int | None
 
 
-async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime) -> Window:
+async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime, zone: ZoneInfo) -> Window:
     chat, limit, skip = ChatRef.of(caller), deps.settings.max_fetch, caller.message_id
+    if args.period:
+        try:
+            span = parse_period(args.period, now, zone)
+        except ValueError as exc:
+            raise ToolError(f"bad period: {exc}", user_message=str(exc)) from None
+        got = await fetch(deps.db, chat, limit=limit, start=span.start, end=span.end, skip_message_id=skip)
+        return Window(got.entries, span.title, got.total, got.newest_id)
     if args.messages is not None:
         got = await fetch(deps.db, chat, limit=args.messages, skip_message_id=skip)
         return Window(got.entries, f"最近 {args.messages} 条", len(got.entries), got.newest_id)
@@ -154,12 +197,62 @@ def _prepare(entries: Sequence[HistoryEntry],
     return kept, meaningful, len(Speakers(meaningful).members())
 
 
-@tool_function(timeout_s=600, examples=["总结一下今天的群聊", "/summary hours=3", "/summary messages=200"])
+_OPT = {"optout": True, "退出": True, "optin": False, "加入": False}
+
+
+async def _opt(deps: SummaryDeps, caller: Caller, out: bool) -> ToolResult:
+    changed = await set_optout(deps.db, ChatRef.of(caller), caller.user_id, out)
+    where = "本群" if caller.chat_kind == "group" else "本聊天"
+    if out:
+        text = (f"好的，之后{where}的总结不会引用你的消息，也不会把它们发给 AI。用 /summary optin 恢复。" if changed
+                else f"你已经退出{where}的总结了。")
+    else:
+        text = f"好的，{where}的总结会重新包括你的消息。" if changed else f"你本来就在{where}的总结里。"
+    return ToolResult.reply(text, data={"optout": out, "changed": changed})
+
+
+def _one_member(entries: list[HistoryEntry], wanted: str) -> tuple[list[HistoryEntry], str]:
+    """Only ``wanted``'s messages (by latest name, an earlier name, or id), and how to call them."""
+    name = wanted.strip().lstrip("@＠").strip()
+    speakers = Speakers(entries)
+    found = [p for p in speakers.members() if name in (p.name, p.user_id, *p.aliases)]
+    if not found:
+        raise ToolError(f"no member called {name!r} spoke in this window",
+                        user_message=f"这段时间没有找到「{name}」的发言。")
+    if len(found) > 1:
+        labels = "、".join(p.label for p in found)
+        raise ToolError(f"several members are called {name!r}: {labels}",
+                        user_message=f"有几位都叫「{name}」：{labels}。请写括号里的 id。")
+    person = found[0]
+    return [e for e in entries if not e.from_bot and e.user_id == person.user_id], person.name
+
+
+def _cooling(deps: SummaryDeps, caller: Caller, now: datetime) -> float:
+    """Seconds the caller must still wait before another model summary in this chat (0: none)."""
+    last = deps.last_run.get(f"{ChatRef.of(caller).key}|{caller.user_id}")
+    if last is None or not deps.settings.user_cooldown_s:
+        return 0.0
+    return max(0.0, deps.settings.user_cooldown_s - (now - last).total_seconds())
+
+
+@tool_function(timeout_s=600, examples=["总结一下今天的群聊", "/summary 昨天", "/summary 09:00-12:00", "总结 @小明",
+                                        "/summary hours=3", "/summary optout"])
 async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResult:
-    """总结本聊天的消息 (summarise this chat): 默认总结上次总结以来的消息，也可指定最近 hours 小时或最近 messages 条。"""
+    """总结本聊天的消息 (summarise this chat): 默认总结上次总结以来的消息；也可指定时间段（昨天、2026-11-20、09:00-12:00）、
+    最近 hours 小时、最近 messages 条，或只总结某位成员（member）。period="optout"/"optin" 退出/恢复被总结。"""
     deps, caller = ctx.deps, ctx.caller
     chat = ChatRef.of(caller)
-    window = await _window(deps, caller, args, ctx.now())
+    if args.period and args.period.strip().lower() in _OPT:
+        return await _opt(deps, caller, _OPT[args.period.strip().lower()])
+    window = await _window(deps, caller, args, ctx.now(), ctx.zone)
+    hidden = await opted_out(deps.db, chat)
+    if args.member:
+        window.entries, who = _one_member(window.entries, args.member)
+        if window.entries and window.entries[0].user_id in hidden:
+            raise ToolError("that member opted out of summaries", user_message="这位成员选择了不被总结。")
+        window.title += f" · {who} 的发言"
+    if hidden:  # members who opted out are neither quoted nor sent to the model
+        window.entries = [e for e in window.entries if e.from_bot or e.user_id not in hidden]
     entries, meaningful, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
     if not entries:
         return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
@@ -183,9 +276,16 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         text = await asyncio.to_thread(extract, budget_note)
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
+    wait = _cooling(deps, caller, ctx.now())
+    if wait:
+        text = f"你刚总结过，请 {max(1, round(wait))} 秒后再试（每人每次 AI 总结间隔 {settings.user_cooldown_s:g} 秒）。"
+        raise ToolError(f"summary cool-down: {wait:.0f} s left", user_message=text)
+    deps.last_run[f"{chat.key}|{caller.user_id}"] = ctx.now()
     where = "群聊" if caller.chat_kind == "group" else "私聊"
+    prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
-        done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left)
+        done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left,
+                                instructions=prompt)
     except SummaryUnaffordable:
         text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
         await _set_mark(deps, chat, window)
