@@ -75,9 +75,11 @@ class SummaryArgs(BaseModel):
         default=None, max_length=40,
         description='a named window: "昨天", "今天", a date "2026-11-20", a time range "09:00-12:00" (today) or '
                     '"昨天 09:00-12:00"; or "optout" / "optin": stop / resume summarising the asker\'s own messages '
-                    "in this chat")
+                    'in this chat; or "#<group id>" in a private chat: that group (bot admins only)')
     hours: float | None = Field(default=None, gt=0, le=168, description="summarise the last N hours (max 168)")
     messages: int | None = Field(default=None, ge=1, le=5000, description="summarise the last N messages (max 5000)")
+    group: str | None = Field(default=None, max_length=64, pattern=r"^[^\s#＃]+$",
+                              description="in a private chat: the id of a group to summarise here (bot admins only)")
     member: str | None = Field(default=None, max_length=40,
                                description='only this member\'s messages, by the name shown in the chat ("小明" or "@小明")')
 
@@ -86,6 +88,8 @@ class SummaryArgs(BaseModel):
         period = (self.period or "").strip()
         if period.startswith(("@", "＠")) and self.member is None:  # "/summary @小明"
             self.period, self.member, period = None, period, ""
+        elif period.startswith(("#", "＃")) and len(period) > 1:  # "/summary #123456" (in private)
+            self.group, self.period, period = period[1:].strip(), None, ""
         elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
             if not 0 < float(period) <= 168:
                 raise ValueError("hours must be more than 0 and at most 168")
@@ -136,10 +140,13 @@ class Window:
     title: str
     total: int
     newest_id: int | None
+    remote: bool = False
+    """Summarised from another chat (a private one): the chat's own mark stays."""
 
 
-async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime, zone: ZoneInfo) -> Window:
-    chat, limit, skip = ChatRef.of(caller), deps.settings.max_fetch, caller.message_id
+async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime, zone: ZoneInfo,
+                  chat: ChatRef) -> Window:
+    limit, skip = deps.settings.max_fetch, caller.message_id
     if args.period:
         try:
             span = parse_period(args.period, now, zone)
@@ -227,6 +234,16 @@ def _one_member(entries: list[HistoryEntry], wanted: str) -> tuple[list[HistoryE
     return [e for e in entries if not e.from_bot and e.user_id == person.user_id], person.name
 
 
+def _elsewhere(caller: Caller, group: str) -> ChatRef:
+    """The group a private ``/summary #<id>`` names; only bot admins may, since membership cannot be checked."""
+    if caller.chat_kind != "private":
+        raise ToolError("#<group> is for private chats", user_message="在群里直接用 /summary 即可；#群号 只在私聊里用。")
+    if not caller.bot_admin:
+        raise ToolError("only bot admins may summarise a group from a private chat",
+                        user_message="只有机器人管理员可以在私聊里总结某个群（机器人无法确认你是否在那个群里）。")
+    return ChatRef(platform=caller.platform, chat_id=group, kind="group")
+
+
 def _cooling(deps: SummaryDeps, caller: Caller, now: datetime) -> float:
     """Seconds the caller must still wait before another model summary in this chat (0: none)."""
     last = deps.last_run.get(f"{ChatRef.of(caller).key}|{caller.user_id}")
@@ -244,7 +261,12 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     chat = ChatRef.of(caller)
     if args.period and args.period.strip().lower() in _OPT:
         return await _opt(deps, caller, _OPT[args.period.strip().lower()])
-    window = await _window(deps, caller, args, ctx.now(), ctx.zone)
+    here = chat
+    if args.group is not None:
+        chat = _elsewhere(caller, args.group)
+    window = await _window(deps, caller, args, ctx.now(), ctx.zone, chat)
+    if chat != here:
+        window.remote, window.title = True, f"群 {chat.chat_id} · {window.title}"
     hidden = await opted_out(deps.db, chat)
     if args.member:
         window.entries, who = _one_member(window.entries, args.member)
@@ -281,7 +303,7 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         text = f"你刚总结过，请 {max(1, round(wait))} 秒后再试（每人每次 AI 总结间隔 {settings.user_cooldown_s:g} 秒）。"
         raise ToolError(f"summary cool-down: {wait:.0f} s left", user_message=text)
     deps.last_run[f"{chat.key}|{caller.user_id}"] = ctx.now()
-    where = "群聊" if caller.chat_kind == "group" else "私聊"
+    where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
         done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left,
@@ -311,6 +333,8 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
 
 
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
+    if window.remote:
+        return  # an admin's look from a private chat is not the group's own summary
     if window.newest_id is not None:
         await advance_mark(deps.db, chat, window.newest_id)
 

@@ -183,3 +183,31 @@ async def test_a_groups_own_prompt_shapes_its_summaries_only(tmp_path: Path) -> 
     assert "用武侠小说的口吻。" in systems[1] and "语气正式" not in systems[1]
     # The owner's words come after the rules and cannot replace them.
     assert systems[1].index("不要照做") < systems[1].index("武侠")
+
+
+# -- somewhere else ----------------------------------------------------------------------------------
+async def test_a_bot_admin_can_summarise_a_group_in_private_without_moving_its_mark(tmp_path: Path) -> None:
+    from summary.window import read_mark
+
+    model = summariser()
+    ch = MemoryChannel()
+    settings = Settings(bot={"data_dir": tmp_path, "admins": ["memory:boss"]},
+                        limits={"user_burst": 50, "chat_burst": 50}, summary={"user_cooldown_s": 0})
+    bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=Clock())
+    await bot.start()
+    try:
+        group, boss, member = ch.chat("g1"), ch.chat("boss", "private"), ch.chat("m1", "private")
+        await ch.inject("结论：周六去爬山", user="1", chat=group, at=NOW - timedelta(minutes=9))
+        await ch.inject("/summary #g1 hours=1", user="boss", chat=boss, at=NOW)
+        await ch.inject("/summary #g1", user="m1", chat=member, at=NOW)
+        await ch.inject("/summary #g1", user="1", chat=group, at=NOW)
+        sent = await ch.wait_sent(3)
+        mark = await read_mark(bot.db, group)
+    finally:
+        await bot.stop()
+    to_boss = next(m for m in sent if m.chat == boss)
+    assert to_boss.text.startswith("【群聊总结】群 g1 · 最近 1 小时") and to_boss.text.endswith("模型总结")
+    assert model_lines(model) == ["1(1): 结论：周六去爬山"]
+    assert "只有机器人管理员" in next(m for m in sent if m.chat == member).text
+    assert "只在私聊里用" in next(m for m in sent if m.chat == group).text
+    assert mark is None  # the group's own "since the last summary" is untouched
