@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python bench/bench_summary.py [messages ...]`` (default: 1000 10000 100000).
 Each window is one busy day-to-week of group chat in which about two thirds of the messages are
 stickers, 哈哈 and +1 (as in the review that opened issue #15). The model is a ScriptedModel that
-answers every request with a short text, so the figures measure the plugin, not an LLM.
+answers every request with a canned text as long as the request's ``max_tokens`` allows (as a
+verbose model would), so the figures measure the plugin and its reduce rounds, not an LLM.
 
 Printed per size: messages in the window, how many were read (``max_fetch``), how many were noise,
 how many reached the model's map stage (coverage), map / reduce calls, prompt tokens, the largest
@@ -58,8 +59,13 @@ def fill(db: sqlite_utils.Database, count: int, span: timedelta) -> int:
     return meaningful
 
 
+_ANSWER = ("结论/决定：v2.3 推迟到下周四上线；周会改到周二。待办：成员7 周三前发报价；成员3 订场地。"
+           "话题：打球、聚餐、预算。链接：https://example.com/a/very/long/path?with=query ")
+
+
 def short_answer(request: ModelRequest) -> ModelResponse:
-    return text("结论/决定：推迟到下周四。待办：成员7 周三前发报价。话题：打球、聚餐。链接：https://example.com/a")
+    # As long as a real model's answer at the cap would be, so reduce rounds are counted honestly.
+    return text((_ANSWER * 10)[:max(50, (request.max_tokens or 300) - 20)])
 
 
 async def _heartbeat(gaps: list[float]) -> None:
