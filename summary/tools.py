@@ -302,13 +302,15 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     if wait:
         text = f"你刚总结过，请 {max(1, round(wait))} 秒后再试（每人每次 AI 总结间隔 {settings.user_cooldown_s:g} 秒）。"
         raise ToolError(f"summary cool-down: {wait:.0f} s left", user_message=text)
-    deps.last_run[f"{chat.key}|{caller.user_id}"] = ctx.now()
+    cooled = f"{here.key}|{caller.user_id}"
+    deps.last_run[cooled] = ctx.now()
     where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
         done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left,
                                 instructions=prompt)
     except SummaryUnaffordable:
+        deps.last_run.pop(cooled, None)  # nothing was spent
         text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
