@@ -26,7 +26,7 @@ GROUP, OTHER_GROUP = 123456, 654321
 G = ChatRef(platform="onebot", chat_id=str(GROUP), kind="group")
 OTHER = ChatRef(platform="onebot", chat_id=str(OTHER_GROUP), kind="group")
 SUMMARY_TEXT = "大家约了周六下午三点后打球，小红(20004) 负责订体育馆二号场。"
-LINE = re.compile(r"^\[\d\d-\d\d \d\d:\d\d\] (.+?)\((\d+)\): (.*)$")
+LINE = re.compile(r"^\[\d\d:\d\d\] (.+?)\((\d+)\): (.*)$")
 
 
 def group_event(group: int, user: int, name: str, text: str, message_id: int, at: int,

@@ -55,6 +55,7 @@ async def running(tmp_path: Path, model: Any = None, clock: Clock | None = None,
                   **sections: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
     ch = MemoryChannel()
     sections["limits"] = {"user_burst": 50, "chat_burst": 50, **sections.get("limits", {})}
+    sections["summary"] = {"user_cooldown_s": 0, **sections.get("summary", {})}  # tests/summary/test_features.py has it
     settings = Settings(bot={"data_dir": tmp_path}, **sections)
     bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=clock or Clock())
     await bot.start()
