@@ -49,7 +49,7 @@ from robot import ChatRef, OutgoingMessage, iso
 if TYPE_CHECKING:
     from robot import Bot
 
-__all__ = ["CRASH_ENV", "ON_TIME", "FireReport", "ReminderService", "format_local"]
+__all__ = ["CRASH_ENV", "ON_TIME", "RETRY_BASE_S", "RETRY_MAX_S", "FireReport", "ReminderService", "format_local"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,9 @@ ON_TIME = timedelta(seconds=60)
 """Up to this late a reminder counts as on time: no late note, and never "missed"."""
 CRASH_ENV = "QUNBOT_REMINDERS_CRASH_AT"
 """Test-only: ``before_commit`` / ``after_commit`` SIGKILLs the process at that point of a pass."""
+RETRY_BASE_S = 0.25
+"""A failed firing pass is retried after this, doubling up to ``RETRY_MAX_S``."""
+RETRY_MAX_S = 2.0
 _BATCH = 200
 _KEEP_FINISHED = timedelta(days=30)
 Outcome = Literal["delivered", "missed", "failed", "broken"]
@@ -155,6 +158,10 @@ class ReminderService:
             return 0
         now = self.clock()
         limit = now + self.horizon
+        if any(at <= now for _, at, _ in items):
+            # Already due (created while the DB thread was busy past its time, say): no job would
+            # ever fire it, so a pass does, now.
+            self.kick()
         armed = 0
         paused = scheduler.state == STATE_RUNNING  # paused, an add does not wake the scheduler each time
         if paused:
@@ -203,6 +210,10 @@ class ReminderService:
         if len(upcoming) >= self.max_armed:
             self.scheduler.add_job(self._refill, DateTrigger(run_date=upcoming[-1][1]), id="rem:refill-next",
                                    replace_existing=True, misfire_grace_time=None, coalesce=True)
+        # Whatever fell due before ``now`` (between start-up's pass and this query, say) has no job.
+        due = await self.store.next_due()
+        if due is not None and due <= self.clock():
+            self.kick()
         return armed
 
     async def _refill(self) -> None:
@@ -224,13 +235,25 @@ class ReminderService:
         self._pass = asyncio.get_running_loop().create_task(self._pass_loop(), name="reminders-pass")
 
     async def _pass_loop(self) -> None:
+        failures = 0
         while True:
             self._again = False
             try:
                 await self.fire_due(self.clock(), wait_prompts=False)
-            except Exception:
-                log.exception("reminders: firing pass failed")
-                return
+            except Exception as exc:
+                # A locked or full database is usually back in seconds: retry soon, not at the refill.
+                failures += 1
+                delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(failures - 1, 8))
+                if failures == 1:
+                    log.exception("reminders: firing pass failed; retrying every %.2g-%g s", RETRY_BASE_S,
+                                  RETRY_MAX_S)
+                else:
+                    log.warning("reminders: firing pass failed again (%s: %s)", type(exc).__name__, exc)
+                await asyncio.sleep(delay)
+                continue
+            if failures:
+                log.info("reminders: firing works again after %d failed passes", failures)
+                failures = 0
             if not self._again:
                 return
 

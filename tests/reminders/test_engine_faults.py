@@ -1,0 +1,146 @@
+"""The engine under faults: no reminder without a timer, failed passes retried, a locked or full DB.
+
+These run the real APScheduler with a hand-set clock for "now": a reminder that has no job and is
+never kicked would wait for the 30-minute refill, so waiting a few seconds for it tells them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from reminders.schedule import parse_schedule
+from reminders.service import ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import ReminderStore
+from tests.reminders.conftest import ALICE, SH, Clock, Launch
+
+T0 = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)
+
+
+def local(instant: datetime) -> str:
+    return instant.astimezone(ZoneInfo(SH)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+Build = Callable[..., Awaitable[tuple[ReminderService, Any, Clock]]]
+
+
+@pytest.fixture
+async def build(launch: Launch) -> AsyncIterator[Build]:
+    """A started bot plus a ReminderService with a real scheduler; the service is stopped at teardown."""
+    services: list[ReminderService] = []
+
+    async def make(now: datetime = T0, *, start: bool = True) -> tuple[ReminderService, Any, Clock]:
+        bot, ch, clock = await launch(now)
+        await bot.db.ensure(ReminderStore.schema)
+        settings = bot.settings.section("reminders", ReminderSettings)
+        service = ReminderService(ReminderStore(bot.db), bot, settings,
+                                  scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
+        services.append(service)
+        if start:
+            await service.start()
+        return service, ch, clock
+
+    yield make
+    for service in services:
+        await service.stop()
+
+
+async def test_a_reminder_whose_time_passed_while_the_db_thread_was_busy_fires_at_once(build: Build) -> None:
+    service, ch, clock = await build()
+    due = T0 + timedelta(seconds=2)
+    busy = asyncio.ensure_future(service.store.db.run_raw(lambda: time.sleep(0.3)))
+    creating = asyncio.ensure_future(service.create(ALICE, parse_schedule("once", local(due), SH, None), "开会", "text"))
+    await asyncio.sleep(0.05)
+    clock.now = due + timedelta(seconds=1)  # the insert is still queued behind the busy DB thread
+    await busy
+    await creating
+    sent = await ch.wait_sent(1, timeout=5)
+    assert [m.text for m in sent] == ["⏰ 提醒：开会"]
+
+
+async def test_arming_a_reminder_that_is_already_due_fires_it(build: Build) -> None:
+    service, ch, clock = await build()
+    made = await service.create(ALICE, parse_schedule("once", local(T0 + timedelta(minutes=5)), SH, None),
+                                "喝水", "text")
+    service.disarm(made.id)
+    clock.now = T0 + timedelta(minutes=6)
+    service.arm(made)  # due now: a job in the past would never run, so a pass must
+    assert [m.text for m in await ch.wait_sent(1, timeout=5)] == ["⏰ 提醒：喝水"]
+
+
+async def test_a_reminder_due_between_the_start_up_pass_and_arming_the_window_fires(build: Build) -> None:
+    service, ch, clock = await build(start=False)
+    due = T0 + timedelta(seconds=1)
+    await service.create(ALICE, parse_schedule("once", local(due), SH, None), "起来活动", "text")
+    real_fire = service.fire_due
+
+    async def slow_fire(*args: Any, **kwargs: Any) -> Any:
+        report = await real_fire(*args, **kwargs)
+        clock.now = due + timedelta(seconds=1)  # start-up's pass took a while
+        return report
+
+    service.fire_due = slow_fire  # type: ignore[method-assign]
+    await service.start()
+    assert [m.text for m in await ch.wait_sent(1, timeout=5)] == ["⏰ 提醒：起来活动"]
+
+
+async def test_a_failed_pass_is_retried_soon_and_fires_once_the_lock_is_released(build: Build,
+                                                                                 tmp_path: Path) -> None:
+    service, ch, clock = await build()
+    await service.create(ALICE, parse_schedule("once", local(T0 + timedelta(minutes=1)), SH, None), "交周报", "text")
+    await service.store.db.run(lambda db: db.execute("PRAGMA busy_timeout = 100"))
+    other = sqlite3.connect(tmp_path / "qunbot.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        clock.now = T0 + timedelta(minutes=1)
+        service.kick()
+        await asyncio.sleep(0.6)  # a few passes fail meanwhile
+        assert ch.sent == []
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert [m.text for m in await ch.wait_sent(1, timeout=5)] == ["⏰ 提醒：交周报"]
+
+
+def fill_disk(db: Any) -> None:
+    """Make the database full the way a full disk does: SQLite answers SQLITE_FULL to any write that
+    needs a new page. Every table a message path writes is packed with finished rows first."""
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0] + 1}")
+    rows = {
+        "outbox": ("INSERT INTO outbox (key, platform, chat, text, status, next_at, created_at) "
+                   "VALUES (?, 'memory', 'memory:group:x', ?, 'sent', '2000', '2000')"),
+        "history": "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id) "
+                   "VALUES ('memory:group:x', ?, 'x', ?, '2000', 0, '')",
+        "seen": "INSERT INTO seen (platform, message_id, seen_at) VALUES ('x', ?, ?)",
+    }
+    for size in (2000, 200, 20, 1):
+        for sql in rows.values():
+            for n in range(100_000):
+                try:
+                    db.execute(sql, [f"ballast-{size}-{n}", "x" * size])
+                except sqlite3.OperationalError as exc:
+                    assert "full" in str(exc)
+                    break
+
+
+async def test_due_reminders_fire_once_a_full_disk_has_room_again(build: Build) -> None:
+    service, ch, clock = await build()
+    await service.create(ALICE, parse_schedule("once", local(T0 + timedelta(minutes=1)), SH, None), "吃药", "text")
+    db = service.store.db
+    await db.run(fill_disk)
+    clock.now = T0 + timedelta(minutes=1)
+    service.kick()
+    await asyncio.sleep(0.6)
+    assert ch.sent == []
+    await db.run(lambda d: d.execute("PRAGMA max_page_count = 1073741823"))  # room again
+    assert [m.text for m in await ch.wait_sent(1, timeout=5)] == ["⏰ 提醒：吃药"]
