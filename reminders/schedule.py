@@ -42,6 +42,10 @@ _KINDS: tuple[Kind, ...] = ("once", "daily", "weekly")
 
 MISSED_FIRES_CAP = 1000
 """``missed_fires`` never counts beyond this (a bot down for years is still a short loop)."""
+_MAX_AHEAD_DAYS = 3653
+"""A once reminder may be set at most this far ahead (10 years): year 9999 is a typo, not a plan."""
+_MAX_TIME_CHARS = 64
+"""The longest ``time`` argument accepted (and so the longest ever echoed back in an error)."""
 
 _WEEKDAYS_EN = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _WEEKDAYS_ZH = ("一", "二", "三", "四", "五", "六", "日")
@@ -154,6 +158,10 @@ def parse_schedule(kind: str, time: str, zone: str, weekday: int | None) -> Sche
     if chosen is None:
         raise ScheduleError(f"unknown reminder type {kind!r}; use one of: {', '.join(_KINDS)}",
                             user_message=_UNKNOWN_KIND_ZH.format(kind))
+    if len(time) > _MAX_TIME_CHARS:
+        raise ScheduleError(f"time is {len(time)} characters long; give just the time, e.g. '2026-11-22 15:00' "
+                            "or '08:30'",
+                            user_message=f"时间写得太长了（{len(time)} 字）：只写时间即可，例如 2026-11-22 15:00 或 08:30。")
     zone = zone.strip()
     _zone(zone)
     _check_weekday(chosen, weekday)
@@ -268,11 +276,23 @@ def _format_wall(value: datetime, with_seconds: bool) -> str:
 def first_fire(schedule: Schedule, now: datetime) -> datetime:
     """Like ``next_fire(schedule, now)``, but a ``once`` time not in the future is a ScheduleError."""
     _require_aware(now, "now")
-    instant = next_fire(schedule, now)
-    if instant is not None:
-        return instant
     tz = _zone(schedule.zone)
     day, tod = _wall_parts(schedule)
+    # Checked before resolving: year 1 or 9999 would overflow converting to UTC.
+    if day is not None and (day - now.astimezone(tz).date()).days > _MAX_AHEAD_DAYS:
+        raise ScheduleError(
+            f"{day} is more than 10 years ahead; once reminders can be at most 10 years in the future",
+            user_message=f"{day} 太远了：一次性提醒最多只能设置在 10 年以内。")
+    if day is None or (now.astimezone(tz).date() - day).days <= 2:
+        instant = next_fire(schedule, now)
+        if instant is not None:
+            return instant
+    if day is not None and (now.astimezone(tz).date() - day).days <= 2:
+        # Set inside a fall-back's repeated hour after its first pass: the second one is still ahead.
+        second = datetime.combine(day, tod.replace(fold=1), tzinfo=tz).astimezone(UTC)
+        if second > now and _local_wall(second, tz) == datetime.combine(day, tod):
+            return second
+    assert day is not None  # daily and weekly always have a next fire
     seconds = tod.second != 0
     asked = f"{day} {_short_time(tod)}"
     local_now = now.astimezone(tz)
