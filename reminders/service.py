@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import signal
+import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlite_utils
@@ -40,11 +41,12 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
+from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local
 from reminders.prompts import run_prompt
-from reminders.schedule import MISSED_FIRES_CAP, Schedule, ScheduleError, first_fire, next_fire
+from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
-from reminders.store import Mode, Reminder, ReminderStore, new_id
-from robot import ChatRef, OutgoingMessage, iso
+from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
+from robot import ChatRef, OutgoingMessage, reply_key
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -53,8 +55,6 @@ __all__ = ["CRASH_ENV", "ON_TIME", "RETRY_BASE_S", "RETRY_MAX_S", "FireReport", 
 
 log = logging.getLogger(__name__)
 
-ON_TIME = timedelta(seconds=60)
-"""Up to this late a reminder counts as on time: no late note, and never "missed"."""
 CRASH_ENV = "QUNBOT_REMINDERS_CRASH_AT"
 """Test-only: ``before_commit`` / ``after_commit`` SIGKILLs the process at that point of a pass."""
 RETRY_BASE_S = 0.25
@@ -62,42 +62,6 @@ RETRY_BASE_S = 0.25
 RETRY_MAX_S = 2.0
 _BATCH = 200
 _KEEP_FINISHED = timedelta(days=30)
-Outcome = Literal["delivered", "missed", "failed", "broken"]
-
-
-def format_local(instant: datetime, zone: str, *, seconds: bool = False) -> str:
-    """An instant as local wall time, e.g. ``2026-11-21 08:00``."""
-    return instant.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
-
-
-@dataclass
-class FireReport:
-    """What one pass did: reminders handled per outcome, and the outbox keys it committed."""
-
-    delivered: int = 0
-    missed: int = 0
-    failed: int = 0
-    broken: int = 0
-    keys: list[str] = field(default_factory=list)
-
-    def add(self, outcome: Outcome, key: str | None) -> None:
-        setattr(self, outcome, getattr(self, outcome) + 1)
-        if key is not None:
-            self.keys.append(key)
-
-
-def _catch_up(schedule: Schedule, planned: datetime, now: datetime) -> tuple[datetime, int, datetime | None]:
-    """(latest occurrence <= now, how many occurred since ``planned`` inclusive, next one after now)."""
-    latest, count = planned, 1
-    upcoming = next_fire(schedule, planned)
-    while upcoming is not None and upcoming <= now and count < MISSED_FIRES_CAP:
-        latest, count = upcoming, count + 1
-        upcoming = next_fire(schedule, upcoming)
-    if upcoming is not None and upcoming <= now:  # capped: jump straight past now
-        upcoming = next_fire(schedule, now)
-    return latest, count, upcoming
-
-
 class ReminderService:
     """Creates, deletes and fires reminders for one bot. ``scheduler=None``: no timer (tests drive passes)."""
 
@@ -297,7 +261,7 @@ class ReminderService:
                     failed: bool = False) -> tuple[Reminder, Outcome, str | None]:
         """Commit one due reminder's message and new state (caller's transaction)."""
         try:
-            after, outcome, message = self._compose(r, now, answer=answer, failed=failed)
+            after, outcome, message = compose(r, now, self.grace, answer=answer, failed=failed)
         except Exception:  # one corrupted row must not block every other reminder
             log.exception("reminders: %s cannot be fired; marking it broken", r.id)
             after, outcome, message = r.evolve(status="broken", next_fire=None, updated_at=now), "broken", None
@@ -305,45 +269,6 @@ class ReminderService:
             self.bot.outbox.enqueue_sync(db, message)
         self.store.save_sync(db, after)
         return after, outcome, None if message is None else message.key
-
-    def _compose(self, r: Reminder, now: datetime, *, answer: str | None,
-                 failed: bool) -> tuple[Reminder, Outcome, OutgoingMessage | None]:
-        """The message a due reminder sends now (if any) and its state afterwards."""
-        assert r.next_fire is not None
-        latest, count, following = _catch_up(r.schedule, r.next_fire, now)
-        late = now - latest
-        seconds = not r.wall.endswith(":00")
-        when = format_local(latest, r.zone, seconds=seconds)
-        text: str | None
-        if late > self.grace:
-            outcome: Outcome = "missed"
-            key = f"rem:{r.id}:{iso(latest)}:missed"
-            what = "定时任务" if r.mode == "prompt" else "提醒"
-            text = f"⚠️ 错过的{what}：{r.content}\n机器人离线，没能按时发出（原定 {when}，共错过 {count} 次）。"
-            if following is not None:
-                text += f"\n下次：{format_local(following, r.zone, seconds=seconds)}"
-        elif r.mode == "prompt" and answer == "":  # paused for an approval: the request is already posted
-            outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
-        elif failed:
-            outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
-            text = None if r.failure_reported else (
-                f"⚠️ 定时任务「{r.content[:60]}」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。")
-        else:
-            outcome, key = "delivered", f"rem:{r.id}:{iso(latest)}"
-            text = answer if r.mode == "prompt" and answer else f"⏰ 提醒：{r.content}"
-            if late > ON_TIME:
-                text += f"\n（迟到提醒：原定 {when}）"
-                if count > 1:
-                    text += f"\n（另有 {count - 1} 次在机器人离线期间错过）"
-        status = "active" if following is not None else ("missed" if outcome == "missed" else "done")
-        reported = r.failure_reported if outcome == "missed" else outcome == "failed"
-        after = r.evolve(next_fire=following, last_fired=latest, status=status, updated_at=now,
-                         failure_reported=reported)
-        if text is None:
-            return after, outcome, None
-        chat = r.chat_ref
-        mention = (r.owner_id,) if chat.kind == "group" else ()
-        return after, outcome, OutgoingMessage(key=key, chat=chat, text=text, mention=mention)
 
     def _start_prompt(self, reminder: Reminder, now: datetime, report: FireReport) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._run_prompt(reminder, now, report),
@@ -357,7 +282,7 @@ class ReminderService:
         planned = r.next_fire
         answer: str | None = None
         try:
-            latest = _catch_up(r.schedule, planned, now)[0]
+            latest = catch_up(r.schedule, planned, now)[0]
             zone: ZoneInfo | None = ZoneInfo(r.zone)
         except (ScheduleError, ZoneInfoNotFoundError, ValueError):
             latest, zone = planned, None  # a corrupted row: the commit below marks it broken
@@ -382,18 +307,50 @@ class ReminderService:
         return current is not None and current.status == "active" and current.next_fire == planned
 
     # --- requests from tools ---------------------------------------------------------------
-    async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode) -> Reminder:
-        """Store a new reminder (limits checked atomically) and arm it. Raises ScheduleError/LimitError."""
+    async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode, *,
+                     confirm: Callable[[Reminder, str], str] | None = None) -> Reminder:
+        """Store a new reminder (limits checked atomically) and arm it. Raises ScheduleError/ReminderError.
+
+        Idempotent per request: the same message (``caller.message_id``) asking for the same
+        reminder again (a platform's redelivery after a crash) gets the reminder it made before.
+        ``confirm(reminder, short_id)`` is the confirmation the pipeline will send as the message's
+        first reply: it is queued in the same transaction, under the pipeline's key, so the
+        reminder is never stored without its confirmation (the pipeline's own enqueue is then a no-op).
+        """
         now = self.clock()
         chat = ChatRef.of(caller)
+        source = ""
+        if caller.message_id:
+            request = "\0".join([chat.account, chat.key, caller.message_id, caller.qualified_user, schedule.kind,
+                                 schedule.wall, schedule.zone, str(schedule.weekday), content, mode])
+            source = hashlib.sha256(request.encode()).hexdigest()[:32]
         reminder = Reminder(
             id=new_id(), owner=caller.qualified_user, owner_name=caller.user_name or caller.user_id, chat=chat.key,
             type=schedule.kind, wall=schedule.wall, zone=schedule.zone, weekday=schedule.weekday, content=content,
             mode=mode, created_at=now, updated_at=now, next_fire=first_fire(schedule, now), account=chat.account,
+            source=source,
         )
-        await self.store.create(reminder, self.settings, now)
-        self.arm(reminder)
-        return reminder
+
+        def work(db: sqlite_utils.Database) -> Reminder:
+            stored = self.store.create_sync(db, reminder, self.settings, now)
+            if confirm is not None and caller.message_id:
+                short = self.store.short_ids_sync(db, [stored.id])[stored.id]
+                self.bot.outbox.enqueue_sync(db, OutgoingMessage(
+                    key=reply_key(caller.platform, caller.chat_id, caller.message_id), chat=chat,
+                    text=confirm(stored, short), mention=(caller.user_id,) if chat.kind == "group" else (),
+                    reply_to=caller.message_id))
+            return stored
+
+        try:
+            stored = await self.store.db.transaction(work)
+        except sqlite3.Error as exc:  # locked past the busy timeout, disk full, I/O error
+            log.warning("reminders: cannot store a reminder: %s", exc)
+            raise ReminderError(f"the reminder could not be saved ({exc}); nothing was stored, try again later",
+                                user_message="暂时无法保存，请稍后再试。") from None
+        if confirm is not None and caller.message_id:
+            self.bot.outbox.notify(chat.platform)
+        self.arm(stored)
+        return stored
 
     async def delete(self, reminder_id: str) -> bool:
         """Delete at once: the row first (the fire path re-checks it), then the timer job."""

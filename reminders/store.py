@@ -42,7 +42,7 @@ Status = Literal["active", "done", "missed", "deleted", "broken"]
 MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 _COLUMNS = ("id", "owner", "owner_name", "chat", "type", "wall", "zone", "weekday", "content", "mode",
-            "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported", "account")
+            "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported", "account", "source")
 _INSERT = f"INSERT INTO reminders ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -96,6 +96,9 @@ class Reminder:
     failure_reported: bool = False
     #: The bot account that owns the chat (``ChatRef.account``): the reminder leaves through it.
     account: str = ""
+    #: Digest of the request that created it (message and arguments; "" when none): a redelivered
+    #: message finds the reminder it already made instead of creating a second one.
+    source: str = ""
 
     @property
     def schedule(self) -> Schedule:
@@ -119,7 +122,7 @@ class Reminder:
                 self.content, self.mode, iso(self.created_at), iso(self.updated_at),
                 None if self.next_fire is None else iso(self.next_fire),
                 None if self.last_fired is None else iso(self.last_fired), self.status, int(self.failure_reported),
-                self.account)
+                self.account, self.source)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Reminder:
@@ -132,6 +135,7 @@ class Reminder:
             created_at=created, updated_at=updated, next_fire=parse_instant(row["next_fire"]),
             last_fired=parse_instant(row["last_fired"]), status=row["status"],
             failure_reported=bool(row["failure_reported"]), account=row.get("account") or "",
+            source=row.get("source") or "",
         )
 
 
@@ -170,6 +174,9 @@ class ReminderStore:
         db.execute("CREATE INDEX IF NOT EXISTS reminders_created ON reminders (owner, created_at)")
         if "account" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
             db.execute("ALTER TABLE reminders ADD COLUMN account TEXT NOT NULL DEFAULT ''")
+        if "source" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
+            db.execute("ALTER TABLE reminders ADD COLUMN source TEXT NOT NULL DEFAULT ''")
+        db.execute("CREATE UNIQUE INDEX IF NOT EXISTS reminders_source ON reminders (source) WHERE source != ''")
 
     # --- synchronous helpers (database thread) -----------------------------------------------
     @staticmethod
@@ -178,8 +185,18 @@ class ReminderStore:
         db.conn.executemany(_INSERT, [r.row() for r in reminders])
 
     @staticmethod
-    def create_sync(db: sqlite_utils.Database, reminder: Reminder, limits: ReminderSettings, now: datetime) -> None:
-        """Check the limits and insert, in the caller's transaction (so two requests cannot race)."""
+    def create_sync(db: sqlite_utils.Database, reminder: Reminder, limits: ReminderSettings,
+                    now: datetime) -> Reminder:
+        """Check the limits and insert, in the caller's transaction (so two requests cannot race).
+
+        Returns the stored reminder: the one made earlier by the same request (same ``source``),
+        if any, else ``reminder``.
+        """
+        if reminder.source:
+            earlier = _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])
+            if earlier:
+                return earlier[0]
+
         def count(sql: str, params: list[Any]) -> int:
             return int(db.execute(sql, params).fetchone()[0])
 
@@ -201,6 +218,7 @@ class ReminderStore:
                              user_message=f"你在 10 分钟内已经设置了 {recent} 个提醒（上限 "
                              f"{limits.create_per_10min} 个），请稍后再试。")
         db.execute(_INSERT, list(reminder.row()))
+        return reminder
 
     @staticmethod
     def get_sync(db: sqlite_utils.Database, reminder_id: str) -> Reminder | None:
@@ -237,8 +255,8 @@ class ReminderStore:
         return out
 
     # --- async API -------------------------------------------------------------------------
-    async def create(self, reminder: Reminder, limits: ReminderSettings, now: datetime) -> None:
-        await self.db.transaction(lambda db: self.create_sync(db, reminder, limits, now))
+    async def create(self, reminder: Reminder, limits: ReminderSettings, now: datetime) -> Reminder:
+        return await self.db.transaction(lambda db: self.create_sync(db, reminder, limits, now))
 
     async def get(self, reminder_id: str) -> Reminder | None:
         return await self.db.run(lambda db: self.get_sync(db, reminder_id))

@@ -121,7 +121,7 @@ class ReminderDeps:
 
 
 @tool_function(
-    require_at=True, aliases=["remind"],
+    require_at=True, aliases=["remind"], timeout_s=45,  # past the database's 30 s lock wait: say "try later"
     examples=["提醒我明天下午3点开会", "每天早上8点提醒我喝水", "每周一9:30提醒大家交周报", "每天8点告诉我北京的天气"],
 )
 async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> ToolResult:
@@ -147,14 +147,20 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     if args.mode == "prompt" and not deps.llm_available:
         raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
                         user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
+    what = "定时任务" if args.mode == "prompt" else "提醒"
+
+    def confirmation(made: Reminder, short: str) -> str:
+        return f"好的，已设置{what} #{short}：{describe(schedule, made.next_fire)}\n内容：{made.content}"
+
     try:
         schedule = parse_schedule(args.type, args.time, ctx.zone.key, args.weekday)
-        reminder = await deps.service.create(ctx.caller, schedule, content, args.mode)
+        # A /command's answer is exactly this text, as the message's first reply: it commits with the reminder.
+        reminder = await deps.service.create(ctx.caller, schedule, content, args.mode,
+                                             confirm=confirmation if ctx.via == "command" else None)
     except (ScheduleError, ReminderError) as exc:
         raise ToolError(str(exc), user_message=f"设置提醒失败：{exc.user_message or '时间或参数无效。'}") from None
     short = (await deps.store.short_ids([reminder.id]))[reminder.id]
-    what = "定时任务" if args.mode == "prompt" else "提醒"
-    text = f"好的，已设置{what} #{short}：{describe(schedule, reminder.next_fire)}\n内容：{content}"
+    text = confirmation(reminder, short)
     assert reminder.next_fire is not None
     return ToolResult.reply(text, data={"id": reminder.id, "short_id": short, "next_fire": iso(reminder.next_fire)})
 

@@ -18,6 +18,7 @@ from robot.history import HistoryEntry, HistoryStore
 from robot.limits import DailyBudget
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
+from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.store import Database, iso, parse_iso, utcnow
 
@@ -48,5 +49,6 @@ __all__ = [
     "load_plugin",
     "load_settings",
     "parse_iso",
+    "reply_key",
     "utcnow",
 ]

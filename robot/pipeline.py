@@ -21,13 +21,14 @@ from robot.commands import (
     parse_command,
     refusal,
 )
+from robot.history import HistoryStore
 from robot.limits import RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline"]
+__all__ = ["NO_LLM_REPLY", "Pipeline", "reply_key"]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,17 @@ APPROVALS_HELP = (
 )
 
 
+def reply_key(platform: str, chat_id: str, message_id: str, index: int = 0) -> str:
+    """The outbox key of the ``index``-th reply to a message (a tool may commit it ahead of the pipeline)."""
+    return f"{platform}:{chat_id}:{message_id}:{index}"
+
+
 class Pipeline:
-    """The bot's message path; stateless apart from the bot it serves."""
+    """The bot's message path; stateless apart from the bot it serves and the messages in hand."""
 
     def __init__(self, bot: Bot) -> None:
         self.bot = bot
+        self._handling: set[tuple[str, str]] = set()  # (platform, message id) being answered right now
 
     def _name_prefix(self, text: str) -> str | None:
         """The text after the bot's name when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
@@ -92,11 +99,35 @@ class Pipeline:
         return chat.key in gate.always or short in gate.always, False, text
 
     async def handle(self, message: Message) -> None:
-        bot = self.bot
-        if not await bot.dedupe.first_time(message.platform, message.message_id, bot.clock()):
-            log.info("duplicate %s message %s ignored", message.platform, message.message_id)
+        """Store the message with its dedupe row, answer it, then mark it handled: a crash or error
+        before the mark leaves it to the platform's redelivery (replies and reminders are keyed by it)."""
+        bot, ident = self.bot, (message.platform, message.message_id)
+        if ident in self._handling:
+            log.info("%s message %s redelivered while being handled: ignored", *ident)
             return
-        await bot.history.record(message)
+        try:
+            fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), lambda db: HistoryStore.insert_sync(
+                db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id,
+                message.text, message.timestamp, from_bot=message.from_bot, message_id=message.message_id))
+        except Exception:  # the database is failing: still answer (the reply may be all that works)
+            log.exception("storing %s message %s failed; answering it anyway", *ident)
+            fresh = None
+        if fresh is False:
+            log.info("duplicate %s message %s ignored", *ident)
+            return
+        self._handling.add(ident)
+        try:
+            await self._handle(message)
+        finally:
+            self._handling.discard(ident)
+        if fresh:
+            try:
+                await bot.dedupe.done(*ident)
+            except Exception:
+                log.exception("marking %s message %s handled failed", *ident)
+
+    async def _handle(self, message: Message) -> None:
+        bot = self.bot
         if message.from_bot:
             return
         # An answer to a paused run (ask_user, or a plain "确认") is consumed, addressed or not.
@@ -209,9 +240,20 @@ class Pipeline:
         """Queue replies; in a group each @-mentions the person answered."""
         mention = (message.sender.user_id,) if message.chat.kind == "group" else ()
         out = [
-            OutgoingMessage(key=f"{message.platform}:{message.chat.chat_id}:{message.message_id}:{i}",
+            OutgoingMessage(key=reply_key(message.platform, message.chat.chat_id, message.message_id, i),
                             chat=message.chat, text=text, mention=mention, reply_to=message.message_id)
             for i, text in enumerate(t for t in texts if t.strip())
         ]
-        if out:
+        if not out:
+            return
+        try:
             await self.bot.outbox.enqueue(*out)
+        except Exception:
+            # The database cannot take the reply (disk full, locked): say it now rather than never.
+            log.exception("queueing the reply to %s message %s failed; sending it directly",
+                          message.platform, message.message_id)
+            channel = self.bot.channels.get(message.platform)
+            if channel is None:
+                raise
+            for item in out:
+                await channel.send(item)

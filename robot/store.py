@@ -133,6 +133,9 @@ class DedupeStore:
             "seen_at TEXT NOT NULL, PRIMARY KEY (platform, message_id))"
         )
         db.execute("CREATE INDEX IF NOT EXISTS seen_at_idx ON seen (seen_at)")
+        # 0 while the message is being handled: a crash then leaves it open for the redelivery.
+        if "handled" not in {row[1] for row in db.execute("PRAGMA table_info(seen)").fetchall()}:
+            db.execute("ALTER TABLE seen ADD COLUMN handled INTEGER NOT NULL DEFAULT 1")
 
     async def first_time(self, platform: str, message_id: str, now: datetime) -> bool:
         """True the first time a (platform, message id) is offered; False on redelivery."""
@@ -145,6 +148,29 @@ class DedupeStore:
             return cur.rowcount == 1
 
         return await self.db.run(work)
+
+    async def receive(self, platform: str, message_id: str, now: datetime,
+                      record: Callable[[sqlite_utils.Database], object]) -> bool:
+        """Whether to handle a message: True when new (``record`` stores it in the same transaction,
+        so the message is durable with its dedupe row) or when an earlier copy was never
+        :meth:`done` (the bot died or failed handling it); False for a handled message's redelivery."""
+
+        def work(db: sqlite_utils.Database) -> bool:
+            cur = db.execute("INSERT OR IGNORE INTO seen (platform, message_id, seen_at, handled) VALUES (?, ?, ?, 0)",
+                             [platform, message_id, iso(now)])
+            if cur.rowcount == 1:
+                record(db)
+                return True
+            row = db.execute("SELECT handled FROM seen WHERE platform = ? AND message_id = ?",
+                             [platform, message_id]).fetchone()
+            return row is not None and not row[0]
+
+        return await self.db.transaction(work)
+
+    async def done(self, platform: str, message_id: str) -> None:
+        """Mark a received message handled: from now on its redeliveries are ignored."""
+        await self.db.run(lambda db: db.execute("UPDATE seen SET handled = 1 WHERE platform = ? AND message_id = ?",
+                                                [platform, message_id]))
 
     async def prune(self, now: datetime) -> int:
         cutoff = iso(now - self.keep)

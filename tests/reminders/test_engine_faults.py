@@ -144,3 +144,28 @@ async def test_due_reminders_fire_once_a_full_disk_has_room_again(build: Build) 
     assert ch.sent == []
     await db.run(lambda d: d.execute("PRAGMA max_page_count = 1073741823"))  # room again
     assert [m.text for m in await ch.wait_sent(1, timeout=5)] == ["⏰ 提醒：吃药"]
+
+
+async def test_remind_with_the_disk_full_answers_try_later_and_stores_nothing(start: Any) -> None:
+    chat = await start()
+    await chat.bot.db.run(fill_disk)
+    reply = await chat.say('/remind once "2030-01-07 15:00" 开会')
+    assert "暂时无法保存，请稍后再试" in reply
+    await chat.bot.db.run(lambda d: d.execute("PRAGMA max_page_count = 1073741823"))
+    assert await chat.active() == []
+    # Room again: the same request now works (the failed message left nothing half-done).
+    assert (await chat.say('/remind once "2030-01-07 15:00" 开会')).startswith("好的，已设置提醒")
+
+
+async def test_remind_while_another_process_holds_the_lock_answers_try_later(start: Any, tmp_path: Path) -> None:
+    chat = await start()
+    await chat.bot.db.run(lambda d: d.execute("PRAGMA busy_timeout = 200"))  # stands for the 30 s wait
+    other = sqlite3.connect(tmp_path / "qunbot.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        reply = await chat.say('/remind once "2030-01-07 15:00" 开会')
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert "暂时无法保存，请稍后再试" in reply
+    assert await chat.active() == []

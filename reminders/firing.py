@@ -1,0 +1,94 @@
+"""What a due reminder says: its message (on time, late, missed, failed) and its state afterwards.
+
+Pure functions of a stored reminder and ``now``; :mod:`reminders.service` commits what they return.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+from reminders.schedule import MISSED_FIRES_CAP, Schedule, next_fire
+from reminders.store import Reminder
+from robot import OutgoingMessage, iso
+
+__all__ = ["ON_TIME", "FireReport", "Outcome", "catch_up", "compose", "format_local"]
+
+ON_TIME = timedelta(seconds=60)
+"""Up to this late a reminder counts as on time: no late note, and never "missed"."""
+Outcome = Literal["delivered", "missed", "failed", "broken"]
+
+
+def format_local(instant: datetime, zone: str, *, seconds: bool = False) -> str:
+    """An instant as local wall time, e.g. ``2026-11-21 08:00``."""
+    return instant.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+
+
+@dataclass
+class FireReport:
+    """What one pass did: reminders handled per outcome, and the outbox keys it committed."""
+
+    delivered: int = 0
+    missed: int = 0
+    failed: int = 0
+    broken: int = 0
+    keys: list[str] = field(default_factory=list)
+
+    def add(self, outcome: Outcome, key: str | None) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        if key is not None:
+            self.keys.append(key)
+
+
+def catch_up(schedule: Schedule, planned: datetime, now: datetime) -> tuple[datetime, int, datetime | None]:
+    """(latest occurrence <= now, how many occurred since ``planned`` inclusive, next one after now)."""
+    latest, count = planned, 1
+    upcoming = next_fire(schedule, planned)
+    while upcoming is not None and upcoming <= now and count < MISSED_FIRES_CAP:
+        latest, count = upcoming, count + 1
+        upcoming = next_fire(schedule, upcoming)
+    if upcoming is not None and upcoming <= now:  # capped: jump straight past now
+        upcoming = next_fire(schedule, now)
+    return latest, count, upcoming
+
+
+def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None = None,
+            failed: bool = False) -> tuple[Reminder, Outcome, OutgoingMessage | None]:
+    """The message a due reminder sends now (if any) and its state afterwards."""
+    assert r.next_fire is not None
+    latest, count, following = catch_up(r.schedule, r.next_fire, now)
+    late = now - latest
+    seconds = not r.wall.endswith(":00")
+    when = format_local(latest, r.zone, seconds=seconds)
+    text: str | None
+    if late > grace:
+        outcome: Outcome = "missed"
+        key = f"rem:{r.id}:{iso(latest)}:missed"
+        what = "定时任务" if r.mode == "prompt" else "提醒"
+        text = f"⚠️ 错过的{what}：{r.content}\n机器人离线，没能按时发出（原定 {when}，共错过 {count} 次）。"
+        if following is not None:
+            text += f"\n下次：{format_local(following, r.zone, seconds=seconds)}"
+    elif r.mode == "prompt" and answer == "":  # paused for an approval: the request is already posted
+        outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
+    elif failed:
+        outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
+        text = None if r.failure_reported else (
+            f"⚠️ 定时任务「{r.content[:60]}」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。")
+    else:
+        outcome, key = "delivered", f"rem:{r.id}:{iso(latest)}"
+        text = answer if r.mode == "prompt" and answer else f"⏰ 提醒：{r.content}"
+        if late > ON_TIME:
+            text += f"\n（迟到提醒：原定 {when}）"
+            if count > 1:
+                text += f"\n（另有 {count - 1} 次在机器人离线期间错过）"
+    status = "active" if following is not None else ("missed" if outcome == "missed" else "done")
+    reported = r.failure_reported if outcome == "missed" else outcome == "failed"
+    after = r.evolve(next_fire=following, last_fired=latest, status=status, updated_at=now,
+                     failure_reported=reported)
+    if text is None:
+        return after, outcome, None
+    chat = r.chat_ref
+    mention = (r.owner_id,) if chat.kind == "group" else ()
+    return after, outcome, OutgoingMessage(key=key, chat=chat, text=text, mention=mention)
