@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sqlite3
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 import sqlite_utils
 
-__all__ = ["Database", "DedupeStore", "iso", "parse_iso", "utcnow"]
+__all__ = ["Database", "DedupeStore", "StorageError", "iso", "parse_iso", "utcnow"]
 
 T = TypeVar("T")
 
@@ -38,11 +39,17 @@ def parse_iso(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
+class StorageError(OSError):
+    """The database cannot be opened (read-only, not a database, a directory in its place): the
+    message names the file and the cause, for one line at start-up rather than a traceback."""
+
+
 class Database:
     """An SQLite file (or ``":memory:"``) served by a single dedicated thread."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        self._where = self.path if self.path == ":memory:" else str(Path(self.path).absolute())
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="qunbot-db")
@@ -52,8 +59,6 @@ class Database:
 
     def _open(self) -> sqlite_utils.Database:
         if self._db is None:
-            import sqlite3
-
             conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
             db = sqlite_utils.Database(conn)
             if self.path != ":memory:":
@@ -85,7 +90,10 @@ class Database:
             for step in self._migrations:
                 step(db)
 
-        await self.run_raw(work)
+        try:
+            await self.run_raw(work)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the database {self._where}: {exc}") from exc
 
     async def run_raw(self, fn: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self._pool.submit(fn))
