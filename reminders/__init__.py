@@ -61,7 +61,8 @@ async def setup(bot: Bot) -> ReminderDeps:
     await bot.db.ensure(ReminderStore.schema)
     scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"),
                                  job_defaults={"misfire_grace_time": None, "coalesce": True})
-    service = ReminderService(ReminderStore(bot.db), bot, settings, scheduler=scheduler)
+    service = ReminderService(ReminderStore(bot.db, durable=settings.durable_writes), bot, settings,
+                              scheduler=scheduler)
     await service.start()
     deps = ReminderDeps(service)
     bot.panels["reminders"] = deps.panel

@@ -342,7 +342,7 @@ class ReminderService:
             return stored
 
         try:
-            stored = await self.store.db.transaction(work)
+            stored = await self.store.db.transaction(work, durable=self.store.durable)
         except sqlite3.Error as exc:  # locked past the busy timeout, disk full, I/O error
             log.warning("reminders: cannot store a reminder: %s", exc)
             raise ReminderError(f"the reminder could not be saved ({exc}); nothing was stored, try again later",

@@ -28,6 +28,11 @@ class ReminderSettings(BaseModel):
     prompt_tools: list[str] = Field(
         default_factory=lambda: ["perplexity_search"], description="tools a scheduled prompt may call"
     )
+    durable_writes: bool = Field(
+        True, description="sync a new or deleted reminder to disk (SQLite synchronous=FULL) before confirming it, "
+        "so a power loss cannot undo what the user was told; false saves a few ms per /remind (see "
+        "bench/bench_durability.py)"
+    )
     prompt_concurrency: int = Field(
         8, ge=1, description="scheduled prompts that may run the model at the same time; the rest wait their turn"
     )

@@ -155,8 +155,10 @@ def _common_prefix(a: str, b: str) -> int:
 class ReminderStore:
     """Reads and writes the ``reminders`` table through the bot's :class:`robot.store.Database`."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, durable: bool = True) -> None:
         self.db = db
+        #: Creations and deletions (what a user is told about) are synced to disk before the answer.
+        self.durable = durable
 
     @staticmethod
     def schema(db: sqlite_utils.Database) -> None:
@@ -256,7 +258,8 @@ class ReminderStore:
 
     # --- async API -------------------------------------------------------------------------
     async def create(self, reminder: Reminder, limits: ReminderSettings, now: datetime) -> Reminder:
-        return await self.db.transaction(lambda db: self.create_sync(db, reminder, limits, now))
+        return await self.db.transaction(lambda db: self.create_sync(db, reminder, limits, now),
+                                         durable=self.durable)
 
     async def get(self, reminder_id: str) -> Reminder | None:
         return await self.db.run(lambda db: self.get_sync(db, reminder_id))
@@ -292,9 +295,9 @@ class ReminderStore:
 
     async def delete(self, reminder_id: str, now: datetime) -> bool:
         """Mark an active reminder deleted; False when it was not active (already fired or gone)."""
-        return bool(await self.db.run(lambda db: db.execute(
+        return bool(await self.db.transaction(lambda db: db.execute(
             "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
-            "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount))
+            "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount, durable=self.durable))
 
     async def delete_chat(self, chat: str, now: datetime, *, owner: str | None = None) -> list[str]:
         """Delete every active reminder of a chat (only ``owner``'s, if given); returns their ids."""
@@ -309,7 +312,7 @@ class ReminderStore:
                        [iso(now), *params])
             return ids
 
-        return await self.db.transaction(work)
+        return await self.db.transaction(work, durable=self.durable)
 
     async def upcoming(self, after: datetime, until: datetime, limit: int) -> list[tuple[str, datetime, str]]:
         """``(id, next fire, zone)`` of active reminders due in ``(after, until]``, soonest first."""

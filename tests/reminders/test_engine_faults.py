@@ -169,3 +169,26 @@ async def test_remind_while_another_process_holds_the_lock_answers_try_later(sta
         other.close()
     assert "暂时无法保存，请稍后再试" in reply
     assert await chat.active() == []
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_creating_and_deleting_a_reminder_commits_with_a_disk_sync_unless_turned_off(
+        start: Any, durable: bool) -> None:
+    chat = await start(cfg={"durable_writes": durable})
+    statements: list[str] = []
+    await chat.bot.db.run(lambda d: d.conn.set_trace_callback(statements.append))
+    try:
+        reply = await chat.say('/remind once "2030-01-07 15:00" 开会')
+        assert (await chat.say(f"/unremind {reply.split('#')[1][:4]}")).startswith("已删除提醒")
+    finally:
+        await chat.bot.db.run(lambda d: d.conn.set_trace_callback(None))
+    synced: list[str] = []  # the writes made while synchronous=FULL was in force
+    full = False
+    for sql in statements:
+        if sql.upper().startswith("PRAGMA SYNCHRONOUS"):
+            full = sql.upper().endswith("FULL")
+        elif full and sql.lstrip().upper().startswith(("INSERT", "UPDATE")):
+            synced.append(sql.split("(")[0].split(" SET")[0].strip())
+    expected = ["INSERT INTO reminders", "INSERT OR IGNORE INTO outbox", "INSERT INTO history",
+                "UPDATE reminders"] if durable else []
+    assert synced == expected
