@@ -297,7 +297,12 @@ class ReminderService:
                 return None  # deleted or changed while the model ran: no ghost message
             return self._apply_sync(db, current, now, answer=answer, failed=answer is None)
 
-        applied = await self.store.db.transaction(commit)
+        try:
+            applied = await self.store.db.transaction(commit)
+        except Exception:  # locked or full: the row is still due, so a pass soon runs it again
+            log.exception("reminders: saving scheduled prompt %s failed; retrying in %g s", r.id, RETRY_MAX_S)
+            asyncio.get_running_loop().call_later(RETRY_MAX_S, self.kick)
+            return
         if applied is not None:
             self._after_commit([applied], report)
 

@@ -18,6 +18,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from function_calls import ModelRequest, ModelResponse
+from function_calls.testing import ScriptedModel, text
 from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
@@ -39,8 +41,8 @@ async def build(launch: Launch) -> AsyncIterator[Build]:
     """A started bot plus a ReminderService with a real scheduler; the service is stopped at teardown."""
     services: list[ReminderService] = []
 
-    async def make(now: datetime = T0, *, start: bool = True) -> tuple[ReminderService, Any, Clock]:
-        bot, ch, clock = await launch(now)
+    async def make(now: datetime = T0, *, start: bool = True, model: Any = None) -> tuple[ReminderService, Any, Clock]:
+        bot, ch, clock = await launch(now, model=model)
         await bot.db.ensure(ReminderStore.schema)
         settings = bot.settings.section("reminders", ReminderSettings)
         service = ReminderService(ReminderStore(bot.db), bot, settings,
@@ -192,3 +194,27 @@ async def test_creating_and_deleting_a_reminder_commits_with_a_disk_sync_unless_
     expected = ["INSERT INTO reminders", "INSERT OR IGNORE INTO outbox", "INSERT INTO history",
                 "UPDATE reminders"] if durable else []
     assert synced == expected
+
+
+async def test_a_scheduled_prompt_whose_answer_could_not_be_saved_runs_again_soon(build: Any, tmp_path: Path) -> None:
+    lock: list[sqlite3.Connection] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if not lock:  # the first run's answer meets a database locked by another process for a moment
+            other = sqlite3.connect(tmp_path / "qunbot.sqlite3", isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            lock.append(other)
+            asyncio.get_running_loop().call_later(0.5, other.rollback)
+        return text("北京：晴，-3°C")
+
+    service, ch, clock = await build(model=ScriptedModel(answer))
+    await service.store.db.run(lambda db: db.execute("PRAGMA busy_timeout = 100"))
+    await service.create(ALICE, parse_schedule("once", local(T0 + timedelta(minutes=1)), SH, None), "北京天气",
+                         "prompt")
+    clock.now = T0 + timedelta(minutes=1)
+    service.kick()
+    try:
+        assert [m.text for m in await ch.wait_sent(1, timeout=8)] == ["北京：晴，-3°C"]
+    finally:
+        for conn in lock:
+            conn.close()
