@@ -17,6 +17,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MESSAGE_ID = "m-remind-1"
 
 
-async def _worker(mode: str, data_dir: Path, out: Path) -> None:
+async def _worker(mode: str, data_dir: Path, out: Path, when: str) -> None:
     import reminders
     from robot.bot import Bot
     from robot.channels.base import SendReceipt
@@ -64,17 +65,20 @@ async def _worker(mode: str, data_dir: Path, out: Path) -> None:
         return
     if mode == "kill_after_receipt":  # the message's dedupe row is committed, nothing else happened yet
         bot.approvals.intercept = lambda *args: die()  # type: ignore[assignment,method-assign,return-value]
-    when = (datetime.now(UTC) + timedelta(days=1)).astimezone(bot.zone).strftime("%Y-%m-%d %H:%M")
     await ch.inject(f'/remind once "{when}" 交周报', message_id=MESSAGE_ID, at_bot=True)
     await asyncio.sleep(0.3)
     await bot.outbox.flush()
     await bot.stop()
 
 
+# The redelivered message is the same text: one instant for every run of a test.
+WHEN = (datetime.now(UTC) + timedelta(days=1)).astimezone(ZoneInfo("Asia/Shanghai")).strftime("%Y-%m-%d %H:%M")
+
+
 def _run(mode: str, data: Path, out: Path) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, mode, str(data), str(out)], cwd=ROOT, env=env, timeout=60,
-                          check=False)
+    proc = subprocess.run([sys.executable, __file__, mode, str(data), str(out), WHEN], cwd=ROOT, env=env,
+                          timeout=60, check=False)
     return proc.returncode
 
 
@@ -113,4 +117,4 @@ def test_a_kill_while_answering_remind_then_redelivery_leaves_one_reminder_and_o
 
 
 if __name__ == "__main__":
-    asyncio.run(_worker(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))
+    asyncio.run(_worker(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]))

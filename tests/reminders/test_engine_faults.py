@@ -117,8 +117,11 @@ async def test_a_failed_pass_is_retried_soon_and_fires_once_the_lock_is_released
 def fill_disk(db: Any) -> None:
     """Make the database full the way a full disk does: SQLite answers SQLITE_FULL to any write that
     needs a new page. Every table a message path writes is packed with finished rows first."""
-    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0] + 1}")
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
     rows = {
+        "reminders": ("INSERT INTO reminders (id, owner, owner_name, chat, type, wall, zone, content, mode, "
+                      "created_at, updated_at, status) VALUES (?, 'memory:x', 'x', 'memory:group:x', 'once', "
+                      "'2000-01-01 00:00:00', 'UTC', ?, 'text', '2000', '2000', 'done')"),
         "outbox": ("INSERT INTO outbox (key, platform, chat, text, status, next_at, created_at) "
                    "VALUES (?, 'memory', 'memory:group:x', ?, 'sent', '2000', '2000')"),
         "history": "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id) "
