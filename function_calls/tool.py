@@ -49,6 +49,7 @@ class Tool:
     scope: Scope = "both"
     require_at: bool = False
     admin_only: bool = False
+    group_admin: bool = False
     confirm: bool = False
     retries: int = 2
     timeout_s: float = 30.0
@@ -71,12 +72,19 @@ class Tool:
         return {"type": "function", "function": fn}
 
     def allowed_for(self, caller: Caller) -> bool:
-        """Scope, @-requirement and admin rule: a tool that fails this is neither offered nor run."""
+        """Scope, @-requirement and admin rules: a tool that fails this is neither offered nor run.
+
+        ``admin_only``: the bot's admins (``[bot] admins``) only; owning a group is not enough,
+        since anyone can create one and add the bot. ``group_admin``: a group's owner or admins
+        acting in that group (and the bot's admins anywhere).
+        """
         if self.scope != "both" and self.scope != caller.chat_kind:
             return False
         if self.require_at and caller.chat_kind == "group" and not caller.addressed:
             return False
-        return not (self.admin_only and not caller.is_admin)
+        if self.admin_only and not caller.bot_admin:
+            return False
+        return not (self.group_admin and not caller.group_admin)
 
     def parse_arguments(self, raw: str | dict[str, Any] | None, *, strict: bool = False) -> BaseModel | None:
         """Raw JSON -> JSON Schema (as sent) -> Pydantic. Raises :class:`ArgumentError`."""
@@ -247,6 +255,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
+    group_admin: bool = False,
     confirm: bool = False,
     retries: int = 2,
     timeout_s: float = 30.0,
@@ -264,6 +273,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
+    group_admin: bool = False,
     confirm: bool = False,
     retries: int = 2,
     timeout_s: float = 30.0,
@@ -297,7 +307,7 @@ def tool_function(
         tool = Tool(
             name=tool_name, description=desc.strip(), handler=func, args_model=model,
             parameters=params, strict_parameters=strict, examples=tuple(examples), scope=scope,
-            require_at=require_at, admin_only=admin_only, confirm=confirm, retries=retries,
+            require_at=require_at, admin_only=admin_only, group_admin=group_admin, confirm=confirm, retries=retries,
             timeout_s=timeout_s, sequential=sequential,
             aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),
             _takes_ctx=takes_ctx, _validator=validator_cls(params), _strict_validator=validator_cls(strict),

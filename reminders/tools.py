@@ -96,7 +96,7 @@ class ReminderDeps:
     @staticmethod
     def clears_chat(caller: Caller) -> bool:
         """Whether ``caller``'s "all" deletes everyone's reminders in this chat, not just their own."""
-        return caller.bot_admin or (caller.is_admin and caller.chat_kind == "group")
+        return caller.group_admin
 
     async def describe(self, caller: Caller, reminders: list[Reminder]) -> list[str]:
         """One line per reminder: short id, chat, schedule with next fire, content."""

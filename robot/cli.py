@@ -102,7 +102,7 @@ def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
         print(json.dumps([t.definition(strict=strict) for t in tools], ensure_ascii=False, indent=2))
         return 0
     for tool in tools:
-        flags = [f for f, on in (("admin", tool.admin_only), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
+        flags = [f for f, on in (("admin", tool.admin_only), ("group-admin", tool.group_admin), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
         aliases = ", ".join("/" + a for a in tool.aliases)
         print(f"{tool.name:<18} {tool.description.splitlines()[0]}"
               + (f"  [{aliases}]" if aliases else "") + (f"  ({', '.join(flags)})" if flags else ""))
