@@ -15,7 +15,7 @@ from robot.channels.base import (
 )
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
-from robot.limits import DailyBudget
+from robot.limits import BudgetExceeded, DailyBudget, Reservation
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
 from robot.plugin import Plugin, PluginError, load_plugin
@@ -23,6 +23,7 @@ from robot.store import Database, iso, parse_iso, utcnow
 
 __all__ = [
     "Bot",
+    "BudgetExceeded",
     "Capabilities",
     "Channel",
     "ChannelError",
@@ -39,6 +40,7 @@ __all__ = [
     "OutgoingMessage",
     "Plugin",
     "PluginError",
+    "Reservation",
     "Role",
     "SendReceipt",
     "SendRejected",

@@ -19,13 +19,15 @@ from function_calls import (
     OpenAIChatModel,
     Runner,
     RunResult,
+    RunState,
+    StopReason,
     Tool,
     Toolset,
 )
 from robot.channels.base import Channel, PanelProvider
 from robot.config import Settings
 from robot.history import HistoryStore
-from robot.limits import DailyBudget, RateLimiter
+from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.pipeline import Pipeline
@@ -87,7 +89,8 @@ class Bot:
         lim = settings.limits
         self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
-                                  chat_tokens=lim.chat_daily_tokens, clock=self.clock)
+                                  chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
+                                  clock=self.clock)
         self.model = model if model is not None else self._default_model()
         self.router: FunctionCallRouter | None = None
         if self.model is not None:
@@ -169,9 +172,13 @@ class Bot:
         if self.router is None:
             return None
         chat = ChatRef.of(caller)
-        return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                           zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                           clock=self.clock)
+        try:
+            async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
+                return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                                   zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                                   clock=self.clock)
+        except BudgetExceeded as exc:
+            return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
 
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:

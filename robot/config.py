@@ -115,6 +115,8 @@ class LimitsSection(_Section):
     chat_burst: int = Field(10, ge=1)
     user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
     chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
+    bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
+                                         "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
 
 

@@ -17,23 +17,37 @@ bot's earlier summaries there (they may quote the caller); nothing else.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
+from zoneinfo import ZoneInfo
 
 import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
-from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
-from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
+from function_calls import (
+    Caller,
+    ChatModel,
+    ToolContext,
+    ToolResult,
+    Toolset,
+    Usage,
+    estimate_tokens,
+    tool_function,
+)
+from robot import BudgetExceeded, ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
 from summary.extractive import HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, map_reduce
-from summary.settings import SummarySettings
+from summary.mapreduce import MapReduceResult, SummaryFailed, map_reduce
+from summary.settings import PROMPT_ALLOWANCE, SummarySettings
 from summary.window import advance_mark, create_marks_table, fetch, read_mark
 
 if TYPE_CHECKING:
     from robot import Bot
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ForgetArgs",
@@ -41,6 +55,7 @@ __all__ = [
     "SummaryDeps",
     "Window",
     "conversation",
+    "estimate_cost",
     "forget",
     "setup",
     "summary",
@@ -159,19 +174,13 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
     note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
-    mode = "extractive"
-    if deps.model is not None and deps.budget is not None:
-        left = await deps.budget.remaining(caller)
-        if left is not None and left <= 0:
-            note, mode = note + "（今天的 AI 用量已达上限，以下为自动摘录）", "budget"
-    if deps.model is None or mode == "budget":
-        text = await asyncio.to_thread(extractive_summary, entries, zone=ctx.zone, title=window.title, note=note,
-                                       top_members=settings.top_members, salient_count=settings.salient_count)
-        await _set_mark(deps, chat, window)
-        return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
     where = "群聊" if caller.chat_kind == "group" else "私聊"
+    mode, done = "extractive", None
     try:
-        done = await map_reduce(entries, deps.model, settings, zone=ctx.zone, where=where)
+        if deps.model is not None:
+            done = await _map_reduce_reserved(deps, deps.model, caller, entries, ctx.zone, where)
+            if done is None:
+                note, mode = note + "（今天的 AI 用量已达上限，以下为自动摘录）", "budget"
     except SummaryFailed as exc:
         text = await asyncio.to_thread(
             extractive_summary, entries, zone=ctx.zone, title=window.title,
@@ -180,6 +189,11 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
+    if done is None:
+        text = await asyncio.to_thread(extractive_summary, entries, zone=ctx.zone, title=window.title, note=note,
+                                       top_members=settings.top_members, salient_count=settings.salient_count)
+        await _set_mark(deps, chat, window)
+        return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
     header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.sampled:
         note += (f"（消息太多：按时间均匀抽取了 {done.chunks_used}/{done.chunks} 段、"
@@ -190,6 +204,41 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         done.usage, len(entries), "llm", chunks=done.chunks, chunks_used=done.chunks_used,
         messages_used=done.messages_used, largest_request_tokens=done.largest_request,
     ))
+
+
+def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) -> int:
+    """About the most a map-reduce over ``entries`` spends: full requests, every answer at its cap."""
+    cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
+    room = cap - PROMPT_ALLOWANCE
+    text = sum(min(estimate_tokens(e.text), settings.max_message_tokens) + 16 for e in entries)
+    chunks = min(settings.max_chunks, max(1, math.ceil(text / room)))
+    if chunks == 1:
+        return min(cap, text + PROMPT_ALLOWANCE) + final_cap
+    cost, pieces = chunks * (cap + out_cap), chunks
+    while True:  # reduce rounds: each merge request holds pieces of at most out_cap tokens
+        groups = min(math.ceil(pieces * out_cap / room), (pieces + 1) // 2)
+        if groups <= 1:
+            return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
+        cost, pieces = cost + groups * (cap + out_cap), groups
+
+
+async def _map_reduce_reserved(deps: SummaryDeps, model: ChatModel, caller: Caller, entries: Sequence[HistoryEntry],
+                               zone: ZoneInfo, where: str) -> MapReduceResult | None:
+    """The map-reduce with its estimated cost reserved first; None when today's budget cannot hold it."""
+    if deps.budget is None:
+        return await map_reduce(entries, model, deps.settings, zone=zone, where=where)
+    try:
+        async with deps.budget.reserve(caller, estimate_cost(entries, deps.settings)) as hold:
+            try:
+                done = await map_reduce(entries, model, deps.settings, zone=zone, where=where)
+            except SummaryFailed as exc:
+                hold.spend(exc.usage)
+                raise
+            hold.spend(done.usage)
+            return done
+    except BudgetExceeded as exc:
+        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
+        return None
 
 
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
