@@ -75,8 +75,8 @@ async def timed(bot: Bot, deps: Any) -> tuple[float, float, dict[str, object]]:
 async def main(count: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = ScriptedModel(short_answer)
-        settings = Settings(bot={"data_dir": Path(tmp)},
-                            summary={"retention_max_messages": max(count, 10), "max_fetch": max(count, 100)})
+        settings = Settings(bot={"data_dir": Path(tmp)}, history={"max_messages": max(count, 10)},
+                            summary={"max_fetch": max(count, 100)})
         bot = Bot(settings, model=model, channels=[MemoryChannel()], plugins=[summary.plugin], clock=lambda: NOW)
         await bot.start()
         try:

@@ -19,6 +19,7 @@ from robot.limits import BudgetExceeded, DailyBudget, Reservation
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
 from robot.plugin import Plugin, PluginError, load_plugin
+from robot.privacy import ForgetRequest, Forgetter
 from robot.store import Database, iso, parse_iso, utcnow
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "ConfigError",
     "DailyBudget",
     "Database",
+    "ForgetRequest",
+    "Forgetter",
     "HistoryEntry",
     "HistoryStore",
     "Message",

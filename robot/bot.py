@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -24,6 +24,7 @@ from function_calls import (
     Tool,
     Toolset,
 )
+from robot import privacy
 from robot.channels.base import Channel, PanelProvider
 from robot.config import Settings
 from robot.history import HistoryStore
@@ -32,6 +33,7 @@ from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.pipeline import Pipeline
 from robot.plugin import Plugin, load_plugin
+from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
 
 __all__ = ["Bot", "build_channels"]
@@ -83,7 +85,9 @@ class Bot:
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
-        self.history = HistoryStore(self.db)
+        hist = settings.history
+        self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
+                                    max_text_chars=hist.max_message_chars)
         self.dedupe = DedupeStore(self.db)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
         lim = settings.limits
@@ -106,13 +110,15 @@ class Bot:
                                                                       else build_channels(settings))}
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
-        merged = Toolset("bot")
+        merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
         self.tools = merged
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
+        #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
+        self.forgetters: list[Forgetter] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
@@ -144,7 +150,7 @@ class Bot:
 
     def offered_tools(self) -> Toolset:
         blocked = self.unavailable_tools()
-        return self.tools.filter(lambda t: t.name not in blocked)
+        return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
 
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
@@ -225,7 +231,9 @@ class Bot:
             try:
                 await self.dedupe.prune(self.clock())
                 await self.history.apply_retention(self.clock())
-                await self.outbox.prune(self.clock())
+                hist = self.settings.history
+                await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
+                                        max_rows=hist.max_messages)
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

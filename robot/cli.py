@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -20,6 +21,7 @@ from robot.bot import Bot
 from robot.channels.base import Channel
 from robot.config import ConfigError, Settings, load_settings
 from robot.plugin import Plugin, PluginError, load_plugin
+from robot.redact import redact_url
 from robot.template import render_template
 
 __all__ = ["builtin_template", "main"]
@@ -70,7 +72,7 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     await bot.start()
     for channel in bot.channels.values():
         where = channel.location()
-        log.info("channel %s ready%s", channel.platform, f" at {where}" if where else "")
+        log.info("channel %s ready%s", channel.platform, f" at {redact_url(where)}" if where else "")
     try:
         await stop.wait()
     finally:
@@ -128,7 +130,11 @@ def _init(path: str, force: bool) -> int:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
             print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
-    target.write_text(render_template(_plugin_sections(plugins)), encoding="utf-8")
+    # It holds API keys and tokens: the owner's eyes only, from the first byte written.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(render_template(_plugin_sections(plugins)))
+    target.chmod(0o600)  # --force over an existing, looser file
     print(f"wrote {target}")
     return 0
 
@@ -186,9 +192,9 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
 
         try:
             async with aiohttp.ClientSession() as session, session.ws_connect(ch.onebot.url, timeout=aiohttp.ClientWSTimeout(ws_close=5)):
-                report(True, "channel onebot", f"connected to {ch.onebot.url}")
+                report(True, "channel onebot", f"connected to {redact_url(ch.onebot.url)}")
         except Exception as exc:
-            report(False, "channel onebot", f"cannot connect to {ch.onebot.url}: {type(exc).__name__}")
+            report(False, "channel onebot", f"cannot connect to {redact_url(ch.onebot.url)}: {type(exc).__name__}")
     print("all good" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0
 

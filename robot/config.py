@@ -26,6 +26,7 @@ __all__ = [
     "ConfigError",
     "ConsoleSettings",
     "GateSection",
+    "HistorySection",
     "LLMSection",
     "LimitsSection",
     "Settings",
@@ -120,6 +121,13 @@ class LimitsSection(_Section):
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
 
 
+class HistorySection(_Section):
+    retention_days: int = Field(30, ge=1, description="chat history (and delivered outbox rows) older than this "
+                                "many days is deleted")
+    max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (outbox rows too)")
+    max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
+
+
 class GateSection(_Section):
     always: list[str] = Field(default_factory=list, description="group chat keys answered without an @")
     never: list[str] = Field(default_factory=list, description="group chat keys never answered")
@@ -153,6 +161,7 @@ class Settings(BaseSettings):
     llm: LLMSection = Field(default_factory=LLMSection)
     limits: LimitsSection = Field(default_factory=LimitsSection)
     gate: GateSection = Field(default_factory=GateSection)
+    history: HistorySection = Field(default_factory=HistorySection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 
     @classmethod
@@ -245,7 +254,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
-                              "channels, or a plugin's table)")
+                              "history, channels, or a plugin's table)")
     return settings, file
 
 

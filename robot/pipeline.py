@@ -1,6 +1,6 @@
 """One incoming message, end to end.
 
-dedupe (platform, message id) -> record in history -> gate -> rate limit -> route
+dedupe (platform, message id) -> ignored chat? stop -> record in history -> gate -> rate limit -> route
 (a ``/command`` runs its tool directly; anything else addressed goes to the LLM) -> replies
 into the outbox, each keyed by the incoming message so a redelivery cannot double them.
 """
@@ -62,6 +62,16 @@ class Pipeline:
         return command is not None and (command.name in ("help", "帮助")
                                         or self.bot.tools.resolve(command.name) is not None)
 
+    def ignored(self, chat: ChatRef) -> bool:
+        """A group the bot is told to ignore (``gate.never``, outside ``gate.allowlist``): nothing is kept."""
+        if chat.kind == "private":
+            return False
+        gate = self.bot.settings.gate
+        short = f"{chat.platform}:{chat.chat_id}"
+        if chat.key in gate.never or short in gate.never:
+            return True
+        return bool(gate.allowlist) and chat.key not in gate.allowlist and short not in gate.allowlist
+
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
 
@@ -74,9 +84,7 @@ class Pipeline:
         short = f"{chat.platform}:{chat.chat_id}"
         if chat.kind == "private":
             return True, True, text
-        if chat.key in gate.never or short in gate.never:
-            return False, False, text
-        if gate.allowlist and chat.key not in gate.allowlist and short not in gate.allowlist:
+        if self.ignored(chat):
             return False, False, text
         after_name = self._name_prefix(text)
         if after_name is not None:
@@ -90,6 +98,8 @@ class Pipeline:
         bot = self.bot
         if not await bot.dedupe.first_time(message.platform, message.message_id, bot.clock()):
             log.info("duplicate %s message %s ignored", message.platform, message.message_id)
+            return
+        if self.ignored(message.chat):  # not answered, so not recorded either
             return
         await bot.history.record(message)
         if message.from_bot:

@@ -1,13 +1,11 @@
 """Settings of the ``summary`` plugin: the ``[summary]`` table of ``qunbot.toml``.
 
-``retention_max_messages`` and ``retention_days`` set the bot's chat-history retention (the
-history store is shared, so the values apply to every chat, each chat counted separately)::
+How long chat history is kept is the core's ``[history]`` table (``retention_days``,
+``max_messages``), not this one::
 
     [summary]
     max_request_tokens = 3000      # no single model call's prompt is larger
     max_chunks = 16                # at most this many map calls; beyond it, chunks are sampled evenly
-    retention_max_messages = 5000  # per chat
-    retention_days = 30
 
 Environment overrides: ``QUNBOT_SUMMARY__MAX_CHUNKS=8`` and so on.
 """
@@ -38,8 +36,6 @@ class SummarySettings(BaseModel):
     max_fetch: int = Field(20_000, ge=100, description="most messages read from history for one summary")
     salient_count: int = Field(5, ge=0, le=20, description="messages quoted by the extractive summary")
     top_members: int = Field(5, ge=1, le=20, description="most active members listed by the extractive summary")
-    retention_max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (sets the bot's retention)")
-    retention_days: float = Field(30, gt=0, description="chat history kept, in days (sets the bot's retention)")
 
     @model_validator(mode="after")
     def _reduce_can_progress(self) -> SummarySettings:

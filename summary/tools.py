@@ -1,4 +1,4 @@
-"""The ``summary`` and ``forget`` tools, their arguments and their dependencies.
+"""The ``summary`` tool, its arguments and its dependencies.
 
 ``summary`` reads this chat's history only (the chat comes from the caller, never from
 arguments): since the chat's last summary by default (the last ``default_hours`` when there
@@ -10,8 +10,8 @@ mark moves to the newest message covered. If the model fails midway the extracti
 shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
 worker thread, so a summary of thousands of messages does not stall the bot.
 
-``forget`` (``/forget me``) deletes the caller's own stored messages in this chat, and the
-bot's earlier summaries there (they may quote the caller); nothing else.
+On ``/forget me`` (core: :mod:`robot.privacy`) the bot's earlier summaries in the chats
+concerned go too: they may quote the person.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import sqlite_utils
@@ -38,7 +38,16 @@ from function_calls import (
     estimate_tokens,
     tool_function,
 )
-from robot import BudgetExceeded, ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
+from robot import (
+    BudgetExceeded,
+    ChatRef,
+    DailyBudget,
+    Database,
+    ForgetRequest,
+    Forgetter,
+    HistoryEntry,
+    HistoryStore,
+)
 from summary.extractive import HEADER, Speakers, extractive_summary
 from summary.mapreduce import MapReduceResult, SummaryFailed, map_reduce
 from summary.settings import PROMPT_ALLOWANCE, SummarySettings
@@ -50,13 +59,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ForgetArgs",
     "SummaryArgs",
     "SummaryDeps",
     "Window",
     "conversation",
     "estimate_cost",
-    "forget",
     "setup",
     "summary",
     "toolset",
@@ -75,12 +82,6 @@ class SummaryArgs(BaseModel):
         return self
 
 
-class ForgetArgs(BaseModel):
-    """What to forget; only the caller's own messages can be."""
-
-    target: Literal["me"] = Field(description='"me": delete your own stored messages in this chat')
-
-
 @dataclass
 class SummaryDeps:
     """What the tools use; built by :func:`setup`."""
@@ -95,11 +96,12 @@ class SummaryDeps:
 
 
 async def setup(bot: Bot) -> SummaryDeps:
-    """Read ``[summary]``, apply its history retention to the bot's store, build the deps."""
+    """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    bot.history.max_messages = settings.retention_max_messages
-    bot.history.max_age = timedelta(days=settings.retention_days)
+    db = bot.db
+    bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
+                                    lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
     commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
@@ -246,27 +248,14 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
         await advance_mark(deps.db, chat, window.newest_id)
 
 
-def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tuple[int, int]:
-    own = db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
-                     [chat.key, user_id]).rowcount
-    # Summaries quote members' messages; which ones quote this user cannot be told reliably
-    # (names change, quotes are cut), so every earlier summary in the chat goes.
-    summaries = db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                           [chat.key, len(HEADER), HEADER]).rowcount
-    return own, summaries
+def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
+    # Summaries quote members' messages; which ones quote this person cannot be told reliably
+    # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
+    chats = [c.key for c in request.chats] if request.chats is not None else [
+        str(r[0]) for r in db.execute("SELECT DISTINCT chat FROM history WHERE from_bot = 1 AND chat LIKE ?",
+                                      [f"{request.platform}:%"]).fetchall()]
+    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
+                          [chat, len(HEADER), HEADER]).rowcount for chat in chats)
 
 
-@tool_function(examples=["/forget me"])
-async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
-    """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录，以及本聊天中机器人之前发的总结。"""
-    caller = ctx.caller
-    chat = ChatRef.of(caller)
-    removed, summaries = await ctx.deps.db.transaction(lambda db: _forget_sync(db, chat, caller.user_id))
-    where = "本群" if caller.chat_kind == "group" else "本聊天"
-    text = f"已删除你在{where}被记录的 {removed} 条消息"
-    if summaries:
-        text += f"，并删除了{where}之前的 {summaries} 条聊天总结（其中可能引用了你的消息）"
-    return ToolResult.reply(text + "。", data={"deleted": removed, "summaries_deleted": summaries})
-
-
-toolset = Toolset("summary", [summary, forget])
+toolset = Toolset("summary", [summary])
