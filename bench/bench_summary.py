@@ -26,6 +26,7 @@ from robot.config import Settings
 from robot.history import HistoryStore
 from robot.message import ChatRef
 from robot.testing import MemoryChannel
+from summary.tools import estimate_cost
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 CHAT = ChatRef(platform="memory", chat_id="g1", kind="group")
@@ -92,6 +93,9 @@ async def main(count: int) -> None:
             print(f"model calls:               {data['model_calls']} (scripted model saw {len(model.requests)})")
             print(f"largest request (tokens):  {largest} (reported {data['largest_request_tokens']})")
             print(f"prompt / completion tokens: {data['prompt_tokens']} / {data['completion_tokens']}")
+            window = await bot.history.since(CHAT, NOW - timedelta(hours=24), limit=cfg.max_fetch)
+            spent = int(str(data["prompt_tokens"])) + int(str(data["completion_tokens"]))
+            print(f"reserved beforehand:       {estimate_cost(window, cfg)} tokens (spent {spent})")
             print(f"map-reduce wall time:      {wall * 1000:.1f} ms (longest event-loop stall {stall * 1000:.1f} ms)")
             wall_x, stall_x, data_x = await timed(bot, dataclasses.replace(deps, model=None))
             print(f"extractive wall time:      {wall_x * 1000:.1f} ms ({data_x['messages']} messages, mode {data_x['mode']}; "

@@ -168,7 +168,7 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
             models = await client.models.list()
             names = [m.id for m in models.data]
             known = llm.model in names if names else True
-            report(known, "llm", f"{llm.base_url or 'default endpoint'} answers"
+            report(known, "llm", f"{redact_url(llm.base_url) if llm.base_url else 'default endpoint'} answers"
                    + ("" if known else f", but model {llm.model!r} is not among {names[:5]}"))
         except Exception as exc:
             report(False, "llm", f"{type(exc).__name__}: {str(exc)[:200]}")
