@@ -57,18 +57,22 @@ class HistoryStore:
             "message_id TEXT)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS history_chat_ts ON history (chat, ts)")
-        # The bot's reply names the message it answers, so /forget me can take the reply too.
-        if "reply_to" not in {row[1] for row in db.execute("PRAGMA table_info(history)").fetchall()}:
-            db.execute("ALTER TABLE history ADD COLUMN reply_to TEXT")
+        # A bot message names the message it answers and the person it addresses (its @), so
+        # /forget me can take the bot's replies and reminders to that person too.
+        columns = {row[1] for row in db.execute("PRAGMA table_info(history)").fetchall()}
+        for column in ("reply_to", "to_user"):
+            if column not in columns:
+                db.execute(f"ALTER TABLE history ADD COLUMN {column} TEXT")
 
     @staticmethod
     def insert_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str, name: str, text: str,
-                    at: datetime, *, from_bot: bool = False, message_id: str = "", reply_to: str | None = None) -> None:
+                    at: datetime, *, from_bot: bool = False, message_id: str = "", reply_to: str | None = None,
+                    to_user: str | None = None) -> None:
         """Insert inside a caller's transaction (the outbox records the bot's replies this way)."""
         db.execute(
-            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to],
+            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user) "
+            "VALUES (?,?,?,?,?,?,?,?,?)",
+            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to, to_user],
         )
 
     def cut(self, text: str) -> str:

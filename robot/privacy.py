@@ -1,8 +1,9 @@
 """``/forget me``: a person's data leaves the bot, with no copy left behind.
 
 In the chat where it is sent (or, ``/forget me all`` in a private chat, in every chat):
-the person's stored messages; the bot's replies to them (in a private chat, every bot message
-there: the whole conversation was with them); the text of the outbox rows of those replies; and
+the person's stored messages; the bot's replies to them and messages addressed to them (an @:
+their reminders firing; in a private chat, every bot message there: the whole conversation was
+with them); the text of the outbox rows of those replies; and
 whatever plugins registered a :class:`Forgetter` for (reminders, summaries that may quote them,
 memories). Deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`) and
 the WAL is checkpointed and truncated afterwards, so the text survives in no file.
@@ -13,6 +14,7 @@ could talk it into erasing someone's data).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -90,6 +92,11 @@ def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int,
             replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1", [key]).rowcount
             db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND status != 'pending'", [key])
             continue
+        # Bot messages addressed to them (@ them: answers, their reminders firing) go with their messages.
+        replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND to_user = ?",
+                              [key, request.user_id]).rowcount
+        db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND mention = ? AND status != 'pending'",
+                   [key, json.dumps([request.user_id])])
         for start in range(0, len(ids), 500):
             batch = ids[start:start + 500]
             marks = ",".join("?" * len(batch))

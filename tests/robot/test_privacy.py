@@ -181,3 +181,33 @@ async def test_history_retention_is_core_config_and_applies_to_the_outbox(make_b
     removed = await bot.outbox.prune(bot.clock(), keep=timedelta(days=2), max_rows=10)
     assert removed == 5 and len(await bot.outbox.rows()) == 10
     assert await bot.outbox.prune(bot.clock() + timedelta(days=3), keep=timedelta(days=2)) == 10
+
+
+async def test_bot_messages_addressed_to_the_person_go_too(make_bot: Any) -> None:
+    bot, ch = await make_bot(None)
+    await bot.send(G1, f"⏰ 提醒：{SECRET}", key="rem:1", mention=["u1"])  # how a reminder fires in a group
+    await bot.send(G1, "⏰ 提醒：别人的", key="rem:2", mention=["u2"])
+    await ch.wait_sent(2)
+    await ch.inject("/forget me")
+    await ch.wait_sent(3)
+    texts = [e.text for e in await bot.history.recent(G1)]
+    assert not any(SECRET in t for t in texts) and "⏰ 提醒：别人的" in texts
+
+
+async def test_an_existing_history_table_gains_the_reply_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    from robot.history import HistoryStore
+    from robot.store import Database
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE history (id INTEGER PRIMARY KEY, chat TEXT NOT NULL, user_id TEXT NOT NULL, "
+                     "name TEXT NOT NULL, text TEXT NOT NULL, ts TEXT NOT NULL, from_bot INTEGER NOT NULL DEFAULT 0, "
+                     "message_id TEXT)")
+    db = Database(path)
+    HistoryStore(db)
+    await db.open()
+    columns = await db.run(lambda d: [r[1] for r in d.execute("PRAGMA table_info(history)").fetchall()])
+    await db.close()
+    assert {"reply_to", "to_user"} <= set(columns)
