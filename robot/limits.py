@@ -106,6 +106,8 @@ class BudgetExceeded(Exception):
     @property
     def user_message(self) -> str:
         """What the person is told (Chinese, no internals)."""
+        if self.scope == "store":
+            return "暂时无法核对 AI 用量，请稍后再试。"
         if self.scope == "bot":
             return "机器人今天的 AI 用量已达上限，明天再来吧。"
         if self.scope.startswith("chat:"):
@@ -123,6 +125,7 @@ class Reservation:
     parent: Reservation | None = None
     #: Spent (reported by :meth:`spend`) but not yet recorded in the store.
     unsettled: int = 0
+    closed: bool = False
 
     def spend(self, tokens: int | Usage) -> None:
         """Report tokens this spend has used; they stay held until someone records them.
@@ -249,7 +252,7 @@ class DailyBudget:
 
     async def _close(self, res: Reservation, caller: Caller) -> None:
         spent = res.unsettled
-        if spent and res.parent is not None:
+        if spent and res.parent is not None and not res.parent.closed:
             res.parent.spend(spent)  # the enclosing spend records it with its own usage
         elif spent:
             try:
@@ -258,6 +261,7 @@ class DailyBudget:
                 log.exception("budget store failed to record %s tokens", spent)
         self._hold(res.scopes, -res.held)
         res.held = res.unsettled = 0
+        res.closed = True
 
     async def used(self, scope: str) -> int:
         day = self._day()

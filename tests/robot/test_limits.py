@@ -210,7 +210,7 @@ async def test_a_budget_store_that_cannot_be_read_refuses(make_bot: Any) -> None
     bot.budget._used_many = broken  # type: ignore[method-assign]
     await ch.inject("hello?", at_bot=True)
     (sent,) = await ch.wait_sent(1)
-    assert "用量已达上限" in sent.text and model.requests == []
+    assert sent.text == "暂时无法核对 AI 用量，请稍后再试。" and model.requests == []
 
 
 async def test_oversized_messages_get_one_notice_not_one_each(make_bot: Any) -> None:
