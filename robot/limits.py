@@ -166,6 +166,9 @@ class DailyBudget:
         self.bot_tokens = bot_tokens
         self.clock = clock
         self._held: dict[str, int] = {}
+        # Today's recorded totals, read once per scope and kept current by _record: a reservation
+        # then checks without a database round trip. Only the database thread writes it.
+        self._spent: dict[tuple[str, str], int] = {}
         self._lock = asyncio.Lock()
         db.migrate(lambda d: d.execute(
             "CREATE TABLE IF NOT EXISTS usage_daily (day TEXT NOT NULL, scope TEXT NOT NULL, "
@@ -206,13 +209,20 @@ class DailyBudget:
 
     async def _used_many(self, scopes: list[str]) -> dict[str, int]:
         day = self._day()
+        spent = self._spent
+        if all((day, scope) in spent for scope in scopes):
+            return {scope: spent[(day, scope)] for scope in scopes}
 
         def work(db: sqlite_utils.Database) -> dict[str, int]:
             marks = ",".join("?" * len(scopes))
             rows = db.execute(f"SELECT scope, tokens FROM usage_daily WHERE day = ? AND scope IN ({marks})",
                               [day, *scopes]).fetchall()
             found = {str(scope): int(tokens) for scope, tokens in rows}
-            return {scope: found.get(scope, 0) for scope in scopes}
+            if len(spent) > 50_000:  # yesterday's and idle scopes: reload on demand
+                spent.clear()
+            for scope in scopes:
+                spent.setdefault((day, scope), found.get(scope, 0))
+            return {scope: spent[(day, scope)] for scope in scopes}
 
         return await self.db.run(work)
 
@@ -292,5 +302,8 @@ class DailyBudget:
                 db.execute(
                     "INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) "
                     "ON CONFLICT(day, scope) DO UPDATE SET tokens = tokens + excluded.tokens", [day, scope, tokens])
+                # Same thread, same step: a cache load runs wholly before or after, never between.
+                if (day, scope) in self._spent:
+                    self._spent[(day, scope)] += tokens
 
         await self.db.transaction(work)
