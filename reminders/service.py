@@ -378,7 +378,7 @@ class ReminderService:
 
     async def forget(self, request: ForgetRequest) -> int:
         """``/forget me``: the person's reminders in the chats concerned go (rows and timers); how many were active."""
-        chats = None if request.chats is None else [c.key for c in request.chats]
+        chats = None if request.everywhere else [c.key for c in request.chats]
         ids = await self.store.erase_owner(f"{request.platform}:{request.user_id}", chats, request.platform)
         for rid in ids:
             self.disarm(rid)

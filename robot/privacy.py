@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -27,23 +27,40 @@ from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_fun
 from robot.message import ChatRef
 from robot.store import Database
 
-__all__ = ["COMMAND_ONLY", "ForgetArgs", "ForgetHost", "ForgetReport", "ForgetRequest", "Forgetter", "forget", "forget_everything", "forget_sync",
-           "toolset"]
+__all__ = [
+    "COMMAND_ONLY",
+    "ForgetArgs",
+    "ForgetHost",
+    "ForgetReport",
+    "ForgetRequest",
+    "Forgetter",
+    "forget",
+    "forget_everything",
+    "forget_sync",
+    "toolset",
+    "traces_sync",
+]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ForgetRequest:
-    """Whose data goes, and from which chats (``None``: every chat on the person's platform)."""
+    """Whose data goes, and from which chats.
+
+    ``everywhere`` (``/forget me all``): every chat on the person's platform; ``chats`` then lists
+    the chats where the bot holds a trace of them (their messages, messages to them), found
+    before anything was deleted. A store keyed by owner (reminders, memories) deletes by owner.
+    """
 
     platform: str
     user_id: str
-    chats: tuple[ChatRef, ...] | None
+    chats: tuple[ChatRef, ...]
+    everywhere: bool = False
 
     def covers(self, chat_key: str) -> bool:
         """Whether a chat (by key) is within this request."""
-        if self.chats is None:
+        if self.everywhere:
             return chat_key.startswith(f"{self.platform}:")
         return chat_key in {c.key for c in self.chats}
 
@@ -79,16 +96,15 @@ class ForgetReport:
 
 def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int, int]:
     """The core part, in one transaction: (the person's messages, the bot's replies) deleted."""
-    chat_keys = _chat_keys(db, request)
     messages = replies = 0
-    for key in chat_keys:
-        private = ChatRef.from_key(key).kind == "private"
+    for chat in request.chats:
+        key = chat.key
         ids = [row[0] for row in db.execute(
             "SELECT message_id FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0 AND message_id != ''",
             [key, request.user_id]).fetchall()]
         messages += db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
                                [key, request.user_id]).rowcount
-        if private:  # a private chat is one conversation with them: every bot message there goes
+        if chat.kind == "private":  # a private chat is one conversation with them: every bot message there goes
             replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1", [key]).rowcount
             db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND status != 'pending'", [key])
             continue
@@ -107,13 +123,13 @@ def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int,
     return messages, replies
 
 
-def _chat_keys(db: sqlite_utils.Database, request: ForgetRequest) -> list[str]:
-    if request.chats is not None:
-        return [c.key for c in request.chats]
-    rows = db.execute("SELECT DISTINCT chat FROM history WHERE user_id = ? AND from_bot = 0 AND chat LIKE ?",
-                      [request.user_id, f"{request.platform}:%"]).fetchall()
-    own_private = f"{request.platform}:private:{request.user_id}"
-    return sorted({str(r[0]) for r in rows} | {own_private})
+def traces_sync(db: sqlite_utils.Database, platform: str, user_id: str) -> tuple[ChatRef, ...]:
+    """Every chat on ``platform`` holding a trace of the person, and their private chat."""
+    rows = db.execute("SELECT DISTINCT chat FROM history WHERE chat LIKE ? AND "
+                      "((user_id = ? AND from_bot = 0) OR (from_bot = 1 AND to_user = ?))",
+                      [f"{platform}:%", user_id, user_id]).fetchall()
+    keys = {str(r[0]) for r in rows} | {f"{platform}:private:{user_id}"}
+    return tuple(ChatRef.from_key(k) for k in sorted(keys))
 
 
 class ForgetHost(Protocol):
@@ -159,10 +175,14 @@ async def forget(ctx: ToolContext[ForgetHost], args: ForgetArgs) -> ToolResult:
                         user_message="要删除你的记录，请直接发送 /forget me。")
     if args.where == "all" and caller.chat_kind == "group":
         return ToolResult.reply("/forget me all 会删除你在所有聊天的记录，请在私聊中发送给我。")
-    chats: Sequence[ChatRef] | None = None if args.where == "all" else (ChatRef.of(caller),)
-    request = ForgetRequest(caller.platform, caller.user_id, None if chats is None else tuple(chats))
+    everywhere = args.where == "all"
+    if everywhere:
+        chats = await ctx.deps.db.run(lambda db: traces_sync(db, caller.platform, caller.user_id))
+    else:
+        chats = (ChatRef.of(caller),)
+    request = ForgetRequest(caller.platform, caller.user_id, chats, everywhere=everywhere)
     report = await forget_everything(ctx.deps, request)
-    where = "所有聊天" if chats is None else ("本群" if caller.chat_kind == "group" else "本聊天")
+    where = "所有聊天" if everywhere else ("本群" if caller.chat_kind == "group" else "本聊天")
     return ToolResult.reply(report.text(where), data={"deleted": dict((u, n) for u, n in report.counts)})
 
 

@@ -251,11 +251,8 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
 def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
     # Summaries quote members' messages; which ones quote this person cannot be told reliably
     # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
-    chats = [c.key for c in request.chats] if request.chats is not None else [
-        str(r[0]) for r in db.execute("SELECT DISTINCT chat FROM history WHERE from_bot = 1 AND chat LIKE ?",
-                                      [f"{request.platform}:%"]).fetchall()]
     return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                          [chat, len(HEADER), HEADER]).rowcount for chat in chats)
+                          [chat.key, len(HEADER), HEADER]).rowcount for chat in request.chats)
 
 
 toolset = Toolset("summary", [summary])

@@ -68,19 +68,31 @@ async def test_forget_me_leaves_no_copy_in_the_database_file_or_the_wal(make_bot
 
 async def test_forget_me_all_in_private_covers_every_chat_and_is_refused_in_a_group(make_bot: Any) -> None:
     bot, ch = await make_bot(None)
+    seen: list[ForgetRequest] = []
+
+    async def spy(request: ForgetRequest) -> int:
+        seen.append(request)
+        return 0
+
+    bot.forgetters.append(Forgetter("spy", "条", spy))
+    await bot.send(ChatRef(platform="memory", chat_id="g9", kind="group"), "⏰ 提醒", key="r", mention=["u1"])
+    await ch.wait_sent(1)
     for chat in (G1, G2):
         await ch.inject(f"秘密 in {chat.chat_id}", chat=chat)
     await ch.inject("/n 私聊里的秘密", chat=DM)  # a command: answered without an LLM
     await ch.inject("other person", user="u2")
     await ch.inject("/forget me all")  # in a group: would tell the group what it did elsewhere
-    refused = (await ch.wait_sent(2))[-1]
+    refused = (await ch.wait_sent(3))[-1]
     assert "请在私聊中发送" in refused.text
     assert len(await bot.history.recent(G2)) == 1
     await ch.inject("/forget me all", chat=DM)
-    done = (await ch.wait_sent(3))[-1]
+    done = (await ch.wait_sent(4))[-1]
     assert done.text.startswith("已删除你在所有聊天的记录：") and "5 条消息" in done.text
     texts = [e.text for c in (G1, G2, DM) for e in await bot.history.recent(c) if not e.from_bot]
     assert texts == ["other person"]
+    [request] = seen
+    assert request.everywhere and request.covers("memory:group:g42") and not request.covers("other:group:g1")
+    assert {c.chat_id for c in request.chats} == {"g1", "g2", "g9", "u1"}  # every chat holding a trace of them
 
 
 async def test_the_model_cannot_forget_anyone(make_bot: Any) -> None:
@@ -211,3 +223,17 @@ async def test_an_existing_history_table_gains_the_reply_columns(tmp_path: Path)
     columns = await db.run(lambda d: [r[1] for r in d.execute("PRAGMA table_info(history)").fetchall()])
     await db.close()
     assert {"reply_to", "to_user"} <= set(columns)
+
+
+def test_no_token_survives_redaction() -> None:
+    from urllib.parse import quote
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(token=st.text(min_size=1, max_size=40), key=st.sampled_from(["access_token", "Token", "KEY", "secret"]))
+    def check(token: str, key: str) -> None:
+        url = f"ws://127.0.0.1:3001/onebot?x=1&{key}={quote(token, safe='')}"
+        assert redact_url(url) == f"ws://127.0.0.1:3001/onebot?x=1&{key}=***"
+
+    check()
