@@ -291,10 +291,11 @@ class ReminderStore:
     async def erase_owner(self, owner: str, chats: list[str] | None, platform: str) -> list[str]:
         """Delete a person's reminders (rows and text, whatever their status) in ``chats``, or in every
         chat of ``platform`` when ``chats`` is None; returns the ids that were still active."""
-        where, params = "owner = ?", [owner]
+        where = "owner = ?"
+        params: list[object] = [owner]
         if chats is None:
-            where += " AND chat LIKE ?"
-            params.append(f"{platform}:%")
+            where += " AND substr(chat, 1, ?) = ?"
+            params.extend([len(platform) + 1, f"{platform}:"])
         else:
             where += f" AND chat IN ({','.join('?' * len(chats))})"
             params.extend(chats)

@@ -125,9 +125,10 @@ def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int,
 
 def traces_sync(db: sqlite_utils.Database, platform: str, user_id: str) -> tuple[ChatRef, ...]:
     """Every chat on ``platform`` holding a trace of the person, and their private chat."""
-    rows = db.execute("SELECT DISTINCT chat FROM history WHERE chat LIKE ? AND "
+    prefix = f"{platform}:"
+    rows = db.execute("SELECT DISTINCT chat FROM history WHERE substr(chat, 1, ?) = ? AND "
                       "((user_id = ? AND from_bot = 0) OR (from_bot = 1 AND to_user = ?))",
-                      [f"{platform}:%", user_id, user_id]).fetchall()
+                      [len(prefix), prefix, user_id, user_id]).fetchall()
     keys = {str(r[0]) for r in rows} | {f"{platform}:private:{user_id}"}
     return tuple(ChatRef.from_key(k) for k in sorted(keys))
 

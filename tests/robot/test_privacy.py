@@ -237,3 +237,19 @@ def test_no_token_survives_redaction() -> None:
         assert redact_url(url) == f"ws://127.0.0.1:3001/onebot?x=1&{key}=***"
 
     check()
+
+
+async def test_forget_me_all_cancels_the_persons_reminders_everywhere(make_bot: Any) -> None:
+    bot, ch = await make_bot(None, plugins=[reminders.plugin])
+    await ch.inject("/remind daily 08:00 喝水", chat=G2)
+    await ch.inject("/remind daily 09:00 吃药", chat=DM)
+    await ch.inject("/remind daily 10:00 别人的", user="u2", chat=G2)
+    await ch.wait_sent(3)
+    deps = bot.deps_for(reminders.reminder_set)
+    await ch.inject("/forget me all", chat=DM)
+    done = (await ch.wait_sent(4))[-1]
+    assert "2 个提醒（已取消）" in done.text
+    assert await deps.store.for_owner("memory:u1") == []
+    assert [r.content for r in await deps.store.for_owner("memory:u2")] == ["别人的"]
+    gone = await bot.db.run(lambda db: db.execute("SELECT count(*) FROM reminders WHERE content = '吃药'").fetchone()[0])
+    assert gone == 0  # the row and its text, not just a status
