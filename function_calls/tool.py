@@ -51,6 +51,7 @@ class Tool:
     scope: Scope = "both"
     require_at: bool = False
     admin_only: bool = False
+    group_admin: bool = False
     #: Who must agree before the call runs: the ``"requester"``, an ``"admin"`` (approver), or the
     #: asker's ``"input"`` (``ask_user``); None runs at once. The bot pauses the run until then.
     confirm: Confirm | None = None
@@ -75,12 +76,19 @@ class Tool:
         return {"type": "function", "function": fn}
 
     def allowed_for(self, caller: Caller) -> bool:
-        """Scope, @-requirement and admin rule: a tool that fails this is neither offered nor run."""
+        """Scope, @-requirement and admin rules: a tool that fails this is neither offered nor run.
+
+        ``admin_only``: the bot's admins (``[bot] admins``) only; owning a group is not enough,
+        since anyone can create one and add the bot. ``group_admin``: a group's owner or admins
+        acting in that group (and the bot's admins anywhere).
+        """
         if self.scope != "both" and self.scope != caller.chat_kind:
             return False
         if self.require_at and caller.chat_kind == "group" and not caller.addressed:
             return False
-        return not (self.admin_only and not caller.is_admin)
+        if self.admin_only and not caller.bot_admin:
+            return False
+        return not (self.group_admin and not caller.group_admin)
 
     def parse_arguments(self, raw: str | dict[str, Any] | None, *, strict: bool = False) -> BaseModel | None:
         """Raw JSON -> JSON Schema (as sent) -> Pydantic. Raises :class:`ArgumentError`."""
@@ -264,6 +272,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
+    group_admin: bool = False,
     confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
@@ -281,6 +290,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
+    group_admin: bool = False,
     confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
@@ -316,7 +326,7 @@ def tool_function(
         tool = Tool(
             name=tool_name, description=desc.strip(), handler=func, args_model=model,
             parameters=params, strict_parameters=strict, examples=tuple(examples), scope=scope,
-            require_at=require_at, admin_only=admin_only,
+            require_at=require_at, admin_only=admin_only, group_admin=group_admin,
             confirm="admin" if confirm is True else (confirm or None), retries=retries,
             timeout_s=timeout_s, sequential=sequential,
             aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),

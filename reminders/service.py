@@ -44,7 +44,7 @@ from reminders.prompts import run_prompt
 from reminders.schedule import MISSED_FIRES_CAP, Schedule, ScheduleError, first_fire, next_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderStore, new_id
-from robot import ChatRef, OutgoingMessage, iso
+from robot import ChatRef, ForgetRequest, OutgoingMessage, iso
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -377,6 +377,14 @@ class ReminderService:
         deleted = await self.store.delete(reminder_id, self.clock())
         self.disarm(reminder_id)
         return deleted
+
+    async def forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: the person's reminders in the chats concerned go (rows and timers); how many were active."""
+        chats = None if request.everywhere else [c.key for c in request.chats]
+        ids = await self.store.erase_owner(f"{request.platform}:{request.user_id}", chats, request.platform)
+        for rid in ids:
+            self.disarm(rid)
+        return len(ids)
 
     async def delete_chat(self, chat: ChatRef, *, owner: str | None = None) -> int:
         """Delete every active reminder of a chat (only ``owner``'s, if given) at once; returns how many."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -19,20 +19,23 @@ from function_calls import (
     OpenAIChatModel,
     Runner,
     RunResult,
+    RunState,
     StopReason,
     Tool,
     Toolset,
 )
+from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
 from robot.config import Settings
 from robot.history import HistoryStore
-from robot.limits import DailyBudget, RateLimiter
+from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.pipeline import Pipeline
 from robot.plugin import Plugin, load_plugin
+from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
 
 __all__ = ["Bot", "build_channels"]
@@ -84,13 +87,16 @@ class Bot:
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
-        self.history = HistoryStore(self.db)
+        hist = settings.history
+        self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
+                                    max_text_chars=hist.max_message_chars)
         self.dedupe = DedupeStore(self.db)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
         lim = settings.limits
         self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
-                                  chat_tokens=lim.chat_daily_tokens, clock=self.clock)
+                                  chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
+                                  clock=self.clock)
         self.model = model if model is not None else self._default_model()
         in_memory = str(self.db.path) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).
@@ -110,7 +116,7 @@ class Bot:
                                                                       else build_channels(settings))}
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
-        merged = Toolset("bot")
+        merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
         if self.model is not None and settings.approvals.ask_user:  # the model's way to ask; no command
@@ -119,6 +125,8 @@ class Bot:
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
+        #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
+        self.forgetters: list[Forgetter] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
@@ -151,7 +159,7 @@ class Bot:
 
     def offered_tools(self) -> Toolset:
         blocked = self.unavailable_tools()
-        return self.tools.filter(lambda t: t.name not in blocked)
+        return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
 
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
@@ -180,9 +188,13 @@ class Bot:
         if self.router is None:
             return None
         chat = ChatRef.of(caller)
-        result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                             zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                             clock=self.clock)
+        try:
+            async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
+                result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                                     zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                                     clock=self.clock)
+        except BudgetExceeded as exc:
+            return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
         if result.stop is StopReason.AWAITING_APPROVAL:
             # The request is posted in the chat; the run resumes there once approved.
             ask = await self.approvals.pause(result, caller, chat, origin="scheduled")
@@ -239,7 +251,9 @@ class Bot:
             try:
                 await self.dedupe.prune(self.clock())
                 await self.history.apply_retention(self.clock())
-                await self.outbox.prune(self.clock())
+                hist = self.settings.history
+                await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
+                                        max_rows=hist.max_messages)
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -21,6 +22,7 @@ from robot.bot import Bot
 from robot.channels.base import Channel
 from robot.config import ConfigError, Settings, load_settings
 from robot.plugin import Plugin, PluginError, load_plugin
+from robot.redact import redact_url
 from robot.template import render_template
 
 __all__ = ["builtin_template", "main"]
@@ -73,7 +75,7 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     await bot.start()
     for channel in bot.channels.values():
         where = channel.location()
-        log.info("channel %s ready%s", channel.platform, f" at {where}" if where else "")
+        log.info("channel %s ready%s", channel.platform, f" at {redact_url(where)}" if where else "")
     try:
         await stop.wait()
     finally:
@@ -105,7 +107,7 @@ def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
         print(json.dumps([t.definition(strict=strict) for t in tools], ensure_ascii=False, indent=2))
         return 0
     for tool in tools:
-        flags = [f for f, on in (("admin", tool.admin_only), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
+        flags = [f for f, on in (("admin", tool.admin_only), ("group-admin", tool.group_admin), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
         aliases = ", ".join("/" + a for a in tool.aliases)
         print(f"{tool.name:<18} {tool.description.splitlines()[0]}"
               + (f"  [{aliases}]" if aliases else "") + (f"  ({', '.join(flags)})" if flags else ""))
@@ -131,7 +133,11 @@ def _init(path: str, force: bool) -> int:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
             print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
-    target.write_text(_with_onebot_token(render_template(_plugin_sections(plugins))), encoding="utf-8")
+    # It holds API keys and tokens: the owner's eyes only, from the first byte written.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(_with_onebot_token(render_template(_plugin_sections(plugins))))
+    target.chmod(0o600)  # --force over an existing, looser file
     print(f"wrote {target}")
     print("the OneBot access_token in it is random: give NapCat/Lagrange the same token")
     return 0
@@ -176,7 +182,7 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
             models = await client.models.list()
             names = [m.id for m in models.data]
             known = llm.model in names if names else True
-            report(known, "llm", f"{llm.base_url or 'default endpoint'} answers"
+            report(known, "llm", f"{redact_url(llm.base_url) if llm.base_url else 'default endpoint'} answers"
                    + ("" if known else f", but model {llm.model!r} is not among {names[:5]}"))
         except Exception as exc:
             report(False, "llm", f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -200,9 +206,9 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
 
         try:
             async with aiohttp.ClientSession() as session, session.ws_connect(ch.onebot.url, timeout=aiohttp.ClientWSTimeout(ws_close=5)):
-                report(True, "channel onebot", f"connected to {ch.onebot.url}")
+                report(True, "channel onebot", f"connected to {redact_url(ch.onebot.url)}")
         except Exception as exc:
-            report(False, "channel onebot", f"cannot connect to {ch.onebot.url}: {type(exc).__name__}")
+            report(False, "channel onebot", f"cannot connect to {redact_url(ch.onebot.url)}: {type(exc).__name__}")
     print("all good" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0
 

@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "ConsoleSettings",
     "GateSection",
+    "HistorySection",
     "LLMSection",
     "LimitsSection",
     "Settings",
@@ -117,7 +118,16 @@ class LimitsSection(_Section):
     chat_burst: int = Field(10, ge=1)
     user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
     chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
+    bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
+                                         "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+
+
+class HistorySection(_Section):
+    retention_days: int = Field(30, ge=1, description="chat history (and delivered outbox rows) older than this "
+                                "many days is deleted")
+    max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (outbox rows too)")
+    max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
 
 
 class GateSection(_Section):
@@ -174,6 +184,7 @@ class Settings(BaseSettings):
     llm: LLMSection = Field(default_factory=LLMSection)
     limits: LimitsSection = Field(default_factory=LimitsSection)
     gate: GateSection = Field(default_factory=GateSection)
+    history: HistorySection = Field(default_factory=HistorySection)
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 
@@ -267,7 +278,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
-                              "channels, or a plugin's table)")
+                              "history, channels, or a plugin's table)")
     return settings, file
 
 

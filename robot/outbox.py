@@ -108,7 +108,8 @@ class Outbox:
         )
         if cur.rowcount != 1:
             return False
-        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True)
+        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
+                                 reply_to=message.reply_to, to_user=message.mention[0] if message.mention else None)
         return True
 
     def notify(self, platform: str) -> None:
@@ -163,11 +164,25 @@ class Outbox:
                 return
             await asyncio.sleep(0.02)
 
-    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7)) -> int:
-        """Forget delivered and failed messages older than ``keep``: the outbox is no archive."""
+    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7), max_rows: int | None = None) -> int:
+        """Forget delivered and failed messages older than ``keep`` (and beyond ``max_rows`` per chat).
+
+        Their text is gone already (see :meth:`_mark`); what remains (key, receipt, status) only
+        lets a reply to the bot be recognised.
+        """
         cutoff = iso(now - keep)
-        return int(await self.db.run(lambda db: db.execute(
-            "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount))
+
+        def work(db: sqlite_utils.Database) -> int:
+            removed = int(db.execute(
+                "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount)
+            if max_rows is not None:
+                removed += int(db.execute(
+                    "DELETE FROM outbox WHERE rowid IN (SELECT rowid FROM (SELECT rowid, ROW_NUMBER() OVER "
+                    "(PARTITION BY chat ORDER BY created_at DESC, rowid DESC) AS n FROM outbox "
+                    "WHERE status IN ('sent', 'failed')) WHERE n > ?)", [max_rows]).rowcount)
+            return removed
+
+        return await self.db.run(work)
 
     async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
         """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
@@ -261,6 +276,8 @@ class Outbox:
     async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
                     parts: int | None = None) -> None:
         now = iso(self.clock())
+        # A finished row keeps key, receipt and status, never the text: the history holds the
+        # conversation (under its retention and /forget me), the outbox is no second copy.
         await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, "
+            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
             "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))

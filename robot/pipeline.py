@@ -1,6 +1,6 @@
 """One incoming message, end to end.
 
-dedupe (platform, message id) -> record in history -> gate -> rate limit -> route
+dedupe (platform, message id) -> ignored chat? stop -> record in history -> gate -> rate limit -> route
 (a ``/command`` runs its tool directly; anything else addressed goes to the LLM) -> replies
 into the outbox, each keyed by the incoming message so a redelivery cannot double them.
 """
@@ -8,6 +8,7 @@ into the outbox, each keyed by the incoming message so a redelivery cannot doubl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from robot.commands import (
     parse_command,
     refusal,
 )
-from robot.limits import RateDecision
+from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
@@ -67,6 +68,16 @@ class Pipeline:
         return command is not None and (command.name in _CORE_COMMANDS
                                         or self.bot.tools.resolve(command.name) is not None)
 
+    def ignored(self, chat: ChatRef) -> bool:
+        """A group the bot is told to ignore (``gate.never``, outside ``gate.allowlist``): nothing is kept."""
+        if chat.kind == "private":
+            return False
+        gate = self.bot.settings.gate
+        short = f"{chat.platform}:{chat.chat_id}"
+        if chat.key in gate.never or short in gate.never:
+            return True
+        return bool(gate.allowlist) and chat.key not in gate.allowlist and short not in gate.allowlist
+
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
 
@@ -79,9 +90,7 @@ class Pipeline:
         short = f"{chat.platform}:{chat.chat_id}"
         if chat.kind == "private":
             return True, True, text
-        if chat.key in gate.never or short in gate.never:
-            return False, False, text
-        if gate.allowlist and chat.key not in gate.allowlist and short not in gate.allowlist:
+        if self.ignored(chat):
             return False, False, text
         after_name = self._name_prefix(text)
         if after_name is not None:
@@ -96,6 +105,8 @@ class Pipeline:
         if not await bot.dedupe.first_time(message.platform, message.message_id, bot.clock()):
             log.info("duplicate %s message %s ignored", message.platform, message.message_id)
             return
+        if self.ignored(message.chat):  # not answered, so not recorded either
+            return
         await bot.history.record(message)
         if message.from_bot:
             return
@@ -107,15 +118,16 @@ class Pipeline:
         answer, explicit, text = self.gate(message, replied_to_bot=replied)
         if not answer:
             return
-        limit = bot.settings.limits.max_message_chars
-        if len(text) > limit:
-            await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
-            return
+        # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
         decision = bot.limiter.check(message.chat.key, message.qualified_sender)
         if decision is RateDecision.SILENT:
             return
         if decision is RateDecision.NOTICE:
             await self.reply(message, [RATE_NOTICE])
+            return
+        limit = bot.settings.limits.max_message_chars
+        if len(text) > limit:
+            await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
             return
         caller = bot.caller_for(message, addressed=explicit)
         command = parse_command(text)
@@ -160,7 +172,11 @@ class Pipeline:
             ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
-            result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+            # An empty reservation: a tool's own spend (a summary) is held until it is recorded here.
+            async with bot.budget.reserve(caller, 0):
+                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                if result.usage is not None and result.usage.requests:
+                    await bot.budget.charge(caller, result.usage)
         except TimeoutError:
             return f"/{name} 执行超时（{tool.timeout_s:g} 秒），请稍后再试。"
         except CommandError as exc:
@@ -172,8 +188,6 @@ class Pipeline:
         except Exception:
             log.exception("command /%s failed", name)
             return f"/{name} 执行失败了，请稍后再试。"
-        if result.usage is not None and result.usage.requests:
-            await bot.budget.charge(caller, result.usage)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
@@ -192,10 +206,20 @@ class Pipeline:
                 await channel.trace(message.chat, {**event, "message_id": message.message_id})
 
         tools: Toolset = bot.offered_tools()
-        result = await bot.router.chat(
-            text, caller=caller, tools=tools, history=[h.turn() for h in history if h.message_id != message.message_id],
-            zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text, on_event=on_event,
-        )
+        async with contextlib.AsyncExitStack() as stack:
+            try:  # hold the run's cap (or what is left today) before any model call; settled by the loop
+                await stack.enter_async_context(bot.budget.reserve(caller, bot.settings.llm.max_run_tokens,
+                                                                   at_least=1))
+            except BudgetExceeded as exc:
+                log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
+                await self.reply(message, [exc.user_message])
+                return
+            result = await bot.router.chat(
+                text, caller=caller, tools=tools,
+                history=[h.turn() for h in history if h.message_id != message.message_id],
+                zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
+                on_event=on_event,
+            )
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
         replies = result.replies

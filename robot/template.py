@@ -19,6 +19,7 @@ from robot.config import (
     BotSection,
     ChannelsSection,
     GateSection,
+    HistorySection,
     LimitsSection,
     LLMSection,
 )
@@ -75,7 +76,7 @@ def render_template(plugin_sections: Sequence[tuple[str, type[BaseModel]]] = ())
     ]
     core: list[tuple[str, type[BaseModel]]] = [("bot", BotSection), ("llm", LLMSection),
                                                ("limits", LimitsSection), ("gate", GateSection),
-                                               ("approvals", ApprovalsSection)]
+                                               ("history", HistorySection), ("approvals", ApprovalsSection)]
     for title, model in core:
         lines.extend(_table(title, model))
     lines.extend(_table("channels", ChannelsSection))

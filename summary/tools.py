@@ -1,4 +1,4 @@
-"""The ``summary`` and ``forget`` tools, their arguments and their dependencies.
+"""The ``summary`` tool, its arguments and its dependencies.
 
 ``summary`` reads this chat's history only (the chat comes from the caller, never from
 arguments): since the chat's last summary by default (the last ``default_hours`` when there
@@ -12,17 +12,19 @@ mark moves to the newest message covered. If the model fails midway the extracti
 shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
 worker thread, so a summary of thousands of messages does not stall the bot.
 
-``forget`` (``/forget me``) deletes the caller's own stored messages in this chat, and the
-bot's earlier summaries there (they may quote the caller); nothing else.
+On ``/forget me`` (core: :mod:`robot.privacy`) the bot's earlier summaries in the chats
+concerned go too: they may quote the person.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import sqlite_utils
@@ -36,12 +38,22 @@ from function_calls import (
     ToolResult,
     Toolset,
     Usage,
+    estimate_tokens,
     tool_function,
 )
-from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
+from robot import (
+    BudgetExceeded,
+    ChatRef,
+    DailyBudget,
+    Database,
+    ForgetRequest,
+    Forgetter,
+    HistoryEntry,
+    HistoryStore,
+)
 from summary.extractive import HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, SummaryUnaffordable, map_reduce
-from summary.settings import SummarySettings
+from summary.mapreduce import MapReduceResult, SummaryFailed, SummaryUnaffordable, map_reduce
+from summary.settings import PROMPT_ALLOWANCE, SummarySettings
 from summary.signals import is_noise
 from summary.window import (
     advance_mark,
@@ -56,13 +68,14 @@ from summary.window import (
 if TYPE_CHECKING:
     from robot import Bot
 
+log = logging.getLogger(__name__)
+
 __all__ = [
-    "ForgetArgs",
     "SummaryArgs",
     "SummaryDeps",
     "Window",
     "conversation",
-    "forget",
+    "estimate_cost",
     "setup",
     "summary",
     "toolset",
@@ -101,12 +114,6 @@ class SummaryArgs(BaseModel):
         return self
 
 
-class ForgetArgs(BaseModel):
-    """What to forget; only the caller's own messages can be."""
-
-    target: Literal["me"] = Field(description='"me": delete your own stored messages in this chat')
-
-
 @dataclass
 class SummaryDeps:
     """What the tools use; built by :func:`setup`."""
@@ -123,11 +130,12 @@ class SummaryDeps:
 
 
 async def setup(bot: Bot) -> SummaryDeps:
-    """Read ``[summary]``, apply its history retention to the bot's store, build the deps."""
+    """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    bot.history.max_messages = settings.retention_max_messages
-    bot.history.max_age = timedelta(days=settings.retention_days)
+    db = bot.db
+    bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
+                                    lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
     commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
@@ -290,7 +298,11 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     if deps.model is not None and not meaningful:
         mode = "noise"  # only stickers and +1s: nothing for a model to read
     elif deps.model is not None and deps.budget is not None:
-        left = await deps.budget.remaining(caller)
+        try:
+            left = await deps.budget.remaining(caller)
+        except Exception:  # a budget that cannot be checked refuses the model
+            log.exception("summary: the budget cannot be read")
+            left = 0
         if left is not None and left <= 0:
             mode = "budget"
     if deps.model is None or mode != "extractive":
@@ -307,19 +319,20 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
-        done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left,
-                                instructions=prompt)
+        done = await _map_reduce_reserved(deps, deps.model, caller, meaningful, ctx.zone, where, prompt)
     except SummaryUnaffordable:
-        deps.last_run.pop(cooled, None)  # nothing was spent
-        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
-        await _set_mark(deps, chat, window)
-        return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
+        done = None
     except SummaryFailed as exc:
         text = await asyncio.to_thread(
             extract, "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）")
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
+    if done is None:  # the budget cannot pay for even the newest part
+        deps.last_run.pop(cooled, None)  # nothing was spent
+        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
+        await _set_mark(deps, chat, window)
+        return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
     header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.partial and done.covered is not None and done.left_out is not None:
         why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
@@ -334,6 +347,48 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     ))
 
 
+def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) -> int:
+    """About the most a map-reduce over ``entries`` spends: full requests, every answer at its cap."""
+    cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
+    room = cap - PROMPT_ALLOWANCE
+    text = sum(min(estimate_tokens(e.text), settings.max_message_tokens) + 16 for e in entries)
+    chunks = min(settings.max_chunks, max(1, math.ceil(text / room)))
+    if chunks == 1:
+        return min(cap, text + PROMPT_ALLOWANCE) + final_cap
+    cost, pieces = chunks * (cap + out_cap), chunks
+    while True:  # reduce rounds: each merge request holds pieces of at most out_cap tokens
+        groups = min(math.ceil(pieces * out_cap / room), (pieces + 1) // 2)
+        if groups <= 1:
+            return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
+        cost, pieces = cost + groups * (cap + out_cap), groups
+
+
+async def _map_reduce_reserved(deps: SummaryDeps, model: ChatModel, caller: Caller, entries: Sequence[HistoryEntry],
+                               zone: ZoneInfo, where: str, instructions: str | None) -> MapReduceResult | None:
+    """The map-reduce with its cost held against the budgets first; None when not even a part fits.
+
+    The hold is the estimate of the whole window, or what is left today if that is less (then
+    only the newest part that fits is summarised, and the reply says which period is left out).
+    """
+    if deps.budget is None:
+        return await map_reduce(entries, model, deps.settings, zone=zone, where=where, instructions=instructions)
+    estimate = estimate_cost(entries, deps.settings)
+    try:
+        async with deps.budget.reserve(caller, estimate, at_least=1) as hold:
+            try:
+                done = await map_reduce(entries, model, deps.settings, zone=zone, where=where,
+                                        token_budget=hold.held if hold.held < estimate else None,
+                                        instructions=instructions)
+            except SummaryFailed as exc:
+                hold.spend(exc.usage)
+                raise
+            hold.spend(done.usage)
+            return done
+    except BudgetExceeded as exc:
+        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
+        return None
+
+
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
     if window.remote:
         return  # an admin's look from a private chat is not the group's own summary
@@ -341,27 +396,11 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
         await advance_mark(deps.db, chat, window.newest_id)
 
 
-def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tuple[int, int]:
-    own = db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
-                     [chat.key, user_id]).rowcount
-    # Summaries quote members' messages; which ones quote this user cannot be told reliably
-    # (names change, quotes are cut), so every earlier summary in the chat goes.
-    summaries = db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                           [chat.key, len(HEADER), HEADER]).rowcount
-    return own, summaries
+def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
+    # Summaries quote members' messages; which ones quote this person cannot be told reliably
+    # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
+    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
+                          [chat.key, len(HEADER), HEADER]).rowcount for chat in request.chats)
 
 
-@tool_function(examples=["/forget me"])
-async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
-    """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录，以及本聊天中机器人之前发的总结。"""
-    caller = ctx.caller
-    chat = ChatRef.of(caller)
-    removed, summaries = await ctx.deps.db.transaction(lambda db: _forget_sync(db, chat, caller.user_id))
-    where = "本群" if caller.chat_kind == "group" else "本聊天"
-    text = f"已删除你在{where}被记录的 {removed} 条消息"
-    if summaries:
-        text += f"，并删除了{where}之前的 {summaries} 条聊天总结（其中可能引用了你的消息）"
-    return ToolResult.reply(text + "。", data={"deleted": removed, "summaries_deleted": summaries})
-
-
-toolset = Toolset("summary", [summary, forget])
+toolset = Toolset("summary", [summary])

@@ -50,6 +50,7 @@ from robot.channels.onebot.cq import compose_message, to_array
 from robot.channels.onebot.events import message_from_event
 from robot.channels.onebot.settings import OneBotSettings
 from robot.message import OutgoingMessage
+from robot.redact import redact_url
 
 __all__ = ["OneBotChannel"]
 
@@ -149,7 +150,7 @@ class OneBotChannel(Channel):
         self._connected.clear()
 
     def location(self) -> str | None:
-        return self.url
+        return redact_url(self.url)
 
     @property
     def url(self) -> str:
@@ -257,7 +258,7 @@ class OneBotChannel(Channel):
     async def _forward_loop(self) -> None:
         assert self._session is not None
         url = self.settings.url or ""
-        shown = url.split("?", 1)[0]  # a query may carry access_token
+        shown = redact_url(url)  # a query may carry access_token
         headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else {}
         delay = self.settings.reconnect_initial_s
         refusal_logged = False
