@@ -112,7 +112,9 @@ class Tool:
             raise ArgumentError(
                 self.name,
                 "validation",
-                [FieldProblem(_path(e["loc"]), e["msg"], _short(e.get("input"))) for e in exc.errors()],
+                [FieldProblem(_path(e["loc"]), e["msg"], _short(e.get("input")), kind=e["type"],
+                              limit=next(iter(e.get("ctx", {}).values()), None), length=_length(e.get("input")))
+                 for e in exc.errors()],
             ) from None
 
     async def invoke(self, ctx: ToolContext[Any], args: BaseModel | None) -> ToolResult:
@@ -152,6 +154,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
 
 
+def _length(value: Any) -> int | None:
+    return len(value) if isinstance(value, str) else None
+
+
 def _cut(message: str) -> str:
     """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart)."""
     message = message.encode("utf-8", "replace").decode("utf-8")
@@ -165,18 +171,21 @@ def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
             # Point at the missing field itself, not at its parent object (one entry per field).
             missing = err.message.split(" is a required property")[0].strip("'\"")
             if missing in err.validator_value and missing not in err.instance:
-                problems.append(FieldProblem(_path([*err.absolute_path, missing]), "required field is missing"))
+                problems.append(FieldProblem(_path([*err.absolute_path, missing]), "required field is missing",
+                                             kind="required"))
                 continue
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             known = err.schema.get("properties", {})
             allowed = ", ".join(known) or "none"
             problems.extend(
-                FieldProblem(_path([*err.absolute_path, k]), f"unknown field (allowed: {allowed})", _short(v))
+                FieldProblem(_path([*err.absolute_path, k]), f"unknown field (allowed: {allowed})", _short(v),
+                             kind="additionalProperties", limit=list(known), length=_length(v))
                 for k, v in err.instance.items() if k not in known
             )
             continue
         message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
-        problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
+        problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance), kind=str(err.validator),
+                                     limit=err.validator_value, length=_length(err.instance)))
     return sorted(problems, key=lambda p: p.path)
 
 

@@ -23,6 +23,7 @@ from function_calls import (
     Toolset,
 )
 from robot.channels.base import Channel, PanelProvider
+from robot.commands import CommandSyntax
 from robot.config import Settings
 from robot.history import HistoryStore
 from robot.limits import DailyBudget, RateLimiter
@@ -111,6 +112,8 @@ class Bot:
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
+        #: Tools whose ``/command`` has its own syntax (``Plugin.commands``).
+        self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None

@@ -11,7 +11,7 @@ import os
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -63,6 +63,7 @@ class BotSection(_Section):
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
                                   description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
+    language: Literal["zh", "en"] = Field("zh", description="language of the bot's command replies (zh, en)")
     persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
                          description="system prompt persona")
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from function_calls import ArgumentError, Caller, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
+    CommandLine,
     build_arguments,
     format_argument_error,
     help_text,
@@ -121,7 +122,7 @@ class Pipeline:
         bot = self.bot
         unavailable = bot.unavailable_tools()
         if name in ("help", "帮助"):
-            return help_text(bot.tools, caller, unavailable)
+            return help_text(bot.tools, caller, unavailable, llm=bot.router is not None, syntax=bot.command_syntax)
         tool = bot.tools.resolve(name)
         if tool is None:
             return f"没有 /{name} 这个命令。发送 /help 查看可用命令。"
@@ -130,9 +131,13 @@ class Pipeline:
             return reason
         if tool.name in unavailable:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
+        syntax = bot.command_syntax.get(tool.name)
+        zone = bot.zone_for(ChatRef.of(caller))
         try:
-            args = tool.parse_arguments(build_arguments(tool, rest))
-            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
+            raw = syntax.parse(CommandLine(tool, rest, zone, bot.clock(), bot.router is not None)) if syntax \
+                else build_arguments(tool, rest)
+            args = tool.parse_arguments(raw)
+            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=zone,
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
             result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
@@ -141,7 +146,8 @@ class Pipeline:
         except CommandError as exc:
             return str(exc)
         except ArgumentError as exc:
-            return format_argument_error(tool, exc)
+            return format_argument_error(tool, exc, usage=syntax.usage if syntax else None,
+                                         language=bot.settings.bot.language)
         except ToolError as exc:
             return exc.user_message or exc.message
         except Exception:
