@@ -87,3 +87,26 @@ async def test_a_workday_reminder_fires_on_weekdays_only(start: Start) -> None:
         after = nxt
     assert fires == ["Tue", "Wed", "Thu", "Fri", "Mon", "Tue"]
     assert row.next_fire == datetime(2030, 1, 8, 1, 0, tzinfo=UTC)
+
+
+async def test_help_shows_examples_that_work_in_this_mode(start: Start) -> None:
+    chat = await start()
+    bare = await chat.say("/help")
+    assert "/remind <时间> <内容> — 设置提醒" in bare and "例：/remind 明天8点 开会" in bare
+    assert "提醒我明天下午3点开会" not in bare  # plain language needs a model
+    assert "还没有接入大模型" in bare
+    assert "不认识的 /命令 会被忽略，除非同时 @我" in bare
+
+
+async def test_help_with_a_model_shows_plain_language_examples_too(start: Start) -> None:
+    with_model = await (await start(model=ScriptedModel([]))).say("/help")
+    assert "例：/remind 明天8点 开会" in with_model and "例：@我 提醒我明天下午3点开会" in with_model
+
+
+async def test_a_long_value_is_never_echoed_back(start: Start) -> None:
+    chat = await start()
+    long = "长" * 600
+    reply = await chat.say(f'/remind once "2030-01-08 08:00" {long}')
+    assert "长长长长长长长长长长长长长长长长长长长长长长长长长" not in reply
+    assert "- content：最多 500 个字（收到 600 个字）" in reply and reply.startswith("参数有误")
+    assert "用法：/remind <时间> <内容>" in reply
