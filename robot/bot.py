@@ -86,7 +86,8 @@ class Bot:
         self.dedupe = DedupeStore(self.db)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
         lim = settings.limits
-        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
+        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
+                                   command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, clock=self.clock)
         self.model = model if model is not None else self._default_model()

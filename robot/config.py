@@ -117,6 +117,10 @@ class LimitsSection(_Section):
     user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
     chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+    command_per_minute: float = Field(30, gt=0, description="/commands that call no model, per user per minute")
+    command_burst: int = Field(20, ge=1)
+    exempt_platforms: list[str] = Field(default_factory=lambda: ["console", "web"],
+                                        description="channels without rate limits (the local console and playground)")
 
 
 class GateSection(_Section):

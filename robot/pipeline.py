@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ NO_LLM_REPLY = (
     "或设置环境变量 QUNBOT_LLM__MODEL 和 OPENAI_API_KEY 后重启。"
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
-RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+RATE_NOTICE = "你发得有点快，请 {seconds} 秒后再找我（在那之前我不会回复你）。"
 
 
 class Pipeline:
@@ -103,14 +104,17 @@ class Pipeline:
         if len(text) > limit:
             await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
             return
-        decision = bot.limiter.check(message.chat.key, message.qualified_sender)
-        if decision is RateDecision.SILENT:
-            return
-        if decision is RateDecision.NOTICE:
-            await self.reply(message, [RATE_NOTICE])
-            return
-        caller = bot.caller_for(message, addressed=explicit)
         command = parse_command(text)
+        if message.platform not in bot.settings.limits.exempt_platforms:
+            chat_key, user_key, is_command = message.chat.key, message.qualified_sender, command is not None
+            decision = bot.limiter.check(chat_key, user_key, command=is_command)
+            if decision is RateDecision.SILENT:
+                return
+            if decision is RateDecision.NOTICE:
+                wait = math.ceil(bot.limiter.wait_s(chat_key, user_key, command=is_command))
+                await self.reply(message, [RATE_NOTICE.format(seconds=max(1, wait))])
+                return
+        caller = bot.caller_for(message, addressed=explicit)
         if command is not None:
             await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
         elif bot.router is None:
@@ -155,6 +159,7 @@ class Pipeline:
             return f"/{name} 执行失败了，请稍后再试。"
         if result.usage is not None and result.usage.requests:
             await bot.budget.charge(caller, result.usage)
+            bot.limiter.charge(ChatRef.of(caller).key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
