@@ -24,6 +24,7 @@ from robot import HistoryEntry
 __all__ = [
     "BOT_TAG",
     "HEADER",
+    "PRIVATE_HEADER",
     "Speaker",
     "Speakers",
     "clean_name",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 HEADER = "【群聊总结】"
+PRIVATE_HEADER = "【聊天总结】"
+"""The heading of a summary of a private chat (``HEADER`` is a group's)."""
 BOT_TAG = "[机器人]"
 _MAX_ALIASES = 5
 _UNSAFE = re.compile(r"[()（）\[\]【】<>:：\x00-\x1f\x7f\u2028\u2029]")
@@ -184,11 +187,12 @@ def extractive_summary(
     note: str = "",
     top_members: int = 5,
     salient_count: int = 5,
+    header: str = HEADER,
 ) -> str:
     """A summary without any model: count, period, most active members, salient messages."""
     speakers = Speakers(entries)
     members = speakers.members()
-    lines = [f"{HEADER}{title} · 共 {len(entries)} 条消息 · {len(members)} 人发言"]
+    lines = [f"{header}{title} · 共 {len(entries)} 条消息 · {len(members)} 人发言"]
     if note:
         lines.append(note)
     if entries:

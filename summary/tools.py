@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
 from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
-from summary.extractive import HEADER, Speakers, extractive_summary
+from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
 from summary.mapreduce import SummaryFailed, map_reduce
 from summary.settings import SummarySettings
 from summary.window import advance_mark, create_marks_table, fetch, read_mark
@@ -102,19 +102,21 @@ class Window:
 async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime) -> Window:
     chat, limit, skip = ChatRef.of(caller), deps.settings.max_fetch, caller.message_id
     if args.messages is not None:
-        got = await fetch(deps.db, chat, limit=args.messages, skip_message_id=skip)
-        return Window(got.entries, f"最近 {args.messages} 条", len(got.entries), got.newest_id)
+        # Room for the /commands among them, which are not conversation: "last 3" means 3 said by people.
+        got = await fetch(deps.db, chat, limit=args.messages + 50, skip_message_id=skip, people_only=True)
+        picked = conversation(got.entries, deps.commands)[-args.messages:]
+        return Window(picked, f"最近 {args.messages} 条", len(picked), got.newest_id)
     if args.hours is not None:
         start, title = now - timedelta(hours=args.hours), f"最近 {args.hours:g} 小时"
-        got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
+        got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
         return Window(got.entries, title, got.total, got.newest_id)
     mark = await read_mark(deps.db, chat)
     if mark is not None:
-        got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip)
+        got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip, people_only=True)
         return Window(got.entries, "自上次总结以来", got.total, got.newest_id)
     hours = deps.settings.default_hours
     start, title = now - timedelta(hours=hours), f"最近 {hours:g} 小时"
-    got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
+    got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
     return Window(got.entries, title, got.total, got.newest_id)
 
 
@@ -126,13 +128,14 @@ def _is_command(text: str, commands: frozenset[str]) -> bool:
 
 
 def conversation(entries: Sequence[HistoryEntry], commands: frozenset[str]) -> list[HistoryEntry]:
-    """The messages worth summarising: no empty ones, no bot commands, no earlier summaries."""
+    """The messages worth summarising: what people said; no empty ones, no bot commands, nothing
+    the bot said (its replies and earlier summaries are not the conversation)."""
     keep: list[HistoryEntry] = []
     for entry in entries:
         text = entry.text.strip()
-        if not text or (entry.from_bot and text.startswith(HEADER)):
+        if not text or entry.from_bot:
             continue
-        if not entry.from_bot and _is_command(text, commands):
+        if _is_command(text, commands):
             continue
         keep.append(entry)
     return keep
@@ -154,9 +157,10 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     deps, caller = ctx.deps, ctx.caller
     chat = ChatRef.of(caller)
     window = await _window(deps, caller, args, ctx.now())
+    head = HEADER if caller.chat_kind == "group" else PRIVATE_HEADER
     entries, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
     if not entries:
-        return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
+        return ToolResult.reply(f"{head}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
     note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
     mode = "extractive"
@@ -166,7 +170,7 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
             note, mode = note + "（今天的 AI 用量已达上限，以下为自动摘录）", "budget"
     if deps.model is None or mode == "budget":
         text = await asyncio.to_thread(extractive_summary, entries, zone=ctx.zone, title=window.title, note=note,
-                                       top_members=settings.top_members, salient_count=settings.salient_count)
+                                       top_members=settings.top_members, salient_count=settings.salient_count, header=head)
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
     where = "群聊" if caller.chat_kind == "group" else "私聊"
@@ -176,11 +180,11 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         text = await asyncio.to_thread(
             extractive_summary, entries, zone=ctx.zone, title=window.title,
             note=note + "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）",
-            top_members=settings.top_members, salient_count=settings.salient_count)
+            top_members=settings.top_members, salient_count=settings.salient_count, header=head)
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
-    header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
+    header = f"{head}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.sampled:
         note += (f"（消息太多：按时间均匀抽取了 {done.chunks_used}/{done.chunks} 段、"
                  f"{done.messages_used} 条来总结）")
@@ -202,8 +206,9 @@ def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tupl
                      [chat.key, user_id]).rowcount
     # Summaries quote members' messages; which ones quote this user cannot be told reliably
     # (names change, quotes are cut), so every earlier summary in the chat goes.
-    summaries = db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                           [chat.key, len(HEADER), HEADER]).rowcount
+    summaries = db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
+                           "AND (substr(text, 1, ?) = ? OR substr(text, 1, ?) = ?)",
+                           [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]).rowcount
     return own, summaries
 
 
