@@ -219,7 +219,9 @@ def describe_problem(problem: FieldProblem, language: str = "zh") -> str:
     validator text, and a long value is described by its length instead of echoed."""
     lang = "en" if language == "en" else "zh"
     where = problem.path or ("参数" if lang == "zh" else "arguments")
-    if problem.kind == "type":
+    if problem.kind in ("value_error", "assertion_error"):  # the tool author's own words
+        what = problem.problem.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    elif problem.kind == "type":
         kinds = problem.limit if isinstance(problem.limit, list) else [problem.limit]
         names = [_TYPES[lang].get(str(k), str(k)) for k in kinds if k != "null"]
         what = ("应为" + "或".join(names)) if lang == "zh" else "must be " + " or ".join(names)
