@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from reminders.phrases import REMIND_SYNTAX
+from reminders.commands import REMIND_SYNTAX
 from reminders.service import FireReport, ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import LimitError, Reminder, ReminderError, ReminderStore

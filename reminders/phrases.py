@@ -24,18 +24,16 @@ Errors::
 from __future__ import annotations
 
 import re
-import shlex
 import unicodedata
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from datetime import time as dt_time
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from reminders.schedule import WORKDAYS, Kind, Schedule, ScheduleError, days_mask, first_fire, parse_schedule
-from robot import CommandError, CommandLine, CommandSyntax
+from reminders.weekdays import EN_DAY, ZH_DAY, weekday_number, weekday_set
 
-__all__ = ["EXAMPLES", "REMIND_SYNTAX", "Phrase", "PhraseError", "parse_phrase", "remind_command", "weekday_number"]
+__all__ = ["EXAMPLES", "Phrase", "PhraseError", "parse_phrase"]
 
 EXAMPLES = ("/remind 10分钟后 喝水", "/remind 明天8点 开会", "/remind 每周五 18:00 交周报")
 """Three command lines that work (``/help`` and the parse-error reply show them)."""
@@ -43,10 +41,6 @@ EXAMPLES = ("/remind 10分钟后 喝水", "/remind 明天8点 开会", "/remind 
 _CN_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
               "九": 9}
 _NUM = r"(?:\d{1,4}|[零〇一二两三四五六七八九十]{1,3})"
-_ZH_DAY = r"[一二三四五六日天七1-7]"
-_EN_DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_EN_SHORT = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_EN_DAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)"
 
 
 class PhraseError(ValueError):
@@ -89,34 +83,6 @@ def _cn_int(text: str) -> int:
     raise PhraseError(f"看不懂数字“{text}”。")
 
 
-def weekday_number(text: str) -> int | None:
-    """``"周一"``, ``"星期日"``, ``"礼拜天"``, ``"一"``, ``"monday"``, ``"fri"``, ``"0"`` -> 0..6 (None if not a day)."""
-    text = unicodedata.normalize("NFKC", text).strip().lower()
-    word = re.sub(r"^(?:周|星期|礼拜)", "", text)
-    prefixed = word != text
-    if word in ("日", "天", "七"):
-        return 6
-    if len(word) == 1 and word in "一二三四五六":
-        return "一二三四五六".index(word)
-    if len(word) == 1 and word.isdigit():  # 周1 ... 周7, but weekday=0 ... 6
-        number = int(word) - prefixed
-        return number if 0 <= number <= 6 else None
-    for i, (full, short) in enumerate(zip(_EN_DAYS, _EN_SHORT, strict=True)):
-        if word == full or (word.startswith(short) and full.startswith(word)):
-            return i
-    return None
-
-
-def _zh_days(text: str) -> list[int]:
-    """``"一三五"`` / ``"一、三和五"`` -> [0, 2, 4] (day characters after 周/星期/礼拜; 1-7 also)."""
-    days = []
-    for ch in re.sub(r"[、,，和及与\s]", "", text):
-        day = 6 if ch in "日天7" else ("一二三四五六".index(ch) if ch in "一二三四五六" else int(ch) - 1)
-        if day not in days:
-            days.append(day)
-    return days
-
-
 @dataclass
 class _Cursor:
     text: str
@@ -129,7 +95,7 @@ class _Cursor:
         return m
 
     def skip_space(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in " \t,，的在于":
+        while self.pos < len(self.text) and self.text[self.pos] in " \t\n,，":
             self.pos += 1
 
 
@@ -143,13 +109,13 @@ _REL_EN = _p(r"in\s+(?P<n>\d+(?:\.\d+)?|an?|one|half an?|a half)\s*(?P<unit>minu
 _EVERY_ZH = _p(rf"(?:每天|每日|天天)(?P<period>早上|早晨|上午|中午|下午|傍晚|晚上|夜里)?|每(?P<p2>早|晚)"
                rf"|(?P<work>(?:每个|每)?工作日|(?:每)?周一(?:到|至|-|~)周五)"
                rf"|(?P<weekend>(?:每个|每)?周末)"
-               rf"|每(?:个)?(?:周|星期|礼拜)(?P<days>{_ZH_DAY}(?:[、,，和及与]?{_ZH_DAY})*)")
+               rf"|每(?:个)?(?:周|星期|礼拜)(?P<days>{ZH_DAY}(?:[、,，和及与]?{ZH_DAY})*)")
 _EVERY_EN = _p(rf"(?:every\s*day|everyday|daily)\b|(?P<work>(?:on\s+|every\s+)?weekdays?)\b"
-               rf"|(?P<weekend>(?:on\s+|every\s+)?weekends?)\b|every\s+(?P<day>{_EN_DAY})\b")
+               rf"|(?P<weekend>(?:on\s+|every\s+)?weekends?)\b|every\s+(?P<day>{EN_DAY})\b")
 _DAY_ZH = _p(rf"(?P<word>大后天|后天|明天|明日|今天|今日)|(?P<short>今早|今晨|明早|明晨|今晚|今夜|明晚)"
-             rf"|(?P<next>下个?|这个?|本)?(?:周|星期|礼拜)(?P<day>{_ZH_DAY})"
+             rf"|(?P<next>下个?|这个?|本)?(?:周|星期|礼拜)(?P<day>{ZH_DAY})"
              rf"|(?:(?P<y>\d{{4}})[-/年])?(?P<mo>\d{{1,2}})(?:[-/]|月)(?P<d>\d{{1,2}})[日号]?")
-_DAY_EN = _p(rf"(?P<word>the day after tomorrow|tomorrow|today|tonight)\b|(?:(?P<next>next|this)\s+|on\s+)?(?P<day>{_EN_DAY})\b")
+_DAY_EN = _p(rf"(?P<word>the day after tomorrow|tomorrow|today|tonight)\b|(?:(?P<next>next|this)\s+|on\s+)?(?P<day>{EN_DAY})\b")
 _PERIOD_ZH = _p(r"凌晨|早上|早晨|上午|早|中午|下午|午后|傍晚|晚上|夜里|夜间|晚")
 _CLOCK = _p(r"(?:at\s+)?(?P<h>\d{1,2})[:：](?P<m>\d{2})(?::(?P<s>\d{2}))?\s*(?P<ampm>am|pm|a\.m\.|p\.m\.)?")
 _CLOCK_ZH = _p(rf"(?P<h>{_NUM})\s*(?:点|时)\s*(?:(?P<half>半)|(?P<q>一刻|三刻)|(?P<m>{_NUM})\s*分?|整)?")
@@ -310,7 +276,7 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
         elif groups.get("weekend"):
             days = [5, 6]
         elif groups.get("days"):
-            days = _zh_days(groups["days"])
+            days = weekday_set(groups["days"]) or []
         elif groups.get("day"):
             days = [weekday_number(groups["day"]) or 0]
         cur.skip_space()
@@ -406,108 +372,3 @@ def _repeat(kind: Kind, wall: str, weekday: int | None, days: tuple[int, ...] | 
     mask = days_mask(days) if days is not None else weekday
     schedule = parse_schedule(kind, wall, zone.key, mask)
     return Phrase(kind, wall, weekday, days, content, first_fire(schedule, now).astimezone(zone))
-
-
-# --- the /remind command -----------------------------------------------------------------------
-
-_STRUCTURED = frozenset({"once", "daily", "weekly", "weekdays"})
-_FIELDS = ("type", "time", "content", "weekday", "days", "mode")
-_KEYED = re.compile(r"(?:^|\s)(?:type|time)=")
-_MODE = re.compile(r"(?:\s+mode=(?P<named>\S+)|\s+(?P<bare>prompt))\s*$", re.IGNORECASE)
-_DATE_TOKEN = re.compile(r"\d{4}[-/]\d{1,2}[-/]\d{1,2}")
-_TIME_TOKEN = re.compile(r"\d{1,2}[:：]\d{2}(?:[:：]\d{2})?")
-
-
-def _unparsed(reason: str) -> CommandError:
-    examples = "\n".join(EXAMPLES)
-    return CommandError(f"{reason}\n可以这样写：\n{examples}\n（重复提醒：每天 8:00、每周五 18:00、工作日 9:00；"
-                        "也可以写明类型：/remind once \"2026-11-24 08:00\" 开会，类型有 once、daily、weekly、weekdays）")
-
-
-def _days_value(raw: str) -> list[int]:
-    text = unicodedata.normalize("NFKC", raw).strip().lower()
-    if text in ("工作日", "workdays", "weekdays"):
-        return list(WORKDAYS)
-    if text in ("周末", "weekend", "weekends"):
-        return [5, 6]
-    if re.fullmatch(r"[0-6](?:\s*,\s*[0-6])*", text):
-        return sorted({int(d) for d in text.split(",")})
-    m = re.fullmatch(rf"(?:周|星期|礼拜)?({_ZH_DAY}(?:[、,和及与]?(?:周|星期|礼拜)?{_ZH_DAY})*)", text)
-    if m is None:
-        raise CommandError(f"days “{raw[:20]}”看不懂：请写 工作日、周末，或 周一三五 这样的星期几。")
-    return sorted(_zh_days(re.sub(r"周|星期|礼拜", "", m[1])))
-
-
-def _weekday_value(raw: str) -> int:
-    number = weekday_number(raw)
-    if number is None:
-        raise CommandError(f"weekday={raw[:20]} 不对：星期几请写 周一、周二 … 周日（或数字 0=周一 … 6=周日）。")
-    return number
-
-
-def _structured(rest: str) -> dict[str, Any]:
-    """``once "2026-11-24 08:00" 开会``, ``weekly 周一 09:30 周报``, ``daily 08:00 查天气 prompt``, ``key=value``."""
-    try:
-        tokens = shlex.split(rest)
-    except ValueError as exc:
-        raise CommandError(f"无法解析参数（{exc}）。带空格的值请用引号括起来。") from None
-    args: dict[str, Any] = {}
-    words: list[str] = []
-    for token in tokens:
-        key, eq, value = token.partition("=")
-        if eq and key in _FIELDS:
-            args[key] = value
-        else:
-            words.append(token)
-    if words and "type" not in args:
-        args["type"] = words.pop(0).lower()
-    kind = str(args.get("type", "")).lower()
-    if kind == "weekly" and "weekday" not in args and words and weekday_number(words[0]) is not None:
-        args["weekday"] = words.pop(0)
-    if kind == "weekdays" and "days" not in args and words:
-        args["days"] = words.pop(0)
-    if "time" not in args and words:
-        args["time"] = words.pop(0)
-        if _DATE_TOKEN.fullmatch(args["time"]) and words and _TIME_TOKEN.fullmatch(words[0]):
-            args["time"] += " " + words.pop(0)
-    if kind == "weekly" and "weekday" not in args and words and weekday_number(words[-1]) is not None:
-        args["weekday"] = words.pop()  # /remind weekly 09:30 周报 周一
-    if "mode" not in args and words and words[-1].lower() == "prompt":
-        args["mode"] = words.pop().lower()
-    if "content" not in args and words:
-        args["content"] = " ".join(words)
-    if "weekday" in args:
-        args["weekday"] = _weekday_value(args["weekday"])
-    if "days" in args:
-        args["days"] = _days_value(args["days"])
-    return args
-
-
-def remind_command(line: CommandLine) -> dict[str, Any]:
-    """``/remind`` -> ``reminder_set`` arguments: a time phrase and the content (``/remind 明天8点 开会``),
-    or the structured form (``/remind once "2026-11-24 08:00" 开会``). A trailing ``prompt`` (or
-    ``mode=prompt``) makes it a scheduled prompt."""
-    rest = line.rest.strip()
-    if not rest:
-        raise _unparsed("请写上提醒时间和内容。")
-    first = rest.split(maxsplit=1)[0].lower()
-    if first in _STRUCTURED or _KEYED.search(rest):
-        return _structured(rest)
-    mode: str | None = None
-    if m := _MODE.search(rest):
-        mode = (m["named"] or m["bare"]).lower()
-        rest = rest[:m.start()]
-    try:
-        phrase = parse_phrase(rest, line.zone, line.now)
-    except PhraseError as exc:
-        raise _unparsed(f"没有看懂提醒时间：{exc}" if str(exc) != "没有看懂提醒时间。" else str(exc)) from None
-    if not phrase.content:
-        raise CommandError(f"请写上提醒内容，例如：{EXAMPLES[1]}")
-    args = phrase.arguments()
-    if mode is not None:
-        args["mode"] = mode
-    return args
-
-
-REMIND_SYNTAX = CommandSyntax(parse=remind_command, usage="/remind <时间> <内容>")
-"""``Plugin.commands`` entry for ``reminder_set``."""

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reminders.phrases import Phrase, PhraseError, parse_phrase, weekday_number
+from reminders.phrases import Phrase, PhraseError, parse_phrase
 from reminders.schedule import days_mask, first_fire, parse_schedule
+from reminders.weekdays import weekday_number, weekday_set
 
 SH = ZoneInfo("Asia/Shanghai")
 NOW = datetime(2026, 11, 23, 3, 25, 12, tzinfo=UTC)  # Monday 11:25:12 in Shanghai
@@ -38,6 +39,8 @@ def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
     ("下午3点 开会", "once", "2026-11-23 15:00", None, "开会"),
     ("提醒我明天下午3点开会", "once", "2026-11-24 15:00", None, "开会"),
     ("明天十点一刻，提醒我交报告", "once", "2026-11-24 10:15", None, "交报告"),
+    ("明天8点 在会议室开会", "once", "2026-11-24 08:00", None, "在会议室开会"),
+    ("明天的8点 开会", "once", "2026-11-24 08:00", None, "开会"),
     ("每天 8:00 起床", "daily", "08:00", None, "起床"),
     ("每天早上8点 喝水", "daily", "08:00", None, "喝水"),
     ("每晚10点 写日记", "daily", "22:00", None, "写日记"),
@@ -79,6 +82,9 @@ def test_chinese_and_english_weekday_names() -> None:
     assert [weekday_number(w) for w in ("周一", "星期日", "礼拜天", "周7", "monday", "Fri", "0", "6")] == [
         0, 6, 6, 6, 0, 4, 0, 6]
     assert [weekday_number(w) for w in ("周八", "7", "x", "周0")] == [None, None, None, None]
+    assert weekday_set("工作日") == [0, 1, 2, 3, 4] and weekday_set("周末") == [5, 6]
+    assert weekday_set("周一三五") == weekday_set("一、三和五") == weekday_set("0,2,4") == [0, 2, 4]
+    assert weekday_set("周日") == [6] and weekday_set("每周") is None and weekday_set("8,9") is None
 
 
 def test_a_relative_time_in_a_repeated_hour_is_never_placed_in_the_past() -> None:

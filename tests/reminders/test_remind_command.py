@@ -5,12 +5,15 @@ The clock (conftest ``start``) is Monday 2030-01-07 12:00 in Asia/Shanghai.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import reminders
 from function_calls.testing import ScriptedModel
 from reminders.phrases import EXAMPLES
 from reminders.schedule import next_fire
@@ -110,3 +113,14 @@ async def test_a_long_value_is_never_echoed_back(start: Start) -> None:
     assert "长长长长长长长长长长长长长长长长长长长长长长长长长" not in reply
     assert "- content：最多 500 个字（收到 600 个字）" in reply and reply.startswith("参数有误")
     assert "用法：/remind <时间> <内容>" in reply
+
+
+async def test_every_remind_command_the_readme_shows_works(launch: Any) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    shown = re.findall(r"`(/remind [^`]+)`", readme)
+    assert len(shown) >= 5
+    _bot, ch, _clock = await launch(datetime(2026, 11, 23, 3, 0, tzinfo=UTC), plugins=[reminders.plugin],
+                                   timezone="Asia/Shanghai", limits={"user_burst": 100, "chat_burst": 100})
+    for i, line in enumerate(shown):
+        await ch.inject(line, at_bot=True)
+        assert (await ch.wait_sent(i + 1))[i].text.startswith("好的，已设置提醒 #"), line
