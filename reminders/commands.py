@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from datetime import timedelta
 from typing import Any
 
 from reminders.phrases import EXAMPLES, PhraseError, parse_phrase
@@ -24,10 +25,11 @@ _DATE_TOKEN = re.compile(r"\d{4}[-/]\d{1,2}[-/]\d{1,2}")
 _TIME_TOKEN = re.compile(r"\d{1,2}[:：]\d{2}(?:[:：]\d{2})?")
 
 
-def _unparsed(reason: str) -> CommandError:
+def _unparsed(reason: str, line: CommandLine) -> CommandError:
+    tomorrow = (line.now.astimezone(line.zone) + timedelta(days=1)).strftime("%Y-%m-%d")
     examples = "\n".join(EXAMPLES)
     return CommandError(f"{reason}\n可以这样写：\n{examples}\n（重复提醒：每天 8:00、每周五 18:00、工作日 9:00；"
-                        "也可以写明类型：/remind once \"2026-11-24 08:00\" 开会，类型有 once、daily、weekly、weekdays）")
+                        f"也可以写明类型：/remind once \"{tomorrow} 08:00\" 开会，类型有 once、daily、weekly、weekdays）")
 
 
 def _days_value(raw: str) -> list[int]:
@@ -88,7 +90,7 @@ def remind_command(line: CommandLine) -> dict[str, Any]:
     ``mode=prompt``) makes it a scheduled prompt."""
     rest = line.rest.strip()
     if not rest:
-        raise _unparsed("请写上提醒时间和内容。")
+        raise _unparsed("请写上提醒时间和内容。", line)
     first = rest.split(maxsplit=1)[0].lower()
     if first in _STRUCTURED or _KEYED.search(rest):
         return _structured(rest)
@@ -99,7 +101,8 @@ def remind_command(line: CommandLine) -> dict[str, Any]:
     try:
         phrase = parse_phrase(rest, line.zone, line.now)
     except PhraseError as exc:
-        raise _unparsed(f"没有看懂提醒时间：{exc}" if str(exc) != "没有看懂提醒时间。" else str(exc)) from None
+        reason = f"没有看懂提醒时间：{exc}" if str(exc) != "没有看懂提醒时间。" else str(exc)
+        raise _unparsed(reason, line) from None
     if not phrase.content:
         raise CommandError(f"请写上提醒内容，例如：{EXAMPLES[1]}")
     args = phrase.arguments()

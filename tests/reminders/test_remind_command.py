@@ -51,7 +51,8 @@ async def test_what_cannot_be_read_gets_three_examples_that_work(start: Start) -
     assert reply.startswith("没有看懂提醒时间") and "content" not in reply
     shown = [line for line in reply.splitlines() if line.startswith("/remind")]
     assert shown == list(EXAMPLES)
-    for example in shown:
+    assert '/remind once "2030-01-08 08:00" 开会' in reply  # the explicit form, with tomorrow's date
+    for example in [*shown, '/remind once "2030-01-08 08:00" 开会']:
         assert (await chat.say(example)).startswith("好的，已设置提醒 #")
     assert "请写上提醒内容" in await chat.say("/remind 明天8点")
 
