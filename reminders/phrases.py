@@ -127,8 +127,9 @@ _COLON = _p(r"[:：]\s*")
 _OF = _p(r"的\s*")
 
 
-def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int] | None:
-    """A time of day at the cursor, and a day carry (1 for "今晚12点" = midnight, "晚上1点" = 01:00 next day)."""
+def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int, bool] | None:
+    """A time of day at the cursor, a day carry (1 for "今晚12点" = midnight, "晚上1点" = 01:00 next day),
+    and whether it could be either half of the day ("3点", "at 3": no 下午, no pm, no HH:MM)."""
     start = cur.pos
     p = cur.take(_PERIOD_ZH)
     period = p[0] if p else period
@@ -149,6 +150,7 @@ def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int] | None:
         cur.pos = start
         return None
     carry = 0
+    either_half = period is None and ampm is None and m.re is not _CLOCK and 1 <= hour <= 11
     if ampm:
         if not 1 <= hour <= 12:
             raise PhraseError(f"时间 {hour}{ampm} 不存在。")
@@ -166,7 +168,7 @@ def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int] | None:
         hour, carry = 0, carry + 1
     if hour > 23 or minute > 59 or second > 59:
         raise PhraseError(f"时间 {hour}:{minute:02d} 不存在（小时 0-23，分钟 0-59）。")
-    return dt_time(hour, minute, second), carry
+    return dt_time(hour, minute, second), carry, either_half
 
 
 def _relative(m: re.Match[str]) -> timedelta:
@@ -336,12 +338,16 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
         if day_ is not None:
             raise PhraseError("请写上几点，例如：明天8点、下周一 9:30。")
         raise PhraseError("没有看懂提醒时间。")
-    tod, carry = clock
+    tod, carry, either_half = clock
     content = _content(text, index, cur)
-    if day_ is None:  # a bare time: the next one, today or tomorrow
+    if day_ is None:  # a bare time: the next one; "3点" at noon is 15:00 today, not 03:00 tomorrow
         day_, carry = today + timedelta(days=carry), 0
         if _resolve_first(day_, tod, zone, now) is None:
-            day_ += timedelta(days=1)
+            later = tod.replace(hour=tod.hour + 12)
+            if either_half and _resolve_first(day_, later, zone, now) is not None:
+                tod = later
+            else:
+                day_ += timedelta(days=1)
     elif not strict and carry == 0 and _resolve_first(day_, tod, zone, now) is None:
         day_ += timedelta(days=7)  # "周一 9:30" on a Monday afternoon: next Monday
     return _once(day_ + timedelta(days=carry), tod, zone, now, content)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import reminders
-from function_calls.testing import ScriptedModel
+from function_calls.testing import ScriptedModel, call
 from reminders.phrases import EXAMPLES
 from reminders.schedule import next_fire
 
@@ -125,3 +125,18 @@ async def test_every_remind_command_the_readme_shows_works(launch: Any) -> None:
     for i, line in enumerate(shown):
         await ch.inject(line, at_bot=True)
         assert (await ch.wait_sent(i + 1))[i].text.startswith("好的，已设置提醒 #"), line
+
+
+async def test_a_model_can_set_a_workday_reminder_too(start: Start) -> None:
+    model = ScriptedModel([call("reminder_set", {"type": "weekdays", "time": "09:00", "days": [0, 1, 2, 3, 4],
+                                                 "content": "站会"})])
+    chat = await start(model=model)
+    reply = await chat.say("工作日每天9点提醒我站会")
+    assert "工作日（周一至周五） 09:00" in reply
+
+
+async def test_days_belong_to_weekdays_reminders_only(start: Start) -> None:
+    chat = await start()
+    assert "只有每周几天的提醒（weekdays）需要 days" in await chat.say("/remind weekly 09:00 x weekday=0 days=1")
+    assert "days=每周 不对" in await chat.say("/remind weekdays 09:00 x days=每周")
+    assert "周一、三、五 09:00" in await chat.say("/remind weekdays 周一三五 09:00 晨跑")
