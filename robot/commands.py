@@ -25,6 +25,7 @@ __all__ = [
     "CommandSyntax",
     "ParsedCommand",
     "build_arguments",
+    "clip",
     "describe_problem",
     "format_argument_error",
     "help_text",
@@ -154,7 +155,7 @@ def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
         elif last_text is not None:
             args[last_text] = f"{args[last_text]} {token}"
         else:
-            raise CommandError(f"/{tool.name} 不需要这么多参数：{token}")
+            raise CommandError(f"/{tool.name} 不需要这么多参数：{clip(token)}")
     return args
 
 
@@ -202,6 +203,11 @@ _RULES: list[tuple[frozenset[str], dict[str, str]]] = [
     (frozenset({"bool_parsing", "bool_type"}), {"zh": "应为 true 或 false", "en": "must be true or false"}),
 ]
 _ECHO = 24  # longer values are described by their length, never echoed back
+
+
+def clip(text: str, limit: int = _ECHO) -> str:
+    """What a reply may quote of a person's input: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[:limit] + f"…（共 {len(text)} 字）"
 
 
 def _bound(problem: FieldProblem, language: str) -> str:

@@ -18,6 +18,7 @@ from robot.commands import (
     CommandError,
     CommandLine,
     build_arguments,
+    clip,
     format_argument_error,
     help_text,
     parse_command,
@@ -129,7 +130,7 @@ class Pipeline:
             return help_text(bot.tools, caller, unavailable, llm=bot.router is not None, syntax=bot.command_syntax)
         tool = bot.tools.resolve(name)
         if tool is None:
-            return f"没有 /{name} 这个命令。发送 /help 查看可用命令。"
+            return f"没有 /{clip(name)} 这个命令。发送 /help 查看可用命令。"
         reason = refusal(tool, caller)
         if reason:
             return reason

@@ -205,3 +205,14 @@ async def test_english_bots_explain_in_english(make_bot: Any) -> None:
     await ch.inject("/n milk 9")
     (reply,) = (m.text for m in await ch.wait_sent(1))
     assert reply == "Invalid arguments:\n- times: must be at most 5 (got 9)\nUsage: /n <text> [times]"
+
+
+async def test_no_reply_quotes_a_long_input_back(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    long = "x" * 500
+    await ch.inject(f"/poke {long}", at_bot=True)
+    await ch.inject(f"/{long}", at_bot=True)
+    await ch.inject(f"/n milk times={long}")
+    replies = [m.text for m in await ch.wait_sent(3)]
+    assert all("x" * 30 not in reply for reply in replies), replies
+    assert "共 500 字" in replies[0] and "共 500 字" in replies[1] and "收到 500 个字" in replies[2]
