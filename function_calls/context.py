@@ -33,6 +33,10 @@ class Caller(BaseModel):
     addressed: bool = True
     #: The platform id of the message being answered ("" for scheduled runs).
     message_id: str = ""
+    #: The bot account that received the message or owns the chat ("" when the platform has one).
+    account: str = ""
+    #: The sender is an anonymous group member: their id is not an account that can own things.
+    anonymous: bool = False
 
     @property
     def qualified_user(self) -> str:

@@ -32,6 +32,7 @@ class StopReason(StrEnum):
     LOOP_BREAKER = "loop_breaker"
     TOOL_RETRIES_EXHAUSTED = "tool_retries_exhausted"
     MODEL_ERROR = "model_error"
+    EMPTY_ANSWER = "empty_answer"
     AWAITING_APPROVAL = "awaiting_approval"
 
 
@@ -55,6 +56,7 @@ class RunState(BaseModel):
     iterations: int = 0
     tool_calls: int = 0
     api_retries: int = 0
+    retry_wait_s: float = 0.0
     arg_failures: dict[str, int] = {}
     usage: Usage = Usage()
     pending: list[ToolCall] = []

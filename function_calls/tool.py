@@ -112,9 +112,9 @@ class Tool:
             raise ArgumentError(
                 self.name,
                 "validation",
-                [FieldProblem(_path(e["loc"]), e["msg"], _short(e.get("input")), kind=e["type"],
-                              limit=next(iter(e.get("ctx", {}).values()), None), length=_length(e.get("input")))
-                 for e in exc.errors()],
+                [FieldProblem(_path(e["loc"]), e["msg"], _short(given := e.get("input")), kind=e["type"],
+                              limit=next(iter(e.get("ctx", {}).values()), None),
+                              length=len(given) if isinstance(given, str) else None) for e in exc.errors()],
             ) from None
 
     async def invoke(self, ctx: ToolContext[Any], args: BaseModel | None) -> ToolResult:
@@ -154,14 +154,20 @@ def _short(value: Any) -> str:
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
 
 
-def _length(value: Any) -> int | None:
-    return len(value) if isinstance(value, str) else None
-
-
 def _cut(message: str) -> str:
-    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart)."""
+    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart).
+
+    The cut is in the middle: the reason ("is too long") comes after the value and must survive.
+    """
     message = message.encode("utf-8", "replace").decode("utf-8")
-    return message if len(message) <= _MAX_MESSAGE_CHARS else message[: _MAX_MESSAGE_CHARS - 1] + "…"
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    half = (_MAX_MESSAGE_CHARS - 1) // 2
+    return message[:half] + "…" + message[-half:]
+
+
+_LENGTH_REASONS = {"maxLength": "is too long: at most {} characters", "minLength": "is too short: at least {} characters",
+                   "maxItems": "has too many items: at most {}", "minItems": "has too few items: at least {}"}
 
 
 def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
@@ -179,13 +185,16 @@ def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
             allowed = ", ".join(known) or "none"
             problems.extend(
                 FieldProblem(_path([*err.absolute_path, k]), f"unknown field (allowed: {allowed})", _short(v),
-                             kind="additionalProperties", limit=list(known), length=_length(v))
+                             kind="additionalProperties", limit=list(known), length=len(v) if isinstance(v, str) else None)
                 for k, v in err.instance.items() if k not in known
             )
             continue
-        message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
+        if err.validator in _LENGTH_REASONS:
+            message = _LENGTH_REASONS[err.validator].format(err.validator_value)
+        else:
+            message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
         problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance), kind=str(err.validator),
-                                     limit=err.validator_value, length=_length(err.instance)))
+                                     limit=err.validator_value, length=len(err.instance) if isinstance(err.instance, str) else None))
     return sorted(problems, key=lambda p: p.path)
 
 

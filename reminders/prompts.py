@@ -40,7 +40,7 @@ async def run_prompt(bot: Bot, r: Reminder, allow: Sequence[str], zone: ZoneInfo
     """Run ``r``'s prompt as its owner, in ``zone`` with only ``allow``-ed tools; None when it failed."""
     chat = r.chat_ref
     caller = Caller(platform=chat.platform, user_id=r.owner_id, user_name=r.owner_name,
-                    chat_id=chat.chat_id, chat_kind=chat.kind, addressed=True)
+                    chat_id=chat.chat_id, chat_kind=chat.kind, addressed=True, account=chat.account)
     try:
         result = await bot.run_scheduled(r.content, caller, allow, zone=zone)
     except Exception:

@@ -364,7 +364,7 @@ class ReminderService:
         reminder = Reminder(
             id=new_id(), owner=caller.qualified_user, owner_name=caller.user_name or caller.user_id, chat=chat.key,
             type=schedule.kind, wall=schedule.wall, zone=schedule.zone, weekday=schedule.weekday, content=content,
-            mode=mode, created_at=now, updated_at=now, next_fire=first_fire(schedule, now),
+            mode=mode, created_at=now, updated_at=now, next_fire=first_fire(schedule, now), account=chat.account,
         )
         await self.store.create(reminder, self.settings, now)
         self.arm(reminder)

@@ -136,6 +136,11 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     wants fresh information produced at that time (weather, news), not for plain reminders.
     """
     deps = ctx.deps
+    if ctx.caller.anonymous:
+        # Final, not something the model can fix: the person is told directly.
+        return ToolResult(content="refused: the sender is anonymous; a reminder needs a real account to belong to",
+                          user_messages=("匿名消息不能设置提醒：提醒需要属于一个真实账号，请取消匿名后再试。",),
+                          continue_=False, is_error=True)
     content = args.content.strip()
     if not content:
         raise ToolError("content is empty: say what the reminder should tell the user",

@@ -127,7 +127,8 @@ class Bot:
         return OpenAIChatModel(model=llm.model, base_url=llm.base_url,
                                api_key=llm.api_key.get_secret_value() if llm.api_key else None,
                                temperature=llm.temperature, timeout_s=llm.timeout_s, stream=llm.stream,
-                               strict_tools=llm.strict_tools)
+                               strict_tools=llm.strict_tools, reasoning_pass_back=llm.reasoning_pass_back,
+                               token_param=llm.token_param)
 
     # --- services plugins use -------------------------------------------------------------
     def deps_for(self, tool: Tool) -> Any:
@@ -157,7 +158,8 @@ class Bot:
         return Caller(platform=message.platform, user_id=message.sender.user_id,
                       user_name=message.sender.name or message.sender.user_id, chat_id=message.chat.chat_id,
                       chat_kind=message.chat.kind, is_admin=admin, bot_admin=bot_admin, addressed=addressed,
-                      message_id=message.message_id)
+                      message_id=message.message_id, account=message.chat.account,
+                      anonymous=message.sender.anonymous)
 
     def zone_for(self, chat: ChatRef) -> ZoneInfo:
         """The chat's zone (``[bot] zones``), else the bot's."""

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import signal
 import socket
 import sys
@@ -128,9 +129,20 @@ def _init(path: str, force: bool) -> int:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
             print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
-    target.write_text(render_template(_plugin_sections(plugins)), encoding="utf-8")
+    target.write_text(_with_onebot_token(render_template(_plugin_sections(plugins))), encoding="utf-8")
     print(f"wrote {target}")
+    print("the OneBot access_token in it is random: give NapCat/Lagrange the same token")
     return 0
+
+
+def _with_onebot_token(text: str, token: str | None = None) -> str:
+    """The template with a fresh random ``[channels.onebot] access_token``: safe before anyone edits it."""
+    head, sep, rest = text.partition("[channels.onebot]\n")
+    unset = "# access_token = ..."
+    if not sep or unset not in rest.split("\n[", 1)[0]:
+        return text
+    value = json.dumps(token or secrets.token_urlsafe(24))
+    return head + sep + rest.replace(unset, f"access_token = {value}", 1)
 
 
 async def _doctor(settings: Settings, source: Path | None) -> int:

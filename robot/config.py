@@ -103,6 +103,10 @@ class LLMSection(_Section):
     loop_critical: int = Field(8, ge=2, description="... before the call is blocked and the request ends")
     loop_breaker: int = Field(10, ge=2, description="repeated calls in one request before everything stops")
     history_tokens: int = Field(1500, ge=0, description="chat history sent with each request")
+    reasoning_pass_back: bool = Field(False, description="send reasoning_content back during tool calls "
+                                      "(DeepSeek thinking mode needs it)")
+    token_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens", description="how output caps are sent; reasoning models need max_completion_tokens")
 
     @property
     def configured(self) -> bool:

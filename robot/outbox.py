@@ -90,6 +90,9 @@ class Outbox:
         db.execute("CREATE INDEX IF NOT EXISTS outbox_due ON outbox (platform, status, next_at)")
         db.execute("CREATE INDEX IF NOT EXISTS outbox_receipt ON outbox (chat, receipt)")
         db.execute("CREATE INDEX IF NOT EXISTS outbox_chat ON outbox (chat, status, next_at)")
+        # The account a row leaves through (ChatRef.account); databases from before it get "".
+        if "account" not in {row[1] for row in db.execute("PRAGMA table_info(outbox)").fetchall()}:
+            db.execute("ALTER TABLE outbox ADD COLUMN account TEXT NOT NULL DEFAULT ''")
 
     def enqueue_sync(self, db: sqlite_utils.Database, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -98,10 +101,10 @@ class Outbox:
         """
         now = message.created_at or self.clock()
         cur = db.execute(
-            "INSERT OR IGNORE INTO outbox (key, platform, chat, text, mention, reply_to, status, next_at, created_at) "
-            "VALUES (?,?,?,?,?,?, 'pending', ?, ?)",
-            [message.key, message.chat.platform, message.chat.key, message.text, json.dumps(list(message.mention)),
-             message.reply_to, iso(now), iso(now)],
+            "INSERT OR IGNORE INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, "
+            "created_at) VALUES (?,?,?,?,?,?,?, 'pending', ?, ?)",
+            [message.key, message.chat.platform, message.chat.key, message.chat.account, message.text,
+             json.dumps(list(message.mention)), message.reply_to, iso(now), iso(now)],
         )
         if cur.rowcount != 1:
             return False
@@ -222,7 +225,7 @@ class Outbox:
 
     async def _send_row(self, channel: Channel, row: dict[str, object]) -> bool:
         key = str(row["key"])
-        chat = ChatRef.from_key(str(row["chat"]))
+        chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
         parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
         done = int(str(row["parts_sent"]))
         mention = tuple(json.loads(str(row["mention"])))

@@ -134,6 +134,8 @@ class Pipeline:
         reason = refusal(tool, caller)
         if reason:
             return reason
+        if tool.confirm:  # fail closed: no approvals exist yet, so a confirm tool never runs unapproved
+            return f"/{name} 需要管理员批准才能执行，但审批功能尚未启用，所以没有执行。"
         if tool.name in unavailable:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
         syntax = bot.command_syntax.get(tool.name)
