@@ -140,3 +140,12 @@ async def test_days_belong_to_weekdays_reminders_only(start: Start) -> None:
     assert "只有每周几天的提醒（weekdays）需要 days" in await chat.say("/remind weekly 09:00 x weekday=0 days=1")
     assert "days=每周 不对" in await chat.say("/remind weekdays 09:00 x days=每周")
     assert "周一、三、五 09:00" in await chat.say("/remind weekdays 周一三五 09:00 晨跑")
+
+
+async def test_in_a_dst_zone_a_relative_reminder_is_never_set_in_the_past(launch: Any) -> None:
+    # New York, 2026-11-01 06:00 UTC = 01:00 EST, the second pass of the repeated hour.
+    _bot, ch, _clock = await launch(datetime(2026, 11, 1, 6, 0, tzinfo=UTC), plugins=[reminders.plugin],
+                                   zones={"memory:group:g1": "America/New_York"})
+    await ch.inject("/remind 10分钟后 喝水", at_bot=True)
+    reply = (await ch.wait_sent(1))[0].text
+    assert reply.startswith("好的，已设置提醒 #") and "(America/New_York)" in reply, reply
