@@ -28,6 +28,7 @@ from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
+from robot.commands import CommandSyntax
 from robot.config import Settings
 from robot.history import HistoryStore
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
@@ -93,7 +94,8 @@ class Bot:
         self.dedupe = DedupeStore(self.db)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
         lim = settings.limits
-        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
+        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
+                                   command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
                                   clock=self.clock)
@@ -128,6 +130,8 @@ class Bot:
         #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
         self.forgetters: list[Forgetter] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
+        #: Tools whose ``/command`` has its own syntax (``Plugin.commands``).
+        self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None

@@ -65,6 +65,7 @@ class BotSection(_Section):
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
                                   description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
+    language: Literal["zh", "en"] = Field("zh", description="language of the bot's command replies (zh, en)")
     persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
                          description="system prompt persona")
 
@@ -121,6 +122,10 @@ class LimitsSection(_Section):
     bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
                                          "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+    command_per_minute: float = Field(30, gt=0, description="/commands that call no model, per user per minute")
+    command_burst: int = Field(20, ge=1)
+    exempt_platforms: list[str] = Field(default_factory=lambda: ["console", "web"],
+                                        description="channels without rate limits (the local console and playground)")
 
 
 class HistorySection(_Section):

@@ -58,7 +58,7 @@ async def test_a_past_time_error_gives_the_model_the_current_time_so_it_corrects
     ("/remind weekly 09:30 周会 weekday=7", "weekday"),
     ("/remind daily 25:00 喝水", "设置提醒失败：时间 '25:00' 无效（小时应为 00-23）"),
     ("/remind once 08:00 开会", "一次性提醒请写“年-月-日 时:分”"),
-    ("/remind hourly 08:00 喝水", "type"),
+    ("/remind hourly 08:00 喝水", "类型有 once、daily、weekly、weekdays"),
 ])
 async def test_bad_schedules_are_refused_with_the_fix(start: Start, line: str, expected: str) -> None:
     chat = await start()
