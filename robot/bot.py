@@ -23,7 +23,7 @@ from function_calls import (
     Toolset,
 )
 from robot.channels.base import Channel, PanelProvider
-from robot.config import Settings
+from robot.config import Settings, check_tables
 from robot.history import HistoryStore
 from robot.limits import DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
@@ -80,6 +80,9 @@ class Bot:
         self.settings = settings
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        specs = plugins if plugins is not None else settings.bot.plugins
+        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
+        check_tables(settings, [p.name for p in self.plugins])
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
         self.history = HistoryStore(self.db)
         self.dedupe = DedupeStore(self.db)
@@ -101,8 +104,6 @@ class Bot:
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
                                                                       else build_channels(settings))}
-        specs = plugins if plugins is not None else settings.bot.plugins
-        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         merged = Toolset("bot")
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
