@@ -204,6 +204,7 @@ class Bot:
                 self.outbox.register(channel)
                 channel.bind(self.handle)
                 channel.attach_panels(self.panels)
+                channel.attach_chats(self.history.recent, self.zone_for)
             await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()

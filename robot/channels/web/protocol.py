@@ -14,22 +14,26 @@ every frame and shows the chat it is on::
 
     {"type": "welcome", "bot_name", "group_id", "members": [{"id", "name"}], "max_text_len"}     always first
     {"type": "history", "frames": [...]}   recent message/reply/trace frames of every chat, oldest first;
-                                           also what a page missed while none was connected
-    {"type": "message", "chat", "id", "sender": {"id", "name"}, "text", "time", "mentions_bot"}
+                                           also what a page missed while none was connected, and after a
+                                           restart a chat's newest stored messages (sent again when a page
+                                           first opens a chat whose messages were not restored yet)
+    {"type": "message", "chat", "id", "sender": {"id", "name"}, "text", "time", "mentions_bot", "zone"}
                                            a person's message, echoed to every page (the sender's too)
     {"type": "delta", "chat", "run_id", "delta"}     a piece of a streaming reply; ``run_id`` is the id
                                                      of the message being answered
-    {"type": "reply", "chat", "id", "text", "mention": [{"id", "name"}], "reply_to", "time"}
+    {"type": "reply", "chat", "id", "text", "mention": [{"id", "name"}], "reply_to", "time", "zone"}
                                            the bot's message; it replaces the streaming bubble of ``reply_to``
     {"type": "trace", "chat", "event"}     a run's event: "tool" (call_id, name, arguments, result, is_error,
                                            duration_ms, note), "retry" (error, delay_s) or "run_end" (stop,
-                                           detail, tokens, model_calls); ``event.message_id`` is the run
+                                           detail, tokens, model_calls); ``event.message_id`` is the run;
+                                           a /command is traced as one "tool" event and run_end stop "command"
     {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "error"?}]}
                                            side panels, pushed after each run_end and on request
     {"type": "error", "error": "..."}      the page's last frame was refused; the socket stays open
     {"type": "pong"}
 
-Times are ISO 8601 in UTC.
+Times are ISO 8601 in UTC; ``zone`` is the chat's IANA zone (``[bot] zones``/``timezone``), in
+which the page shows them (null when the channel runs without a bot).
 """
 
 from __future__ import annotations
