@@ -117,9 +117,24 @@ async def _run(settings: Settings, channels: list[Channel] | None = None) -> Non
     await _serve(bot, stop)
 
 
+def _log_to_file(path: Path) -> None:
+    """The console is the chat: log lines go to a file instead of between the messages."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stderr, sys.stdout):
+            root.removeHandler(handler)
+    file = logging.FileHandler(path, encoding="utf-8")
+    file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(file)
+
+
 async def _chat(settings: Settings, group: bool, user: str) -> None:
     from robot.channels.console import ConsoleChannel
 
+    log_file = settings.bot.data_dir / "console.log"
+    _log_to_file(log_file)
+    print(f"(logs: {log_file})")
     stop = asyncio.Event()
     console = ConsoleChannel(bot_name=settings.bot.name, group=group, user=user,
                              on_eof=lambda: stop.set())

@@ -460,3 +460,22 @@ def test_backup_without_a_database_says_where_it_looked(tmp_path: Path, capsys: 
     cfg.write_text("[bot]\n", encoding="utf-8")
     assert main(["backup", str(tmp_path / "b.sqlite3"), "-c", str(cfg)]) == 2
     assert f"no database at {tmp_path / 'data' / 'qunbot.sqlite3'}" in capsys.readouterr().err
+
+
+async def test_chat_group_keeps_logs_off_the_screen_and_the_bots_name_addresses_it(tmp_path: Path) -> None:
+    """The README's `qunbot chat --group`, typed into: members talk, then `qunbot: /summary`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "robot.cli", "chat", "--group", cwd=tmp_path, env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    lines = "小明: 今晚七点开会\n阿强: 收到，我带投影仪\n小明: 记得带电脑\nqunbot: /summary\n"
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate(lines.encode())
+    shown = out.decode()
+    assert proc.returncode == 0, (shown, err.decode())
+    assert " INFO " not in shown and err.decode() == ""
+    log_file = tmp_path / "data" / "console.log"
+    assert f"(logs: {Path('data') / 'console.log'})" in shown and "qunbot started" in log_file.read_text("utf-8")
+    replies = [line for line in shown.splitlines() if line.startswith("qunbot ▸")]
+    assert len(replies) == 1 and "@小明" in replies[0]  # the last speaker asked; the members only talked
+    assert "阿强" in shown.split("qunbot ▸", 1)[1] and "没有 /" not in shown
