@@ -48,6 +48,8 @@ from robot.channels.web.protocol import (
     SendFrame,
     address,
     parse_frame,
+    stored_frames,
+    trim,
 )
 from robot.config import WebSettings
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
@@ -64,7 +66,6 @@ _TRANSCRIPT = 200  # frames kept per chat
 _CHATS = 100  # chats with a transcript
 _NAMES = 1000  # remembered display names
 _QUEUE = 2000  # frames waiting for one slow page before it is dropped
-_LONG = 4000  # trace strings are cut here
 _RESTORE = 50  # stored messages shown per chat after a restart
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -91,16 +92,6 @@ def _authority(url: str) -> str | None:
         return URL(url).raw_authority
     except ValueError:
         return None
-
-
-def _trim(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > _LONG:
-        return value[:_LONG] + f"… ({len(value) - _LONG} more characters)"
-    if isinstance(value, dict):
-        return {str(k): _trim(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_trim(v) for v in value]
-    return value
 
 
 class _Page:
@@ -231,7 +222,7 @@ class WebChannel(Channel):
         self._broadcast({"type": "delta", "chat": address(chat), "run_id": run_id, "delta": delta})
 
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
-        clean = json.loads(json.dumps(_trim(event), ensure_ascii=False, default=str))
+        clean = json.loads(json.dumps(trim(event), ensure_ascii=False, default=str))
         self._publish(chat, {"type": "trace", "chat": address(chat), "event": clean})
         if event.get("type") == "run_end" and self._panels:
             self._spawn(self._push_panels(chat, None))
@@ -273,8 +264,7 @@ class WebChannel(Channel):
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=64 * 1024)
         await ws.prepare(request)
         page = _Page(ws)
-        # After a restart the transcripts are empty: the group and the preset members' private
-        # chats start from the store (other private chats when a page opens them).
+        # After a restart: the group and the presets' private chats from the store (others when opened).
         for chat_id, kind in ((GROUP_ID, "group"), *((uid, "private") for uid, _ in MEMBERS)):
             await self._restore(ChatRef(platform=self.platform, chat_id=chat_id, kind=kind))
         page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID, "max_text_len": MAX_TEXT,
@@ -332,8 +322,7 @@ class WebChannel(Channel):
 
     async def _open_chat(self, chat: ChatRef, page: _Page) -> None:
         """A page shows a chat: its stored messages (once per run) and its panels."""
-        restored = await self._restore(chat)
-        if restored:
+        if restored := await self._restore(chat):
             self._broadcast({"type": "history", "frames": restored})
         await self._push_panels(chat, page)
 
@@ -347,23 +336,7 @@ class WebChannel(Channel):
         except Exception:
             log.exception("web playground could not read the history of %s", chat.key)
             return []
-        transcript = self._transcripts.get(chat.key, deque())
-        seen_ids = {frame.get("id") for _, frame in transcript}
-        seen_replies = [frame.get("text") for _, frame in transcript if frame.get("type") == "reply"]
-        zone = self._zone(chat)
-        frames: list[dict[str, Any]] = []
-        for n, entry in enumerate(entries):
-            at = entry.at.astimezone(UTC).isoformat()
-            if entry.from_bot:
-                if entry.text in seen_replies:  # already shown in this run (its id is the outbox key)
-                    seen_replies.remove(entry.text)
-                    continue
-                frames.append({"type": "reply", "chat": address(chat), "id": f"stored:{chat.key}:{n}:{at}",
-                               "text": entry.text, "mention": [], "reply_to": None, "time": at, "zone": zone})
-            elif entry.message_id not in seen_ids:
-                frames.append({"type": "message", "chat": address(chat), "id": entry.message_id or f"stored:{n}:{at}",
-                               "sender": {"id": entry.user_id, "name": entry.name}, "text": entry.text, "time": at,
-                               "mentions_bot": False, "zone": zone})
+        frames = stored_frames(chat, entries, [f for _, f in self._transcripts.get(chat.key, ())], self._zone(chat))
         if frames:
             kept = self._transcripts.setdefault(chat.key, deque(maxlen=_TRANSCRIPT))
             # Older than anything this run has seen: negative sequence numbers sort them first.
@@ -423,6 +396,5 @@ class WebChannel(Channel):
     def _now(self) -> str:
         return self._clock().astimezone(UTC).isoformat()
 
-    def _zone(self, chat: ChatRef) -> str | None:
-        """The chat's IANA zone, so that the page shows times as the bot speaks them."""
+    def _zone(self, chat: ChatRef) -> str | None:  # the page shows times in the zone the bot speaks in
         return self._zone_for(chat).key if self._zone_for is not None else None
