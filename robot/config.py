@@ -256,9 +256,6 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     return settings, file
 
 
-
-
-_CORE_TABLES = ("bot", "llm", "limits", "gate", "channels")
 #: The built-in plugins' tables are known even when the plugin is not loaded: ``qunbot init``
 #: writes them, and taking a plugin out of ``[bot] plugins`` must not make its table an error.
 _BUILTIN_TABLES = ("reminders", "search", "summary")
@@ -266,7 +263,7 @@ _BUILTIN_TABLES = ("reminders", "search", "summary")
 
 def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
     """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
-    known = list(dict.fromkeys([*_CORE_TABLES, *_BUILTIN_TABLES, *plugins]))
+    known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
     for name in settings.model_extra or {}:
         if name in known:
             continue

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from function_calls import OpenAIChatModel
-from function_calls.testing import Call, FakeOpenAIServer, Reply
+from function_calls.testing import Call, FakeOpenAIServer, Fault, Reply
 from robot.bot import Bot
 from robot.channels.web import WebChannel
 from robot.config import Settings, WebSettings
@@ -126,13 +126,15 @@ async def test_group_chat_in_a_real_browser(bot: Bot, server: FakeOpenAIServer) 
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
-async def test_commands_in_the_trace_refresh_the_panel_at_phone_width_in_the_chats_zone(tmp_path: Path) -> None:
+async def test_commands_in_the_trace_refresh_the_panel_at_phone_width_in_the_chats_zone(
+        tmp_path: Path, server: FakeOpenAIServer) -> None:
     """A newcomer on a phone: /remind and /unremind show in the trace, the panel follows, times are the chat's."""
     from datetime import UTC, datetime, timedelta
     from zoneinfo import ZoneInfo
 
+    model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="test", stream=True)
     bot = Bot(Settings(bot={"data_dir": tmp_path, "timezone": "Asia/Shanghai", "plugins": ["reminders"]}),
-              channels=[WebChannel(WebSettings(enabled=True, port=0))])
+              model=model, channels=[WebChannel(WebSettings(enabled=True, port=0))])
     await bot.start()
     channel = bot.channels["web"]
     assert isinstance(channel, WebChannel)
@@ -186,6 +188,14 @@ async def test_commands_in_the_trace_refresh_the_panel_at_phone_width_in_the_cha
                 await page.press("#input", "Enter")
                 await panel.locator("text=（空）").wait_for(timeout=5000)
                 assert await page.locator("#trace .tool .tool-name").first.inner_text() == "/unremind (reminder_delete)"
+
+                server.script(Fault(503), Reply("你好，我在。"))  # the model retries once
+                await page.fill("#input", "@qunbot 你好")
+                await page.press("#input", "Enter")
+                retry = page.locator("#trace .retry")
+                await retry.wait_for(timeout=10000)
+                assert re.fullmatch(r"↻ 重试：.+（\d+\.\d s 后）", await retry.inner_text()), await retry.inner_text()
+                await page.locator(".msg.bot .bubble >> text=你好，我在。").wait_for(timeout=10000)
                 assert errors == [] and failed == []
                 await page.screenshot(path="/tmp/playground-phone.png", full_page=True)
             finally:
