@@ -232,6 +232,8 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
             print(f"off {name}: {reason}")
     except (PluginError, ConfigError) as exc:
         report(False, "plugins", str(exc))
+    except Exception as exc:  # a plugin's setup failed: the report goes on with the next check
+        report(False, "plugins", f"setup failed: {type(exc).__name__}: {str(exc)[:200]}")
     llm = settings.llm
     if not llm.configured:
         report(True, "llm", "not configured: commands only")

@@ -479,3 +479,22 @@ async def test_chat_group_keeps_logs_off_the_screen_and_the_bots_name_addresses_
     replies = [line for line in shown.splitlines() if line.startswith("qunbot ▸")]
     assert len(replies) == 1 and "@小明" in replies[0]  # the last speaker asked; the members only talked
     assert "阿强" in shown.split("qunbot ▸", 1)[1] and "没有 /" not in shown
+
+
+def test_doctor_reports_a_plugin_whose_setup_fails_and_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "qb_broken_setup.py").write_text(PLUGIN_SOURCE.replace(
+        'plugin = Plugin("clikit", Toolset("clikit", [weather]), settings_model=CliKitSettings)',
+        'async def setup(bot):\n    raise RuntimeError("no database driver")\n\n\n'
+        'plugin = Plugin("broken", Toolset("broken", [weather]), setup=setup)'), encoding="utf-8")
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = ["qb_broken_setup"]\n[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "qb_broken_setup", raising=False)
+    try:
+        assert main(["doctor", "--config", str(cfg)]) == 1
+    finally:
+        sys.modules.pop("qb_broken_setup", None)
+    out = capsys.readouterr().out
+    assert "FAIL plugins: setup failed: RuntimeError: no database driver" in out
+    assert "ok  llm" in out and "ok  channel web" in out and "1 problem(s)" in out
