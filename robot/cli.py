@@ -322,7 +322,7 @@ def _on_import_path(source: Path | None) -> None:
         return
     folder = str(source.resolve().parent)
     if folder not in sys.path:
-        sys.path.insert(0, folder)
+        sys.path.append(folder)  # last: a stray search.py beside the config must not shadow a built-in
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -498,3 +498,14 @@ def test_doctor_reports_a_plugin_whose_setup_fails_and_goes_on(
     out = capsys.readouterr().out
     assert "FAIL plugins: setup failed: RuntimeError: no database driver" in out
     assert "ok  llm" in out and "ok  channel web" in out and "1 problem(s)" in out
+
+
+def test_a_file_beside_the_config_does_not_shadow_a_builtin_plugin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "summary.py").write_text("raise RuntimeError('a notes file, not the plugin')\n", encoding="utf-8")
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text('[bot]\nplugins = ["summary"]\n', encoding="utf-8")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "summary", raising=False)  # imported afresh, as in a new process
+    assert main(["tools", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.startswith("summary")
