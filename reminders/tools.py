@@ -127,8 +127,9 @@ class ReminderDeps:
         """The web playground's side panel: the chat's active reminders."""
         rows = await self.store.for_chat(chat.key)
         short = await self.store.short_ids([r.id for r in rows])
-        return [{"id": short[r.id], "owner": r.owner_name, "schedule": describe(r.schedule, r.next_fire),
-                 "mode": r.mode, "content": r.content[:80]} for r in rows]
+        # Labels are what the playground shows: written for people, not field names.
+        return [{"编号": f"#{short[r.id]}", "谁的": r.owner_name, "时间": describe(r.schedule, r.next_fire),
+                 "内容": ("[定时任务] " if r.mode == "prompt" else "") + r.content[:80]} for r in rows]
 
 
 @tool_function(

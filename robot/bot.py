@@ -29,7 +29,7 @@ from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
 from robot.commands import CommandSyntax
-from robot.config import Settings
+from robot.config import Settings, check_tables
 from robot.history import HistoryStore
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
@@ -87,6 +87,9 @@ class Bot:
         self.settings = settings
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        specs = plugins if plugins is not None else settings.bot.plugins
+        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
+        check_tables(settings, [p.name for p in self.plugins])
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
@@ -116,8 +119,6 @@ class Bot:
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
                                                                       else build_channels(settings))}
-        specs = plugins if plugins is not None else settings.bot.plugins
-        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
@@ -239,6 +240,7 @@ class Bot:
                 self.outbox.register(channel)
                 channel.bind(self.handle)
                 channel.attach_panels(self.panels)
+                channel.attach_chats(self.history.recent, self.zone_for)
             await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()

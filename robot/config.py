@@ -7,9 +7,10 @@ file or value raises :class:`ConfigError` naming the key and the problem.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -32,6 +33,7 @@ __all__ = [
     "LimitsSection",
     "Settings",
     "WebSettings",
+    "check_tables",
     "load_settings",
 ]
 
@@ -59,7 +61,7 @@ class _Section(BaseModel):
 class BotSection(_Section):
     name: str = Field("qunbot", description="the bot's name; a message starting with it addresses the bot")
     timezone: str = Field("Asia/Shanghai", description="IANA zone for reminders and the model's clock")
-    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives")
+    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives (relative to the config file's folder)")
     admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
     plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
                                description="plugin modules to load")
@@ -280,6 +282,13 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
         llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
     settings = settings.model_copy(update={"llm": llm})
+    data_dir = settings.bot.data_dir.expanduser()
+    from_env = any(k.upper() == "QUNBOT_BOT__DATA_DIR" for k in os.environ)
+    if file is not None and not data_dir.is_absolute() and not from_env:
+        # Started from another folder, a cwd-relative path would silently open an empty database.
+        data_dir = file.resolve().parent / data_dir
+    if data_dir != settings.bot.data_dir:
+        settings = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": data_dir})})
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
@@ -287,3 +296,18 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     return settings, file
 
 
+#: The built-in plugins' tables are known even when the plugin is not loaded: ``qunbot init``
+#: writes them, and taking a plugin out of ``[bot] plugins`` must not make its table an error.
+_BUILTIN_TABLES = ("reminders", "search", "summary")
+
+
+def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
+    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
+    known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
+    for name in settings.model_extra or {}:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
+        raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
+                          "listed in [bot] plugins)")

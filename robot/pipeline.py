@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -138,8 +139,11 @@ class Pipeline:
             return
         caller = bot.caller_for(message, addressed=explicit)
         if command is not None:
-            await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
+            started = time.perf_counter()
+            reply_text = await self.run_command(caller, command.name, command.rest)
+            await self.reply(message, [reply_text])
             await bot.approvals.announce()
+            await self.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
@@ -202,6 +206,20 @@ class Pipeline:
         if result.usage is not None and result.usage.requests:  # a command that called a model spends model rate
             bot.limiter.charge(ChatRef.of(caller).key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
+
+    async def trace_command(self, message: Message, name: str, rest: str, answer: str, seconds: float) -> None:
+        """Show a /command in the channel's tool trace like a model's tool call (and refresh side panels)."""
+        channel = self.bot.channels.get(message.platform)
+        if channel is None:
+            return
+        tool = self.bot.tools.resolve(name)
+        base = {"message_id": message.message_id}
+        await channel.trace(message.chat, {**base, "type": "tool", "call_id": f"cmd-{name}",
+                                           "name": f"/{name}" + (f" ({tool.name})" if tool and tool.name != name else ""),
+                                           "arguments": rest, "result": answer, "is_error": False,
+                                           "duration_ms": seconds * 1000, "note": ""})
+        await channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
+                                           "tokens": 0, "model_calls": 0})
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
         bot = self.bot
