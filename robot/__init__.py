@@ -15,6 +15,7 @@ from robot.channels.base import (
 )
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
+from robot.hooks import ContextHook, ForgetHook, RunExtras
 from robot.limits import DailyBudget
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
@@ -30,8 +31,10 @@ __all__ = [
     "ChatKind",
     "ChatRef",
     "ConfigError",
+    "ContextHook",
     "DailyBudget",
     "Database",
+    "ForgetHook",
     "HistoryEntry",
     "HistoryStore",
     "Message",
@@ -40,6 +43,7 @@ __all__ = [
     "Plugin",
     "PluginError",
     "Role",
+    "RunExtras",
     "SendReceipt",
     "SendRejected",
     "Sender",

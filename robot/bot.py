@@ -25,6 +25,7 @@ from function_calls import (
 from robot.channels.base import Channel, PanelProvider
 from robot.config import Settings
 from robot.history import HistoryStore
+from robot.hooks import ContextHook, ForgetHook
 from robot.limits import DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
@@ -110,6 +111,9 @@ class Bot:
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
+        #: Plugins' hooks (see :mod:`robot.hooks`): extra context before each chat run, and /forget.
+        self.context_hooks: list[ContextHook] = []
+        self.forget_hooks: list[ForgetHook] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()

@@ -59,7 +59,7 @@ class BotSection(_Section):
     timezone: str = Field("Asia/Shanghai", description="IANA zone for reminders and the model's clock")
     data_dir: Path = Field(Path("./data"), description="where the SQLite database lives")
     admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
-    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
+    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary", "memory"],
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
                                   description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')

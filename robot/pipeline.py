@@ -21,6 +21,7 @@ from robot.commands import (
     parse_command,
     refusal,
 )
+from robot.hooks import RunExtras
 from robot.limits import RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 
@@ -167,13 +168,34 @@ class Pipeline:
                 await channel.trace(message.chat, {**event, "message_id": message.message_id})
 
         tools: Toolset = bot.offered_tools()
+        extras = await self._extras(caller, text)
         result = await bot.router.chat(
             text, caller=caller, tools=tools, history=[h.turn() for h in history if h.message_id != message.message_id],
             zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text, on_event=on_event,
+            context=[m for e in extras for m in e.messages],
         )
+        for extra in extras:
+            if extra.settle is not None:
+                try:
+                    await extra.settle(result)
+                except Exception:
+                    log.exception("settling a context hook failed")
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
         await self.reply(message, result.replies)
+
+    async def _extras(self, caller: Caller, text: str) -> list[RunExtras]:
+        """Context hooks' additions; a failing hook is logged and skipped, the run goes on."""
+        out: list[RunExtras] = []
+        for hook in self.bot.context_hooks:
+            try:
+                extra = await hook(caller, text)
+            except Exception:
+                log.exception("a context hook failed")
+                continue
+            if extra is not None:
+                out.append(extra)
+        return out
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""

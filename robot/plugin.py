@@ -46,7 +46,7 @@ class Plugin(Generic[D]):
     settings_model: type[BaseModel] | None = None
 
 
-_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}
+_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary", "memory": "memory"}
 
 
 def load_plugin(name: str) -> Plugin[Any]:

@@ -10,7 +10,8 @@ mark moves to the newest message covered. If the model fails midway the extracti
 shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
 worker thread, so a summary of thousands of messages does not stall the bot.
 
-``forget`` (``/forget me``) deletes the caller's own stored messages in this chat, and the
+``forget`` (``/forget me``) deletes the caller's own stored messages in this chat (and, through the
+bot's forget hooks, other plugins' data such as memories; ``/forget <id>`` goes to those hooks), and the
 bot's earlier summaries there (they may quote the caller); nothing else.
 """
 
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
 from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
-from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
+from robot import ChatRef, DailyBudget, Database, ForgetHook, HistoryEntry, HistoryStore
 from summary.extractive import HEADER, Speakers, extractive_summary
 from summary.mapreduce import SummaryFailed, map_reduce
 from summary.settings import SummarySettings
@@ -61,9 +62,11 @@ class SummaryArgs(BaseModel):
 
 
 class ForgetArgs(BaseModel):
-    """What to forget; only the caller's own messages can be."""
+    """What to forget: everything of the caller's here, or one item (a memory) by its id."""
 
-    target: Literal["me"] = Field(description='"me": delete your own stored messages in this chat')
+    target: str = Field(pattern=r"^(me|#?\d{1,12})$",
+                        description='"me": delete your own stored messages (and memories) in this chat; '
+                                    "or the id of one memory to delete")
 
 
 @dataclass
@@ -77,6 +80,8 @@ class SummaryDeps:
     budget: DailyBudget | None
     commands: frozenset[str]
     """This bot's command names: ``/summary`` lines are requests, not conversation."""
+    forget_hooks: list[ForgetHook] = field(default_factory=list)
+    """Other plugins' parts of ``/forget`` (the bot's list, see ``robot.hooks``)."""
 
 
 async def setup(bot: Bot) -> SummaryDeps:
@@ -86,7 +91,7 @@ async def setup(bot: Bot) -> SummaryDeps:
     bot.history.max_messages = settings.retention_max_messages
     bot.history.max_age = timedelta(days=settings.retention_days)
     commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
-    return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
+    return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands, bot.forget_hooks)
 
 
 @dataclass
@@ -207,16 +212,26 @@ def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tupl
     return own, summaries
 
 
-@tool_function(examples=["/forget me"])
+@tool_function(examples=["/forget me", "/forget 12"])
 async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
-    """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录，以及本聊天中机器人之前发的总结。"""
+    """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录（含记忆），以及本聊天中机器人之前发的总结；也可给出一条记忆的编号只删除它。"""
     caller = ctx.caller
     chat = ChatRef.of(caller)
+    if args.target != "me":
+        item = args.target.lstrip("#")
+        for hook in ctx.deps.forget_hooks:
+            said = await hook(caller, item)
+            if said:
+                return ToolResult.reply(said)
+        return ToolResult.reply(f"没有找到编号为 {item} 的记录。")
     removed, summaries = await ctx.deps.db.transaction(lambda db: _forget_sync(db, chat, caller.user_id))
     where = "本群" if caller.chat_kind == "group" else "本聊天"
     text = f"已删除你在{where}被记录的 {removed} 条消息"
     if summaries:
         text += f"，并删除了{where}之前的 {summaries} 条聊天总结（其中可能引用了你的消息）"
+    others = [said for hook in ctx.deps.forget_hooks if (said := await hook(caller, "me"))]
+    if others:
+        text += "，以及" + "、".join(others)
     return ToolResult.reply(text + "。", data={"deleted": removed, "summaries_deleted": summaries})
 
 
