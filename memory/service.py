@@ -13,7 +13,7 @@ a user-role message marked as memories, after the history and before the message
 changes nothing by itself. After the run, a shown memory counts as recalled (the recall rule,
 not the miss rule) only if the answer used it: at least half of the memory's terms (CJK bigrams
 and words) appear in the answer text. If the model called ``recall`` itself, that call already
-applied the rules to what it returned; a shown memory is not counted twice for it. Memories
+applied the rules to what it returned: those are not counted a second time. Memories
 shown but not used, and those that ranked below, are not touched: a peek is never a miss.
 
 **Sleep** (nightly per chat, at ``sleep_time`` in the chat's zone, or ``/sleep``): samples
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -202,10 +203,10 @@ class MemoryService:
                    "无关就忽略）：\n" + "\n".join(lines))
 
         async def settle(result: RunResult) -> None:
-            if any(t.name == "recall" and not t.is_error for t in result.trace):
-                return
+            counted = {int(m) for t in result.trace if t.name == "recall" and not t.is_error
+                       for m in re.findall(r"#(\d+) \[", t.result)}
             answer = "\n".join([result.text, *result.replies])
-            used = [r.id for r in shown if used_in(r.text, answer)]
+            used = [r.id for r in shown if r.id not in counted and used_in(r.text, answer)]
             if used:
                 await self.reinforce(used)
 

@@ -1,0 +1,62 @@
+"""Embeddings through the real openai SDK against a local /v1/embeddings server; fusion; fallback."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memory.service import fuse
+from memory.testing import FakeEmbeddingServer, HashingModel
+from tests.memory.conftest import ask, running
+
+CONCEPTS = {"allergic": "ALLERGY", "allergy": "ALLERGY", "过敏": "ALLERGY", "peanut": "PEANUT",
+            "peanuts": "PEANUT", "花生": "PEANUT"}
+
+
+def settings(server: FakeEmbeddingServer) -> dict[str, object]:
+    return {"embedding_model": "fake-embed", "embedding_base_url": server.base_url, "embedding_api_key": "k"}
+
+
+async def test_a_paraphrase_in_another_language_is_found_only_with_embeddings(tmp_path: Path) -> None:
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
+            running(tmp_path / "a", memory=settings(server)) as (bot, ch):
+        await ask(ch, "/remember I am allergic to peanuts")
+        await ask(ch, "/remember 周会改到周四")
+        assert "allergic to peanuts" in await ask(ch, "/recall 花生过敏")
+        blob = await bot.db.run(lambda db: db.execute("SELECT vector FROM memories WHERE id = 1").fetchone()[0])
+        vec = np.frombuffer(blob, dtype=np.float32)
+        assert vec.shape == (256,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
+        assert server.requests[0]["model"] == "fake-embed"
+    async with running(tmp_path / "b") as (_, ch):
+        await ask(ch, "/remember I am allergic to peanuts")
+        assert "没有找到" in await ask(ch, "/recall 花生过敏")
+
+
+async def test_a_failing_embedding_endpoint_falls_back_to_lexical(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
+            running(tmp_path, memory=settings(server)) as (bot, ch):
+        server.fail = True
+        assert "记住了" in await ask(ch, "/remember 我对花生过敏")
+        assert "花生过敏" in await ask(ch, "/recall 过敏")
+        stored = await bot.db.run(lambda db: db.execute("SELECT vector FROM memories").fetchone()[0])
+        assert stored is None
+    assert "lexical" in caplog.text and "花生" not in caplog.text
+
+
+async def test_vector_matches_respect_privacy(tmp_path: Path) -> None:
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
+            running(tmp_path, memory=settings(server)) as (_, ch):
+        await ask(ch, "/remember I am allergic to peanuts", user="u1")
+        assert "没有找到" in await ask(ch, "/recall 花生过敏", user="u2")
+        assert "没有找到" in await ask(ch, "/recall 花生过敏", user="u1", chat=ch.chat("g2"))
+
+
+def test_reciprocal_rank_fusion() -> None:
+    assert fuse([1, 2, 3], [3, 4]) == [3, 1, 2, 4]  # 3 is in both lists
+    assert fuse([], [5, 6]) == [5, 6]
+    assert fuse([7, 8], []) == [7, 8]
