@@ -129,7 +129,8 @@ class MemoryService:
                 log.warning("memory query embedding failed (%s); lexical recall only", exc)
             else:
                 if not self.index.loaded(chat):
-                    self.index.load(chat, await self.db.run(lambda db: self.store.vectors(db, chat)))
+                    stamp = self.index.stamp(chat)
+                    self.index.load(chat, await self.db.run(lambda db: self.store.vectors(db, chat)), stamp)
                 vector = await asyncio.to_thread(self.index.search, chat, user, q, limit,
                                                  self.settings.min_similarity)
         return fuse(lexical, vector)
@@ -143,7 +144,7 @@ class MemoryService:
             return []
         top, below, now = ranked[:n], ranked[n:], self.clock()
 
-        def work(db: Any) -> list[MemoryRow]:
+        def work(db: Any) -> tuple[list[MemoryRow], list[int]]:
             rows = self.store.rows(db, ranked)
             changes: list[tuple[int, Strength]] = []
             dead: list[int] = []
@@ -160,10 +161,10 @@ class MemoryService:
             self.store.save_strength(db, changes)
             self.store.delete(db, dead)
             fresh = self.store.rows(db, top)
-            return [fresh[m] for m in top if m in fresh]
+            return [fresh[m] for m in top if m in fresh], dead
 
-        result = await self.db.transaction(work)
-        self.index.drop(ChatRef.of(caller).key)
+        result, dead = await self.db.transaction(work)
+        self.index.discard(ChatRef.of(caller).key, dead)
         return result
 
     async def reinforce(self, ids: Sequence[int]) -> None:
@@ -235,28 +236,29 @@ class MemoryService:
             return f"已删除记忆 #{mid}。"
 
         text = await self.db.transaction(work)
-        self.index.drop(chat)
+        self.index.discard(chat, [mid])
         return text
 
     async def forget_user(self, caller: Caller) -> int:
         """``/forget me``: every memory the caller saved in this chat, and the chat's dreams."""
         chat = ChatRef.of(caller).key
 
-        def work(db: Any) -> int:
-            gone = self.store.delete(db, self.store.owned(db, chat, caller.user_id))
+        def work(db: Any) -> list[int]:
+            owned = self.store.owned(db, chat, caller.user_id)
+            self.store.delete(db, owned)
             self.store.delete_dreams(db, chat)
-            return gone
+            return owned
 
         gone = await self.db.transaction(work)
-        self.index.drop(chat)
-        return gone
+        self.index.discard(chat, gone)
+        return len(gone)
 
     # --- S -----------------------------------------------------------------------------------
     async def sleep(self, chat: str) -> SleepReport:
         """One night for one chat (see the module docstring)."""
         now = self.clock()
 
-        def work(db: Any) -> tuple[int, int, list[str]]:
+        def work(db: Any) -> tuple[int, int, list[MemoryRow]]:
             sample = self.store.sample(db, chat, self.settings.sleep_sample)
             changes: list[tuple[int, Strength]] = []
             dead: list[MemoryRow] = []
@@ -268,10 +270,11 @@ class MemoryService:
                     changes.append((row.id, after))
             self.store.save_strength(db, changes)
             self.store.delete(db, [r.id for r in dead])
-            return len(sample), len(changes), [r.text for r in dead]
+            return len(sample), len(changes), dead
 
-        sampled, weakened, fragments = await self.db.transaction(work)
-        self.index.drop(chat)
+        sampled, weakened, dead = await self.db.transaction(work)
+        self.index.discard(chat, [r.id for r in dead])
+        fragments = [r.text for r in dead]
         dream = await self._dream(chat, fragments) if fragments else None
         if dream is not None:
             dream_id = await self.db.run(lambda db: self.store.add_dream(db, chat, now, len(fragments), dream))

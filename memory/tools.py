@@ -39,7 +39,7 @@ class RecallArgs(BaseModel):
     query: str = Field(min_length=1, max_length=500, description="keywords or a question")
 
 
-@tool_function(examples=["记住我对花生过敏", "/remember 我们组周会改到周四了 group"])
+@tool_function(require_at=True, examples=["记住我对花生过敏", "/remember 我们组周会改到周四了 group"])
 async def remember(ctx: ToolContext[MemoryDeps], args: RememberArgs) -> ToolResult:
     """记住一件事 (remember): 用户明确要求记住时调用；scope=me 关于提问者本人，scope=group 关于本群。"""
     row = await ctx.deps.service.remember(ctx.caller, args.content, args.scope)

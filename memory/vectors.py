@@ -72,11 +72,19 @@ class VectorIndex:
 
     def __init__(self) -> None:
         self._chats: dict[str, _ChatMatrix] = {}
+        self._stamps: dict[str, int] = {}
+
+    def stamp(self, chat: str) -> int:
+        """Changes whenever the chat's vectors change; pass it to :meth:`load`."""
+        return self._stamps.get(chat, 0)
 
     def loaded(self, chat: str) -> bool:
         return chat in self._chats
 
-    def load(self, chat: str, rows: Sequence[tuple[int, str, str, bytes]]) -> None:
+    def load(self, chat: str, rows: Sequence[tuple[int, str, str, bytes]], stamp: int | None = None) -> None:
+        """Cache the chat's matrix, unless its vectors changed since ``stamp`` (a read racing a write)."""
+        if stamp is not None and stamp != self.stamp(chat):
+            return
         dims = {len(r[3]) for r in rows}
         if len(dims) > 1:  # a model change: keep the vectors of the newest width only
             width = len(rows[-1][3])
@@ -89,7 +97,18 @@ class VectorIndex:
             matrix=matrix.astype(np.float32))
 
     def drop(self, chat: str) -> None:
+        """Forget the chat's matrix (new vectors): the next search reloads it."""
+        self._stamps[chat] = self.stamp(chat) + 1
         self._chats.pop(chat, None)
+
+    def discard(self, chat: str, ids: Sequence[int]) -> None:
+        """Take deleted memories out of the chat's matrix without reloading it."""
+        m = self._chats.get(chat)
+        if m is not None and len(ids) and len(m.ids):
+            gone = np.isin(m.ids, np.asarray(list(ids), dtype=np.int64))
+            if gone.any():
+                keep = ~gone
+                self._chats[chat] = _ChatMatrix(m.ids[keep], m.group[keep], m.users[keep], m.matrix[keep])
 
     def search(self, chat: str, user_id: str, query: bytes, limit: int, min_similarity: float) -> list[int]:
         """Visible ids, most similar first, at least ``min_similarity``."""

@@ -10,6 +10,7 @@ import pytest
 
 from memory.service import fuse
 from memory.testing import FakeEmbeddingServer, HashingModel
+from memory.vectors import VectorIndex, to_blob
 from tests.memory.conftest import ask, running
 
 CONCEPTS = {"allergic": "ALLERGY", "allergy": "ALLERGY", "过敏": "ALLERGY", "peanut": "PEANUT",
@@ -60,3 +61,16 @@ def test_reciprocal_rank_fusion() -> None:
     assert fuse([1, 2, 3], [3, 4]) == [3, 1, 2, 4]  # 3 is in both lists
     assert fuse([], [5, 6]) == [5, 6]
     assert fuse([7, 8], []) == [7, 8]
+
+
+def test_the_vector_index_discards_deleted_and_ignores_a_stale_load() -> None:
+    index = VectorIndex()
+    a, b = to_blob([1.0, 0.0]), to_blob([0.8, 0.6])
+    index.load("c", [(1, "group", "u", a), (2, "user", "u", b), (3, "user", "v", a)])
+    assert index.search("c", "u", a, 5, 0.1) == [1, 2]  # 3 is v's own
+    index.discard("c", [1])
+    assert index.search("c", "u", a, 5, 0.1) == [2]
+    stamp = index.stamp("c")
+    index.drop("c")  # a write happened while a reader was loading
+    index.load("c", [(1, "group", "u", a)], stamp)
+    assert not index.loaded("c")
