@@ -139,8 +139,10 @@ class Bot:
         for plugin in self.plugins:
             if plugin.unavailable is not None and plugin.name in self._deps:
                 reason = plugin.unavailable(self._deps[plugin.name])
-                if reason:
+                if isinstance(reason, str) and reason:
                     out.update({t.name: reason for t in plugin.tools})
+                elif reason and not isinstance(reason, str):
+                    out.update({t.name: reason[t.name] for t in plugin.tools if reason.get(t.name)})
         return out
 
     def offered_tools(self) -> Toolset:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, ToolContext, ToolError, Toolset
+from function_calls import ArgumentError, Caller, RunResult, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
     build_arguments,
@@ -28,7 +28,7 @@ from robot.message import ChatRef, Message, OutgoingMessage
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline"]
+__all__ = ["NO_LLM_REPLY", "Pipeline", "tier_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,16 @@ NO_LLM_REPLY = (
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+
+
+def tier_tokens(result: RunResult) -> dict[str, int]:
+    """Tokens per model tier: what tools report in ``data["tiers"]``; the rest is the execute tier."""
+    tiers: dict[str, int] = {}
+    for trace in result.trace:
+        for tier, tokens in ((trace.data or {}).get("tiers") or {}).items():
+            tiers[tier] = tiers.get(tier, 0) + int(tokens)
+    tiers["execute"] = tiers.get("execute", 0) + result.usage.total_tokens - sum(tiers.values())
+    return tiers
 
 
 class Pipeline:
@@ -181,7 +191,8 @@ class Pipeline:
                 except Exception:
                     log.exception("settling a context hook failed")
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
-                        "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
+                        "tokens": result.usage.total_tokens, "model_calls": result.usage.requests,
+                        "tiers": tier_tokens(result)})
         await self.reply(message, result.replies)
 
     async def _extras(self, caller: Caller, text: str) -> list[RunExtras]:
