@@ -241,16 +241,24 @@ class MemoryService:
 
     async def forget_user(self, caller: Caller) -> int:
         """``/forget me``: every memory the caller saved in this chat, and the chat's dreams."""
-        chat = ChatRef.of(caller).key
+        return await self.forget_person(caller.platform, caller.user_id, [ChatRef.of(caller).key])
 
-        def work(db: Any) -> list[int]:
-            owned = self.store.owned(db, chat, caller.user_id)
-            self.store.delete(db, owned)
-            self.store.delete_dreams(db, chat)
+    async def forget_person(self, platform: str, user_id: str, chats: Sequence[str] | None) -> int:
+        """Every memory a person saved in ``chats`` (None: every chat on the platform), and those chats' dreams.
+
+        Dreams go whole: one may quote any forgotten memory of its chat.
+        """
+
+        def work(db: Any) -> list[tuple[str, int]]:
+            owned = self.store.owned_by(db, platform, user_id, chats)
+            self.store.delete(db, [mid for _, mid in owned])
+            for chat in {c for c, _ in owned} | set(chats or ()):
+                self.store.delete_dreams(db, chat)
             return owned
 
         gone = await self.db.transaction(work)
-        self.index.discard(chat, gone)
+        for chat in {c for c, _ in gone}:
+            self.index.discard(chat, [mid for c, mid in gone if c == chat])
         return len(gone)
 
     # --- S -----------------------------------------------------------------------------------

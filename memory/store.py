@@ -171,9 +171,17 @@ class MemoryStore:
             "SELECT id, kind, user_id, vector FROM memories WHERE chat = ? AND vector IS NOT NULL ORDER BY id",
             [chat]).fetchall()]
 
-    def owned(self, db: sqlite_utils.Database, chat: str, user_id: str) -> list[int]:
-        return [int(r[0]) for r in db.execute("SELECT id FROM memories WHERE chat = ? AND user_id = ?",
-                                              [chat, user_id]).fetchall()]
+    def owned_by(self, db: sqlite_utils.Database, platform: str, user_id: str,
+                 chats: Sequence[str] | None) -> list[tuple[str, int]]:
+        """(chat, id) of what a person saved in ``chats``, or in every chat of the platform."""
+        if chats is None:
+            rows = db.execute("SELECT chat, id FROM memories WHERE user_id = ? AND substr(chat, 1, ?) = ?",
+                              [user_id, len(platform) + 1, f"{platform}:"]).fetchall()
+        else:
+            marks = ",".join("?" * len(chats))
+            rows = db.execute(f"SELECT chat, id FROM memories WHERE user_id = ? AND chat IN ({marks})",
+                              [user_id, *chats]).fetchall()
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     def sample(self, db: sqlite_utils.Database, chat: str, n: int) -> list[MemoryRow]:
         """Up to ``n`` random memories of the chat that are not long-term (sleep's sample)."""

@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING
 import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
-from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
+from function_calls import (
+    Caller,
+    ChatModel,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    Toolset,
+    Usage,
+    tool_function,
+)
 from robot import ChatRef, DailyBudget, Database, ForgetHook, HistoryEntry, HistoryStore
 from summary.extractive import HEADER, Speakers, extractive_summary
 from summary.mapreduce import SummaryFailed, map_reduce
@@ -218,6 +227,9 @@ async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
     caller = ctx.caller
     chat = ChatRef.of(caller)
     if args.target != "me":
+        if ctx.via != "command":  # a message in the chat must not talk the model into deleting data
+            raise ToolError("deleting by id needs the person to send `/forget <id>` themselves; tell them so",
+                            user_message="要删除一条记忆，请直接发送 /forget <编号>。")
         item = args.target.lstrip("#")
         for hook in ctx.deps.forget_hooks:
             said = await hook(caller, item)

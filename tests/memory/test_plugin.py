@@ -141,3 +141,30 @@ def test_the_plugin_is_a_builtin() -> None:
     from robot import load_plugin
 
     assert load_plugin("memory") is memory.plugin
+
+
+async def test_forget_person_everywhere_on_the_platform(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ask(ch, "/remember 我对花生过敏", user="u1", chat=ch.chat("g1"))
+        await ask(ch, "/remember 我住在杭州", user="u1", chat=ch.chat("g2"))
+        await ask(ch, "/remember 我的猫叫年糕", user="u1", chat=ch.chat("u1", kind="private"))
+        await ask(ch, "/remember 我对猫过敏", user="u2", chat=ch.chat("g1"))
+        service = deps(bot).service
+        assert await service.forget_person("other", "u1", None) == 0
+        assert await service.forget_person("memory", "u1", None) == 3
+        assert "猫" in await ask(ch, "/recall 过敏", user="u2")
+
+
+async def test_the_model_cannot_delete_a_memory_by_id(tmp_path: Path) -> None:
+    from function_calls import ModelRequest, ModelResponse
+    from function_calls.testing import ScriptedModel, call, text
+
+    def script(request: ModelRequest) -> ModelResponse:
+        if request.messages[-1]["role"] == "tool":
+            return text(str(request.messages[-1]["content"]))
+        return call("forget", {"target": "1"})
+
+    async with running(tmp_path, model=ScriptedModel(script)) as (_, ch):
+        await ask(ch, "/remember 我对花生过敏")
+        await ask(ch, "忘掉记忆 1", at_bot=True)
+        assert "花生" in await ask(ch, "/recall 过敏")
