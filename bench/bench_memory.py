@@ -1,6 +1,8 @@
 """Memory recall: recall@5 (lexical, embeddings, fused), latency at 10k and 100k memories, size on disk.
 
-Run: ``.venv/bin/python bench/bench_memory.py [--quick]``. The recall set (``bench/memory_set.py``)
+Run: ``.venv/bin/python bench/bench_memory.py [--quick]`` (``--quick``: 10k only). With jieba
+installed (``pip install jieba``; not a dependency) it also measures lexical search over jieba
+words, the segmenter the design note suggests, against the bigrams the plugin uses. The recall set (``bench/memory_set.py``)
 has 540 memories and 240 questions (Chinese and English; direct questions, paraphrases and
 keywords), one right memory each. Embeddings come from ``memory.testing.FakeEmbeddingServer``
 through the real ``openai`` SDK: a deterministic hashing model with a small concept table, so
@@ -79,6 +81,40 @@ async def ranks(service: MemoryService, questions: list[Question], mode: str,
     return out
 
 
+def jieba_ranks(facts: list[str], questions: list[Question]) -> list[list[int]] | None:
+    """Lexical search over jieba words (``cut_for_search``), for comparison; None without jieba."""
+    try:
+        import jieba  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    import logging
+    import sqlite3
+
+    jieba.setLogLevel(logging.WARNING)
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(terms, tokenize = 'unicode61')")
+
+    def words(text: str) -> list[str]:
+        return [w.lower() for w in jieba.cut_for_search(text) if w.strip() and (w.isalnum())]
+
+    for i, fact in enumerate(facts, start=1):
+        conn.execute("INSERT INTO t (rowid, terms) VALUES (?, ?)", [i, " ".join(words(fact))])
+    out: list[list[int]] = []
+    for q in questions:
+        terms = [w for w in dict.fromkeys(words(q.text)) if w not in STOP]
+        match = " OR ".join('"' + w.replace('"', '""') + '"' for w in terms)
+        rows = conn.execute("SELECT rowid FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 30", [match]).fetchall() \
+            if match else []
+        out.append([int(r[0]) for r in rows])
+    return out
+
+
+STOP = frozenset({
+    "的", "了", "吗", "呢", "吧", "啊", "是", "我", "你", "他", "她", "什么", "谁", "哪", "a", "an", "the", "is", "are",
+    "what", "who", "which", "when", "where", "how", "do", "does", "to", "of", "in", "on", "at", "for",
+})
+
+
 def recall_at(found: list[list[int]], questions: list[Question], answer: dict[tuple[str, str], int],
               k: int = 5) -> dict[str, float]:
     hits: dict[str, list[bool]] = defaultdict(list)
@@ -115,6 +151,12 @@ async def main(quick: bool) -> None:
                 answer = {f.key: i for f, i in zip(facts, ids, strict=True)}
                 rows.append((f"lexical ({lexical})", recall_at(await ranks(service, questions, "lexical", None),
                                                               questions, answer)))
+                if lexical == "bigram":
+                    segmented = jieba_ranks([f.text for f in facts], questions)
+                    if segmented is None:
+                        print("(jieba not installed: `pip install jieba` to compare a segmenter)")
+                    else:  # jieba's rowids are 1..n in fact order, like the store's ids here
+                        rows.append(("lexical (jieba words)", recall_at(segmented, questions, answer)))
                 if lexical == "bigram":
                     rows.append(("embeddings (fake model)", recall_at(
                         await ranks(service, questions, "embeddings", embedder), questions, answer)))

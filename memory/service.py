@@ -112,9 +112,8 @@ class MemoryService:
         mid = await self.db.transaction(work)
         self.index.drop(chat)
         log.info("memory %d saved in %s (%s)", mid, chat, kind)
-        row = await self.db.run(lambda db: self.store.get(db, mid))
-        assert row is not None
-        return row
+        return MemoryRow(id=mid, chat=chat, kind=kind, user_id=caller.user_id, user_name=caller.user_name,
+                         text=text, created=now, strength=Strength(level=0, time=now))
 
     # --- ranking -------------------------------------------------------------------------------
     async def rank(self, caller: Caller, query: str) -> list[int]:
