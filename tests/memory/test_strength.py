@@ -6,6 +6,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from function_calls import Caller
 from memory import MemoryService, MemorySettings, Rules, Strength
@@ -160,3 +162,24 @@ async def test_sleep_weakens_only_the_idle(tmp_path: Path, idle_hours: float) ->
     assert report.deleted == (1 if idle_hours > 1 else 0)
     assert (await db.run(lambda d: service.store.get(d, row.id)) is None) == (idle_hours > 1)
     await db.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["recall", "miss"]), st.floats(min_value=0, max_value=500)),
+                max_size=60))
+def test_rule_invariants_for_any_event_sequence(events: list[tuple[str, float]]) -> None:
+    s, now = Strength(level=0, time=T0), T0
+    for kind, hours in events:
+        now += timedelta(hours=hours)
+        before = s
+        s = RULES.recalled(s, now) if kind == "recall" else RULES.missed(s, now)
+        assert -1 <= s.level <= RULES.cap
+        assert s.long_term == (s.level == RULES.cap)  # long-term exactly at the cap
+        assert not before.long_term or s.long_term  # and for good
+        assert abs(s.level - before.level) <= 1  # one step at a time
+        if kind == "recall":
+            assert s.time == now and s.level >= before.level
+        else:
+            assert s.time == before.time and s.level <= before.level
+        if s.deleted:
+            break
