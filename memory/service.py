@@ -49,6 +49,7 @@ __all__ = ["MemoryService", "SleepReport", "used_in"]
 
 log = logging.getLogger(__name__)
 RRF_K = 60
+AUTO_EMBED_S = 3.0
 MEMORY_MARK = "【记忆】"
 
 
@@ -116,16 +117,19 @@ class MemoryService:
                          text=text, created=now, strength=Strength(level=0, time=now))
 
     # --- ranking -------------------------------------------------------------------------------
-    async def rank(self, caller: Caller, query: str) -> list[int]:
-        """Visible candidates for ``query``, best first (lexical and vector lists fused)."""
+    async def rank(self, caller: Caller, query: str, *, embed_within_s: float | None = None) -> list[int]:
+        """Visible candidates for ``query``, best first (lexical and vector lists fused).
+
+        ``embed_within_s``: give up on the query's embedding after this long (lexical only).
+        """
         chat, user, limit = ChatRef.of(caller).key, caller.user_id, self.settings.candidates
         lexical = await self.db.run(lambda db: self.store.lexical_search(db, chat, user, query, limit))
         vector: list[int] = []
         if self.embedder is not None and query.strip():
             try:
-                q = (await self.embedder.embed([query]))[0]
-            except EmbeddingError as exc:
-                log.warning("memory query embedding failed (%s); lexical recall only", exc)
+                q = (await asyncio.wait_for(self.embedder.embed([query]), embed_within_s))[0]
+            except (EmbeddingError, TimeoutError) as exc:
+                log.warning("memory query embedding failed (%s); lexical recall only", type(exc).__name__)
             else:
                 if not self.index.loaded(chat):
                     stamp = self.index.stamp(chat)
@@ -181,7 +185,8 @@ class MemoryService:
         s = self.settings
         if not s.auto_context or s.auto_context_n == 0 or s.auto_context_tokens == 0:
             return None
-        ranked = (await self.rank(caller, text))[:s.auto_context_n]
+        # Every chat run waits for this: a slow embedding endpoint must not hold the answer up.
+        ranked = (await self.rank(caller, text, embed_within_s=AUTO_EMBED_S))[:s.auto_context_n]
         rows = await self.db.run(lambda db: self.store.rows(db, ranked))
         lines: list[str] = []
         shown: list[MemoryRow] = []

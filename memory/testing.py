@@ -5,11 +5,13 @@ lowercase words, after mapping each through ``concepts`` (synonyms and translati
 concept name: ``{"过敏": "ALLERGY", "allergic": "ALLERGY"}``). It is a stand-in for a real
 model: similar texts get similar vectors, and the concept table plays the part of what a model
 learned about paraphrases. The server answers ``encoding_format`` ``float`` and ``base64``
-(the ``openai`` SDK asks for base64), records requests, and fails on demand (``fail = True``).
+(the ``openai`` SDK asks for base64), records requests, fails on demand (``fail = True``) and
+answers late on demand (``delay_s``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -65,6 +67,7 @@ class FakeEmbeddingServer(LoopbackServer):
         self.model = model or HashingModel()
         self.requests: list[dict[str, Any]] = []
         self.fail = False
+        self.delay_s = 0.0
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -79,6 +82,8 @@ class FakeEmbeddingServer(LoopbackServer):
         except ValueError:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         self.requests.append(body)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.fail:
             return web.json_response({"error": {"message": "embedding backend down", "type": "server_error"}},
                                      status=500)

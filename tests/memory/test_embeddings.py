@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import memory.service as service_module
+from function_calls.testing import ScriptedModel, text
 from memory.service import fuse
 from memory.testing import FakeEmbeddingServer, HashingModel
 from memory.vectors import VectorIndex, to_blob
@@ -74,3 +77,17 @@ def test_the_vector_index_discards_deleted_and_ignores_a_stale_load() -> None:
     index.drop("c")  # a write happened while a reader was loading
     index.load("c", [(1, "group", "u", a)], stamp)
     assert not index.loaded("c")
+
+
+async def test_a_slow_embedding_endpoint_does_not_hold_up_the_answer(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "AUTO_EMBED_S", 0.2)
+    model = ScriptedModel(lambda r: text("嗯"))
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
+            running(tmp_path, model=model, memory=settings(server)) as (_, ch):
+        await ask(ch, "/remember 我对花生过敏")
+        server.delay_s = 3.0
+        started = time.monotonic()
+        await ask(ch, "我对什么过敏", at_bot=True)
+        assert time.monotonic() - started < 2.0
+        assert "花生" in str(model.requests[0].messages[-2]["content"])  # the lexical context is still there
