@@ -10,6 +10,7 @@ from robot.channels.base import (
     Channel,
     ChannelError,
     ChannelUnavailable,
+    SendFailed,
     SendReceipt,
     SendRejected,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Reservation",
     "Role",
     "RunExtras",
+    "SendFailed",
     "SendReceipt",
     "SendRejected",
     "Sender",

@@ -13,7 +13,8 @@ out through the socket of the account that owns the chat, never another account'
 Errors (the tree of :mod:`robot.channels.base`)::
 
     ChannelError
-    ├── ChannelUnavailable        not connected, socket dropped, or no answer in time
+    ├── ChannelUnavailable        not connected, or the socket dropped
+    │   └── SendFailed            no answer in time
     └── SendRejected
         └── OneBotActionFailed    the implementation answered ``status: failed`` (has ``retcode``)
 """
@@ -33,12 +34,13 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
-from robot.channels.base import Capabilities, Channel, SendReceipt, SendRejected
+from robot.channels.base import Capabilities, Channel, SendFailed, SendReceipt, SendRejected
 from robot.channels.onebot.connection import (
     ActionTimeout,
     ClientRole,
     Connection,
     LateAnswer,
+    OneBotActionFailed,
     PendingActions,
     Sockets,
     auth_rejection,
@@ -214,6 +216,12 @@ class OneBotChannel(Channel):
             while len(self._unanswered) > _LATE_KEEP:
                 self._unanswered.popitem(last=False)
             raise
+        except OneBotActionFailed as exc:
+            # 14xx is the standard's "your request is wrong" (bad request, unauthorized, not found): final.
+            # Anything else (NapCat's 1200 covers send timeouts) may pass on a retry; the outbox bounds it.
+            if isinstance(exc.retcode, int) and 1400 <= exc.retcode < 1500:
+                raise
+            raise SendFailed(str(exc)) from exc
         return self._receipt(response)
 
     @staticmethod
@@ -299,6 +307,7 @@ class OneBotChannel(Channel):
             self.self_id = self_id
         if role != "Event":
             self._connected.set()
+            self.announce_connected()
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:

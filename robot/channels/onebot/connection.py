@@ -17,7 +17,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from robot.channels.base import ChannelUnavailable, SendRejected
+from robot.channels.base import ChannelUnavailable, SendFailed, SendRejected
 
 __all__ = [
     "ActionTimeout",
@@ -50,8 +50,8 @@ class OneBotActionFailed(SendRejected):
         super().__init__(f"onebot action {action!r} failed with retcode {retcode}{suffix}")
 
 
-class ActionTimeout(ChannelUnavailable):
-    """No answer within ``action_timeout_s``: the action may still have happened."""
+class ActionTimeout(SendFailed):
+    """No answer within ``action_timeout_s``: the action may still have happened (retried, bounded)."""
 
 
 @dataclass(eq=False)
