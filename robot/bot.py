@@ -96,7 +96,8 @@ class Bot:
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
                                     max_text_chars=hist.max_message_chars)
         self.dedupe = DedupeStore(self.db)
-        self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
+        self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
+                             max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts)
         lim = settings.limits
         self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
                                    command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
@@ -231,7 +232,7 @@ class Bot:
                 self._inflight.discard(task)
 
     async def start(self) -> None:
-        """Open the store, set up plugins, start the outbox and the channels.
+        """Open the store, set up plugins, start the channels, then the outbox.
 
         If any step fails (say, a channel's port is taken), what did start is stopped again
         before the error propagates, so no socket, worker or DB thread is left behind.
@@ -247,9 +248,10 @@ class Bot:
                 channel.bind(self.handle)
                 channel.attach_panels(self.panels)
                 channel.attach_chats(self.history.recent, self.zone_for)
-            await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()
+            # Channels first: what waited in the outbox goes out the moment they connect, not on a timer.
+            await self.outbox.start()
             await self.approvals.start()
             self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         except BaseException:

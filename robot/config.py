@@ -31,6 +31,7 @@ __all__ = [
     "HistorySection",
     "LLMSection",
     "LimitsSection",
+    "OutboxSection",
     "Settings",
     "TierSection",
     "WebSettings",
@@ -154,6 +155,13 @@ class HistorySection(_Section):
     max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
 
 
+class OutboxSection(_Section):
+    max_in_flight: int = Field(4, ge=1, le=64, description="sends awaiting the platform at once, per channel: a "
+                               "crash can resend at most these")
+    max_attempts: int = Field(6, ge=1, le=100, description="tries of a message whose send fails for now before it "
+                              "is given up (a channel that is down does not count)")
+
+
 class GateSection(_Section):
     always: list[str] = Field(default_factory=list, description="group chat keys answered without an @")
     never: list[str] = Field(default_factory=list, description="group chat keys never answered")
@@ -209,6 +217,7 @@ class Settings(BaseSettings):
     limits: LimitsSection = Field(default_factory=LimitsSection)
     gate: GateSection = Field(default_factory=GateSection)
     history: HistorySection = Field(default_factory=HistorySection)
+    outbox: OutboxSection = Field(default_factory=OutboxSection)
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 

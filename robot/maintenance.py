@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
 from robot.store import Database
 
-__all__ = ["backup", "pending"]
+__all__ = ["backup", "pending", "undelivered"]
 
 
 async def pending(settings: Settings, everything: bool) -> int:
@@ -70,3 +71,21 @@ def backup(settings: Settings, target: str, force: bool) -> int:
     partial.replace(dest)
     print(f"backed up {source} to {dest} ({dest.stat().st_size // 1024} KiB)")
     return 0
+
+
+def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]:
+    """Outgoing messages given up in the last ``days`` (newest first), read-only; [] without a database."""
+    path = settings.bot.data_dir / "qunbot.sqlite3"
+    if not path.is_file():
+        return []
+    cutoff = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute("SELECT chat, coalesce(error, '') FROM outbox WHERE status = 'failed' "
+                                "AND sent_at >= ? ORDER BY sent_at DESC LIMIT 100", [cutoff]).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:  # no outbox table yet, or a locked file: nothing to report here
+        return []
+    return [{"chat": str(chat), "error": str(error)[:200]} for chat, error in rows]

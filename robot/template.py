@@ -22,6 +22,7 @@ from robot.config import (
     HistorySection,
     LimitsSection,
     LLMSection,
+    OutboxSection,
 )
 
 __all__ = ["render_template"]
@@ -76,7 +77,8 @@ def render_template(plugin_sections: Sequence[tuple[str, type[BaseModel]]] = ())
     ]
     core: list[tuple[str, type[BaseModel]]] = [("bot", BotSection), ("llm", LLMSection),
                                                ("limits", LimitsSection), ("gate", GateSection),
-                                               ("history", HistorySection), ("approvals", ApprovalsSection)]
+                                               ("history", HistorySection), ("outbox", OutboxSection),
+                                               ("approvals", ApprovalsSection)]
     for title, model in core:
         lines.extend(_table(title, model))
     lines.extend(_table("channels", ChannelsSection))

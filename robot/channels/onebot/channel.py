@@ -46,6 +46,7 @@ from robot.channels.onebot.connection import (
     auth_rejection,
     check_response,
     peer_rejection,
+    receipt_of,
     role_for,
 )
 from robot.channels.onebot.cq import compose_message, to_array
@@ -198,7 +199,7 @@ class OneBotChannel(Channel):
             with contextlib.suppress(TimeoutError):
                 response = check_response(action, await asyncio.wait_for(late, timeout))
                 log.info("onebot: %s was delivered after its timeout; not sending it again", key)
-                return self._receipt(response)
+                return receipt_of(response)
             log.warning("onebot: resending %s: the first attempt got no answer within %gs "
                         "(the chat may see it twice)", key, 2 * timeout)
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -216,19 +217,11 @@ class OneBotChannel(Channel):
             while len(self._unanswered) > _LATE_KEEP:
                 self._unanswered.popitem(last=False)
             raise
-        except OneBotActionFailed as exc:
-            # 14xx is the standard's "your request is wrong" (bad request, unauthorized, not found): final.
-            # Anything else (NapCat's 1200 covers send timeouts) may pass on a retry; the outbox bounds it.
+        except OneBotActionFailed as exc:  # 14xx (a wrong request) is final; others (NapCat's 1200) may pass later
             if isinstance(exc.retcode, int) and 1400 <= exc.retcode < 1500:
                 raise
             raise SendFailed(str(exc)) from exc
-        return self._receipt(response)
-
-    @staticmethod
-    def _receipt(response: Mapping[str, Any]) -> SendReceipt:
-        data = response.get("data")
-        message_id = data.get("message_id") if isinstance(data, Mapping) else None
-        return SendReceipt(platform_message_id=None if message_id is None else str(message_id))
+        return receipt_of(response)
 
     async def call_action(self, action: str, params: Mapping[str, object] | None = None, *, account: str = "",
                           on_late: LateAnswer | None = None) -> dict[str, Any]:
