@@ -96,7 +96,7 @@ async def run(count: int) -> None:
     span = timedelta(hours=min(160.0, max(20.0, count / 600)))  # ~600 messages an hour at most
     with tempfile.TemporaryDirectory() as tmp:
         model = ScriptedModel(short_answer)
-        settings = Settings(bot={"data_dir": Path(tmp)}, summary={"retention_max_messages": max(count, 10)})
+        settings = Settings(bot={"data_dir": Path(tmp)}, history={"max_messages": max(count, 10)})
         bot = Bot(settings, model=model, channels=[], plugins=[summary.plugin], clock=lambda: NOW)
         await bot.start()
         try:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolDefinitionError
+from function_calls.problems import field_path, schema_problems, short_value
 from function_calls.schema import EMPTY_PARAMETERS, compact_schema, strict_schema
 
 __all__ = ["Confirm", "Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
@@ -30,8 +31,6 @@ Scope = Literal["group", "private", "both"]
 #: Who must agree before a ``confirm`` tool runs (see :attr:`Tool.confirm`).
 Confirm = Literal["requester", "admin", "input"]
 Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
-_MAX_VALUE_CHARS = 80
-_MAX_MESSAGE_CHARS = 160
 #: Larger argument strings are refused before parsing: no tool needs them, and parsing costs.
 MAX_ARGUMENT_CHARS = 64_000
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts for a function name
@@ -51,6 +50,7 @@ class Tool:
     scope: Scope = "both"
     require_at: bool = False
     admin_only: bool = False
+    group_admin: bool = False
     #: Who must agree before the call runs: the ``"requester"``, an ``"admin"`` (approver), or the
     #: asker's ``"input"`` (``ask_user``); None runs at once. The bot pauses the run until then.
     confirm: Confirm | None = None
@@ -75,12 +75,19 @@ class Tool:
         return {"type": "function", "function": fn}
 
     def allowed_for(self, caller: Caller) -> bool:
-        """Scope, @-requirement and admin rule: a tool that fails this is neither offered nor run."""
+        """Scope, @-requirement and admin rules: a tool that fails this is neither offered nor run.
+
+        ``admin_only``: the bot's admins (``[bot] admins``) only; owning a group is not enough,
+        since anyone can create one and add the bot. ``group_admin``: a group's owner or admins
+        acting in that group (and the bot's admins anywhere).
+        """
         if self.scope != "both" and self.scope != caller.chat_kind:
             return False
         if self.require_at and caller.chat_kind == "group" and not caller.addressed:
             return False
-        return not (self.admin_only and not caller.is_admin)
+        if self.admin_only and not caller.bot_admin:
+            return False
+        return not (self.group_admin and not caller.group_admin)
 
     def parse_arguments(self, raw: str | dict[str, Any] | None, *, strict: bool = False) -> BaseModel | None:
         """Raw JSON -> JSON Schema (as sent) -> Pydantic. Raises :class:`ArgumentError`."""
@@ -96,14 +103,14 @@ class Tool:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
-                problem = FieldProblem("", f"not valid JSON: {exc.msg} at char {exc.pos}", _short(text))
+                problem = FieldProblem("", f"not valid JSON: {exc.msg} at char {exc.pos}", short_value(text))
                 raise ArgumentError(self.name, "JSON", [problem]) from None
             except RecursionError:
                 raise ArgumentError(self.name, "JSON", [FieldProblem("", "JSON nested too deeply")]) from None
         if not isinstance(data, dict):
-            raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", _short(data))])
+            raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", short_value(data))])
         validator = self._strict_validator if strict else self._validator
-        problems = _schema_problems(validator.iter_errors(data))
+        problems = schema_problems(validator.iter_errors(data))
         if problems:
             raise ArgumentError(self.name, "schema", problems)
         if self.args_model is None:
@@ -116,7 +123,9 @@ class Tool:
             raise ArgumentError(
                 self.name,
                 "validation",
-                [FieldProblem(_path(e["loc"]), e["msg"], _short(e.get("input"))) for e in exc.errors()],
+                [FieldProblem(field_path(e["loc"]), e["msg"], short_value(given := e.get("input")), kind=e["type"],
+                              limit=next(iter(e.get("ctx", {}).values()), None),
+                              length=len(given) if isinstance(given, str) else None) for e in exc.errors()],
             ) from None
 
     async def invoke(self, ctx: ToolContext[Any], args: BaseModel | None) -> ToolResult:
@@ -137,68 +146,6 @@ class Tool:
         if isinstance(result, ToolResult):
             return result
         raise ToolDefinitionError(f"tool {self.name!r} returned {type(result).__name__}, not ToolResult or str")
-
-
-def _path(parts: Iterable[Any]) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _short(value: Any) -> str:
-    """A JSON rendering of a value, cut to a readable length; lone surrogates made safe to send."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, RecursionError):
-        text = repr(value)
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
-
-
-def _cut(message: str) -> str:
-    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart).
-
-    The cut is in the middle: the reason ("is too long") comes after the value and must survive.
-    """
-    message = message.encode("utf-8", "replace").decode("utf-8")
-    if len(message) <= _MAX_MESSAGE_CHARS:
-        return message
-    half = (_MAX_MESSAGE_CHARS - 1) // 2
-    return message[:half] + "…" + message[-half:]
-
-
-_LENGTH_REASONS = {"maxLength": "is too long: at most {} characters", "minLength": "is too short: at least {} characters",
-                   "maxItems": "has too many items: at most {}", "minItems": "has too few items: at least {}"}
-
-
-def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
-    problems: list[FieldProblem] = []
-    for err in errors:
-        if err.validator == "required" and isinstance(err.instance, dict):
-            # Point at the missing field itself, not at its parent object (one entry per field).
-            missing = err.message.split(" is a required property")[0].strip("'\"")
-            if missing in err.validator_value and missing not in err.instance:
-                problems.append(FieldProblem(_path([*err.absolute_path, missing]), "required field is missing"))
-                continue
-        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-            known = err.schema.get("properties", {})
-            allowed = ", ".join(known) or "none"
-            problems.extend(
-                FieldProblem(_path([*err.absolute_path, k]), f"unknown field (allowed: {allowed})", _short(v))
-                for k, v in err.instance.items() if k not in known
-            )
-            continue
-        if err.validator in _LENGTH_REASONS:
-            message = _LENGTH_REASONS[err.validator].format(err.validator_value)
-        else:
-            message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
-        problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
-    return sorted(problems, key=lambda p: p.path)
-
-
-def _enum_msg(err: Any) -> str:
-    return "must be one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in err.validator_value)
 
 
 def _nullable(schema: dict[str, Any], prop: str) -> bool:
@@ -264,6 +211,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
+    group_admin: bool = False,
     confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
@@ -281,6 +229,7 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
+    group_admin: bool = False,
     confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
@@ -316,7 +265,7 @@ def tool_function(
         tool = Tool(
             name=tool_name, description=desc.strip(), handler=func, args_model=model,
             parameters=params, strict_parameters=strict, examples=tuple(examples), scope=scope,
-            require_at=require_at, admin_only=admin_only,
+            require_at=require_at, admin_only=admin_only, group_admin=group_admin,
             confirm="admin" if confirm is True else (confirm or None), retries=retries,
             timeout_s=timeout_s, sequential=sequential,
             aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from reminders.commands import REMIND_SYNTAX
 from reminders.service import FireReport, ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import LimitError, Reminder, ReminderError, ReminderStore
@@ -26,7 +27,7 @@ from reminders.tools import (
     reminder_set,
     toolset,
 )
-from robot import Plugin
+from robot import Forgetter, Plugin
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -66,6 +67,7 @@ async def setup(bot: Bot) -> ReminderDeps:
     await service.start()
     deps = ReminderDeps(service)
     bot.panels["reminders"] = deps.panel
+    bot.forgetters.append(Forgetter("reminders", "个提醒（已取消）", service.forget))
     return deps
 
 
@@ -75,4 +77,4 @@ async def teardown(deps: ReminderDeps) -> None:
 
 
 plugin: Plugin[ReminderDeps] = Plugin(name="reminders", tools=toolset, setup=setup, teardown=teardown,
-                                      settings_model=ReminderSettings)
+                                      settings_model=ReminderSettings, commands={"reminder_set": REMIND_SYNTAX})

@@ -46,7 +46,7 @@ from reminders.prompts import run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
-from robot import ChatRef, OutgoingMessage, reply_key
+from robot import ChatRef, ForgetRequest, OutgoingMessage, reply_key
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -362,6 +362,14 @@ class ReminderService:
         deleted = await self.store.delete(reminder_id, self.clock())
         self.disarm(reminder_id)
         return deleted
+
+    async def forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: the person's reminders in the chats concerned go (rows and timers); how many were active."""
+        chats = None if request.everywhere else [c.key for c in request.chats]
+        ids = await self.store.erase_owner(f"{request.platform}:{request.user_id}", chats, request.platform)
+        for rid in ids:
+            self.disarm(rid)
+        return len(ids)
 
     async def delete_chat(self, chat: ChatRef, *, owner: str | None = None) -> int:
         """Delete every active reminder of a chat (only ``owner``'s, if given) at once; returns how many."""

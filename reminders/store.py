@@ -314,6 +314,26 @@ class ReminderStore:
 
         return await self.db.transaction(work, durable=self.durable)
 
+    async def erase_owner(self, owner: str, chats: list[str] | None, platform: str) -> list[str]:
+        """Delete a person's reminders (rows and text, whatever their status) in ``chats``, or in every
+        chat of ``platform`` when ``chats`` is None; returns the ids that were still active."""
+        where = "owner = ?"
+        params: list[object] = [owner]
+        if chats is None:
+            where += " AND substr(chat, 1, ?) = ?"
+            params.extend([len(platform) + 1, f"{platform}:"])
+        else:
+            where += f" AND chat IN ({','.join('?' * len(chats))})"
+            params.extend(chats)
+
+        def work(db: sqlite_utils.Database) -> list[str]:
+            active = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where} AND status = 'active'",
+                                               params).fetchall()]
+            db.execute(f"DELETE FROM reminders WHERE {where}", params)
+            return active
+
+        return await self.db.transaction(work)
+
     async def upcoming(self, after: datetime, until: datetime, limit: int) -> list[tuple[str, datetime, str]]:
         """``(id, next fire, zone)`` of active reminders due in ``(after, until]``, soonest first."""
         def work(db: sqlite_utils.Database) -> list[tuple[str, datetime, str]]:

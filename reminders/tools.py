@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls import Caller, ToolContext, ToolError, ToolResult, Toolset, tool_function
-from reminders.schedule import ScheduleError, describe, parse_schedule
+from reminders.schedule import ScheduleError, days_mask, describe, parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import Reminder, ReminderError, ReminderStore
@@ -43,16 +43,20 @@ class ReminderArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["once", "daily", "weekly"] = Field(
-        description="once = 一次性 one time; daily = 每天 every day; weekly = 每周 every week")
+    type: Literal["once", "daily", "weekly", "weekdays"] = Field(
+        description="once = 一次性 one time; daily = 每天 every day; weekly = 每周 one day a week; "
+        "weekdays = 每周几天 several days a week (days), e.g. 工作日 Monday-Friday")
     time: str = Field(
         description="once: 'YYYY-MM-DD HH:MM' (seconds allowed) in the chat's time zone, e.g. '2026-11-22 15:00'; "
-        "daily/weekly: 'HH:MM', e.g. '08:00'")
+        "daily/weekly/weekdays: 'HH:MM', e.g. '08:00'")
     content: str = Field(
         min_length=1, max_length=500,
         description="提醒内容 text sent to the user when it fires; in prompt mode, the instruction to run then")
     weekday: int | None = Field(
         default=None, ge=0, le=6, description="weekly only (leave out otherwise): 0=Monday 周一 ... 6=Sunday 周日")
+    days: list[int] | None = Field(
+        default=None, min_length=1, max_length=7,
+        description="weekdays only (leave out otherwise): the days, 0=Monday ... 6=Sunday; [0,1,2,3,4] = 工作日")
     mode: Literal["text", "prompt"] = Field(
         default="text",
         description="text = send content as is; prompt = at fire time run content as a request to the assistant "
@@ -96,7 +100,14 @@ class ReminderDeps:
     @staticmethod
     def clears_chat(caller: Caller) -> bool:
         """Whether ``caller``'s "all" deletes everyone's reminders in this chat, not just their own."""
-        return caller.bot_admin or (caller.is_admin and caller.chat_kind == "group")
+        return caller.group_admin
+
+    async def visible(self, caller: Caller) -> list[Reminder]:
+        """The caller's reminders that may be shown where they ask: in a group only this chat's ones
+        (another chat's, a private one above all, must not show there); in private all of them."""
+        mine = await self.store.for_owner(caller.qualified_user)
+        here = ChatRef.of(caller).key
+        return [r for r in mine if r.chat == here] if caller.chat_kind == "group" else mine
 
     async def describe(self, caller: Caller, reminders: list[Reminder]) -> list[str]:
         """One line per reminder: short id, chat, schedule with next fire, content."""
@@ -116,13 +127,15 @@ class ReminderDeps:
         """The web playground's side panel: the chat's active reminders."""
         rows = await self.store.for_chat(chat.key)
         short = await self.store.short_ids([r.id for r in rows])
-        return [{"id": short[r.id], "owner": r.owner_name, "schedule": describe(r.schedule, r.next_fire),
-                 "mode": r.mode, "content": r.content[:80]} for r in rows]
+        # Labels are what the playground shows: written for people, not field names.
+        return [{"编号": f"#{short[r.id]}", "谁的": r.owner_name, "时间": describe(r.schedule, r.next_fire),
+                 "内容": ("[定时任务] " if r.mode == "prompt" else "") + r.content[:80]} for r in rows]
 
 
 @tool_function(
     require_at=True, aliases=["remind"], timeout_s=45,  # past the database's 30 s lock wait: say "try later"
-    examples=["提醒我明天下午3点开会", "每天早上8点提醒我喝水", "每周一9:30提醒大家交周报", "每天8点告诉我北京的天气"],
+    examples=["提醒我明天下午3点开会", "/remind 明天8点 开会", "每天早上8点提醒我喝水", "每周一9:30提醒大家交周报",
+              "每天8点告诉我北京的天气", "/remind 工作日 9:00 站会"],
 )
 async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> ToolResult:
     """设置提醒 (set a reminder) for the person asking, in this chat; it @-mentions them when it fires.
@@ -153,7 +166,14 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
         return f"好的，已设置{what} #{short}：{describe(schedule, made.next_fire)}\n内容：{made.content}"
 
     try:
-        schedule = parse_schedule(args.type, args.time, ctx.zone.key, args.weekday)
+        if args.days is not None and args.type != "weekdays":
+            raise ScheduleError(f"days is only for weekdays reminders; leave it out for a {args.type} reminder",
+                                user_message="只有每周几天的提醒（weekdays）需要 days。")
+        if args.type == "weekdays" and args.weekday is not None:
+            raise ScheduleError("weekdays reminders take days (a list), not weekday",
+                                user_message="每周几天的提醒请用 days 指定哪几天（例如 工作日），不用 weekday。")
+        weekday = days_mask(args.days or ()) if args.type == "weekdays" else args.weekday
+        schedule = parse_schedule(args.type, args.time, ctx.zone.key, weekday)
         # A /command's answer is exactly this text, as the message's first reply: it commits with the reminder.
         reminder = await deps.service.create(ctx.caller, schedule, content, args.mode,
                                              confirm=confirmation if ctx.via == "command" else None)
@@ -167,11 +187,13 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
 
 @tool_function(aliases=["reminders"])
 async def reminder_list(ctx: ToolContext[ReminderDeps]) -> ToolResult:
-    """列出我的提醒 (list the asking person's active reminders in every chat, with ids for reminder_delete)."""
+    """列出我的提醒 (list the asking person's active reminders, with ids for reminder_delete: in a group this
+    chat's only; in a private chat all of theirs, each marked with where it fires)."""
     deps = ctx.deps
-    mine = await deps.store.for_owner(ctx.caller.qualified_user)
+    mine = await deps.visible(ctx.caller)
     if not mine:
-        return ToolResult.reply("你目前没有任何提醒。", content="The user has no active reminders.")
+        where = "在本群" if ctx.caller.chat_kind == "group" else "目前"
+        return ToolResult.reply(f"你{where}没有任何提醒。", content="The user has no active reminders here.")
     lines = await deps.describe(ctx.caller, mine)
     return ToolResult(content=f"你的提醒（共 {len(mine)} 个）：\n" + "\n".join(lines),
                       data={"ids": [r.id for r in mine]})
@@ -190,6 +212,9 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
                             "themselves; tell them so", user_message="要删除本聊天的全部提醒，请直接发送 /unremind all。")
         return await _delete_all(deps, caller)
     found = await deps.store.match(wanted, owner=deps.owner_scope(caller))
+    if caller.chat_kind == "group":  # another chat's reminder is neither deleted nor described from here
+        here = ChatRef.of(caller).key
+        found = [r for r in found if r.chat == here]
     if len(found) == 1:
         target = found[0]
         line = (await deps.describe(caller, [target]))[0]
@@ -201,10 +226,11 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
         lines = await deps.describe(caller, found)
         raise ToolError(f"id {wanted!r} is ambiguous: it matches {len(found)} reminders. Use more characters "
                         "of the id:\n" + "\n".join(lines), user_message=f"编号 {wanted} 不唯一：\n" + "\n".join(lines))
-    mine = await deps.store.for_owner(caller.qualified_user)
+    mine = await deps.visible(caller)
     if not mine:
-        raise ToolError(f"no reminder with id {wanted!r}: the user has no active reminders",
-                        user_message="你目前没有任何提醒。")
+        where = "在本群" if caller.chat_kind == "group" else "目前"
+        raise ToolError(f"no reminder with id {wanted!r}: the user has no active reminders here",
+                        user_message=f"没有找到编号为 {wanted} 的提醒；你{where}没有任何提醒。")
     lines = await deps.describe(caller, mine[:_LISTED])
     extra = len(mine) - _LISTED
     more, more_zh = (f"\n…and {extra} more (call reminder_list)", f"\n……还有 {extra} 个（发送 /reminders 查看）"

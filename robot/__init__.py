@@ -10,29 +10,41 @@ from robot.channels.base import (
     Channel,
     ChannelError,
     ChannelUnavailable,
+    SendFailed,
     SendReceipt,
     SendRejected,
 )
+from robot.commands import CommandError, CommandLine, CommandSyntax
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
-from robot.limits import DailyBudget
+from robot.hooks import ContextHook, ForgetHook, RunExtras
+from robot.limits import BudgetExceeded, DailyBudget, Reservation
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
+from robot.privacy import ForgetRequest, Forgetter
 from robot.store import Database, iso, parse_iso, utcnow
 
 __all__ = [
     "Bot",
+    "BudgetExceeded",
     "Capabilities",
     "Channel",
     "ChannelError",
     "ChannelUnavailable",
     "ChatKind",
     "ChatRef",
+    "CommandError",
+    "CommandLine",
+    "CommandSyntax",
     "ConfigError",
+    "ContextHook",
     "DailyBudget",
     "Database",
+    "ForgetHook",
+    "ForgetRequest",
+    "Forgetter",
     "HistoryEntry",
     "HistoryStore",
     "Message",
@@ -40,7 +52,10 @@ __all__ = [
     "OutgoingMessage",
     "Plugin",
     "PluginError",
+    "Reservation",
     "Role",
+    "RunExtras",
+    "SendFailed",
     "SendReceipt",
     "SendRejected",
     "Sender",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -19,20 +19,25 @@ from function_calls import (
     OpenAIChatModel,
     Runner,
     RunResult,
+    RunState,
     StopReason,
     Tool,
     Toolset,
 )
+from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
-from robot.config import Settings
+from robot.commands import CommandSyntax
+from robot.config import Settings, check_tables
 from robot.history import HistoryStore
-from robot.limits import DailyBudget, RateLimiter
+from robot.hooks import ContextHook, ForgetHook
+from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.pipeline import Pipeline
 from robot.plugin import Plugin, load_plugin
+from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
 
 __all__ = ["Bot", "build_channels"]
@@ -83,14 +88,22 @@ class Bot:
         self.settings = settings
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        specs = plugins if plugins is not None else settings.bot.plugins
+        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
+        check_tables(settings, [p.name for p in self.plugins])
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
-        self.history = HistoryStore(self.db)
+        hist = settings.history
+        self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
+                                    max_text_chars=hist.max_message_chars)
         self.dedupe = DedupeStore(self.db)
-        self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
+        self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
+                             max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts)
         lim = settings.limits
-        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
+        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
+                                   command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
-                                  chat_tokens=lim.chat_daily_tokens, clock=self.clock)
+                                  chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
+                                  clock=self.clock)
         self.model = model if model is not None else self._default_model()
         in_memory = str(self.db.path) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).
@@ -108,9 +121,7 @@ class Bot:
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
                                                                       else build_channels(settings))}
-        specs = plugins if plugins is not None else settings.bot.plugins
-        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
-        merged = Toolset("bot")
+        merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
         if self.model is not None and settings.approvals.ask_user:  # the model's way to ask; no command
@@ -119,7 +130,14 @@ class Bot:
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
+        #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
+        self.forgetters: list[Forgetter] = []
+        #: Plugins' hooks (see :mod:`robot.hooks`): extra context before each chat run, and ``/forget <id>``.
+        self.context_hooks: list[ContextHook] = []
+        self.forget_hooks: list[ForgetHook] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
+        #: Tools whose ``/command`` has its own syntax (``Plugin.commands``).
+        self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
@@ -145,13 +163,15 @@ class Bot:
         for plugin in self.plugins:
             if plugin.unavailable is not None and plugin.name in self._deps:
                 reason = plugin.unavailable(self._deps[plugin.name])
-                if reason:
+                if isinstance(reason, str) and reason:
                     out.update({t.name: reason for t in plugin.tools})
+                elif reason and not isinstance(reason, str):
+                    out.update({t.name: reason[t.name] for t in plugin.tools if reason.get(t.name)})
         return out
 
     def offered_tools(self) -> Toolset:
         blocked = self.unavailable_tools()
-        return self.tools.filter(lambda t: t.name not in blocked)
+        return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
 
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
@@ -180,9 +200,13 @@ class Bot:
         if self.router is None:
             return None
         chat = ChatRef.of(caller)
-        result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                             zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                             clock=self.clock)
+        try:
+            async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
+                result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                                     zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                                     clock=self.clock)
+        except BudgetExceeded as exc:
+            return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
         if result.stop is StopReason.AWAITING_APPROVAL:
             # The request is posted in the chat; the run resumes there once approved.
             ask = await self.approvals.pause(result, caller, chat, origin="scheduled")
@@ -208,7 +232,7 @@ class Bot:
                 self._inflight.discard(task)
 
     async def start(self) -> None:
-        """Open the store, set up plugins, start the outbox and the channels.
+        """Open the store, set up plugins, start the channels, then the outbox.
 
         If any step fails (say, a channel's port is taken), what did start is stopped again
         before the error propagates, so no socket, worker or DB thread is left behind.
@@ -223,9 +247,11 @@ class Bot:
                 self.outbox.register(channel)
                 channel.bind(self.handle)
                 channel.attach_panels(self.panels)
-            await self.outbox.start()
+                channel.attach_chats(self.history.recent, self.zone_for)
             for channel in self.channels.values():
                 await channel.start()
+            # Channels first: what waited in the outbox goes out the moment they connect, not on a timer.
+            await self.outbox.start()
             await self.approvals.start()
             self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         except BaseException:
@@ -239,7 +265,9 @@ class Bot:
             try:
                 await self.dedupe.prune(self.clock())
                 await self.history.apply_retention(self.clock())
-                await self.outbox.prune(self.clock())
+                hist = self.settings.history
+                await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
+                                        max_rows=hist.max_messages)
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

@@ -7,9 +7,10 @@ file or value raises :class:`ConfigError` naming the key and the problem.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,10 +28,14 @@ __all__ = [
     "ConfigError",
     "ConsoleSettings",
     "GateSection",
+    "HistorySection",
     "LLMSection",
     "LimitsSection",
+    "OutboxSection",
     "Settings",
+    "TierSection",
     "WebSettings",
+    "check_tables",
     "load_settings",
 ]
 
@@ -58,12 +63,13 @@ class _Section(BaseModel):
 class BotSection(_Section):
     name: str = Field("qunbot", description="the bot's name; a message starting with it addresses the bot")
     timezone: str = Field("Asia/Shanghai", description="IANA zone for reminders and the model's clock")
-    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives")
+    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives (relative to the config file's folder)")
     admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
-    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
+    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary", "memory", "tiers"],
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
                                   description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
+    language: Literal["zh", "en"] = Field("zh", description="language of the bot's command replies (zh, en)")
     persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
                          description="system prompt persona")
 
@@ -85,6 +91,20 @@ class BotSection(_Section):
         return _qualified(value, "admins")
 
 
+class TierSection(_Section):
+    """An extra model tier (``[llm.think]``: M0, thinks deeply; ``[llm.plan]``: M2, plans)."""
+
+    model: str = Field(description="model name")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (default: [llm] base_url)")
+    api_key: SecretStr | None = Field(None, description="API key (default: [llm] api_key)")
+    temperature: float | None = Field(None, ge=0, le=2)
+    timeout_s: float = Field(120.0, gt=0, description="per-request timeout")
+    max_iterations: int = Field(6, ge=1, le=50, description="model turns per call of the tier")
+    max_tool_calls: int = Field(8, ge=0, le=100, description="tool calls per call of the tier")
+    max_run_tokens: int = Field(24_000, ge=500, description="tokens per call of the tier, its sub-calls included")
+    reply_within_s: float = Field(20.0, gt=0, description="plan only: longer work reports back to the chat later")
+
+
 class LLMSection(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (falls back to OPENAI_BASE_URL)")
     api_key: SecretStr | None = Field(None, description="API key (falls back to OPENAI_API_KEY)")
@@ -104,6 +124,8 @@ class LLMSection(_Section):
                                       "(DeepSeek thinking mode needs it)")
     token_param: Literal["max_tokens", "max_completion_tokens"] = Field(
         "max_tokens", description="how output caps are sent; reasoning models need max_completion_tokens")
+    think: TierSection | None = Field(None, description="[llm.think] table: the deep-thinking tier (deep_think tool)")
+    plan: TierSection | None = Field(None, description="[llm.plan] table: the planning tier (plan tool)")
 
     @property
     def configured(self) -> bool:
@@ -117,7 +139,27 @@ class LimitsSection(_Section):
     chat_burst: int = Field(10, ge=1)
     user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
     chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
+    bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
+                                         "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+    command_per_minute: float = Field(30, gt=0, description="/commands that call no model, per user per minute")
+    command_burst: int = Field(20, ge=1)
+    exempt_platforms: list[str] = Field(default_factory=lambda: ["console", "web"],
+                                        description="channels without rate limits (the local console and playground)")
+
+
+class HistorySection(_Section):
+    retention_days: int = Field(30, ge=1, description="chat history (and delivered outbox rows) older than this "
+                                "many days is deleted")
+    max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (outbox rows too)")
+    max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
+
+
+class OutboxSection(_Section):
+    max_in_flight: int = Field(4, ge=1, le=64, description="sends awaiting the platform at once, per channel: a "
+                               "crash can resend at most these")
+    max_attempts: int = Field(6, ge=1, le=100, description="tries of a message whose send fails for now before it "
+                              "is given up (a channel that is down does not count)")
 
 
 class GateSection(_Section):
@@ -174,6 +216,8 @@ class Settings(BaseSettings):
     llm: LLMSection = Field(default_factory=LLMSection)
     limits: LimitsSection = Field(default_factory=LimitsSection)
     gate: GateSection = Field(default_factory=GateSection)
+    history: HistorySection = Field(default_factory=HistorySection)
+    outbox: OutboxSection = Field(default_factory=OutboxSection)
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 
@@ -264,10 +308,32 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
         llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
     settings = settings.model_copy(update={"llm": llm})
+    data_dir = settings.bot.data_dir.expanduser()
+    from_env = any(k.upper() == "QUNBOT_BOT__DATA_DIR" for k in os.environ)
+    if file is not None and not data_dir.is_absolute() and not from_env:
+        # Started from another folder, a cwd-relative path would silently open an empty database.
+        data_dir = file.resolve().parent / data_dir
+    if data_dir != settings.bot.data_dir:
+        settings = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": data_dir})})
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
-                              "channels, or a plugin's table)")
+                              "history, channels, or a plugin's table)")
     return settings, file
 
 
+#: The built-in plugins' tables are known even when the plugin is not loaded: ``qunbot init``
+#: writes them, and taking a plugin out of ``[bot] plugins`` must not make its table an error.
+_BUILTIN_TABLES = ("reminders", "search", "summary")
+
+
+def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
+    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
+    known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
+    for name in settings.model_extra or {}:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
+        raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
+                          "listed in [bot] plugins)")

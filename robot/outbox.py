@@ -1,25 +1,44 @@
 """The durable outbox: every outgoing message is committed to SQLite before it is sent.
 
-A worker per channel sends due rows, different chats concurrently and each chat in order,
-retries with backoff while the channel is unavailable, and marks a row sent on the platform's
-acknowledgement. Long texts go out in parts within the channel's limit; ``parts_sent`` is
-committed after each part, so a restart resumes at the first unsent part and never repeats
-one. The only window for a duplicate is a crash between the platform's acknowledgement and
-that commit (milliseconds); platforms offer no idempotency key to close it.
+Each chat is a lane of its own: a worker per channel starts a lane for every chat with due rows,
+and the lane sends that chat's rows in order. Lanes never wait for each other, so one slow or
+failing chat delays no other; at most ``max_in_flight`` sends are awaiting the platform at once
+per channel, which bounds the duplicates a crash can cause (below).
+
+Failures are classified (see :mod:`robot.channels.base`):
+
+- :class:`ChannelUnavailable` (not connected): the chat is parked without growing its backoff
+  and goes again as soon as the channel reconnects (or after ``park_s`` for channels that do not
+  announce it);
+- :class:`SendFailed` (no answer in time, a transient refusal): retried with exponential backoff,
+  ``max_attempts`` times in all, then marked failed;
+- :class:`SendRejected` (final): marked failed at once.
+
+A failed row is logged at ERROR once and counted by ``qunbot doctor``. Backoff is not carried
+across a restart: pending rows are due again at start.
+
+Long texts go out in parts within the channel's limit; ``parts_sent`` is committed after each
+part, so a restart resumes at the first unsent part and never repeats one. The duplicate window:
+a crash between the platform's acknowledgement and the commit that marks a row sent resends that
+row once at the next start; at most ``max_in_flight`` rows (per channel) can be in that window.
+Platforms that take a client message id can use ``OutgoingMessage.key`` to make that resend
+idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import sqlite_utils
 
-from robot.channels.base import Channel, ChannelUnavailable, SendRejected
+from robot.channels.base import Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.store import Database, iso, parse_iso
@@ -64,7 +83,9 @@ class Outbox:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         retry_base_s: float = 1.0,
         retry_max_s: float = 60.0,
-        chats_in_parallel: int = 16,
+        max_in_flight: int = 4,
+        max_attempts: int = 6,
+        park_s: float = 2.0,
     ) -> None:
         self.db = db
         self.bot_id = bot_id
@@ -72,8 +93,12 @@ class Outbox:
         self.clock = clock
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
-        self.chats_in_parallel = chats_in_parallel
+        self.max_in_flight = max_in_flight
+        self.max_attempts = max_attempts
+        self.park_s = park_s
         self._channels: dict[str, Channel] = {}
+        #: Per channel: chats parked after ChannelUnavailable, with the monotonic time they may retry.
+        self._parked: dict[str, dict[str, float]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -108,7 +133,8 @@ class Outbox:
         )
         if cur.rowcount != 1:
             return False
-        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True)
+        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
+                                 reply_to=message.reply_to, to_user=message.mention[0] if message.mention else None)
         return True
 
     def notify(self, platform: str) -> None:
@@ -127,9 +153,20 @@ class Outbox:
     def register(self, channel: Channel) -> None:
         self._channels[channel.platform] = channel
         self._wake.setdefault(channel.platform, asyncio.Event())
+        self._parked.setdefault(channel.platform, {})
+        channel.on_connect(functools.partial(self._reconnected, channel.platform))
+
+    def _reconnected(self, platform: str) -> None:
+        """A channel (re)connected: what was parked for it goes now."""
+        self._parked.get(platform, {}).clear()
+        self.notify(platform)
 
     async def start(self) -> None:
+        """Start a worker per channel; backoff from a previous run is not inherited."""
         self._stopping = False
+        now = iso(self.clock())
+        await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET next_at = ? WHERE status = 'pending' AND next_at > ?", [now, now]))
         for platform, channel in self._channels.items():
             self._workers.append(asyncio.create_task(self._worker(platform, channel), name=f"outbox-{platform}"))
 
@@ -163,11 +200,25 @@ class Outbox:
                 return
             await asyncio.sleep(0.02)
 
-    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7)) -> int:
-        """Forget delivered and failed messages older than ``keep``: the outbox is no archive."""
+    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7), max_rows: int | None = None) -> int:
+        """Forget delivered and failed messages older than ``keep`` (and beyond ``max_rows`` per chat).
+
+        Their text is gone already (see :meth:`_mark`); what remains (key, receipt, status) only
+        lets a reply to the bot be recognised.
+        """
         cutoff = iso(now - keep)
-        return int(await self.db.run(lambda db: db.execute(
-            "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount))
+
+        def work(db: sqlite_utils.Database) -> int:
+            removed = int(db.execute(
+                "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount)
+            if max_rows is not None:
+                removed += int(db.execute(
+                    "DELETE FROM outbox WHERE rowid IN (SELECT rowid FROM (SELECT rowid, ROW_NUMBER() OVER "
+                    "(PARTITION BY chat ORDER BY created_at DESC, rowid DESC) AS n FROM outbox "
+                    "WHERE status IN ('sent', 'failed')) WHERE n > ?)", [max_rows]).rowcount)
+            return removed
+
+        return await self.db.run(work)
 
     async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
         """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
@@ -181,49 +232,85 @@ class Outbox:
         return await self.db.run(
             lambda db: db.execute_returning_dicts(f"SELECT * FROM outbox {where} ORDER BY created_at, rowid", params))
 
-    async def _due(self, platform: str) -> tuple[list[dict[str, object]], float | None]:
+    async def _due_chats(self, platform: str, busy: set[str]) -> tuple[list[str], float | None]:
+        """Chats with a row due now (not ``busy``), and seconds until the next row is due."""
         now = iso(self.clock())
 
-        def work(db: sqlite_utils.Database) -> tuple[list[dict[str, object]], float | None]:
-            # A row waiting out a retry holds back the later rows of its chat: each chat in order.
-            rows = db.execute_returning_dicts(
-                "SELECT * FROM outbox AS o WHERE platform = ? AND status = 'pending' AND next_at <= ? "
-                "AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.chat = o.chat AND p.status = 'pending' "
-                "AND p.next_at > ? AND (p.created_at < o.created_at OR (p.created_at = o.created_at "
-                "AND p.rowid < o.rowid))) ORDER BY created_at, rowid LIMIT 256", [platform, now, now])
-            nxt = db.execute("SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending'",
-                             [platform]).fetchone()[0]
+        def work(db: sqlite_utils.Database) -> tuple[list[str], float | None]:
+            chats = [str(r[0]) for r in db.execute(
+                "SELECT DISTINCT chat FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
+                "LIMIT 2000", [platform, now]).fetchall() if str(r[0]) not in busy]
+            nxt = db.execute("SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending' "
+                             "AND next_at > ?", [platform, now]).fetchone()[0]
             wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())
-            return rows, wait
+            return chats, wait
 
         return await self.db.run(work)
 
+    async def _chat_rows(self, platform: str, chat: str) -> list[dict[str, object]]:
+        """The chat's pending rows in order; a row waiting out a retry holds back the later ones."""
+        return await self.db.run(lambda db: db.execute_returning_dicts(
+            "SELECT * FROM outbox WHERE platform = ? AND chat = ? AND status = 'pending' "
+            "ORDER BY created_at, rowid LIMIT 64", [platform, chat]))
+
     async def _worker(self, platform: str, channel: Channel) -> None:
         wake = self._wake[platform]
-        while not self._stopping:
-            wake.clear()
-            try:
-                rows, wait = await self._due(platform)
-            except Exception:
-                log.exception("outbox %s: reading due rows failed", platform)
-                rows, wait = [], 1.0
-            if rows:
-                by_chat: dict[str, list[dict[str, object]]] = {}
+        parked = self._parked[platform]
+        lanes: dict[str, asyncio.Task[None]] = {}
+        sem = asyncio.Semaphore(self.max_in_flight)
+        try:
+            while not self._stopping:
+                wake.clear()
+                try:
+                    chats, wait = await self._due_chats(platform, set(lanes))
+                except Exception:
+                    log.exception("outbox %s: reading due rows failed", platform)
+                    chats, wait = [], 1.0
+                clock = time.monotonic()
+                for chat in chats:
+                    if parked.get(chat, 0.0) > clock:
+                        continue
+                    parked.pop(chat, None)
+                    lane = asyncio.create_task(self._lane(platform, channel, chat, sem), name=f"outbox-{chat}")
+                    lanes[chat] = lane
+                    lane.add_done_callback(functools.partial(self._lane_done, lanes, chat, wake))
+                timeout = min(wait if wait is not None else 5.0, 5.0)
+                if parked:
+                    timeout = min(timeout, max(0.01, min(parked.values()) - clock))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=timeout)
+        finally:
+            for lane in list(lanes.values()):
+                lane.cancel()
+            await asyncio.gather(*lanes.values(), return_exceptions=True)
+
+    @staticmethod
+    def _lane_done(lanes: dict[str, asyncio.Task[None]], chat: str, wake: asyncio.Event, _task: object) -> None:
+        lanes.pop(chat, None)
+        wake.set()  # the chat may have new rows, or a retry due
+
+    async def _lane(self, platform: str, channel: Channel, chat: str, sem: asyncio.Semaphore) -> None:
+        """Send one chat's due rows in order until none is left, one waits out a retry, or the channel is down."""
+        try:
+            while not self._stopping:
+                rows = await self._chat_rows(platform, chat)
+                if not rows:
+                    return
                 for row in rows:
-                    by_chat.setdefault(str(row["chat"]), []).append(row)
-                sem = asyncio.Semaphore(self.chats_in_parallel)
-                await asyncio.gather(*(self._send_chat(channel, chat_rows, sem) for chat_rows in by_chat.values()))
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=min(wait, 5.0) if wait is not None else 5.0)
+                    if parse_iso(str(row["next_at"])) > self.clock():
+                        return  # waiting out a retry: later rows of this chat wait too (order)
+                    async with sem:
+                        outcome = await self._send_row(channel, row)
+                    if outcome == "parked":
+                        self._parked[platform][chat] = time.monotonic() + self.park_s
+                        return
+                    if outcome == "retry":
+                        return
+        except Exception:
+            log.exception("outbox %s: lane failed; it restarts on the next round", chat)
 
-    async def _send_chat(self, channel: Channel, rows: list[dict[str, object]], sem: asyncio.Semaphore) -> None:
-        async with sem:
-            for row in rows:
-                if not await self._send_row(channel, row):
-                    return  # keep this chat's order: later rows wait for the failed one
-
-    async def _send_row(self, channel: Channel, row: dict[str, object]) -> bool:
+    async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:
+        """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""
         key = str(row["key"])
         chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
         parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
@@ -240,20 +327,40 @@ class Outbox:
                 if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
                     await self._set_parts(key, index + 1)
         except SendRejected as exc:
-            log.warning("outbox %s: %s refused message %s: %s", chat.key, channel.platform, key, exc)
-            await self._mark(key, "failed", error=str(exc)[:500])
-            return False
-        except Exception as exc:  # unavailable, or a channel bug: keep the message and retry later
-            attempts = int(str(row["attempts"])) + 1
-            delay = min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16))
-            if not isinstance(exc, ChannelUnavailable):
-                log.exception("outbox %s: unexpected send failure", chat.key)
-            params = [attempts, iso(self.clock() + timedelta(seconds=delay)), str(exc)[:500], key]
-            await self.db.run(lambda db: db.execute(
-                "UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params))
-            return False
+            return await self._fail(chat, key, f"refused: {exc}")
+        except SendFailed as exc:
+            return await self._retry(chat, key, int(str(row["attempts"])) + 1, str(exc))
+        except ChannelUnavailable as exc:  # not connected: park, the backoff does not grow
+            note = [str(exc)[:500], key]
+            await self.db.run(lambda db: db.execute("UPDATE outbox SET error = ? WHERE key = ?", note))
+            return "parked"
+        except Exception as exc:  # a channel bug: retried like a transient failure, and logged
+            log.exception("outbox %s: unexpected send failure", chat.key)
+            return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
         await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
-        return True
+        return "sent"
+
+    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str) -> str:
+        if attempts >= self.max_attempts:
+            return await self._fail(chat, key, f"gave up after {attempts} attempts: {error}")
+        delay = min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16))
+        log.warning("outbox %s: message %s failed (%s); retry %d in %.1fs", chat.key, key, error[:200], attempts, delay)
+        params = [attempts, iso(self.clock() + timedelta(seconds=delay)), error[:500], key]
+        await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params))
+        return "retry"
+
+    async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
+        log.error("outbox %s: message %s not delivered: %s (qunbot doctor lists such failures)",
+                  chat.key, key, error[:300])
+        await self._mark(key, "failed", error=error[:500])
+        return "failed"
+
+    async def failures(self, since: datetime) -> list[dict[str, object]]:
+        """Messages that could not be delivered since ``since`` (newest first), for ``qunbot doctor``."""
+        return await self.db.run(lambda db: db.execute_returning_dicts(
+            "SELECT key, chat, error, sent_at FROM outbox WHERE status = 'failed' AND sent_at >= ? "
+            "ORDER BY sent_at DESC LIMIT 50", [iso(since)]))
 
     async def _set_parts(self, key: str, parts: int) -> None:
         await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
@@ -261,6 +368,8 @@ class Outbox:
     async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
                     parts: int | None = None) -> None:
         now = iso(self.clock())
+        # A finished row keeps key, receipt and status, never the text: the history holds the
+        # conversation (under its retention and /forget me), the outbox is no second copy.
         await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, "
+            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
             "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))

@@ -1,6 +1,6 @@
 """One incoming message, end to end.
 
-dedupe (platform, message id) -> record in history -> gate -> rate limit -> route
+dedupe (platform, message id) -> ignored chat? stop -> record in history -> gate -> rate limit -> route
 (a ``/command`` runs its tool directly; anything else addressed goes to the LLM) -> replies
 into the outbox, each keyed by the incoming message so a redelivery cannot double them.
 """
@@ -8,27 +8,33 @@ into the outbox, each keyed by the incoming message so a redelivery cannot doubl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, StopReason, ToolContext, ToolError, Toolset
+from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
+    CommandLine,
     build_arguments,
+    clip,
     format_argument_error,
     help_text,
     parse_command,
     refusal,
 )
 from robot.history import HistoryStore
-from robot.limits import RateDecision
+from robot.hooks import RunExtras
+from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline", "reply_key"]
+__all__ = ["NO_LLM_REPLY", "Pipeline", "reply_key", "tier_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,7 @@ NO_LLM_REPLY = (
     "或设置环境变量 QUNBOT_LLM__MODEL 和 OPENAI_API_KEY 后重启。"
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
-RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+RATE_NOTICE = "你发得有点快，请 {seconds} 秒后再找我（在那之前我不会回复你）。"
 _APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
 _CORE_COMMANDS = frozenset({"help", "帮助", *_APPROVE, *_DENY, *_PENDING})
 APPROVALS_HELP = (
@@ -50,6 +56,16 @@ APPROVALS_HELP = (
 def reply_key(platform: str, chat_id: str, message_id: str, index: int = 0) -> str:
     """The outbox key of the ``index``-th reply to a message (a tool may commit it ahead of the pipeline)."""
     return f"{platform}:{chat_id}:{message_id}:{index}"
+
+
+def tier_tokens(result: RunResult) -> dict[str, int]:
+    """Tokens per model tier: what tools report in ``data["tiers"]``; the rest is the execute tier."""
+    tiers: dict[str, int] = {}
+    for trace in result.trace:
+        for tier, tokens in ((trace.data or {}).get("tiers") or {}).items():
+            tiers[tier] = tiers.get(tier, 0) + int(tokens)
+    tiers["execute"] = tiers.get("execute", 0) + result.usage.total_tokens - sum(tiers.values())
+    return tiers
 
 
 class Pipeline:
@@ -74,6 +90,16 @@ class Pipeline:
         return command is not None and (command.name in _CORE_COMMANDS
                                         or self.bot.tools.resolve(command.name) is not None)
 
+    def ignored(self, chat: ChatRef) -> bool:
+        """A group the bot is told to ignore (``gate.never``, outside ``gate.allowlist``): nothing is kept."""
+        if chat.kind == "private":
+            return False
+        gate = self.bot.settings.gate
+        short = f"{chat.platform}:{chat.chat_id}"
+        if chat.key in gate.never or short in gate.never:
+            return True
+        return bool(gate.allowlist) and chat.key not in gate.allowlist and short not in gate.allowlist
+
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
 
@@ -86,9 +112,7 @@ class Pipeline:
         short = f"{chat.platform}:{chat.chat_id}"
         if chat.kind == "private":
             return True, True, text
-        if chat.key in gate.never or short in gate.never:
-            return False, False, text
-        if gate.allowlist and chat.key not in gate.allowlist and short not in gate.allowlist:
+        if self.ignored(chat):
             return False, False, text
         after_name = self._name_prefix(text)
         if after_name is not None:
@@ -106,9 +130,12 @@ class Pipeline:
             log.info("%s message %s redelivered while being handled: ignored", *ident)
             return
         try:
-            fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), lambda db: HistoryStore.insert_sync(
-                db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id,
-                message.text, message.timestamp, from_bot=message.from_bot, message_id=message.message_id))
+            ignored = self.ignored(message.chat)  # not answered, so not recorded either
+            fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), lambda db: None if ignored else (
+                HistoryStore.insert_sync(db, message.chat, message.sender.user_id,
+                                         message.sender.name or message.sender.user_id, bot.history.cut(message.text),
+                                         message.timestamp, from_bot=message.from_bot,
+                                         message_id=message.message_id)))
         except Exception:  # the database is failing: still answer (the reply may be all that works)
             log.exception("storing %s message %s failed; answering it anyway", *ident)
             fresh = None
@@ -128,6 +155,8 @@ class Pipeline:
 
     async def _handle(self, message: Message) -> None:
         bot = self.bot
+        if self.ignored(message.chat):
+            return
         if message.from_bot:
             return
         # An answer to a paused run (ask_user, or a plain "确认") is consumed, addressed or not.
@@ -138,21 +167,28 @@ class Pipeline:
         answer, explicit, text = self.gate(message, replied_to_bot=replied)
         if not answer:
             return
+        command = parse_command(text)
+        # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
+        if message.platform not in bot.settings.limits.exempt_platforms:
+            chat_key, user_key, is_command = message.chat.key, message.qualified_sender, command is not None
+            decision = bot.limiter.check(chat_key, user_key, command=is_command)
+            if decision is RateDecision.SILENT:
+                return
+            if decision is RateDecision.NOTICE:
+                wait = math.ceil(bot.limiter.wait_s(chat_key, user_key, command=is_command))
+                await self.reply(message, [RATE_NOTICE.format(seconds=max(1, wait))])
+                return
         limit = bot.settings.limits.max_message_chars
         if len(text) > limit:
             await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
             return
-        decision = bot.limiter.check(message.chat.key, message.qualified_sender)
-        if decision is RateDecision.SILENT:
-            return
-        if decision is RateDecision.NOTICE:
-            await self.reply(message, [RATE_NOTICE])
-            return
         caller = bot.caller_for(message, addressed=explicit)
-        command = parse_command(text)
         if command is not None:
-            await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
+            started = time.perf_counter()
+            reply_text = await self.run_command(caller, command.name, command.rest)
+            await self.reply(message, [reply_text])
             await bot.approvals.announce()
+            await self.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
@@ -163,7 +199,8 @@ class Pipeline:
         unavailable = bot.unavailable_tools()
         if name in ("help", "帮助"):
             commands = bot.tools.filter(lambda t: t.confirm != "input")
-            return help_text(commands, caller, unavailable) + "\n\n" + APPROVALS_HELP
+            return (help_text(commands, caller, unavailable, llm=bot.router is not None, syntax=bot.command_syntax)
+                    + "\n\n" + APPROVALS_HELP)
         if name in _APPROVE or name in _DENY:
             code, _, why = rest.strip().partition(" ")
             if not code:
@@ -176,36 +213,58 @@ class Pipeline:
         if tool is not None and tool.confirm == "input":
             tool = None  # ask_user is the model's way to ask; a person just says it
         if tool is None:
-            return f"没有 /{name} 这个命令。发送 /help 查看可用命令。"
+            return f"没有 /{clip(name)} 这个命令。发送 /help 查看可用命令。"
         reason = refusal(tool, caller)
         if reason:
             return reason
         if tool.name in unavailable:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
+        syntax = bot.command_syntax.get(tool.name)
+        zone = bot.zone_for(ChatRef.of(caller))
         try:
-            raw = build_arguments(tool, rest)
+            raw = syntax.parse(CommandLine(tool, rest, zone, bot.clock(), bot.router is not None)) if syntax \
+                else build_arguments(tool, rest)
             args = tool.parse_arguments(raw)
             if tool.confirm:
                 return await bot.approvals.pause_command(tool, raw, caller, ChatRef.of(caller),
                                                          caller.message_id or None)
-            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
+            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=zone,
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
-            result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+            # An empty reservation: a tool's own spend (a summary) is held until it is recorded here.
+            async with bot.budget.reserve(caller, 0):
+                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                if result.usage is not None and result.usage.requests:
+                    await bot.budget.charge(caller, result.usage)
         except TimeoutError:
             return f"/{name} 执行超时（{tool.timeout_s:g} 秒），请稍后再试。"
         except CommandError as exc:
             return str(exc)
         except ArgumentError as exc:
-            return format_argument_error(tool, exc)
+            return format_argument_error(tool, exc, usage=syntax.usage if syntax else None,
+                                         language=bot.settings.bot.language)
         except ToolError as exc:
             return exc.user_message or exc.message
         except Exception:
             log.exception("command /%s failed", name)
             return f"/{name} 执行失败了，请稍后再试。"
-        if result.usage is not None and result.usage.requests:
-            await bot.budget.charge(caller, result.usage)
+        if result.usage is not None and result.usage.requests:  # a command that called a model spends model rate
+            bot.limiter.charge(ChatRef.of(caller).key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
+
+    async def trace_command(self, message: Message, name: str, rest: str, answer: str, seconds: float) -> None:
+        """Show a /command in the channel's tool trace like a model's tool call (and refresh side panels)."""
+        channel = self.bot.channels.get(message.platform)
+        if channel is None:
+            return
+        tool = self.bot.tools.resolve(name)
+        base = {"message_id": message.message_id}
+        await channel.trace(message.chat, {**base, "type": "tool", "call_id": f"cmd-{name}",
+                                           "name": f"/{name}" + (f" ({tool.name})" if tool and tool.name != name else ""),
+                                           "arguments": rest, "result": answer, "is_error": False,
+                                           "duration_ms": seconds * 1000, "note": ""})
+        await channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
+                                           "tokens": 0, "model_calls": 0})
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
         bot = self.bot
@@ -223,18 +282,49 @@ class Pipeline:
                 await channel.trace(message.chat, {**event, "message_id": message.message_id})
 
         tools: Toolset = bot.offered_tools()
-        result = await bot.router.chat(
-            text, caller=caller, tools=tools, history=[h.turn() for h in history if h.message_id != message.message_id],
-            zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text, on_event=on_event,
-        )
+        async with contextlib.AsyncExitStack() as stack:
+            try:  # hold the run's cap (or what is left today) before any model call; settled by the loop
+                await stack.enter_async_context(bot.budget.reserve(caller, bot.settings.llm.max_run_tokens,
+                                                                   at_least=1))
+            except BudgetExceeded as exc:
+                log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
+                await self.reply(message, [exc.user_message])
+                return
+            extras = await self._extras(caller, text)
+            result = await bot.router.chat(
+                text, caller=caller, tools=tools,
+                history=[h.turn() for h in history if h.message_id != message.message_id],
+                zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
+                on_event=on_event, context=[m for e in extras for m in e.messages],
+            )
+        for extra in extras:
+            if extra.settle is not None:
+                try:
+                    await extra.settle(result)
+                except Exception:
+                    log.exception("settling a context hook failed")
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
-                        "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
+                        "tokens": result.usage.total_tokens, "model_calls": result.usage.requests,
+                        "tiers": tier_tokens(result)})
         replies = result.replies
         if result.stop is StopReason.AWAITING_APPROVAL:
             ask = await bot.approvals.pause(result, caller, message.chat, reply_to=message.message_id)
             replies = [*result.state.user_messages, ask]
         await self.reply(message, replies)
         await bot.approvals.announce()
+
+    async def _extras(self, caller: Caller, text: str) -> list[RunExtras]:
+        """Context hooks' additions; a failing hook is logged and skipped, the run goes on."""
+        out: list[RunExtras] = []
+        for hook in self.bot.context_hooks:
+            try:
+                extra = await hook(caller, text)
+            except Exception:
+                log.exception("a context hook failed")
+                continue
+            if extra is not None:
+                out.append(extra)
+        return out
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""

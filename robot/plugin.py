@@ -8,13 +8,14 @@ typed dependencies its tools receive as ``ctx.deps``), or just module-level tool
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from function_calls import Toolset, collect_tools
+from robot.commands import CommandSyntax
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -33,20 +34,28 @@ class Plugin(Generic[D]):
     """A named toolset with its lifecycle.
 
     ``setup(bot)`` returns the deps the tools get; ``teardown(deps)`` runs at shutdown;
-    ``unavailable(deps)`` returns a reason when the tools cannot work now (say, no API key):
-    they are then not offered to the model, and their commands explain the reason.
+    ``unavailable(deps)`` returns a reason when the tools cannot work now (say, no API key),
+    or a ``{tool name: reason}`` mapping for some of them: those are then not offered to the
+    model, and their commands explain the reason.
     """
 
     name: str
     tools: Toolset
     setup: Callable[[Bot], Awaitable[D]] | None = None
     teardown: Callable[[D], Awaitable[None]] | None = None
-    unavailable: Callable[[D], str | None] | None = None
+    unavailable: Callable[[D], str | Mapping[str, str] | None] | None = None
     #: The plugin's ``[name]`` config table, for ``qunbot init`` and the config reference.
     settings_model: type[BaseModel] | None = None
+    #: Tools (by name) whose ``/command`` has its own syntax rather than fields in order.
+    commands: dict[str, CommandSyntax] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.commands if name not in self.tools]
+        if unknown:
+            raise PluginError(f"plugin {self.name!r}: command syntax for {unknown[0]!r}, which is not one of its tools")
 
 
-_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}
+_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary", "memory": "memory", "tiers": "tiers"}
 
 
 def load_plugin(name: str) -> Plugin[Any]:

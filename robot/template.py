@@ -19,8 +19,10 @@ from robot.config import (
     BotSection,
     ChannelsSection,
     GateSection,
+    HistorySection,
     LimitsSection,
     LLMSection,
+    OutboxSection,
 )
 
 __all__ = ["render_template"]
@@ -75,6 +77,7 @@ def render_template(plugin_sections: Sequence[tuple[str, type[BaseModel]]] = ())
     ]
     core: list[tuple[str, type[BaseModel]]] = [("bot", BotSection), ("llm", LLMSection),
                                                ("limits", LimitsSection), ("gate", GateSection),
+                                               ("history", HistorySection), ("outbox", OutboxSection),
                                                ("approvals", ApprovalsSection)]
     for title, model in core:
         lines.extend(_table(title, model))

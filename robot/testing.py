@@ -28,9 +28,20 @@ class MemoryChannel(Channel):
         self.sent: list[OutgoingMessage] = []
         self.deltas: list[str] = []
         self.events: list[dict[str, object]] = []
-        self.down = False
+        self._down = False
         self._ids = itertools.count(1)
         self._arrived = asyncio.Condition()
+
+    @property
+    def down(self) -> bool:
+        """While True, sends fail as :class:`ChannelUnavailable`; setting it back announces a reconnect."""
+        return self._down
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        was, self._down = self._down, value
+        if was and not value:
+            self.announce_connected()
 
     async def start(self) -> None:
         return None

@@ -99,6 +99,8 @@ class SearchDeps:
     client: PerplexityClient
     per_user: WindowLimiter
     per_chat: WindowLimiter
+    #: Bot-wide: every chat together (key "bot").
+    per_bot: WindowLimiter = field(default_factory=lambda: WindowLimiter(200))
 
 
 class SearchArgs(BaseModel):
@@ -112,7 +114,8 @@ class SearchArgs(BaseModel):
 
 def disabled_reason(deps: SearchDeps) -> str | None:
     """Why search is off because a rate limit is set to 0 (users see it), or None."""
-    for limiter, setting in ((deps.per_user, "user_rate_per_hour"), (deps.per_chat, "chat_rate_per_hour")):
+    for limiter, setting in ((deps.per_user, "user_rate_per_hour"), (deps.per_chat, "chat_rate_per_hour"),
+                             (deps.per_bot, "bot_rate_per_hour")):
         if limiter.disabled:
             return f"联网搜索已被管理员关闭（[search] {setting} = 0）。"
     return None
@@ -152,7 +155,8 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
     off = disabled_reason(deps)
     if off is not None:
         raise ToolError(f"web search is switched off on this bot; tell the user: {off}", user_message=off)
-    checks = ((deps.per_user, caller.qualified_user, "你"), (deps.per_chat, chat_key, chat_word))
+    checks = ((deps.per_user, caller.qualified_user, "你"), (deps.per_chat, chat_key, chat_word),
+              (deps.per_bot, "bot", "本机器人"))
     for limiter, key, who in checks:  # every limit is checked before any slot is used
         wait = limiter.wait_time(key)
         if wait:

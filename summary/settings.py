@@ -1,13 +1,11 @@
 """Settings of the ``summary`` plugin: the ``[summary]`` table of ``qunbot.toml``.
 
-``retention_max_messages`` and ``retention_days`` set the bot's chat-history retention (the
-history store is shared, so the values apply to every chat, each chat counted separately)::
+How long chat history is kept is the core's ``[history]`` table (``retention_days``,
+``max_messages``), not this one::
 
     [summary]
     max_request_tokens = 3000      # no single model call's prompt is larger
     max_chunks = 400               # at most this many map calls; beyond it the newest chunks are covered (and said so)
-    retention_max_messages = 5000  # per chat
-    retention_days = 30
 
 Environment overrides: ``QUNBOT_SUMMARY__MAX_CHUNKS=8`` and so on.
 """
@@ -45,8 +43,6 @@ class SummarySettings(BaseModel):
     prompt: str = Field("", max_length=500, description="the owner's extra instructions for every AI summary (style, persona)")
     prompts: dict[str, str] = Field(default_factory=dict,
                                     description='per chat, "<platform>:<chat id>" = instructions; overrides prompt there')
-    retention_max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (sets the bot's retention)")
-    retention_days: float = Field(30, gt=0, description="chat history kept, in days (sets the bot's retention)")
 
     @field_validator("prompts")
     @classmethod

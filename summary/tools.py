@@ -1,4 +1,4 @@
-"""The ``summary`` and ``forget`` tools, their arguments and their dependencies.
+"""The ``summary`` tool, its arguments and its dependencies.
 
 ``summary`` reads this chat's history only (the chat comes from the caller, never from
 arguments): since the chat's last summary by default (the last ``default_hours`` when there
@@ -12,17 +12,18 @@ mark moves to the newest message covered. If the model fails midway the extracti
 shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
 worker thread, so a summary of thousands of messages does not stall the bot.
 
-``forget`` (``/forget me``) deletes the caller's own stored messages in this chat, and the
-bot's earlier summaries there (they may quote the caller); nothing else.
+On ``/forget me`` (core: :mod:`robot.privacy`) the bot's earlier summaries in the chats
+concerned go too: they may quote the person.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import sqlite_utils
@@ -38,9 +39,18 @@ from function_calls import (
     Usage,
     tool_function,
 )
-from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
-from summary.extractive import HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, SummaryUnaffordable, map_reduce
+from robot import (
+    BudgetExceeded,
+    ChatRef,
+    DailyBudget,
+    Database,
+    ForgetRequest,
+    Forgetter,
+    HistoryEntry,
+    HistoryStore,
+)
+from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
+from summary.mapreduce import MapReduceResult, SummaryFailed, SummaryUnaffordable, estimate_cost, map_reduce
 from summary.settings import SummarySettings
 from summary.signals import is_noise
 from summary.window import (
@@ -56,13 +66,14 @@ from summary.window import (
 if TYPE_CHECKING:
     from robot import Bot
 
+log = logging.getLogger(__name__)
+
 __all__ = [
-    "ForgetArgs",
     "SummaryArgs",
     "SummaryDeps",
     "Window",
     "conversation",
-    "forget",
+    "estimate_cost",
     "setup",
     "summary",
     "toolset",
@@ -101,12 +112,6 @@ class SummaryArgs(BaseModel):
         return self
 
 
-class ForgetArgs(BaseModel):
-    """What to forget; only the caller's own messages can be."""
-
-    target: Literal["me"] = Field(description='"me": delete your own stored messages in this chat')
-
-
 @dataclass
 class SummaryDeps:
     """What the tools use; built by :func:`setup`."""
@@ -123,11 +128,12 @@ class SummaryDeps:
 
 
 async def setup(bot: Bot) -> SummaryDeps:
-    """Read ``[summary]``, apply its history retention to the bot's store, build the deps."""
+    """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    bot.history.max_messages = settings.retention_max_messages
-    bot.history.max_age = timedelta(days=settings.retention_days)
+    db = bot.db
+    bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
+                                    lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
     commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
@@ -155,19 +161,21 @@ async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: dat
         got = await fetch(deps.db, chat, limit=limit, start=span.start, end=span.end, skip_message_id=skip)
         return Window(got.entries, span.title, got.total, got.newest_id)
     if args.messages is not None:
-        got = await fetch(deps.db, chat, limit=args.messages, skip_message_id=skip)
-        return Window(got.entries, f"最近 {args.messages} 条", len(got.entries), got.newest_id)
+        # Room for the /commands among them, which are not conversation: "last 3" means 3 said by people.
+        got = await fetch(deps.db, chat, limit=args.messages + 50, skip_message_id=skip, people_only=True)
+        picked = conversation(got.entries, deps.commands)[-args.messages:]
+        return Window(picked, f"最近 {args.messages} 条", len(picked), got.newest_id)
     if args.hours is not None:
         start, title = now - timedelta(hours=args.hours), f"最近 {args.hours:g} 小时"
-        got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
+        got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
         return Window(got.entries, title, got.total, got.newest_id)
     mark = await read_mark(deps.db, chat)
     if mark is not None:
-        got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip)
+        got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip, people_only=True)
         return Window(got.entries, "自上次总结以来", got.total, got.newest_id)
     hours = deps.settings.default_hours
     start, title = now - timedelta(hours=hours), f"最近 {hours:g} 小时"
-    got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
+    got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
     return Window(got.entries, title, got.total, got.newest_id)
 
 
@@ -179,13 +187,14 @@ def _is_command(text: str, commands: frozenset[str]) -> bool:
 
 
 def conversation(entries: Sequence[HistoryEntry], commands: frozenset[str]) -> list[HistoryEntry]:
-    """The messages worth summarising: no empty ones, no bot commands, no earlier summaries."""
+    """The messages worth summarising: what people said; no empty ones, no bot commands, nothing
+    the bot said (its replies and earlier summaries are not the conversation)."""
     keep: list[HistoryEntry] = []
     for entry in entries:
         text = entry.text.strip()
-        if not text or (entry.from_bot and text.startswith(HEADER)):
+        if not text or entry.from_bot:
             continue
-        if not entry.from_bot and _is_command(text, commands):
+        if _is_command(text, commands):
             continue
         keep.append(entry)
     return keep
@@ -276,21 +285,26 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     if hidden:  # members who opted out are neither quoted nor sent to the model
         window.entries = [e for e in window.entries if e.from_bot or e.user_id not in hidden]
     entries, meaningful, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
+    head = HEADER if chat.kind == "group" else PRIVATE_HEADER
     if not entries:
-        return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
+        return ToolResult.reply(f"{head}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
     note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
 
     def extract(extra_note: str) -> str:
         return extractive_summary(entries, zone=ctx.zone, title=window.title, note=note + extra_note,
                                   top_members=settings.top_members, salient_count=settings.salient_count,
-                                  fact_count=settings.fact_count, link_count=settings.link_count)
+                                  fact_count=settings.fact_count, link_count=settings.link_count, header=head)
 
     mode, left = "extractive", None
     if deps.model is not None and not meaningful:
         mode = "noise"  # only stickers and +1s: nothing for a model to read
     elif deps.model is not None and deps.budget is not None:
-        left = await deps.budget.remaining(caller)
+        try:
+            left = await deps.budget.remaining(caller)
+        except Exception:  # a budget that cannot be checked refuses the model
+            log.exception("summary: the budget cannot be read")
+            left = 0
         if left is not None and left <= 0:
             mode = "budget"
     if deps.model is None or mode != "extractive":
@@ -307,20 +321,21 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
-        done = await map_reduce(meaningful, deps.model, settings, zone=ctx.zone, where=where, token_budget=left,
-                                instructions=prompt)
+        done = await _map_reduce_reserved(deps, deps.model, caller, meaningful, ctx.zone, where, prompt)
     except SummaryUnaffordable:
-        deps.last_run.pop(cooled, None)  # nothing was spent
-        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
-        await _set_mark(deps, chat, window)
-        return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
+        done = None
     except SummaryFailed as exc:
         text = await asyncio.to_thread(
             extract, "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）")
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
-    header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
+    if done is None:  # the budget cannot pay for even the newest part
+        deps.last_run.pop(cooled, None)  # nothing was spent
+        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
+        await _set_mark(deps, chat, window)
+        return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
+    header = f"{head}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.partial and done.covered is not None and done.left_out is not None:
         why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
         note += (f"（{why}只够总结 {done.covered.describe(ctx.zone)} 的 {done.messages_used} 条；"
@@ -334,6 +349,32 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     ))
 
 
+async def _map_reduce_reserved(deps: SummaryDeps, model: ChatModel, caller: Caller, entries: Sequence[HistoryEntry],
+                               zone: ZoneInfo, where: str, instructions: str | None) -> MapReduceResult | None:
+    """The map-reduce with its cost held against the budgets first; None when not even a part fits.
+
+    The hold is the estimate of the whole window, or what is left today if that is less (then
+    only the newest part that fits is summarised, and the reply says which period is left out).
+    """
+    if deps.budget is None:
+        return await map_reduce(entries, model, deps.settings, zone=zone, where=where, instructions=instructions)
+    estimate = estimate_cost(entries, deps.settings)
+    try:
+        async with deps.budget.reserve(caller, estimate, at_least=1) as hold:
+            try:
+                done = await map_reduce(entries, model, deps.settings, zone=zone, where=where,
+                                        token_budget=hold.held if hold.held < estimate else None,
+                                        instructions=instructions)
+            except SummaryFailed as exc:
+                hold.spend(exc.usage)
+                raise
+            hold.spend(done.usage)
+            return done
+    except BudgetExceeded as exc:
+        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
+        return None
+
+
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
     if window.remote:
         return  # an admin's look from a private chat is not the group's own summary
@@ -341,27 +382,13 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
         await advance_mark(deps.db, chat, window.newest_id)
 
 
-def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tuple[int, int]:
-    own = db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
-                     [chat.key, user_id]).rowcount
-    # Summaries quote members' messages; which ones quote this user cannot be told reliably
-    # (names change, quotes are cut), so every earlier summary in the chat goes.
-    summaries = db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                           [chat.key, len(HEADER), HEADER]).rowcount
-    return own, summaries
+def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
+    # Summaries quote members' messages; which ones quote this person cannot be told reliably
+    # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
+    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
+                          "AND (substr(text, 1, ?) = ? OR substr(text, 1, ?) = ?)",
+                          [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]).rowcount
+               for chat in request.chats)
 
 
-@tool_function(examples=["/forget me"])
-async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
-    """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录，以及本聊天中机器人之前发的总结。"""
-    caller = ctx.caller
-    chat = ChatRef.of(caller)
-    removed, summaries = await ctx.deps.db.transaction(lambda db: _forget_sync(db, chat, caller.user_id))
-    where = "本群" if caller.chat_kind == "group" else "本聊天"
-    text = f"已删除你在{where}被记录的 {removed} 条消息"
-    if summaries:
-        text += f"，并删除了{where}之前的 {summaries} 条聊天总结（其中可能引用了你的消息）"
-    return ToolResult.reply(text + "。", data={"deleted": removed, "summaries_deleted": summaries})
-
-
-toolset = Toolset("summary", [summary, forget])
+toolset = Toolset("summary", [summary])

@@ -7,7 +7,10 @@ sink the bot binds, and sends :class:`robot.OutgoingMessage` values back. Vendor
 Errors::
 
     ChannelError
-    ├── ChannelUnavailable   the platform is not reachable now; the outbox retries later
+    ├── ChannelUnavailable   the platform is not reachable now (not connected): the chat's messages wait
+    │   │                    for a reconnect, without growing their backoff
+    │   └── SendFailed       this message failed for now (no answer in time, a transient refusal):
+    │                        retried with backoff, a bounded number of times
     └── SendRejected         the platform refused this message; retrying will not help
 """
 
@@ -17,9 +20,11 @@ import abc
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict
 
+from robot.history import HistoryEntry
 from robot.message import ChatRef, Message, OutgoingMessage
 
 __all__ = [
@@ -27,8 +32,10 @@ __all__ = [
     "Channel",
     "ChannelError",
     "ChannelUnavailable",
+    "ChatHistory",
     "MessageSink",
     "PanelProvider",
+    "SendFailed",
     "SendReceipt",
     "SendRejected",
 ]
@@ -36,6 +43,8 @@ __all__ = [
 MessageSink = Callable[[Message], Awaitable[None]]
 #: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
 PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
+#: A chat's newest stored messages, oldest first (``HistoryStore.recent``).
+ChatHistory = Callable[[ChatRef, int], Awaitable[list[HistoryEntry]]]
 
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,10 @@ class ChannelError(Exception):
 
 class ChannelUnavailable(ChannelError):
     """Not connected or the platform timed out: the message stays in the outbox and is retried."""
+
+
+class SendFailed(ChannelUnavailable):
+    """The channel is up, but this message failed for now: the outbox retries it a bounded number of times."""
 
 
 class SendRejected(ChannelError):
@@ -81,6 +94,19 @@ class Channel(abc.ABC):
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
+        self._connect_listeners: list[Callable[[], None]] = []
+
+    def on_connect(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever the platform (re)connects (the outbox wakes on it)."""
+        self._connect_listeners.append(listener)
+
+    def announce_connected(self) -> None:
+        """For channels: a connection to the platform (re)opened; what waited for it can go now."""
+        for listener in list(self._connect_listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("%s: a connect listener failed", self.platform)
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""
@@ -138,3 +164,7 @@ class Channel(abc.ABC):
 
     def attach_panels(self, panels: dict[str, PanelProvider]) -> None:  # noqa: B027
         """Receive the bot's side panels (plugins add them at setup); only the web playground shows them."""
+
+    def attach_chats(self, history: ChatHistory, zone_for: Callable[[ChatRef], ZoneInfo]) -> None:  # noqa: B027
+        """Receive the stored history and each chat's zone (the web playground shows past messages and
+        times in the chat's zone); a no-op elsewhere."""

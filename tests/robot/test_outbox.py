@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from robot.channels.base import ChannelUnavailable, SendReceipt, SendRejected
+from robot.channels.base import ChannelUnavailable, SendFailed, SendReceipt, SendRejected
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox, split_text
@@ -47,9 +50,9 @@ class Rig:
         self.db: Database | None = None
         self.outbox: Outbox | None = None
 
-    async def up(self, channel: MemoryChannel, *, start: bool = True) -> Outbox:
+    async def up(self, channel: MemoryChannel, *, start: bool = True, **options: Any) -> Outbox:
         self.db = Database(self.path)
-        self.outbox = Outbox(self.db, bot_name="qunbot", retry_base_s=0.02, retry_max_s=0.1)
+        self.outbox = Outbox(self.db, bot_name="qunbot", retry_base_s=0.02, retry_max_s=0.1, **options)
         HistoryStore(self.db)
         await self.db.open()
         self.outbox.register(channel)
@@ -118,22 +121,98 @@ async def test_the_same_key_twice_is_one_row_and_one_send(rig: Rig) -> None:
     assert [m.text for m in ch.sent] == ["once"]
 
 
-async def test_retried_with_backoff_while_the_channel_is_down(rig: Rig, until: Until) -> None:
+async def test_parked_while_the_channel_is_down_and_sent_at_once_when_it_reconnects(rig: Rig, until: Until) -> None:
     ch = MemoryChannel()
     ch.down = True
-    outbox = await rig.up(ch)
+    outbox = await rig.up(ch, park_s=60.0)  # only the reconnect can wake it within the test
     await outbox.enqueue(out("k1", "later", mention=("u1",)))
 
-    async def tried_twice() -> bool:
-        return int(str((await status_of(outbox, "k1"))["attempts"])) >= 2
+    async def parked() -> bool:
+        row = await status_of(outbox, "k1")
+        return "down" in str(row["error"])
 
-    await until(tried_twice)
+    await until(parked)
     row = await status_of(outbox, "k1")
-    assert row["status"] == "pending" and "down" in str(row["error"]) and ch.sent == []
-    ch.down = False
-    await ch.wait_sent(1)
+    assert row["status"] == "pending" and row["attempts"] == 0 and ch.sent == []  # no backoff grew
+    ch.down = False  # announces the reconnect
+    await ch.wait_sent(1, timeout=5)
     await until(lambda: _is(outbox, "k1", "sent"))
     assert [(m.text, m.mention) for m in ch.sent] == [("later", ("u1",))]
+
+
+class StuckChannel(MemoryChannel):
+    """Never answers for ``stuck`` chats (like a peer that never acknowledges); counts sends in flight."""
+
+    def __init__(self, stuck: set[str]) -> None:
+        super().__init__()
+        self.stuck = stuck
+        self.in_flight = self.most_in_flight = 0
+        self.release = asyncio.Event()
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if message.chat.chat_id in self.stuck:
+                await self.release.wait()
+            return await super().send(message)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_one_chat_that_never_gets_an_answer_delays_no_other(rig: Rig) -> None:
+    ch = StuckChannel({"g1"})
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("stuck", "for g1"), out("free1", "for g2", chat=G2))
+    await ch.wait_sent(1, timeout=5)
+    await outbox.enqueue(out("free2", "again for g2", chat=G2))
+    await ch.wait_sent(2, timeout=5)
+    assert [m.text for m in ch.sent] == ["for g2", "again for g2"]
+    ch.release.set()
+    await ch.wait_sent(3, timeout=5)
+
+
+async def test_sends_in_flight_are_bounded(rig: Rig) -> None:
+    chats = [ChatRef(platform="memory", chat_id=f"c{i}", kind="group") for i in range(10)]
+    ch = StuckChannel({c.chat_id for c in chats})
+    outbox = await rig.up(ch, max_in_flight=3)
+    await outbox.enqueue(*(out(f"k{i}", f"m{i}", chat=c) for i, c in enumerate(chats)))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    assert ch.in_flight == ch.most_in_flight == 3  # a crash now could resend at most these three
+    ch.release.set()
+    await ch.wait_sent(10, timeout=5)
+    assert ch.most_in_flight == 3
+
+
+class FlakyChannel(MemoryChannel):
+    """Every send fails for now (a peer's transient error)."""
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        raise SendFailed("retcode 1200: timeout")
+
+
+async def test_a_transient_failure_is_retried_a_bounded_number_of_times_then_reported(
+        rig: Rig, until: Until, caplog: pytest.LogCaptureFixture) -> None:
+    outbox = await rig.up(FlakyChannel(), max_attempts=3)
+    with caplog.at_level(logging.ERROR, logger="robot.outbox"):
+        await outbox.enqueue(out("k1", "hello"))
+        await until(lambda: _is(outbox, "k1", "failed"))
+    row = await status_of(outbox, "k1")
+    assert row["attempts"] == 2 and "gave up after 3 attempts" in str(row["error"])
+    assert any("not delivered" in r.message for r in caplog.records)
+    assert [r["key"] for r in await outbox.failures(datetime(2000, 1, 1, tzinfo=UTC))] == ["k1"]
+
+
+async def test_a_restart_does_not_inherit_the_previous_runs_backoff(rig: Rig) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch, start=False)
+    await outbox.enqueue(out("k1", "hello"))
+    assert rig.db is not None
+    await rig.db.run(lambda db: db.execute(
+        "UPDATE outbox SET attempts = 5, next_at = '2999-01-01T00:00:00.000000Z' WHERE key = 'k1'"))
+    await outbox.start()
+    await ch.wait_sent(1, timeout=5)
 
 
 async def test_a_refused_message_fails_for_good_and_its_chat_moves_on(rig: Rig, until: Until) -> None:
@@ -304,3 +383,21 @@ async def test_an_outbox_from_before_accounts_gains_the_column_and_still_sends(t
         assert (await status_of(outbox, "old"))["account"] == ""
     finally:
         await r.down()
+
+
+async def test_doctor_tells_the_owner_about_messages_given_up(tmp_path: Path, until: Until,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from robot.cli import main
+
+    rig = Rig(tmp_path / "qunbot.sqlite3")
+    ch = PickyChannel()
+    ch.reject.add("blocked by the member")
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("k1", "blocked by the member"))
+    await until(lambda: _is(outbox, "k1", "failed"))
+    await rig.down()
+    config = tmp_path / "qunbot.toml"
+    config.write_text(f'[bot]\ndata_dir = "{tmp_path}"\n', encoding="utf-8")
+    await asyncio.to_thread(main, ["--config", str(config), "doctor"])
+    report = capsys.readouterr().out
+    assert "FAIL outbox: 1 message(s) could not be delivered" in report and "memory:group:g1" in report

@@ -11,6 +11,7 @@ from robot.channels.onebot.connection import (
     auth_rejection,
     check_response,
     peer_rejection,
+    receipt_of,
     role_for,
 )
 from robot.channels.onebot.cq import (
@@ -57,6 +58,7 @@ __all__ = [
     "peer_rejection",
     "placeholder",
     "plain_text",
+    "receipt_of",
     "reply_id",
     "role_for",
     "to_array",

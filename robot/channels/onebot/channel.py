@@ -13,7 +13,8 @@ out through the socket of the account that owns the chat, never another account'
 Errors (the tree of :mod:`robot.channels.base`)::
 
     ChannelError
-    ├── ChannelUnavailable        not connected, socket dropped, or no answer in time
+    ├── ChannelUnavailable        not connected, or the socket dropped
+    │   └── SendFailed            no answer in time
     └── SendRejected
         └── OneBotActionFailed    the implementation answered ``status: failed`` (has ``retcode``)
 """
@@ -33,23 +34,26 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
-from robot.channels.base import Capabilities, Channel, SendReceipt, SendRejected
+from robot.channels.base import Capabilities, Channel, SendFailed, SendReceipt, SendRejected
 from robot.channels.onebot.connection import (
     ActionTimeout,
     ClientRole,
     Connection,
     LateAnswer,
+    OneBotActionFailed,
     PendingActions,
     Sockets,
     auth_rejection,
     check_response,
     peer_rejection,
+    receipt_of,
     role_for,
 )
 from robot.channels.onebot.cq import compose_message, to_array
 from robot.channels.onebot.events import message_from_event
 from robot.channels.onebot.settings import OneBotSettings
 from robot.message import OutgoingMessage
+from robot.redact import redact_url
 
 __all__ = ["OneBotChannel"]
 
@@ -149,7 +153,7 @@ class OneBotChannel(Channel):
         self._connected.clear()
 
     def location(self) -> str | None:
-        return self.url
+        return redact_url(self.url)
 
     @property
     def url(self) -> str:
@@ -195,7 +199,7 @@ class OneBotChannel(Channel):
             with contextlib.suppress(TimeoutError):
                 response = check_response(action, await asyncio.wait_for(late, timeout))
                 log.info("onebot: %s was delivered after its timeout; not sending it again", key)
-                return self._receipt(response)
+                return receipt_of(response)
             log.warning("onebot: resending %s: the first attempt got no answer within %gs "
                         "(the chat may see it twice)", key, 2 * timeout)
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -213,13 +217,11 @@ class OneBotChannel(Channel):
             while len(self._unanswered) > _LATE_KEEP:
                 self._unanswered.popitem(last=False)
             raise
-        return self._receipt(response)
-
-    @staticmethod
-    def _receipt(response: Mapping[str, Any]) -> SendReceipt:
-        data = response.get("data")
-        message_id = data.get("message_id") if isinstance(data, Mapping) else None
-        return SendReceipt(platform_message_id=None if message_id is None else str(message_id))
+        except OneBotActionFailed as exc:  # 14xx (a wrong request) is final; others (NapCat's 1200) may pass later
+            if isinstance(exc.retcode, int) and 1400 <= exc.retcode < 1500:
+                raise
+            raise SendFailed(str(exc)) from exc
+        return receipt_of(response)
 
     async def call_action(self, action: str, params: Mapping[str, object] | None = None, *, account: str = "",
                           on_late: LateAnswer | None = None) -> dict[str, Any]:
@@ -257,7 +259,7 @@ class OneBotChannel(Channel):
     async def _forward_loop(self) -> None:
         assert self._session is not None
         url = self.settings.url or ""
-        shown = url.split("?", 1)[0]  # a query may carry access_token
+        shown = redact_url(url)  # a query may carry access_token
         headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else {}
         delay = self.settings.reconnect_initial_s
         refusal_logged = False
@@ -298,6 +300,7 @@ class OneBotChannel(Channel):
             self.self_id = self_id
         if role != "Event":
             self._connected.set()
+            self.announce_connected()
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from robot.channels.base import ChannelUnavailable, SendRejected
+from robot.channels.base import ChannelUnavailable, SendFailed, SendReceipt, SendRejected
 
 __all__ = [
     "ActionTimeout",
@@ -29,6 +29,7 @@ __all__ = [
     "auth_rejection",
     "check_response",
     "peer_rejection",
+    "receipt_of",
     "role_for",
 ]
 
@@ -50,8 +51,8 @@ class OneBotActionFailed(SendRejected):
         super().__init__(f"onebot action {action!r} failed with retcode {retcode}{suffix}")
 
 
-class ActionTimeout(ChannelUnavailable):
-    """No answer within ``action_timeout_s``: the action may still have happened."""
+class ActionTimeout(SendFailed):
+    """No answer within ``action_timeout_s``: the action may still have happened (retried, bounded)."""
 
 
 @dataclass(eq=False)
@@ -155,6 +156,13 @@ def peer_rejection(request: web.Request, token: str | None) -> web.Response | No
     if token is None and not _is_loopback(request.remote):
         return web.Response(status=403, text="set an access token to accept connections from other hosts")
     return None
+
+
+def receipt_of(response: Mapping[str, Any]) -> SendReceipt:
+    """A send action's answer as a receipt (its ``data.message_id``, when there is one)."""
+    data = response.get("data")
+    message_id = data.get("message_id") if isinstance(data, Mapping) else None
+    return SendReceipt(platform_message_id=None if message_id is None else str(message_id))
 
 
 def check_response(action: str, response: Mapping[str, Any]) -> dict[str, Any]:
