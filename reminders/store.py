@@ -332,7 +332,7 @@ class ReminderStore:
             db.execute(f"DELETE FROM reminders WHERE {where}", params)
             return active
 
-        return await self.db.transaction(work)
+        return await self.db.transaction(work, durable=self.durable)
 
     async def upcoming(self, after: datetime, until: datetime, limit: int) -> list[tuple[str, datetime, str]]:
         """``(id, next fire, zone)`` of active reminders due in ``(after, until]``, soonest first."""
