@@ -42,7 +42,7 @@ async def remind(count: int, users: int, durable: bool, where: Path) -> None:
     with tempfile.TemporaryDirectory(dir=where) as tmp:
         ch = MemoryChannel()
         bot = Bot(Settings(bot={"data_dir": Path(tmp), "timezone": ZONE},
-                           limits={"user_burst": 10**6, "chat_burst": 10**6},
+                           limits={"user_burst": 10**6, "chat_burst": 10**6, "command_burst": 10**6},
                            reminders={"durable_writes": durable, "max_per_user": 10**6, "max_per_chat": 10**6,
                                       "create_per_10min": 10**6}),
                   channels=[ch], plugins=[reminders.plugin])
@@ -63,8 +63,8 @@ async def remind(count: int, users: int, durable: bool, where: Path) -> None:
         await asyncio.gather(*(person(u) for u in range(users)))
         elapsed = time.perf_counter() - started
         stored = await bot.db.run(lambda d: d.execute("SELECT count(*) FROM reminders").fetchone()[0])
-        confirmed = await bot.db.run(lambda d: d.execute(
-            "SELECT count(*) FROM outbox WHERE text LIKE '好的，已设置提醒%'").fetchone()[0])
+        await bot.outbox.flush()
+        confirmed = sum(m.text.startswith("好的，已设置提醒") for m in ch.sent)
         assert stored == confirmed == count + per_user * users, (stored, confirmed)
         await bot.stop()
     label = "FULL  " if durable else "NORMAL"
