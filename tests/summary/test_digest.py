@@ -168,3 +168,15 @@ async def test_command_mode_runs_only_allowed_commands(tmp_path: Path) -> None:
         assert "定时命令只能是 /summary" in refused[0].text
         plain = await say(ch, "/remind daily 08:00 喝水 mode=command", role="admin")
         assert "定时命令只能是 /summary" in plain[0].text
+
+
+async def test_without_the_reminders_plugin_a_digest_cannot_be_scheduled(tmp_path: Path) -> None:
+    ch = MemoryChannel()
+    settings = Settings(bot={"data_dir": tmp_path}, limits={"user_burst": 50, "chat_burst": 50})
+    bot = Bot(settings, channels=[ch], plugins=[summary.plugin])
+    await bot.start()
+    try:
+        refused = await say(ch, "/summary daily 22:00", role="admin")
+    finally:
+        await bot.stop()
+    assert "定时总结需要启用提醒插件" in refused[0].text
