@@ -153,7 +153,9 @@ class Bot:
         for plugin in self.plugins:
             if plugin.unavailable is not None and plugin.name in self._deps:
                 reason = plugin.unavailable(self._deps[plugin.name])
-                if reason:
+                if isinstance(reason, dict):  # some of the plugin's tools only
+                    out.update(reason)
+                elif reason:
                     out.update({t.name: reason for t in plugin.tools})
         return out
 

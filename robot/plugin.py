@@ -34,14 +34,15 @@ class Plugin(Generic[D]):
 
     ``setup(bot)`` returns the deps the tools get; ``teardown(deps)`` runs at shutdown;
     ``unavailable(deps)`` returns a reason when the tools cannot work now (say, no API key):
-    they are then not offered to the model, and their commands explain the reason.
+    they are then not offered to the model, and their commands explain the reason (a dict of
+    tool name to reason: only those tools).
     """
 
     name: str
     tools: Toolset
     setup: Callable[[Bot], Awaitable[D]] | None = None
     teardown: Callable[[D], Awaitable[None]] | None = None
-    unavailable: Callable[[D], str | None] | None = None
+    unavailable: Callable[[D], str | dict[str, str] | None] | None = None
     #: The plugin's ``[name]`` config table, for ``qunbot init`` and the config reference.
     settings_model: type[BaseModel] | None = None
 
