@@ -133,6 +133,10 @@ class ResearchService:
     async def poll_once(self) -> int:
         """Check every unfinished job once; returns how many were delivered (report or failure)."""
         async with self._lock:
+            # Finished jobs only count towards the daily limit: a week later they go.
+            week = iso(self.bot.clock() - timedelta(days=7))
+            await self.bot.db.run(lambda db: db.execute(
+                "DELETE FROM research_jobs WHERE status IN ('done', 'failed') AND updated_at < ?", [week]))
             rows = await self.bot.db.run(lambda db: db.execute_returning_dicts(
                 "SELECT * FROM research_jobs WHERE status IN ('submitting', 'running') ORDER BY created_at"))
             finished = 0
