@@ -13,8 +13,9 @@ APScheduler (about 1 KB per job) keeps start-up with 100k stored reminders fast 
 job firing triggers one coalesced pass, so reminders due in the same second fire in a handful
 of transactions, however many there are.
 
-Prompt-mode reminders run the model (``bot.run_scheduled``, in the reminder's stored zone)
-outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
+Command-mode reminders (a stored ``/command`` such as a daily ``/summary``) take the prompts'
+path, run through ``bot.call_tool`` as their owner. Prompt-mode reminders run the model
+(``bot.run_scheduled``, in the reminder's stored zone) outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
 same way after re-checking that the row is still active and unchanged. A run that stopped early,
 or whose every tool call failed, counts as failed: the owner hears about it once, not daily.
 """
@@ -40,7 +41,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
-from reminders.prompts import run_prompt
+from reminders.prompts import run_command, run_prompt
 from reminders.schedule import MISSED_FIRES_CAP, Schedule, ScheduleError, first_fire, next_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderStore, new_id
@@ -247,7 +248,8 @@ class ReminderService:
                 self._after_commit(applied, report)
                 if len(applied) < _BATCH:
                     break
-            prompts = await self.store.db.run(lambda db: self.store.due_sync(db, now, "prompt", 10_000))
+            prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
+                                                          *self.store.due_sync(db, now, "command", 10_000)])
             started: list[asyncio.Task[None]] = []
             for reminder in prompts:
                 if reminder.id in self._prompts:
@@ -295,11 +297,11 @@ class ReminderService:
         if late > self.grace:
             outcome: Outcome = "missed"
             key = f"rem:{r.id}:{iso(latest)}:missed"
-            what = "定时任务" if r.mode == "prompt" else "提醒"
+            what = "定时任务" if r.mode != "text" else "提醒"
             text = f"⚠️ 错过的{what}：{r.content}\n机器人离线，没能按时发出（原定 {when}，共错过 {count} 次）。"
             if following is not None:
                 text += f"\n下次：{format_local(following, r.zone, seconds=seconds)}"
-        elif r.mode == "prompt" and answer == "":  # paused for an approval: the request is already posted
+        elif r.mode != "text" and answer == "":  # paused for an approval: the request is already posted
             outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
         elif failed:
             outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
@@ -307,7 +309,7 @@ class ReminderService:
                 f"⚠️ 定时任务「{r.content[:60]}」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。")
         else:
             outcome, key = "delivered", f"rem:{r.id}:{iso(latest)}"
-            text = answer if r.mode == "prompt" and answer else f"⏰ 提醒：{r.content}"
+            text = answer if r.mode != "text" and answer else f"⏰ 提醒：{r.content}"
             if late > ON_TIME:
                 text += f"\n（迟到提醒：原定 {when}）"
                 if count > 1:
@@ -341,7 +343,10 @@ class ReminderService:
         if zone is not None and now - latest <= self.grace:  # run the model only for what will be delivered
             async with self._running:
                 if await self._still_due(r.id, planned):
-                    answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
+                    if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
+                        answer = await run_command(self.bot, r, self.settings.command_tools, zone)
+                    else:
+                        answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
         def commit(db: sqlite_utils.Database) -> tuple[Reminder, Outcome, str | None] | None:
             current = self.store.get_sync(db, r.id)

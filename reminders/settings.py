@@ -28,6 +28,10 @@ class ReminderSettings(BaseModel):
     prompt_tools: list[str] = Field(
         default_factory=lambda: ["perplexity_search"], description="tools a scheduled prompt may call"
     )
+    command_tools: list[str] = Field(
+        default_factory=lambda: ["summary"],
+        description="commands a reminder in command mode may run at its time (e.g. /summary: a daily digest)"
+    )
     prompt_concurrency: int = Field(
         8, ge=1, description="scheduled prompts that may run the model at the same time; the rest wait their turn"
     )
@@ -40,7 +44,7 @@ class ReminderSettings(BaseModel):
             raise ValueError("zones moved to the [bot] table: set [bot] zones instead of [reminders] zones")
         return data
 
-    @field_validator("prompt_tools", mode="before")
+    @field_validator("prompt_tools", "command_tools", mode="before")
     @classmethod
     def _json_from_env(cls, value: object) -> object:
         # Environment overrides arrive as text: QUNBOT_REMINDERS__PROMPT_TOOLS='["a", "b"]'.

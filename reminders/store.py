@@ -37,7 +37,7 @@ __all__ = [
     "parse_instant",
 ]
 
-Mode = Literal["text", "prompt"]
+Mode = Literal["text", "prompt", "command"]
 Status = Literal["active", "done", "missed", "deleted", "broken"]
 MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls import Caller, ToolContext, ToolError, ToolResult, Toolset, tool_function
+from reminders.prompts import command_name
 from reminders.schedule import ScheduleError, days_mask, describe, parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
@@ -57,10 +58,11 @@ class ReminderArgs(BaseModel):
     days: list[int] | None = Field(
         default=None, min_length=1, max_length=7,
         description="weekdays only (leave out otherwise): the days, 0=Monday ... 6=Sunday; [0,1,2,3,4] = 工作日")
-    mode: Literal["text", "prompt"] = Field(
+    mode: Literal["text", "prompt", "command"] = Field(
         default="text",
         description="text = send content as is; prompt = at fire time run content as a request to the assistant "
-        "and send its answer (e.g. 'tell me Beijing's weather')")
+        "and send its answer (e.g. 'tell me Beijing's weather'); command = at fire time run content as a "
+        "/command of this bot (e.g. '/summary': a daily digest) and send its reply")
 
 
 class DeleteArgs(BaseModel):
@@ -118,7 +120,7 @@ class ReminderDeps:
             chat = r.chat_ref
             where = ("本群" if chat.kind == "group" else "本聊天") if r.chat == here else (
                 f"群 {chat.chat_id}" if chat.kind == "group" else "私聊")
-            kind = "[定时任务] " if r.mode == "prompt" else ""
+            kind = {"prompt": "[定时任务] ", "command": "[定时命令] "}.get(r.mode, "")
             who = f"（{r.owner_name}）" if r.owner != caller.qualified_user else ""
             lines.append(f"#{short[r.id]} [{where}] {describe(r.schedule, r.next_fire)} — {kind}{r.content}{who}")
         return lines
@@ -160,6 +162,8 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     if args.mode == "prompt" and not deps.llm_available:
         raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
                         user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
+    if args.mode == "command":
+        _check_command(deps, content)
     try:
         if args.days is not None and args.type != "weekdays":
             raise ScheduleError(f"days is only for weekdays reminders; leave it out for a {args.type} reminder",
@@ -173,10 +177,22 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     except (ScheduleError, ReminderError) as exc:
         raise ToolError(str(exc), user_message=f"设置提醒失败：{exc.user_message or '时间或参数无效。'}") from None
     short = (await deps.store.short_ids([reminder.id]))[reminder.id]
-    what = "定时任务" if args.mode == "prompt" else "提醒"
+    what = {"prompt": "定时任务", "command": "定时命令"}.get(args.mode, "提醒")
     text = f"好的，已设置{what} #{short}：{describe(schedule, reminder.next_fire)}\n内容：{content}"
     assert reminder.next_fire is not None
     return ToolResult.reply(text, data={"id": reminder.id, "short_id": short, "next_fire": iso(reminder.next_fire)})
+
+
+def _check_command(deps: ReminderDeps, content: str) -> None:
+    """A command-mode reminder stores one of ``[reminders] command_tools``, as ``/name args``."""
+    name, _ = command_name(content)
+    tool = deps.service.bot.tools.resolve(name) if name else None
+    allowed = deps.settings.command_tools
+    if tool is None or tool.name not in allowed:
+        shown = "、".join(f"/{n}" for n in allowed) or "（无）"
+        raise ToolError(f"mode 'command' runs one of these commands: {', '.join(allowed) or 'none'}; "
+                        f"content must start with it, e.g. '/summary'",
+                        user_message=f"设置提醒失败：定时命令只能是 {shown}。")
 
 
 @tool_function(aliases=["reminders"])

@@ -7,10 +7,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from function_calls import (
+    ArgumentError,
     Caller,
     ChatModel,
     FunctionCallRouter,
@@ -22,13 +23,23 @@ from function_calls import (
     RunState,
     StopReason,
     Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
     Toolset,
 )
 from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
-from robot.commands import CommandSyntax
+from robot.commands import (
+    CommandError,
+    CommandLine,
+    CommandSyntax,
+    build_arguments,
+    format_argument_error,
+    refusal,
+)
 from robot.config import Settings, check_tables
 from robot.history import HistoryStore
 from robot.hooks import ContextHook, ForgetHook
@@ -142,6 +153,9 @@ class Bot:
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.started = False
+        # Set once every plugin is set up: a plugin's start-up (reminders catching up) may call
+        # another plugin's tool, which must not run before that plugin has its deps.
+        self._plugins_ready = asyncio.Event()
 
     def _default_model(self) -> ChatModel | None:
         llm = self.settings.llm
@@ -217,6 +231,54 @@ class Bot:
             await self.approvals.announce()
         return result
 
+    async def call_tool(self, name: str, caller: Caller, arguments: str | dict[str, Any], *,
+                        via: Literal["command", "scheduled"] = "command", zone: ZoneInfo | None = None) -> ToolResult:
+        """Run one tool (by name or alias) as ``caller``, without any LLM: how a plugin uses another
+        plugin's tool, and how a stored command runs at its time.
+
+        ``arguments`` is a command line (``/name`` already removed) or an arguments object. The
+        checks of a typed ``/command`` apply (scope, admin, ``require_at``, availability); a tool
+        that needs a confirmation is refused, since nobody is there to confirm. Raises
+        :class:`ToolError` (with a Chinese ``user_message``) for anything refused or failed; the
+        tool's usage is charged to ``caller``'s budget.
+        """
+        await self._plugins_ready.wait()
+        tool = self.tools.resolve(name)
+        if tool is None or tool.confirm == "input":
+            raise ToolError(f"no tool {name!r}", user_message=f"没有 /{name} 这个命令。")
+        reason = refusal(tool, caller) or (
+            f"/{name} 暂不可用：{self.unavailable_tools()[tool.name]}" if tool.name in self.unavailable_tools()
+            else None)
+        if tool.confirm and reason is None:
+            reason = f"/{name} 需要确认，不能自动执行。"
+        if reason:
+            raise ToolError(f"refused: {reason}", user_message=reason)
+        zone = zone or self.zone_for(ChatRef.of(caller))
+        syntax = self.command_syntax.get(tool.name)
+        try:
+            if isinstance(arguments, str):  # a command line reads as a typed /command would
+                raw = syntax.parse(CommandLine(tool, arguments, zone, self.clock(), self.router is not None)) \
+                    if syntax else build_arguments(tool, arguments)
+            else:
+                raw = arguments
+            args = tool.parse_arguments(raw)
+        except CommandError as exc:
+            raise ToolError(str(exc), user_message=str(exc)) from None
+        except ArgumentError as exc:
+            raise ToolError(exc.message, user_message=format_argument_error(
+                tool, exc, usage=syntax.usage if syntax else None, language=self.settings.bot.language)) from None
+        ctx: ToolContext[Any] = ToolContext(deps=self.deps_for(tool), caller=caller, zone=zone, clock=self.clock,
+                                            run_id=via, tool_call_id=f"{via}-{tool.name}", via=via)
+        try:
+            # As for a typed /command: an empty reservation collects the tool's own spending, charged once here.
+            async with self.budget.reserve(caller, 0):
+                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                if result.usage is not None and result.usage.requests:
+                    await self.budget.charge(caller, result.usage)
+        except TimeoutError:
+            raise ToolError(f"/{name} timed out", user_message=f"/{name} 执行超时（{tool.timeout_s:g} 秒）。") from None
+        return result
+
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
         """The channels' sink. Errors are logged, never raised into a channel."""
@@ -243,6 +305,7 @@ class Bot:
             for plugin in self.plugins:
                 if plugin.setup is not None:
                     self._deps[plugin.name] = await plugin.setup(self)
+            self._plugins_ready.set()
             for channel in self.channels.values():
                 self.outbox.register(channel)
                 channel.bind(self.handle)
