@@ -72,9 +72,10 @@ def members(providers: Mapping[str, PanelProvider], platform: str,
     for provider in list(providers.values()):
         if isinstance(provider, ApproverSource):
             try:
-                approvers += [a for a in provider.approvers(platform) if _ID.fullmatch(a) and a not in approvers]
+                approvers += [a for a in provider.approvers(platform) if _ID.fullmatch(a)]
             except Exception:  # fail closed: nobody is shown as an approver
                 log.exception("web panel could not list approvers")
+    approvers = list(dict.fromkeys(approvers))
     out: list[dict[str, Any]] = [{"id": uid, "name": name, **({"approver": True} if uid in approvers else {})}
                                  for uid, name in presets]
     known = {uid for uid, _ in presets}
