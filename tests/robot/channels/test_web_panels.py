@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from pydantic import BaseModel
 
 from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
 from function_calls.testing import ScriptedModel, call, text
 from robot.approvals_panel import PANEL, PendingPanel
+from robot.bot import Bot
 from robot.channels.base import PanelProvider
+from robot.channels.web import WebChannel
 from robot.channels.web.panels import members, panel_frame, split_row
+from robot.config import Settings, WebSettings
 from robot.message import ChatRef
 from robot.plugin import Plugin
 
@@ -123,3 +130,40 @@ def test_members_mark_the_platforms_approvers(ids: list[str] | Exception, expect
     providers: dict[str, PanelProvider] = {"p": Approvers(ids)}
     out = members(providers, "web", [("u-xiaoming", "小明"), ("u-alice", "Alice")])
     assert [(m["id"], m.get("approver", False)) for m in out] == expected
+
+
+async def test_an_open_page_sees_a_request_appear_and_expire(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """No reload: the panel follows the pause, and the expiry (which no run_end announces)."""
+    now = [datetime(2026, 11, 23, 4, 0, tzinfo=UTC)]
+    channel = WebChannel(WebSettings(enabled=True, port=0))
+    bot = Bot(Settings(bot={"data_dir": tmp_path, "admins": ["web:admin"]}), model=model(), channels=[channel],
+              plugins=[Plugin("risky", Toolset("risky", [transfer]))], clock=lambda: now[0])
+    await bot.start()
+    try:
+        ws = await http.ws_connect(channel.url + "ws")
+        welcome = await ws.receive_json(timeout=5)
+        assert {"id": "admin", "name": "admin", "approver": True} in welcome["members"]
+        await ws.send_json({"type": "panels", "chat": {"kind": "group", "id": "playground"}})
+
+        async def pending_rows() -> list[dict[str, str]]:
+            async with asyncio.timeout(5):
+                while True:
+                    frame = await ws.receive_json()
+                    if frame["type"] == "panels" and frame["chat"]["id"] == "playground":
+                        [panel] = [p for p in frame["panels"] if p["name"] == PANEL]
+                        return list(panel["rows"])
+
+        assert await pending_rows() == []
+        await ws.send_json({"type": "send", "kind": "group", "user": {"id": "u-aqiang", "name": "阿强"},
+                            "text": "@qunbot 转 42 块"})
+        while not (rows := await pending_rows()):
+            pass
+        assert rows[0]["内容"] == "transfer(amount=42)" and rows[0]["到期"] == "12:30（还剩 30 分钟）"  # Shanghai
+        now[0] += timedelta(minutes=31)
+        await bot.approvals.expire_due()
+        while await pending_rows():
+            pass
+        await bot.approvals.idle()
+        await ws.close()
+    finally:
+        await bot.stop()
