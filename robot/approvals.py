@@ -36,6 +36,7 @@ from function_calls import (
     ToolCall,
     ToolContext,
 )
+from robot.approvals_panel import PANEL, PendingPanel
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.config import ApprovalsSection
 from robot.message import ChatRef, OutgoingMessage
@@ -77,6 +78,7 @@ class Approvals:
             if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
                 await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
         self._watch = await self.store.answerable_chats()
+        self.bot.panels.setdefault(PANEL, PendingPanel(self))  # the web playground's approve/deny buttons
         self._task = asyncio.create_task(self._expiry_loop(), name="qunbot-snapshots")
 
     def _spawn(self, row: Row, verdict: bool | str, *, answer: str | None = None, notice: str | None = None) -> None:
