@@ -57,6 +57,10 @@ def build_channels(settings: Settings) -> list[Channel]:
         from robot.channels.console import ConsoleChannel
 
         channels.append(ConsoleChannel(bot_name=settings.bot.name))
+    if cfg.weixin.enabled:
+        from robot.channels.weixin import WeixinChannel
+
+        channels.append(WeixinChannel(cfg.weixin, settings.bot.data_dir))
     if cfg.web.enabled or not channels:
         from robot.channels.web import WebChannel
 

@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--path", default="qunbot.toml", help="where to write it ('-' for stdout)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", help="check the config, the LLM endpoint and each channel")
+    login = sub.add_parser("login", help="log a bot account in by QR code (personal WeChat)")
+    login.add_argument("platform", choices=["weixin"], help="weixin: personal WeChat (iLink bot API)")
     return parser
 
 
@@ -193,6 +195,20 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
     return 1 if problems else 0
 
 
+async def _login_weixin(settings: Settings) -> int:
+    from robot.channels.weixin import LoginFailed, WeixinError, WeixinState, login
+
+    cfg = settings.channels.weixin
+    try:
+        await login(cfg, WeixinState(cfg.state_dir or settings.bot.data_dir / "weixin"))
+    except (LoginFailed, WeixinError) as exc:
+        print(f"error: weixin login: {exc}", file=sys.stderr)
+        return 1
+    if not cfg.enabled:
+        print("提示：在 qunbot.toml 的 [channels.weixin] 中设置 enabled = true，然后运行 qunbot run。")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qunbot`` console script."""
     args = _parser().parse_args(argv)
@@ -206,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tools(settings, args.json, args.strict)
         if command == "doctor":
             return asyncio.run(_doctor(settings, source))
+        if command == "login":
+            return asyncio.run(_login_weixin(settings))
         if command == "chat":
             asyncio.run(_chat(settings, args.group, args.user))
         else:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.wecom.settings import WeComSettings
+from robot.channels.weixin.settings import WeixinSettings
 
 __all__ = [
     "BotSection",
@@ -139,6 +140,7 @@ class ChannelsSection(_Section):
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     onebot: OneBotSettings = Field(default_factory=OneBotSettings)
     wecom: WeComSettings = Field(default_factory=WeComSettings)
+    weixin: WeixinSettings = Field(default_factory=WeixinSettings)
 
 
 class Settings(BaseSettings):

@@ -22,6 +22,7 @@ class ChatRef(BaseModel):
     platform: str
     chat_id: str
     kind: ChatKind
+    account: str = Field(default="", description="the bot identity that owns the chat; not part of key")
 
     @property
     def key(self) -> str:

@@ -167,10 +167,18 @@ class Pipeline:
                 await channel.trace(message.chat, {**event, "message_id": message.message_id})
 
         tools: Toolset = bot.offered_tools()
-        result = await bot.router.chat(
-            text, caller=caller, tools=tools, history=[h.turn() for h in history if h.message_id != message.message_id],
-            zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text, on_event=on_event,
-        )
+        if channel is not None:
+            await channel.typing(message.chat, True)
+        try:
+            result = await bot.router.chat(
+                text, caller=caller, tools=tools,
+                history=[h.turn() for h in history if h.message_id != message.message_id],
+                zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
+                on_event=on_event,
+            )
+        finally:
+            if channel is not None:
+                await channel.typing(message.chat, False)
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
         await self.reply(message, result.replies)

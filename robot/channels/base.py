@@ -133,6 +133,9 @@ class Channel(abc.ABC):
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:  # noqa: B027
         """Show a piece of a reply as it streams; only channels with ``capabilities.streaming`` act."""
 
+    async def typing(self, chat: ChatRef, active: bool) -> None:  # noqa: B027
+        """Show (``active``) or clear a "typing" indicator while the model works; a no-op by default."""
+
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:  # noqa: B027
         """Observe a run's tool trace (the web playground shows it); a no-op elsewhere."""
 
