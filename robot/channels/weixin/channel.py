@@ -139,7 +139,9 @@ class WeixinChannel(Channel):
             except SessionExpired:
                 await self._session_expired(acc)
                 continue
-            except WeixinError as exc:
+            except Exception as exc:  # WeixinError, or a bug: the poller must not die silently
+                if not isinstance(exc, WeixinError):
+                    log.exception("weixin %s: unexpected error while polling", acc.bot_id)
                 failures += 1
                 delay = min(self.settings.backoff_max_s, self.settings.retry_delay_s * 2 ** min(failures - 1, 10))
                 log.warning("weixin %s: getupdates failed (%s); retrying in %.0f s", acc.bot_id, exc, delay)
@@ -163,8 +165,9 @@ class WeixinChannel(Channel):
             try:
                 msg = WeixinMessage.model_validate(item)
                 message = to_message(acc.bot_id, msg)
-            except ValidationError as exc:
-                log.warning("weixin %s: skipped a malformed message (%d errors)", acc.bot_id, exc.error_count())
+            except ValueError as exc:  # pydantic's ValidationError included
+                errors = exc.error_count() if isinstance(exc, ValidationError) else 1
+                log.warning("weixin %s: skipped a malformed message (%d errors)", acc.bot_id, errors)
                 continue
             if message is None:
                 continue

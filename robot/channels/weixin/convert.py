@@ -73,10 +73,12 @@ def to_message(account: str, msg: WeixinMessage) -> Message | None:
     group = (msg.group_id or "").strip()
     chat = ChatRef(platform=PLATFORM, chat_id=group or msg.from_user_id, kind="group" if group else "private",
                    account=account)
-    stamp = (datetime.fromtimestamp(msg.create_time_ms / 1000, UTC) if msg.create_time_ms
-             else datetime.now(UTC))
+    try:
+        stamp = datetime.fromtimestamp(msg.create_time_ms / 1000, UTC) if msg.create_time_ms else None
+    except (ValueError, OverflowError, OSError):  # a nonsense time is not worth losing the message
+        stamp = None
     return Message(chat=chat, sender=Sender(user_id=msg.from_user_id), message_id=message_id,
-                   text="\n".join(parts), timestamp=stamp, reply_to=reply_to,
+                   text="\n".join(parts), timestamp=stamp or datetime.now(UTC), reply_to=reply_to,
                    raw=msg.model_dump(mode="json", exclude_none=True))
 
 

@@ -34,14 +34,17 @@ class WeixinAccount(BaseModel):
     saved_at: datetime | None = None
 
 
-def _write_private(path: Path, data: dict[str, Any]) -> None:
+def _write_private(path: Path, data: dict[str, Any], *, sync: bool = False) -> None:
+    # The rename is atomic; fsync only for credentials: a cursor or token lost to a power cut
+    # costs a replay (deduplicated) or one refused proactive send, not a re-login.
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, ensure_ascii=False)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
     tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
     tmp.replace(path)
 
@@ -75,7 +78,7 @@ class WeixinState:
         path = self._file(account.bot_id, ".json")
         _write_private(path, {"bot_id": account.bot_id, "bot_token": account.bot_token.get_secret_value(),
                               "base_url": account.base_url, "user_id": account.user_id,
-                              "saved_at": (account.saved_at or datetime.now(UTC)).isoformat()})
+                              "saved_at": (account.saved_at or datetime.now(UTC)).isoformat()}, sync=True)
         return path
 
     def load_accounts_sync(self) -> list[WeixinAccount]:

@@ -43,6 +43,7 @@ class _Bot:
     queue: list[dict[str, Any]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     expired: bool = False
+    issued: dict[str, set[str]] = field(default_factory=dict)  # chat id -> context tokens given out
 
 
 class FakeILinkServer:
@@ -85,6 +86,7 @@ class FakeILinkServer:
         if group_id:
             msg["group_id"] = group_id
         bot.queue.append(msg)
+        bot.issued.setdefault(group_id or from_user, set()).add(msg["context_token"])
         bot.wake.set()
         return msg
 
@@ -203,8 +205,7 @@ class FakeILinkServer:
                 or not isinstance(msg.get("to_user_id"), str) or len(items) != 1 or items[0].get("type") != 1:
             return self._bad("sendmessage: not a finished bot text message")
         to, ctx = msg["to_user_id"], msg.get("context_token") or ""
-        issued = [m["context_token"] for m in bot.queue if (m.get("group_id") or m["from_user_id"]) == to]
-        if ctx not in issued:
+        if ctx not in bot.issued.get(to, set()):
             return self._raw_json({"ret": -2, "errmsg": "invalid context_token"})
         mid = next(self.ids)
         token = request.headers["Authorization"].removeprefix("Bearer ")
