@@ -61,6 +61,10 @@ def build_channels(settings: Settings) -> list[Channel]:
         from robot.channels.weixin import WeixinChannel
 
         channels.append(WeixinChannel(cfg.weixin, settings.bot.data_dir))
+    if cfg.telegram.enabled:
+        from robot.channels.telegram import TelegramChannel
+
+        channels.append(TelegramChannel(cfg.telegram, settings.bot.data_dir))
     if cfg.web.enabled or not channels:
         from robot.channels.web import WebChannel
 
@@ -147,6 +151,12 @@ class Bot:
         blocked = self.unavailable_tools()
         return self.tools.filter(lambda t: t.name not in blocked)
 
+    def command_menu(self) -> list[tuple[str, str]]:
+        """``(command, first line of its description)`` for the tools anyone may run, then help."""
+        menu = [(t.name, " ".join(t.description.strip().split("\n\n")[0].split()))
+                for t in self.offered_tools() if not t.admin_only]
+        return [*menu, ("help", "显示可用命令")]
+
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
 
@@ -210,6 +220,9 @@ class Bot:
             await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()
+            menu = self.command_menu()
+            for channel in self.channels.values():
+                await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         except BaseException:
             await self.stop(flush_timeout_s=0)

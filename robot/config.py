@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from robot.channels.onebot.settings import OneBotSettings
+from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.wecom.settings import WeComSettings
 from robot.channels.weixin.settings import WeixinSettings
 
@@ -141,6 +142,7 @@ class ChannelsSection(_Section):
     onebot: OneBotSettings = Field(default_factory=OneBotSettings)
     wecom: WeComSettings = Field(default_factory=WeComSettings)
     weixin: WeixinSettings = Field(default_factory=WeixinSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
 
 
 class Settings(BaseSettings):

@@ -243,6 +243,8 @@ class Outbox:
         except Exception as exc:  # unavailable, or a channel bug: keep the message and retry later
             attempts = int(str(row["attempts"])) + 1
             delay = min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16))
+            if isinstance(exc, ChannelUnavailable) and exc.retry_after_s:
+                delay = max(delay, exc.retry_after_s)  # the platform's flood wait, uncapped
             if not isinstance(exc, ChannelUnavailable):
                 log.exception("outbox %s: unexpected send failure", chat.key)
             params = [attempts, iso(self.clock() + timedelta(seconds=delay)), str(exc)[:500], key]

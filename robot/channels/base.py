@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -46,7 +46,14 @@ class ChannelError(Exception):
 
 
 class ChannelUnavailable(ChannelError):
-    """Not connected or the platform timed out: the message stays in the outbox and is retried."""
+    """Not connected or the platform timed out: the message stays in the outbox and is retried.
+
+    ``retry_after_s`` is the platform's own wait (flood control); the outbox waits at least that.
+    """
+
+    def __init__(self, *args: object, retry_after_s: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after_s = retry_after_s
 
 
 class SendRejected(ChannelError):
@@ -135,6 +142,9 @@ class Channel(abc.ABC):
 
     async def typing(self, chat: ChatRef, active: bool) -> None:  # noqa: B027
         """Show (``active``) or clear a "typing" indicator while the model works; a no-op by default."""
+
+    async def publish_commands(self, commands: Sequence[tuple[str, str]]) -> None:  # noqa: B027
+        """Offer the bot's ``(command, description)`` list in the platform's menu; a no-op by default."""
 
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:  # noqa: B027
         """Observe a run's tool trace (the web playground shows it); a no-op elsewhere."""
