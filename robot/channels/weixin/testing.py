@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import contextlib
 import itertools
 import json
@@ -179,12 +180,12 @@ class FakeILinkServer:
             after = int(base64.b64decode(buf).decode() or 0) if buf else 0
         except (binascii.Error, ValueError):
             return self._bad("getupdates: unknown get_updates_buf")
-        pending = [m for m in bot.queue if m["seq"] > after]
+        pending = bot.queue[bisect.bisect_right(bot.queue, after, key=lambda m: m["seq"]):]
         if not pending:
             bot.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(bot.wake.wait(), self.hold_s)
-            pending = [m for m in bot.queue if m["seq"] > after]
+            pending = bot.queue[bisect.bisect_right(bot.queue, after, key=lambda m: m["seq"]):]
         last = max((m["seq"] for m in pending), default=after)
         answer: dict[str, Any] = {"ret": 0, "msgs": pending,
                                   "get_updates_buf": base64.b64encode(str(last).encode()).decode()}
