@@ -55,6 +55,7 @@ class FakeBotAPI:
         self.errors: list[str] = []
         self.calls: list[str] = []
         self._flood: list[int] = []
+        self.fail_sends: list[int] = []  # HTTP statuses (5xx) for the next sendMessage calls
         self._ids = itertools.count(1)
         self._message_ids = itertools.count(1000)
         self._wake = asyncio.Event()
@@ -160,6 +161,8 @@ class FakeBotAPI:
         return self._ok([u for u in self.updates if u["update_id"] >= offset][:100])
 
     async def _send_message(self, body: dict[str, Any]) -> web.Response:
+        if self.fail_sends:
+            return self._fail(self.fail_sends.pop(0), "Internal Server Error")
         chat_id, text = body.get("chat_id"), body.get("text")
         try:
             chat = int(chat_id)  # type: ignore[arg-type]

@@ -59,6 +59,7 @@ class FakeILinkServer:
         self.sent: list[SentText] = []
         self.typing: list[tuple[str, str, int]] = []  # (user, ticket, status)
         self.fail_next: list[int] = []  # HTTP statuses for the next getupdates calls
+        self.fail_sends: list[int] = []  # HTTP statuses for the next sendmessage calls
         self.qr_script: list[dict[str, Any]] = []  # get_qrcode_status answers, in order
         self.qrcodes_issued = 0
         self.seq = itertools.count(1)
@@ -194,6 +195,8 @@ class FakeILinkServer:
         return self._raw_json(answer)
 
     async def _sendmessage(self, request: web.Request) -> web.Response:
+        if self.fail_sends:
+            return web.Response(status=self.fail_sends.pop(0), text="upstream error")
         bot, body, error = await self._authed(request)
         if error is not None:
             return error
