@@ -26,7 +26,7 @@ from reminders.tools import (
     reminder_set,
     toolset,
 )
-from robot import Plugin
+from robot import ChatRef, Plugin
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -42,6 +42,7 @@ __all__ = [
     "ReminderService",
     "ReminderSettings",
     "ReminderStore",
+    "chat_moved",
     "plugin",
     "reminder_delete",
     "reminder_list",
@@ -73,5 +74,10 @@ async def teardown(deps: ReminderDeps) -> None:
     await deps.service.stop()
 
 
+async def chat_moved(deps: ReminderDeps, old: ChatRef, new: ChatRef) -> None:
+    """A group became a supergroup (Telegram): its reminders follow it."""
+    await deps.store.move_chat(old.key, new.key)
+
+
 plugin: Plugin[ReminderDeps] = Plugin(name="reminders", tools=toolset, setup=setup, teardown=teardown,
-                                      settings_model=ReminderSettings)
+                                      settings_model=ReminderSettings, chat_moved=chat_moved)

@@ -151,6 +151,15 @@ class Bot:
         blocked = self.unavailable_tools()
         return self.tools.filter(lambda t: t.name not in blocked)
 
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> None:
+        """A chat got a new id on its platform: move its history, outbox rows and plugins' data."""
+        moved = await self.history.move_chat(old, new)
+        await self.outbox.move_chat(old, new)
+        for plugin in self.plugins:
+            if plugin.chat_moved is not None and plugin.name in self._deps:
+                await plugin.chat_moved(self._deps[plugin.name], old, new)
+        log.info("chat %s moved to %s (%d messages)", old.key, new.key, moved)
+
     def command_menu(self) -> list[tuple[str, str]]:
         """``(command, first line of its description)`` for the tools anyone may run, then help."""
         menu = [(t.name, " ".join(t.description.strip().split("\n\n")[0].split()))
@@ -216,6 +225,7 @@ class Bot:
             for channel in self.channels.values():
                 self.outbox.register(channel)
                 channel.bind(self.handle)
+                channel.bind_moves(self.move_chat)
                 channel.attach_panels(self.panels)
             await self.outbox.start()
             for channel in self.channels.values():

@@ -166,6 +166,11 @@ class Outbox:
         return int(await self.db.run(lambda db: db.execute(
             "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount))
 
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
+        """Queued and sent rows of ``old`` now belong to ``new`` (replies and reply lookups follow)."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+
     async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
         """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
         return bool(await self.db.run(lambda db: db.execute(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from function_calls import Toolset, collect_tools
+from robot.message import ChatRef
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -44,6 +45,8 @@ class Plugin(Generic[D]):
     unavailable: Callable[[D], str | None] | None = None
     #: The plugin's ``[name]`` config table, for ``qunbot init`` and the config reference.
     settings_model: type[BaseModel] | None = None
+    #: ``chat_moved(deps, old, new)``: the platform gave a chat a new id; move the plugin's rows.
+    chat_moved: Callable[[D, ChatRef, ChatRef], Awaitable[None]] | None = None
 
 
 _BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}

@@ -27,6 +27,7 @@ __all__ = [
     "Channel",
     "ChannelError",
     "ChannelUnavailable",
+    "ChatMoved",
     "MessageSink",
     "PanelProvider",
     "SendReceipt",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 MessageSink = Callable[[Message], Awaitable[None]]
+#: Told when the platform moved a chat to a new id (a Telegram group became a supergroup).
+ChatMoved = Callable[[ChatRef, ChatRef], Awaitable[None]]
 #: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
 PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
 
@@ -87,11 +90,25 @@ class Channel(abc.ABC):
 
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
+        self._on_moved: ChatMoved | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""
         self._sink = sink
+
+    def bind_moves(self, callback: ChatMoved) -> None:
+        """Set who moves a chat's stored data when the platform gives the chat a new id."""
+        self._on_moved = callback
+
+    async def chat_moved(self, old: ChatRef, new: ChatRef) -> None:
+        """Report a chat's new id; the bot moves its history, queued replies and plugin data."""
+        if self._on_moved is None:
+            return
+        try:
+            await self._on_moved(old, new)
+        except Exception:
+            log.exception("%s: moving chat %s to %s failed", self.platform, old.key, new.key)
 
     async def deliver(self, message: Message) -> None:
         """Hand one incoming message to the bot."""

@@ -251,15 +251,23 @@ class TelegramChannel(Channel):
             raw=update,
         )
 
-    def _remember_migration(self, old: str, new: str) -> None:
+    def _remember_migration(self, old: str, new: str) -> asyncio.Task[None] | None:
+        """Redirect sends from ``old`` to ``new`` and have the bot move the chat's data (once)."""
         if self.migrated.get(old) == new:
-            return
+            return None
         self.migrated[old] = new
-        log.warning("telegram: group %s became supergroup %s; its replies and reminders follow it", old, new)
+        log.warning("telegram: group %s became supergroup %s; its history, replies and reminders follow it",
+                    old, new)
         try:
             self._write("migrated.json", self.migrated)
         except OSError:
             log.exception("telegram: could not save the group migration")
+        task = asyncio.create_task(self.chat_moved(
+            ChatRef(platform=self.platform, chat_id=old, kind="group", account=self.bot_id),
+            ChatRef(platform=self.platform, chat_id=new, kind="group", account=self.bot_id)))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+        return task
 
     # --- sending ------------------------------------------------------------------------------
     def _target(self, chat: ChatRef) -> tuple[str, int | None]:
@@ -292,7 +300,9 @@ class TelegramChannel(Channel):
             try:
                 result = await self.api.call("sendMessage", payload)
             except ChatMigrated as exc:
-                self._remember_migration(chat_id, str(exc.new_chat_id))
+                moving = self._remember_migration(chat_id, str(exc.new_chat_id))
+                if moving is not None:
+                    await moving
                 continue
             except TooManyRequests as exc:
                 raise ChannelUnavailable(f"telegram flood control: retry after {exc.retry_after:g} s",

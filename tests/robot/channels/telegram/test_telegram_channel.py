@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +246,34 @@ async def test_malformed_updates_are_skipped(tmp_path: Path, fake: FakeBotAPI, r
     async with running(TelegramChannel(settings(tmp_path, fake))):
         message = await asyncio.wait_for(inbox.get(), 5)
     assert message.text == "正常"
+
+
+async def test_a_migrated_group_takes_its_history_and_reminders_along(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    import reminders
+    from reminders.store import Reminder, new_id
+
+    old = {"id": -4001, "type": "group", "title": "Old"}
+    new = {"id": -1004001, "type": "supergroup", "title": "Old"}
+    old_ref = ChatRef(platform="telegram", chat_id="-4001", kind="group")
+    new_ref = ChatRef(platform="telegram", chat_id="-1004001", kind="group")
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path,
+                            plugins=[reminders.plugin])
+    fake.message(old, ALICE, "旧群里说的话")
+    await until(lambda: bot.history.recent(old_ref, 10))
+    now = datetime.now(UTC)
+    store = bot._deps["reminders"].store
+    await store.create(Reminder(
+        id=new_id(), owner="telegram:777", owner_name="Alice", chat=old_ref.key, type="daily", wall="09:00:00",
+        zone="Asia/Shanghai", weekday=None, content="交周报", mode="text", created_at=now, updated_at=now,
+        next_fire=now + timedelta(hours=20), status="active"), reminders.ReminderSettings(), now)
+    fake.message(old, ALICE, "", migrate_to_chat_id=-1004001)
+    fake.message(new, ALICE, "", migrate_from_chat_id=-4001)
+
+    async def moved() -> bool:
+        return bool(await store.for_chat(new_ref.key))
+
+    await until(moved)
+    assert [r.text for r in await bot.history.recent(new_ref, 10)] == ["旧群里说的话"]
+    assert await bot.history.recent(old_ref, 10) == [] and await store.for_chat(old_ref.key) == []
+    assert [r.content for r in await store.for_chat(new_ref.key)] == ["交周报"]
