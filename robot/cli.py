@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from robot.bot import Bot
-from robot.channels.base import Channel
+from robot.channels.base import Channel, ChannelError
 from robot.config import ConfigError, Settings, load_settings
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.template import render_template
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # e.g. a channel's port is taken: a line, not a traceback
+    except (OSError, ChannelError) as exc:  # a port taken, a token refused: a line, not a traceback
         print(f"error: cannot start: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -277,3 +277,31 @@ async def test_a_migrated_group_takes_its_history_and_reminders_along(
     assert [r.text for r in await bot.history.recent(new_ref, 10)] == ["旧群里说的话"]
     assert await bot.history.recent(old_ref, 10) == [] and await store.for_chat(old_ref.key) == []
     assert [r.content for r in await store.for_chat(new_ref.key)] == ["交周报"]
+
+
+def test_a_refused_token_stops_qunbot_run_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from robot.cli import main
+
+    loop = asyncio.new_event_loop()  # the fake runs beside main()'s own asyncio.run
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fake = FakeBotAPI("42:real-token")
+    asyncio.run_coroutine_threadsafe(fake.__aenter__(), loop).result(5)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QUNBOT_BOT__DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__ENABLED", "true")
+    monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__TOKEN", "42:wrong-token")
+    monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__API_BASE", fake.url)
+    try:
+        assert main(["run"]) == 1
+    finally:
+        asyncio.run_coroutine_threadsafe(fake.__aexit__(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    err = capsys.readouterr().err
+    assert "error: cannot start: getMe: 401 Unauthorized" in err and "wrong-token" not in err
+    assert "Traceback" not in err
