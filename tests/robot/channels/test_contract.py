@@ -1,7 +1,7 @@
 """One contract for every channel, each run with its own fake peer on loopback.
 
 A :class:`Peer` drives one platform's fake (the iLink server, the Bot API server, a OneBot
-implementation, a playground page): it makes a user say something, reads what the bot sent, breaks the next send,
+implementation, the WeCom API, a playground page): it makes a user say something, reads what the bot sent, breaks the next send,
 and pushes garbage. The same tests then hold for every channel: text arrives; in a group only an
 addressed message is answered; the answer is addressed back (where the platform has a way:
 not the iLink API); long text is split to the platform's limit; a failed send is retried by the
@@ -15,6 +15,7 @@ import abc
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
 from robot.channels.telegram import TelegramChannel, TelegramSettings
 from robot.channels.telegram.testing import FakeBotAPI
 from robot.channels.web import WebChannel
+from robot.channels.wecom import WeComChannel, WeComCrypto, WeComSettings
+from robot.channels.wecom.testing import FakeWeComAPI, signed_query
 from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
 from robot.channels.weixin.testing import FakeILinkServer
 from robot.config import WebSettings
@@ -249,6 +252,66 @@ class WebPeer(Peer):
         await self.ws.send_str("{not json")
 
 
+WECOM: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[2] / "vectors" / "wecom_callback.json").read_text("utf-8"))
+
+
+class WeComPeer(Peer):
+    """The self-built app: private chats only, encrypted XML callbacks in, ``message/send`` out."""
+
+    name = "wecom"
+
+    def __init__(self, api: FakeWeComAPI, http: aiohttp.ClientSession) -> None:
+        self.api, self.http = api, http
+        self.url = ""
+        self.crypto: WeComCrypto | None = None
+        self.next_id = 7000
+        self.refused: set[int] = set()
+
+    def channel(self, tmp: Path) -> Channel:
+        return WeComChannel(WeComSettings(
+            enabled=True, mode="app", port=0, token=SecretStr(WECOM["token"]),
+            encoding_aes_key=SecretStr(WECOM["encoding_aes_key"]), corp_id=WECOM["receive_id"],
+            corp_secret=SecretStr("secret"), agent_id=1000002, api_base=self.api.base_url))
+
+    async def linked(self, channel: Channel) -> None:
+        assert isinstance(channel, WeComChannel)
+        self.url, self.crypto = channel.url, channel.crypto
+
+    async def _post(self, body: str, encrypt: str) -> None:
+        assert self.crypto is not None
+        async with self.http.post(self.url, params=signed_query(self.crypto, encrypt), data=body) as resp:
+            await resp.read()
+
+    async def say(self, words: str, *, user: str = "1001", group: bool = False, at_bot: bool = False) -> str:
+        assert self.crypto is not None and not group
+        self.next_id += 1
+        inner = (f"<xml><ToUserName><![CDATA[{WECOM['receive_id']}]]></ToUserName>"
+                 f"<FromUserName><![CDATA[{user}]]></FromUserName><CreateTime>{int(time.time())}</CreateTime>"
+                 f"<MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{words}]]></Content>"
+                 f"<MsgId>{self.next_id}</MsgId><AgentID>1000002</AgentID></xml>")
+        encrypt = self.crypto.encrypt(inner)
+        await self._post(f"<xml><ToUserName><![CDATA[x]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>",
+                         encrypt)
+        return str(self.next_id)
+
+    def outs(self) -> list[Out]:
+        calls = self.api.calls_to("/cgi-bin/message/send")
+        return [Out(str(c.body["touser"]), str(c.body["text"]["content"]), None)
+                for i, c in enumerate(calls) if c.body and i not in self.refused]
+
+    def chat(self, *, user: str = "1001", group: bool = False) -> ChatRef:
+        return ChatRef(platform="wecom", chat_id=user, kind="private")
+
+    def fail_next_send(self) -> None:
+        self.refused.add(len(self.api.calls_to("/cgi-bin/message/send")))  # the next call is refused
+        self.api.fail_sends.append(-1)  # "system busy": retryable
+
+    async def bad_frame(self) -> None:
+        assert self.crypto is not None
+        await self._post("<xml><Encrypt><![CDATA[not-base64!!]]></Encrypt></xml>", "not-base64!!")
+
+
 @dataclass
 class Rig:
     peer: Peer
@@ -266,10 +329,11 @@ class Rig:
         return [r.text for r in await self.bot.history.recent(chat, 100) if not r.from_bot]
 
 
-ALL = ["weixin", "telegram", "onebot", "web"]
+ALL = ["weixin", "telegram", "onebot", "wecom", "web"]
 POLLING = ["weixin", "telegram"]  # they resume from a saved cursor
+GROUPS = ["weixin", "telegram", "onebot", "web"]  # the WeCom app has private chats only
 ADDRESSING = ["telegram", "onebot", "web"]  # the iLink API has no mention or quote for bots
-FALLIBLE = ["weixin", "telegram", "onebot"]  # the playground's send to its pages cannot fail
+FALLIBLE = ["weixin", "telegram", "onebot", "wecom"]  # the playground's send to its pages cannot fail
 every = pytest.mark.parametrize("rig", ALL, indirect=True)
 
 
@@ -283,6 +347,9 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path, make_bot: Any) -> 
             peer = TelegramPeer(await stack.enter_async_context(FakeBotAPI()))
         elif request.param == "onebot":
             peer = OneBotPeer(await stack.enter_async_context(OneBotTestPeer(self_id=10001)))
+        elif request.param == "wecom":
+            api = await stack.enter_async_context(FakeWeComAPI(corp_id=WECOM["receive_id"], corp_secret="secret"))
+            peer = WeComPeer(api, await stack.enter_async_context(aiohttp.ClientSession()))
         else:
             peer = WebPeer(await stack.enter_async_context(aiohttp.ClientSession()))
         bot, channel = await make_bot(ScriptedModel(lambda r: text("好的")), channel=peer.channel(tmp_path),
@@ -302,7 +369,7 @@ async def test_text_arrives_and_is_answered(rig: Rig, until: Until) -> None:
     assert rig.peer.outs()[0].text == "好的" and rig.peer.outs()[0].chat == rig.peer.chat().chat_id
 
 
-@every
+@pytest.mark.parametrize("rig", GROUPS, indirect=True)
 async def test_in_a_group_only_an_addressed_message_is_answered(rig: Rig, until: Until) -> None:
     await rig.peer.say("今晚谁去打球", group=True)
     await rig.peer.say("帮我记一下", group=True, at_bot=True)
