@@ -182,7 +182,7 @@ class TelegramChannel(Channel):
         """Hand one update to the bot in the background; returns the delivery task."""
         try:
             message = self.to_message(update)
-        except (KeyError, TypeError, ValueError) as exc:
+        except Exception as exc:  # any shape the API (or a forged webhook) sends must not stop the reader
             log.warning("telegram: skipped malformed update %s (%s)", update.get("update_id"), type(exc).__name__)
             return None
         if message is None:

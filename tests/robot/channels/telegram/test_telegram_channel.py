@@ -10,9 +10,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from function_calls.testing import ScriptedModel, text
 from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf16
+from robot.channels.telegram.convert import read_entities
 from robot.channels.telegram.testing import FakeBotAPI
 from robot.message import ChatRef, Message
 from robot.store import parse_iso
@@ -305,3 +309,41 @@ def test_a_refused_token_stops_qunbot_run_with_one_line(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert "error: cannot start: getMe: 401 Unauthorized" in err and "wrong-token" not in err
     assert "Traceback" not in err
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                         st.sampled_from(["id", "type", "text", "chat", "from", "date", "message_id", "entities",
+                                          "offset", "length", "user", "reply_to_message", "message_thread_id",
+                                          "is_topic_message", "migrate_to_chat_id", "caption", "document"]),
+                         inner, max_size=6), max_leaves=20)
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(update=st.dictionaries(st.sampled_from(["update_id", "message", "edited_message"]), _json, max_size=3))
+def test_any_update_is_read_or_skipped_never_raised(tmp_path: Path, update: dict[str, Any]) -> None:
+    channel = TelegramChannel(TelegramSettings(enabled=True, token="1:x", state_dir=tmp_path))
+    channel.bot_id, channel.username = "1", "qun_test_bot"
+    got: list[Message] = []
+
+    async def sink(message: Message) -> None:
+        got.append(message)
+
+    async def accept() -> None:
+        channel.bind(sink)
+        task = channel._accept(update)  # the poller calls this outside any try: it must not raise
+        if task is not None:
+            await task
+
+    asyncio.run(accept())
+    assert all(m.chat.platform == "telegram" and m.chat.account == "1" for m in got)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(words=st.text(max_size=30), entities=st.lists(st.fixed_dictionaries({
+    "type": st.sampled_from(["mention", "bot_command", "text_mention", "url"]),
+    "offset": st.integers(-5, 40), "length": st.integers(-5, 40),
+    "user": st.fixed_dictionaries({"id": st.integers(0, 3)})}), max_size=4))
+def test_any_entities_leave_readable_text(words: str, entities: list[dict[str, Any]]) -> None:
+    clean, mentions, _ = read_entities(words, entities, "qun_test_bot", "1")
+    assert isinstance(clean, str) and all(isinstance(m, str) for m in mentions)
