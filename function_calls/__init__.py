@@ -16,13 +16,14 @@ from function_calls.router import FunctionCallRouter, HistoryTurn
 from function_calls.run import RunResult, RunState, StopReason, ToolTrace
 from function_calls.schema import compact_schema, strict_schema
 from function_calls.tokens import estimate_messages, estimate_tokens
-from function_calls.tool import Scope, Tool, Toolset, collect_tools, tool_function
+from function_calls.tool import Confirm, Scope, Tool, Toolset, collect_tools, tool_function
 
 __all__ = [
     "ArgumentError",
     "BudgetHook",
     "Caller",
     "ChatModel",
+    "Confirm",
     "FieldProblem",
     "FunctionCallError",
     "FunctionCallRouter",

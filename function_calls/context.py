@@ -27,16 +27,26 @@ class Caller(BaseModel):
     user_name: str = ""
     chat_id: str = "local"
     chat_kind: Literal["group", "private"] = "private"
+    #: A bot admin, or the owner/an admin of this group (``group_admin`` tools check it).
     is_admin: bool = False
-    #: A configured bot admin (``[bot] admins``); ``is_admin`` also covers group owners and admins.
+    #: A configured bot admin (``[bot] admins``): what ``admin_only`` tools require.
     bot_admin: bool = False
     addressed: bool = True
     #: The platform id of the message being answered ("" for scheduled runs).
     message_id: str = ""
+    #: The bot account that received the message or owns the chat ("" when the platform has one).
+    account: str = ""
+    #: The sender is an anonymous group member: their id is not an account that can own things.
+    anonymous: bool = False
 
     @property
     def qualified_user(self) -> str:
         return f"{self.platform}:{self.user_id}"
+
+    @property
+    def group_admin(self) -> bool:
+        """A bot admin, or the owner/an admin of the group this call comes from (never in private)."""
+        return self.bot_admin or (self.is_admin and self.chat_kind == "group")
 
 
 def _utcnow() -> datetime:

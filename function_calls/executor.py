@@ -1,4 +1,9 @@
-"""Executing one model turn's tool calls: validation, guards, concurrency, approvals."""
+"""Executing one model turn's tool calls: validation, guards, concurrency, approvals.
+
+One turn's calls run under structured concurrency (``asyncio.TaskGroup``): every call ends
+in an outcome, whatever its validator or handler raises, and none outlives the turn. A
+``confirm`` tool runs only with an approver's yes; with no approver wired it is refused.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from function_calls.context import Caller, ToolContext, ToolResult
-from function_calls.errors import ArgumentError, ToolError
+from function_calls.errors import ArgumentError, FieldProblem, ToolError
 from function_calls.guards import Limits, LoopDetector, LoopLevel, args_key, result_key
 from function_calls.model import ToolCall
 from function_calls.run import Approver, EventCallback, RunState, StopReason, ToolTrace
@@ -21,6 +26,18 @@ from function_calls.tool import Tool, Toolset
 __all__ = ["CallExecutor", "Outcome"]
 
 log = logging.getLogger(__name__)
+
+#: What the model hears for a ``confirm`` tool while no approver is wired (it relays it to the user).
+NO_APPROVALS = "「{name}」需要管理员批准才能执行，但审批功能尚未启用，所以没有执行。请如实告诉用户。"
+
+
+def _sendable(text: str) -> str:
+    """Text safe to send as UTF-8: a tool's lone surrogate must not break the next request."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a lone half -> U+FFFD
+    return text
 
 
 @dataclass
@@ -61,22 +78,36 @@ class CallExecutor:
         """Run one turn's calls: concurrent up to the cap, ``sequential`` tools alone, order kept."""
         sem = asyncio.Semaphore(self.limits.parallel_tools)
         outcomes: list[Outcome | None] = [None] * len(calls)
-        batch: list[asyncio.Task[None]] = []
 
         async def one(i: int, call: ToolCall) -> None:
             async with sem:
-                outcomes[i] = await self.call_one(call)
+                outcomes[i] = await self.guarded(call)
 
+        async def together(batch: list[tuple[int, ToolCall]]) -> None:
+            async with asyncio.TaskGroup() as group:
+                for i, call in batch:
+                    group.create_task(one(i, call))
+
+        batch: list[tuple[int, ToolCall]] = []
         for i, call in enumerate(calls):
             tool = self.tools.get(call.name)
             if tool is not None and tool.sequential:
-                await asyncio.gather(*batch)
+                await together(batch)
                 batch = []
-                outcomes[i] = await self.call_one(call)
+                outcomes[i] = await self.guarded(call)
             else:
-                batch.append(asyncio.create_task(one(i, call)))
-        await asyncio.gather(*batch)
+                batch.append((i, call))
+        await together(batch)
         return [o for o in outcomes if o is not None]
+
+    async def guarded(self, call: ToolCall) -> Outcome:
+        """:meth:`call_one`, with any failure of ours turned into a tool error (siblings keep running)."""
+        try:
+            return await self.call_one(call)
+        except Exception as exc:
+            log.exception("tool call %s failed in the executor", call.name)
+            return self._refuse(call, f"`{call.name}` failed internally ({type(exc).__name__}); not run.",
+                                note="internal error")
 
     async def call_one(self, call: ToolCall) -> Outcome:
         start = time.perf_counter()
@@ -109,7 +140,14 @@ class CallExecutor:
             self.detector.record(call.name, akey, "unknown", unknown=True)
             return self._refuse(call, content, note="unknown tool")
         try:
-            args = tool.parse_arguments(call.arguments, strict=self.strict_tools)
+            try:
+                args = tool.parse_arguments(call.arguments, strict=self.strict_tools)
+            except ArgumentError:
+                raise
+            except Exception as exc:  # a validator that raises KeyError/TypeError is still bad arguments
+                log.warning("argument check of %s raised %s", tool.name, type(exc).__name__, exc_info=True)
+                problem = FieldProblem("", f"the argument check failed ({type(exc).__name__})")
+                raise ArgumentError(tool.name, "validation", [problem]) from None
         except ArgumentError as exc:
             failures = state.arg_failures.get(tool.name, 0) + 1
             state.arg_failures[tool.name] = failures
@@ -119,6 +157,8 @@ class CallExecutor:
                                     f"{tool.name}（参数连续 {failures} 次无效）")
             return self._refuse(call, exc.message, note=f"invalid arguments ({failures}/{tool.retries + 1})")
         state.arg_failures.pop(tool.name, None)  # the budget counts consecutive failures
+        if tool.confirm and self.approver is None:  # fail closed: nobody can approve, so it never runs
+            return self._refuse(call, NO_APPROVALS.format(name=tool.name), note="needs approval")
         if tool.confirm and self.approver is not None:
             try:
                 verdict = await self.approver(call, tool, self.caller)
@@ -129,6 +169,8 @@ class CallExecutor:
                 return self._refuse(call, "[qunbot] waiting for approval", StopReason.AWAITING_APPROVAL, tool.name)
             if verdict is False:
                 return self._refuse(call, f"The user's admin declined `{tool.name}`. Tell the user.", note="declined")
+            if isinstance(verdict, str):
+                return self._refuse(call, verdict, note="declined")
         try:
             ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
                               tool_call_id=call.id, clock=self.clock)
@@ -140,6 +182,7 @@ class CallExecutor:
         except Exception as exc:  # a tool bug must not take its siblings or the run down
             log.exception("tool %s failed", tool.name)
             result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
+        result = result.model_copy(update={"content": _sendable(result.content)})
         rkey = result_key(result.content, result.data, tool.hash_exclude)
         signal = self.detector.record(tool.name, akey, rkey)
         note = ""

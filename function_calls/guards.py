@@ -45,12 +45,18 @@ class Limits:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """One retry budget for the whole run; exponential backoff with full jitter."""
+    """One retry budget for the whole run; exponential backoff with full jitter.
+
+    ``patience_s`` bounds the run's total waiting: a ``Retry-After`` longer than
+    ``max_retry_after_s`` or than the patience left is not waited out; the run ends and
+    tells the user when to try again.
+    """
 
     max_retries: int = 3
     base_delay_s: float = 0.5
     max_delay_s: float = 8.0
     max_retry_after_s: float = 30.0
+    patience_s: float = 45.0
 
     def delay(self, attempt: int, retry_after: float | None, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
@@ -92,8 +98,13 @@ class LoopSignal:
 
 
 def _digest(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    # Tool data is whatever a tool returned: mixed key types defeat sort_keys, lone surrogates
+    # defeat UTF-8. Hashing must still work: fall back to repr, encode surrogates as they are.
+    try:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def args_key(raw: str) -> str:

@@ -36,6 +36,7 @@ _STOP_TEXT = {
     StopReason.MODEL_ERROR: "AI 服务暂时不可用（{detail}），请稍后再试。",
     StopReason.DAILY_BUDGET: "今天的 AI 用量已达上限，明天再来吧。",
     StopReason.AWAITING_APPROVAL: "这个操作需要管理员批准：{detail}",
+    StopReason.EMPTY_ANSWER: "我这次没能给出回答（{detail}），请换个说法再试。",
 }
 
 _TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
@@ -102,6 +103,7 @@ class Runner:
         state = env.state
         if state.pending:  # resuming after an approval pause
             calls, state.pending = state.pending, []
+            state.tool_calls = max(0, state.tool_calls - len(calls))  # a paused call counts once
             stop = await self._run_calls(env, calls, resume=True)
             if stop is not None:
                 return stop
@@ -123,9 +125,14 @@ class Runner:
                 response = await self._call_model(env, ModelRequest(messages=state.messages, tools=defs,
                                                                     tool_choice="auto" if defs else None), on_text)
             except ModelAPIError as exc:
-                return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc))
+                busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
+                return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc), text=busy)
             state.messages.append(_assistant_message(response))
             if not response.tool_calls:
+                if not response.text.strip() and not state.user_messages:
+                    # Reasoning models can think until the cap and answer nothing: say so, never reply blank.
+                    why = "只有思考过程，没有回答" if response.reasoning else "回答是空的"
+                    return self._finish(state, StopReason.EMPTY_ANSWER, env.detector, detail=why)
                 return self._finish(state, StopReason.COMPLETED, env.detector, text=response.text)
             stop = await self._run_calls(env, response.tool_calls)
             if stop is not None:
@@ -160,13 +167,28 @@ class Runner:
         state = env.state
         while True:
             try:
-                response = await self.model.complete(request, on_text=on_text)
+                try:
+                    response = await self.model.complete(request, on_text=on_text)
+                except ModelAPIError:
+                    raise
+                except Exception as exc:  # any ChatModel: a bug in it ends the run typed, never raised
+                    log.exception("chat model %s raised", getattr(self.model, "name", "?"))
+                    raise ModelAPIError(f"the model call failed ({type(exc).__name__})") from None
             except ModelAPIError as exc:
                 state.usage = state.usage + Usage(requests=1, prompt_tokens=0)
                 if not exc.retryable or exc.text_shown or state.api_retries >= self.retry.max_retries:
                     raise
+                left = self.retry.patience_s - state.retry_wait_s
+                asked = exc.retry_after
+                if asked is not None and (asked > self.retry.max_retry_after_s or asked > left):
+                    # Waiting that long would leave the user staring at nothing: tell them when to come back.
+                    raise _TooLongToWait(f"the provider asked to wait {asked:.0f}s, longer than this request waits",
+                                         status=exc.status, code=exc.code, retry_after=asked) from None
+                wait = self.retry.delay(state.api_retries + 1, asked)
+                if wait > left:
+                    raise
                 state.api_retries += 1
-                wait = self.retry.delay(state.api_retries, exc.retry_after)
+                state.retry_wait_s += wait
                 log.warning("model call failed (%s); retry %d in %.2fs", exc, state.api_retries, wait)
                 await env.emit({"type": "retry", "error": str(exc), "delay_s": wait})
                 await self.sleep(wait)
@@ -207,8 +229,23 @@ class Runner:
                          trace=list(state.trace), state=state)
 
 
+class _TooLongToWait(ModelAPIError):
+    """The provider's Retry-After is beyond the run's patience: the user is told when to retry."""
+
+
+def _wait_text(seconds: float | None) -> str:
+    seconds = seconds or 0.0
+    if seconds < 90:
+        return f" {max(1, round(seconds))} 秒"
+    if seconds < 5400:
+        return f"约 {round(seconds / 60)} 分钟"
+    return f"约 {round(seconds / 3600)} 小时"
+
+
 def _assistant_message(response: ModelResponse) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": response.text or None}
+    if response.reasoning:  # the model decides whether to send it back (DeepSeek's thinking mode needs it)
+        message["reasoning_content"] = response.reasoning
     if response.tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -1,16 +1,19 @@
 """The chat-model protocol and its implementation over ``openai.AsyncOpenAI``.
 
 The SDK's own retries are turned off: the invoke loop's retry policy is the only one.
-Provider failures become :class:`~function_calls.errors.ModelAPIError` with ``retryable`` set
-by one classification (408, 409, 429, 5xx, timeouts and connection errors retry; 400, 401,
-403, 404, 422 and 429 ``insufficient_quota`` do not).
+Provider failures become :class:`~function_calls.errors.ModelAPIError`, classified in
+:mod:`function_calls.provider_errors`.
+
+Whatever a provider streams, :meth:`OpenAIChatModel.complete` returns a response or raises
+``ModelAPIError``: missing, regenerated or reused ids and indexes, ``arguments`` sent as a JSON
+object (llama.cpp), no ``finish_reason`` before ``[DONE]``, ``reasoning_content`` (DeepSeek,
+Qwen). A failing ``on_text`` callback is the bot's fault: it is logged and streaming stops.
 """
 
 from __future__ import annotations
 
-import email.utils
 import json
-import time
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -19,6 +22,7 @@ import openai
 from pydantic import BaseModel, ConfigDict
 
 from function_calls.errors import ModelAPIError
+from function_calls.provider_errors import classify_status, translate_error
 from function_calls.tokens import estimate_messages
 
 __all__ = [
@@ -35,6 +39,9 @@ __all__ = [
 ]
 
 TextCallback = Callable[[str], Awaitable[None]]
+TokenParam = Literal["max_tokens", "max_completion_tokens"]
+
+log = logging.getLogger(__name__)
 
 
 class ToolCall(BaseModel):
@@ -84,6 +91,8 @@ class ModelResponse(BaseModel):
     tool_calls: list[ToolCall] = []
     usage: Usage = Usage()
     finish_reason: str | None = None
+    #: The model's thinking (``reasoning_content``), kept so it can be sent back when the provider needs it.
+    reasoning: str = ""
 
 
 @runtime_checkable
@@ -93,63 +102,6 @@ class ChatModel(Protocol):
     name: str
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse: ...
-
-
-def classify_status(status: int, code: str | None) -> bool:
-    """Whether an HTTP status from the provider is worth retrying."""
-    if status == 429:
-        return code != "insufficient_quota"
-    return status in (408, 409) or status >= 500
-
-
-def _retry_after(headers: Any) -> float | None:
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
-
-
-def _error_code(exc: openai.APIStatusError) -> str | None:
-    body = exc.body
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and isinstance(err.get("code"), str):
-            return str(err["code"])
-    code = getattr(exc, "code", None)
-    return code if isinstance(code, str) else None
-
-
-def translate_error(exc: Exception, *, text_shown: bool = False) -> ModelAPIError:
-    """Map an SDK exception to a :class:`ModelAPIError` (never carrying the API key)."""
-    if isinstance(exc, openai.APITimeoutError):
-        return ModelAPIError("the model endpoint timed out", retryable=True, text_shown=text_shown)
-    if isinstance(exc, openai.APIConnectionError):
-        return ModelAPIError("could not reach the model endpoint", retryable=True, text_shown=text_shown)
-    if isinstance(exc, openai.APIStatusError):
-        code = _error_code(exc)
-        return ModelAPIError(
-            f"the model endpoint answered HTTP {exc.status_code}" + (f" ({code})" if code else ""),
-            status=exc.status_code,
-            code=code,
-            retryable=classify_status(exc.status_code, code),
-            retry_after=_retry_after(exc.response.headers),
-            text_shown=text_shown,
-        )
-    if isinstance(exc, openai.APIError):
-        return ModelAPIError(f"the model stream failed: {type(exc).__name__}", retryable=True, text_shown=text_shown)
-    return ModelAPIError(f"the model call failed: {type(exc).__name__}", retryable=False, text_shown=text_shown)
 
 
 @dataclass
@@ -167,13 +119,31 @@ def _complete_json(text: str) -> bool:
     return True
 
 
+def _as_text(value: Any) -> str:
+    """Arguments as JSON text, whatever the provider sent (llama.cpp sends an object)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 @dataclass
 class ToolCallAccumulator:
     """Assembles streamed tool-call deltas.
 
     Providers disagree: some omit ``index``, some label every call 0, some reuse an index for
-    a new call. An ``id`` always starts (or names) a call; a delta without one continues the
-    call its index points to, or else the call seen last.
+    a new call, some send no ids, and vLLM can send a fresh ``id`` on every delta of one call.
+    A delta continues the call its index points to (or else the call seen last) unless it names
+    another tool, or names a tool after that call's arguments are complete JSON, or brings a new
+    id with a name, or a new id after complete arguments: then it starts a call.
     """
 
     calls: list[_Partial] = field(default_factory=list)
@@ -181,28 +151,32 @@ class ToolCallAccumulator:
     _by_id: dict[str, _Partial] = field(default_factory=dict)
     _last: _Partial | None = None
 
-    def feed(self, index: int | None, call_id: str | None, name: str | None, arguments: str | None) -> None:
-        part: _Partial | None
-        if call_id:
-            part = self._by_id.get(call_id)
-            if part is None:
-                part = self._new(call_id)
+    def feed(self, index: Any, call_id: Any, name: Any, arguments: Any) -> None:
+        index = index if isinstance(index, int) and not isinstance(index, bool) else None
+        call_id, name, args = _str_or_none(call_id), _str_or_none(name), _as_text(arguments)
+        part = self._by_id.get(call_id) if call_id else None
+        if part is None:
+            known = self._by_index.get(index) if index is not None else self._last
+            part = known if known is not None and self._continues(known, call_id, name) else self._new(call_id or "")
+            if call_id:
+                part.id = part.id or call_id
                 self._by_id[call_id] = part
-        elif index is not None and index in self._by_index:
-            part = self._by_index[index]
-        elif index is not None and self.calls:
-            part = self._new("")  # an index not seen before starts a call, even without an id
-        else:
-            part = self._last or self._new("")
-        if name and not call_id and part.name and _complete_json(part.arguments):
-            part = self._new("")  # a name after complete arguments: a new call under a reused index
         if index is not None:
             self._by_index[index] = part
-        if name and part.name != name:
-            part.name = name if not part.name else part.name + name
-        if arguments:
-            part.arguments += arguments
+        if name and not part.name:
+            part.name = name
+        part.arguments += args
         self._last = part
+
+    @staticmethod
+    def _continues(known: _Partial, call_id: str | None, name: str | None) -> bool:
+        if name and known.name and name != known.name:
+            return False  # another tool: another call, even under the same index and no id
+        done = _complete_json(known.arguments)
+        if call_id is None:
+            return not (name and done)
+        # A new id: a regenerated one (vLLM) while the call is unfinished and no other name is given.
+        return not done and (name is None or known.arguments != "" or not known.name)
 
     def _new(self, call_id: str) -> _Partial:
         part = _Partial(id=call_id)
@@ -217,8 +191,59 @@ class ToolCallAccumulator:
         ]
 
 
+class _Shower:
+    """Passes streamed text to ``on_text``; a callback that raises is logged once and not called again."""
+
+    def __init__(self, on_text: TextCallback | None) -> None:
+        self.on_text = on_text
+        self.shown = False
+
+    async def show(self, text: str) -> None:
+        if self.on_text is None:
+            return
+        try:
+            await self.on_text(text)
+        except Exception:  # the bot's own callback: not the provider's fault, so no retry
+            log.exception("on_text callback failed; no more streaming for this reply")
+            self.on_text = None
+            return
+        self.shown = True
+
+
+def _text_of(content: Any) -> str:
+    """Message text: a string, or a list of content parts (Mistral) whose text parts are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return ""
+
+
+def _count(value: Any) -> int | None:
+    """A token count as reported, or ``None`` when it is not a non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
+        return None
+    return int(value)
+
+
+def _reasoning(obj: Any) -> str:
+    """Thinking text: ``reasoning_content`` (DeepSeek, Qwen) or ``reasoning`` (vLLM, OpenRouter)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = getattr(obj, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
 class OpenAIChatModel:
-    """A :class:`ChatModel` over any OpenAI-compatible ``/chat/completions`` endpoint."""
+    """A :class:`ChatModel` over any OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``reasoning_pass_back`` sends each assistant turn's ``reasoning_content`` back with the next
+    request (DeepSeek's thinking mode answers HTTP 400 without it during tool calls); otherwise it
+    is stripped. ``token_param`` names the output cap: reasoning models accept only
+    ``max_completion_tokens``.
+    """
 
     def __init__(
         self,
@@ -230,12 +255,16 @@ class OpenAIChatModel:
         timeout_s: float = 60.0,
         stream: bool = True,
         strict_tools: bool = False,
+        reasoning_pass_back: bool = False,
+        token_param: TokenParam = "max_tokens",
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
         self.name = model
         self.temperature = temperature
         self.stream = stream
         self.strict_tools = strict_tools
+        self.reasoning_pass_back = reasoning_pass_back
+        self.token_param = token_param
         self._client = client or openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0
         )
@@ -247,7 +276,11 @@ class OpenAIChatModel:
         await self._client.close()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {"model": self.name, "messages": request.messages}
+        messages = request.messages
+        if not self.reasoning_pass_back:
+            messages = [{k: v for k, v in m.items() if k != "reasoning_content"} if "reasoning_content" in m else m
+                        for m in messages]
+        params: dict[str, Any] = {"model": self.name, "messages": messages}
         if request.tools:
             params["tools"] = request.tools
             if request.tool_choice:
@@ -255,37 +288,47 @@ class OpenAIChatModel:
         if self.temperature is not None:
             params["temperature"] = self.temperature
         if request.max_tokens is not None:
-            params["max_tokens"] = request.max_tokens
+            params[self.token_param] = request.max_tokens
         return params
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
         if self.stream:
-            return await self._complete_stream(request, on_text)
+            return await self._complete_stream(request, _Shower(on_text))
         try:
             resp = await self._client.chat.completions.create(**self._params(request))
         except Exception as exc:
             raise translate_error(exc) from None
-        if not resp.choices:
-            raise ModelAPIError("the model returned no choices", retryable=True)
-        choice = resp.choices[0]
-        calls = [
-            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
-            for c in (choice.message.tool_calls or [])
-            if getattr(c, "function", None) is not None
-        ]
-        text = choice.message.content or ""
-        if text and on_text is not None:
-            await on_text(text)
-        return ModelResponse(
-            text=text, tool_calls=calls, usage=self._usage(resp.usage, request), finish_reason=choice.finish_reason
-        )
+        try:
+            choice = resp.choices[0] if resp.choices else None
+            if choice is None or choice.message is None:
+                raise ModelAPIError("the model returned no choices", retryable=True)
+            message = choice.message
+            calls = [
+                ToolCall(id=_str_or_none(getattr(c, "id", None)) or f"call_{n}",
+                         name=_str_or_none(getattr(c.function, "name", None)) or "",
+                         arguments=_as_text(getattr(c.function, "arguments", None)))
+                for n, c in enumerate(message.tool_calls or [])
+                if getattr(c, "function", None) is not None
+            ]
+            text = _text_of(message.content)
+            response = ModelResponse(text=text, tool_calls=calls, usage=self._usage(resp.usage, request),
+                                     finish_reason=_str_or_none(choice.finish_reason), reasoning=_reasoning(message))
+        except ModelAPIError:
+            raise
+        except Exception as exc:  # a reply shape nobody expected: the provider's fault, and not transient
+            log.warning("unreadable model reply: %s", type(exc).__name__, exc_info=True)
+            raise ModelAPIError(f"the model's reply could not be read ({type(exc).__name__})") from None
+        if text:
+            await _Shower(on_text).show(text)
+        return response
 
-    async def _complete_stream(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+    async def _complete_stream(self, request: ModelRequest, shower: _Shower) -> ModelResponse:
         text_parts: list[str] = []
+        thoughts: list[str] = []
         acc = ToolCallAccumulator()
         finish: str | None = None
         usage_obj: Any = None
-        shown = received = False
+        received = False
         try:
             stream = await self._client.chat.completions.create(
                 **self._params(request), stream=True, stream_options={"include_usage": True}
@@ -294,42 +337,46 @@ class OpenAIChatModel:
                 received = True
                 if getattr(chunk, "usage", None) is not None:
                     usage_obj = chunk.usage
-                for choice in chunk.choices or ():
-                    delta = choice.delta
-                    if delta is not None and delta.content:
-                        text_parts.append(delta.content)
-                        if on_text is not None:
-                            await on_text(delta.content)
-                            shown = True
-                    for tc in (getattr(delta, "tool_calls", None) or ()) if delta is not None else ():
+                for choice in getattr(chunk, "choices", None) or ():
+                    if getattr(choice, "index", 0) not in (0, None):
+                        continue  # only the first choice is the answer; others would garble it
+                    delta = getattr(choice, "delta", None)
+                    content = _text_of(getattr(delta, "content", None))
+                    if content:
+                        text_parts.append(content)
+                        await shower.show(content)
+                    if thought := _reasoning(delta):
+                        thoughts.append(thought)
+                    for tc in getattr(delta, "tool_calls", None) or ():
                         fn = getattr(tc, "function", None)
-                        acc.feed(
-                            getattr(tc, "index", None),
-                            getattr(tc, "id", None),
-                            getattr(fn, "name", None),
-                            getattr(fn, "arguments", None),
-                        )
-                    finish = choice.finish_reason or finish
+                        acc.feed(getattr(tc, "index", None), getattr(tc, "id", None), getattr(fn, "name", None),
+                                 getattr(fn, "arguments", None))
+                    finish = _str_or_none(getattr(choice, "finish_reason", None)) or finish
         except Exception as exc:
             if isinstance(exc, openai.APIError) and not (isinstance(exc, openai.APIConnectionError) and received):
-                raise translate_error(exc, text_shown=shown) from None
+                raise translate_error(exc, text_shown=shower.shown) from None
             # Transport errors surface raw while a stream is being read: the stream broke off.
             raise ModelAPIError(
-                f"the model stream broke off ({type(exc).__name__})", retryable=True, text_shown=shown
+                f"the model stream broke off ({type(exc).__name__})", retryable=True, text_shown=shower.shown
             ) from None
+        calls = acc.result()
         if finish is None:
-            # No finish_reason: the stream was cut short, so its tool-call JSON may be truncated.
-            raise ModelAPIError("the model stream ended before it finished", retryable=True, text_shown=shown)
+            # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be
+            # accepted is a stream cut short: nothing at all, or tool-call JSON left unfinished.
+            cut = not (text_parts or thoughts or calls) or any(
+                c.arguments.strip() and not _complete_json(c.arguments) for c in calls)
+            if cut:
+                raise ModelAPIError("the model stream ended before it finished", retryable=True,
+                                    text_shown=shower.shown)
+            finish = "tool_calls" if calls else "stop"
         return ModelResponse(
-            text="".join(text_parts), tool_calls=acc.result(), usage=self._usage(usage_obj, request),
-            finish_reason=finish,
+            text="".join(text_parts), tool_calls=calls, usage=self._usage(usage_obj, request),
+            finish_reason=finish, reasoning="".join(thoughts),
         )
 
     def _usage(self, usage: Any, request: ModelRequest) -> Usage:
-        if usage is None or getattr(usage, "prompt_tokens", None) is None:
+        prompt, completion = _count(getattr(usage, "prompt_tokens", None)), _count(
+            getattr(usage, "completion_tokens", None))
+        if prompt is None:  # absent or unreadable: estimate, and say so
             return Usage(prompt_tokens=estimate_messages(request.messages, request.tools), requests=1, estimated=1)
-        return Usage(
-            prompt_tokens=int(usage.prompt_tokens or 0),
-            completion_tokens=int(usage.completion_tokens or 0),
-            requests=1,
-        )
+        return Usage(prompt_tokens=prompt, completion_tokens=completion or 0, requests=1)

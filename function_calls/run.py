@@ -16,7 +16,8 @@ from function_calls.tool import Tool
 __all__ = ["Approver", "EventCallback", "RunResult", "RunState", "StopReason", "ToolTrace"]
 
 EventCallback = Callable[[dict[str, Any]], Awaitable[None]]
-Approver = Callable[[ToolCall, Tool, Caller], Awaitable[bool | None]]
+#: Decides a ``confirm`` call: True runs it, None pauses the run, False or a reason (told to the model) refuses.
+Approver = Callable[[ToolCall, Tool, Caller], Awaitable[bool | str | None]]
 
 
 class StopReason(StrEnum):
@@ -32,6 +33,7 @@ class StopReason(StrEnum):
     LOOP_BREAKER = "loop_breaker"
     TOOL_RETRIES_EXHAUSTED = "tool_retries_exhausted"
     MODEL_ERROR = "model_error"
+    EMPTY_ANSWER = "empty_answer"
     AWAITING_APPROVAL = "awaiting_approval"
 
 
@@ -55,6 +57,7 @@ class RunState(BaseModel):
     iterations: int = 0
     tool_calls: int = 0
     api_retries: int = 0
+    retry_wait_s: float = 0.0
     arg_failures: dict[str, int] = {}
     usage: Usage = Usage()
     pending: list[ToolCall] = []

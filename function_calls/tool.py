@@ -24,9 +24,11 @@ from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolDefinitionError
 from function_calls.schema import EMPTY_PARAMETERS, compact_schema, strict_schema
 
-__all__ = ["Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
+__all__ = ["Confirm", "Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
 
 Scope = Literal["group", "private", "both"]
+#: Who must agree before a ``confirm`` tool runs (see :attr:`Tool.confirm`).
+Confirm = Literal["requester", "admin", "input"]
 Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
 _MAX_VALUE_CHARS = 80
 _MAX_MESSAGE_CHARS = 160
@@ -49,7 +51,10 @@ class Tool:
     scope: Scope = "both"
     require_at: bool = False
     admin_only: bool = False
-    confirm: bool = False
+    group_admin: bool = False
+    #: Who must agree before the call runs: the ``"requester"``, an ``"admin"`` (approver), or the
+    #: asker's ``"input"`` (``ask_user``); None runs at once. The bot pauses the run until then.
+    confirm: Confirm | None = None
     retries: int = 2
     timeout_s: float = 30.0
     sequential: bool = False
@@ -71,12 +76,19 @@ class Tool:
         return {"type": "function", "function": fn}
 
     def allowed_for(self, caller: Caller) -> bool:
-        """Scope, @-requirement and admin rule: a tool that fails this is neither offered nor run."""
+        """Scope, @-requirement and admin rules: a tool that fails this is neither offered nor run.
+
+        ``admin_only``: the bot's admins (``[bot] admins``) only; owning a group is not enough,
+        since anyone can create one and add the bot. ``group_admin``: a group's owner or admins
+        acting in that group (and the bot's admins anywhere).
+        """
         if self.scope != "both" and self.scope != caller.chat_kind:
             return False
         if self.require_at and caller.chat_kind == "group" and not caller.addressed:
             return False
-        return not (self.admin_only and not caller.is_admin)
+        if self.admin_only and not caller.bot_admin:
+            return False
+        return not (self.group_admin and not caller.group_admin)
 
     def parse_arguments(self, raw: str | dict[str, Any] | None, *, strict: bool = False) -> BaseModel | None:
         """Raw JSON -> JSON Schema (as sent) -> Pydantic. Raises :class:`ArgumentError`."""
@@ -153,9 +165,19 @@ def _short(value: Any) -> str:
 
 
 def _cut(message: str) -> str:
-    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart)."""
+    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart).
+
+    The cut is in the middle: the reason ("is too long") comes after the value and must survive.
+    """
     message = message.encode("utf-8", "replace").decode("utf-8")
-    return message if len(message) <= _MAX_MESSAGE_CHARS else message[: _MAX_MESSAGE_CHARS - 1] + "…"
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    half = (_MAX_MESSAGE_CHARS - 1) // 2
+    return message[:half] + "…" + message[-half:]
+
+
+_LENGTH_REASONS = {"maxLength": "is too long: at most {} characters", "minLength": "is too short: at least {} characters",
+                   "maxItems": "has too many items: at most {}", "minItems": "has too few items: at least {}"}
 
 
 def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
@@ -175,7 +197,10 @@ def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
                 for k, v in err.instance.items() if k not in known
             )
             continue
-        message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
+        if err.validator in _LENGTH_REASONS:
+            message = _LENGTH_REASONS[err.validator].format(err.validator_value)
+        else:
+            message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
         problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
     return sorted(problems, key=lambda p: p.path)
 
@@ -247,7 +272,8 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
-    confirm: bool = False,
+    group_admin: bool = False,
+    confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
     sequential: bool = False,
@@ -264,7 +290,8 @@ def tool_function(
     scope: Scope = "both",
     require_at: bool = False,
     admin_only: bool = False,
-    confirm: bool = False,
+    group_admin: bool = False,
+    confirm: bool | Confirm | None = None,
     retries: int = 2,
     timeout_s: float = 30.0,
     sequential: bool = False,
@@ -283,6 +310,8 @@ def tool_function(
             raise ToolDefinitionError(f"tool name {tool_name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$")
         if scope not in ("group", "private", "both"):
             raise ToolDefinitionError(f"tool {tool_name!r}: scope must be group, private or both, not {scope!r}")
+        if confirm not in (None, False, True, "requester", "admin", "input"):
+            raise ToolDefinitionError(f"tool {tool_name!r}: confirm must be True, 'requester' or 'admin', not {confirm!r}")
         if retries < 0 or timeout_s <= 0:
             raise ToolDefinitionError(f"tool {tool_name!r}: retries must be >= 0 and timeout_s > 0")
         desc = description if description is not None else inspect.getdoc(func)
@@ -297,7 +326,8 @@ def tool_function(
         tool = Tool(
             name=tool_name, description=desc.strip(), handler=func, args_model=model,
             parameters=params, strict_parameters=strict, examples=tuple(examples), scope=scope,
-            require_at=require_at, admin_only=admin_only, confirm=confirm, retries=retries,
+            require_at=require_at, admin_only=admin_only, group_admin=group_admin,
+            confirm="admin" if confirm is True else (confirm or None), retries=retries,
             timeout_s=timeout_s, sequential=sequential,
             aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),
             _takes_ctx=takes_ctx, _validator=validator_cls(params), _strict_validator=validator_cls(strict),

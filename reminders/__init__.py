@@ -26,7 +26,7 @@ from reminders.tools import (
     reminder_set,
     toolset,
 )
-from robot import ChatRef, Plugin
+from robot import ChatRef, Forgetter, Plugin
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -66,6 +66,7 @@ async def setup(bot: Bot) -> ReminderDeps:
     await service.start()
     deps = ReminderDeps(service)
     bot.panels["reminders"] = deps.panel
+    bot.forgetters.append(Forgetter("reminders", "个提醒（已取消）", service.forget))
     return deps
 
 

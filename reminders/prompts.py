@@ -37,15 +37,21 @@ def run_failure(result: RunResult | None) -> str | None:
 
 
 async def run_prompt(bot: Bot, r: Reminder, allow: Sequence[str], zone: ZoneInfo) -> str | None:
-    """Run ``r``'s prompt as its owner, in ``zone`` with only ``allow``-ed tools; None when it failed."""
+    """Run ``r``'s prompt as its owner, in ``zone`` with only ``allow``-ed tools; None when it failed.
+
+    ``""`` means the run paused for an approval: the bot posted the request in the chat and the
+    answer follows once approved, so the firing itself sends nothing.
+    """
     chat = r.chat_ref
     caller = Caller(platform=chat.platform, user_id=r.owner_id, user_name=r.owner_name,
-                    chat_id=chat.chat_id, chat_kind=chat.kind, addressed=True)
+                    chat_id=chat.chat_id, chat_kind=chat.kind, addressed=True, account=chat.account)
     try:
         result = await bot.run_scheduled(r.content, caller, allow, zone=zone)
     except Exception:
         log.exception("reminders: prompt %s failed", r.id)
         return None
+    if result is not None and result.stop is StopReason.AWAITING_APPROVAL:
+        return ""
     why = run_failure(result)
     if why is not None:
         log.warning("reminders: prompt %s failed: %s", r.id, why)

@@ -44,7 +44,7 @@ from reminders.prompts import run_prompt
 from reminders.schedule import MISSED_FIRES_CAP, Schedule, ScheduleError, first_fire, next_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderStore, new_id
-from robot import ChatRef, OutgoingMessage, iso
+from robot import ChatRef, ForgetRequest, OutgoingMessage, iso
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -299,6 +299,8 @@ class ReminderService:
             text = f"⚠️ 错过的{what}：{r.content}\n机器人离线，没能按时发出（原定 {when}，共错过 {count} 次）。"
             if following is not None:
                 text += f"\n下次：{format_local(following, r.zone, seconds=seconds)}"
+        elif r.mode == "prompt" and answer == "":  # paused for an approval: the request is already posted
+            outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
         elif failed:
             outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
             text = None if r.failure_reported else (
@@ -364,7 +366,7 @@ class ReminderService:
         reminder = Reminder(
             id=new_id(), owner=caller.qualified_user, owner_name=caller.user_name or caller.user_id, chat=chat.key,
             type=schedule.kind, wall=schedule.wall, zone=schedule.zone, weekday=schedule.weekday, content=content,
-            mode=mode, created_at=now, updated_at=now, next_fire=first_fire(schedule, now),
+            mode=mode, created_at=now, updated_at=now, next_fire=first_fire(schedule, now), account=chat.account,
         )
         await self.store.create(reminder, self.settings, now)
         self.arm(reminder)
@@ -375,6 +377,14 @@ class ReminderService:
         deleted = await self.store.delete(reminder_id, self.clock())
         self.disarm(reminder_id)
         return deleted
+
+    async def forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: the person's reminders in the chats concerned go (rows and timers); how many were active."""
+        chats = None if request.everywhere else [c.key for c in request.chats]
+        ids = await self.store.erase_owner(f"{request.platform}:{request.user_id}", chats, request.platform)
+        for rid in ids:
+            self.disarm(rid)
+        return len(ids)
 
     async def delete_chat(self, chat: ChatRef, *, owner: str | None = None) -> int:
         """Delete every active reminder of a chat (only ``owner``'s, if given) at once; returns how many."""

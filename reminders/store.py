@@ -42,7 +42,7 @@ Status = Literal["active", "done", "missed", "deleted", "broken"]
 MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 _COLUMNS = ("id", "owner", "owner_name", "chat", "type", "wall", "zone", "weekday", "content", "mode",
-            "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported")
+            "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported", "account")
 _INSERT = f"INSERT INTO reminders ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -94,6 +94,8 @@ class Reminder:
     last_fired: datetime | None = None
     status: Status = "active"
     failure_reported: bool = False
+    #: The bot account that owns the chat (``ChatRef.account``): the reminder leaves through it.
+    account: str = ""
 
     @property
     def schedule(self) -> Schedule:
@@ -102,7 +104,7 @@ class Reminder:
 
     @property
     def chat_ref(self) -> ChatRef:
-        return ChatRef.from_key(self.chat)
+        return ChatRef.from_key(self.chat, self.account)
 
     @property
     def owner_id(self) -> str:
@@ -116,7 +118,8 @@ class Reminder:
         return (self.id, self.owner, self.owner_name, self.chat, self.type, self.wall, self.zone, self.weekday,
                 self.content, self.mode, iso(self.created_at), iso(self.updated_at),
                 None if self.next_fire is None else iso(self.next_fire),
-                None if self.last_fired is None else iso(self.last_fired), self.status, int(self.failure_reported))
+                None if self.last_fired is None else iso(self.last_fired), self.status, int(self.failure_reported),
+                self.account)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Reminder:
@@ -128,7 +131,7 @@ class Reminder:
             wall=row["wall"], zone=row["zone"], weekday=row["weekday"], content=row["content"], mode=row["mode"],
             created_at=created, updated_at=updated, next_fire=parse_instant(row["next_fire"]),
             last_fired=parse_instant(row["last_fired"]), status=row["status"],
-            failure_reported=bool(row["failure_reported"]),
+            failure_reported=bool(row["failure_reported"]), account=row.get("account") or "",
         )
 
 
@@ -165,6 +168,8 @@ class ReminderStore:
         db.execute("CREATE INDEX IF NOT EXISTS reminders_owner ON reminders (owner, status, next_fire)")
         db.execute("CREATE INDEX IF NOT EXISTS reminders_chat ON reminders (chat, status, next_fire)")
         db.execute("CREATE INDEX IF NOT EXISTS reminders_created ON reminders (owner, created_at)")
+        if "account" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
+            db.execute("ALTER TABLE reminders ADD COLUMN account TEXT NOT NULL DEFAULT ''")
 
     # --- synchronous helpers (database thread) -----------------------------------------------
     @staticmethod
@@ -290,6 +295,26 @@ class ReminderStore:
             db.execute(f"UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? WHERE {where}",
                        [iso(now), *params])
             return ids
+
+        return await self.db.transaction(work)
+
+    async def erase_owner(self, owner: str, chats: list[str] | None, platform: str) -> list[str]:
+        """Delete a person's reminders (rows and text, whatever their status) in ``chats``, or in every
+        chat of ``platform`` when ``chats`` is None; returns the ids that were still active."""
+        where = "owner = ?"
+        params: list[object] = [owner]
+        if chats is None:
+            where += " AND substr(chat, 1, ?) = ?"
+            params.extend([len(platform) + 1, f"{platform}:"])
+        else:
+            where += f" AND chat IN ({','.join('?' * len(chats))})"
+            params.extend(chats)
+
+        def work(db: sqlite_utils.Database) -> list[str]:
+            active = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where} AND status = 'active'",
+                                               params).fetchall()]
+            db.execute(f"DELETE FROM reminders WHERE {where}", params)
+            return active
 
         return await self.db.transaction(work)
 

@@ -96,7 +96,14 @@ class ReminderDeps:
     @staticmethod
     def clears_chat(caller: Caller) -> bool:
         """Whether ``caller``'s "all" deletes everyone's reminders in this chat, not just their own."""
-        return caller.bot_admin or (caller.is_admin and caller.chat_kind == "group")
+        return caller.group_admin
+
+    async def visible(self, caller: Caller) -> list[Reminder]:
+        """The caller's reminders that may be shown where they ask: in a group only this chat's ones
+        (another chat's, a private one above all, must not show there); in private all of them."""
+        mine = await self.store.for_owner(caller.qualified_user)
+        here = ChatRef.of(caller).key
+        return [r for r in mine if r.chat == here] if caller.chat_kind == "group" else mine
 
     async def describe(self, caller: Caller, reminders: list[Reminder]) -> list[str]:
         """One line per reminder: short id, chat, schedule with next fire, content."""
@@ -131,6 +138,11 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     wants fresh information produced at that time (weather, news), not for plain reminders.
     """
     deps = ctx.deps
+    if ctx.caller.anonymous:
+        # Final, not something the model can fix: the person is told directly.
+        return ToolResult(content="refused: the sender is anonymous; a reminder needs a real account to belong to",
+                          user_messages=("匿名消息不能设置提醒：提醒需要属于一个真实账号，请取消匿名后再试。",),
+                          continue_=False, is_error=True)
     content = args.content.strip()
     if not content:
         raise ToolError("content is empty: say what the reminder should tell the user",
@@ -156,11 +168,13 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
 
 @tool_function(aliases=["reminders"])
 async def reminder_list(ctx: ToolContext[ReminderDeps]) -> ToolResult:
-    """列出我的提醒 (list the asking person's active reminders in every chat, with ids for reminder_delete)."""
+    """列出我的提醒 (list the asking person's active reminders, with ids for reminder_delete: in a group this
+    chat's only; in a private chat all of theirs, each marked with where it fires)."""
     deps = ctx.deps
-    mine = await deps.store.for_owner(ctx.caller.qualified_user)
+    mine = await deps.visible(ctx.caller)
     if not mine:
-        return ToolResult.reply("你目前没有任何提醒。", content="The user has no active reminders.")
+        where = "在本群" if ctx.caller.chat_kind == "group" else "目前"
+        return ToolResult.reply(f"你{where}没有任何提醒。", content="The user has no active reminders here.")
     lines = await deps.describe(ctx.caller, mine)
     return ToolResult(content=f"你的提醒（共 {len(mine)} 个）：\n" + "\n".join(lines),
                       data={"ids": [r.id for r in mine]})
@@ -179,6 +193,9 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
                             "themselves; tell them so", user_message="要删除本聊天的全部提醒，请直接发送 /unremind all。")
         return await _delete_all(deps, caller)
     found = await deps.store.match(wanted, owner=deps.owner_scope(caller))
+    if caller.chat_kind == "group":  # another chat's reminder is neither deleted nor described from here
+        here = ChatRef.of(caller).key
+        found = [r for r in found if r.chat == here]
     if len(found) == 1:
         target = found[0]
         line = (await deps.describe(caller, [target]))[0]
@@ -190,10 +207,11 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
         lines = await deps.describe(caller, found)
         raise ToolError(f"id {wanted!r} is ambiguous: it matches {len(found)} reminders. Use more characters "
                         "of the id:\n" + "\n".join(lines), user_message=f"编号 {wanted} 不唯一：\n" + "\n".join(lines))
-    mine = await deps.store.for_owner(caller.qualified_user)
+    mine = await deps.visible(caller)
     if not mine:
-        raise ToolError(f"no reminder with id {wanted!r}: the user has no active reminders",
-                        user_message="你目前没有任何提醒。")
+        where = "在本群" if caller.chat_kind == "group" else "目前"
+        raise ToolError(f"no reminder with id {wanted!r}: the user has no active reminders here",
+                        user_message=f"没有找到编号为 {wanted} 的提醒；你{where}没有任何提醒。")
     lines = await deps.describe(caller, mine[:_LISTED])
     extra = len(mine) - _LISTED
     more, more_zh = (f"\n…and {extra} more (call reminder_list)", f"\n……还有 {extra} 个（发送 /reminders 查看）"

@@ -15,14 +15,16 @@ from robot.channels.base import (
 )
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
-from robot.limits import DailyBudget
+from robot.limits import BudgetExceeded, DailyBudget, Reservation
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
 from robot.plugin import Plugin, PluginError, load_plugin
+from robot.privacy import ForgetRequest, Forgetter
 from robot.store import Database, iso, parse_iso, utcnow
 
 __all__ = [
     "Bot",
+    "BudgetExceeded",
     "Capabilities",
     "Channel",
     "ChannelError",
@@ -32,6 +34,8 @@ __all__ = [
     "ConfigError",
     "DailyBudget",
     "Database",
+    "ForgetRequest",
+    "Forgetter",
     "HistoryEntry",
     "HistoryStore",
     "Message",
@@ -39,6 +43,7 @@ __all__ = [
     "OutgoingMessage",
     "Plugin",
     "PluginError",
+    "Reservation",
     "Role",
     "SendReceipt",
     "SendRejected",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -19,17 +19,23 @@ from function_calls import (
     OpenAIChatModel,
     Runner,
     RunResult,
+    RunState,
+    StopReason,
     Tool,
     Toolset,
 )
+from robot import privacy
+from robot.approvals import Approvals
+from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
 from robot.config import Settings
 from robot.history import HistoryStore
-from robot.limits import DailyBudget, RateLimiter
+from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.pipeline import Pipeline
 from robot.plugin import Plugin, load_plugin
+from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
 
 __all__ = ["Bot", "build_channels"]
@@ -89,14 +95,21 @@ class Bot:
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
-        self.history = HistoryStore(self.db)
+        hist = settings.history
+        self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
+                                    max_text_chars=hist.max_message_chars)
         self.dedupe = DedupeStore(self.db)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
         lim = settings.limits
         self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
-                                  chat_tokens=lim.chat_daily_tokens, clock=self.clock)
+                                  chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
+                                  clock=self.clock)
         self.model = model if model is not None else self._default_model()
+        in_memory = str(self.db.path) == ":memory:"
+        #: Runs paused for an approval or the user's input (snapshots in the database).
+        self.approvals = Approvals(self, settings.approvals,
+                                   None if in_memory else settings.bot.data_dir / "secret.key")
         self.router: FunctionCallRouter | None = None
         if self.model is not None:
             llm = settings.llm
@@ -104,20 +117,24 @@ class Bot:
                             max_run_tokens=llm.max_run_tokens)
             loop = LoopConfig(warn=llm.loop_warn, critical=llm.loop_critical, breaker=llm.loop_breaker)
             runner = Runner(self.model, limits=limits, loop_config=loop, budget=self.budget,
-                            strict_tools=llm.strict_tools)
+                            approver=self.approvals.approver, strict_tools=llm.strict_tools)
             self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
                                                                       else build_channels(settings))}
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
-        merged = Toolset("bot")
+        merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
+        if self.model is not None and settings.approvals.ask_user:  # the model's way to ask; no command
+            merged = merged.merge(Toolset("core", [ask_user]))
         self.tools = merged
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
+        #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
+        self.forgetters: list[Forgetter] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
@@ -131,7 +148,8 @@ class Bot:
         return OpenAIChatModel(model=llm.model, base_url=llm.base_url,
                                api_key=llm.api_key.get_secret_value() if llm.api_key else None,
                                temperature=llm.temperature, timeout_s=llm.timeout_s, stream=llm.stream,
-                               strict_tools=llm.strict_tools)
+                               strict_tools=llm.strict_tools, reasoning_pass_back=llm.reasoning_pass_back,
+                               token_param=llm.token_param)
 
     # --- services plugins use -------------------------------------------------------------
     def deps_for(self, tool: Tool) -> Any:
@@ -149,7 +167,7 @@ class Bot:
 
     def offered_tools(self) -> Toolset:
         blocked = self.unavailable_tools()
-        return self.tools.filter(lambda t: t.name not in blocked)
+        return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> None:
         """A chat got a new id on its platform: move its history, outbox rows and plugins' data."""
@@ -176,7 +194,8 @@ class Bot:
         return Caller(platform=message.platform, user_id=message.sender.user_id,
                       user_name=message.sender.name or message.sender.user_id, chat_id=message.chat.chat_id,
                       chat_kind=message.chat.kind, is_admin=admin, bot_admin=bot_admin, addressed=addressed,
-                      message_id=message.message_id)
+                      message_id=message.message_id, account=message.chat.account,
+                      anonymous=message.sender.anonymous)
 
     def zone_for(self, chat: ChatRef) -> ZoneInfo:
         """The chat's zone (``[bot] zones``), else the bot's."""
@@ -192,9 +211,22 @@ class Bot:
         if self.router is None:
             return None
         chat = ChatRef.of(caller)
-        return await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                           zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                           clock=self.clock)
+        try:
+            async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
+                result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                                     zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                                     clock=self.clock)
+        except BudgetExceeded as exc:
+            return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
+        if result.stop is StopReason.AWAITING_APPROVAL:
+            # The request is posted in the chat; the run resumes there once approved.
+            ask = await self.approvals.pause(result, caller, chat, origin="scheduled")
+            mention = (caller.user_id,) if chat.kind == "group" else ()
+            await self.outbox.enqueue(*(OutgoingMessage(key=f"scheduled:{result.state.run_id}:{i}", chat=chat, text=t,
+                                                        mention=mention)
+                                        for i, t in enumerate([*result.state.user_messages, ask]) if t.strip()))
+            await self.approvals.announce()
+        return result
 
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
@@ -230,6 +262,7 @@ class Bot:
             await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()
+            await self.approvals.start()
             menu = self.command_menu()
             for channel in self.channels.values():
                 await channel.publish_commands(menu)
@@ -245,7 +278,9 @@ class Bot:
             try:
                 await self.dedupe.prune(self.clock())
                 await self.history.apply_retention(self.clock())
-                await self.outbox.prune(self.clock())
+                hist = self.settings.history
+                await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
+                                        max_rows=hist.max_messages)
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)
@@ -267,6 +302,7 @@ class Bot:
                     await plugin.teardown(self._deps[plugin.name])
                 except Exception:
                     log.exception("plugin %s teardown failed", plugin.name)
+        await self.approvals.stop(flush_timeout_s)
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,4 +1,4 @@
-"""The ``qunbot`` command: run, chat, tools, init, doctor."""
+"""The ``qunbot`` command: run, chat, tools, init, doctor, pending."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import secrets
 import signal
 import socket
 import sys
@@ -20,6 +22,7 @@ from robot.bot import Bot
 from robot.channels.base import Channel, ChannelError
 from robot.config import ConfigError, Settings, load_settings
 from robot.plugin import Plugin, PluginError, load_plugin
+from robot.redact import redact_url
 from robot.template import render_template
 
 __all__ = ["builtin_template", "main"]
@@ -51,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--path", default="qunbot.toml", help="where to write it ('-' for stdout)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", help="check the config, the LLM endpoint and each channel")
+    pending = sub.add_parser("pending", help="list runs waiting for an approval or an answer")
+    pending.add_argument("--all", action="store_true", help="every snapshot, not only the pending ones")
     login = sub.add_parser("login", help="log a bot account in by QR code (personal WeChat)")
     login.add_argument("platform", choices=["weixin"], help="weixin: personal WeChat (iLink bot API)")
     return parser
@@ -72,7 +77,7 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     await bot.start()
     for channel in bot.channels.values():
         where = channel.location()
-        log.info("channel %s ready%s", channel.platform, f" at {where}" if where else "")
+        log.info("channel %s ready%s", channel.platform, f" at {redact_url(where)}" if where else "")
     try:
         await stop.wait()
     finally:
@@ -104,7 +109,7 @@ def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
         print(json.dumps([t.definition(strict=strict) for t in tools], ensure_ascii=False, indent=2))
         return 0
     for tool in tools:
-        flags = [f for f, on in (("admin", tool.admin_only), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
+        flags = [f for f, on in (("admin", tool.admin_only), ("group-admin", tool.group_admin), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
         aliases = ", ".join("/" + a for a in tool.aliases)
         print(f"{tool.name:<18} {tool.description.splitlines()[0]}"
               + (f"  [{aliases}]" if aliases else "") + (f"  ({', '.join(flags)})" if flags else ""))
@@ -130,9 +135,24 @@ def _init(path: str, force: bool) -> int:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
             print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
-    target.write_text(render_template(_plugin_sections(plugins)), encoding="utf-8")
+    # It holds API keys and tokens: the owner's eyes only, from the first byte written.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(_with_onebot_token(render_template(_plugin_sections(plugins))))
+    target.chmod(0o600)  # --force over an existing, looser file
     print(f"wrote {target}")
+    print("the OneBot access_token in it is random: give NapCat/Lagrange the same token")
     return 0
+
+
+def _with_onebot_token(text: str, token: str | None = None) -> str:
+    """The template with a fresh random ``[channels.onebot] access_token``: safe before anyone edits it."""
+    head, sep, rest = text.partition("[channels.onebot]\n")
+    unset = "# access_token = ..."
+    if not sep or unset not in rest.split("\n[", 1)[0]:
+        return text
+    value = json.dumps(token or secrets.token_urlsafe(24))
+    return head + sep + rest.replace(unset, f"access_token = {value}", 1)
 
 
 async def _doctor(settings: Settings, source: Path | None) -> int:
@@ -164,7 +184,7 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
             models = await client.models.list()
             names = [m.id for m in models.data]
             known = llm.model in names if names else True
-            report(known, "llm", f"{llm.base_url or 'default endpoint'} answers"
+            report(known, "llm", f"{redact_url(llm.base_url) if llm.base_url else 'default endpoint'} answers"
                    + ("" if known else f", but model {llm.model!r} is not among {names[:5]}"))
         except Exception as exc:
             report(False, "llm", f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -188,11 +208,35 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
 
         try:
             async with aiohttp.ClientSession() as session, session.ws_connect(ch.onebot.url, timeout=aiohttp.ClientWSTimeout(ws_close=5)):
-                report(True, "channel onebot", f"connected to {ch.onebot.url}")
+                report(True, "channel onebot", f"connected to {redact_url(ch.onebot.url)}")
         except Exception as exc:
-            report(False, "channel onebot", f"cannot connect to {ch.onebot.url}: {type(exc).__name__}")
+            report(False, "channel onebot", f"cannot connect to {redact_url(ch.onebot.url)}: {type(exc).__name__}")
     print("all good" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0
+
+
+async def _pending(settings: Settings, everything: bool) -> int:
+    from robot.snapshots import SnapshotStore
+    from robot.store import Database
+
+    path = settings.bot.data_dir / "qunbot.sqlite3"
+    if not path.exists():
+        print(f"no database at {path}: nothing is waiting")
+        return 0
+    db = Database(path)
+    store = SnapshotStore(db)
+    try:
+        await db.open()
+        rows = await store.with_status(None if everything else "pending")
+    finally:
+        await db.close()
+    if not rows:
+        print("nothing is waiting")
+    for row in rows:
+        who = "answer" if row["kind"] == "input" else f"{row['approver']} approval"
+        print(f"{row['code']}  {row['status']:<11} {who:<18} {row['requester']} in {row['chat']}  "
+              f"expires {row['expires_at'][:16].replace('T', ' ')} UTC")
+    return 0
 
 
 async def _login_weixin(settings: Settings) -> int:
@@ -222,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tools(settings, args.json, args.strict)
         if command == "doctor":
             return asyncio.run(_doctor(settings, source))
+        if command == "pending":
+            return asyncio.run(_pending(settings, args.all))
         if command == "login":
             return asyncio.run(_login_weixin(settings))
         if command == "chat":

@@ -139,8 +139,10 @@ def refusal(tool: Tool, caller: Caller) -> str | None:
         return f"/{tool.name} 只能在群聊里使用。"
     if tool.scope == "private" and caller.chat_kind != "private":
         return f"/{tool.name} 只能在私聊里使用。"
-    if tool.admin_only and not caller.is_admin:
-        return f"/{tool.name} 只有管理员可以使用。"
+    if tool.admin_only and not caller.bot_admin:
+        return f"/{tool.name} 只有机器人管理员可以使用。"
+    if tool.group_admin and not caller.group_admin:
+        return f"/{tool.name} 只有群主、群管理员或机器人管理员可以使用。"
     if not tool.allowed_for(caller):  # require_at: only when the bot was addressed directly
         return f"/{tool.name} 需要 @我 才能使用。"
     return None

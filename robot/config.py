@@ -11,7 +11,7 @@ import os
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -23,11 +23,13 @@ from robot.channels.wecom.settings import WeComSettings
 from robot.channels.weixin.settings import WeixinSettings
 
 __all__ = [
+    "ApprovalsSection",
     "BotSection",
     "ChannelsSection",
     "ConfigError",
     "ConsoleSettings",
     "GateSection",
+    "HistorySection",
     "LLMSection",
     "LimitsSection",
     "Settings",
@@ -83,10 +85,7 @@ class BotSection(_Section):
     @field_validator("admins")
     @classmethod
     def _admins(cls, value: list[str]) -> list[str]:
-        bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
-        if bad:
-            raise ValueError(f"admins must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
-        return value
+        return _qualified(value, "admins")
 
 
 class LLMSection(_Section):
@@ -98,12 +97,16 @@ class LLMSection(_Section):
     timeout_s: float = Field(60.0, gt=0, description="per-request timeout")
     strict_tools: bool = Field(False, description="send strict tool schemas")
     max_iterations: int = Field(6, ge=1, description="model turns per request")
-    max_tool_calls: int = Field(8, ge=0, description="tool calls per request")
+    max_tool_calls: int = Field(5, ge=0, description="tool calls per request (a paused call counts once)")
     max_run_tokens: int = Field(24_000, ge=500, description="tokens per request")
     loop_warn: int = Field(5, ge=2, description="identical no-progress tool calls before the model is warned")
     loop_critical: int = Field(8, ge=2, description="... before the call is blocked and the request ends")
     loop_breaker: int = Field(10, ge=2, description="repeated calls in one request before everything stops")
     history_tokens: int = Field(1500, ge=0, description="chat history sent with each request")
+    reasoning_pass_back: bool = Field(False, description="send reasoning_content back during tool calls "
+                                      "(DeepSeek thinking mode needs it)")
+    token_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens", description="how output caps are sent; reasoning models need max_completion_tokens")
 
     @property
     def configured(self) -> bool:
@@ -117,13 +120,43 @@ class LimitsSection(_Section):
     chat_burst: int = Field(10, ge=1)
     user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
     chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
+    bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
+                                         "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+
+
+class HistorySection(_Section):
+    retention_days: int = Field(30, ge=1, description="chat history (and delivered outbox rows) older than this "
+                                "many days is deleted")
+    max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (outbox rows too)")
+    max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
 
 
 class GateSection(_Section):
     always: list[str] = Field(default_factory=list, description="group chat keys answered without an @")
     never: list[str] = Field(default_factory=list, description="group chat keys never answered")
     allowlist: list[str] = Field(default_factory=list, description="if set, only these groups are answered")
+
+
+def _qualified(value: list[str], what: str) -> list[str]:
+    bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
+    if bad:
+        raise ValueError(f"{what} must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
+    return value
+
+
+class ApprovalsSection(_Section):
+    approvers: list[str] = Field(default_factory=list, description=(
+        'who may approve confirm tools besides [bot] admins, e.g. "onebot:10001"'))
+    ttl_minutes: int = Field(30, ge=1, le=7 * 24 * 60, description="how long an approval request stays valid")
+    max_wrong_codes: int = Field(5, ge=1, description="wrong codes one user may try in a chat before a cool-down")
+    cooldown_minutes: int = Field(10, ge=1, description="how long that cool-down lasts")
+    ask_user: bool = Field(True, description="offer the model ask_user (pause and wait for the asker's answer)")
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, value: list[str]) -> list[str]:
+        return _qualified(value, "approvers")
 
 
 class WebSettings(_Section):
@@ -155,6 +188,8 @@ class Settings(BaseSettings):
     llm: LLMSection = Field(default_factory=LLMSection)
     limits: LimitsSection = Field(default_factory=LimitsSection)
     gate: GateSection = Field(default_factory=GateSection)
+    history: HistorySection = Field(default_factory=HistorySection)
+    approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 
     @classmethod
@@ -247,7 +282,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
-                              "channels, or a plugin's table)")
+                              "history, channels, or a plugin's table)")
     return settings, file
 
 

@@ -41,10 +41,12 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
 class HistoryStore:
     """Reads and writes the ``history`` table, indexed by (chat, time)."""
 
-    def __init__(self, db: Database, *, max_messages: int = 5000, max_age: timedelta = timedelta(days=30)) -> None:
+    def __init__(self, db: Database, *, max_messages: int = 5000, max_age: timedelta = timedelta(days=30),
+                 max_text_chars: int = 10_000) -> None:
         self.db = db
         self.max_messages = max_messages
         self.max_age = max_age
+        self.max_text_chars = max_text_chars
         db.migrate(self._schema)
 
     @staticmethod
@@ -55,19 +57,34 @@ class HistoryStore:
             "message_id TEXT)"
         )
         db.execute("CREATE INDEX IF NOT EXISTS history_chat_ts ON history (chat, ts)")
+        # A bot message names the message it answers and the person it addresses (its @), so
+        # /forget me can take the bot's replies and reminders to that person too.
+        columns = {row[1] for row in db.execute("PRAGMA table_info(history)").fetchall()}
+        for column in ("reply_to", "to_user"):
+            if column not in columns:
+                db.execute(f"ALTER TABLE history ADD COLUMN {column} TEXT")
 
     @staticmethod
     def insert_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str, name: str, text: str,
-                    at: datetime, *, from_bot: bool = False, message_id: str = "") -> None:
+                    at: datetime, *, from_bot: bool = False, message_id: str = "", reply_to: str | None = None,
+                    to_user: str | None = None) -> None:
         """Insert inside a caller's transaction (the outbox records the bot's replies this way)."""
         db.execute(
-            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id) VALUES (?,?,?,?,?,?,?)",
-            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id],
+            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user) "
+            "VALUES (?,?,?,?,?,?,?,?,?)",
+            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to, to_user],
         )
 
+    def cut(self, text: str) -> str:
+        """``text`` as stored: at most ``max_text_chars``, a longer one cut with a note saying so."""
+        if len(text) <= self.max_text_chars:
+            return text
+        return text[: self.max_text_chars] + f"…〔已截断：原文 {len(text)} 字，只保存了前 {self.max_text_chars} 字〕"
+
     async def record(self, message: Message) -> None:
+        text = self.cut(message.text)
         await self.db.run(lambda db: self.insert_sync(
-            db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id, message.text,
+            db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id, text,
             message.timestamp, from_bot=message.from_bot, message_id=message.message_id,
         ))
 

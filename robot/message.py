@@ -15,14 +15,19 @@ Role = Literal["owner", "admin", "member"]
 
 
 class ChatRef(BaseModel):
-    """Which chat: the platform, its id there, and whether it is a group or a private chat."""
+    """Which chat: the platform, its id there, and whether it is a group or a private chat.
+
+    ``account`` is the bot identity that received or owns the conversation (OneBot ``self_id``);
+    ``""`` when the platform has one account. It is not part of :attr:`key`: the chat is the same
+    whichever account speaks in it, but replies leave through the account that owns it.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     platform: str
     chat_id: str
     kind: ChatKind
-    account: str = Field(default="", description="the bot identity that owns the chat; not part of key")
+    account: str = ""
 
     @property
     def key(self) -> str:
@@ -32,14 +37,16 @@ class ChatRef(BaseModel):
     @classmethod
     def of(cls, caller: Caller) -> ChatRef:
         """The chat a tool call comes from."""
-        return cls(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind)
+        return cls(platform=caller.platform, chat_id=caller.chat_id, kind=caller.chat_kind,
+                   account=caller.account)
 
     @classmethod
-    def from_key(cls, key: str) -> ChatRef:
+    def from_key(cls, key: str, account: str = "") -> ChatRef:
+        """The inverse of :attr:`key`; the key has no account, so pass the stored one."""
         platform, kind, chat_id = key.split(":", 2)
         if kind not in ("group", "private"):
             raise ValueError(f"bad chat key {key!r}")
-        return cls(platform=platform, chat_id=chat_id, kind=kind)
+        return cls(platform=platform, chat_id=chat_id, kind=kind, account=account)
 
 
 class Sender(BaseModel):
@@ -50,6 +57,9 @@ class Sender(BaseModel):
     user_id: str
     name: str = ""
     role: Role = "member"
+    #: An anonymous group member (QQ 匿名): ``user_id`` keys the anonymous identity, it is nobody's
+    #: account, so it is never @-ed and owns nothing that outlives the conversation (reminders).
+    anonymous: bool = False
 
 
 class Message(BaseModel):

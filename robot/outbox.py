@@ -90,6 +90,9 @@ class Outbox:
         db.execute("CREATE INDEX IF NOT EXISTS outbox_due ON outbox (platform, status, next_at)")
         db.execute("CREATE INDEX IF NOT EXISTS outbox_receipt ON outbox (chat, receipt)")
         db.execute("CREATE INDEX IF NOT EXISTS outbox_chat ON outbox (chat, status, next_at)")
+        # The account a row leaves through (ChatRef.account); databases from before it get "".
+        if "account" not in {row[1] for row in db.execute("PRAGMA table_info(outbox)").fetchall()}:
+            db.execute("ALTER TABLE outbox ADD COLUMN account TEXT NOT NULL DEFAULT ''")
 
     def enqueue_sync(self, db: sqlite_utils.Database, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -98,14 +101,15 @@ class Outbox:
         """
         now = message.created_at or self.clock()
         cur = db.execute(
-            "INSERT OR IGNORE INTO outbox (key, platform, chat, text, mention, reply_to, status, next_at, created_at) "
-            "VALUES (?,?,?,?,?,?, 'pending', ?, ?)",
-            [message.key, message.chat.platform, message.chat.key, message.text, json.dumps(list(message.mention)),
-             message.reply_to, iso(now), iso(now)],
+            "INSERT OR IGNORE INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, "
+            "created_at) VALUES (?,?,?,?,?,?,?, 'pending', ?, ?)",
+            [message.key, message.chat.platform, message.chat.key, message.chat.account, message.text,
+             json.dumps(list(message.mention)), message.reply_to, iso(now), iso(now)],
         )
         if cur.rowcount != 1:
             return False
-        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True)
+        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
+                                 reply_to=message.reply_to, to_user=message.mention[0] if message.mention else None)
         return True
 
     def notify(self, platform: str) -> None:
@@ -160,11 +164,25 @@ class Outbox:
                 return
             await asyncio.sleep(0.02)
 
-    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7)) -> int:
-        """Forget delivered and failed messages older than ``keep``: the outbox is no archive."""
+    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7), max_rows: int | None = None) -> int:
+        """Forget delivered and failed messages older than ``keep`` (and beyond ``max_rows`` per chat).
+
+        Their text is gone already (see :meth:`_mark`); what remains (key, receipt, status) only
+        lets a reply to the bot be recognised.
+        """
         cutoff = iso(now - keep)
-        return int(await self.db.run(lambda db: db.execute(
-            "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount))
+
+        def work(db: sqlite_utils.Database) -> int:
+            removed = int(db.execute(
+                "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount)
+            if max_rows is not None:
+                removed += int(db.execute(
+                    "DELETE FROM outbox WHERE rowid IN (SELECT rowid FROM (SELECT rowid, ROW_NUMBER() OVER "
+                    "(PARTITION BY chat ORDER BY created_at DESC, rowid DESC) AS n FROM outbox "
+                    "WHERE status IN ('sent', 'failed')) WHERE n > ?)", [max_rows]).rowcount)
+            return removed
+
+        return await self.db.run(work)
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
         """Queued and sent rows of ``old`` now belong to ``new`` (replies and reply lookups follow)."""
@@ -227,7 +245,7 @@ class Outbox:
 
     async def _send_row(self, channel: Channel, row: dict[str, object]) -> bool:
         key = str(row["key"])
-        chat = ChatRef.from_key(str(row["chat"]))
+        chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
         parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
         done = int(str(row["parts_sent"]))
         mention = tuple(json.loads(str(row["mention"])))
@@ -265,6 +283,8 @@ class Outbox:
     async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
                     parts: int | None = None) -> None:
         now = iso(self.clock())
+        # A finished row keeps key, receipt and status, never the text: the history holds the
+        # conversation (under its retention and /forget me), the outbox is no second copy.
         await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, "
+            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
             "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))

@@ -1,6 +1,6 @@
 """One incoming message, end to end.
 
-dedupe (platform, message id) -> record in history -> gate -> rate limit -> route
+dedupe (platform, message id) -> ignored chat? stop -> record in history -> gate -> rate limit -> route
 (a ``/command`` runs its tool directly; anything else addressed goes to the LLM) -> replies
 into the outbox, each keyed by the incoming message so a redelivery cannot double them.
 """
@@ -8,11 +8,12 @@ into the outbox, each keyed by the incoming message so a redelivery cannot doubl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, ToolContext, ToolError, Toolset
+from function_calls import ArgumentError, Caller, StopReason, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
     build_arguments,
@@ -21,7 +22,7 @@ from robot.commands import (
     parse_command,
     refusal,
 )
-from robot.limits import RateDecision
+from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
@@ -38,6 +39,12 @@ NO_LLM_REPLY = (
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+_APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
+_CORE_COMMANDS = frozenset({"help", "帮助", *_APPROVE, *_DENY, *_PENDING})
+APPROVALS_HELP = (
+    "需要确认的操作会给出一个 5 位确认码：/approve 码 批准，/deny 码 [理由] 拒绝，/pending 查看等待中的请求。"
+    "需要你本人确认的操作，也可以在本群（或私聊）直接回复“确认”“好的”或“yes”（只对你最近的一个请求有效）。"
+)
 
 
 class Pipeline:
@@ -58,8 +65,18 @@ class Pipeline:
 
     def _is_command(self, text: str) -> bool:
         command = parse_command(text)
-        return command is not None and (command.name in ("help", "帮助")
+        return command is not None and (command.name in _CORE_COMMANDS
                                         or self.bot.tools.resolve(command.name) is not None)
+
+    def ignored(self, chat: ChatRef) -> bool:
+        """A group the bot is told to ignore (``gate.never``, outside ``gate.allowlist``): nothing is kept."""
+        if chat.kind == "private":
+            return False
+        gate = self.bot.settings.gate
+        short = f"{chat.platform}:{chat.chat_id}"
+        if chat.key in gate.never or short in gate.never:
+            return True
+        return bool(gate.allowlist) and chat.key not in gate.allowlist and short not in gate.allowlist
 
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
@@ -73,9 +90,7 @@ class Pipeline:
         short = f"{chat.platform}:{chat.chat_id}"
         if chat.kind == "private":
             return True, True, text
-        if chat.key in gate.never or short in gate.never:
-            return False, False, text
-        if gate.allowlist and chat.key not in gate.allowlist and short not in gate.allowlist:
+        if self.ignored(chat):
             return False, False, text
         after_name = self._name_prefix(text)
         if after_name is not None:
@@ -90,28 +105,35 @@ class Pipeline:
         if not await bot.dedupe.first_time(message.platform, message.message_id, bot.clock()):
             log.info("duplicate %s message %s ignored", message.platform, message.message_id)
             return
+        if self.ignored(message.chat):  # not answered, so not recorded either
+            return
         await bot.history.record(message)
         if message.from_bot:
+            return
+        # An answer to a paused run (ask_user, or a plain "确认") is consumed, addressed or not.
+        if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), message.text):
             return
         replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(
             message.chat, str(message.reply_to))
         answer, explicit, text = self.gate(message, replied_to_bot=replied)
         if not answer:
             return
-        limit = bot.settings.limits.max_message_chars
-        if len(text) > limit:
-            await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
-            return
+        # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
         decision = bot.limiter.check(message.chat.key, message.qualified_sender)
         if decision is RateDecision.SILENT:
             return
         if decision is RateDecision.NOTICE:
             await self.reply(message, [RATE_NOTICE])
             return
+        limit = bot.settings.limits.max_message_chars
+        if len(text) > limit:
+            await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
+            return
         caller = bot.caller_for(message, addressed=explicit)
         command = parse_command(text)
         if command is not None:
             await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
+            await bot.approvals.announce()
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
@@ -121,8 +143,19 @@ class Pipeline:
         bot = self.bot
         unavailable = bot.unavailable_tools()
         if name in ("help", "帮助"):
-            return help_text(bot.tools, caller, unavailable)
+            commands = bot.tools.filter(lambda t: t.confirm != "input")
+            return help_text(commands, caller, unavailable) + "\n\n" + APPROVALS_HELP
+        if name in _APPROVE or name in _DENY:
+            code, _, why = rest.strip().partition(" ")
+            if not code:
+                return f"用法：/{name} 确认码" + (" [理由]" if name in _DENY else "")
+            return await bot.approvals.decide(caller, ChatRef.of(caller), code, approve=name in _APPROVE,
+                                              reason=why)
+        if name in _PENDING:
+            return await bot.approvals.pending_text(caller)
         tool = bot.tools.resolve(name)
+        if tool is not None and tool.confirm == "input":
+            tool = None  # ask_user is the model's way to ask; a person just says it
         if tool is None:
             return f"没有 /{name} 这个命令。发送 /help 查看可用命令。"
         reason = refusal(tool, caller)
@@ -131,11 +164,19 @@ class Pipeline:
         if tool.name in unavailable:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
         try:
-            args = tool.parse_arguments(build_arguments(tool, rest))
+            raw = build_arguments(tool, rest)
+            args = tool.parse_arguments(raw)
+            if tool.confirm:
+                return await bot.approvals.pause_command(tool, raw, caller, ChatRef.of(caller),
+                                                         caller.message_id or None)
             ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
-            result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+            # An empty reservation: a tool's own spend (a summary) is held until it is recorded here.
+            async with bot.budget.reserve(caller, 0):
+                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                if result.usage is not None and result.usage.requests:
+                    await bot.budget.charge(caller, result.usage)
         except TimeoutError:
             return f"/{name} 执行超时（{tool.timeout_s:g} 秒），请稍后再试。"
         except CommandError as exc:
@@ -147,8 +188,6 @@ class Pipeline:
         except Exception:
             log.exception("command /%s failed", name)
             return f"/{name} 执行失败了，请稍后再试。"
-        if result.usage is not None and result.usage.requests:
-            await bot.budget.charge(caller, result.usage)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
@@ -167,21 +206,31 @@ class Pipeline:
                 await channel.trace(message.chat, {**event, "message_id": message.message_id})
 
         tools: Toolset = bot.offered_tools()
-        if channel is not None:
-            await channel.typing(message.chat, True)
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            try:  # hold the run's cap (or what is left today) before any model call; settled by the loop
+                await stack.enter_async_context(bot.budget.reserve(caller, bot.settings.llm.max_run_tokens,
+                                                                   at_least=1))
+            except BudgetExceeded as exc:
+                log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
+                await self.reply(message, [exc.user_message])
+                return
+            if channel is not None:  # "typing…" while the model works
+                await channel.typing(message.chat, True)
+                stack.push_async_callback(channel.typing, message.chat, False)
             result = await bot.router.chat(
                 text, caller=caller, tools=tools,
                 history=[h.turn() for h in history if h.message_id != message.message_id],
                 zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
                 on_event=on_event,
             )
-        finally:
-            if channel is not None:
-                await channel.typing(message.chat, False)
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
-        await self.reply(message, result.replies)
+        replies = result.replies
+        if result.stop is StopReason.AWAITING_APPROVAL:
+            ask = await bot.approvals.pause(result, caller, message.chat, reply_to=message.message_id)
+            replies = [*result.state.user_messages, ask]
+        await self.reply(message, replies)
+        await bot.approvals.announce()
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""

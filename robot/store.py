@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -44,7 +46,10 @@ class Database:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            parent = Path(self.path).parent
+            if not parent.exists():
+                parent.mkdir(parents=True, mode=0o700)  # people's messages live here: the owner's eyes only
+                parent.chmod(0o700)  # mkdir's mode is cut by the umask
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="qunbot-db")
         self._db: sqlite_utils.Database | None = None
         self._thread: int | None = None
@@ -54,10 +59,15 @@ class Database:
         if self._db is None:
             import sqlite3
 
+            if self.path != ":memory:":
+                _private_files(self.path)
             conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
             db = sqlite_utils.Database(conn)
+            # Deleted rows are overwritten, not just unlinked: /forget me leaves no copy in free pages.
+            db.execute("PRAGMA secure_delete=ON")
             if self.path != ":memory:":
                 db.execute("PRAGMA journal_mode=WAL")
+                _private_files(self.path)  # SQLite gives the WAL and SHM the database's mode
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")
             self._db = db
@@ -108,6 +118,11 @@ class Database:
         """Blocking variant for start-up code and the CLI, never for async code paths."""
         return self._pool.submit(lambda: fn(self._open())).result()
 
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database and truncate it to zero bytes (after a forget: no old copies)."""
+        if self.path != ":memory:":
+            await self.run(lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+
     async def close(self) -> None:
         def work() -> None:
             if self._db is not None:
@@ -116,6 +131,17 @@ class Database:
 
         await self.run_raw(work)
         self._pool.shutdown(wait=True)
+
+
+def _private_files(path: str) -> None:
+    """The database, WAL and SHM readable by the owner only (created so, tightened if found looser)."""
+    if not Path(path).exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    for name in (path, path + "-wal", path + "-shm"):
+        file = Path(name)
+        with contextlib.suppress(FileNotFoundError):
+            if file.stat().st_mode & 0o077:
+                file.chmod(0o600)
 
 
 class DedupeStore:

@@ -14,7 +14,15 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from robot.config import BotSection, ChannelsSection, GateSection, LimitsSection, LLMSection
+from robot.config import (
+    ApprovalsSection,
+    BotSection,
+    ChannelsSection,
+    GateSection,
+    HistorySection,
+    LimitsSection,
+    LLMSection,
+)
 
 __all__ = ["render_template"]
 
@@ -67,7 +75,8 @@ def render_template(plugin_sections: Sequence[tuple[str, type[BaseModel]]] = ())
         "",
     ]
     core: list[tuple[str, type[BaseModel]]] = [("bot", BotSection), ("llm", LLMSection),
-                                               ("limits", LimitsSection), ("gate", GateSection)]
+                                               ("limits", LimitsSection), ("gate", GateSection),
+                                               ("history", HistorySection), ("approvals", ApprovalsSection)]
     for title, model in core:
         lines.extend(_table(title, model))
     lines.extend(_table("channels", ChannelsSection))

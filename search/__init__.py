@@ -32,7 +32,8 @@ async def _setup(bot: Bot) -> SearchDeps:
     settings = bot.settings.section("search", SearchSettings)
     return SearchDeps(settings=settings, client=PerplexityClient(settings),
                       per_user=WindowLimiter(settings.user_rate_per_hour),
-                      per_chat=WindowLimiter(settings.chat_rate_per_hour))
+                      per_chat=WindowLimiter(settings.chat_rate_per_hour),
+                      per_bot=WindowLimiter(settings.bot_rate_per_hour))
 
 
 async def _teardown(deps: SearchDeps) -> None:

@@ -65,6 +65,8 @@ class SearchAnswer(BaseModel):
     usage: SearchUsage
     endpoint: Endpoint
     model: str
+    truncated: bool = False
+    """The answer hit the output-token limit and stops mid-way (shown to the user as cut off)."""
 
 
 def parse_chat(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer:
@@ -72,7 +74,8 @@ def parse_chat(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer:
     choices = _dicts(data.get("choices"))
     if not choices:
         raise WireError()
-    content = _str(_mapping(choices[0].get("message")), "content")
+    content = _content(_mapping(choices[0].get("message")).get("content"))
+    truncated = choices[0].get("finish_reason") == "length"
     results = [r for r in _dicts(data.get("search_results")) if _str(r, "url")]
     by_url: dict[str, Mapping[str, Any]] = {}
     for result in results:
@@ -89,13 +92,17 @@ def parse_chat(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer:
         citation_tokens=_int(usage, "citation_tokens"),
         num_search_queries=_int(usage, "num_search_queries"),
     )
-    return _answer(text, sources, counts, "chat", _str(data, "model") or fallback_model)
+    return _answer(text, sources, counts, "chat", _str(data, "model") or fallback_model, truncated)
 
 
 def parse_agent(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer:
     """An Agent API (Responses) body as an answer."""
-    if data.get("status") == "failed":
+    status = data.get("status")
+    if status in ("failed", "cancelled"):
         raise WireError("Perplexity could not complete the search; try again later")
+    if status in ("queued", "in_progress", "requires_action"):
+        # Only background requests answer before they are done; this client never sends one.
+        raise WireError(f"Perplexity has not finished the search (status {status}); try again later")
     output = _dicts(data.get("output"))
     if not any(item.get("type") == "message" for item in output):
         raise WireError()
@@ -133,15 +140,28 @@ def parse_agent(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer
         completion_tokens=_int(usage, "output_tokens"),
         num_search_queries=_int(web_search, "invocation") or queries,
     )
-    return _answer(text, sources, counts, "agent", _str(data, "model") or fallback_model)
+    # "incomplete" (OpenAI Responses) is how an output-token limit shows on the Agent API.
+    truncated = status == "incomplete" or any(
+        item.get("type") == "message" and item.get("status") == "incomplete" for item in output)
+    return _answer(text, sources, counts, "agent", _str(data, "model") or fallback_model, truncated)
 
 
 def _answer(
-    text: str, sources: list[Source], usage: SearchUsage, endpoint: Endpoint, model: str
+    text: str, sources: list[Source], usage: SearchUsage, endpoint: Endpoint, model: str, truncated: bool
 ) -> SearchAnswer:
     if not text:
         raise WireError("Perplexity returned an empty answer; try rephrasing the question")
-    return SearchAnswer(text=text, sources=sources, usage=usage, endpoint=endpoint, model=model)
+    return SearchAnswer(text=text, sources=sources, usage=usage, endpoint=endpoint, model=model,
+                        truncated=truncated)
+
+
+def _content(value: object) -> str | None:
+    """Message content: a string, or a list of chunks whose ``text`` chunks are joined."""
+    if isinstance(value, str):
+        return value
+    texts = [t for part in _dicts(value) if part.get("type") in (None, "text", "output_text")
+             and (t := _str(part, "text"))]
+    return "".join(texts) or None
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

@@ -37,6 +37,7 @@ from typing import Any, Self, TypeVar
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
+from search._shape import Request, about_model, agent_body, server_message
 from search._wire import (
     CITATION_MARKER,
     Endpoint,
@@ -47,11 +48,10 @@ from search._wire import (
     parse_agent,
     parse_chat,
 )
-from search.settings import SearchSettings
+from search.settings import Recency, SearchSettings
 
 __all__ = [
     "AGENT_PATH",
-    "AGENT_PRESETS",
     "CHAT_PATH",
     "CITATION_MARKER",
     "Endpoint",
@@ -74,15 +74,15 @@ AGENT_PATH = "v1/responses"
 """Agent API path under the base URL (``/v1/agent`` is the same endpoint under its canonical name)."""
 CHAT_PATH = "chat/completions"
 """Sonar chat-completions path under the base URL (the SDK appends it)."""
-AGENT_PRESETS = frozenset({"fast-search", "pro-search", "deep-research", "advanced-deep-research"})
-"""Agent API preset names; a ``model`` setting equal to one is sent as ``preset``."""
 
 # In "auto" these statuses from the agent endpoint mean "this account or deployment cannot use it
 # this way"; chat completions gets the question instead (a genuine bad request fails there too).
 _FALLBACK_STATUSES = frozenset({400, 403, 404, 405, 422, 501})
 # Of those, only these say the endpoint itself is missing; they switch "auto" to chat for good.
-# A 400/403/422 may concern one odd query (or a passing state), so it falls back for that query only.
+# A 400/422 naming the model says the same of the model (every search would pay a rejected call);
+# any other 400/403/422 may concern one odd query (or a passing state): fallback for that query only.
 _MISSING_STATUSES = frozenset({404, 405, 501})
+_MODEL_STATUSES = frozenset({400, 422})
 # Chat completions answering these after "auto" switched to it: it moved away; try the agent again.
 _CHAT_GONE_STATUSES = frozenset({404, 410})
 
@@ -167,15 +167,20 @@ class PerplexityClient:
             return self._settings.endpoint
         return self._remembered
 
-    async def search(self, query: str, *, system: str | None = None) -> SearchAnswer:
-        """Search the web for ``query``; ``system`` is an optional instruction for the answer's style."""
+    async def search(self, query: str, *, system: str | None = None, recency: Recency | None = None) -> SearchAnswer:
+        """Search the web for ``query``; ``system`` is an optional instruction for the answer's style.
+
+        ``recency`` narrows this search to pages of the last hour/day/week/month/year (it overrides
+        the ``search_recency_filter`` setting).
+        """
         if self._sdk is None:
             raise SearchNotConfigured("web search is not set up (no Perplexity API key)")
         query = query.strip()
         if not query:
             raise SearchRejected("the search query is empty")
+        request = Request(query, system, recency or self._settings.search_recency_filter)
         try:
-            return await self._dispatch(self._sdk, query, system)
+            return await self._dispatch(self._sdk, request)
         except WireError as exc:
             raise SearchUnavailable(str(exc)) from None
         except (openai.OpenAIError, TimeoutError, ValueError) as exc:
@@ -197,32 +202,34 @@ class PerplexityClient:
         await self.aclose()
 
     # -- endpoint choice -------------------------------------------------------------------
-    async def _dispatch(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
+    async def _dispatch(self, sdk: openai.AsyncOpenAI, req: Request) -> SearchAnswer:
         mode = self._settings.endpoint
-        if mode == "chat":
-            return await self._retrying(lambda: self._chat(sdk, query, system))
+        if mode == "chat" or (mode == "auto" and not self._settings.agent_serves()):
+            # A Sonar model the Agent API does not list: asking it first would always be refused.
+            return await self._retrying(lambda: self._chat(sdk, req))
         if mode == "agent":
-            return await self._retrying(lambda: self._agent(sdk, query, system))
+            return await self._retrying(lambda: self._agent(sdk, req))
         if self._remembered == "chat":
             try:
-                return await self._retrying(lambda: self._chat(sdk, query, system))
+                return await self._retrying(lambda: self._chat(sdk, req))
             except openai.APIStatusError as exc:
                 if exc.status_code not in _CHAT_GONE_STATUSES:
                     raise
                 _log.info("Perplexity chat completions answered HTTP %s; trying the Agent API again",
                           exc.status_code)
                 self._remembered = None  # whatever happens next, probe afresh next time
-            answer = await self._retrying(lambda: self._agent(sdk, query, system))
+            answer = await self._retrying(lambda: self._agent(sdk, req))
             self._remembered = "agent"
             return answer
         try:
-            answer = await self._retrying(lambda: self._agent(sdk, query, system))
+            answer = await self._retrying(lambda: self._agent(sdk, req))
         except openai.APIStatusError as exc:
             if exc.status_code not in _FALLBACK_STATUSES:
                 raise
             _log.info("Perplexity Agent API answered HTTP %s; trying chat completions", exc.status_code)
-            answer = await self._retrying(lambda: self._chat(sdk, query, system))
-            if exc.status_code in _MISSING_STATUSES:
+            answer = await self._retrying(lambda: self._chat(sdk, req))
+            if exc.status_code in _MISSING_STATUSES or (
+                    exc.status_code in _MODEL_STATUSES and about_model(exc.body)):
                 self._remembered = "chat"
                 _log.info("Perplexity search will use chat completions from now on")
             return answer
@@ -245,22 +252,32 @@ class PerplexityClient:
             return await attempt()
 
     # -- the two endpoints -----------------------------------------------------------------
-    async def _agent(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
-        body: dict[str, Any] = {"input": query, **_agent_target(self._settings.model)}
-        if system:
-            body["instructions"] = system
+    async def _agent(self, sdk: openai.AsyncOpenAI, req: Request) -> SearchAnswer:
+        body = agent_body(self._settings, req)
         data = await sdk.post(AGENT_PATH, cast_to=object, body=body)
         if not isinstance(data, dict):
             raise WireError()
-        return parse_agent(data, fallback_model=str(body.get("model") or body.get("preset")))
+        return parse_agent(data, fallback_model=str(body.get("model") or body.get("effort")))
 
-    async def _chat(self, sdk: openai.AsyncOpenAI, query: str, system: str | None) -> SearchAnswer:
-        model = _chat_model(self._settings.model)
+    async def _chat(self, sdk: openai.AsyncOpenAI, req: Request) -> SearchAnswer:
+        settings = self._settings
+        model = settings.chat_model()
         messages: list[ChatCompletionMessageParam] = []
-        if system:
-            messages.append({"role": "system", "content": system})
-        messages.append({"role": "user", "content": query})
-        completion = await sdk.chat.completions.create(model=model, messages=messages)
+        if req.system:
+            messages.append({"role": "system", "content": req.system})
+        messages.append({"role": "user", "content": req.query})
+        # Perplexity's own fields ride in extra_body: the openai SDK does not know them.
+        extra: dict[str, Any] = {}
+        if req.recency:
+            extra["search_recency_filter"] = req.recency
+        if settings.search_domain_filter:
+            extra["search_domain_filter"] = list(settings.search_domain_filter)
+        if settings.language_preference:
+            extra["language_preference"] = settings.language_preference
+        completion = await sdk.chat.completions.create(
+            model=model, messages=messages, extra_body=extra or None,
+            max_tokens=settings.max_output_tokens if settings.max_output_tokens is not None else openai.omit,
+        )
         if not isinstance(completion, ChatCompletion):  # the SDK hands back text for non-JSON bodies
             raise WireError()
         return parse_chat(completion.model_dump(warnings=False), fallback_model=model)
@@ -286,10 +303,11 @@ class PerplexityClient:
                 return SearchUnavailable(
                     f"Perplexity is having trouble (HTTP {code}); try again later", status_code=code
                 )
+            detail = self._scrub(server_message(exc.body))
             return SearchRejected(
-                f"Perplexity refused the search request (HTTP {code})",
+                f"Perplexity refused the search request (HTTP {code})" + (f": {detail}" if detail else ""),
                 status_code=code,
-                detail=self._scrub(_server_message(exc.body)),
+                detail=detail,
             )
         _log.warning("Perplexity answer could not be read: %s", type(exc).__name__)
         return SearchUnavailable(str(WireError()))
@@ -300,32 +318,6 @@ class PerplexityClient:
             return text
         secret = key.get_secret_value()
         return text.replace(secret, "***") if secret else text
-
-
-# -- request shaping -----------------------------------------------------------------------
-def _agent_target(model: str) -> dict[str, Any]:
-    if model in AGENT_PRESETS:
-        return {"preset": model}
-    if "/" not in model:
-        return {"model": f"perplexity/{model}"}
-    if model.startswith("perplexity/"):
-        return {"model": model}
-    # Third-party models search only through the web_search tool; Sonar searches by itself.
-    return {"model": model, "tools": [{"type": "web_search"}]}
-
-
-def _chat_model(model: str) -> str:
-    name = model.removeprefix("perplexity/")
-    return "sonar" if name in AGENT_PRESETS or "/" in name else name
-
-
-def _server_message(body: object) -> str | None:
-    if isinstance(body, Mapping):
-        for key in ("message", "detail"):
-            value = body.get(key)
-            if isinstance(value, str) and value:
-                return value[:300]
-    return None
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

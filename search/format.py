@@ -22,11 +22,14 @@ from collections.abc import Sequence
 
 from search.client import CITATION_MARKER, SearchAnswer, Source
 
-__all__ = ["SOURCES_HEADER", "format_answer", "format_for_model"]
+__all__ = ["CUT_OFF_NOTE", "SOURCES_HEADER", "format_answer", "format_for_model"]
 
 SOURCES_HEADER = "来源 / Sources:"
 """The line that opens the source list in a chat reply."""
 
+CUT_OFF_NOTE = "（回答达到长度上限，以下内容不完整）"
+"""Opens a chat reply whose answer Perplexity cut off at its output-token limit."""
+_MODEL_CUT_NOTE = "\n\n(Perplexity cut this answer off at its length limit: it is incomplete; say so.)"
 _ELLIPSIS = "…"
 _MAX_TITLE = 80
 _URL = re.compile(r"https?://[^\s<>\"'，。、；：！？（）「」『』【】]+")
@@ -43,6 +46,9 @@ def format_answer(answer: SearchAnswer, *, max_chars: int, max_sources: int) -> 
         raise ValueError("max_chars must be at least 1")
     if max_sources < 0:
         raise ValueError("max_sources must not be negative")
+    if answer.truncated:
+        # At the head, where trimming to max_chars never cuts it away.
+        answer = answer.model_copy(update={"text": CUT_OFF_NOTE + "\n" + answer.text, "truncated": False})
     sources = answer.sources
     cited, uncited = _citation_order(answer.text, sources)
     order = (cited + uncited)[:max_sources]
@@ -74,6 +80,8 @@ def format_for_model(answer: SearchAnswer) -> str:
     cited, uncited = _citation_order(answer.text, answer.sources)
     order = cited + uncited
     text = re.sub(r"\n{3,}", "\n\n", _reindex(answer.text, answer.sources, order)).strip()
+    if answer.truncated:
+        text += _MODEL_CUT_NOTE
     if not order:
         return text
     lines = []

@@ -16,6 +16,12 @@ Routes, as on ``api.perplexity.ai``: ``POST /v1/responses`` and its canonical tw
 ``usage`` with ``citation_tokens``, ``num_search_queries`` and ``search_context_size``).
 Anything else is 404. With ``api_key`` set, a request without ``Bearer <api_key>`` gets the HTML
 401 page Perplexity's front proxy sends. Malformed requests get a 400 JSON error, never a crash.
+
+Requests are validated against the official SDK's request models (``perplexityai``:
+``ResponsesRequestInput``, ``ApiChatCompletionsRequestInput``), so a field of the wrong shape gets
+the 422 ``detail`` list a FastAPI server sends. On top of the SDK (whose fields are plain strings),
+the fake refuses what Perplexity's docs rule out: a field the SDK does not know, the deprecated
+``preset``, an effort level or a model name the docs do not list for that endpoint (400).
 """
 
 from __future__ import annotations
@@ -33,9 +39,17 @@ from typing import Any, Literal
 from aiohttp import web
 
 from function_calls.testing.loopback import LoopbackServer
+from search._fakecheck import (
+    AGENT_MODELS_DOCUMENTED,
+    CHAT_MODELS_DOCUMENTED,
+    check_agent,
+    check_chat,
+    error,
+    validate,
+)
 from search.client import CITATION_MARKER, Source
 
-__all__ = ["FakePerplexityServer", "RecordedRequest"]
+__all__ = ["AGENT_MODELS_DOCUMENTED", "CHAT_MODELS_DOCUMENTED", "FakePerplexityServer", "RecordedRequest"]
 
 FakeEndpoint = Literal["agent", "chat"]
 
@@ -93,6 +107,8 @@ class FakePerplexityServer(LoopbackServer):
         self._faults: deque[_Fault] = deque()
         self._disabled: set[FakeEndpoint] = set()
         self._delay = 0.0
+        self._chunked = False
+        self._cut_off = False
         self._closing = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -129,10 +145,18 @@ class FakePerplexityServer(LoopbackServer):
         return [r for r in self.requests if r.endpoint == endpoint]
 
     # -- scripting -------------------------------------------------------------------------
-    def answer(self, text: str, sources: Iterable[Source | tuple[str, str]] = ()) -> None:
-        """Answer every later search with ``text``; its ``[n]`` cites the n-th of ``sources``."""
+    def answer(self, text: str, sources: Iterable[Source | tuple[str, str]] = (), *, chunked: bool = False,
+               cut_off: bool = False) -> None:
+        """Answer every later search with ``text``; its ``[n]`` cites the n-th of ``sources``.
+
+        ``chunked``: chat completions send the content as a list of text chunks. ``cut_off``: the
+        answer stopped at the output-token limit (``finish_reason: "length"``; Agent API status
+        ``incomplete``).
+        """
         self._text = text
         self._sources = [s if isinstance(s, Source) else Source(title=s[0], url=s[1]) for s in sources]
+        self._chunked = chunked
+        self._cut_off = cut_off
 
     def next_status(
         self,
@@ -172,7 +196,7 @@ class FakePerplexityServer(LoopbackServer):
 
     async def _unknown(self, request: web.Request) -> web.StreamResponse:
         await self._record(request, None)
-        return _error(404, f"no route {request.method} {request.path}")
+        return error(404, f"no route {request.method} {request.path}")
 
     async def _record(self, request: web.Request, endpoint: FakeEndpoint | None) -> dict[str, Any] | None:
         raw = await request.read()
@@ -191,16 +215,19 @@ class FakePerplexityServer(LoopbackServer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), timeout=self._delay)
         if endpoint in self._disabled:
-            return _error(404, "Not Found")
+            return error(404, "Not Found")
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.Response(status=401, text=_HTML_401, content_type="text/html")
         if self._faults:
             return _fault(self._faults.popleft())
         if body is None:
-            return _error(400, "request body must be a JSON object")
-        problem = _check_agent(body) if endpoint == "agent" else _check_chat(body)
+            return error(400, "request body must be a JSON object")
+        invalid = validate(body, endpoint)
+        if invalid is not None:
+            return invalid
+        problem = check_agent(body) if endpoint == "agent" else check_chat(body)
         if problem:
-            return _error(400, problem)
+            return error(400, problem)
         built = self._agent_body(body) if endpoint == "agent" else self._chat_body(body)
         return web.json_response(built, dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
@@ -218,6 +245,12 @@ class FakePerplexityServer(LoopbackServer):
             for s in self._sources
         ]
 
+    def _content(self) -> str | list[dict[str, str]]:
+        if not self._chunked:
+            return self._text
+        half = len(self._text) // 2
+        return [{"type": "text", "text": self._text[:half]}, {"type": "text", "text": self._text[half:]}]
+
     def _chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = _tokens(json.dumps(body.get("messages"), ensure_ascii=False))
         completion = _tokens(self._text)
@@ -230,8 +263,8 @@ class FakePerplexityServer(LoopbackServer):
             "choices": [
                 {
                     "index": 0,
-                    "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": self._text},
+                    "finish_reason": "length" if self._cut_off else "stop",
+                    "message": {"role": "assistant", "content": self._content()},
                     "delta": {"role": "assistant", "content": ""},
                 }
             ],
@@ -274,21 +307,20 @@ class FakePerplexityServer(LoopbackServer):
             str(body.get("instructions", ""))
         )
         completion = _tokens(self._text)
-        model = body.get("model") or {"pro-search": "openai/gpt-5.1"}.get(
-            str(body.get("preset")), "perplexity/sonar"
-        )
+        model = body.get("model") or {"medium": "openai/gpt-5.1"}.get(str(body.get("effort")), "perplexity/sonar")
+        status = "incomplete" if self._cut_off else "completed"
         return {
             "id": f"resp_{uuid.uuid4()}",
             "object": "response",
             "created_at": int(time.time()),
-            "status": "completed",
+            "status": status,
             "model": model,
             "output": [
                 {"type": "search_results", "queries": [query[:80]], "results": results},
                 {
                     "type": "message",
                     "id": f"msg_{uuid.uuid4()}",
-                    "status": "completed",
+                    "status": status,
                     "role": "assistant",
                     "content": [{"type": "output_text", "text": self._text, "annotations": annotations}],
                 },
@@ -309,36 +341,8 @@ class FakePerplexityServer(LoopbackServer):
         }
 
 
-def _check_chat(body: dict[str, Any]) -> str | None:
-    if not isinstance(body.get("model"), str):
-        return "model is required"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "messages must be a non-empty list"
-    return None
-
-
-def _check_agent(body: dict[str, Any]) -> str | None:
-    if not isinstance(body.get("input"), str | list) or not body["input"]:
-        return "input is required"
-    if not any(isinstance(body.get(k), str | list) for k in ("model", "models", "preset")):
-        return "one of model, models or preset is required"
-    return None
-
-
 def _tokens(text: str) -> int:
     return max(1, len(text) // 4)
-
-
-def _error(status: int, message: str) -> web.Response:
-    kind = (
-        "rate_limit_exceeded"
-        if status == 429
-        else "server_error"
-        if status >= 500
-        else "invalid_request_error"
-    )
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
 def _fault(fault: _Fault) -> web.Response:
@@ -347,7 +351,7 @@ def _fault(fault: _Fault) -> web.Response:
     elif fault.status == 401:
         response = web.Response(status=401, text=_HTML_401, content_type="text/html")
     else:
-        response = _error(fault.status, fault.message or f"fake fault {fault.status}")
+        response = error(fault.status, fault.message or f"fake fault {fault.status}")
     if fault.retry_after is not None:
         ra = fault.retry_after
         response.headers["Retry-After"] = str(int(ra)) if float(ra).is_integer() else str(ra)

@@ -21,7 +21,7 @@ from search.client import (
     SearchUnavailable,
 )
 from search.format import format_answer, format_for_model
-from search.settings import SearchSettings
+from search.settings import Recency, SearchSettings
 
 __all__ = ["SearchArgs", "SearchDeps", "WindowLimiter", "disabled_reason", "perplexity_search"]
 
@@ -99,16 +99,23 @@ class SearchDeps:
     client: PerplexityClient
     per_user: WindowLimiter
     per_chat: WindowLimiter
+    #: Bot-wide: every chat together (key "bot").
+    per_bot: WindowLimiter = field(default_factory=lambda: WindowLimiter(200))
 
 
 class SearchArgs(BaseModel):
     query: str = Field(min_length=1, max_length=300,
                        description="what to look up on the web, in the user's language; self-contained")
+    recency: Recency | None = Field(
+        default=None,
+        description="only pages from the last hour/day/week/month/year, when the user asks for recent "
+                    "news (\"最近一周的新闻\" -> week); omit otherwise")
 
 
 def disabled_reason(deps: SearchDeps) -> str | None:
     """Why search is off because a rate limit is set to 0 (users see it), or None."""
-    for limiter, setting in ((deps.per_user, "user_rate_per_hour"), (deps.per_chat, "chat_rate_per_hour")):
+    for limiter, setting in ((deps.per_user, "user_rate_per_hour"), (deps.per_chat, "chat_rate_per_hour"),
+                             (deps.per_bot, "bot_rate_per_hour")):
         if limiter.disabled:
             return f"联网搜索已被管理员关闭（[search] {setting} = 0）。"
     return None
@@ -118,9 +125,9 @@ def _minutes(seconds: float) -> int:
     return max(1, round(seconds / 60))
 
 
-async def _search(client: PerplexityClient, query: str) -> SearchAnswer:
+async def _search(client: PerplexityClient, query: str, recency: Recency | None) -> SearchAnswer:
     try:
-        return await client.search(query)
+        return await client.search(query, recency=recency)
     except SearchAuthError as exc:
         log.warning("perplexity rejected the key: %s", exc)
         raise ToolError("the search service rejected the bot's API key; tell the user search is unavailable",
@@ -148,7 +155,8 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
     off = disabled_reason(deps)
     if off is not None:
         raise ToolError(f"web search is switched off on this bot; tell the user: {off}", user_message=off)
-    checks = ((deps.per_user, caller.qualified_user, "你"), (deps.per_chat, chat_key, chat_word))
+    checks = ((deps.per_user, caller.qualified_user, "你"), (deps.per_chat, chat_key, chat_word),
+              (deps.per_bot, "bot", "本机器人"))
     for limiter, key, who in checks:  # every limit is checked before any slot is used
         wait = limiter.wait_time(key)
         if wait:
@@ -158,7 +166,7 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
     # and given back if the search fails: only answered searches count.
     taken = [(limiter, key, limiter.acquire(key)) for limiter, key, _ in checks]
     try:
-        answer = await _search(deps.client, args.query)
+        answer = await _search(deps.client, args.query, args.recency)
     except BaseException:
         for limiter, key, stamp in taken:
             limiter.release(key, stamp)
@@ -169,5 +177,6 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
                                               max_sources=settings.max_sources))
     data: dict[str, object] = {"sources": [s.url for s in answer.sources], "endpoint": answer.endpoint,
                                "citation_tokens": answer.usage.citation_tokens,
-                               "search_queries": answer.usage.num_search_queries}
+                               "search_queries": answer.usage.num_search_queries,
+                               "truncated": answer.truncated}
     return ToolResult(content=format_for_model(answer) + _MODEL_NOTE, data=data)

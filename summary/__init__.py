@@ -1,28 +1,29 @@
-"""The group-chat summary plugin: ``/summary`` and ``/forget me``.
+"""The group-chat summary plugin: ``/summary``.
 
 Load it with ``plugins = ["summary"]`` (a default). ``summary`` summarises this chat since its
-last summary (or the last N hours / N messages), map-reducing through the bot's model within
-``[summary] max_request_tokens`` per call, or extractively when there is no model. ``forget``
-deletes the caller's own stored messages in this chat and the bot's earlier summaries there
-(they may quote them). ``[summary] retention_max_messages`` and
-``retention_days`` set how long the bot keeps chat history (see :mod:`summary.settings`).
+last summary, or a named period (``/summary 昨天``, ``/summary 2026-11-20``, ``/summary 09:00-12:00``),
+the last N hours / N messages, or one member's messages ("总结 @小明"), map-reducing through the
+bot's model within ``[summary] max_request_tokens`` per call, or extractively when there is no
+model (sections 结论/决定, 待办, 话题, 链接). ``/summary optout`` keeps a member's messages out of
+summaries in that chat (``optin`` undoes it); a member waits ``user_cooldown_s`` between AI
+summaries; ``[summary] prompt`` / ``prompts`` add the owner's instructions. On ``/forget me``
+(core) the bot's earlier summaries in the chat go too: they may quote the person. How long chat
+history is kept is the core's ``[history]`` table.
 """
 
 from robot import Plugin
 from summary.extractive import extractive_summary
 from summary.mapreduce import MapReduceResult, SummaryFailed, map_reduce
 from summary.settings import SummarySettings
-from summary.tools import ForgetArgs, SummaryArgs, SummaryDeps, forget, setup, summary, toolset
+from summary.tools import SummaryArgs, SummaryDeps, setup, summary, toolset
 
 __all__ = [
-    "ForgetArgs",
     "MapReduceResult",
     "SummaryArgs",
     "SummaryDeps",
     "SummaryFailed",
     "SummarySettings",
     "extractive_summary",
-    "forget",
     "map_reduce",
     "plugin",
     "setup",

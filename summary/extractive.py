@@ -7,8 +7,10 @@ Names lose brackets, colons and line breaks, and a message's line breaks are fol
 cannot forge another speaker's transcript line.
 
 Without an LLM, :func:`extractive_summary` reports the message count, the period, the most
-active members and the most salient messages by a simple score (length, questions, links,
-numbers and times, the responses a message got), skipping near-identical ones.
+active members (stickers, 哈哈, +1 and the bot not counted), then four sections: 结论/决定 and
+待办 (who, what, when) found by :mod:`summary.signals`, 话题 (the most salient other messages by a
+simple score: length, questions, links, numbers and times, the responses a message got) and
+链接 (every link, whole). Near-identical messages are quoted once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from robot import HistoryEntry
+from summary.signals import Signals, classify, clip_keeping_links, is_noise, names_for_mentions, weekday
 
 __all__ = [
     "BOT_TAG",
@@ -28,6 +31,7 @@ __all__ = [
     "Speakers",
     "clean_name",
     "extractive_summary",
+    "mention_names",
     "near_duplicate",
     "one_line",
     "salient",
@@ -168,12 +172,47 @@ def salient(entries: Sequence[HistoryEntry], count: int) -> list[int]:
     return sorted(chosen)
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+def mention_names(speakers: Speakers) -> dict[str, str]:
+    """User id -> latest name of the people in ``speakers``, for :func:`summary.signals.names_for_mentions`."""
+    return {p.user_id: p.name for p in speakers.members()}
 
 
 def _stamp(moment: datetime, zone: ZoneInfo) -> str:
-    return moment.astimezone(zone).strftime("%m-%d %H:%M")
+    local = moment.astimezone(zone)
+    return f"{local:%m-%d} {weekday(local.weekday())} {local:%H:%M}"
+
+
+@dataclass
+class _Fact:
+    index: int
+    signals: Signals
+    score: float
+
+
+def _facts(entries: Sequence[HistoryEntry], texts: Sequence[str]) -> list[_Fact]:
+    found: list[_Fact] = []
+    for i, (entry, text) in enumerate(zip(entries, texts, strict=True)):
+        if entry.from_bot:
+            continue
+        signals = classify(text)
+        if not signals.fact:
+            continue
+        score = (3.0 if signals.decision else 0.0) + (2.0 if signals.action else 0.0)
+        score += (1.0 if signals.when else 0.0) + (0.5 if signals.number else 0.0) + min(len(text), 120) / 60
+        found.append(_Fact(i, signals, score))
+    return found
+
+
+def _pick(candidates: Sequence[int], ranked: Sequence[float], texts: Sequence[str], count: int,
+          taken: list[int]) -> list[int]:
+    chosen: list[int] = []
+    for i in sorted(candidates, key=lambda i: (-ranked[i], i)):
+        if len(chosen) >= count:
+            break
+        if any(near_duplicate(texts[i], texts[j]) for j in (*taken, *chosen)):
+            continue
+        chosen.append(i)
+    return sorted(chosen)
 
 
 def extractive_summary(
@@ -184,10 +223,14 @@ def extractive_summary(
     note: str = "",
     top_members: int = 5,
     salient_count: int = 5,
+    fact_count: int = 12,
+    link_count: int = 8,
 ) -> str:
-    """A summary without any model: count, period, most active members, salient messages."""
-    speakers = Speakers(entries)
+    """A summary without any model: count, period, most active members, then 结论/决定, 待办, 话题, 链接."""
+    real = [e for e in entries if not is_noise(e.text)]
+    speakers = Speakers(e for e in real if not e.from_bot)
     members = speakers.members()
+    names = mention_names(speakers)
     lines = [f"{HEADER}{title} · 共 {len(entries)} 条消息 · {len(members)} 人发言"]
     if note:
         lines.append(note)
@@ -195,11 +238,46 @@ def extractive_summary(
         lines.append(f"时间：{_stamp(entries[0].at, zone)} — {_stamp(entries[-1].at, zone)}（{zone.key}）")
     if members:
         ranked = [f"{p.label}{p.alias_note} {p.count} 条" for p in members[:top_members]]
-        lines.append("最活跃：" + "；".join(ranked))
-    picks = salient(entries, salient_count)
-    if picks:
-        lines.append("值得一看：")
-        for i in picks:
-            entry = entries[i]
-            lines.append(f"- [{_stamp(entry.at, zone)}] {speakers.label(entry)}: {_clip(one_line(entry.text), 80)}")
+        noise = len(entries) - len(real)
+        lines.append("最活跃：" + "；".join(ranked) + (f"（不计 {noise} 条表情、哈哈、+1 之类）" if noise else ""))
+    texts = [names_for_mentions(e.text, names) for e in real]
+
+    def quote(i: int, limit: int = 120) -> str:
+        entry = real[i]
+        return f"[{_stamp(entry.at, zone)}] {speakers.label(entry)}: {clip_keeping_links(one_line(texts[i]), limit)}"
+
+    facts = _facts(real, texts)
+    fact_score = [0.0] * len(real)
+    for fact in facts:
+        fact_score[fact.index] = fact.score
+    chosen = _pick([f.index for f in facts], fact_score, texts, fact_count, [])
+    by_index = {f.index: f for f in facts}
+    decisions = [i for i in chosen if by_index[i].signals.decision]
+    todos = [i for i in chosen if not by_index[i].signals.decision]
+    if decisions:
+        lines.append("结论/决定：")
+        lines += [f"- {quote(i)}" for i in decisions]
+    if todos:
+        lines.append("待办：")
+        for i in todos:
+            signals, entry = by_index[i].signals, real[i]
+            # Who: the people @-ed ("@李四 你负责"), else the speaker ("我来").
+            who = "、".join(f"@{m}" for m in signals.mentions) or speakers.of(entry).name
+            lines.append(f"- {quote(i)} → 谁：{who}" + (f"；何时：{signals.when}" if signals.when else ""))
+    marks = scores(real)
+    topics = _pick([i for i in range(len(real)) if marks[i] > 0 and i not in by_index], marks, texts,
+                   salient_count, chosen)
+    if topics:
+        lines.append("话题：")
+        lines += [f"- {quote(i, 80)}" for i in topics]
+    shared: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        for link in classify(text).links:
+            shared.setdefault(link, i)
+    if shared:
+        lines.append("链接：")
+        shown = list(shared.items())[-link_count:]  # the newest when there are too many
+        lines += [f"- {link} （{speakers.label(real[i])}，{_stamp(real[i].at, zone)}）" for link, i in shown]
+        if len(shared) > len(shown):
+            lines.append(f"（另有 {len(shared) - len(shown)} 个更早的链接未列出）")
     return "\n".join(lines)

@@ -1,20 +1,18 @@
 """Settings of the ``summary`` plugin: the ``[summary]`` table of ``qunbot.toml``.
 
-``retention_max_messages`` and ``retention_days`` set the bot's chat-history retention (the
-history store is shared, so the values apply to every chat, each chat counted separately)::
+How long chat history is kept is the core's ``[history]`` table (``retention_days``,
+``max_messages``), not this one::
 
     [summary]
     max_request_tokens = 3000      # no single model call's prompt is larger
-    max_chunks = 16                # at most this many map calls; beyond it, chunks are sampled evenly
-    retention_max_messages = 5000  # per chat
-    retention_days = 30
+    max_chunks = 400               # at most this many map calls; beyond it the newest chunks are covered (and said so)
 
 Environment overrides: ``QUNBOT_SUMMARY__MAX_CHUNKS=8`` and so on.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["PROMPT_ALLOWANCE", "SummarySettings"]
 
@@ -29,17 +27,30 @@ class SummarySettings(BaseModel):
 
     max_request_tokens: int = Field(3000, ge=800, le=1_000_000,
                                     description="largest prompt of any one model call, instructions included")
-    max_chunks: int = Field(16, ge=1, le=256, description="most map calls per summary; more chunks are sampled")
+    max_chunks: int = Field(400, ge=1, le=4096,
+                            description="most map calls per summary; beyond it the newest chunks are summarised and the reply says which period is left out")
     chunk_output_tokens: int = Field(300, ge=50, description="longest partial summary of one chunk")
     summary_output_tokens: int = Field(800, ge=100, description="longest final summary")
     max_message_tokens: int = Field(400, ge=20, description="a longer single message is cut with …")
     concurrency: int = Field(4, ge=1, le=32, description="map calls in flight at once")
     default_hours: float = Field(24, gt=0, le=168, description="window when there is no earlier summary")
     max_fetch: int = Field(20_000, ge=100, description="most messages read from history for one summary")
-    salient_count: int = Field(5, ge=0, le=20, description="messages quoted by the extractive summary")
+    salient_count: int = Field(5, ge=0, le=20, description="other salient messages (话题) quoted by the extractive summary")
+    fact_count: int = Field(12, ge=0, le=50, description="decisions and action items listed by the extractive summary")
+    link_count: int = Field(8, ge=0, le=50, description="links listed (whole) by the extractive summary")
     top_members: int = Field(5, ge=1, le=20, description="most active members listed by the extractive summary")
-    retention_max_messages: int = Field(5000, ge=10, description="chat history kept per chat, in messages (sets the bot's retention)")
-    retention_days: float = Field(30, gt=0, description="chat history kept, in days (sets the bot's retention)")
+    user_cooldown_s: float = Field(60, ge=0, description="seconds between one member's AI summaries in a chat (0: none)")
+    prompt: str = Field("", max_length=500, description="the owner's extra instructions for every AI summary (style, persona)")
+    prompts: dict[str, str] = Field(default_factory=dict,
+                                    description='per chat, "<platform>:<chat id>" = instructions; overrides prompt there')
+
+    @field_validator("prompts")
+    @classmethod
+    def _short_prompts(cls, value: dict[str, str]) -> dict[str, str]:
+        long = [k for k, v in value.items() if len(v) > 500]
+        if long:
+            raise ValueError(f"prompts longer than 500 characters: {', '.join(long)}")
+        return value
 
     @model_validator(mode="after")
     def _reduce_can_progress(self) -> SummarySettings:

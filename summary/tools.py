@@ -1,69 +1,117 @@
-"""The ``summary`` and ``forget`` tools, their arguments and their dependencies.
+"""The ``summary`` tool, its arguments and its dependencies.
 
 ``summary`` reads this chat's history only (the chat comes from the caller, never from
 arguments): since the chat's last summary by default (the last ``default_hours`` when there
 was none), or the last ``hours`` hours, or the last ``messages`` messages; the message that
-asked is never part of it (see :mod:`summary.window`). With a model it map-reduces (see
-:mod:`summary.mapreduce`); without one, or when the daily token budget is spent, it gives the
-extractive summary. The summary is the answer (no further model turn), and the chat's summary
+asked is never part of it (see :mod:`summary.window`). Noise (stickers, 哈哈, +1, see
+:mod:`summary.signals`) is dropped first. With a model every other message is map-reduced (see
+:mod:`summary.mapreduce`) within what is left of the daily token budget; if that cannot cover
+the whole window, the newest part is summarised and the reply names the period left out.
+Without a model, or when the budget cannot pay for any of it, it gives the extractive summary. The summary is the answer (no further model turn), and the chat's summary
 mark moves to the newest message covered. If the model fails midway the extractive summary is
 shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
 worker thread, so a summary of thousands of messages does not stall the bot.
 
-``forget`` (``/forget me``) deletes the caller's own stored messages in this chat, and the
-bot's earlier summaries there (they may quote the caller); nothing else.
+On ``/forget me`` (core: :mod:`robot.privacy`) the bot's earlier summaries in the chats
+concerned go too: they may quote the person.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo
 
 import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
-from function_calls import Caller, ChatModel, ToolContext, ToolResult, Toolset, Usage, tool_function
-from robot import ChatRef, DailyBudget, Database, HistoryEntry, HistoryStore
+from function_calls import (
+    Caller,
+    ChatModel,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    Toolset,
+    Usage,
+    estimate_tokens,
+    tool_function,
+)
+from robot import (
+    BudgetExceeded,
+    ChatRef,
+    DailyBudget,
+    Database,
+    ForgetRequest,
+    Forgetter,
+    HistoryEntry,
+    HistoryStore,
+)
 from summary.extractive import HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, map_reduce
-from summary.settings import SummarySettings
-from summary.window import advance_mark, create_marks_table, fetch, read_mark
+from summary.mapreduce import MapReduceResult, SummaryFailed, SummaryUnaffordable, map_reduce
+from summary.settings import PROMPT_ALLOWANCE, SummarySettings
+from summary.signals import is_noise
+from summary.window import (
+    advance_mark,
+    create_marks_table,
+    fetch,
+    opted_out,
+    parse_period,
+    read_mark,
+    set_optout,
+)
 
 if TYPE_CHECKING:
     from robot import Bot
 
+log = logging.getLogger(__name__)
+
 __all__ = [
-    "ForgetArgs",
     "SummaryArgs",
     "SummaryDeps",
     "Window",
     "conversation",
-    "forget",
+    "estimate_cost",
     "setup",
     "summary",
     "toolset",
 ]
 
 class SummaryArgs(BaseModel):
-    """Which messages to summarise; neither field means "since the last summary"."""
+    """Which messages to summarise; no window field means "since the last summary"."""
 
+    period: str | None = Field(
+        default=None, max_length=40,
+        description='a named window: "昨天", "今天", a date "2026-11-20", a time range "09:00-12:00" (today) or '
+                    '"昨天 09:00-12:00"; or "optout" / "optin": stop / resume summarising the asker\'s own messages '
+                    'in this chat; or "#<group id>" in a private chat: that group (bot admins only)')
     hours: float | None = Field(default=None, gt=0, le=168, description="summarise the last N hours (max 168)")
     messages: int | None = Field(default=None, ge=1, le=5000, description="summarise the last N messages (max 5000)")
+    group: str | None = Field(default=None, max_length=64, pattern=r"^[^\s#＃]+$",
+                              description="in a private chat: the id of a group to summarise here (bot admins only)")
+    member: str | None = Field(default=None, max_length=40,
+                               description='only this member\'s messages, by the name shown in the chat ("小明" or "@小明")')
 
     @model_validator(mode="after")
     def _one_window(self) -> SummaryArgs:
+        period = (self.period or "").strip()
+        if period.startswith(("@", "＠")) and self.member is None:  # "/summary @小明"
+            self.period, self.member, period = None, period, ""
+        elif period.startswith(("#", "＃")) and len(period) > 1:  # "/summary #123456" (in private)
+            self.group, self.period, period = period[1:].strip(), None, ""
+        elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
+            if not 0 < float(period) <= 168:
+                raise ValueError("hours must be more than 0 and at most 168")
+            self.period, self.hours, period = None, float(period), ""
         if self.hours is not None and self.messages is not None:
             raise ValueError("give either hours or messages, not both (or neither: since the last summary)")
+        if period and (self.hours is not None or self.messages is not None):
+            raise ValueError("give a period, hours or messages, not several")
         return self
-
-
-class ForgetArgs(BaseModel):
-    """What to forget; only the caller's own messages can be."""
-
-    target: Literal["me"] = Field(description='"me": delete your own stored messages in this chat')
 
 
 @dataclass
@@ -77,14 +125,17 @@ class SummaryDeps:
     budget: DailyBudget | None
     commands: frozenset[str]
     """This bot's command names: ``/summary`` lines are requests, not conversation."""
+    last_run: dict[str, datetime] = field(default_factory=dict)
+    """When each member last had a model summary in each chat (the cool-down)."""
 
 
 async def setup(bot: Bot) -> SummaryDeps:
-    """Read ``[summary]``, apply its history retention to the bot's store, build the deps."""
+    """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    bot.history.max_messages = settings.retention_max_messages
-    bot.history.max_age = timedelta(days=settings.retention_days)
+    db = bot.db
+    bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
+                                    lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
     commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
@@ -97,10 +148,20 @@ class Window:
     title: str
     total: int
     newest_id: int | None
+    remote: bool = False
+    """Summarised from another chat (a private one): the chat's own mark stays."""
 
 
-async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime) -> Window:
-    chat, limit, skip = ChatRef.of(caller), deps.settings.max_fetch, caller.message_id
+async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime, zone: ZoneInfo,
+                  chat: ChatRef) -> Window:
+    limit, skip = deps.settings.max_fetch, caller.message_id
+    if args.period:
+        try:
+            span = parse_period(args.period, now, zone)
+        except ValueError as exc:
+            raise ToolError(f"bad period: {exc}", user_message=str(exc)) from None
+        got = await fetch(deps.db, chat, limit=limit, start=span.start, end=span.end, skip_message_id=skip)
+        return Window(got.entries, span.title, got.total, got.newest_id)
     if args.messages is not None:
         got = await fetch(deps.db, chat, limit=args.messages, skip_message_id=skip)
         return Window(got.entries, f"最近 {args.messages} 条", len(got.entries), got.newest_id)
@@ -143,81 +204,203 @@ def _data(usage: Usage, messages: int, mode: str, **extra: object) -> dict[str, 
             "completion_tokens": usage.completion_tokens, "messages": messages, "mode": mode, **extra}
 
 
-def _prepare(entries: Sequence[HistoryEntry], commands: frozenset[str]) -> tuple[list[HistoryEntry], int]:
+def _prepare(entries: Sequence[HistoryEntry],
+             commands: frozenset[str]) -> tuple[list[HistoryEntry], list[HistoryEntry], int]:
+    """The conversation, the part of it worth a model's time (no noise), and how many people spoke."""
     kept = conversation(entries, commands)
-    return kept, len(Speakers(kept).members())
+    meaningful = [e for e in kept if not is_noise(e.text)]
+    return kept, meaningful, len(Speakers(meaningful).members())
 
 
-@tool_function(timeout_s=600, examples=["总结一下今天的群聊", "/summary hours=3", "/summary messages=200"])
+_OPT = {"optout": True, "退出": True, "optin": False, "加入": False}
+
+
+async def _opt(deps: SummaryDeps, caller: Caller, out: bool) -> ToolResult:
+    changed = await set_optout(deps.db, ChatRef.of(caller), caller.user_id, out)
+    where = "本群" if caller.chat_kind == "group" else "本聊天"
+    if out:
+        text = (f"好的，之后{where}的总结不会引用你的消息，也不会把它们发给 AI。用 /summary optin 恢复。" if changed
+                else f"你已经退出{where}的总结了。")
+    else:
+        text = f"好的，{where}的总结会重新包括你的消息。" if changed else f"你本来就在{where}的总结里。"
+    return ToolResult.reply(text, data={"optout": out, "changed": changed})
+
+
+def _one_member(entries: list[HistoryEntry], wanted: str) -> tuple[list[HistoryEntry], str]:
+    """Only ``wanted``'s messages (by latest name, an earlier name, or id), and how to call them."""
+    name = wanted.strip().lstrip("@＠").strip()
+    speakers = Speakers(entries)
+    found = [p for p in speakers.members() if name in (p.name, p.user_id, *p.aliases)]
+    if not found:
+        raise ToolError(f"no member called {name!r} spoke in this window",
+                        user_message=f"这段时间没有找到「{name}」的发言。")
+    if len(found) > 1:
+        labels = "、".join(p.label for p in found)
+        raise ToolError(f"several members are called {name!r}: {labels}",
+                        user_message=f"有几位都叫「{name}」：{labels}。请写括号里的 id。")
+    person = found[0]
+    return [e for e in entries if not e.from_bot and e.user_id == person.user_id], person.name
+
+
+def _elsewhere(caller: Caller, group: str) -> ChatRef:
+    """The group a private ``/summary #<id>`` names; only bot admins may, since membership cannot be checked."""
+    if caller.chat_kind != "private":
+        raise ToolError("#<group> is for private chats", user_message="在群里直接用 /summary 即可；#群号 只在私聊里用。")
+    if not caller.bot_admin:
+        raise ToolError("only bot admins may summarise a group from a private chat",
+                        user_message="只有机器人管理员可以在私聊里总结某个群（机器人无法确认你是否在那个群里）。")
+    return ChatRef(platform=caller.platform, chat_id=group, kind="group")
+
+
+def _cooling(deps: SummaryDeps, caller: Caller, now: datetime) -> float:
+    """Seconds the caller must still wait before another model summary in this chat (0: none)."""
+    last = deps.last_run.get(f"{ChatRef.of(caller).key}|{caller.user_id}")
+    if last is None or not deps.settings.user_cooldown_s:
+        return 0.0
+    return max(0.0, deps.settings.user_cooldown_s - (now - last).total_seconds())
+
+
+@tool_function(timeout_s=600, examples=["总结一下今天的群聊", "/summary 昨天", "/summary 09:00-12:00", "总结 @小明",
+                                        "/summary hours=3", "/summary optout"])
 async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResult:
-    """总结本聊天的消息 (summarise this chat): 默认总结上次总结以来的消息，也可指定最近 hours 小时或最近 messages 条。"""
+    """总结本聊天的消息 (summarise this chat): 默认总结上次总结以来的消息；也可指定时间段（昨天、2026-11-20、09:00-12:00）、
+    最近 hours 小时、最近 messages 条，或只总结某位成员（member）。period="optout"/"optin" 退出/恢复被总结。"""
     deps, caller = ctx.deps, ctx.caller
     chat = ChatRef.of(caller)
-    window = await _window(deps, caller, args, ctx.now())
-    entries, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
+    if args.period and args.period.strip().lower() in _OPT:
+        return await _opt(deps, caller, _OPT[args.period.strip().lower()])
+    here = chat
+    if args.group is not None:
+        chat = _elsewhere(caller, args.group)
+    window = await _window(deps, caller, args, ctx.now(), ctx.zone, chat)
+    if chat != here:
+        window.remote, window.title = True, f"群 {chat.chat_id} · {window.title}"
+    hidden = await opted_out(deps.db, chat)
+    if args.member:
+        window.entries, who = _one_member(window.entries, args.member)
+        if window.entries and window.entries[0].user_id in hidden:
+            raise ToolError("that member opted out of summaries", user_message="这位成员选择了不被总结。")
+        window.title += f" · {who} 的发言"
+    if hidden:  # members who opted out are neither quoted nor sent to the model
+        window.entries = [e for e in window.entries if e.from_bot or e.user_id not in hidden]
+    entries, meaningful, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
     if not entries:
         return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
     note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
-    mode = "extractive"
-    if deps.model is not None and deps.budget is not None:
-        left = await deps.budget.remaining(caller)
+
+    def extract(extra_note: str) -> str:
+        return extractive_summary(entries, zone=ctx.zone, title=window.title, note=note + extra_note,
+                                  top_members=settings.top_members, salient_count=settings.salient_count,
+                                  fact_count=settings.fact_count, link_count=settings.link_count)
+
+    mode, left = "extractive", None
+    if deps.model is not None and not meaningful:
+        mode = "noise"  # only stickers and +1s: nothing for a model to read
+    elif deps.model is not None and deps.budget is not None:
+        try:
+            left = await deps.budget.remaining(caller)
+        except Exception:  # a budget that cannot be checked refuses the model
+            log.exception("summary: the budget cannot be read")
+            left = 0
         if left is not None and left <= 0:
-            note, mode = note + "（今天的 AI 用量已达上限，以下为自动摘录）", "budget"
-    if deps.model is None or mode == "budget":
-        text = await asyncio.to_thread(extractive_summary, entries, zone=ctx.zone, title=window.title, note=note,
-                                       top_members=settings.top_members, salient_count=settings.salient_count)
+            mode = "budget"
+    if deps.model is None or mode != "extractive":
+        budget_note = "（今天的 AI 用量已达上限，以下为自动摘录）" if mode == "budget" else ""
+        text = await asyncio.to_thread(extract, budget_note)
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
-    where = "群聊" if caller.chat_kind == "group" else "私聊"
+    wait = _cooling(deps, caller, ctx.now())
+    if wait:
+        text = f"你刚总结过，请 {max(1, round(wait))} 秒后再试（每人每次 AI 总结间隔 {settings.user_cooldown_s:g} 秒）。"
+        raise ToolError(f"summary cool-down: {wait:.0f} s left", user_message=text)
+    cooled = f"{here.key}|{caller.user_id}"
+    deps.last_run[cooled] = ctx.now()
+    where = "群聊" if chat.kind == "group" else "私聊"
+    prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
-        done = await map_reduce(entries, deps.model, settings, zone=ctx.zone, where=where)
+        done = await _map_reduce_reserved(deps, deps.model, caller, meaningful, ctx.zone, where, prompt)
+    except SummaryUnaffordable:
+        done = None
     except SummaryFailed as exc:
         text = await asyncio.to_thread(
-            extractive_summary, entries, zone=ctx.zone, title=window.title,
-            note=note + "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）",
-            top_members=settings.top_members, salient_count=settings.salient_count)
+            extract, "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）")
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
+    if done is None:  # the budget cannot pay for even the newest part
+        deps.last_run.pop(cooled, None)  # nothing was spent
+        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
+        await _set_mark(deps, chat, window)
+        return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
     header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
-    if done.sampled:
-        note += (f"（消息太多：按时间均匀抽取了 {done.chunks_used}/{done.chunks} 段、"
-                 f"{done.messages_used} 条来总结）")
+    if done.partial and done.covered is not None and done.left_out is not None:
+        why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
+        note += (f"（{why}只够总结 {done.covered.describe(ctx.zone)} 的 {done.messages_used} 条；"
+                 f"{done.left_out.describe(ctx.zone)} 的消息没有总结）")
     text = "\n".join(part for part in (header, note, done.text) if part)
     await _set_mark(deps, chat, window)
     return ToolResult.reply(text, usage=done.usage, data=_data(
         done.usage, len(entries), "llm", chunks=done.chunks, chunks_used=done.chunks_used,
-        messages_used=done.messages_used, largest_request_tokens=done.largest_request,
+        messages_used=done.messages_used, noise=len(entries) - len(meaningful),
+        largest_request_tokens=done.largest_request,
     ))
 
 
+def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) -> int:
+    """About the most a map-reduce over ``entries`` spends: full requests, every answer at its cap."""
+    cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
+    room = cap - PROMPT_ALLOWANCE
+    text = sum(min(estimate_tokens(e.text), settings.max_message_tokens) + 16 for e in entries)
+    chunks = min(settings.max_chunks, max(1, math.ceil(text / room)))
+    if chunks == 1:
+        return min(cap, text + PROMPT_ALLOWANCE) + final_cap
+    cost, pieces = chunks * (cap + out_cap), chunks
+    while True:  # reduce rounds: each merge request holds pieces of at most out_cap tokens
+        groups = min(math.ceil(pieces * out_cap / room), (pieces + 1) // 2)
+        if groups <= 1:
+            return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
+        cost, pieces = cost + groups * (cap + out_cap), groups
+
+
+async def _map_reduce_reserved(deps: SummaryDeps, model: ChatModel, caller: Caller, entries: Sequence[HistoryEntry],
+                               zone: ZoneInfo, where: str, instructions: str | None) -> MapReduceResult | None:
+    """The map-reduce with its cost held against the budgets first; None when not even a part fits.
+
+    The hold is the estimate of the whole window, or what is left today if that is less (then
+    only the newest part that fits is summarised, and the reply says which period is left out).
+    """
+    if deps.budget is None:
+        return await map_reduce(entries, model, deps.settings, zone=zone, where=where, instructions=instructions)
+    estimate = estimate_cost(entries, deps.settings)
+    try:
+        async with deps.budget.reserve(caller, estimate, at_least=1) as hold:
+            try:
+                done = await map_reduce(entries, model, deps.settings, zone=zone, where=where,
+                                        token_budget=hold.held if hold.held < estimate else None,
+                                        instructions=instructions)
+            except SummaryFailed as exc:
+                hold.spend(exc.usage)
+                raise
+            hold.spend(done.usage)
+            return done
+    except BudgetExceeded as exc:
+        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
+        return None
+
+
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
+    if window.remote:
+        return  # an admin's look from a private chat is not the group's own summary
     if window.newest_id is not None:
         await advance_mark(deps.db, chat, window.newest_id)
 
 
-def _forget_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str) -> tuple[int, int]:
-    own = db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
-                     [chat.key, user_id]).rowcount
-    # Summaries quote members' messages; which ones quote this user cannot be told reliably
-    # (names change, quotes are cut), so every earlier summary in the chat goes.
-    summaries = db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                           [chat.key, len(HEADER), HEADER]).rowcount
-    return own, summaries
+def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
+    # Summaries quote members' messages; which ones quote this person cannot be told reliably
+    # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
+    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
+                          [chat.key, len(HEADER), HEADER]).rowcount for chat in request.chats)
 
 
-@tool_function(examples=["/forget me"])
-async def forget(ctx: ToolContext[SummaryDeps], args: ForgetArgs) -> ToolResult:
-    """删除你自己在本聊天中被记录的消息 (forget me)：删除提问者本人在当前聊天的记录，以及本聊天中机器人之前发的总结。"""
-    caller = ctx.caller
-    chat = ChatRef.of(caller)
-    removed, summaries = await ctx.deps.db.transaction(lambda db: _forget_sync(db, chat, caller.user_id))
-    where = "本群" if caller.chat_kind == "group" else "本聊天"
-    text = f"已删除你在{where}被记录的 {removed} 条消息"
-    if summaries:
-        text += f"，并删除了{where}之前的 {summaries} 条聊天总结（其中可能引用了你的消息）"
-    return ToolResult.reply(text + "。", data={"deleted": removed, "summaries_deleted": summaries})
-
-
-toolset = Toolset("summary", [summary, forget])
+toolset = Toolset("summary", [summary])

@@ -8,25 +8,123 @@ it carries the same second as the mark.
 
 The message that asked for the summary (``Caller.message_id``) is never part of the window,
 but the mark moves past it, so the request is not summarised next time either.
+
+:func:`parse_period` reads the windows people name: ``昨天``, ``2026-11-20``, ``09:00-12:00``,
+``昨天 09:00-12:00``. ``summary_optout`` holds the members who asked not to be summarised in a chat.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
 
 import sqlite_utils
 
 from robot import ChatRef, Database, HistoryEntry, iso, parse_iso
+from summary.signals import weekday
 
-__all__ = ["MARKS_TABLE", "Fetched", "advance_mark", "create_marks_table", "fetch", "read_mark"]
+__all__ = [
+    "MARKS_TABLE",
+    "OPTOUT_TABLE",
+    "Fetched",
+    "Span",
+    "advance_mark",
+    "create_marks_table",
+    "fetch",
+    "opted_out",
+    "parse_period",
+    "read_mark",
+    "set_optout",
+]
 
 MARKS_TABLE = "summary_marks"
+OPTOUT_TABLE = "summary_optout"
 
 
 def create_marks_table(db: sqlite_utils.Database) -> None:
-    """Schema step (idempotent) for the row-id marks; run it with ``bot.db.ensure``."""
+    """Schema step (idempotent) for the row-id marks and the opt-outs; run it with ``bot.db.ensure``."""
     db.execute(f"CREATE TABLE IF NOT EXISTS {MARKS_TABLE} (chat TEXT PRIMARY KEY, last_id INTEGER NOT NULL)")
+    db.execute(f"CREATE TABLE IF NOT EXISTS {OPTOUT_TABLE} (chat TEXT NOT NULL, user_id TEXT NOT NULL, "
+               "PRIMARY KEY (chat, user_id))")
+
+
+async def set_optout(db: Database, chat: ChatRef, user_id: str, out: bool) -> bool:
+    """Opt ``user_id`` out of (or back into) summaries in ``chat``; whether anything changed."""
+    def work(db: sqlite_utils.Database) -> bool:
+        if out:
+            sql = f"INSERT OR IGNORE INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?)"
+        else:
+            sql = f"DELETE FROM {OPTOUT_TABLE} WHERE chat = ? AND user_id = ?"
+        return bool(db.execute(sql, [chat.key, user_id]).rowcount)
+
+    return await db.run(work)
+
+
+async def opted_out(db: Database, chat: ChatRef) -> frozenset[str]:
+    """The members of ``chat`` whose messages summaries leave out."""
+    rows = await db.run(lambda db: db.execute(f"SELECT user_id FROM {OPTOUT_TABLE} WHERE chat = ?",
+                                              [chat.key]).fetchall())
+    return frozenset(str(r[0]) for r in rows)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A named stretch of time: ``start <= ts < end``."""
+
+    start: datetime
+    end: datetime
+    title: str
+
+
+_DAYS = {"今天": 0, "昨天": 1, "前天": 2}
+_DATE = re.compile(r"^(?:(\d{4})[-/.年])?(\d{1,2})[-/.月](\d{1,2})[日号]?$")
+_RANGE = re.compile(r"^(\d{1,2})[:：](\d{2})\s*(?:-|~|～|—|到|至)\s*(\d{1,2})[:：](\d{2})$")
+
+
+def parse_period(text: str, now: datetime, zone: ZoneInfo) -> Span:
+    """``昨天``, ``2026-11-20``/``11-20``/``11月20日``, ``09:00-12:00`` (today), or a day and a range.
+
+    Raises ``ValueError`` with a message fit to show the user.
+    """
+    words = text.split()
+    if not words or len(words) > 2:
+        raise ValueError(f"看不懂时间段「{text}」：可以写 昨天、2026-11-20、09:00-12:00 或 昨天 09:00-12:00")
+    today = now.astimezone(zone).date()
+    day, named, rest = today, "今天", words
+    if words[0] in _DAYS or _DATE.match(words[0]):
+        day, named = _day(words[0], today)
+        rest = words[1:]
+    if not rest:
+        start = datetime.combine(day, time(), zone)
+        return Span(start, start + timedelta(days=1), f"{named}（{day:%m-%d} {weekday(day.weekday())}）")
+    match = _RANGE.match(rest[0])
+    if match is None:
+        raise ValueError(f"看不懂时间段「{text}」：时间范围请写成 09:00-12:00")
+    h1, m1, h2, m2 = (int(g) for g in match.groups())
+    if not (h1 < 24 and h2 <= 24 and m1 < 60 and m2 < 60) or (h2 == 24 and m2):
+        raise ValueError(f"时间「{rest[0]}」不对：小时 0-24，分钟 0-59")
+    start = datetime.combine(day, time(h1, m1), zone)
+    end = datetime.combine(day, time(), zone) + timedelta(hours=h2, minutes=m2)
+    if end <= start:
+        raise ValueError(f"时间范围「{rest[0]}」的结束早于开始")
+    return Span(start, end, f"{named} {h1:02d}:{m1:02d}-{h2:02d}:{m2:02d}")
+
+
+def _day(word: str, today: date) -> tuple[date, str]:
+    if word in _DAYS:
+        return today - timedelta(days=_DAYS[word]), word
+    match = _DATE.match(word)
+    assert match is not None
+    year = int(match.group(1)) if match.group(1) else today.year
+    try:
+        day = date(year, int(match.group(2)), int(match.group(3)))
+    except ValueError:
+        raise ValueError(f"没有这一天：{word}") from None
+    if not match.group(1) and day > today:
+        day = day.replace(year=year - 1)  # "12-31" asked in January means last year's
+    return day, f"{day:%Y-%m-%d}"
 
 
 async def read_mark(db: Database, chat: ChatRef) -> int | None:
@@ -65,8 +163,8 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
 
 
 async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None = None,
-                start: datetime | None = None, skip_message_id: str = "") -> Fetched:
-    """The newest ``limit`` messages of the chat with ``id > after_id`` and/or ``ts >= start``.
+                start: datetime | None = None, end: datetime | None = None, skip_message_id: str = "") -> Fetched:
+    """The newest ``limit`` messages of the chat with ``id > after_id`` and/or ``start <= ts < end``.
 
     Neither bound means the whole chat (the "last N messages" window). ``skip_message_id`` (the
     request being answered) is left out of the entries and the count, not out of ``newest_id``.
@@ -79,6 +177,9 @@ async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None
     if start is not None:
         where.append("ts >= ?")
         params.append(iso(start))
+    if end is not None:
+        where.append("ts < ?")
+        params.append(iso(end))
     window = " AND ".join(where)
     kept, kept_params = window, list(params)
     if skip_message_id:

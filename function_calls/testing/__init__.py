@@ -8,8 +8,10 @@ from function_calls.testing.server import (
     Disconnect,
     FakeOpenAIServer,
     Fault,
+    Raw,
     RecordedRequest,
     Reply,
+    chunk,
 )
 
 __all__ = [
@@ -19,9 +21,11 @@ __all__ = [
     "FakeOpenAIServer",
     "Fault",
     "LoopbackServer",
+    "Raw",
     "RecordedRequest",
     "Reply",
     "ScriptedModel",
     "call",
+    "chunk",
     "text",
 ]

@@ -12,8 +12,9 @@ streaming and error mapping::
 Each ``POST /v1/chat/completions`` consumes one step: first from the FIFO ``script``, then from
 ``responder`` (a callable given the request body); with neither, it answers the text ``"ok"``.
 Steps: ``Reply`` (text and/or tool calls, streamed when the request asks), ``Fault`` (an
-OpenAI-style HTTP error), ``Delay`` (sleep, then another step) and ``Disconnect`` (drop the
-connection without answering). ``GET /v1/models`` lists ``FakeOpenAIServer.MODELS``.
+OpenAI-style HTTP error), ``Delay`` (sleep, then another step), ``Disconnect`` (drop the
+connection without answering) and ``Raw`` (hand-written SSE events or JSON body, status and
+headers: what real providers send when they bend the protocol; ``chunk()`` builds one event). ``GET /v1/models`` lists ``FakeOpenAIServer.MODELS``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -38,11 +39,13 @@ __all__ = [
     "Disconnect",
     "FakeOpenAIServer",
     "Fault",
+    "Raw",
     "RecordedRequest",
     "Reply",
     "Responder",
     "Step",
     "Usage",
+    "chunk",
 ]
 
 _log = logging.getLogger(__name__)
@@ -117,6 +120,31 @@ class Disconnect:
 
 
 @dataclass(frozen=True)
+class Raw:
+    """A response written by hand, sent whatever the request asked for.
+
+    ``events``: each a dict (JSON-encoded) or a str (sent verbatim) after ``data: ``; then
+    ``data: [DONE]`` when ``done``. ``body`` (a dict or a str) replaces the event stream with a plain
+    body. ``status`` and ``headers`` are sent as given (an error event inside a 200 stream, an odd
+    ``Retry-After`` or ``x-should-retry``).
+    """
+
+    events: Sequence[dict[str, Any] | str] = ()
+    body: dict[str, Any] | str | None = None
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    done: bool = True
+
+
+def chunk(delta: dict[str, Any] | None = None, finish_reason: str | None = None, *,
+          usage: dict[str, int] | None = None, choices: bool = True) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` event for :class:`Raw`; ``choices=False`` sends ``[]`` (a usage chunk)."""
+    choice = {"index": 0, "delta": delta or {}, "finish_reason": finish_reason, "logprobs": None}
+    return {"id": "chatcmpl-raw", "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
+            "choices": [choice] if choices else [], "usage": usage}
+
+
+@dataclass(frozen=True)
 class Delay:
     """Sleep ``seconds`` before answering with ``then`` (a client that gives up first is fine)."""
 
@@ -124,7 +152,7 @@ class Delay:
     then: Step = field(default_factory=lambda: Reply("ok"))
 
 
-Step: TypeAlias = Reply | Fault | Delay | Disconnect
+Step: TypeAlias = Reply | Fault | Delay | Disconnect | Raw
 Responder: TypeAlias = Callable[[dict[str, Any]], Step | Awaitable[Step]]
 
 
@@ -237,8 +265,10 @@ class FakeOpenAIServer(LoopbackServer):
         if isinstance(step, Disconnect):
             _hang_up(request)
             return web.Response()
+        if isinstance(step, Raw):
+            return await self._raw(request, step)
         if not isinstance(step, Reply):
-            return _error(Fault(500, f"fake server step must be Reply/Fault/Delay/Disconnect, got {step!r}"))
+            return _error(Fault(500, f"fake server step must be Reply/Fault/Delay/Disconnect/Raw, got {step!r}"))
         self._counter += 1
         reply = _Built(step, body, self._counter)
         if body.get("stream"):
@@ -263,6 +293,27 @@ class FakeOpenAIServer(LoopbackServer):
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:  # the client stopped reading: its choice, not a server error
+            _log.debug("FakeOpenAIServer: client left mid-stream")
+        return resp
+
+
+    async def _raw(self, request: web.Request, step: Raw) -> web.StreamResponse:
+        headers = dict(step.headers)
+        if step.body is not None:
+            text = step.body if isinstance(step.body, str) else json.dumps(step.body, ensure_ascii=False)
+            headers.setdefault("Content-Type", "application/json")
+            return web.Response(status=step.status, body=text.encode("utf-8", "surrogatepass"), headers=headers)
+        headers.setdefault("Content-Type", "text/event-stream")
+        resp = web.StreamResponse(status=step.status, headers=headers)
+        await resp.prepare(request)
+        try:
+            for event in step.events:
+                data = event if isinstance(event, str) else json.dumps(event, ensure_ascii=False)
+                await resp.write(b"data: " + data.encode("utf-8", "surrogatepass") + b"\n\n")
+            if step.done:
+                await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
             _log.debug("FakeOpenAIServer: client left mid-stream")
         return resp
 

@@ -62,7 +62,7 @@ def test_every_option_is_kept() -> None:
     assert original.name == "set_it"
     assert original.description == "Overridden."
     assert original.examples == ("do it", "again")
-    assert (original.scope, original.require_at, original.admin_only, original.confirm) == ("group", True, True, True)
+    assert (original.scope, original.require_at, original.admin_only, original.confirm) == ("group", True, True, "admin")
     assert (original.retries, original.timeout_s, original.sequential) == (5, 2.5, True)
     assert original.aliases == ("s", "si")
     assert original.definition()["function"]["name"] == "set_it"
@@ -228,8 +228,19 @@ def test_scope_require_at_and_admin_only_decide_who_may_use_a_tool() -> None:
     assert grp.allowed_for(Caller(chat_kind="group", addressed=True))
     assert not grp.allowed_for(Caller(chat_kind="group", addressed=False))
     assert not grp.allowed_for(Caller(chat_kind="private"))
-    assert admin.allowed_for(Caller(is_admin=True))
+    assert admin.allowed_for(Caller(is_admin=True, bot_admin=True))
     assert not admin.allowed_for(Caller(is_admin=False))
+    owner = Caller(chat_kind="group", is_admin=True)  # a group's owner: not the bot's admin
+    assert not admin.allowed_for(owner)
+
+    @tool_function(group_admin=True)
+    async def moderate(a: Args) -> str:
+        """Group owners/admins here, or bot admins."""
+        return ""
+
+    assert moderate.allowed_for(owner) and moderate.allowed_for(Caller(bot_admin=True))
+    assert not moderate.allowed_for(Caller(chat_kind="group"))
+    assert not moderate.allowed_for(Caller(chat_kind="private", is_admin=True))
 
 
 def _tool(name: str, aliases: tuple[str, ...] = ()) -> Tool:

@@ -103,7 +103,7 @@ async def test_all_is_not_mistaken_for_an_id_prefix_in_a_private_chat(start: Sta
 async def test_an_empty_list_answers_the_person_in_chinese_without_another_model_turn(start: Start) -> None:
     model = ScriptedModel([call("reminder_list")])
     chat = await start(model=model)
-    assert await chat.say("我有哪些提醒？") == "你目前没有任何提醒。"
+    assert await chat.say("我有哪些提醒？") == "你在本群没有任何提醒。"
     assert model.requests[0].messages[-1]["content"] == "我有哪些提醒？" and len(model.requests) == 1
 
 

@@ -66,3 +66,25 @@ async def test_group_member_sets_a_reminder_and_it_arrives_at_the_due_second(tmp
             assert "提醒我明天早上8点交周报" in request.body["messages"][-1]["content"]
         finally:
             await bot.stop()
+
+
+async def test_an_anonymous_member_is_refused_a_reminder_and_never_at_ed(tmp_path: Path) -> None:
+    peers = json.loads((ROOT / "tests" / "vectors" / "onebot_peers.json").read_text("utf-8"))
+    anonymous = peers["anonymous_group_message"]
+    async with FakeOpenAIServer() as server, OneBotTestPeer(self_id=10001) as peer:
+        server.script(Reply(tool_calls=[Call("reminder_set", {"type": "daily", "time": "08:00", "content": "交周报"})]))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="test-key")
+        channel = OneBotChannel(OneBotSettings(enabled=True, port=0), bot_name="qunbot")
+        bot = Bot(Settings(bot={"data_dir": tmp_path}), model=model, channels=[channel], plugins=[reminders.plugin])
+        await bot.start()
+        try:
+            await peer.connect(channel.url)
+            await channel.wait_connected()
+            await peer.send_event(anonymous, time=int(time.time()))
+            answer = await peer.wait_for_action(is_group_send, timeout=10)
+            assert "匿名消息不能设置提醒" in texts(answer)
+            assert ats(answer) == []  # neither 80000000 nor the anonymous flag
+            deps = bot.deps_for(reminders.reminder_set)
+            assert await deps.store.for_chat("onebot:group:123456") == []  # type: ignore[attr-defined]
+        finally:
+            await bot.stop()

@@ -289,3 +289,13 @@ async def test_the_real_scheduler_fires_a_reminder_due_in_a_second(tmp_path: Pat
         assert arrived >= due
     finally:
         await bot.stop()
+
+
+async def test_a_reminder_leaves_through_the_account_that_owns_its_chat(rig_factory: Factory) -> None:
+    # Two bot accounts share a platform: the reminder set through account "bot-b" must fire from it.
+    rig = await rig_factory(at(SH, "2030-01-07 08:00"))
+    r = await rig.add("once", "2030-01-07 09:00", caller=ALICE.model_copy(update={"account": "bot-b"}))
+    assert (await rig.row(r)).account == "bot-b" and r.chat_ref.account == "bot-b"
+    await rig.fire(at(SH, "2030-01-07 09:00"))
+    (sent,) = rig.ch.sent
+    assert sent.chat.account == "bot-b" and sent.chat.key == "memory:group:g1"

@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from function_calls import (
+    Caller,
     ModelRequest,
     ModelResponse,
     RunResult,
@@ -25,6 +26,10 @@ from function_calls import (
 )
 from function_calls.testing import ScriptedModel, call, text
 from reminders.prompts import run_failure
+from reminders.schedule import parse_schedule
+from reminders.service import ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import ReminderStore
 from robot.plugin import Plugin
 
 SH, BERLIN = "Asia/Shanghai", "Europe/Berlin"
@@ -155,3 +160,35 @@ async def test_due_prompts_run_the_model_at_most_n_at_a_time(rig_factory: Factor
     report = await asyncio.wait_for(firing, 10)
     assert report.delivered == 10 and peak == 3
     assert len(await rig.texts()) == 10
+
+
+
+@tool_function(confirm="admin")
+async def open_door(ctx: ToolContext[object]) -> str:
+    """Open the office door (an admin approves)."""
+    return "门开了"
+
+
+async def test_a_prompt_that_reaches_a_confirm_tool_asks_in_its_chat_and_answers_once_approved(
+        launch: Any) -> None:
+    def door_then_answer(request: ModelRequest) -> ModelResponse:
+        last = request.messages[-1]
+        return call("open_door") if last["role"] == "user" else text(f"早上好，{last['content']}")
+
+    bot, ch, clock = await launch(at(SH, "2030-01-07 07:00"), model=ScriptedModel(door_then_answer),
+                                  plugins=[Plugin("door", Toolset("door", [open_door]))],
+                                  cfg={"prompt_tools": ["open_door"]}, timezone=SH, admins=["memory:boss"])
+    await bot.db.ensure(ReminderStore.schema)
+    service = ReminderService(ReminderStore(bot.db), bot, bot.settings.section("reminders", ReminderSettings))
+    alice = Caller(platform="memory", user_id="alice", user_name="Alice", chat_id="g1", chat_kind="group")
+    await service.create(alice, parse_schedule("daily", "08:00", SH, None), "开门", "prompt")
+    clock.now = at(SH, "2030-01-07 08:00")
+    await service.fire_due(clock.now)
+    await bot.outbox.flush()
+    [request, notice] = [m.text for m in ch.sent]
+    assert "需要管理员批准" in request and "open_door()" in request and "/approve" in notice  # no ⚠️ failure
+    code = request.split("/approve ", 1)[1][:5]
+    await ch.inject(f"/approve {code}", user="boss")
+    await bot.approvals.idle()
+    await bot.outbox.flush()
+    assert [m.text for m in ch.sent][2:] == ["已批准，正在执行。", "早上好，门开了"]

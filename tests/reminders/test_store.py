@@ -202,3 +202,26 @@ async def test_timer_jobs_are_armed_from_the_table_within_the_horizon(store: Rem
         assert scheduler.get_job(f"rem:{soon[0].id}") is None
     finally:
         scheduler.shutdown(wait=False)
+
+
+async def test_a_database_from_before_accounts_gains_the_column(tmp_path: Path) -> None:
+    db = Database(tmp_path / "old.sqlite3")
+    await db.open()
+    old = ("CREATE TABLE reminders (id TEXT PRIMARY KEY, owner TEXT NOT NULL, owner_name TEXT NOT NULL, "
+           "chat TEXT NOT NULL, type TEXT NOT NULL, wall TEXT NOT NULL, zone TEXT NOT NULL, weekday INTEGER, "
+           "content TEXT NOT NULL, mode TEXT NOT NULL DEFAULT 'text', created_at TEXT NOT NULL, "
+           "updated_at TEXT NOT NULL, next_fire TEXT, last_fired TEXT, status TEXT NOT NULL, "
+           "failure_reported INTEGER NOT NULL DEFAULT 0)")
+    await db.run(lambda d: d.execute(old))
+    await db.run(lambda d: d.execute(
+        "INSERT INTO reminders VALUES ('a1b2c3d4', 'memory:u1', 'u1', 'memory:group:g1', 'daily', '09:00:00', "
+        "'Asia/Shanghai', NULL, '喝水', 'text', '2030-01-07T01:00:00.000000Z', '2030-01-07T01:00:00.000000Z', "
+        "'2030-01-07T02:00:00.000000Z', NULL, 'active', 0)"))
+    await db.ensure(ReminderStore.schema)
+    await db.ensure(ReminderStore.schema)  # idempotent
+    store = ReminderStore(db)
+    (old_row,) = await store.for_chat(GROUP)
+    assert old_row.account == "" and old_row.content == "喝水"
+    await store.create(make(rid="f" * 32).evolve(account="10002"), ReminderSettings(), NOW)
+    assert (await store.get("f" * 32)).account == "10002"  # type: ignore[union-attr]
+    await db.close()

@@ -94,18 +94,34 @@ async def test_a_chat_can_have_its_own_time_zone(start: Start) -> None:
     assert "(Asia/Shanghai)" in await chat.say("/remind daily 08:00 x", chat="g2")
 
 
-async def test_list_shows_my_reminders_in_every_chat_and_nobody_elses(start: Start) -> None:
+async def test_list_in_a_group_shows_only_this_chats_reminders_in_private_all_marked(start: Start) -> None:
     chat = await start()
     await chat.say("/remind daily 08:00 喝水")
     await chat.say("/remind once 2030-01-08T09:00 体检", chat="u1", kind="private")
+    await chat.say("/remind daily 06:00 游泳", chat="g2")
     await chat.say("/remind daily 07:00 跑步", user="u2")
-    listing = await chat.say("/reminders", chat="g2")
-    lines = listing.splitlines()
-    assert lines[0] == "你的提醒（共 2 个）："
-    assert re.fullmatch(r"#[0-9a-f]{4} \[群 g1\] 每天 08:00 \(Asia/Shanghai\)，下次: 2030-01-08 08:00 周二 — 喝水", lines[1])
-    assert re.fullmatch(r"#[0-9a-f]{4} \[私聊\] 2030-01-08 09:00 .* — 体检", lines[2])
-    assert "[本群]" in await chat.say("/reminders")
-    assert await chat.say("/reminders", user="u3") == "你目前没有任何提醒。"
+    in_group = await chat.say("/reminders")
+    assert "喝水" in in_group and "[本群]" in in_group
+    assert "体检" not in in_group and "游泳" not in in_group and "跑步" not in in_group  # nothing from elsewhere
+    lines = (await chat.say("/reminders", chat="u1", kind="private")).splitlines()
+    assert lines[0] == "你的提醒（共 3 个）："
+    assert any(re.fullmatch(r"#[0-9a-f]{4} \[群 g1\] 每天 08:00 \(Asia/Shanghai\)，下次: 2030-01-08 08:00 周二 — 喝水", x)
+               for x in lines)
+    assert any(re.fullmatch(r"#[0-9a-f]{4} \[本聊天\] 2030-01-08 09:00 .* — 体检", x) for x in lines)
+    assert any("[群 g2]" in x and "游泳" in x for x in lines)
+    assert await chat.say("/reminders", user="u3") == "你在本群没有任何提醒。"
+    assert await chat.say("/reminders", chat="g3") == "你在本群没有任何提醒。"
+
+
+async def test_unknown_id_in_a_group_lists_only_this_chats_reminders(start: Start) -> None:
+    chat = await start()
+    secret = short_id(await chat.say("/remind once 2030-01-08T09:00 看心理医生", chat="u1", kind="private"))
+    await chat.say("/remind daily 08:00 喝水")
+    unknown = await chat.say("/unremind 1234")
+    assert "喝水" in unknown and "心理医生" not in unknown
+    refused = await chat.say(f"/unremind {secret}", chat="g2")  # another chat's id: neither deleted nor shown
+    assert "心理医生" not in refused and refused.startswith(f"没有找到编号为 {secret} 的提醒")
+    assert len(await chat.deps.store.for_owner("memory:u1")) == 2
 
 
 async def test_delete_by_short_id_full_id_and_the_reminder_never_fires(start: Start) -> None:
@@ -134,7 +150,7 @@ async def test_ambiguous_and_unknown_ids_list_the_callers_candidates(
     assert "#abcd1 [本群] 每天 08:00" in ambiguous and "#abcd2 [本群] 每天 09:00" in ambiguous
     unknown = await chat.say("/unremind 1234")
     assert unknown.startswith("没有找到编号为 1234 的提醒。你的提醒：") and "#abcd1" in unknown and "#abcd2" in unknown
-    assert await chat.say("/unremind 1234", user="u2") == "你目前没有任何提醒。"
+    assert await chat.say("/unremind 1234", user="u2") == "没有找到编号为 1234 的提醒；你在本群没有任何提醒。"
     assert len(await chat.deps.store.for_owner("memory:u1")) == 2
 
 
@@ -142,9 +158,9 @@ async def test_only_the_owner_or_a_bot_admin_can_delete_by_id(start: Start) -> N
     chat = await start(admins=("memory:boss",))
     mine = short_id(await chat.say("/remind daily 08:00 甲"))
     other_group = short_id(await chat.say("/remind daily 08:00 乙", chat="g2"))
-    assert (await chat.say(f"/unremind {mine}", user="u2")).startswith("你目前没有任何提醒")
+    assert (await chat.say(f"/unremind {mine}", user="u2")).startswith("没有找到编号")
     for role in ("admin", "owner"):  # a group's owner/admins cannot delete a member's reminder by id
-        assert (await chat.say(f"/unremind {mine}", user="mod", role=role)).startswith("你目前没有任何提醒")
+        assert (await chat.say(f"/unremind {mine}", user="mod", role=role)).startswith("没有找到编号")
     assert len(await chat.deps.store.for_owner("memory:u1")) == 2
     assert (await chat.say(f"/unremind {mine}", user="boss")).startswith("已删除提醒")
     assert (await chat.say(f"/unremind {other_group}", user="boss", chat="u9", kind="private")).startswith("已删除")

@@ -52,6 +52,12 @@ async def purge(ctx: ToolContext[object]) -> ToolResult:
     return ToolResult.reply(f"purged by {ctx.caller.user_id}")
 
 
+@tool_function(group_admin=True)
+async def mute(ctx: ToolContext[object]) -> ToolResult:
+    """Mute the chat (its group owner/admins, or a bot admin)."""
+    return ToolResult.reply(f"muted by {ctx.caller.user_id}")
+
+
 @tool_function(scope="group")
 async def kick(ctx: ToolContext[object], args: WhoArgs) -> ToolResult:
     """Kick someone (groups only)."""
@@ -70,7 +76,7 @@ async def poke(ctx: ToolContext[object]) -> ToolResult:
     return ToolResult.reply("poked")
 
 
-TEST_TOOLS = Toolset("testkit", [note, purge, kick, whisper, poke])
+TEST_TOOLS = Toolset("testkit", [note, purge, mute, kick, whisper, poke])
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -146,7 +147,19 @@ def test_init_writes_a_loadable_template_and_refuses_to_overwrite(
     assert main(["init", "--path", str(target)]) == 2
     assert "exists" in capsys.readouterr().err and target.read_text(encoding="utf-8").endswith("# my edits\n")
     assert main(["init", "--path", str(target), "--force"]) == 0
-    assert target.read_text(encoding="utf-8") == written
+
+    def without_token(text: str) -> str:
+        return re.sub(r'(?m)^access_token = ".*"', "", text)
+
+    assert without_token(target.read_text(encoding="utf-8")) == without_token(written)
+
+
+def test_init_writes_a_random_onebot_token(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    assert main(["init", "--path", str(first)]) == 0 and main(["init", "--path", str(second)]) == 0
+    tokens = [load_settings(p)[0].channels.onebot.token for p in (first, second)]
+    assert all(t is not None and len(t) >= 32 for t in tokens) and tokens[0] != tokens[1]
+    assert "# access_token = ..." not in first.read_text(encoding="utf-8").split("[channels.onebot]")[1].split("\n[")[0]
 
 
 def test_init_still_writes_the_core_template_when_a_plugin_is_broken(

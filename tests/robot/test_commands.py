@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from function_calls import Caller, ToolContext, ToolResult, Toolset, tool_function
-from function_calls.testing import ScriptedModel, text
+from function_calls.testing import ScriptedModel, call, text
 from robot.commands import CommandError, build_arguments, help_text, parse_command
 from robot.message import ChatRef
 from robot.plugin import Plugin
@@ -81,8 +81,10 @@ def test_help_is_generated_from_tool_metadata_for_this_caller(plugin: Plugin[Any
     assert "/whisper" not in group_help and "/purge" not in group_help
     private_help = help_text(plugin.tools, PRIVATE, {})
     assert "/whisper" in private_help and "/kick" not in private_help
-    admin_help = help_text(plugin.tools, GROUP.model_copy(update={"is_admin": True}), {"note": "no key"})
-    assert "/purge" in admin_help and "[未启用：no key]" in admin_help
+    owner_help = help_text(plugin.tools, GROUP.model_copy(update={"is_admin": True}), {"note": "no key"})
+    assert "/mute" in owner_help and "/purge" not in owner_help and "[未启用：no key]" in owner_help
+    admin_help = help_text(plugin.tools, GROUP.model_copy(update={"is_admin": True, "bot_admin": True}), {})
+    assert "/purge" in admin_help and "/mute" in admin_help
 
 
 async def test_help_command_works_without_an_llm(make_bot: Any) -> None:
@@ -104,8 +106,8 @@ async def test_a_group_member_is_offered_only_what_they_may_use(make_bot: Any) -
     await ch.inject("hi", at_bot=True)
     await ch.inject("hi", chat=DM)
     await ch.wait_sent(2)
-    assert offered(model, 0) == {"note", "kick", "poke"}
-    assert offered(model, 1) == {"note", "whisper", "poke"}
+    assert offered(model, 0) == {"note", "kick", "poke", "ask_user"}
+    assert offered(model, 1) == {"note", "whisper", "poke", "ask_user"}
 
 
 async def test_require_at_tools_are_not_offered_when_answering_unaddressed(make_bot: Any) -> None:
@@ -123,7 +125,7 @@ async def test_disallowed_tools_are_refused_as_commands(make_bot: Any) -> None:
     await ch.inject("/whisper")
     await ch.inject("/kick someone", chat=DM)
     purge, whisper, kick = (m.text for m in await ch.wait_sent(3))
-    assert "只有管理员" in purge and "只能在私聊" in whisper and "只能在群聊" in kick
+    assert "只有机器人管理员" in purge and "只能在私聊" in whisper and "只能在群聊" in kick
 
 
 async def test_configured_admins_are_platform_qualified(make_bot: Any) -> None:
@@ -133,19 +135,36 @@ async def test_configured_admins_are_platform_qualified(make_bot: Any) -> None:
     await ch.inject("/purge", user="u1")  # admin on another platform only
     await ch.inject("hi", user="u9", at_bot=True)
     admin, other, _ = await ch.wait_sent(3)
-    assert admin.text == "purged by u9" and "只有管理员" in other.text
+    assert admin.text == "purged by u9" and "只有机器人管理员" in other.text
     assert "purge" in offered(model)
 
 
-async def test_group_owners_and_admins_are_admins_there(make_bot: Any) -> None:
+async def test_group_owners_and_admins_pass_group_admin_tools_there_only(make_bot: Any) -> None:
     _bot, ch = await make_bot(None)
+    await ch.inject("/mute", user="o1", role="owner")
+    await ch.inject("/mute", user="a1", role="admin")
+    await ch.inject("/mute", user="m1")
+    await ch.inject("/mute", user="a1", role="admin", chat=ChatRef(platform="memory", chat_id="a1",
+                                                                 kind="private"))
+    owner, admin, member, private = (m.text for m in await ch.wait_sent(4))
+    assert owner == "muted by o1" and admin == "muted by a1"
+    assert "只有群主、群管理员或机器人管理员" in member
+    assert "只有群主" in private  # a group role means nothing in a private chat
+
+
+async def test_owning_a_group_does_not_make_anyone_a_bot_admin(make_bot: Any) -> None:
+    # Anyone can create a group and add the bot: its owner must not pass admin_only, on either path.
+    model = ScriptedModel([call("purge"), text("done")])
+    _bot, ch = await make_bot(model, bot={"admins": ["memory:boss"]})
     await ch.inject("/purge", user="o1", role="owner")
-    await ch.inject("/purge", user="a1", role="admin")
-    await ch.inject("/purge", user="a1", role="admin", chat=ChatRef(platform="memory", chat_id="a1",
-                                                                    kind="private"))
-    owner, admin, private = (m.text for m in await ch.wait_sent(3))
-    assert owner == "purged by o1" and admin == "purged by a1"
-    assert "只有管理员" in private  # a group role means nothing in a private chat
+    (refused,) = await ch.wait_sent(1)
+    assert "只有机器人管理员" in refused.text
+    await ch.inject("purge everything", user="o1", role="owner", at_bot=True)
+    await ch.wait_sent(2)
+    assert "purge" not in offered(model, 0) and "mute" in offered(model, 0)
+    assert not any("purged" in m.text for m in ch.sent)
+    await ch.inject("/purge", user="boss")
+    assert (await ch.wait_sent(3))[-1].text == "purged by boss"
 
 
 class QueryArgs(BaseModel):

@@ -21,6 +21,7 @@ from function_calls.testing import Call, FakeOpenAIServer, Reply
 from robot.bot import Bot
 from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
 from robot.config import Settings
+from robot.message import ChatRef
 from robot.plugin import Plugin
 
 VECTORS: dict[str, Any] = json.loads(
@@ -99,7 +100,7 @@ async def test_an_at_in_a_group_is_answered_by_a_tool_at_ing_the_sender(rig: Rig
     request = rig.server.requests[0].body
     assert request["messages"][-1] == {"role": "user", "content": "提醒我明天早上8点交周报"}
     assert "群聊" in request["messages"][0]["content"] and "id:20002" in request["messages"][0]["content"]
-    assert {t["function"]["name"] for t in request["tools"]} == {"remind", "forecast"}
+    assert {t["function"]["name"] for t in request["tools"]} == {"remind", "forecast", "ask_user"}
     (caller,) = CALLERS
     assert (caller.platform, caller.user_id, caller.chat_id, caller.chat_kind) == ("onebot", "20002", "123456", "group")
     assert len(rig.server.requests) == 1  # the tool's reply ended the run
@@ -157,3 +158,42 @@ async def test_the_outbox_holds_the_reply_while_the_peer_is_away(rig: Rig, until
 
     await until(sent)
     assert len([a for a in rig.peer.actions if is_group_send(a)]) == 1
+
+
+async def test_with_two_accounts_on_one_url_the_reply_leaves_through_the_account_that_was_asked(
+    rig: Rig, until: Until
+) -> None:
+    rig.server.script(Reply(tool_calls=[Call("remind", {"when": "明天 08:00", "content": "交周报"})]))
+    async with OneBotTestPeer(self_id=10002) as second:
+        await second.connect(rig.channel.url)  # the newer socket, another QQ account
+        await until(lambda: second.connected)
+        await rig.peer.send_event(AT_BOT, message_id=2401)
+        action = await rig.peer.wait_for_action(is_group_send, timeout=10)
+        assert texts(action).strip() == "已为你设置提醒"
+        assert second.actions == []
+        (caller,) = CALLERS
+        assert caller.account == "10001"
+        rows = await rig.bot.outbox.rows()
+        assert [r["account"] for r in rows] == ["10001"]
+
+
+async def test_an_image_only_at_reaches_the_model_as_placeholders_in_history_and_prompt(
+    rig: Rig, until: Until
+) -> None:
+    peers = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "onebot_peers.json").read_text("utf-8"))
+    rig.server.script(Reply("看到了一张图片。"))
+    # First a file shared in the group (not addressed: only recorded), then an @ with only an image.
+    shared = [peers["napcat_segments"]["file"]]
+    await rig.peer.send_event(VECTORS["events"]["group_message_plain"], message_id=2501, message=shared,
+                              user_id=20003)
+    group = ChatRef(platform="onebot", chat_id="123456", kind="group")
+
+    async def recorded() -> bool:
+        return any(e.text == "[文件: 周报.docx]" for e in await rig.bot.history.recent(group, 10))
+
+    await until(recorded)
+    await rig.peer.send_event(peers["napcat_group_image_only_at_bot"])
+    await rig.peer.wait_for_action(is_group_send, timeout=10)
+    messages = rig.server.requests[0].body["messages"]
+    assert messages[-1] == {"role": "user", "content": "[图片]"}
+    assert any("[文件: 周报.docx]" in str(m["content"]) for m in messages[:-1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,73 @@ def test_idle_rate_buckets_are_forgotten_so_memory_stays_bounded() -> None:
         clock[0] += 1.0  # each user's bucket refills within a second
     assert len(limiter._users) + len(limiter._chats) <= 110
     assert limiter.check("chat0", "user999") is RateDecision.ALLOW
+
+
+# --- reservations -------------------------------------------------------------------------------
+
+async def test_concurrent_spends_see_each_others_holds_and_settle_to_what_was_spent(tmp_path: Path) -> None:
+
+
+    from robot.limits import BudgetExceeded
+
+    db = Database(tmp_path / "b.sqlite3")
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=1000, chat_tokens=None)
+    await db.open()
+    who = caller("u1")
+    release = asyncio.Event()
+    admitted: list[int] = []
+
+    async def spend(n: int) -> None:
+        try:
+            async with budget.reserve(who, 400) as hold:
+                admitted.append(n)
+                await release.wait()
+                hold.spend(300)
+        except BudgetExceeded as exc:
+            assert exc.left < 400 and "用量已达上限" in exc.user_message
+
+    tasks = [asyncio.create_task(spend(n)) for n in range(5)]
+    await asyncio.sleep(0.05)
+    assert len(admitted) == 2  # 2 x 400 held; a third would not fit in 1000
+    release.set()
+    await asyncio.gather(*tasks)
+    assert await budget.used("user:memory:u1") == 600  # what was spent, recorded on exit
+    assert await budget.remaining(who) == 400
+    async with budget.reserve(who, 5000, at_least=100) as hold:  # "what is left, if at least 100"
+        assert hold.held == 400
+        assert await budget.remaining(who) == 400  # inside, its own hold still counts as left
+        async with budget.reserve(who, 0):  # an empty reservation never refuses
+            pass
+    await db.close()
+
+
+async def test_the_bot_wide_daily_cap_refuses_everyone_once_spent(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model, limits={"user_burst": 100, "chat_burst": 100, "bot_daily_tokens": 1000})
+    await bot.budget.charge(caller("u1"), Usage(prompt_tokens=1000))
+    await ch.inject("hello?", at_bot=True, user="u2", chat=G2)  # another user, another chat
+    (sent,) = await ch.wait_sent(1)
+    assert "机器人今天的 AI 用量已达上限" in sent.text and model.requests == []
+
+
+async def test_a_budget_store_that_cannot_be_read_refuses(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model)
+
+    async def broken(scopes: list[str]) -> dict[str, int]:
+        raise RuntimeError("disk on fire")
+
+    bot.budget._used_many = broken  # type: ignore[method-assign]
+    await ch.inject("hello?", at_bot=True)
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "暂时无法核对 AI 用量，请稍后再试。" and model.requests == []
+
+
+async def test_oversized_messages_get_one_notice_not_one_each(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None, limits={"user_burst": 2, "chat_burst": 100, "max_message_chars": 100})
+    for _ in range(25):
+        await ch.inject("长" * 200, at_bot=True)
+    await ch.wait_sent(3)
+    await asyncio.sleep(0.1)
+    texts = [m.text for m in ch.sent]
+    assert len(texts) == 3 and texts[2] == RATE_NOTICE and "太长" in texts[0]

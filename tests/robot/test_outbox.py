@@ -269,3 +269,38 @@ async def test_old_delivered_messages_are_pruned_but_pending_ones_never(tmp_path
     assert await outbox.prune(now) == 1
     assert sorted(str(r["key"]) for r in await outbox.rows()) == ["new-sent", "old-pending"]
     await db.close()
+
+
+async def test_a_row_keeps_the_account_it_leaves_through(rig: Rig) -> None:
+    ch = MemoryChannel()
+    outbox = await rig.up(ch)
+    owned = G1.model_copy(update={"account": "10002"})
+    await outbox.enqueue(out("acc", "from account b", chat=owned))
+    await ch.wait_sent(1)
+    assert ch.sent[0].chat == owned and ch.sent[0].chat.account == "10002"
+    assert (await status_of(outbox, "acc"))["account"] == "10002"
+
+
+async def test_an_outbox_from_before_accounts_gains_the_column_and_still_sends(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = Database(path)
+    await db.open()
+    await db.run(lambda d: d.execute(
+        "CREATE TABLE outbox (key TEXT PRIMARY KEY, platform TEXT NOT NULL, chat TEXT NOT NULL, "
+        "text TEXT NOT NULL, mention TEXT NOT NULL DEFAULT '[]', reply_to TEXT, status TEXT NOT NULL, "
+        "attempts INTEGER NOT NULL DEFAULT 0, parts_sent INTEGER NOT NULL DEFAULT 0, next_at TEXT NOT NULL, "
+        "created_at TEXT NOT NULL, sent_at TEXT, error TEXT, receipt TEXT)"))
+    await db.run(lambda d: d.execute(
+        "INSERT INTO outbox (key, platform, chat, text, status, next_at, created_at) VALUES "
+        "('old', 'memory', 'memory:group:g1', 'queued before the upgrade', 'pending', "
+        "'2020-01-01T00:00:00.000000Z', '2020-01-01T00:00:00.000000Z')"))
+    await db.close()
+    r = Rig(path)
+    ch = MemoryChannel()
+    outbox = await r.up(ch)
+    try:
+        await ch.wait_sent(1)
+        assert ch.sent[0].chat == G1 and ch.sent[0].text == "queued before the upgrade"
+        assert (await status_of(outbox, "old"))["account"] == ""
+    finally:
+        await r.down()

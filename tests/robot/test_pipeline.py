@@ -137,7 +137,7 @@ async def test_per_group_gate_overrides(make_bot: Any) -> None:
     await ch.inject("@ in a never group", chat=g3, at_bot=True)
     await ch.inject("/help", chat=g3)
     assert await bot.outbox.rows() == []
-    assert [e.text for e in await bot.history.recent(g3)] == ["@ in a never group", "/help"]  # still recorded
+    assert await bot.history.recent(g3) == []  # told to ignore it: nothing of it is kept either
     await ch.inject("plain talk", chat=G2)
     (sent,) = await ch.wait_sent(1)
     assert sent.text == "re: plain talk" and sent.chat == G2
@@ -151,6 +151,16 @@ async def test_allowlist_limits_groups_not_private_chats(make_bot: Any) -> None:
     await ch.wait_sent(2)
     await _bot.outbox.flush()
     assert sorted(m.text for m in ch.sent) == ["re: inside", "re: private"]
+    assert await _bot.history.recent(G2) == []  # outside the allowlist: not recorded
+    assert "inside" in [e.text for e in await _bot.history.recent(G1)]
+
+
+async def test_a_huge_message_is_stored_cut_with_a_mark(make_bot: Any) -> None:
+    bot, ch = await make_bot(None, history={"max_message_chars": 1000})
+    await ch.inject("长" * 5000 + "尾巴")
+    [entry] = await bot.history.recent(G1)
+    assert entry.text.startswith("长" * 1000) and "尾巴" not in entry.text
+    assert entry.text.endswith("〔已截断：原文 5002 字，只保存了前 1000 字〕")
 
 
 # --- replies -----------------------------------------------------------------------------------

@@ -182,16 +182,16 @@ async def test_agent_answer_with_only_url_annotations_keeps_its_sources(server: 
     assert server.last_request.body["tools"] == [{"type": "web_search"}]
 
 
-async def test_preset_model_goes_to_agent_as_preset_and_to_chat_as_sonar(
+async def test_effort_goes_to_agent_as_effort_never_preset_and_to_chat_as_the_model(
     server: FakePerplexityServer,
 ) -> None:
-    async with make_client(server, model="fast-search") as client:
+    async with make_client(server, effort="low", model="sonar-pro") as client:
         await client.search("q")
         server.disable_endpoint("agent")
         await client.search("q")
     agent, chat = server.requests_to("agent"), server.requests_to("chat")
-    assert agent[0].body == {"input": "q", "preset": "fast-search"}
-    assert chat[0].body["model"] == "sonar"
+    assert agent[0].body == {"input": "q", "effort": "low"}
+    assert chat[0].body["model"] == "sonar-pro"
 
 
 async def test_wrong_key_is_auth_error_that_never_shows_the_key(server: FakePerplexityServer) -> None:

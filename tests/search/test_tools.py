@@ -69,7 +69,8 @@ async def test_without_key_the_tool_is_not_offered_and_the_command_explains(tmp_
         sent = await channel.wait_sent(2)
     finally:
         await bot.stop()
-    assert model.requests[0].tools == []  # nothing to offer: the model cannot call a dead tool
+    # nothing of search to offer: the model cannot call a dead tool
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["ask_user"]
     assert "PERPLEXITY_API_KEY" in sent[1].text and "api_key" in sent[1].text
 
 
@@ -133,6 +134,18 @@ async def test_per_user_and_per_chat_hourly_limits(tmp_path: Path, perplexity: F
     assert len(perplexity.requests_to("chat")) == 3
 
 
+async def test_a_bot_wide_hourly_cap_holds_across_users_and_chats(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    g2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+    sent = await exchange(tmp_path, chat_cfg(perplexity, bot_rate_per_hour=2),
+                          ("/search q1", {"user": "alice"}), ("/search q2", {"user": "bob", "chat": g2}),
+                          ("/search q3", {"user": "carol", "chat": ChatRef(platform="memory", chat_id="g3",
+                                                                         kind="group")}))
+    assert "[1]" in sent[0].text and "[1]" in sent[1].text
+    assert "本机器人的搜索次数已达上限（每小时 2 次）" in sent[2].text
+    assert len(perplexity.requests_to("chat")) == 2
+
+
 async def test_a_chat_limit_refusal_does_not_use_up_the_users_own_searches(
         tmp_path: Path, perplexity: FakePerplexityServer) -> None:
     g2 = ChatRef(platform="memory", chat_id="g2", kind="group")
@@ -180,7 +193,8 @@ async def test_a_rate_of_zero_switches_search_off_with_a_clear_message(
     finally:
         await bot.stop()
     assert f"[search] {setting} = 0" in sent[0].text and "关闭" in sent[0].text
-    assert model.requests[0].tools == []  # the model is not offered a tool that cannot work
+    # the model is not offered a tool that cannot work
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["ask_user"]
     assert refused.value.user_message is not None and f"{setting} = 0" in refused.value.user_message
     assert perplexity.requests == []
 

@@ -26,7 +26,7 @@ GROUP, OTHER_GROUP = 123456, 654321
 G = ChatRef(platform="onebot", chat_id=str(GROUP), kind="group")
 OTHER = ChatRef(platform="onebot", chat_id=str(OTHER_GROUP), kind="group")
 SUMMARY_TEXT = "大家约了周六下午三点后打球，小红(20004) 负责订体育馆二号场。"
-LINE = re.compile(r"^\[\d\d-\d\d \d\d:\d\d\] (.+?)\((\d+)\): (.*)$")
+LINE = re.compile(r"^\[\d\d:\d\d\] (.+?)\((\d+)\): (.*)$")
 
 
 def group_event(group: int, user: int, name: str, text: str, message_id: int, at: int,
@@ -135,7 +135,7 @@ async def test_forget_me_over_onebot_deletes_only_the_callers_messages(world: Wo
     await recorded(bot, OTHER, 1)
     await peer.send_event(group_event(GROUP, 20002, "小明", "/forget me", 6003, start + 3))
     action = await peer.wait_for_action(lambda f: f["action"] == "send_group_msg", timeout=10)
-    assert sent_text(action) == "已删除你在本群被记录的 2 条消息。"
+    assert sent_text(action) == "已删除你在本群的记录：2 条消息。"
     left = [(h.user_id, h.text) for h in await bot.history.recent(G, 50) if not h.from_bot]
     assert left == [("20003", "收到")]
     assert [h.text for h in await bot.history.recent(OTHER, 50)] == ["另一个群"]

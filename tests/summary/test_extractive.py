@@ -33,7 +33,8 @@ def msg(user: str, name: str, text: str, minute: float, *, bot: bool = False) ->
 
 
 def test_one_id_with_several_names_uses_the_latest_and_lists_aliases_once() -> None:
-    entries = [msg("1", "小张", "早", 0), msg("1", "张三", "在吗", 1), msg("1", "zz", "好", 2), msg("1", "zz", "嗯", 3)]
+    entries = [msg("1", "小张", "早上好", 0), msg("1", "张三", "在吗", 1), msg("1", "zz", "好的", 2),
+               msg("1", "zz", "嗯嗯", 3)]
     speakers = Speakers(entries)
     person = speakers.of(entries[0])
     assert person.label == "zz(1)"
@@ -112,7 +113,7 @@ def test_extractive_summary_reports_count_period_members_and_salient_messages() 
     text = extractive_summary(entries, zone=ZONE, title="最近 24 小时", top_members=2, salient_count=2)
     lines = text.splitlines()
     assert lines[0] == f"{HEADER}最近 24 小时 · 共 5 条消息 · 3 人发言"
-    assert "时间：03-01 10:00 — 03-01 10:09（Asia/Shanghai）" in text
+    assert "时间：03-01 周六 10:00 — 03-01 周六 10:09（Asia/Shanghai）" in text
     assert "最活跃：Bob(2) 3 条；" in text and "Carol" not in text.split("最活跃：")[1].split("\n")[0]
     assert "Alice(1): 大家周五晚上7点聚餐可以吗？" in text
     assert "Carol(3): 可以，地点定在 https://maps.example/abc" in text

@@ -1,4 +1,4 @@
-"""The summary and forget tools inside a real bot (MemoryChannel, scripted model)."""
+"""The summary tool (and its part of /forget me) inside a real bot (MemoryChannel, scripted model)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ async def running(tmp_path: Path, model: Any = None, clock: Clock | None = None,
                   **sections: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
     ch = MemoryChannel()
     sections["limits"] = {"user_burst": 50, "chat_burst": 50, **sections.get("limits", {})}
+    sections["summary"] = {"user_cooldown_s": 0, **sections.get("summary", {})}  # tests/summary/test_features.py has it
     settings = Settings(bot={"data_dir": tmp_path}, **sections)
     bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=clock or Clock())
     await bot.start()
@@ -95,8 +96,7 @@ def test_arguments_window_rules_are_readable_errors() -> None:
         with pytest.raises(ArgumentError):
             tool.parse_arguments(bad)
     assert tool.parse_arguments({}) == SummaryArgs()
-    assert tool.name == "summary" and tool.aliases == () and summary.forget.aliases == ()
-    assert summary.forget.scope == "both"
+    assert tool.name == "summary" and tool.aliases == ()
 
 
 async def test_default_window_is_since_the_last_summary_and_the_mark_moves(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ async def test_forget_me_deletes_only_the_callers_messages_in_this_chat(tmp_path
         sent = await ch.wait_sent(2)
         left_here = [(h.user_id, h.text) for h in await bot.history.recent(G1, 50)]
         left_there = [(h.user_id, h.text) for h in await bot.history.recent(G2, 50)]
-    assert sent[-1].text == "已删除你在本群被记录的 3 条消息。"  # two messages and the /forget line itself
+    assert sent[-1].text == "已删除你在本群的记录：3 条消息。"  # two messages and the /forget line itself
     assert ("2", "别人的") in left_here and ("bot", "机器人的话") in left_here
     assert not any(user == "1" for user, _ in left_here)
     assert left_there == [("1", "我在别的群")]
@@ -318,8 +318,7 @@ async def test_forget_me_also_removes_earlier_summaries_that_may_quote_the_calle
         sent = await ch.wait_sent(4)
         here = [h.text for h in await bot.history.recent(G1, 50)]
         there = [h.text for h in await bot.history.recent(G2, 50)]
-    assert sent[-1].text == ("已删除你在本群被记录的 2 条消息，并删除了本群之前的 1 条聊天总结"
-                             "（其中可能引用了你的消息）。")
+    assert sent[-1].text == "已删除你在本群的记录：2 条消息、1 条可能引用你的聊天总结。"
     assert not any("138xxxx" in t for t in here) and "机器人的话" in here
     assert any(t.startswith("【群聊总结】") and "那边的话" in t for t in there)  # another chat: untouched
 
@@ -333,21 +332,6 @@ async def test_forget_needs_the_explicit_target_me(tmp_path: Path) -> None:
         kept = await bot.history.recent(G1, 50)
     assert all("参数有误" in m.text for m in sent)
     assert any(h.text == "留着" for h in kept)
-
-
-async def test_retention_settings_configure_the_history_store(tmp_path: Path) -> None:
-    cfg = {"retention_max_messages": 10, "retention_days": 2}
-    async with running(tmp_path, summary=cfg) as (bot, ch):
-        assert bot.history.max_messages == 10 and bot.history.max_age == timedelta(days=2)
-        await ch.inject("三天前", user="1", chat=G2, at=NOW - timedelta(days=3))
-        for i in range(15):
-            await ch.inject(f"消息{i}", user="1", chat=G1, at=ago(30 - i))
-        await ch.inject("还在", user="1", chat=G2, at=ago(1))
-        await bot.history.apply_retention(NOW)
-        here = [h.text for h in await bot.history.recent(G1, 100)]
-        there = [h.text for h in await bot.history.recent(G2, 100)]
-    assert here == [f"消息{i}" for i in range(5, 15)]  # per chat: the newest 10
-    assert there == ["还在"]
 
 
 def test_bad_summary_settings_are_a_config_error(tmp_path: Path) -> None:

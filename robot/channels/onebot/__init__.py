@@ -2,11 +2,15 @@
 
 from robot.channels.onebot.channel import OneBotChannel
 from robot.channels.onebot.connection import (
+    ActionTimeout,
     ClientRole,
     Connection,
     OneBotActionFailed,
     PendingActions,
+    Sockets,
     auth_rejection,
+    check_response,
+    peer_rejection,
     role_for,
 )
 from robot.channels.onebot.cq import (
@@ -18,6 +22,7 @@ from robot.channels.onebot.cq import (
     parse_cq,
     parse_message,
     parse_segments,
+    placeholder,
     plain_text,
     reply_id,
     to_array,
@@ -29,6 +34,7 @@ from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.onebot.testing import OneBotTestPeer
 
 __all__ = [
+    "ActionTimeout",
     "CQCodeError",
     "ClientRole",
     "Connection",
@@ -38,14 +44,18 @@ __all__ = [
     "OneBotTestPeer",
     "PendingActions",
     "Segment",
+    "Sockets",
     "at_targets",
     "auth_rejection",
+    "check_response",
     "compose_message",
     "escape",
     "message_from_event",
     "parse_cq",
     "parse_message",
     "parse_segments",
+    "peer_rejection",
+    "placeholder",
     "plain_text",
     "reply_id",
     "role_for",

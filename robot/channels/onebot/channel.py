@@ -6,6 +6,10 @@ Forward mode: the channel connects to the implementation's server at ``url`` and
 exponential backoff. Either way actions go out as ``{"action", "params", "echo"}`` frames and
 their answers are matched by ``echo``.
 
+Several accounts may connect to one reverse URL: each socket speaks for its ``X-Self-ID`` (or
+the ``self_id`` of its first events), messages carry it in ``ChatRef.account``, and a send goes
+out through the socket of the account that owns the chat, never another account's.
+
 Errors (the tree of :mod:`robot.channels.base`)::
 
     ChannelError
@@ -20,6 +24,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,18 +33,24 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
-from robot.channels.base import Capabilities, Channel, ChannelUnavailable, SendReceipt, SendRejected
+from robot.channels.base import Capabilities, Channel, SendReceipt, SendRejected
 from robot.channels.onebot.connection import (
+    ActionTimeout,
     ClientRole,
     Connection,
+    LateAnswer,
     PendingActions,
+    Sockets,
     auth_rejection,
+    check_response,
+    peer_rejection,
     role_for,
 )
 from robot.channels.onebot.cq import compose_message, to_array
 from robot.channels.onebot.events import message_from_event
 from robot.channels.onebot.settings import OneBotSettings
 from robot.message import OutgoingMessage
+from robot.redact import redact_url
 
 __all__ = ["OneBotChannel"]
 
@@ -47,6 +59,7 @@ log = logging.getLogger(__name__)
 _MAX_FRAME = 64 * 1024 * 1024  # forwarded chat records can be large
 _PING_S = 30.0
 _Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+_LATE_KEEP = 1024  # outbox keys whose send timed out, remembered for their retry
 
 
 def _wire_id(chat_id: str) -> int | str:
@@ -71,7 +84,7 @@ class OneBotChannel(Channel):
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
         self.online: bool | None = None
         """The account's online state from lifecycle/heartbeat events (``None``: not reported)."""
-        self._conns: list[Connection] = []
+        self._conns = Sockets()
         self._actions = PendingActions()
         self._connected = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -79,6 +92,8 @@ class OneBotChannel(Channel):
         self._session: aiohttp.ClientSession | None = None
         self._forward_task: asyncio.Task[None] | None = None
         self._running = False
+        # Outbox keys whose send got no answer in time -> that answer, should it still come.
+        self._unanswered: OrderedDict[str, asyncio.Future[dict[str, Any]]] = OrderedDict()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -102,6 +117,12 @@ class OneBotChannel(Channel):
             self._runner = runner
             self._port = runner.addresses[0][1]
             log.info("onebot: listening on %s", self.url)
+            if self.settings.token is None:
+                log.warning(
+                    "onebot: NO access_token is set: only OneBot implementations on this machine (loopback) "
+                    "may connect. Set [onebot] access_token (and the same token in NapCat/Lagrange) to be safe "
+                    "and to accept other hosts."
+                )
         else:
             self._session = aiohttp.ClientSession()
             self._forward_task = asyncio.create_task(self._forward_loop(), name="onebot-forward")
@@ -116,7 +137,7 @@ class OneBotChannel(Channel):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._forward_task
             self._forward_task = None
-        for conn in list(self._conns):
+        for conn in self._conns.all():
             with contextlib.suppress(Exception):
                 await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"bot stopping")
         if self._runner is not None:
@@ -129,7 +150,7 @@ class OneBotChannel(Channel):
         self._connected.clear()
 
     def location(self) -> str | None:
-        return self.url
+        return redact_url(self.url)
 
     @property
     def url(self) -> str:
@@ -142,7 +163,7 @@ class OneBotChannel(Channel):
     @property
     def connected(self) -> bool:
         """Whether a socket that can carry actions (Universal or API) is open."""
-        return self._api_conn() is not None
+        return self._conns.carries_actions()
 
     async def wait_connected(self) -> None:
         """Wait until :attr:`connected` (wrap in ``asyncio.timeout`` to bound the wait)."""
@@ -151,11 +172,17 @@ class OneBotChannel(Channel):
     # -- actions -------------------------------------------------------------------------------
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:
-        """``send_group_msg`` / ``send_private_msg`` with array-form segments."""
+        """``send_group_msg`` / ``send_private_msg`` with array-form segments, through the chat's account.
+
+        A retry of a key whose attempt timed out first waits (``action_timeout_s`` more) for that
+        attempt's late answer: if it comes the message was delivered after all and is not sent
+        again; otherwise it is resent, and the log says so.
+        """
         chat = message.chat
         if chat.platform != self.platform:
             raise SendRejected(f"chat {chat.key!r} is not a onebot chat")
-        mentions = message.mention if chat.kind == "group" else ()
+        # An anonymous member's id is no account: an @ of it would reach nobody (or a stranger).
+        mentions = tuple(m for m in message.mention if not m.startswith("anonymous:")) if chat.kind == "group" else ()
         segments = compose_message(message.text, mentions=mentions, reply_to=message.reply_to)
         if not segments:
             raise SendRejected("refusing to send an empty message")
@@ -163,33 +190,59 @@ class OneBotChannel(Channel):
             action, params = "send_group_msg", {"group_id": _wire_id(chat.chat_id)}
         else:
             action, params = "send_private_msg", {"user_id": _wire_id(chat.chat_id)}
-        response = await self.call_action(action, {**params, "message": to_array(segments)})
+        key, timeout = message.key, self.settings.action_timeout_s
+        late = self._unanswered.pop(key, None)
+        if late is not None:
+            with contextlib.suppress(TimeoutError):
+                response = check_response(action, await asyncio.wait_for(late, timeout))
+                log.info("onebot: %s was delivered after its timeout; not sending it again", key)
+                return self._receipt(response)
+            log.warning("onebot: resending %s: the first attempt got no answer within %gs "
+                        "(the chat may see it twice)", key, 2 * timeout)
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        def on_late(frame: dict[str, Any]) -> None:
+            if not answer.done():
+                answer.set_result(frame)
+
+        try:
+            response = await self.call_action(
+                action, {**params, "message": to_array(segments)}, account=chat.account, on_late=on_late
+            )
+        except ActionTimeout:
+            self._unanswered[key] = answer
+            while len(self._unanswered) > _LATE_KEEP:
+                self._unanswered.popitem(last=False)
+            raise
+        return self._receipt(response)
+
+    @staticmethod
+    def _receipt(response: Mapping[str, Any]) -> SendReceipt:
         data = response.get("data")
         message_id = data.get("message_id") if isinstance(data, Mapping) else None
         return SendReceipt(platform_message_id=None if message_id is None else str(message_id))
 
-    async def call_action(self, action: str, params: Mapping[str, object] | None = None) -> dict[str, Any]:
+    async def call_action(self, action: str, params: Mapping[str, object] | None = None, *, account: str = "",
+                          on_late: LateAnswer | None = None) -> dict[str, Any]:
         """Call any OneBot action (e.g. ``get_login_info``) and return the whole response.
 
-        The payload is in ``response["data"]``. Raises :class:`ChannelUnavailable` when not
-        connected, on a dropped socket or after ``action_timeout_s``, and
-        :class:`OneBotActionFailed` when the implementation answers ``status: failed``.
+        ``account`` picks the socket of that bot account (``ChatRef.account``); ``""`` is fine
+        while one account is connected. The payload is in ``response["data"]``. Raises
+        :class:`ChannelUnavailable` when not connected, on a dropped socket or after
+        ``action_timeout_s``, and :class:`OneBotActionFailed` when the implementation refuses.
         """
-        conn = self._api_conn()
-        if conn is None:
-            raise ChannelUnavailable("onebot: no OneBot implementation is connected")
-        return await self._actions.call(conn, action, params or {}, self.settings.action_timeout_s)
+        conn = self._conns.for_account(account)
+        return await self._actions.call(
+            conn, action, params or {}, self.settings.action_timeout_s, on_late=on_late
+        )
 
     # -- connections ---------------------------------------------------------------------------
-
-    def _api_conn(self) -> Connection | None:
-        return next((conn for conn in reversed(self._conns) if conn.carries_actions), None)
 
     async def _handle_upgrade(self, request: web.Request) -> web.StreamResponse:
         role = role_for(request, self.settings.path)
         if role is None:
             return web.Response(status=404, text="not a OneBot endpoint")
-        rejection = auth_rejection(request, self.settings.token)
+        rejection = peer_rejection(request, self.settings.token) or auth_rejection(request, self.settings.token)
         if rejection is not None:
             log.warning("onebot: rejected a connection from %s: %s", request.remote, rejection.text)
             return rejection
@@ -205,28 +258,43 @@ class OneBotChannel(Channel):
     async def _forward_loop(self) -> None:
         assert self._session is not None
         url = self.settings.url or ""
-        shown = url.split("?", 1)[0]  # a query may carry access_token
+        shown = redact_url(url)  # a query may carry access_token
         headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else {}
         delay = self.settings.reconnect_initial_s
+        refusal_logged = False
         while self._running:
             try:
                 async with self._session.ws_connect(
                     url, headers=headers, heartbeat=_PING_S, max_msg_size=_MAX_FRAME
                 ) as ws:
                     log.info("onebot: connected to %s", shown)
+                    since = time.monotonic()
+                    conn = await self._serve(ws, "Universal", None)
+                # Only a connection that stayed up resets the backoff: a server that accepts and
+                # closes at once (a refused token) must not be redialled every second.
+                if time.monotonic() - since >= self.settings.reconnect_stable_s:
                     delay = self.settings.reconnect_initial_s
-                    await self._serve(ws, "Universal", None)
-                log.warning("onebot: connection to %s closed; reconnecting in %.1fs", shown, delay)
+                if conn.refused is not None:
+                    level = logging.DEBUG if refusal_logged else logging.ERROR
+                    log.log(level, "onebot: %s refused the connection (%s): check [onebot] access_token; "
+                            "retrying in %.1fs", shown, conn.refused, delay)
+                    refusal_logged = True
+                else:
+                    refusal_logged = False
+                    log.warning("onebot: connection to %s closed; reconnecting in %.1fs", shown, delay)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 status = getattr(exc, "status", None)
                 reason = f"HTTP {status}" if status else type(exc).__name__
                 log.warning("onebot: cannot connect to %s (%s); retrying in %.1fs", shown, reason, delay)
+            except Exception:
+                # Whatever went wrong, the bot must not go deaf: log it and reconnect.
+                log.exception("onebot: the connection to %s failed; reconnecting in %.1fs", shown, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.settings.reconnect_max_s)
 
-    async def _serve(self, ws: _Socket, role: ClientRole, self_id: str | None) -> None:
+    async def _serve(self, ws: _Socket, role: ClientRole, self_id: str | None) -> Connection:
         conn = Connection(ws, role, self_id)
-        self._conns.append(conn)
+        self._conns.add(conn)
         if self_id:
             self.self_id = self_id
         if role != "Event":
@@ -234,7 +302,7 @@ class OneBotChannel(Channel):
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
-                    self._on_frame(conn, msg.data)
+                    self._on_frame_safely(conn, msg.data)
                 elif msg.type == WSMsgType.BINARY:
                     log.warning("onebot: ignoring a binary frame (%d bytes)", len(msg.data))
                 elif msg.type == WSMsgType.ERROR:
@@ -243,17 +311,25 @@ class OneBotChannel(Channel):
         finally:
             self._conns.remove(conn)
             self._actions.fail(conn)
-            if self._api_conn() is None:
+            if not self._conns.carries_actions():
                 self._connected.clear()
-            log.info("onebot: %s socket closed (self_id=%s)", role, self_id)
+            log.info("onebot: %s socket closed (self_id=%s)", role, conn.self_id)
+        return conn
 
     # -- incoming frames -----------------------------------------------------------------------
+
+    def _on_frame_safely(self, conn: Connection, text: str) -> None:
+        # A peer's frame must never take the socket (or the forward loop) down.
+        try:
+            self._on_frame(conn, text)
+        except Exception:
+            log.exception("onebot: failed to handle a frame: %.200r", text)
 
     def _on_frame(self, conn: Connection, text: str) -> None:
         try:
             frame = json.loads(text)
-        except ValueError:
-            log.warning("onebot: dropping a frame that is not JSON: %.200r", text)
+        except (ValueError, RecursionError):
+            log.warning("onebot: dropping a frame that is not JSON (or nested too deeply): %.200r", text)
             return
         if not isinstance(frame, dict):
             log.warning("onebot: dropping a frame that is not an object: %.200r", text)
@@ -261,8 +337,15 @@ class OneBotChannel(Channel):
         try:
             if "post_type" in frame:
                 self._on_event(conn, frame)
-            elif "echo" in frame:
-                if not self._actions.resolve(frame):
+            elif "echo" in frame or "retcode" in frame:
+                if self._actions.resolve(frame):
+                    return
+                if frame.get("retcode") == 1403:
+                    # NapCat's forward server refuses a token with this frame, then closes.
+                    detail = frame.get("wording") or frame.get("message") or frame.get("msg") or ""
+                    conn.refused = f"retcode 1403 {str(detail)[:100]}".strip()
+                    log.debug("onebot: refused: %s", conn.refused)
+                else:
                     log.debug("onebot: answer with unknown echo %r", frame.get("echo"))
             else:
                 log.warning("onebot: dropping an unrecognised frame: %.200r", text)
@@ -272,8 +355,14 @@ class OneBotChannel(Channel):
     def _on_event(self, conn: Connection, event: dict[str, Any]) -> None:
         post_type = event.get("post_type")
         event_self_id = event.get("self_id")
-        if isinstance(event_self_id, int | str) and not isinstance(event_self_id, bool) and event_self_id:
-            conn.self_id = self.self_id = str(event_self_id)
+        if isinstance(event_self_id, int | str) and not isinstance(event_self_id, bool) and str(event_self_id):
+            claimed = str(event_self_id)
+            if conn.self_id is not None and claimed != conn.self_id:
+                # A socket speaks for one account: it may not take over another's chats.
+                log.warning("onebot: dropping an event for account %s on the socket of account %s",
+                            claimed, conn.self_id)
+                return
+            conn.self_id = self.self_id = claimed
         if post_type == "meta_event":
             self._on_meta(event)
         elif post_type == "message":

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import itertools
 import json
+import logging
 import secrets
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,17 +20,24 @@ from aiohttp import web
 from robot.channels.base import ChannelUnavailable, SendRejected
 
 __all__ = [
+    "ActionTimeout",
     "ClientRole",
     "Connection",
     "OneBotActionFailed",
     "PendingActions",
+    "Sockets",
     "auth_rejection",
+    "check_response",
+    "peer_rejection",
     "role_for",
 ]
 
 ClientRole = Literal["Universal", "API", "Event"]
 _Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+log = logging.getLogger("robot.channels.onebot.channel")
 _ROLES: dict[str, ClientRole] = {"universal": "Universal", "api": "API", "event": "Event"}
+_LATE_KEEP = 256  # timed-out echos still awaited: a slow implementation may answer after all
+LateAnswer = Callable[[dict[str, Any]], None]
 
 
 class OneBotActionFailed(SendRejected):
@@ -40,6 +50,10 @@ class OneBotActionFailed(SendRejected):
         super().__init__(f"onebot action {action!r} failed with retcode {retcode}{suffix}")
 
 
+class ActionTimeout(ChannelUnavailable):
+    """No answer within ``action_timeout_s``: the action may still have happened."""
+
+
 @dataclass(eq=False)
 class Connection:
     """One open socket: its role and the account id it speaks for (if known)."""
@@ -48,6 +62,8 @@ class Connection:
     role: ClientRole
     self_id: str | None
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Why the implementation refused this connection (a ``retcode 1403`` frame), if it did.
+    refused: str | None = None
 
     @property
     def carries_actions(self) -> bool:
@@ -74,6 +90,87 @@ def auth_rejection(request: web.Request, token: str | None) -> web.Response | No
     return None
 
 
+class Sockets:
+    """The open sockets, newest last, and which one carries a given account's actions."""
+
+    def __init__(self) -> None:
+        self._conns: list[Connection] = []
+
+    def all(self) -> list[Connection]:
+        return list(self._conns)
+
+    def add(self, conn: Connection) -> None:
+        if conn.self_id and conn.role != "Event" and any(
+            other.self_id == conn.self_id and other.carries_actions for other in self._conns
+        ):
+            log.warning("onebot: a new %s socket for account %s replaces its open one", conn.role, conn.self_id)
+        self._conns.append(conn)
+
+    def remove(self, conn: Connection) -> None:
+        self._conns.remove(conn)
+
+    def carries_actions(self) -> bool:
+        return any(conn.carries_actions for conn in self._conns)
+
+    def for_account(self, account: str) -> Connection:
+        """The newest action socket of ``account``; with ``""``, of the only account connected.
+
+        Raises :class:`ChannelUnavailable` when that account is offline and
+        :class:`SendRejected` when ``""`` is ambiguous (several accounts are connected).
+        """
+        live = [conn for conn in reversed(self._conns) if conn.carries_actions]
+        if not live:
+            raise ChannelUnavailable("onebot: no OneBot implementation is connected")
+        if account:
+            mine = [conn for conn in live if conn.self_id == account]
+            if not mine:
+                raise ChannelUnavailable(f"onebot: account {account} is not connected")
+            return mine[0]
+        if len({conn.self_id for conn in live}) > 1:
+            raise SendRejected("onebot: several accounts are connected and this message names none")
+        return live[0]
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def peer_rejection(request: web.Request, token: str | None) -> web.Response | None:
+    """Who may open a reverse socket, before the token check: 403 for a browser or an outsider.
+
+    OneBot implementations (NapCat, Lagrange, LLOneBot) send no ``Origin``; a browser always
+    does, so an upgrade carrying one is a web page trying to speak for the bot. With no access
+    token configured only loopback peers are accepted.
+    """
+    if "Origin" in request.headers:
+        return web.Response(status=403, text="browser origins are refused")
+    if token is None and not _is_loopback(request.remote):
+        return web.Response(status=403, text="set an access token to accept connections from other hosts")
+    return None
+
+
+def check_response(action: str, response: Mapping[str, Any]) -> dict[str, Any]:
+    """The response if the action succeeded, else :class:`OneBotActionFailed`.
+
+    Success is ``status`` ``ok``/``async`` with ``retcode`` 0 or 1 (async), or no status and
+    retcode 0. Lagrange reports some failed sends as ``status: "ok"`` with a non-zero retcode.
+    """
+    status, retcode = response.get("status"), response.get("retcode")
+    ok_code = retcode is None or (isinstance(retcode, int) and not isinstance(retcode, bool) and retcode in (0, 1))
+    if (status in ("ok", "async") and ok_code) or (status is None and retcode == 0):
+        return dict(response)
+    detail = response.get("wording") or response.get("message") or response.get("msg") or ""
+    raise OneBotActionFailed(action, retcode, str(detail)[:200])
+
+
 def role_for(request: web.Request, base_path: str) -> ClientRole | None:
     """The socket role: ``X-Client-Role`` if valid, else by path (``base``, ``base/api``,
     ``base/event``); ``None`` for a path that is not ours."""
@@ -91,13 +188,18 @@ class PendingActions:
 
     def __init__(self) -> None:
         self._pending: dict[str, tuple[asyncio.Future[dict[str, Any]], Connection]] = {}
+        self._late: OrderedDict[str, LateAnswer] = OrderedDict()
         self._prefix = secrets.token_hex(4)
         self._seq = itertools.count(1)
 
     async def call(
-        self, conn: Connection, action: str, params: Mapping[str, object], timeout_s: float
+        self, conn: Connection, action: str, params: Mapping[str, object], timeout_s: float,
+        *, on_late: LateAnswer | None = None,
     ) -> dict[str, Any]:
-        """Send one action on ``conn`` and return its successful response (see ``OneBotChannel.call_action``)."""
+        """Send one action on ``conn`` and return its successful response (see ``OneBotChannel.call_action``).
+
+        After a timeout, an answer that still arrives for this echo goes to ``on_late``.
+        """
         echo = f"{self._prefix}-{next(self._seq)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[echo] = (future, conn)
@@ -112,20 +214,25 @@ class PendingActions:
                 async with asyncio.timeout(timeout_s):
                     response = await future
             except TimeoutError:
-                raise ChannelUnavailable(f"onebot: no answer to {action!r} within {timeout_s:g}s") from None
+                if on_late is not None:
+                    self._late[echo] = on_late
+                    while len(self._late) > _LATE_KEEP:
+                        self._late.popitem(last=False)
+                raise ActionTimeout(f"onebot: no answer to {action!r} within {timeout_s:g}s") from None
         finally:
             self._pending.pop(echo, None)
-        status, retcode = response.get("status"), response.get("retcode")
-        if status in ("ok", "async") or (status is None and retcode == 0):
-            return response
-        detail = response.get("wording") or response.get("message") or response.get("msg") or ""
-        raise OneBotActionFailed(action, retcode, str(detail)[:200])
+        return check_response(action, response)
 
     def resolve(self, frame: Mapping[str, Any]) -> bool:
-        """Hand an answer to its caller; False if nobody waits for this echo."""
-        entry = self._pending.get(str(frame.get("echo")))
+        """Hand an answer to its caller (or to ``on_late`` after a timeout); False if nobody waits."""
+        echo = str(frame.get("echo"))
+        entry = self._pending.get(echo)
         if entry is None:
-            return False
+            late = self._late.pop(echo, None)
+            if late is None:
+                return False
+            late(dict(frame))
+            return True
         if not entry[0].done():
             entry[0].set_result(dict(frame))
         return True

@@ -28,6 +28,7 @@ __all__ = [
     "parse_cq",
     "parse_message",
     "parse_segments",
+    "placeholder",
     "plain_text",
     "reply_id",
     "to_array",
@@ -175,8 +176,34 @@ def to_cq(segments: Iterable[Segment]) -> str:
     return "".join(parts)
 
 
-def plain_text(segments: Iterable[Segment], *, strip_at: Collection[str] | None = None) -> str:
-    """The text of a message; non-text segments (images, faces...) are dropped.
+_PLACEHOLDERS = {"image": "[图片]", "face": "[表情]", "mface": "[表情]", "record": "[语音]", "video": "[视频]",
+                 "forward": "[聊天记录]", "json": "[卡片消息]", "xml": "[卡片消息]"}
+_LABEL_LEN = 40
+
+
+def _label(text: str) -> str:
+    # A sender's client chooses summaries and file names: one short line, never a fake speaker line.
+    return " ".join(text.split())[:_LABEL_LEN]
+
+
+def placeholder(segment: Segment) -> str | None:
+    """What a reader (and the model) sees for a non-text segment: ``[图片]``, NapCat's image
+    ``summary`` (``[动画表情]``), ``[文件: name]``, ``[表情]``, ``[语音]``...; ``None`` for the rest."""
+    if segment.type == "image":
+        summary = _label(segment.get_str("summary") or "")
+        if summary:
+            return summary if summary.startswith("[") and summary.endswith("]") else f"[{summary}]"
+    if segment.type == "file":
+        name = _label(segment.get_str("name") or segment.get_str("file") or "")
+        return f"[文件: {name}]" if name else "[文件]"
+    return _PLACEHOLDERS.get(segment.type)
+
+
+def plain_text(
+    segments: Iterable[Segment], *, strip_at: Collection[str] | None = None, placeholders: bool = False
+) -> str:
+    """The text of a message; non-text segments (images, faces...) are dropped, or with
+    ``placeholders`` shown as :func:`placeholder` (so an image-only message is not empty).
 
     With ``strip_at=None`` every ``at`` is dropped. Otherwise only the @s of the ids in
     ``strip_at`` are dropped and the others are kept as ``@name`` (or ``@id``), so a reader
@@ -186,6 +213,8 @@ def plain_text(segments: Iterable[Segment], *, strip_at: Collection[str] | None 
     for segment in segments:
         if segment.type == "text":
             parts.append(segment.get_str("text") or "")
+        elif placeholders and (shown := placeholder(segment)) is not None:
+            parts.append(shown)
         elif segment.type == "at" and strip_at is not None:
             target = segment.get_str("qq")
             if target is None or target in strip_at:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +12,7 @@ from robot.message import ChatRef, Message, Role, Sender
 
 __all__ = ["message_from_event"]
 
+log = logging.getLogger("robot.channels.onebot.channel")
 _ROLES: dict[str, Role] = {"owner": "owner", "admin": "admin", "member": "member"}
 
 
@@ -33,7 +35,10 @@ def _timestamp(value: object) -> datetime:
     if isinstance(value, int | float) and not isinstance(value, bool):
         # Some implementations report milliseconds.
         seconds = value / 1000 if value > 10**11 else value
-        return datetime.fromtimestamp(seconds, tz=UTC)
+        try:
+            return datetime.fromtimestamp(seconds, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            log.warning("onebot: event time %r is out of range; using the time it arrived", value)
     return datetime.now(UTC)
 
 
@@ -59,21 +64,28 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
         group_id = _id(event.get("group_id"))
         if group_id is None:
             raise ValueError("group message event without group_id")
-        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group")
+        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group", account=bot_id or "")
     else:
-        chat = ChatRef(platform="onebot", chat_id=user_id, kind="private")
+        chat = ChatRef(platform="onebot", chat_id=user_id, kind="private", account=bot_id or "")
 
     segments = parse_message(event.get("message", ""))
     raw_sender = event.get("sender")
     sender = raw_sender if isinstance(raw_sender, Mapping) else {}
     name = sender.get("card") or sender.get("nickname") or ""
     role = _ROLES.get(str(sender.get("role") or "member"), "member")
+    anonymous, is_anonymous = event.get("anonymous"), False
+    if kind == "group" and (event.get("sub_type") == "anonymous" or isinstance(anonymous, Mapping)):
+        # Every anonymous member shares one user_id (80000000): key them by their anonymous flag.
+        info = anonymous if isinstance(anonymous, Mapping) else {}
+        flag = _id(info.get("flag")) or _id(info.get("id")) or "unknown"
+        user_id, role, is_anonymous = f"anonymous:{flag}", "member", True
+        name = f"匿名·{info.get('name') or '?'}"
     targets = at_targets(segments)
     return Message(
         chat=chat,
-        sender=Sender(user_id=user_id, name=str(name), role=role),
+        sender=Sender(user_id=user_id, name=str(name), role=role, anonymous=is_anonymous),
         message_id=message_id,
-        text=plain_text(segments, strip_at={bot_id} if bot_id else set()).strip(),
+        text=plain_text(segments, strip_at={bot_id} if bot_id else set(), placeholders=True).strip(),
         timestamp=_timestamp(event.get("time")),
         mentions=tuple(target for target in targets if target != "all"),
         mentions_bot=bot_id is not None and bot_id in targets,

@@ -30,11 +30,15 @@ class OneBotSettings(BaseModel):
         default=None, description="forward mode: the implementation's ws:// or wss:// URL"
     )
     access_token: SecretStr | None = Field(
-        default=None, description="OneBot access token; checked/sent when set"
+        default=None, description="OneBot access token; checked/sent when set (unset: reverse mode accepts loopback only)"
     )
-    action_timeout_s: float = Field(default=10.0, gt=0, description="how long to wait for an action's answer")
+    # Above NapCat's own 10 s wait for a send: a slow but successful send must not look lost.
+    action_timeout_s: float = Field(default=30.0, gt=0, description="how long to wait for an action's answer")
     reconnect_initial_s: float = Field(default=1.0, gt=0, description="forward mode: first reconnect delay")
-    reconnect_max_s: float = Field(default=30.0, gt=0, description="forward mode: longest reconnect delay")
+    reconnect_max_s: float = Field(default=60.0, gt=0, description="forward mode: longest reconnect delay")
+    reconnect_stable_s: float = Field(
+        default=30.0, gt=0, description="forward mode: a connection up this long resets the reconnect delay"
+    )
     bot_name: str | None = Field(default=None, description="the bot's display name in chats")
 
     @field_validator("path")

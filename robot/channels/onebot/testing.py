@@ -40,11 +40,17 @@ class OneBotTestPeer:
         nickname: str = "qunbot",
         first_message_id: int = 3001,
         heartbeat_interval_s: float | None = None,
+        napcat_refusal: bool = False,
     ) -> None:
+        """``napcat_refusal``: forward mode refuses a wrong token the way NapCat does (accept the
+        upgrade, send a ``retcode 1403`` frame, close) instead of with HTTP 401/403."""
         self.self_id = str(self_id)
         self.access_token = access_token
         self.nickname = nickname
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.napcat_refusal = napcat_refusal
+        self.refusal_times: list[float] = []
+        """Forward mode: when (``time.monotonic()``) each refused attempt came."""
         self.actions: list[dict[str, Any]] = []
         """Every action frame received, in order (``action``, ``params``, ``echo``)."""
         self.connections = 0
@@ -52,7 +58,8 @@ class OneBotTestPeer:
         self.rejected = 0
         """Forward mode: how many connection attempts failed the token check."""
         self._next_message_id = first_message_id
-        self._plan: deque[tuple[str, int]] = deque()
+        self._extra_headers: dict[str, str] = {}
+        self._plan: deque[tuple[str, Any]] = deque()
         self._claimed: set[int] = set()
         self._action_seen = asyncio.Event()
         self._connected = asyncio.Event()
@@ -72,9 +79,10 @@ class OneBotTestPeer:
     ) -> None:
         await self.close()
 
-    async def connect(self, url: str, *, split: bool = False) -> None:
-        """Reverse mode: dial the channel. Raises ``aiohttp.WSServerHandshakeError`` (``.status``
-        401/403) when the channel refuses the token."""
+    async def connect(self, url: str, *, split: bool = False, headers: Mapping[str, str] | None = None) -> None:
+        """Reverse mode: dial the channel (``headers`` are added to the handshake). Raises
+        ``aiohttp.WSServerHandshakeError`` (``.status`` 401/403) when the channel refuses."""
+        self._extra_headers = dict(headers or {})
         if self._session is None:
             self._session = aiohttp.ClientSession()
         if split:
@@ -163,6 +171,14 @@ class OneBotTestPeer:
         """Do not answer the next action at all (the channel should time out)."""
         self._plan.append(("ignore", 0))
 
+    def answer_next_action(self, **fields: Any) -> None:
+        """Answer the next action with these fields (``status``, ``retcode``, ``data``...) and its echo."""
+        self._plan.append(("answer", fields))
+
+    def delay_next_action(self, seconds: float) -> None:
+        """Answer the next action normally, but only after ``seconds`` (a slow send)."""
+        self._plan.append(("delay", seconds))
+
     async def wait_for_action(
         self,
         predicate: ActionPredicate | None = None,
@@ -181,8 +197,10 @@ class OneBotTestPeer:
     def _answer(self, frame: Mapping[str, Any]) -> dict[str, Any] | None:
         echo = frame.get("echo")
         plan = self._plan.popleft() if self._plan else None
-        if plan is not None and plan[0] == "ignore":
+        if plan is not None and plan[0] in ("ignore", "delay"):
             return None
+        if plan is not None and plan[0] == "answer":
+            return {**plan[1], "echo": echo}
         if plan is not None:
             return {"status": "failed", "retcode": plan[1], "data": None, "echo": echo}
         action = frame.get("action")
@@ -211,7 +229,8 @@ class OneBotTestPeer:
 
     async def _dial(self, url: str, role: str) -> aiohttp.ClientWebSocketResponse:
         assert self._session is not None
-        headers = {"X-Self-ID": self.self_id, "X-Client-Role": role, "User-Agent": "OneBotTestPeer"}
+        headers = {"X-Self-ID": self.self_id, "X-Client-Role": role, "User-Agent": "OneBotTestPeer",
+                   **self._extra_headers}
         if self.access_token is not None:
             headers["Authorization"] = f"Bearer {self.access_token}"
         return await self._session.ws_connect(url, headers=headers)
@@ -227,7 +246,17 @@ class OneBotTestPeer:
         rejection = auth_rejection(request, self.access_token)
         if rejection is not None:
             self.rejected += 1
-            return rejection
+            self.refusal_times.append(time.monotonic())
+            if not self.napcat_refusal:
+                return rejection
+            ws = web.WebSocketResponse()
+            await ws.prepare(request)
+            # NapCat's websocket-server.ts authorize(): OB11Response.res(null, 'failed', 1403, ...), close.
+            await ws.send_str(json.dumps({"status": "failed", "retcode": 1403, "data": None,
+                                          "message": "token验证失败", "wording": "token验证失败",
+                                          "echo": None, "stream": "normal-action"}, ensure_ascii=False))
+            await ws.close()
+            return ws
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         self._on_connected(ws, ws)
@@ -245,6 +274,8 @@ class OneBotTestPeer:
                     if isinstance(frame, dict) and "action" in frame:
                         self.actions.append(frame)
                         self._action_seen.set()
+                        if self._plan and self._plan[0][0] == "delay":
+                            self._spawn(self._answer_later(ws, frame, float(self._plan[0][1])))
                         answer = self._answer(frame)
                         if answer is not None:
                             with contextlib.suppress(ConnectionError, RuntimeError):
@@ -253,6 +284,13 @@ class OneBotTestPeer:
             if ws is self._api or ws is self._event:
                 self._api = self._event = None
                 self._connected.clear()
+
+    async def _answer_later(self, ws: _Socket, frame: Mapping[str, Any], seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        answer = self._answer(frame)
+        if answer is not None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_str(json.dumps(answer, ensure_ascii=False))
 
     async def _heartbeats(self, ws: _Socket, interval: float) -> None:
         while not ws.closed:

@@ -139,7 +139,7 @@ class WeComAIBotChannel(WeComCallbackChannel):
         plain = self.crypto.decrypt_json(query.msg_signature, query.timestamp, query.nonce, body)
         try:
             data = json.loads(plain)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise MalformedBody("decrypted AI-bot payload is not JSON") from None
         if not isinstance(data, dict):
             raise MalformedBody("decrypted AI-bot payload is not a JSON object")

@@ -1,8 +1,9 @@
 """The aiohttp callback server shared by the WeCom app and AI-bot channels.
 
 GET ``path`` answers WeCom's URL verification with the decrypted echostr; POST ``path``
-hands the raw body to the subclass. A bad signature gets 403, any other unreadable request
-400 and a log line; a handler bug gets 500 and a logged traceback. Messages are delivered to
+hands the raw body to the subclass. A bad signature, or a timestamp further than
+``timestamp_window_s`` from now (a replay), gets 403; any other unreadable request 400 and a
+log line; a handler bug gets 500 and a logged traceback. Messages are delivered to
 the bot in background tasks so WeCom (which retries after 5 s) gets its answer at once.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -20,13 +23,17 @@ from robot.channels.base import Channel
 from robot.channels.wecom.crypto import MalformedBody, SignatureError, WeComCrypto, WeComCryptoError
 from robot.channels.wecom.settings import WeComSettings
 
-__all__ = ["CallbackQuery", "WeComCallbackChannel"]
+__all__ = ["CallbackQuery", "StaleTimestamp", "WeComCallbackChannel"]
 
 log = logging.getLogger("robot.channels.wecom")
 
 _MAX_BODY = 256 * 1024  # callbacks are small; refuse anything bigger early
 _DEDUPE_SIZE = 2048
 _STOP_GRACE = 5.0
+
+
+class StaleTimestamp(WeComCryptoError):
+    """The callback's timestamp is outside the accepted window: a replay, or a skewed clock."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class WeComCallbackChannel(Channel, abc.ABC):
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self._seen: OrderedDict[str, str] = OrderedDict()
+        #: Wall clock (Unix seconds) for the timestamp window; tests replaying old vectors set it.
+        self.clock: Callable[[], float] = time.time
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(mode={self.settings.mode!r}, path={self.settings.path!r})"
@@ -135,11 +144,21 @@ class WeComCallbackChannel(Channel, abc.ABC):
             self._seen.popitem(last=False)
         return None
 
+    def check_timestamp(self, query: CallbackQuery) -> None:
+        """Raise :class:`StaleTimestamp` unless the callback's timestamp is within the window."""
+        try:
+            sent = int(query.timestamp)
+        except ValueError:
+            raise MalformedBody("timestamp is not an integer") from None
+        if abs(self.clock() - sent) > self.settings.timestamp_window_s:
+            raise StaleTimestamp(f"timestamp {sent} is more than {self.settings.timestamp_window_s:g}s from now")
+
     # -- HTTP handlers ----------------------------------------------------------------------
 
     async def _on_get(self, request: web.Request) -> web.StreamResponse:
         try:
             query = CallbackQuery.from_request(request)
+            self.check_timestamp(query)
             # A raw "+" in the query decodes to a space; base64 never contains spaces.
             echostr = request.query.get("echostr", "").replace(" ", "+")
             if not echostr:
@@ -148,6 +167,9 @@ class WeComCallbackChannel(Channel, abc.ABC):
         except SignatureError:
             log.warning("wecom: URL verification with a bad signature from %s", request.remote)
             return web.Response(status=403, text="bad signature")
+        except StaleTimestamp as exc:
+            log.warning("wecom: URL verification refused from %s: %s", request.remote, exc)
+            return web.Response(status=403, text="stale timestamp")
         except WeComCryptoError as exc:
             log.warning("wecom: bad URL verification request from %s: %s", request.remote, exc)
             return web.Response(status=400, text="bad request")
@@ -157,11 +179,18 @@ class WeComCallbackChannel(Channel, abc.ABC):
     async def _on_post(self, request: web.Request) -> web.StreamResponse:
         try:
             query = CallbackQuery.from_request(request)
+            self.check_timestamp(query)
             body = await request.read()
             return await self.handle_callback(query, body)
         except SignatureError:
             log.warning("wecom: callback with a bad signature from %s", request.remote)
             return web.Response(status=403, text="bad signature")
+        except StaleTimestamp as exc:
+            log.warning("wecom: callback refused from %s: %s (a replay?)", request.remote, exc)
+            return web.Response(status=403, text="stale timestamp")
+        except RecursionError:
+            log.warning("wecom: callback from %s is nested too deeply", request.remote)
+            return web.Response(status=400, text="bad request")
         except WeComCryptoError as exc:
             log.warning("wecom: unreadable callback from %s: %s", request.remote, exc)
             return web.Response(status=400, text="bad request")

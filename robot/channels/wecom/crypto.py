@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import xml.etree.ElementTree as ET
+from xml.parsers import expat
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -48,6 +49,8 @@ _BLOCK = 32
 _AES_KEY_RE = re.compile(r"[A-Za-z0-9]{43}")
 # Refuse DTDs outright: ElementTree expands internal entities ("billion laughs").
 _DTD_RE = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+# The one value the signature covers, found without an XML parser: nothing unauthenticated is parsed.
+_ENCRYPT_RE = re.compile(rb"<Encrypt>\s*(?:<!\[CDATA\[([^\]<>]*)\]\]>|([^<>]*))\s*</Encrypt>")
 
 
 class WeComCryptoError(ChannelError):
@@ -70,15 +73,30 @@ class MalformedBody(WeComCryptoError):
     """The request envelope (XML or JSON) is unreadable."""
 
 
+def _refuse_dtd(*_: object) -> None:
+    raise MalformedBody("XML with DOCTYPE/ENTITY declarations is refused")
+
+
 def parse_xml(data: bytes | str) -> ET.Element:
-    """Parse a small XML document, refusing DOCTYPE/ENTITY declarations."""
+    """Parse a small XML document, refusing DOCTYPE/ENTITY declarations in any encoding.
+
+    A byte filter alone misses a UTF-16 document, so expat itself (which decodes every
+    encoding it accepts) reads the document first and stops at the first declaration.
+    """
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if _DTD_RE.search(raw):
-        raise MalformedBody("XML with DOCTYPE/ENTITY declarations is refused")
+        _refuse_dtd()
+    scan = expat.ParserCreate()
+    scan.StartDoctypeDeclHandler = _refuse_dtd
+    scan.EntityDeclHandler = _refuse_dtd
+    scan.UnparsedEntityDeclHandler = _refuse_dtd
     try:
+        scan.Parse(raw, True)
         return ET.fromstring(raw)
-    except ET.ParseError as exc:
+    except (expat.ExpatError, ET.ParseError) as exc:
         raise MalformedBody(f"invalid XML: {exc}") from None
+    except RecursionError:
+        raise MalformedBody("XML nested too deeply") from None
 
 
 class WeComCrypto:
@@ -120,18 +138,30 @@ class WeComCrypto:
         return self.decrypt_raw(encrypt)
 
     def decrypt_xml(self, msg_signature: str, timestamp: str, nonce: str, body: bytes | str) -> str:
-        """Decrypt an XML callback body (``<xml><Encrypt>...</Encrypt></xml>``)."""
-        encrypt = parse_xml(body).findtext("Encrypt")
+        """Decrypt an XML callback body (``<xml><Encrypt>...</Encrypt></xml>``).
+
+        The ``Encrypt`` value is found without parsing the XML and the signature is checked
+        before anything else: no XML parser ever sees an unauthenticated body.
+        """
+        raw = body.encode("utf-8") if isinstance(body, str) else body
+        found = _ENCRYPT_RE.findall(raw)
+        if len(found) != 1:
+            raise MalformedBody("XML body needs exactly one <Encrypt> element")
+        cdata, plain = found[0]
+        try:
+            encrypt = (cdata or plain).decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise MalformedBody("<Encrypt> is not base64") from None
         if not encrypt:
-            raise MalformedBody("XML body has no <Encrypt> element")
+            raise MalformedBody("XML body has an empty <Encrypt> element")
         return self.decrypt(msg_signature, timestamp, nonce, encrypt)
 
     def decrypt_json(self, msg_signature: str, timestamp: str, nonce: str, body: bytes | str) -> str:
         """Decrypt an AI-bot JSON callback body (``{"encrypt": "..."}``)."""
         try:
             envelope = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise MalformedBody("body is not JSON") from None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise MalformedBody("body is not JSON (or is nested too deeply)") from None
         encrypt = envelope.get("encrypt") if isinstance(envelope, dict) else None
         if not isinstance(encrypt, str) or not encrypt:
             raise MalformedBody('JSON body has no "encrypt" string')
@@ -157,8 +187,8 @@ class WeComCrypto:
         if length > len(plain) - 20:
             raise DecryptError("decrypted length prefix exceeds the payload")
         msg, receive_id = plain[20 : 20 + length], plain[20 + length :]
-        # An empty configured receive_id (AI bot) accepts any trailer, like the official SDKs do.
-        if self._receive_id and not hmac.compare_digest(receive_id, self._receive_id):
+        # Exact, as WeCom's SDKs (XML and JSON) compare: the AI bot's receive_id is "" and must be.
+        if not hmac.compare_digest(receive_id, self._receive_id):
             raise ReceiveIdMismatch("message was encrypted for another receive_id")
         try:
             return msg.decode("utf-8")

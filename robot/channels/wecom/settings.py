@@ -41,6 +41,9 @@ class WeComSettings(BaseModel):
     bot_user_id: str = ""
     bot_name: str = Field(default="", description="the AI bot's display name, stripped from '@name' mentions")
     request_timeout: float = Field(default=10.0, gt=0)
+    timestamp_window_s: float = Field(
+        default=300.0, gt=0, description="refuse callbacks whose timestamp is further than this from now (replays)"
+    )
 
     @field_validator("encoding_aes_key")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +32,10 @@ class RecordedCall:
 
 
 def signed_query(
-    crypto: WeComCrypto, encrypt: str, *, timestamp: str = "1700000000", nonce: str = "42"
+    crypto: WeComCrypto, encrypt: str, *, timestamp: str | None = None, nonce: str = "42"
 ) -> dict[str, str]:
-    """The query parameters WeCom would send with ``encrypt``."""
+    """The query parameters WeCom would send with ``encrypt`` (``timestamp``: now by default)."""
+    timestamp = str(int(time.time())) if timestamp is None else timestamp
     return {
         "msg_signature": crypto.signature(timestamp, nonce, encrypt),
         "timestamp": timestamp,

@@ -23,7 +23,7 @@ VECTORS: dict[str, Any] = json.loads(
 )
 EVENTS: dict[str, dict[str, Any]] = VECTORS["events"]
 TOKEN = "test-token-7f3a"
-GROUP = ChatRef(platform="onebot", chat_id="123456", kind="group")
+GROUP = ChatRef(platform="onebot", chat_id="123456", kind="group", account="10001")
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ async def test_plain_group_message_does_not_mention_bot(
 async def test_private_message(peer: OneBotTestPeer, inbox: asyncio.Queue[Message]) -> None:
     await peer.send_event(EVENTS["private_message"])
     message = await next_message(inbox)
-    assert message.chat == ChatRef(platform="onebot", chat_id="20002", kind="private")
+    assert message.chat == ChatRef(platform="onebot", chat_id="20002", kind="private", account="10001")
     assert message.sender.name == "小明"
     assert message.text == "我有哪些提醒？"
     assert message.mentions_bot is False

@@ -1,0 +1,384 @@
+"""Paused runs: pausing at a ``confirm`` tool or ``ask_user``, deciding, expiring and resuming.
+
+A run that reaches a ``confirm`` tool (or ``ask_user``) stops with ``AWAITING_APPROVAL``; the
+bot freezes it as a snapshot (:mod:`robot.snapshots`) with a five-character code. Whoever is
+entitled presents the code (``/approve LQ5RZ``); the row moves ``pending -> approved`` in one
+guarded UPDATE, so two approvals (or two processes) resume it exactly once; the frozen chain
+continues and its replies go out through the outbox in the transaction that ends the snapshot.
+A crash after the claim and before the run finished does not re-run the call (such rows are
+reported as interrupted at the next start): a risky call runs at most once.
+
+Only calls that need a person create a snapshot; ordinary multi-step chains never do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlite_utils
+
+from function_calls import (
+    Caller,
+    RunResult,
+    RunState,
+    StopReason,
+    Tool,
+    ToolCall,
+    ToolContext,
+)
+from robot.ask_user import GRANT, AskUserArgs, Grant
+from robot.config import ApprovalsSection
+from robot.message import ChatRef, OutgoingMessage
+from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret, summarize
+from robot.store import iso, parse_iso
+
+if TYPE_CHECKING:
+    from robot.bot import Bot
+
+__all__ = ["Approvals"]
+
+log = logging.getLogger(__name__)
+_YES = frozenset({"确认", "确定", "好的", "好", "是", "是的", "可以", "yes", "y", "ok", "okay"})
+_PUNCT = " \t\r\n。.!！~～,，"
+
+class Approvals:
+    """The bot's paused runs: pause, decide, answer, expire, resume."""
+
+    def __init__(self, bot: Bot, settings: ApprovalsSection, secret_path: Path | None) -> None:
+        self.bot = bot
+        self.settings = settings
+        self.secret_path = secret_path
+        self.store = SnapshotStore(bot.db)
+        self._wrong: dict[tuple[str, str], list[float]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._resuming: set[asyncio.Task[None]] = set()
+        self._notices: list[OutgoingMessage] = []
+        #: Chat keys with a pending input or requester snapshot: only their messages are looked up.
+        self._watch: set[str] = set()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.secret_path is not None:
+            self.store.secret = await asyncio.to_thread(load_secret, self.secret_path)
+        else:
+            self.store.secret = secrets.token_bytes(32)  # an in-memory bot: its snapshots die with it
+        for row in await self.store.with_status("approved"):
+            if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
+                await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
+        self._watch = await self.store.answerable_chats()
+        self._task = asyncio.create_task(self._expiry_loop(), name="qunbot-snapshots")
+
+    def _spawn(self, row: Row, verdict: bool | str, *, answer: str | None = None, notice: str | None = None) -> None:
+        task = asyncio.create_task(self._resume_logged(row, verdict, answer=answer, notice=notice),
+                                   name=f"resume-{row['id']}")
+        self._resuming.add(task)
+        task.add_done_callback(self._resuming.discard)
+
+    async def idle(self, timeout: float = 10.0) -> None:
+        """Wait for resumed runs in flight (stop, and tests)."""
+        if self._resuming:
+            await asyncio.wait(set(self._resuming), timeout=timeout)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        await self.idle(timeout)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # --- the runner's approver --------------------------------------------------------------
+    async def approver(self, call: ToolCall, tool: Tool, caller: Caller) -> bool | str | None:
+        """Inside a resumed run, the recorded verdict; otherwise pause (None)."""
+        grant = GRANT.get()
+        if grant is not None and call.id in grant.verdicts:
+            return grant.verdicts[call.id]
+        return None
+
+    # --- pausing ----------------------------------------------------------------------------
+    async def pause(self, result: RunResult, caller: Caller, chat: ChatRef, *, origin: str = "chat",
+                    reply_to: str | None = None) -> str:
+        """Freeze a run stopped for a person; returns the message for the requester (with the code)."""
+        pending = result.state.pending
+        tools = [self.bot.tools.get(c.name) for c in pending]
+        kinds = {t.confirm for t in tools if t is not None}
+        tip: str | None = None
+        if "input" in kinds:
+            kind, approver = "input", "requester"
+            ask = next(c for c, t in zip(pending, tools, strict=True) if t is not None and t.confirm == "input")
+            try:
+                parsed = AskUserArgs.model_validate_json(ask.arguments or "{}")
+                tip, ttl = parsed.tip, timedelta(seconds=parsed.timeout_s)
+            except ValueError:
+                tip, ttl = "请回复", timedelta(seconds=300)
+        else:
+            kind = "approval"
+            approver = "admin" if "admin" in kinds or not kinds else "requester"
+            ttl = timedelta(minutes=self.settings.ttl_minutes)
+        return await self._store(kind, approver, caller, chat, result.state, origin, reply_to, tip, ttl)
+
+    async def pause_command(self, tool: Tool, arguments: dict[str, Any], caller: Caller, chat: ChatRef,
+                            reply_to: str | None) -> str:
+        """A ``confirm`` tool typed as a /command: the call itself waits for the approval."""
+        call = ToolCall(id=f"cmd-{uuid.uuid4().hex[:8]}", name=tool.name,
+                        arguments=json.dumps(arguments, ensure_ascii=False))
+        approver = "requester" if tool.confirm == "requester" else "admin"
+        return await self._store("approval", approver, caller, chat, RunState(messages=[], pending=[call]),
+                                 "command", reply_to, None, timedelta(minutes=self.settings.ttl_minutes))
+
+    async def _store(self, kind: str, approver: str, caller: Caller, chat: ChatRef, state: RunState, origin: str,
+                     reply_to: str | None, tip: str | None, ttl: timedelta) -> str:
+        now = self.bot.clock()
+        code = await self.store.insert({
+            "kind": kind, "approver": approver, "requester": caller.qualified_user, "chat": chat.key,
+            "account": str(getattr(chat, "account", "") or ""), "caller": caller.model_dump_json(),
+            "state": state.model_dump_json(), "origin": origin, "reply_to": reply_to, "tip": tip,
+            "created_at": iso(now), "expires_at": iso(now + ttl),
+        })
+        if kind == "input" or approver == "requester":
+            self._watch.add(chat.key)
+        self._wake.set()
+        log.info("run paused for %s (%s)", caller.qualified_user, kind)
+        if kind == "input":
+            return str(tip)
+        what = "；".join(describe_call(c) for c in state.pending)
+        minutes = self.settings.ttl_minutes
+        if approver == "requester":
+            return (f"确定要执行 {what} 吗？回复 /approve {code} 确认（或直接回复“确认”），"
+                    f"/deny {code} 取消；{minutes} 分钟内有效。")
+        self._queue_notices(chat, code, what, caller)
+        return (f"这个操作需要管理员批准：{what}。已通知管理员，批准后我会继续；"
+                f"管理员可回复 /approve {code} 批准，/deny {code} 拒绝（{minutes} 分钟内有效）。")
+
+    def _approver_ids(self) -> list[str]:
+        return [*self.bot.settings.bot.admins, *self.settings.approvers]
+
+    def _queue_notices(self, chat: ChatRef, code: str, what: str, caller: Caller) -> None:
+        """Approvers hear of it (after the requester's reply, see :meth:`announce`): @-ed in a group,
+        privately otherwise, on the chat's platform."""
+        same = [q.split(":", 1)[1] for q in self._approver_ids() if q.split(":", 1)[0] == chat.platform]
+        if not same:
+            log.warning("an approval waits, but no approver is configured on %s ([bot] admins, [approvals] "
+                        "approvers)", chat.platform)
+            return
+        text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
+        if chat.kind == "group":
+            self._notices.append(OutgoingMessage(key=f"approval:{code}:{chat.key}:notify", chat=chat, text=text,
+                                                 mention=tuple(same)))
+            return
+        for user_id in same:
+            if user_id != caller.user_id:
+                target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
+                self._notices.append(OutgoingMessage(key=f"approval:{code}:{user_id}:notify", chat=target,
+                                                     text=f"（来自 {chat.key}）{text}"))
+
+    async def announce(self) -> None:
+        """Queue the approvers' notices of the requests paused so far (after the requester's reply)."""
+        notices, self._notices = self._notices, []
+        if notices:
+            await self.bot.outbox.enqueue(*notices)
+
+    # --- people's answers ---------------------------------------------------------------------
+    def _entitled(self, row: Row, caller: Caller) -> bool:
+        if row["approver"] == "requester":
+            return caller.qualified_user == str(row["requester"])
+        return caller.qualified_user in self._approver_ids()
+
+    def _cooling(self, chat: ChatRef, caller: Caller) -> bool:
+        now = time.monotonic()
+        key = (chat.key, caller.qualified_user)
+        self._wrong[key] = [t for t in self._wrong.get(key, []) if now - t < self.settings.cooldown_minutes * 60]
+        return len(self._wrong[key]) >= self.settings.max_wrong_codes
+
+    async def decide(self, caller: Caller, chat: ChatRef, code: str, *, approve: bool, reason: str = "") -> str:
+        """``/approve CODE`` or ``/deny CODE [reason]``: the reply for the person who typed it."""
+        if self._cooling(chat, caller):
+            return f"确认码输错次数过多，请 {self.settings.cooldown_minutes} 分钟后再试。"
+        code = code.strip().upper()
+        row = await self.store.by_code(code) if len(code) == 5 and set(code) <= set(ALPHABET) else None
+        # A code from another chat reads as unknown: it reveals nothing the person could not see.
+        if row is None or not (row["chat"] == chat.key or caller.qualified_user in self._approver_ids()
+                               or caller.qualified_user == row["requester"]):
+            self._wrong.setdefault((chat.key, caller.qualified_user), []).append(time.monotonic())
+            return "没有找到这个确认码（可能已过期、已处理或输错了）。发送 /pending 查看等待中的请求。"
+        if row["status"] != "pending":
+            return _DONE.get(str(row["status"]), "这个请求已经处理过了。")
+        if not self._entitled(row, caller):
+            return f"只有{'发起人本人' if row['approver'] == 'requester' else '管理员'}可以处理这个请求。"
+        if row["kind"] == "input":
+            return "这个请求在等对方的回答，不需要批准。"
+        if parse_iso(str(row["expires_at"])) <= self.bot.clock():
+            await self._expire(row)
+            return "这个请求已过期。"
+        if not await self._claim(row, "approved" if approve else "denied", caller.qualified_user):
+            return "这个请求的记录校验失败，已作废，没有执行。请重新发起。" if not self.store.verify(row) else "这个请求刚刚已被处理。"
+        if approve:
+            self._spawn(row, True)
+            return "好的，正在执行。" if caller.qualified_user == row["requester"] else "已批准，正在执行。"
+        why = reason.strip()[:200]
+        self._spawn(row, f"The approver declined this call{': ' + why if why else ''}. Tell the user.",
+                    notice=f"你的请求已被拒绝{'（理由：' + why + '）' if why else ''}。")
+        return "已拒绝。"
+
+    async def _claim(self, row: Row, to: str, by: str) -> bool:
+        """pending -> ``to`` for a row whose MAC holds; an edited row is refused (and logged) instead."""
+        if not self.store.verify(row):
+            log.error("snapshot %s failed its integrity check (edited?); refusing to resume it", row["id"])
+            await self.store.transition(str(row["id"]), "refused", frm="pending", now=self.bot.clock())
+            self._watch = await self.store.answerable_chats()
+            return False
+        return await self.store.transition(str(row["id"]), to, frm="pending", now=self.bot.clock(), by=by)
+
+    async def intercept(self, chat: ChatRef, caller: Caller, text: str) -> bool:
+        """A message that answers a paused run (``ask_user``, or a plain "确认"): consumed, routed nowhere else."""
+        if chat.key not in self._watch:
+            return False
+        row = await self.store.latest_answerable(chat.key, caller.qualified_user)
+        if row is None or parse_iso(str(row["expires_at"])) <= self.bot.clock():
+            return False
+        if row["kind"] == "approval":
+            if text.strip(_PUNCT).lower() not in _YES:
+                return False
+            answer = await self.decide(caller, chat, str(row["code"]), approve=True)
+            await self.bot.outbox.enqueue(OutgoingMessage(key=f"snapshot:{row['id']}:ack", chat=chat, text=answer,
+                                                          mention=(caller.user_id,) if chat.kind == "group" else ()))
+            return True
+        if not await self._claim(row, "approved", caller.qualified_user):
+            return False
+        self._spawn(row, True, answer=text)
+        return True
+
+    async def pending_text(self, caller: Caller) -> str:
+        """``/pending``: what waits for me, and what waits for my approval."""
+        now = self.bot.clock()
+        lines = [f"· {r['code']} {_WAITING[(r['kind'], r['approver'])]}：{summarize(r)}"
+                 for r in await self.store.pending(now, requester=caller.qualified_user)]
+        if caller.qualified_user in self._approver_ids():
+            lines += [f"· {r['code']} 等你批准（{r['requester']} 在 {r['chat']}）：{summarize(r)}"
+                      for r in await self.store.pending(now, admin_only=True)]
+        if not lines:
+            return "没有等待中的请求。"
+        return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"
+
+    # --- expiry -------------------------------------------------------------------------------
+    async def _expiry_loop(self) -> None:
+        while True:
+            try:
+                wait = await self.expire_due()
+            except Exception:
+                log.exception("expiring snapshots failed")
+                wait = 5.0
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def expire_due(self) -> float:
+        """Expire what is due (an unanswered ``ask_user`` resumes with "用户暂未回复"); seconds to the next."""
+        for row in await self.store.due(self.bot.clock()):
+            await self._expire(row)
+        nxt = await self.store.next_expiry()
+        if nxt is None:
+            return 30.0
+        return max(0.05, min(30.0, (parse_iso(nxt) - self.bot.clock()).total_seconds()))
+
+    async def _expire(self, row: Row) -> None:
+        if row["kind"] == "input":
+            if await self._claim(row, "approved", "timeout"):
+                self._spawn(row, True, answer=None)
+        elif await self._claim(row, "expired", "timeout"):
+            self._spawn(row, "Nobody approved this call in time; it was not run. Tell the user.",
+                        notice="你的请求等待批准超时，已取消，没有执行。")
+
+    # --- resuming -----------------------------------------------------------------------------
+    async def _resume_logged(self, row: Row, verdict: bool | str, *, answer: str | None = None,
+                             notice: str | None = None) -> None:
+        try:
+            await self._resume(row, verdict, answer=answer, notice=notice)
+        except Exception:
+            log.exception("resuming snapshot %s failed", row["id"])
+            await self.store.transition(str(row["id"]), "failed", frm="approved", now=self.bot.clock())
+            await self._send(row, "继续执行时出错了，请稍后重新发起。", suffix="failed")
+        self._watch = await self.store.answerable_chats()
+
+    def _outgoing(self, row: Row, text: str, key: str) -> OutgoingMessage:
+        chat = ChatRef.from_key(str(row["chat"]))
+        if row.get("account") and "account" in ChatRef.model_fields:
+            chat = chat.model_copy(update={"account": row["account"]})
+        requester = str(row["requester"]).split(":", 1)[-1]
+        return OutgoingMessage(key=key, chat=chat, text=text, mention=(requester,) if chat.kind == "group" else (),
+                               reply_to=row.get("reply_to"))
+
+    async def _send(self, row: Row, text: str, *, suffix: str) -> None:
+        await self.bot.outbox.enqueue(self._outgoing(row, text, f"snapshot:{row['id']}:{suffix}"))
+
+    async def _resume(self, row: Row, verdict: bool | str, *, answer: str | None, notice: str | None) -> None:
+        state = RunState.model_validate_json(str(row["state"]))
+        caller = Caller.model_validate_json(str(row["caller"]))
+        chat = ChatRef.from_key(str(row["chat"]))
+        if notice:
+            await self._send(row, notice, suffix="notice")
+        if row["origin"] == "command":
+            replies = await self._run_command(state.pending, caller, chat) if verdict is True else []
+        elif self.bot.router is None:
+            replies = ["暂时无法继续：没有配置大模型。"]
+        else:
+            token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
+            try:
+                result = await self.bot.router.runner.run(
+                    state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
+                    zone=self.bot.zone_for(chat), clock=self.bot.clock)
+            finally:
+                GRANT.reset(token)
+            replies = list(result.replies)
+            if result.stop is StopReason.AWAITING_APPROVAL:  # the chain reached another confirm tool
+                replies = [*result.state.user_messages, await self.pause(
+                    result, caller, chat, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
+        messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]
+
+        def commit(db: sqlite_utils.Database) -> None:
+            # The replies and the end of the snapshot commit together: a crash re-sends neither.
+            for m in messages:
+                self.bot.outbox.enqueue_sync(db, m)
+            SnapshotStore.finish_sync(db, str(row["id"]))
+
+        await self.bot.db.transaction(commit)
+        for platform in {m.chat.platform for m in messages}:
+            self.bot.outbox.notify(platform)
+        await self.announce()
+
+    async def _run_command(self, calls: Sequence[ToolCall], caller: Caller, chat: ChatRef) -> list[str]:
+        out: list[str] = []
+        for call in calls:
+            tool = self.bot.tools.get(call.name)
+            if tool is None:
+                out.append(f"/{call.name} 已不存在，没有执行。")
+                continue
+            try:
+                args = tool.parse_arguments(call.arguments)
+                ctx: ToolContext[Any] = ToolContext(deps=self.bot.deps_for(tool), caller=caller,
+                                                    zone=self.bot.zone_for(chat), clock=self.bot.clock,
+                                                    run_id="command", tool_call_id=call.id, via="command")
+                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+            except Exception as exc:
+                log.warning("approved command %s failed: %s", call.name, type(exc).__name__)
+                out.append(f"/{call.name} 执行失败了。")
+                continue
+            out.extend(result.user_messages or (result.content,))
+        return out
+
+
+_DONE = {"approved": "这个请求已经批准了，正在执行。", "resumed": "这个请求已经批准并执行过了。",
+         "denied": "这个请求已被拒绝。", "expired": "这个请求已过期。"}
+_WAITING = {("input", "requester"): "等你回答", ("approval", "requester"): "等你确认",
+            ("approval", "admin"): "等管理员批准"}

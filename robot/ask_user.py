@@ -1,0 +1,46 @@
+"""``ask_user``: the model asks the person a question and its run pauses until the answer.
+
+The pause itself is the bot's (:mod:`robot.approvals`): the tool is declared ``confirm="input"``,
+so the run stops before it; when the asker answers (or the timeout passes) the run resumes and
+the tool returns the answer, or "用户暂未回复".
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from function_calls import ToolContext, ToolResult, tool_function
+
+__all__ = ["GRANT", "NO_REPLY", "AskUserArgs", "Grant", "ask_user"]
+
+#: What ``ask_user`` gives the model when the user did not answer in time.
+NO_REPLY = "用户暂未回复"
+
+
+class AskUserArgs(BaseModel):
+    tip: str = Field(description="the question to show the user", min_length=1, max_length=500)
+    timeout_s: int = Field(300, ge=10, le=3600, description="how long to wait for the answer, in seconds")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a resumed run may do: verdicts per pending call id, and the user's answer (input)."""
+
+    verdicts: dict[str, bool | str] = field(default_factory=dict)
+    answer: str | None = None
+
+
+GRANT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar("qunbot_grant", default=None)
+
+
+@tool_function(confirm="input", sequential=True, timeout_s=10)
+async def ask_user(ctx: ToolContext[object], args: AskUserArgs) -> ToolResult:
+    """向用户提问并等待回答 (ask the user for input and wait). Use when you cannot go on without the user's answer."""
+    grant = GRANT.get()
+    answer = grant.answer if grant is not None else None
+    return ToolResult(content=answer if answer else NO_REPLY)
+
+

@@ -1,0 +1,192 @@
+"""``/forget me``: a person's data leaves the bot, with no copy left behind.
+
+In the chat where it is sent (or, ``/forget me all`` in a private chat, in every chat):
+the person's stored messages; the bot's replies to them and messages addressed to them (an @:
+their reminders firing; in a private chat, every bot message there: the whole conversation was
+with them); the text of the outbox rows of those replies; and
+whatever plugins registered a :class:`Forgetter` for (reminders, summaries that may quote them,
+memories). Deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`) and
+the WAL is checkpointed and truncated afterwards, so the text survives in no file.
+
+A person must type the command: the model is never allowed to run it (a message in the chat
+could talk it into erasing someone's data).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import sqlite_utils
+from pydantic import BaseModel, Field
+
+from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
+from robot.message import ChatRef
+from robot.store import Database
+
+__all__ = [
+    "COMMAND_ONLY",
+    "ForgetArgs",
+    "ForgetHost",
+    "ForgetReport",
+    "ForgetRequest",
+    "Forgetter",
+    "forget",
+    "forget_everything",
+    "forget_sync",
+    "toolset",
+    "traces_sync",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ForgetRequest:
+    """Whose data goes, and from which chats.
+
+    ``everywhere`` (``/forget me all``): every chat on the person's platform; ``chats`` then lists
+    the chats where the bot holds a trace of them (their messages, messages to them), found
+    before anything was deleted. A store keyed by owner (reminders, memories) deletes by owner.
+    """
+
+    platform: str
+    user_id: str
+    chats: tuple[ChatRef, ...]
+    everywhere: bool = False
+
+    def covers(self, chat_key: str) -> bool:
+        """Whether a chat (by key) is within this request."""
+        if self.everywhere:
+            return chat_key.startswith(f"{self.platform}:")
+        return chat_key in {c.key for c in self.chats}
+
+
+@dataclass(frozen=True)
+class Forgetter:
+    """A plugin's part of ``/forget me``: ``forget`` deletes what it holds and returns how many.
+
+    Register with ``bot.forgetters.append(...)`` in the plugin's setup. ``unit`` names what was
+    counted in the reply (``"个提醒"``, ``"条记忆"``).
+    """
+
+    name: str
+    unit: str
+    forget: Callable[[ForgetRequest], Awaitable[int]]
+
+
+@dataclass
+class ForgetReport:
+    """What one forget deleted, by kind, in the order shown to the person."""
+
+    counts: list[tuple[str, int]]
+
+    def total(self) -> int:
+        return sum(n for _, n in self.counts)
+
+    def text(self, where: str) -> str:
+        parts = [f"{n} {unit}" for unit, n in self.counts if n]
+        if not parts:
+            return f"{where}没有你的记录，无需删除。"
+        return f"已删除你在{where}的记录：" + "、".join(parts) + "。"
+
+
+def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int, int]:
+    """The core part, in one transaction: (the person's messages, the bot's replies) deleted."""
+    messages = replies = 0
+    for chat in request.chats:
+        key = chat.key
+        ids = [row[0] for row in db.execute(
+            "SELECT message_id FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0 AND message_id != ''",
+            [key, request.user_id]).fetchall()]
+        messages += db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
+                               [key, request.user_id]).rowcount
+        if chat.kind == "private":  # a private chat is one conversation with them: every bot message there goes
+            replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1", [key]).rowcount
+            db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND status != 'pending'", [key])
+            continue
+        # Bot messages addressed to them (@ them: answers, their reminders firing) go with their messages.
+        replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND to_user = ?",
+                              [key, request.user_id]).rowcount
+        db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND mention = ? AND status != 'pending'",
+                   [key, json.dumps([request.user_id])])
+        for start in range(0, len(ids), 500):
+            batch = ids[start:start + 500]
+            marks = ",".join("?" * len(batch))
+            replies += db.execute(f"DELETE FROM history WHERE chat = ? AND from_bot = 1 AND reply_to IN ({marks})",
+                                  [key, *batch]).rowcount
+            db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND reply_to IN ({marks}) "
+                       "AND status != 'pending'", [key, *batch])
+    return messages, replies
+
+
+def traces_sync(db: sqlite_utils.Database, platform: str, user_id: str) -> tuple[ChatRef, ...]:
+    """Every chat on ``platform`` holding a trace of the person, and their private chat."""
+    prefix = f"{platform}:"
+    rows = db.execute("SELECT DISTINCT chat FROM history WHERE substr(chat, 1, ?) = ? AND "
+                      "((user_id = ? AND from_bot = 0) OR (from_bot = 1 AND to_user = ?))",
+                      [len(prefix), prefix, user_id, user_id]).fetchall()
+    keys = {str(r[0]) for r in rows} | {f"{platform}:private:{user_id}"}
+    return tuple(ChatRef.from_key(k) for k in sorted(keys))
+
+
+class ForgetHost(Protocol):
+    """What forgetting needs from the bot (the core tool's ``ctx.deps``)."""
+
+    db: Database
+    forgetters: list[Forgetter]
+
+
+async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetReport:
+    """Run the core forget and every plugin's :class:`Forgetter`, then leave no copy in the WAL."""
+    messages, replies = await bot.db.transaction(lambda db: forget_sync(db, request))
+    counts = [("条消息", messages), ("条机器人回复", replies)]
+    failed: list[str] = []
+    for forgetter in bot.forgetters:
+        try:
+            counts.append((forgetter.unit, await forgetter.forget(request)))
+        except Exception:
+            log.exception("forget: %s failed", forgetter.name)
+            failed.append(forgetter.name)
+    await bot.db.checkpoint()
+    if failed:  # never claim a deletion that did not happen
+        raise ToolError(f"forgetting failed in {', '.join(failed)}",
+                        user_message="删除时出错了，部分记录可能还在，请稍后再发送一次 /forget me。")
+    return ForgetReport(counts)
+
+
+class ForgetArgs(BaseModel):
+    """What to forget: only the caller's own data can be."""
+
+    target: Literal["me"] = Field(description='"me": your own stored data')
+    where: Literal["here", "all"] = Field(
+        default="here", description='"here": this chat; "all": every chat (send it in a private chat)')
+
+
+@tool_function(examples=["/forget me", "/forget me all"])
+async def forget(ctx: ToolContext[ForgetHost], args: ForgetArgs) -> ToolResult:
+    """删除你的记录 (forget me)：删除你在本聊天被记录的消息、机器人对它们的回复、你在这里设的提醒（也会取消）；
+    私聊中发送 /forget me all 删除你在所有聊天的记录。"""
+    caller = ctx.caller
+    if ctx.via != "command":
+        raise ToolError("forgetting a person's data needs them to send `/forget me` themselves; tell them so",
+                        user_message="要删除你的记录，请直接发送 /forget me。")
+    if args.where == "all" and caller.chat_kind == "group":
+        return ToolResult.reply("/forget me all 会删除你在所有聊天的记录，请在私聊中发送给我。")
+    everywhere = args.where == "all"
+    if everywhere:
+        chats = await ctx.deps.db.run(lambda db: traces_sync(db, caller.platform, caller.user_id))
+    else:
+        chats = (ChatRef.of(caller),)
+    request = ForgetRequest(caller.platform, caller.user_id, chats, everywhere=everywhere)
+    report = await forget_everything(ctx.deps, request)
+    where = "所有聊天" if everywhere else ("本群" if caller.chat_kind == "group" else "本聊天")
+    return ToolResult.reply(report.text(where), data={"deleted": dict((u, n) for u, n in report.counts)})
+
+
+toolset = Toolset("core", [forget])
+#: Core tools a person must type: never offered to the model.
+COMMAND_ONLY = frozenset({"forget"})

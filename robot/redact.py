@@ -1,0 +1,32 @@
+"""Secrets out of what we print and log: URLs carry tokens (``?access_token=``, ``user:pass@``)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+__all__ = ["redact_url"]
+
+#: Query keys whose values are credentials (compared in lower case).
+_SECRET_KEYS = frozenset({"access_token", "token", "key", "api_key", "apikey", "secret", "password", "sig",
+                          "signature", "auth", "authorization", "corpsecret", "encodingaeskey"})
+MASK = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with every credential masked: secret query values and a password in the authority.
+
+    Unparseable input is masked whole rather than risked.
+    """
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            netloc = f"{userinfo.split(':', 1)[0]}:{MASK}@{host}" if ":" in userinfo else f"{MASK}@{host}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            query = urlencode([(k, MASK if k.lower() in _SECRET_KEYS else v) for k, v in pairs], safe="*")
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return MASK

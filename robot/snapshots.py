@@ -1,0 +1,193 @@
+"""The ``snapshots`` table: runs paused for a person, authenticated, with single-use credentials.
+
+One row per paused run: the run state, the caller, the chat (and account), the kind
+(``approval`` or ``input``), who must answer (``requester`` or ``admin``), a five-character
+code, created and expiry times, and the status (pending -> approved -> resumed, or denied,
+expired, refused, interrupted, failed). Every field a resume trusts is covered by an HMAC under a
+per-install secret (``secret.key`` in the data dir, mode 0600): an edited row fails
+:meth:`SnapshotStore.verify`. Status changes are guarded UPDATEs (``WHERE status = ?``), so one
+transition wins however many people (or processes) race for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import sqlite3
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from function_calls import RunState, ToolCall
+from robot.store import Database, iso
+
+__all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code", "summarize"]
+
+#: Credentials use no 0/O/1/I: they are read off a phone screen and typed back.
+ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+_SIGNED = ("id", "code", "kind", "approver", "requester", "chat", "account", "caller", "state", "origin",
+           "reply_to", "created_at", "expires_at", "tip")
+Row = dict[str, Any]
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be stored or trusted (no secret, no free code, a damaged key file)."""
+
+
+def new_code(length: int = 5) -> str:
+    """A fresh credential from the unambiguous alphabet."""
+    return "".join(secrets.choice(ALPHABET) for _ in range(length))
+
+
+def load_secret(path: Path) -> bytes:
+    """The per-install HMAC key, created once with mode 0600 (never logged)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) < 32:
+            raise SnapshotError(f"{path} is damaged (shorter than 32 bytes); delete it to create a new one") from None
+        return key
+    key = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as out:
+        out.write(key)
+    return key
+
+
+class SnapshotStore:
+    """Reads and writes ``snapshots`` on the bot's database thread."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.secret: bytes | None = None
+        db.migrate(self._schema)
+
+    @staticmethod
+    def _schema(db: sqlite_utils.Database) -> None:
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, code TEXT NOT NULL, kind TEXT NOT NULL, "
+            "approver TEXT NOT NULL, status TEXT NOT NULL, requester TEXT NOT NULL, chat TEXT NOT NULL, "
+            "account TEXT NOT NULL DEFAULT '', caller TEXT NOT NULL, state TEXT NOT NULL, origin TEXT NOT NULL, "
+            "reply_to TEXT, tip TEXT, created_at TEXT NOT NULL, expires_at TEXT NOT NULL, resolved_at TEXT, "
+            "resolved_by TEXT, mac TEXT NOT NULL)"
+        )
+        db.execute("CREATE UNIQUE INDEX IF NOT EXISTS snapshots_live_code ON snapshots (code) WHERE status = 'pending'")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_code ON snapshots (code, created_at)")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_chat ON snapshots (chat, requester, status, created_at)")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_answerable ON snapshots (chat) "
+                   "WHERE status = 'pending' AND (kind = 'input' OR approver = 'requester')")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_due ON snapshots (status, expires_at)")
+
+    def mac(self, row: Row) -> str:
+        if self.secret is None:
+            raise SnapshotError("the snapshot secret is not loaded")
+        data = {k: row.get(k) for k in _SIGNED}
+        text = json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return hmac.new(self.secret, text, hashlib.sha256).hexdigest()
+
+    def verify(self, row: Row) -> bool:
+        """True when no signed field was changed since the row was written."""
+        return hmac.compare_digest(self.mac(row), str(row.get("mac", "")))
+
+    async def insert(self, row: Row) -> str:
+        """Store a new pending row under a fresh code (unique among pending rows); returns the code."""
+        row = {**row, "id": row.get("id") or uuid.uuid4().hex, "status": "pending"}
+
+        def work(db: sqlite_utils.Database) -> str:
+            for _ in range(20):
+                row["code"] = new_code()
+                row["mac"] = self.mac(row)
+                try:
+                    db.execute(f"INSERT INTO snapshots ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+                               list(row.values()))
+                    return str(row["code"])
+                except sqlite3.IntegrityError:  # that code is live on another request: draw again
+                    continue
+            raise SnapshotError("no free credential after 20 draws")
+
+        return await self.db.run(work)
+
+    async def _rows(self, sql: str, params: list[Any]) -> list[Row]:
+        return await self.db.run(lambda db: list(db.query(sql, params)))
+
+    async def by_code(self, code: str) -> Row | None:
+        rows = await self._rows("SELECT * FROM snapshots WHERE code = ? ORDER BY created_at DESC LIMIT 1", [code])
+        return rows[0] if rows else None
+
+    async def latest_answerable(self, chat: str, requester: str) -> Row | None:
+        """The newest pending row this person can answer with a plain message in this chat."""
+        rows = await self._rows(
+            "SELECT * FROM snapshots WHERE chat = ? AND requester = ? AND status = 'pending' "
+            "AND (kind = 'input' OR approver = 'requester') ORDER BY created_at DESC LIMIT 1", [chat, requester])
+        return rows[0] if rows else None
+
+    async def pending(self, now: datetime, *, requester: str | None = None, admin_only: bool = False) -> list[Row]:
+        sql = "SELECT * FROM snapshots WHERE status = 'pending' AND expires_at > ?"
+        params: list[Any] = [iso(now)]
+        if requester is not None:
+            sql, params = sql + " AND requester = ?", [*params, requester]
+        if admin_only:
+            sql += " AND approver = 'admin' AND kind = 'approval'"
+        return await self._rows(sql + " ORDER BY created_at", params)
+
+    async def with_status(self, status: str | None) -> list[Row]:
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        return await self._rows(f"SELECT * FROM snapshots {where} ORDER BY created_at DESC", params)
+
+    async def due(self, now: datetime) -> list[Row]:
+        return await self._rows("SELECT * FROM snapshots WHERE status = 'pending' AND expires_at <= ?", [iso(now)])
+
+    async def next_expiry(self) -> str | None:
+        rows = await self._rows("SELECT MIN(expires_at) AS at FROM snapshots WHERE status = 'pending'", [])
+        return str(rows[0]["at"]) if rows and rows[0]["at"] is not None else None
+
+    async def answerable_chats(self) -> set[str]:
+        rows = await self._rows("SELECT DISTINCT chat FROM snapshots WHERE status = 'pending' "
+                                "AND (kind = 'input' OR approver = 'requester')", [])
+        return {str(r["chat"]) for r in rows}
+
+    async def transition(self, snapshot_id: str, to: str, *, frm: str, now: datetime, by: str | None = None) -> bool:
+        """Move one row from ``frm`` to ``to``; False when someone else moved it first."""
+
+        def work(db: sqlite_utils.Database) -> bool:
+            cur = db.execute("UPDATE snapshots SET status = ?, resolved_at = ?, resolved_by = COALESCE(?, resolved_by) "
+                             "WHERE id = ? AND status = ?", [to, iso(now), by, snapshot_id, frm])
+            return cur.rowcount == 1
+
+        return await self.db.run(work)
+
+    @staticmethod
+    def finish_sync(db: sqlite_utils.Database, snapshot_id: str) -> None:
+        """Mark an approved row resumed, inside the transaction that queues its replies."""
+        db.execute("UPDATE snapshots SET status = 'resumed' WHERE id = ? AND status = 'approved'", [snapshot_id])
+
+
+def describe_call(call: ToolCall, limit: int = 160) -> str:
+    """``name(key=value，…)`` for people, cut to ``limit`` characters."""
+    try:
+        args = json.loads(call.arguments or "{}")
+        shown = "，".join(f"{k}={v}" for k, v in args.items()) if isinstance(args, dict) else str(args)
+    except (ValueError, TypeError):
+        shown = call.arguments or ""
+    shown = shown.replace("\n", " ")
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return f"{call.name}({shown})"
+
+
+def summarize(row: Row) -> str:
+    """What a stored snapshot waits on, for ``/pending``."""
+    if row["kind"] == "input":
+        return str(row["tip"] or "")
+    try:
+        state = RunState.model_validate_json(str(row["state"]))
+    except ValueError:
+        return "（记录无法读取）"
+    return "；".join(describe_call(c, 80) for c in state.pending)

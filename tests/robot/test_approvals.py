@@ -1,0 +1,286 @@
+"""Approvals and paused runs, through the real pipeline: pause, approve once, deny, expire, ask_user."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from function_calls import (
+    Caller,
+    ModelRequest,
+    ModelResponse,
+    ToolContext,
+    ToolResult,
+    Toolset,
+    tool_function,
+)
+from function_calls.testing import ScriptedModel, call, text
+from robot.plugin import Plugin
+from robot.snapshots import ALPHABET
+from robot.testing import MemoryChannel
+
+ADMIN = "9"
+RUNS: list[tuple[str, int]] = []
+
+
+class TransferArgs(BaseModel):
+    amount: int = Field(description="how much", ge=0)
+
+
+@tool_function(confirm="admin")
+async def transfer(ctx: ToolContext[object], args: TransferArgs) -> ToolResult:
+    """Move money (an admin must approve)."""
+    RUNS.append(("transfer", args.amount))
+    return ToolResult(content=f"transferred {args.amount}")
+
+
+@tool_function(confirm="requester", aliases=["wipe"])
+async def wipe(ctx: ToolContext[object]) -> ToolResult:
+    """Delete my notes (I confirm myself)."""
+    RUNS.append(("wipe", 0))
+    return ToolResult.reply(f"wiped for {ctx.caller.user_id}")
+
+
+PLUGIN = Plugin("risky", Toolset("risky", [transfer, wipe]))
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    RUNS.clear()
+
+
+def after_tool(done: str) -> Any:
+    """A model that calls the tool first, and answers with what the tool said once it has a result."""
+
+    def script(req: ModelRequest) -> ModelResponse:
+        tool_msgs = [m for m in req.messages if m["role"] == "tool"]
+        if not tool_msgs:
+            return call("transfer", {"amount": 42})
+        return text(f"{done}: {tool_msgs[-1]['content']}")
+
+    return script
+
+
+def code_in(message: str) -> str:
+    import re
+
+    found = re.search(r"/approve ([A-Z0-9]{5})", message)
+    assert found, message
+    return found.group(1)
+
+
+async def start_bot(make_bot: Any, model: Any, data_dir: Path | None = None, **sections: Any) -> tuple[Any, MemoryChannel]:
+    bot_section = {"admins": [f"memory:{ADMIN}"], **sections.pop("bot", {})}
+    return await make_bot(model, plugins=[PLUGIN], data_dir=data_dir, bot=bot_section, **sections)  # type: ignore[no-any-return]
+
+
+async def test_model_call_waits_for_an_admin_and_runs_once_after_approval(make_bot: Any) -> None:
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    sent = await ch.wait_sent(2)
+    [ask] = [m for m in sent if m.mention == ("u1",)]
+    [notify] = [m for m in sent if m.mention == (ADMIN,)]
+    assert RUNS == []
+    assert "需要管理员批准" in ask.text and "transfer(amount=42)" in ask.text
+    code = code_in(ask.text)
+    assert len(code) == 5 and set(code) <= set(ALPHABET)
+    assert notify.mention == (ADMIN,) and code in notify.text  # the approver is @-ed in the chat
+    await ch.inject(f"/approve {code}", user="u1")  # the requester cannot approve an admin request
+    assert "只有管理员" in (await ch.wait_sent(3))[2].text
+    await asyncio.gather(ch.inject(f"/approve {code}", user=ADMIN), ch.inject(f"/approve {code}", user=ADMIN))
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(6)
+    assert RUNS == [("transfer", 42)]  # approved twice, at once: run once
+    answers = sorted(m.text for m in sent[3:6])
+    assert "已批准，正在执行。" in answers and any("已经" in a or "刚刚" in a for a in answers)
+    assert any(m.text == "完成: transferred 42" and m.mention == ("u1",) for m in sent)
+    # the model continued from the frozen conversation: its last request holds the real tool result
+    assert model.requests[-1].messages[-1] == {"role": "tool", "tool_call_id": model.requests[-1].messages[-2][
+        "tool_calls"][0]["id"], "content": "transferred 42"}
+    await ch.inject(f"/approve {code}", user=ADMIN)
+    assert "执行过" in (await ch.wait_sent(7))[6].text
+
+
+async def test_deny_tells_the_model_and_the_requester(make_bot: Any) -> None:
+    model = ScriptedModel(after_tool("没办成"))
+    bot, ch = await start_bot(make_bot, model)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await ch.inject(f"/deny {code} 太多了", user=ADMIN)
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(5)
+    assert RUNS == []
+    texts = [m.text for m in sent]
+    assert "已拒绝。" in texts and "你的请求已被拒绝（理由：太多了）。" in texts
+    assert any(t.startswith("没办成: The approver declined") and "太多了" in t for t in texts)
+
+
+async def test_requester_confirms_with_a_plain_yes_and_commands_pause_too(make_bot: Any) -> None:
+    bot, ch = await start_bot(make_bot, None)
+    await ch.inject("/wipe", user="u1")
+    ask = (await ch.wait_sent(1))[0].text
+    assert "确定要执行 wipe()" in ask and RUNS == []
+    await ch.inject("好的", user="u2")  # someone else's yes is just chat
+    await ch.inject("好的！", user="u1")  # not addressed to the bot, still the answer
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(3)
+    assert RUNS == [("wipe", 0)]
+    assert [m.text for m in sent[1:]] == ["好的，正在执行。", "wiped for u1"]
+
+
+async def test_unknown_foreign_and_repeated_wrong_codes(make_bot: Any) -> None:
+    _bot, ch = await start_bot(make_bot, None)
+    await ch.inject("/wipe", user="u1")
+    code = code_in((await ch.wait_sent(1))[0].text)
+    other_chat = ch.chat("g2")
+    await ch.inject(f"/approve {code}", user="u3", chat=other_chat)  # a code from another chat reads as unknown
+    await ch.inject(f"/approve {code}", user="u3")  # seen in this chat, but not theirs
+    sent = await ch.wait_sent(3)
+    assert "没有找到这个确认码" in sent[1].text and "只有发起人本人" in sent[2].text
+    for i in range(5):
+        await ch.inject(f"/approve ZZZZ{ALPHABET[i]}", user="u1")
+    await ch.inject(f"/approve {code}", user="u1")  # even the right code waits out the cool-down
+    sent = await ch.wait_sent(9)
+    assert "输错次数过多" in sent[-1].text and RUNS == []
+
+
+async def test_an_edited_snapshot_is_refused_and_logged(make_bot: Any, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(1))[0].text)
+
+    def tamper(db: Any) -> None:
+        [row] = list(db.query("SELECT id, state FROM snapshots"))
+        state = json.loads(row["state"])
+        state["pending"][0]["arguments"] = '{"amount": 7}'
+        db.execute("UPDATE snapshots SET state = ? WHERE id = ?", [json.dumps(state), row["id"]])
+
+    await bot.db.run(tamper)
+    with caplog.at_level(logging.ERROR):
+        await ch.inject(f"/approve {code}", user=ADMIN)
+        sent = await ch.wait_sent(3)
+    await bot.approvals.idle()
+    assert "校验失败" in sent[2].text and RUNS == []
+    assert any("integrity" in r.message for r in caplog.records)
+
+
+async def test_a_paused_run_survives_a_restart_and_runs_once(make_bot: Any, tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    bot1, ch1 = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch1.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch1.wait_sent(1))[0].text)
+    await bot1.stop(flush_timeout_s=0.5)
+    assert (data / "secret.key").stat().st_mode & 0o777 == 0o600
+    bot2, ch2 = await start_bot(make_bot, ScriptedModel(after_tool("重启后完成")), data_dir=data)
+    await ch2.inject(f"/approve {code}", user=ADMIN, message_id="after-restart")
+    await bot2.approvals.idle()
+    sent = await ch2.wait_sent(2)
+    assert RUNS == [("transfer", 42)]
+    assert any(m.text == "重启后完成: transferred 42" for m in sent)
+
+
+ASKS: list[str] = []
+
+
+def asking_model(req: ModelRequest) -> ModelResponse:
+    tool_msgs = [m for m in req.messages if m["role"] == "tool"]
+    if not tool_msgs:
+        return call("ask_user", {"tip": "几点开会？", "timeout_s": 60})
+    ASKS.append(tool_msgs[-1]["content"])
+    return text(f"收到：{tool_msgs[-1]['content']}")
+
+
+async def test_ask_user_takes_the_askers_next_message(make_bot: Any) -> None:
+    ASKS.clear()
+    bot, ch = await start_bot(make_bot, ScriptedModel(asking_model))
+    await ch.inject("帮我约个会", at_bot=True, user="u1")
+    assert (await ch.wait_sent(1))[0].text == "几点开会？"
+    await ch.inject("三点", user="u2")  # another member's chat is not the answer
+    await ch.inject("下午三点", user="u1")  # not addressed: still the answer, and routed nowhere else
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(2)
+    assert ASKS == ["下午三点"] and sent[1].text == "收到：下午三点" and len(sent) == 2
+
+
+async def test_ask_user_times_out_across_a_restart(make_bot: Any, tmp_path: Path) -> None:
+    ASKS.clear()
+    now = [datetime(2026, 11, 23, 8, 0, tzinfo=UTC)]
+    data = tmp_path / "d"
+    bot1, ch1 = await start_bot(make_bot, ScriptedModel(asking_model), data_dir=data)
+    bot1.clock = lambda: now[0]
+    await ch1.inject("帮我约个会", at_bot=True, user="u1")
+    await ch1.wait_sent(1)
+    await bot1.stop(flush_timeout_s=0.5)
+    now[0] += timedelta(seconds=61)
+    bot2, ch2 = await start_bot(make_bot, ScriptedModel(asking_model), data_dir=data, start=False)
+    bot2.clock = lambda: now[0]
+    await bot2.start()
+    sent = await ch2.wait_sent(1)
+    await bot2.approvals.idle()
+    assert ASKS == ["用户暂未回复"] and sent[0].text == "收到：用户暂未回复"
+
+
+async def test_a_scheduled_run_pauses_in_its_chat_and_resumes_on_approval(make_bot: Any) -> None:
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("定时完成")))
+    caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="g1", chat_kind="group")
+    result = await bot.run_scheduled("每天转账", caller, allow=["transfer"])
+    assert result is not None and result.stop.value == "awaiting_approval"
+    ask = next(m for m in await ch.wait_sent(2) if "/approve" in m.text and m.mention == ("u1",))
+    await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.wait_sent(4)
+    assert RUNS == [("transfer", 42)] and any(m.text == "定时完成: transferred 42" for m in ch.sent)
+
+
+async def test_pending_lists_mine_and_what_waits_for_me(make_bot: Any) -> None:
+    _bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")))
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(1))[0].text)
+    await ch.inject("/pending", user="u1")
+    await ch.inject("/pending", user=ADMIN)
+    await ch.inject("/pending", user="u3")
+    sent = await ch.wait_sent(5)
+    assert code in sent[2].text and "等管理员批准" in sent[2].text
+    assert code in sent[3].text and "等你批准" in sent[3].text
+    assert sent[4].text == "没有等待中的请求。"
+
+
+async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None:
+    from function_calls import Runner
+
+    runner = Runner(ScriptedModel(after_tool("完成")))
+    result = await runner.run([{"role": "user", "content": "转"}], Toolset("t", [transfer]))
+    assert RUNS == [] and result.stop.value in ("awaiting_approval", "completed")
+
+
+def test_codes_avoid_ambiguous_characters() -> None:
+    assert not set("0O1I") & set(ALPHABET) and len(ALPHABET) == 32
+    assert sqlite3.sqlite_version  # the partial unique index on live codes needs SQLite >= 3.8
+
+
+async def test_qunbot_pending_lists_what_waits(make_bot: Any, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from robot.cli import main
+
+    data = tmp_path / "d"
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await bot.stop(flush_timeout_s=0.5)
+    config = tmp_path / "qunbot.toml"
+    config.write_text(f'[bot]\ndata_dir = "{data}"\n', encoding="utf-8")
+    assert await asyncio.to_thread(main, ["--config", str(config), "pending"]) == 0
+    out = capsys.readouterr().out
+    assert code in out and "admin approval" in out and "memory:u1 in memory:group:g1" in out
+    assert "42" not in out.split(code, 1)[1].split("\n", 1)[0]  # the CLI shows no arguments or state

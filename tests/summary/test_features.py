@@ -1,0 +1,213 @@
+"""Issue #15 features: named periods, one member, opt-out, the per-user cool-down, the owner's prompt."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+import summary
+from function_calls.testing import ScriptedModel, call, text
+from robot.bot import Bot
+from robot.config import Settings
+from robot.message import ChatRef
+from robot.testing import MemoryChannel
+from summary.window import parse_period
+
+SH = ZoneInfo("Asia/Shanghai")
+NOW = datetime(2026, 11, 23, 4, 0, tzinfo=UTC)  # Monday 12:00 in Shanghai
+G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def sh(day: int, hour: int, minute: int = 0) -> datetime:
+    return datetime(2026, 11, day, hour, minute, tzinfo=SH)
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, model: Any = None, clock: Clock | None = None,
+                  **summary_cfg: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
+    ch = MemoryChannel()
+    settings = Settings(bot={"data_dir": tmp_path, "timezone": "Asia/Shanghai"},
+                        limits={"user_burst": 50, "chat_burst": 50}, summary=summary_cfg)
+    bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=clock or Clock())
+    await bot.start()
+    try:
+        yield bot, ch
+    finally:
+        await bot.stop()
+
+
+def model_lines(model: ScriptedModel) -> list[str]:
+    out: list[str] = []
+    for request in model.requests:
+        if not request.tools:
+            body = str(request.messages[-1]["content"])
+            out += [line.split("] ", 1)[1] for line in body.splitlines() if line.startswith("[")]
+    return out
+
+
+def summariser() -> ScriptedModel:
+    return ScriptedModel(lambda r: text("模型总结"))
+
+
+# -- periods -------------------------------------------------------------------------------------
+def test_named_periods_are_days_and_ranges_in_the_chat_zone() -> None:
+    yesterday = parse_period("昨天", NOW, SH)
+    assert (yesterday.start, yesterday.end) == (sh(22, 0), sh(23, 0)) and yesterday.title == "昨天（11-22 周日）"
+    day = parse_period("2026-11-20", NOW, SH)
+    assert (day.start, day.end) == (sh(20, 0), sh(21, 0)) and "2026-11-20" in day.title
+    assert parse_period("11月20日", NOW, SH).start == sh(20, 0)
+    assert parse_period("12-25", NOW, SH).start == datetime(2025, 12, 25, tzinfo=SH)  # not in the future
+    morning = parse_period("09:00-12:00", NOW, SH)
+    assert (morning.start, morning.end) == (sh(23, 9), sh(23, 12)) and morning.title == "今天 09:00-12:00"
+    span = parse_period("昨天 21:30～24:00", NOW, SH)
+    assert (span.start, span.end) == (sh(22, 21, 30), sh(23, 0))
+    for bad, why in (("12:00-09:00", "早于"), ("2026-02-30", "没有这一天"), ("下辈子", "看不懂"), ("25:00-26:00", "不对")):
+        with pytest.raises(ValueError, match=why):
+            parse_period(bad, NOW, SH)
+
+
+async def test_summary_of_yesterday_a_date_and_a_morning_by_command(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model, user_cooldown_s=0) as (_bot, ch):
+        await ch.inject("上周五的消息", user="1", at=sh(20, 15))
+        await ch.inject("昨天晚上的消息", user="2", at=sh(22, 21))
+        await ch.inject("今天早上的消息", user="3", at=sh(23, 9, 30))
+        await ch.inject("今天中午的消息", user="4", at=sh(23, 11, 55))
+        for command, expected in (("/summary 昨天", ["2(2): 昨天晚上的消息"]),
+                                  ("/summary 2026-11-20", ["1(1): 上周五的消息"]),
+                                  ("/summary 09:00-11:00", ["3(3): 今天早上的消息"]),
+                                  ("/summary 3", ["3(3): 今天早上的消息", "4(4): 今天中午的消息"])):
+            model.requests.clear()
+            sent = len(ch.sent)
+            await ch.inject(command, user="9", at=NOW)
+            replies = await ch.wait_sent(sent + 1)
+            assert model_lines(model) == expected, command
+        assert replies[1].text.startswith("【群聊总结】2026-11-20（11-20 周五）")
+        await ch.inject("/summary 12:00-09:00", user="9", at=NOW)
+        refused = await ch.wait_sent(len(ch.sent) + 1)
+    assert "结束早于开始" in refused[-1].text
+
+
+# -- one member ----------------------------------------------------------------------------------
+async def test_summarise_one_member_by_their_name(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda r: call("summary", {"member": "@小明"}) if r.tools else text("小明的总结"))
+    async with running(tmp_path, model) as (_bot, ch):
+        await ch.inject("我来订场地", user="1", name="小明", at=NOW - timedelta(minutes=9))
+        await ch.inject("我不去了", user="2", name="小红", at=NOW - timedelta(minutes=8))
+        await ch.inject("场地订好了，二号场", user="1", name="小明", at=NOW - timedelta(minutes=7))
+        await ch.inject("总结 @小明", user="2", name="小红", at=NOW - timedelta(minutes=1), at_bot=True)
+        sent = await ch.wait_sent(1)
+        assert model_lines(model) == ["小明(1): 我来订场地", "小明(1): 场地订好了，二号场"]
+        assert "小明 的发言" in sent[0].text.splitlines()[0]
+        await ch.inject("/summary @小刚", user="2", at=NOW)
+        missing = await ch.wait_sent(2)
+    assert "没有找到「小刚」的发言" in missing[1].text
+
+
+# -- opt-out ---------------------------------------------------------------------------------------
+async def test_a_member_who_opts_out_is_neither_quoted_nor_sent_to_the_model(tmp_path: Path) -> None:
+    model = summariser()
+    async with running(tmp_path, model, user_cooldown_s=0) as (_bot, ch):
+        await ch.inject("/summary optout", user="2", name="小红", at=NOW - timedelta(minutes=70))
+        await ch.inject("结论：周六去爬山", user="1", name="小明", at=NOW - timedelta(minutes=9))
+        await ch.inject("我的私事：明天去医院复查", user="2", name="小红", at=NOW - timedelta(minutes=8))
+        await ch.inject("/summary hours=1", user="1", at=NOW)
+        sent = await ch.wait_sent(2)
+        assert "不会引用你的消息" in sent[0].text
+        # (the bot's own replies to commands are another issue's: only members' lines are checked)
+        assert [line for line in model_lines(model) if "[机器人]" not in line] == ["小明(1): 结论：周六去爬山"]
+        assert all("医院" not in str(r.messages) for r in model.requests)
+        await ch.inject("/summary @小红 hours=1", user="1", at=NOW)
+        refused = await ch.wait_sent(3)
+        assert "选择了不被总结" in refused[2].text
+        await ch.inject("/summary optin", user="2", at=NOW)
+        model.requests.clear()
+        await ch.inject("/summary hours=1", user="1", at=NOW)
+        await ch.wait_sent(5)
+    assert "小红(2): 我的私事：明天去医院复查" in model_lines(model)
+
+
+async def test_opting_out_also_keeps_messages_out_of_the_extractive_summary(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("/summary optout", user="2", at=NOW - timedelta(minutes=70))
+        await ch.inject("决定：周五发版本", user="2", at=NOW - timedelta(minutes=9))
+        await ch.inject("我来写测试用例", user="1", at=NOW - timedelta(minutes=8))
+        await ch.inject("/summary hours=1", user="1", at=NOW)
+        sent = await ch.wait_sent(2)
+    assert "周五发版本" not in sent[1].text and "我来写测试用例" in sent[1].text
+
+
+# -- cool-down -------------------------------------------------------------------------------------
+async def test_a_member_waits_between_ai_summaries_but_others_do_not(tmp_path: Path) -> None:
+    model, clock = summariser(), Clock()
+    async with running(tmp_path, model, clock, user_cooldown_s=60) as (_bot, ch):
+        await ch.inject("结论：周六去爬山", user="1", at=NOW - timedelta(minutes=9))
+        await ch.inject("/summary hours=1", user="1", at=NOW)
+        await ch.inject("/summary hours=1", user="1", at=NOW)
+        await ch.inject("/summary hours=1", user="2", at=NOW)
+        sent = await ch.wait_sent(3)
+        assert "请 60 秒后再试" in sent[1].text
+        assert sent[2].text.endswith("模型总结")
+        clock.now = NOW + timedelta(seconds=61)
+        await ch.inject("/summary hours=1", user="1", at=clock.now)
+        later = await ch.wait_sent(4)
+    assert later[3].text.endswith("模型总结")
+
+
+# -- the owner's prompt ----------------------------------------------------------------------------
+async def test_a_groups_own_prompt_shapes_its_summaries_only(tmp_path: Path) -> None:
+    model = summariser()
+    cfg = {"user_cooldown_s": 0, "prompt": "语气正式。", "prompts": {"memory:g2": "用武侠小说的口吻。"}}
+    async with running(tmp_path, model, **cfg) as (_bot, ch):
+        await ch.inject("结论：周六去爬山", user="1", at=NOW - timedelta(minutes=9))
+        await ch.inject("结论：周日去游泳", user="1", chat=G2, at=NOW - timedelta(minutes=9))
+        await ch.inject("/summary hours=1", user="1", at=NOW)
+        await ch.inject("/summary hours=1", user="1", chat=G2, at=NOW)
+        await ch.wait_sent(2)
+    systems = [str(r.messages[0]["content"]) for r in model.requests]
+    assert "语气正式。" in systems[0] and "武侠" not in systems[0]
+    assert "用武侠小说的口吻。" in systems[1] and "语气正式" not in systems[1]
+    # The owner's words come after the rules and cannot replace them.
+    assert systems[1].index("不要照做") < systems[1].index("武侠")
+
+
+# -- somewhere else ----------------------------------------------------------------------------------
+async def test_a_bot_admin_can_summarise_a_group_in_private_without_moving_its_mark(tmp_path: Path) -> None:
+    from summary.window import read_mark
+
+    model = summariser()
+    ch = MemoryChannel()
+    settings = Settings(bot={"data_dir": tmp_path, "admins": ["memory:boss"]},
+                        limits={"user_burst": 50, "chat_burst": 50}, summary={"user_cooldown_s": 0})
+    bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=Clock())
+    await bot.start()
+    try:
+        group, boss, member = ch.chat("g1"), ch.chat("boss", "private"), ch.chat("m1", "private")
+        await ch.inject("结论：周六去爬山", user="1", chat=group, at=NOW - timedelta(minutes=9))
+        await ch.inject("/summary #g1 hours=1", user="boss", chat=boss, at=NOW)
+        await ch.inject("/summary #g1", user="m1", chat=member, at=NOW)
+        await ch.inject("/summary #g1", user="1", chat=group, at=NOW)
+        sent = await ch.wait_sent(3)
+        mark = await read_mark(bot.db, group)
+    finally:
+        await bot.stop()
+    to_boss = next(m for m in sent if m.chat == boss)
+    assert to_boss.text.startswith("【群聊总结】群 g1 · 最近 1 小时") and to_boss.text.endswith("模型总结")
+    assert model_lines(model) == ["1(1): 结论：周六去爬山"]
+    assert "只有机器人管理员" in next(m for m in sent if m.chat == member).text
+    assert "只在私聊里用" in next(m for m in sent if m.chat == group).text
+    assert mark is None  # the group's own "since the last summary" is untouched
