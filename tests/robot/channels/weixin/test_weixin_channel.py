@@ -296,3 +296,15 @@ def test_account_files_are_private(tmp_path: Path) -> None:
     assert path.parent == tmp_path / "wx" / "accounts"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [a.bot_id for a in state.load_accounts_sync()] == ["../evil"]
+
+
+async def test_one_user_on_two_accounts_is_answered_by_each_through_the_outbox(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    await make_bot(ScriptedModel(lambda request: text(f"答：{request.messages[-1]['content']}")),
+                   channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="问一号")
+    fake.inject(TOKEN2, ALICE, text="问二号")
+    await until(lambda: len(fake.sent) == 2)
+    assert {(s.token, s.text) for s in fake.sent} == {(TOKEN, "答：问一号"), (TOKEN2, "答：问二号")}
