@@ -74,7 +74,15 @@ def build_channels(settings: Settings) -> list[Channel]:
     if cfg.web.enabled or not channels:
         from robot.channels.web import WebChannel
 
-        channels.append(WebChannel(cfg.web, bot_name=settings.bot.name))
+        playground = WebChannel(cfg.web, bot_name=settings.bot.name)
+        channels.append(playground)
+        # Binding a WeChat account is the owner's act: only a loopback playground offers the login page.
+        if cfg.weixin.enabled and cfg.web.host in ("127.0.0.1", "localhost", "::1"):
+            from robot.channels.weixin import WeixinState
+            from robot.channels.weixin.web_login import login_app
+
+            state = WeixinState(cfg.weixin.state_dir or settings.bot.data_dir / "weixin")
+            playground.mount("/weixin", login_app(cfg.weixin, state))
     return channels
 
 

@@ -147,6 +147,7 @@ class WebChannel(Channel):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._mounts: list[tuple[str, web.Application]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,6 +157,8 @@ class WebChannel(Channel):
         app.router.add_get("/", self._index)
         app.router.add_get("/ws", self._socket)
         app.router.add_static("/static/", STATIC)
+        for prefix, sub in self._mounts:
+            app.add_subapp(prefix, sub)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -186,6 +189,10 @@ class WebChannel(Channel):
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    def mount(self, prefix: str, app: web.Application) -> None:
+        """Serve another channel's page under ``prefix`` (behind the same guard); before :meth:`start`."""
+        self._mounts.append((prefix, app))
 
     @property
     def port(self) -> int:

@@ -48,25 +48,30 @@ async def _ask_stdin(prompt: str) -> str:
 
 async def login(settings: WeixinSettings, state: WeixinState, *, out: TextIO = sys.stdout,
                 session: aiohttp.ClientSession | None = None, ask_code: AskCode = _ask_stdin,
+                show_qr: Callable[[str, TextIO], None] = draw_qr,
                 timeout_s: float = 480.0, poll_interval_s: float = 1.0) -> WeixinAccount | None:
-    """Run the QR login; returns the stored account, or None if it was already bound."""
+    """Run the QR login; returns the stored account, or None if it was already bound.
+
+    ``show_qr(link, out)`` presents each QR code (the terminal draws it; the playground shows an SVG).
+    """
     own = session is None
     session = session or aiohttp.ClientSession()
     try:
-        return await _login(settings, state, out, session, ask_code, timeout_s, poll_interval_s)
+        return await _login(settings, state, out, session, ask_code, show_qr, timeout_s, poll_interval_s)
     finally:
         if own:
             await session.close()
 
 
 async def _login(settings: WeixinSettings, state: WeixinState, out: TextIO, session: aiohttp.ClientSession,
-                 ask_code: AskCode, timeout_s: float, poll_interval_s: float) -> WeixinAccount | None:
+                 ask_code: AskCode, show_qr: Callable[[str, TextIO], None], timeout_s: float,
+                 poll_interval_s: float) -> WeixinAccount | None:
     known = await asyncio.to_thread(state.load_accounts_sync)
     local_tokens = [a.bot_token.get_secret_value() for a in reversed(known)][:10]
     start = WeixinApi(session, settings.api_base, timeout_s=settings.request_timeout)
     qr = await start.get_bot_qrcode(settings.bot_type, local_tokens)
     out.write("用手机微信扫描下面的二维码，连接 qunbot：\n")
-    draw_qr(qr.qrcode_img_content, out)
+    show_qr(qr.qrcode_img_content, out)
     poll, codes, verify, told_scanned = start, 1, None, False
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -91,7 +96,7 @@ async def _login(settings: WeixinSettings, state: WeixinState, out: TextIO, sess
                 out.write("二维码已失效，正在刷新……\n")
                 qr = await start.get_bot_qrcode(settings.bot_type, local_tokens)
                 poll, verify, told_scanned = start, None, False
-                draw_qr(qr.qrcode_img_content, out)
+                show_qr(qr.qrcode_img_content, out)
             case "scaned_but_redirect":
                 if status and status.redirect_host:
                     scheme = urlsplit(settings.api_base).scheme or "https"

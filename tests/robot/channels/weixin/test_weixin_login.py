@@ -124,3 +124,61 @@ def test_any_message_shape_converts_or_is_refused_cleanly(raw: dict[str, Any]) -
     message = to_message("bot@im.bot", msg)
     if message is not None:
         assert message.chat.account == "bot@im.bot" and message.sender.user_id
+
+
+async def test_the_playground_shows_the_qr_code_and_logs_in(tmp_path: Path) -> None:
+    import asyncio
+
+    import aiohttp
+
+    from robot.bot import build_channels
+    from robot.channels.web import WebChannel
+    from robot.config import Settings
+
+    async with FakeILinkServer() as fake:
+        fake.qr_script = [{"status": "wait"}, {"status": "need_verifycode"},
+                          {"status": "confirmed", "bot_token": "t", "ilink_bot_id": "web@im.bot", "baseurl": fake.url}]
+        settings = Settings(bot={"data_dir": tmp_path}, channels={
+            "web": {"enabled": True, "port": 0}, "weixin": {"enabled": True, "api_base": fake.url}})
+        (playground,) = [c for c in build_channels(settings) if isinstance(c, WebChannel)]
+        await playground.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                base = playground.url + "weixin/"
+                async with http.get(base) as resp:
+                    assert resp.status == 200 and "获取二维码" in await resp.text()
+                async with http.post(base + "start") as resp:
+                    assert resp.status == 200
+                status: dict[str, Any] = {}
+                for _ in range(200):
+                    async with http.get(base + "status") as resp:
+                        status = await resp.json()
+                    if status["needs_code"]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert status["needs_code"] and "<svg" in status["svg"]
+                async with http.post(base + "code", data="abc") as resp:
+                    assert resp.status == 400
+                async with http.post(base + "code", data="42") as resp:
+                    assert resp.status == 200
+                for _ in range(200):
+                    async with http.get(base + "status") as resp:
+                        status = await resp.json()
+                    if status["state"] == "done":
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await playground.stop()
+    assert "web@im.bot" in status["message"] and status["svg"] == ""
+    assert [a.bot_id for a in WeixinState(tmp_path / "weixin").load_accounts_sync()] == ["web@im.bot"]
+
+
+def test_a_playground_open_to_others_offers_no_wechat_login(tmp_path: Path) -> None:
+    from robot.bot import build_channels
+    from robot.channels.web import WebChannel
+    from robot.config import Settings
+
+    settings = Settings(bot={"data_dir": tmp_path}, channels={
+        "web": {"enabled": True, "host": "0.0.0.0", "port": 0}, "weixin": {"enabled": True}})
+    (playground,) = [c for c in build_channels(settings) if isinstance(c, WebChannel)]
+    assert playground._mounts == []
