@@ -71,6 +71,7 @@ class WeixinChannel(Channel):
         self.accounts: dict[str, _Account] = {}
         self._typing: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -93,9 +94,34 @@ class WeixinChannel(Channel):
             log.error("weixin: no logged-in account under %s: run `qunbot login weixin` first",
                       self.state.accounts_dir)
         for acc in self.accounts.values():
-            with contextlib.suppress(WeixinError):
-                await acc.api.notify(start=True)
-            acc.poller = asyncio.create_task(self._poll(acc), name=f"weixin-poll-{acc.bot_id}")
+            await self._start_polling(acc)
+        self._watcher = asyncio.create_task(self._watch_accounts(), name="weixin-accounts")
+
+    async def _start_polling(self, acc: _Account) -> None:
+        with contextlib.suppress(WeixinError):
+            await acc.api.notify(start=True)
+        acc.poller = asyncio.create_task(self._poll(acc), name=f"weixin-poll-{acc.bot_id}")
+
+    async def _watch_accounts(self) -> None:
+        """Serve accounts logged in while running, and pick up renewed tokens."""
+        wanted = set(self.settings.accounts)
+        while not self._stopping.is_set():
+            await self._sleep(self.settings.account_scan_s)
+            try:
+                stored = await asyncio.to_thread(self.state.load_accounts_sync)
+            except OSError:
+                continue
+            for account in stored:
+                if (wanted and account.bot_id not in wanted) or self._stopping.is_set():
+                    continue
+                acc = self.accounts.get(account.bot_id)
+                if acc is None:
+                    log.warning("weixin: new account %s logged in; serving it", account.bot_id)
+                    acc = self.accounts[account.bot_id] = _Account(account, self._api_for(account))
+                    acc.tokens = await self.state.load_context_tokens(account.bot_id)
+                    await self._start_polling(acc)
+                elif account.bot_token != acc.account.bot_token:
+                    acc.account, acc.api = account, self._api_for(account)
 
     def _api_for(self, account: WeixinAccount) -> WeixinApi:
         assert self._session is not None
@@ -107,6 +133,9 @@ class WeixinChannel(Channel):
         for task in self._typing.values():
             task.cancel()
         pollers = [acc.poller for acc in self.accounts.values() if acc.poller is not None]
+        if self._watcher is not None:
+            pollers.append(self._watcher)
+            self._watcher = None
         for task in pollers:
             task.cancel()
         await asyncio.gather(*pollers, *self._typing.values(), return_exceptions=True)

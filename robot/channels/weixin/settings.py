@@ -32,6 +32,7 @@ class WeixinSettings(BaseModel):
     typing_refresh_s: float = Field(5.0, gt=0)
     retry_delay_s: float = Field(2.0, gt=0, description="after a failed poll; doubles up to backoff_max_s")
     backoff_max_s: float = Field(30.0, gt=0)
+    account_scan_s: float = Field(10.0, gt=0, description="how often to look for accounts logged in meanwhile")
     session_pause_s: float = Field(3600.0, gt=0, description="after errcode -14, unless the account logs in again")
 
     @field_validator("api_base")

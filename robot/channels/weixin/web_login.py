@@ -77,7 +77,7 @@ class _Login:
             log.exception("weixin: playground login failed")
             self.result = "登录失败，详情见日志。"
         else:
-            self.result = (f"登录成功：{account.bot_id}。重启 qunbot 后生效。" if account is not None
+            self.result = (f"登录成功：{account.bot_id}。几秒后开始收发消息。" if account is not None
                            else "这个微信已经连接过本机的 qunbot。")
         finally:
             self.svg = ""

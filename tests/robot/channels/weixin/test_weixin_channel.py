@@ -308,3 +308,13 @@ async def test_one_user_on_two_accounts_is_answered_by_each_through_the_outbox(
     fake.inject(TOKEN2, ALICE, text="问二号")
     await until(lambda: len(fake.sent) == 2)
     assert {(s.token, s.text) for s in fake.sent} == {(TOKEN, "答：问一号"), (TOKEN2, "答：问二号")}
+
+
+async def test_an_account_logged_in_while_running_is_served(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    async with running(WeixinChannel(settings(tmp_path, account_scan_s=0.05))) as channel:
+        assert channel.accounts == {}
+        log_in(tmp_path, fake)  # `qunbot login weixin` (or the playground) in another process
+        fake.inject(TOKEN, ALICE, text="新账号")
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert (message.text, message.chat.account) == ("新账号", BOT)
