@@ -44,11 +44,19 @@ class ToolError(FunctionCallError):
 
 @dataclass(frozen=True)
 class FieldProblem:
-    """One validation failure: where, what, and the offending value (as JSON text)."""
+    """One validation failure: where, what, and the offending value (as JSON text).
+
+    ``kind`` names the broken rule (a JSON-Schema keyword such as ``maximum``, or a Pydantic error
+    type such as ``less_than_equal``) and ``limit`` its bound, so a front end can word the problem
+    in its own language; ``length`` is the offending string's full length (``value`` is cut).
+    """
 
     path: str
     problem: str
     value: str | None = None
+    kind: str = ""
+    limit: object = None
+    length: int | None = None
 
     def render(self) -> str:
         got = f" (got {self.value})" if self.value is not None else ""

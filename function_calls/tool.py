@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolDefinitionError
+from function_calls.problems import field_path, schema_problems, short_value
 from function_calls.schema import EMPTY_PARAMETERS, compact_schema, strict_schema
 
 __all__ = ["Confirm", "Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
@@ -30,8 +31,6 @@ Scope = Literal["group", "private", "both"]
 #: Who must agree before a ``confirm`` tool runs (see :attr:`Tool.confirm`).
 Confirm = Literal["requester", "admin", "input"]
 Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
-_MAX_VALUE_CHARS = 80
-_MAX_MESSAGE_CHARS = 160
 #: Larger argument strings are refused before parsing: no tool needs them, and parsing costs.
 MAX_ARGUMENT_CHARS = 64_000
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts for a function name
@@ -104,14 +103,14 @@ class Tool:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
-                problem = FieldProblem("", f"not valid JSON: {exc.msg} at char {exc.pos}", _short(text))
+                problem = FieldProblem("", f"not valid JSON: {exc.msg} at char {exc.pos}", short_value(text))
                 raise ArgumentError(self.name, "JSON", [problem]) from None
             except RecursionError:
                 raise ArgumentError(self.name, "JSON", [FieldProblem("", "JSON nested too deeply")]) from None
         if not isinstance(data, dict):
-            raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", _short(data))])
+            raise ArgumentError(self.name, "JSON", [FieldProblem("", "arguments must be a JSON object", short_value(data))])
         validator = self._strict_validator if strict else self._validator
-        problems = _schema_problems(validator.iter_errors(data))
+        problems = schema_problems(validator.iter_errors(data))
         if problems:
             raise ArgumentError(self.name, "schema", problems)
         if self.args_model is None:
@@ -124,7 +123,9 @@ class Tool:
             raise ArgumentError(
                 self.name,
                 "validation",
-                [FieldProblem(_path(e["loc"]), e["msg"], _short(e.get("input"))) for e in exc.errors()],
+                [FieldProblem(field_path(e["loc"]), e["msg"], short_value(given := e.get("input")), kind=e["type"],
+                              limit=next(iter(e.get("ctx", {}).values()), None),
+                              length=len(given) if isinstance(given, str) else None) for e in exc.errors()],
             ) from None
 
     async def invoke(self, ctx: ToolContext[Any], args: BaseModel | None) -> ToolResult:
@@ -145,68 +146,6 @@ class Tool:
         if isinstance(result, ToolResult):
             return result
         raise ToolDefinitionError(f"tool {self.name!r} returned {type(result).__name__}, not ToolResult or str")
-
-
-def _path(parts: Iterable[Any]) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _short(value: Any) -> str:
-    """A JSON rendering of a value, cut to a readable length; lone surrogates made safe to send."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, RecursionError):
-        text = repr(value)
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
-
-
-def _cut(message: str) -> str:
-    """jsonschema's messages embed the whole offending value: keep them short (the value is shown apart).
-
-    The cut is in the middle: the reason ("is too long") comes after the value and must survive.
-    """
-    message = message.encode("utf-8", "replace").decode("utf-8")
-    if len(message) <= _MAX_MESSAGE_CHARS:
-        return message
-    half = (_MAX_MESSAGE_CHARS - 1) // 2
-    return message[:half] + "…" + message[-half:]
-
-
-_LENGTH_REASONS = {"maxLength": "is too long: at most {} characters", "minLength": "is too short: at least {} characters",
-                   "maxItems": "has too many items: at most {}", "minItems": "has too few items: at least {}"}
-
-
-def _schema_problems(errors: Iterable[Any]) -> list[FieldProblem]:
-    problems: list[FieldProblem] = []
-    for err in errors:
-        if err.validator == "required" and isinstance(err.instance, dict):
-            # Point at the missing field itself, not at its parent object (one entry per field).
-            missing = err.message.split(" is a required property")[0].strip("'\"")
-            if missing in err.validator_value and missing not in err.instance:
-                problems.append(FieldProblem(_path([*err.absolute_path, missing]), "required field is missing"))
-                continue
-        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-            known = err.schema.get("properties", {})
-            allowed = ", ".join(known) or "none"
-            problems.extend(
-                FieldProblem(_path([*err.absolute_path, k]), f"unknown field (allowed: {allowed})", _short(v))
-                for k, v in err.instance.items() if k not in known
-            )
-            continue
-        if err.validator in _LENGTH_REASONS:
-            message = _LENGTH_REASONS[err.validator].format(err.validator_value)
-        else:
-            message = _cut(err.message) if err.validator != "enum" else _enum_msg(err)
-        problems.append(FieldProblem(_path(err.absolute_path), message, _short(err.instance)))
-    return sorted(problems, key=lambda p: p.path)
-
-
-def _enum_msg(err: Any) -> str:
-    return "must be one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in err.validator_value)
 
 
 def _nullable(schema: dict[str, Any], prop: str) -> bool:

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from reminders.commands import REMIND_SYNTAX
 from reminders.service import FireReport, ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import LimitError, Reminder, ReminderError, ReminderStore
@@ -81,4 +82,5 @@ async def chat_moved(deps: ReminderDeps, old: ChatRef, new: ChatRef) -> None:
 
 
 plugin: Plugin[ReminderDeps] = Plugin(name="reminders", tools=toolset, setup=setup, teardown=teardown,
-                                      settings_model=ReminderSettings, chat_moved=chat_moved)
+                                      settings_model=ReminderSettings, commands={"reminder_set": REMIND_SYNTAX},
+                                      chat_moved=chat_moved)

@@ -20,6 +20,7 @@ import functools
 import re
 import unicodedata
 import zoneinfo
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
@@ -27,27 +28,32 @@ from typing import Literal
 
 __all__ = [
     "MISSED_FIRES_CAP",
+    "WORKDAYS",
     "Kind",
     "Schedule",
     "ScheduleError",
+    "days_mask",
     "describe",
     "first_fire",
+    "mask_days",
     "missed_fires",
     "next_fire",
     "parse_schedule",
 ]
 
-Kind = Literal["once", "daily", "weekly"]
-_KINDS: tuple[Kind, ...] = ("once", "daily", "weekly")
+Kind = Literal["once", "daily", "weekly", "weekdays"]
+_KINDS: tuple[Kind, ...] = ("once", "daily", "weekly", "weekdays")
+WORKDAYS = (0, 1, 2, 3, 4)
+"""Monday to Friday (工作日); public holidays are not known to the bot."""
 
 MISSED_FIRES_CAP = 1000
 """``missed_fires`` never counts beyond this (a bot down for years is still a short loop)."""
 
 _WEEKDAYS_EN = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _WEEKDAYS_ZH = ("一", "二", "三", "四", "五", "六", "日")
-_KINDS_ZH = {"once": "一次性", "daily": "每天", "weekly": "每周"}
-_UNKNOWN_KIND_ZH = "提醒类型 {!r} 不认识，请用 once（一次性）、daily（每天）或 weekly（每周）。"
-_WEEKDAY_HINT_ZH = "0=周一 … 6=周日"
+_KINDS_ZH = {"once": "一次性", "daily": "每天", "weekly": "每周", "weekdays": "每周几天"}
+_UNKNOWN_KIND_ZH = "提醒类型 {!r} 不认识，请用 once（一次性）、daily（每天）、weekly（每周）或 weekdays（每周几天）。"
+_WEEKDAY_HINT_ZH = "周一、周二 … 周日（也可写数字 0=周一 … 6=周日）"
 
 _TIME_RE = re.compile(r"([0-9]{1,2}):([0-9]{1,2})(?::([0-9]{1,2}))?")
 _DATETIME_RE = re.compile(
@@ -75,6 +81,8 @@ class Schedule:
     """A validated reminder schedule (build it with ``parse_schedule``).
 
     ``wall`` is ``"YYYY-MM-DD HH:MM:SS"`` for ``once`` and ``"HH:MM:SS"`` otherwise, local to ``zone``.
+    ``weekday`` is the day (0=Monday ... 6=Sunday) of a ``weekly`` reminder, and for ``weekdays`` the
+    set of days as a bit mask (bit 0 = Monday; see :func:`days_mask`), so a set fits the same column.
     Direct construction is validated too, so a schedule read back from storage cannot be malformed.
     """
 
@@ -113,8 +121,28 @@ def _zone(name: str) -> zoneinfo.ZoneInfo:
     raise ScheduleError(f"unknown time zone {name!r}; {suggestion}", user_message=f"时区 {name!r} 不存在。")
 
 
+def days_mask(days: Iterable[int]) -> int:
+    """Days of the week (0=Monday ... 6=Sunday) -> the ``weekday`` bit mask of a ``weekdays`` schedule."""
+    mask = 0
+    for day in days:
+        if isinstance(day, bool) or not isinstance(day, int) or not 0 <= day <= 6:
+            raise ScheduleError(f"day {day!r} is out of range; use 0=Monday ... 6=Sunday",
+                                user_message=f"星期几 {day!r} 超出范围，请用 {_WEEKDAY_HINT_ZH}。")
+        mask |= 1 << day
+    return mask
+
+
+def mask_days(mask: int) -> tuple[int, ...]:
+    """The days (0=Monday ... 6=Sunday) in a ``weekdays`` bit mask, in order."""
+    return tuple(d for d in range(7) if mask >> d & 1)
+
+
 def _check_weekday(kind: Kind, weekday: int | None) -> None:
-    if kind == "weekly":
+    if kind == "weekdays":
+        if isinstance(weekday, bool) or not isinstance(weekday, int) or not 1 <= weekday <= 127:
+            raise ScheduleError("a weekdays reminder needs at least one day, e.g. [0, 1, 2, 3, 4] for Monday-Friday",
+                                user_message=f"请指定每周哪几天，例如工作日（周一到周五）；星期几写 {_WEEKDAY_HINT_ZH}。")
+    elif kind == "weekly":
         if weekday is None:
             raise ScheduleError("weekly reminders need a weekday: 0=Monday ... 6=Sunday",
                                 user_message=f"每周提醒需要指定星期几：weekday={_WEEKDAY_HINT_ZH}。")
@@ -252,7 +280,9 @@ def next_fire(schedule: Schedule, after: datetime) -> datetime | None:
     start = after.astimezone(tz).date() - timedelta(days=1)
     for offset in range(16):
         candidate_day = start + timedelta(days=offset)
-        if schedule.weekday is not None and candidate_day.weekday() != schedule.weekday:
+        if schedule.kind == "weekly" and candidate_day.weekday() != schedule.weekday:
+            continue
+        if schedule.kind == "weekdays" and not (schedule.weekday or 0) >> candidate_day.weekday() & 1:
             continue
         # Each calendar day is resolved once, so a repeated wall time cannot fire twice.
         instant = _resolve(candidate_day, tod, tz)
@@ -292,6 +322,14 @@ def _short_time(tod: dt_time) -> str:
     return tod.strftime("%H:%M:%S" if tod.second else "%H:%M")
 
 
+def _days_zh(days: tuple[int, ...]) -> str:
+    if days == WORKDAYS:
+        return "工作日（周一至周五）"
+    if days == (5, 6):
+        return "周末"
+    return "每周" + "、".join(_WEEKDAYS_ZH[d] for d in days)
+
+
 def describe(schedule: Schedule, next_at: datetime | None) -> str:
     """Short Chinese description, e.g. ``"每周一 09:30 (Asia/Shanghai)，下次: 2026-11-23 09:30 周一"``.
 
@@ -300,6 +338,8 @@ def describe(schedule: Schedule, next_at: datetime | None) -> str:
     day, tod = _wall_parts(schedule)
     if day is not None:
         base = f"{day.isoformat()} {_short_time(tod)}"
+    elif schedule.kind == "weekdays":
+        base = f"{_days_zh(mask_days(schedule.weekday or 0))} {_short_time(tod)}"
     elif schedule.weekday is not None:
         base = f"每周{_WEEKDAYS_ZH[schedule.weekday]} {_short_time(tod)}"
     else:

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls import Caller, ToolContext, ToolError, ToolResult, Toolset, tool_function
-from reminders.schedule import ScheduleError, describe, parse_schedule
+from reminders.schedule import ScheduleError, days_mask, describe, parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import Reminder, ReminderError, ReminderStore
@@ -43,16 +43,20 @@ class ReminderArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["once", "daily", "weekly"] = Field(
-        description="once = 一次性 one time; daily = 每天 every day; weekly = 每周 every week")
+    type: Literal["once", "daily", "weekly", "weekdays"] = Field(
+        description="once = 一次性 one time; daily = 每天 every day; weekly = 每周 one day a week; "
+        "weekdays = 每周几天 several days a week (days), e.g. 工作日 Monday-Friday")
     time: str = Field(
         description="once: 'YYYY-MM-DD HH:MM' (seconds allowed) in the chat's time zone, e.g. '2026-11-22 15:00'; "
-        "daily/weekly: 'HH:MM', e.g. '08:00'")
+        "daily/weekly/weekdays: 'HH:MM', e.g. '08:00'")
     content: str = Field(
         min_length=1, max_length=500,
         description="提醒内容 text sent to the user when it fires; in prompt mode, the instruction to run then")
     weekday: int | None = Field(
         default=None, ge=0, le=6, description="weekly only (leave out otherwise): 0=Monday 周一 ... 6=Sunday 周日")
+    days: list[int] | None = Field(
+        default=None, min_length=1, max_length=7,
+        description="weekdays only (leave out otherwise): the days, 0=Monday ... 6=Sunday; [0,1,2,3,4] = 工作日")
     mode: Literal["text", "prompt"] = Field(
         default="text",
         description="text = send content as is; prompt = at fire time run content as a request to the assistant "
@@ -123,13 +127,15 @@ class ReminderDeps:
         """The web playground's side panel: the chat's active reminders."""
         rows = await self.store.for_chat(chat.key)
         short = await self.store.short_ids([r.id for r in rows])
-        return [{"id": short[r.id], "owner": r.owner_name, "schedule": describe(r.schedule, r.next_fire),
-                 "mode": r.mode, "content": r.content[:80]} for r in rows]
+        # Labels are what the playground shows: written for people, not field names.
+        return [{"编号": f"#{short[r.id]}", "谁的": r.owner_name, "时间": describe(r.schedule, r.next_fire),
+                 "内容": ("[定时任务] " if r.mode == "prompt" else "") + r.content[:80]} for r in rows]
 
 
 @tool_function(
     require_at=True, aliases=["remind"],
-    examples=["提醒我明天下午3点开会", "每天早上8点提醒我喝水", "每周一9:30提醒大家交周报", "每天8点告诉我北京的天气"],
+    examples=["提醒我明天下午3点开会", "/remind 明天8点 开会", "每天早上8点提醒我喝水", "每周一9:30提醒大家交周报",
+              "每天8点告诉我北京的天气", "/remind 工作日 9:00 站会"],
 )
 async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> ToolResult:
     """设置提醒 (set a reminder) for the person asking, in this chat; it @-mentions them when it fires.
@@ -155,7 +161,14 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
         raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
                         user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
     try:
-        schedule = parse_schedule(args.type, args.time, ctx.zone.key, args.weekday)
+        if args.days is not None and args.type != "weekdays":
+            raise ScheduleError(f"days is only for weekdays reminders; leave it out for a {args.type} reminder",
+                                user_message="只有每周几天的提醒（weekdays）需要 days。")
+        if args.type == "weekdays" and args.weekday is not None:
+            raise ScheduleError("weekdays reminders take days (a list), not weekday",
+                                user_message="每周几天的提醒请用 days 指定哪几天（例如 工作日），不用 weekday。")
+        weekday = days_mask(args.days or ()) if args.type == "weekdays" else args.weekday
+        schedule = parse_schedule(args.type, args.time, ctx.zone.key, weekday)
         reminder = await deps.service.create(ctx.caller, schedule, content, args.mode)
     except (ScheduleError, ReminderError) as exc:
         raise ToolError(str(exc), user_message=f"设置提醒失败：{exc.user_message or '时间或参数无效。'}") from None

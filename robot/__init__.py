@@ -13,6 +13,7 @@ from robot.channels.base import (
     SendReceipt,
     SendRejected,
 )
+from robot.commands import CommandError, CommandLine, CommandSyntax
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
 from robot.limits import BudgetExceeded, DailyBudget, Reservation
@@ -31,6 +32,9 @@ __all__ = [
     "ChannelUnavailable",
     "ChatKind",
     "ChatRef",
+    "CommandError",
+    "CommandLine",
+    "CommandSyntax",
     "ConfigError",
     "DailyBudget",
     "Database",

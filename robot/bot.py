@@ -28,7 +28,8 @@ from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
-from robot.config import Settings
+from robot.commands import CommandSyntax
+from robot.config import Settings, check_tables
 from robot.history import HistoryStore
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
@@ -73,11 +74,12 @@ def build_channels(settings: Settings) -> list[Channel]:
         channels.append(TelegramChannel(cfg.telegram, settings.bot.data_dir))
     if cfg.web.enabled or not channels:
         from robot.channels.web import WebChannel
+        from robot.channels.web.protocol import is_loopback
 
         playground = WebChannel(cfg.web, bot_name=settings.bot.name)
         channels.append(playground)
         # Binding a WeChat account is the owner's act: only a loopback playground offers the login page.
-        if cfg.weixin.enabled and cfg.web.host in ("127.0.0.1", "localhost", "::1"):
+        if cfg.weixin.enabled and is_loopback(cfg.web.host):
             from robot.channels.weixin import WeixinState
             from robot.channels.weixin.web_login import login_app
 
@@ -102,6 +104,9 @@ class Bot:
         self.settings = settings
         self.zone = settings.zone
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        specs = plugins if plugins is not None else settings.bot.plugins
+        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
+        check_tables(settings, [p.name for p in self.plugins])
         self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
@@ -109,7 +114,8 @@ class Bot:
         self.dedupe = DedupeStore(self.db)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock)
         lim = settings.limits
-        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst)
+        self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
+                                   command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
                                   clock=self.clock)
@@ -130,8 +136,6 @@ class Bot:
                                              history_tokens=llm.history_tokens)
         self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
                                                                       else build_channels(settings))}
-        specs = plugins if plugins is not None else settings.bot.plugins
-        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
@@ -144,6 +148,8 @@ class Bot:
         #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
         self.forgetters: list[Forgetter] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
+        #: Tools whose ``/command`` has its own syntax (``Plugin.commands``).
+        self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
         self.pipeline = Pipeline(self)
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
@@ -267,6 +273,7 @@ class Bot:
                 channel.bind(self.handle)
                 channel.bind_moves(self.move_chat)
                 channel.attach_panels(self.panels)
+                channel.attach_chats(self.history.recent, self.zone_for)
             await self.outbox.start()
             for channel in self.channels.values():
                 await channel.start()

@@ -1,4 +1,4 @@
-"""The ``qunbot`` command: run, chat, tools, init, doctor, pending."""
+"""The ``qunbot`` command: run, chat, tools, init, doctor, backup, pending."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ import secrets
 import signal
 import socket
 import sys
+import tempfile
+import textwrap
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from function_calls import Tool
+from robot import maintenance
 from robot.bot import Bot
 from robot.channels.base import Channel, ChannelError
-from robot.config import ConfigError, Settings, load_settings
+from robot.config import ConfigError, Settings, check_tables, load_settings
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.redact import redact_url
 from robot.template import render_template
@@ -37,24 +41,49 @@ def _version() -> str:
         return "0+unknown"
 
 
+def _common() -> argparse.ArgumentParser:
+    """Options every subcommand accepts too (``qunbot run --config x.toml``).
+
+    Defaults are suppressed here so that an option given before the subcommand is not reset
+    by the subcommand's parser.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", default=argparse.SUPPRESS,
+                        help="path to qunbot.toml (default: $QUNBOT_CONFIG or ./qunbot.toml)")
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="log verbosity (default: INFO; `doctor` shows WARNING and above)")
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qunbot", description="A typed, guarded group-chat bot.")
+    common = _common()
+    parser = argparse.ArgumentParser(prog="qunbot", description="A typed, guarded group-chat bot.",
+                                     parents=[common])
     parser.add_argument("--version", action="version", version=f"qunbot {_version()}")
-    parser.add_argument("--config", "-c", help="path to qunbot.toml (default: $QUNBOT_CONFIG or ./qunbot.toml)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("run", help="start every enabled channel (default: the web playground)")
-    chat = sub.add_parser("chat", help="chat with the bot in this terminal")
+    sub.add_parser("run", parents=[common], help="start every enabled channel (default: the web playground)",
+                   description="Start every enabled channel (none configured: the web playground).")
+    chat = sub.add_parser("chat", parents=[common], help="chat with the bot in this terminal",
+                          description="Chat with the bot in this terminal (a private chat, or --group).")
     chat.add_argument("--group", action="store_true", help="simulate a group ('name: text' switches speaker)")
     chat.add_argument("--user", default="me", help="your user id in the console chat")
-    tools = sub.add_parser("tools", help="list the loaded tools")
+    tools = sub.add_parser("tools", parents=[common], help="list the loaded tools",
+                           description="List the loaded tools with their commands and flags.")
     tools.add_argument("--json", action="store_true", help="print the OpenAI tool definitions as JSON")
     tools.add_argument("--strict", action="store_true", help="with --json: the strict-mode variant")
-    init = sub.add_parser("init", help="write a commented qunbot.toml")
+    init = sub.add_parser("init", parents=[common], help="write a commented qunbot.toml",
+                          description="Write a commented qunbot.toml with every key and its default.")
     init.add_argument("--path", default="qunbot.toml", help="where to write it ('-' for stdout)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    sub.add_parser("doctor", help="check the config, the LLM endpoint and each channel")
-    pending = sub.add_parser("pending", help="list runs waiting for an approval or an answer")
+    sub.add_parser("doctor", parents=[common], help="check the config, the LLM endpoint and each channel",
+                   description="Check the config, the plugins, the LLM endpoint and each channel's port.")
+    backup = sub.add_parser("backup", parents=[common], help="copy the SQLite database while the bot runs",
+                            description="Copy the bot's SQLite database to a file with SQLite's online backup "
+                                        "API: safe while the bot is running.")
+    backup.add_argument("target", help="the backup file to write (e.g. backups/qunbot-2026-11-23.sqlite3)")
+    backup.add_argument("--force", action="store_true", help="overwrite an existing file")
+    pending = sub.add_parser("pending", parents=[common], help="list runs waiting for an approval or an answer",
+                             description="List the paused runs (snapshots) waiting for an approval or an answer.")
     pending.add_argument("--all", action="store_true", help="every snapshot, not only the pending ones")
     login = sub.add_parser("login", help="log a bot account in by QR code (personal WeChat)")
     login.add_argument("platform", choices=["weixin"], help="weixin: personal WeChat (iLink bot API)")
@@ -62,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plugins(settings: Settings) -> list[Plugin[object]]:
-    return [load_plugin(name) for name in settings.bot.plugins]
+    plugins = [load_plugin(name) for name in settings.bot.plugins]
+    check_tables(settings, [p.name for p in plugins])
+    return plugins
 
 
 def _plugin_sections(plugins: Sequence[Plugin[object]]) -> list[tuple[str, type[BaseModel]]]:
@@ -93,13 +124,47 @@ async def _run(settings: Settings, channels: list[Channel] | None = None) -> Non
     await _serve(bot, stop)
 
 
+def _log_to_file(path: Path) -> None:
+    """The console is the chat: log lines go to a file instead of between the messages."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stderr, sys.stdout):
+            root.removeHandler(handler)
+    file = logging.FileHandler(path, encoding="utf-8")
+    file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(file)
+
+
 async def _chat(settings: Settings, group: bool, user: str) -> None:
     from robot.channels.console import ConsoleChannel
 
+    log_file = settings.bot.data_dir / "console.log"
+    _log_to_file(log_file)
+    print(f"(logs: {log_file})")
     stop = asyncio.Event()
     console = ConsoleChannel(bot_name=settings.bot.name, group=group, user=user,
                              on_eof=lambda: stop.set())
     await _serve(Bot(settings, channels=[console]), stop)
+
+
+_FLAGS = (("@", "in a group, runs only when the message @-mentions the bot (or starts with its name)"),
+          ("admin", "only the bot's admins ([bot] admins) may run it"),
+          ("group-admin", "a group's owner/admins (in that group) and the bot's admins may run it"),
+          ("confirm", "waits for an approval (/approve CODE) before it runs"))
+
+
+def _describe(tool: Tool) -> list[str]:
+    flags = [f for f, on in (("@", tool.require_at), ("admin", tool.admin_only), ("group-admin", tool.group_admin),
+                             ("confirm", tool.confirm)) if on]
+    head = tool.name + "".join(f"  /{a}" for a in tool.aliases) + (f"  ({', '.join(flags)})" if flags else "")
+    lines = [head]
+    for paragraph in tool.description.split("\n\n"):
+        lines += textwrap.wrap(" ".join(paragraph.split()), width=96, initial_indent="    ",
+                               subsequent_indent="    ", break_long_words=False) or [""]
+    if tool.examples:
+        lines.append("    e.g. " + " | ".join(tool.examples))
+    return lines
 
 
 def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
@@ -107,12 +172,16 @@ def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
     tools = [t for p in plugins for t in p.tools]
     if as_json:
         print(json.dumps([t.definition(strict=strict) for t in tools], ensure_ascii=False, indent=2))
-        return 0
-    for tool in tools:
-        flags = [f for f, on in (("admin", tool.admin_only), ("group-admin", tool.group_admin), ("@", tool.require_at), ("confirm", tool.confirm)) if on]
-        aliases = ", ".join("/" + a for a in tool.aliases)
-        print(f"{tool.name:<18} {tool.description.splitlines()[0]}"
-              + (f"  [{aliases}]" if aliases else "") + (f"  ({', '.join(flags)})" if flags else ""))
+    else:
+        for tool in tools:
+            print("\n".join(_describe(tool)))
+        used = {f for t in tools for f, on in (("@", t.require_at), ("admin", t.admin_only),
+                                                ("group-admin", t.group_admin), ("confirm", t.confirm)) if on}
+        legend = [f"  ({flag}) {meaning}" for flag, meaning in _FLAGS if flag in used]
+        print("\nEvery tool is also a command that needs no model: /<name>, or the /alias shown "
+              "(/help in a chat lists them)"
+              + ("\n" + "\n".join(legend) if legend else ""))
+    sys.stdout.flush()  # inside main's try: a closed pipe (`| head`) is handled there, not at exit
     return 0
 
 
@@ -155,6 +224,19 @@ def _with_onebot_token(text: str, token: str | None = None) -> str:
     return head + sep + rest.replace(unset, f"access_token = {value}", 1)
 
 
+async def _switched_off(settings: Settings) -> dict[str, str]:
+    """Plugins whose tools are off (say, search without an API key), set up against a scratch database."""
+    with tempfile.TemporaryDirectory(prefix="qunbot-doctor-") as scratch:
+        bot = Bot(settings, channels=[], database=str(Path(scratch) / "doctor.sqlite3"))
+        await bot.start()
+        try:
+            blocked = bot.unavailable_tools()
+            return {p.name: blocked[p.tools.names()[0]] for p in bot.plugins
+                    if p.tools.names() and p.tools.names()[0] in blocked}
+        finally:
+            await bot.stop(flush_timeout_s=0)
+
+
 async def _doctor(settings: Settings, source: Path | None) -> int:
     problems = 0
 
@@ -170,8 +252,12 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
             if plugin.settings_model is not None:
                 settings.section(plugin.name, plugin.settings_model)
         report(True, "plugins", ", ".join(f"{p.name} ({len(p.tools)} tools)" for p in plugins))
+        for name, reason in (await _switched_off(settings)).items():
+            print(f"off {name}: {reason}")
     except (PluginError, ConfigError) as exc:
         report(False, "plugins", str(exc))
+    except Exception as exc:  # a plugin's setup failed: the report goes on with the next check
+        report(False, "plugins", f"setup failed: {type(exc).__name__}: {str(exc)[:200]}")
     llm = settings.llm
     if not llm.configured:
         report(True, "llm", "not configured: commands only")
@@ -191,7 +277,10 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
         finally:
             await client.close()
     ch = settings.channels
-    for name, enabled, host, port in (("web", ch.web.enabled, ch.web.host, ch.web.port),
+    # Mirrors build_channels: with nothing else enabled, `qunbot run` opens the playground.
+    web_on = ch.web.enabled or not (ch.onebot.enabled or ch.wecom.enabled or ch.wecom.webhook_key is not None
+                                    or ch.console.enabled)
+    for name, enabled, host, port in (("web", web_on, ch.web.host, ch.web.port),
                                       ("onebot", ch.onebot.enabled and ch.onebot.mode == "reverse",
                                        ch.onebot.host, ch.onebot.port),
                                       ("wecom", ch.wecom.enabled, ch.wecom.host, ch.wecom.port)):
@@ -215,28 +304,13 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
     return 1 if problems else 0
 
 
-async def _pending(settings: Settings, everything: bool) -> int:
-    from robot.snapshots import SnapshotStore
-    from robot.store import Database
-
-    path = settings.bot.data_dir / "qunbot.sqlite3"
-    if not path.exists():
-        print(f"no database at {path}: nothing is waiting")
-        return 0
-    db = Database(path)
-    store = SnapshotStore(db)
-    try:
-        await db.open()
-        rows = await store.with_status(None if everything else "pending")
-    finally:
-        await db.close()
-    if not rows:
-        print("nothing is waiting")
-    for row in rows:
-        who = "answer" if row["kind"] == "input" else f"{row['approver']} approval"
-        print(f"{row['code']}  {row['status']:<11} {who:<18} {row['requester']} in {row['chat']}  "
-              f"expires {row['expires_at'][:16].replace('T', ' ')} UTC")
-    return 0
+def _on_import_path(source: Path | None) -> None:
+    """Plugins next to the config file import as they would with ``PYTHONPATH=<its folder>``."""
+    if source is None:
+        return
+    folder = str(source.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)  # last: a stray search.py beside the config must not shadow a built-in
 
 
 async def _login_weixin(settings: Settings) -> int:
@@ -256,28 +330,38 @@ async def _login_weixin(settings: Settings) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qunbot`` console script."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     command = args.command or "run"
+    level = getattr(args, "log_level", None) or ("WARNING" if command == "doctor" else "INFO")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":  # one line per HTTP request to the model says nothing a user needs
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if command == "init":
         return _init(args.path, args.force)
     try:
-        settings, source = load_settings(args.config)
+        settings, source = load_settings(getattr(args, "config", None))
+        _on_import_path(source)
         if command == "tools":
             return _tools(settings, args.json, args.strict)
         if command == "doctor":
             return asyncio.run(_doctor(settings, source))
         if command == "pending":
-            return asyncio.run(_pending(settings, args.all))
+            return asyncio.run(maintenance.pending(settings, args.all))
+        if command == "backup":
+            return maintenance.backup(settings, args.target, args.force)
         if command == "login":
             return asyncio.run(_login_weixin(settings))
         if command == "chat":
             asyncio.run(_chat(settings, args.group, args.user))
         else:
             asyncio.run(_run(settings))
+    except BrokenPipeError:  # `qunbot tools --json | head`: the reader left; that is not an error
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ChannelError) as exc:  # a port taken, a token refused: a line, not a traceback
+    except (OSError, ChannelError) as exc:  # e.g. a channel's port is taken: a line, not a traceback
         print(f"error: cannot start: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,23 +1,32 @@
 """``/commands``: the same tools, called without any LLM.
 
 ``/<tool or alias> field=value ...`` or positional values in field order (quote values with
-spaces: ``/remind once "2026-11-22 15:00" 开会``). Values are coerced by the tool's schema
-type, then go through the same two-stage validation as a model's arguments.
+spaces). Values are coerced by the tool's schema type, then go through the same two-stage
+validation as a model's arguments. A plugin can give a tool its own command syntax
+(:class:`CommandSyntax`, e.g. ``/remind 明天8点 开会``); the validation is the same.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from function_calls import ArgumentError, Caller, Tool, Toolset
 from function_calls.errors import FieldProblem
 
 __all__ = [
     "CommandError",
+    "CommandLine",
+    "CommandSyntax",
     "ParsedCommand",
     "build_arguments",
+    "clip",
+    "describe_problem",
     "format_argument_error",
     "help_text",
     "parse_command",
@@ -28,6 +37,30 @@ __all__ = [
 
 class CommandError(Exception):
     """A command line that cannot be turned into arguments; the message is shown to the user."""
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """What a tool's own command parser receives: the text after ``/name``, the chat's zone, the time."""
+
+    tool: Tool
+    rest: str
+    zone: ZoneInfo
+    now: datetime
+    llm: bool
+    """Whether the bot has a model (a parser may refuse what only a model can do)."""
+
+
+@dataclass(frozen=True)
+class CommandSyntax:
+    """A tool's own command syntax, declared by its plugin (``Plugin.commands``).
+
+    ``parse`` turns the line into the tool's arguments (raising :class:`CommandError` with a
+    message for the person); ``usage`` replaces the generated field list in ``/help`` and errors.
+    """
+
+    parse: Callable[[CommandLine], dict[str, Any]]
+    usage: str
 
 
 class ParsedCommand:
@@ -122,7 +155,7 @@ def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
         elif last_text is not None:
             args[last_text] = f"{args[last_text]} {token}"
         else:
-            raise CommandError(f"/{tool.name} 不需要这么多参数：{token}")
+            raise CommandError(f"/{tool.name} 不需要这么多参数：{clip(token)}")
     return args
 
 
@@ -148,13 +181,86 @@ def refusal(tool: Tool, caller: Caller) -> str | None:
     return None
 
 
-def format_argument_error(tool: Tool, exc: ArgumentError) -> str:
-    lines = [FieldProblem.render(p) for p in exc.problems]
-    return "参数有误：\n" + "\n".join(lines) + f"\n用法：{usage_line(tool)}"
+_TYPES = {"zh": {"integer": "整数", "number": "数字", "string": "文字", "boolean": "true 或 false", "array": "列表",
+                 "object": "对象", "null": "空"},
+          "en": {"integer": "a whole number", "number": "a number", "string": "text", "boolean": "true or false",
+                 "array": "a list", "object": "an object", "null": "empty"}}
+#: (JSON-Schema keywords, Pydantic error types) -> wording per language; {0} is the rule's bound.
+_RULES: list[tuple[frozenset[str], dict[str, str]]] = [
+    (frozenset({"required", "missing"}), {"zh": "必须填写", "en": "is required"}),
+    (frozenset({"maximum", "less_than_equal"}), {"zh": "不能大于 {0}", "en": "must be at most {0}"}),
+    (frozenset({"minimum", "greater_than_equal"}), {"zh": "不能小于 {0}", "en": "must be at least {0}"}),
+    (frozenset({"exclusiveMaximum", "less_than"}), {"zh": "必须小于 {0}", "en": "must be less than {0}"}),
+    (frozenset({"exclusiveMinimum", "greater_than"}), {"zh": "必须大于 {0}", "en": "must be greater than {0}"}),
+    (frozenset({"maxLength", "string_too_long"}), {"zh": "最多 {0} 个字", "en": "must be at most {0} characters"}),
+    (frozenset({"minLength", "string_too_short"}), {"zh": "至少 {0} 个字", "en": "must be at least {0} characters"}),
+    (frozenset({"maxItems", "too_long"}), {"zh": "最多 {0} 项", "en": "must have at most {0} items"}),
+    (frozenset({"minItems", "too_short"}), {"zh": "至少 {0} 项", "en": "must have at least {0} items"}),
+    (frozenset({"enum", "literal_error", "const"}), {"zh": "只能是 {0}", "en": "must be one of {0}"}),
+    (frozenset({"additionalProperties", "extra_forbidden"}), {"zh": "没有这个参数（可用：{0}）",
+                                                              "en": "is not a parameter (allowed: {0})"}),
+    (frozenset({"pattern", "format", "string_pattern_mismatch"}), {"zh": "格式不对", "en": "has the wrong format"}),
+    (frozenset({"int_parsing", "int_from_float", "int_type"}), {"zh": "应为整数", "en": "must be a whole number"}),
+    (frozenset({"float_parsing", "float_type"}), {"zh": "应为数字", "en": "must be a number"}),
+    (frozenset({"bool_parsing", "bool_type"}), {"zh": "应为 true 或 false", "en": "must be true or false"}),
+]
+_ECHO = 24  # longer values are described by their length, never echoed back
 
 
-def help_text(tools: Toolset, caller: Caller, unavailable: dict[str, str]) -> str:
-    """``/help``, generated from tool metadata; only what this caller may use here."""
+def clip(text: str, limit: int = _ECHO) -> str:
+    """What a reply may quote of a person's input: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[:limit] + f"…（共 {len(text)} 字）"
+
+
+def _bound(problem: FieldProblem, language: str) -> str:
+    limit = problem.limit
+    if problem.kind in ("enum", "literal_error") and isinstance(limit, list | tuple | str):
+        options = limit if isinstance(limit, list | tuple) else re.findall(r"'([^']*)'", limit)
+        return (" 、" if language == "zh" else ", ").join(str(o) for o in options)
+    if problem.kind in ("additionalProperties", "extra_forbidden") and isinstance(limit, list):
+        return ", ".join(str(o) for o in limit) or "-"
+    return str(limit)
+
+
+def describe_problem(problem: FieldProblem, language: str = "zh") -> str:
+    """One validation problem as a person reads it, in ``language`` ("zh" or "en"): never raw
+    validator text, and a long value is described by its length instead of echoed."""
+    lang = "en" if language == "en" else "zh"
+    where = problem.path or ("参数" if lang == "zh" else "arguments")
+    if problem.kind in ("value_error", "assertion_error"):  # the tool author's own words
+        what = problem.problem.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    elif problem.kind == "type":
+        kinds = problem.limit if isinstance(problem.limit, list) else [problem.limit]
+        names = [_TYPES[lang].get(str(k), str(k)) for k in kinds if k != "null"]
+        what = ("应为" + "或".join(names)) if lang == "zh" else "must be " + " or ".join(names)
+    else:
+        rule = next((words[lang] for kinds, words in _RULES if problem.kind in kinds), None)
+        what = rule.format(_bound(problem, lang)) if rule else ("取值无效" if lang == "zh" else "is not valid")
+    got = ""
+    if problem.value is not None and problem.kind not in ("required", "missing"):
+        if problem.length is not None and problem.length > _ECHO:
+            got = f"（收到 {problem.length} 个字）" if lang == "zh" else f" (got {problem.length} characters)"
+        elif len(problem.value) <= _ECHO + 2:
+            got = f"（收到 {problem.value}）" if lang == "zh" else f" (got {problem.value})"
+    return f"- {where}{'：' if lang == 'zh' else ': '}{what}{got}"
+
+
+def format_argument_error(tool: Tool, exc: ArgumentError, *, usage: str | None = None, language: str = "zh") -> str:
+    """A command's invalid arguments, for the person who typed it (``[bot] language``)."""
+    lines = [describe_problem(p, language) for p in exc.problems]
+    if language == "en":
+        return "Invalid arguments:\n" + "\n".join(lines) + f"\nUsage: {usage or usage_line(tool)}"
+    return "参数有误：\n" + "\n".join(lines) + f"\n用法：{usage or usage_line(tool)}"
+
+
+def help_text(tools: Toolset, caller: Caller, unavailable: dict[str, str], *, llm: bool = True,
+              syntax: Mapping[str, CommandSyntax] | None = None) -> str:
+    """``/help``, generated from tool metadata; only what this caller may use here.
+
+    Examples are the ones that work now: command examples (``/...``) always, plain-language ones
+    (said to the bot) only when it has a model.
+    """
+    syntax = syntax or {}
     lines = ["可用命令："]
     for tool in tools:
         if refusal(tool, caller):
@@ -163,8 +269,19 @@ def help_text(tools: Toolset, caller: Caller, unavailable: dict[str, str]) -> st
         others = [n for n in (tool.name, *tool.aliases) if n != (tool.aliases[0] if tool.aliases else tool.name)]
         aliases = f"（也可用 {', '.join('/' + a for a in others)}）" if others else ""
         note = f" [未启用：{unavailable[tool.name]}]" if tool.name in unavailable else ""
-        lines.append(f"{usage_line(tool)} — {summary}{aliases}{note}")
-        if tool.examples:
-            lines.append(f"    例：{tool.examples[0]}")
-    lines.append("/help — 显示本帮助；也可以直接 @我 用自然语言提问。")
+        usage = syntax[tool.name].usage if tool.name in syntax else usage_line(tool)
+        lines.append(f"{usage} — {summary}{aliases}{note}")
+        command = next((e for e in tool.examples if e.startswith("/")), None)
+        spoken = next((e for e in tool.examples if not e.startswith("/")), None)
+        if command:
+            lines.append(f"    例：{command}")
+        if spoken and llm:
+            lines.append(f"    例：{'@我 ' if caller.chat_kind == 'group' else ''}{spoken}")
+    lines.append("/help — 显示本帮助")
+    if llm:
+        lines.append("也可以直接 @我 用自然语言提问。" if caller.chat_kind == "group" else "也可以直接用自然语言提问。")
+    else:
+        lines.append("（还没有接入大模型：现在只能用上面的命令。）")
+    if caller.chat_kind == "group":
+        lines.append("在群里，不认识的 /命令 会被忽略，除非同时 @我。")
     return "\n".join(lines)

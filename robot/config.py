@@ -7,9 +7,10 @@ file or value raises :class:`ConfigError` naming the key and the problem.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -34,6 +35,7 @@ __all__ = [
     "LimitsSection",
     "Settings",
     "WebSettings",
+    "check_tables",
     "load_settings",
 ]
 
@@ -61,12 +63,13 @@ class _Section(BaseModel):
 class BotSection(_Section):
     name: str = Field("qunbot", description="the bot's name; a message starting with it addresses the bot")
     timezone: str = Field("Asia/Shanghai", description="IANA zone for reminders and the model's clock")
-    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives")
+    data_dir: Path = Field(Path("./data"), description="where the SQLite database lives (relative to the config file's folder)")
     admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
     plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
                                   description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
+    language: Literal["zh", "en"] = Field("zh", description="language of the bot's command replies (zh, en)")
     persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
                          description="system prompt persona")
 
@@ -123,6 +126,10 @@ class LimitsSection(_Section):
     bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
                                          "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+    command_per_minute: float = Field(30, gt=0, description="/commands that call no model, per user per minute")
+    command_burst: int = Field(20, ge=1)
+    exempt_platforms: list[str] = Field(default_factory=lambda: ["console", "web"],
+                                        description="channels without rate limits (the local console and playground)")
 
 
 class HistorySection(_Section):
@@ -279,6 +286,13 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
         llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
     settings = settings.model_copy(update={"llm": llm})
+    data_dir = settings.bot.data_dir.expanduser()
+    from_env = any(k.upper() == "QUNBOT_BOT__DATA_DIR" for k in os.environ)
+    if file is not None and not data_dir.is_absolute() and not from_env:
+        # Started from another folder, a cwd-relative path would silently open an empty database.
+        data_dir = file.resolve().parent / data_dir
+    if data_dir != settings.bot.data_dir:
+        settings = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": data_dir})})
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
@@ -286,3 +300,18 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     return settings, file
 
 
+#: The built-in plugins' tables are known even when the plugin is not loaded: ``qunbot init``
+#: writes them, and taking a plugin out of ``[bot] plugins`` must not make its table an error.
+_BUILTIN_TABLES = ("reminders", "search", "summary")
+
+
+def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
+    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
+    known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
+    for name in settings.model_extra or {}:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
+        raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
+                          "listed in [bot] plugins)")

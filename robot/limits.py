@@ -38,27 +38,47 @@ class TokenBucket:
     burst: int
     tokens: float = -1.0
     stamp: float = 0.0
+    fresh: bool = True
 
-    def take(self, now: float) -> bool:
-        if self.tokens < 0:
-            self.tokens, self.stamp = float(self.burst), now
+    def _refill(self, now: float) -> None:
+        if self.fresh:
+            self.tokens, self.stamp, self.fresh = float(self.burst), now, False
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
+
+    def take(self, now: float) -> bool:
+        self._refill(now)
         if self.tokens >= 1:
             self.tokens -= 1
             return True
         return False
 
+    def spend(self, now: float) -> None:
+        """Take a token even when none is left (work already done); the debt delays the next take."""
+        self._refill(now)
+        self.tokens = max(self.tokens - 1, -float(self.burst))
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until :meth:`take` would succeed."""
+        tokens = self.burst if self.fresh else min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        return max(0.0, (1 - tokens) / self.rate)
+
 
 class RateDecision(StrEnum):
     ALLOW = "allow"
-    NOTICE = "notice"  # refused: tell the person once
-    SILENT = "silent"  # refused again: say nothing
+    NOTICE = "notice"  # refused: tell the person, with how long to wait (:meth:`RateLimiter.wait_s`)
+    SILENT = "silent"  # refused again within the wait they were told: say nothing
 
 
 @dataclass
 class RateLimiter:
-    """Per-user and per-chat buckets; a flooding member gets one notice, then silence."""
+    """Per-user and per-chat buckets for model requests, per-user buckets for commands that call
+    no model (a separate, generous limit).
+
+    A refused member is told how long to wait (:meth:`wait_s`) and is silent only until then: a
+    message refused after that wait gets a new notice, so the bot never goes quiet unannounced.
+    A command that did call a model is charged afterwards (:meth:`charge`) to the model buckets.
+    """
 
     user_per_minute: float
     user_burst: int
@@ -66,32 +86,55 @@ class RateLimiter:
     chat_burst: int
     monotonic: Callable[[], float] = time.monotonic
     max_tracked: int = 10_000
+    command_per_minute: float = 30.0
+    command_burst: int = 20
     _users: dict[str, TokenBucket] = field(default_factory=dict)
     _chats: dict[str, TokenBucket] = field(default_factory=dict)
-    _noticed: set[str] = field(default_factory=set)
+    _commands: dict[str, TokenBucket] = field(default_factory=dict)
+    #: (user, command?) -> the monotonic time until which the person was told to wait.
+    _noticed: dict[tuple[str, bool], float] = field(default_factory=dict)
 
-    def check(self, chat_key: str, user_key: str) -> RateDecision:
+    def _buckets(self, chat_key: str, user_key: str, command: bool) -> list[TokenBucket]:
+        if command:
+            return [self._commands.setdefault(user_key, TokenBucket(self.command_per_minute / 60, self.command_burst))]
+        return [self._users.setdefault(user_key, TokenBucket(self.user_per_minute / 60, self.user_burst)),
+                self._chats.setdefault(chat_key, TokenBucket(self.chat_per_minute / 60, self.chat_burst))]
+
+    def check(self, chat_key: str, user_key: str, *, command: bool = False) -> RateDecision:
+        """``command``: a /command, which calls no model (its own limit)."""
         now = self.monotonic()
-        if len(self._users) + len(self._chats) > self.max_tracked:
+        if len(self._users) + len(self._chats) + len(self._commands) > self.max_tracked:
             self._prune(now)
-        user = self._users.setdefault(user_key, TokenBucket(self.user_per_minute / 60, self.user_burst))
-        chat = self._chats.setdefault(chat_key, TokenBucket(self.chat_per_minute / 60, self.chat_burst))
-        if user.take(now) and chat.take(now):
-            self._noticed.discard(user_key)
+        buckets = self._buckets(chat_key, user_key, command)
+        if all(b.take(now) for b in buckets):
+            self._noticed.pop((user_key, command), None)
             return RateDecision.ALLOW
-        if user_key in self._noticed:
+        told = self._noticed.get((user_key, command))
+        if told is not None and now < told:
             return RateDecision.SILENT
-        self._noticed.add(user_key)
+        self._noticed[(user_key, command)] = now + self.wait_s(chat_key, user_key, command=command)
         return RateDecision.NOTICE
+
+    def wait_s(self, chat_key: str, user_key: str, *, command: bool = False) -> float:
+        """Seconds until this person's next message (or command) would be allowed."""
+        now = self.monotonic()
+        return max(b.wait_s(now) for b in self._buckets(chat_key, user_key, command))
+
+    def charge(self, chat_key: str, user_key: str) -> None:
+        """A command that called a model counts against the model buckets after the fact."""
+        now = self.monotonic()
+        for bucket in self._buckets(chat_key, user_key, False):
+            bucket.spend(now)
 
 
     def _prune(self, now: float) -> None:
         """Forget buckets that have refilled completely: they behave exactly like new ones."""
-        for buckets in (self._users, self._chats):
+        for buckets in (self._users, self._chats, self._commands):
             full = [k for k, b in buckets.items() if b.tokens + (now - b.stamp) * b.rate >= b.burst]
             for key in full:
                 del buckets[key]
-        self._noticed.intersection_update(self._users)
+        for told in [k for k, until in self._noticed.items() if until <= now]:
+            del self._noticed[told]
 
 
 class BudgetExceeded(Exception):

@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from function_calls import ArgumentError, Caller, StopReason, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
+    CommandLine,
     build_arguments,
+    clip,
     format_argument_error,
     help_text,
     parse_command,
@@ -38,7 +42,7 @@ NO_LLM_REPLY = (
     "或设置环境变量 QUNBOT_LLM__MODEL 和 OPENAI_API_KEY 后重启。"
 )
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
-RATE_NOTICE = "你发得有点快，请稍等一会儿再找我。"
+RATE_NOTICE = "你发得有点快，请 {seconds} 秒后再找我（在那之前我不会回复你）。"
 _APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
 _CORE_COMMANDS = frozenset({"help", "帮助", *_APPROVE, *_DENY, *_PENDING})
 APPROVALS_HELP = (
@@ -118,22 +122,28 @@ class Pipeline:
         answer, explicit, text = self.gate(message, replied_to_bot=replied)
         if not answer:
             return
+        command = parse_command(text)
         # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
-        decision = bot.limiter.check(message.chat.key, message.qualified_sender)
-        if decision is RateDecision.SILENT:
-            return
-        if decision is RateDecision.NOTICE:
-            await self.reply(message, [RATE_NOTICE])
-            return
+        if message.platform not in bot.settings.limits.exempt_platforms:
+            chat_key, user_key, is_command = message.chat.key, message.qualified_sender, command is not None
+            decision = bot.limiter.check(chat_key, user_key, command=is_command)
+            if decision is RateDecision.SILENT:
+                return
+            if decision is RateDecision.NOTICE:
+                wait = math.ceil(bot.limiter.wait_s(chat_key, user_key, command=is_command))
+                await self.reply(message, [RATE_NOTICE.format(seconds=max(1, wait))])
+                return
         limit = bot.settings.limits.max_message_chars
         if len(text) > limit:
             await self.reply(message, [f"这条消息太长了（{len(text)} 字），请精简到 {limit} 字以内再发给我。"])
             return
         caller = bot.caller_for(message, addressed=explicit)
-        command = parse_command(text)
         if command is not None:
-            await self.reply(message, [await self.run_command(caller, command.name, command.rest)])
+            started = time.perf_counter()
+            reply_text = await self.run_command(caller, command.name, command.rest)
+            await self.reply(message, [reply_text])
             await bot.approvals.announce()
+            await self.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
@@ -144,7 +154,8 @@ class Pipeline:
         unavailable = bot.unavailable_tools()
         if name in ("help", "帮助"):
             commands = bot.tools.filter(lambda t: t.confirm != "input")
-            return help_text(commands, caller, unavailable) + "\n\n" + APPROVALS_HELP
+            return (help_text(commands, caller, unavailable, llm=bot.router is not None, syntax=bot.command_syntax)
+                    + "\n\n" + APPROVALS_HELP)
         if name in _APPROVE or name in _DENY:
             code, _, why = rest.strip().partition(" ")
             if not code:
@@ -157,19 +168,22 @@ class Pipeline:
         if tool is not None and tool.confirm == "input":
             tool = None  # ask_user is the model's way to ask; a person just says it
         if tool is None:
-            return f"没有 /{name} 这个命令。发送 /help 查看可用命令。"
+            return f"没有 /{clip(name)} 这个命令。发送 /help 查看可用命令。"
         reason = refusal(tool, caller)
         if reason:
             return reason
         if tool.name in unavailable:
             return f"/{name} 暂不可用：{unavailable[tool.name]}"
+        syntax = bot.command_syntax.get(tool.name)
+        zone = bot.zone_for(ChatRef.of(caller))
         try:
-            raw = build_arguments(tool, rest)
+            raw = syntax.parse(CommandLine(tool, rest, zone, bot.clock(), bot.router is not None)) if syntax \
+                else build_arguments(tool, rest)
             args = tool.parse_arguments(raw)
             if tool.confirm:
                 return await bot.approvals.pause_command(tool, raw, caller, ChatRef.of(caller),
                                                          caller.message_id or None)
-            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=bot.zone_for(ChatRef.of(caller)),
+            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=zone,
                                                 clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
                                                 via="command")
             # An empty reservation: a tool's own spend (a summary) is held until it is recorded here.
@@ -182,13 +196,30 @@ class Pipeline:
         except CommandError as exc:
             return str(exc)
         except ArgumentError as exc:
-            return format_argument_error(tool, exc)
+            return format_argument_error(tool, exc, usage=syntax.usage if syntax else None,
+                                         language=bot.settings.bot.language)
         except ToolError as exc:
             return exc.user_message or exc.message
         except Exception:
             log.exception("command /%s failed", name)
             return f"/{name} 执行失败了，请稍后再试。"
+        if result.usage is not None and result.usage.requests:  # a command that called a model spends model rate
+            bot.limiter.charge(ChatRef.of(caller).key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
+
+    async def trace_command(self, message: Message, name: str, rest: str, answer: str, seconds: float) -> None:
+        """Show a /command in the channel's tool trace like a model's tool call (and refresh side panels)."""
+        channel = self.bot.channels.get(message.platform)
+        if channel is None:
+            return
+        tool = self.bot.tools.resolve(name)
+        base = {"message_id": message.message_id}
+        await channel.trace(message.chat, {**base, "type": "tool", "call_id": f"cmd-{name}",
+                                           "name": f"/{name}" + (f" ({tool.name})" if tool and tool.name != name else ""),
+                                           "arguments": rest, "result": answer, "is_error": False,
+                                           "duration_ms": seconds * 1000, "note": ""})
+        await channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
+                                           "tokens": 0, "model_calls": 0})
 
     async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
         bot = self.bot

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from function_calls import Toolset, collect_tools
+from robot.commands import CommandSyntax
 from robot.message import ChatRef
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ class Plugin(Generic[D]):
     settings_model: type[BaseModel] | None = None
     #: ``chat_moved(deps, old, new)``: the platform gave a chat a new id; move the plugin's rows.
     chat_moved: Callable[[D, ChatRef, ChatRef], Awaitable[None]] | None = None
+    #: Tools (by name) whose ``/command`` has its own syntax rather than fields in order.
+    commands: dict[str, CommandSyntax] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.commands if name not in self.tools]
+        if unknown:
+            raise PluginError(f"plugin {self.name!r}: command syntax for {unknown[0]!r}, which is not one of its tools")
 
 
 _BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}

@@ -27,6 +27,7 @@ from summary.signals import Signals, classify, clip_keeping_links, is_noise, nam
 __all__ = [
     "BOT_TAG",
     "HEADER",
+    "PRIVATE_HEADER",
     "Speaker",
     "Speakers",
     "clean_name",
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 HEADER = "【群聊总结】"
+PRIVATE_HEADER = "【聊天总结】"
+"""The heading of a summary of a private chat (``HEADER`` is a group's)."""
 BOT_TAG = "[机器人]"
 _MAX_ALIASES = 5
 _UNSAFE = re.compile(r"[()（）\[\]【】<>:：\x00-\x1f\x7f\u2028\u2029]")
@@ -225,13 +228,14 @@ def extractive_summary(
     salient_count: int = 5,
     fact_count: int = 12,
     link_count: int = 8,
+    header: str = HEADER,
 ) -> str:
     """A summary without any model: count, period, most active members, then 结论/决定, 待办, 话题, 链接."""
     real = [e for e in entries if not is_noise(e.text)]
     speakers = Speakers(e for e in real if not e.from_bot)
     members = speakers.members()
     names = mention_names(speakers)
-    lines = [f"{HEADER}{title} · 共 {len(entries)} 条消息 · {len(members)} 人发言"]
+    lines = [f"{header}{title} · 共 {len(entries)} 条消息 · {len(members)} 人发言"]
     if note:
         lines.append(note)
     if entries:

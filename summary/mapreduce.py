@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -55,6 +56,7 @@ __all__ = [
     "Period",
     "SummaryFailed",
     "SummaryUnaffordable",
+    "estimate_cost",
     "map_reduce",
     "plan_chunks",
     "truncate_keeping_links",
@@ -345,3 +347,19 @@ async def _reduce(session: _Session, partials: list[_Partial], zone: ZoneInfo, w
             else partials[g[0]]
             for g in groups
         ]
+
+
+def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) -> int:
+    """About the most a map-reduce over ``entries`` spends: full requests, every answer at its cap."""
+    cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
+    room = cap - PROMPT_ALLOWANCE
+    text = sum(min(estimate_tokens(e.text), settings.max_message_tokens) + 16 for e in entries)
+    chunks = min(settings.max_chunks, max(1, math.ceil(text / room)))
+    if chunks == 1:
+        return min(cap, text + PROMPT_ALLOWANCE) + final_cap
+    cost, pieces = chunks * (cap + out_cap), chunks
+    while True:  # reduce rounds: each merge request holds pieces of at most out_cap tokens
+        groups = min(math.ceil(pieces * out_cap / room), (pieces + 1) // 2)
+        if groups <= 1:
+            return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
+        cost, pieces = cost + groups * (cap + out_cap), groups

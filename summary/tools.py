@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,7 +37,6 @@ from function_calls import (
     ToolResult,
     Toolset,
     Usage,
-    estimate_tokens,
     tool_function,
 )
 from robot import (
@@ -51,9 +49,9 @@ from robot import (
     HistoryEntry,
     HistoryStore,
 )
-from summary.extractive import HEADER, Speakers, extractive_summary
-from summary.mapreduce import MapReduceResult, SummaryFailed, SummaryUnaffordable, map_reduce
-from summary.settings import PROMPT_ALLOWANCE, SummarySettings
+from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
+from summary.mapreduce import MapReduceResult, SummaryFailed, SummaryUnaffordable, estimate_cost, map_reduce
+from summary.settings import SummarySettings
 from summary.signals import is_noise
 from summary.window import (
     advance_mark,
@@ -163,19 +161,21 @@ async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: dat
         got = await fetch(deps.db, chat, limit=limit, start=span.start, end=span.end, skip_message_id=skip)
         return Window(got.entries, span.title, got.total, got.newest_id)
     if args.messages is not None:
-        got = await fetch(deps.db, chat, limit=args.messages, skip_message_id=skip)
-        return Window(got.entries, f"最近 {args.messages} 条", len(got.entries), got.newest_id)
+        # Room for the /commands among them, which are not conversation: "last 3" means 3 said by people.
+        got = await fetch(deps.db, chat, limit=args.messages + 50, skip_message_id=skip, people_only=True)
+        picked = conversation(got.entries, deps.commands)[-args.messages:]
+        return Window(picked, f"最近 {args.messages} 条", len(picked), got.newest_id)
     if args.hours is not None:
         start, title = now - timedelta(hours=args.hours), f"最近 {args.hours:g} 小时"
-        got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
+        got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
         return Window(got.entries, title, got.total, got.newest_id)
     mark = await read_mark(deps.db, chat)
     if mark is not None:
-        got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip)
+        got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip, people_only=True)
         return Window(got.entries, "自上次总结以来", got.total, got.newest_id)
     hours = deps.settings.default_hours
     start, title = now - timedelta(hours=hours), f"最近 {hours:g} 小时"
-    got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip)
+    got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
     return Window(got.entries, title, got.total, got.newest_id)
 
 
@@ -187,13 +187,14 @@ def _is_command(text: str, commands: frozenset[str]) -> bool:
 
 
 def conversation(entries: Sequence[HistoryEntry], commands: frozenset[str]) -> list[HistoryEntry]:
-    """The messages worth summarising: no empty ones, no bot commands, no earlier summaries."""
+    """The messages worth summarising: what people said; no empty ones, no bot commands, nothing
+    the bot said (its replies and earlier summaries are not the conversation)."""
     keep: list[HistoryEntry] = []
     for entry in entries:
         text = entry.text.strip()
-        if not text or (entry.from_bot and text.startswith(HEADER)):
+        if not text or entry.from_bot:
             continue
-        if not entry.from_bot and _is_command(text, commands):
+        if _is_command(text, commands):
             continue
         keep.append(entry)
     return keep
@@ -284,15 +285,16 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     if hidden:  # members who opted out are neither quoted nor sent to the model
         window.entries = [e for e in window.entries if e.from_bot or e.user_id not in hidden]
     entries, meaningful, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
+    head = HEADER if chat.kind == "group" else PRIVATE_HEADER
     if not entries:
-        return ToolResult.reply(f"{HEADER}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
+        return ToolResult.reply(f"{head}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
     note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
 
     def extract(extra_note: str) -> str:
         return extractive_summary(entries, zone=ctx.zone, title=window.title, note=note + extra_note,
                                   top_members=settings.top_members, salient_count=settings.salient_count,
-                                  fact_count=settings.fact_count, link_count=settings.link_count)
+                                  fact_count=settings.fact_count, link_count=settings.link_count, header=head)
 
     mode, left = "extractive", None
     if deps.model is not None and not meaningful:
@@ -333,7 +335,7 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
-    header = f"{HEADER}{window.title} · {len(entries)} 条消息 · {people} 人发言"
+    header = f"{head}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.partial and done.covered is not None and done.left_out is not None:
         why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
         note += (f"（{why}只够总结 {done.covered.describe(ctx.zone)} 的 {done.messages_used} 条；"
@@ -345,22 +347,6 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         messages_used=done.messages_used, noise=len(entries) - len(meaningful),
         largest_request_tokens=done.largest_request,
     ))
-
-
-def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) -> int:
-    """About the most a map-reduce over ``entries`` spends: full requests, every answer at its cap."""
-    cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
-    room = cap - PROMPT_ALLOWANCE
-    text = sum(min(estimate_tokens(e.text), settings.max_message_tokens) + 16 for e in entries)
-    chunks = min(settings.max_chunks, max(1, math.ceil(text / room)))
-    if chunks == 1:
-        return min(cap, text + PROMPT_ALLOWANCE) + final_cap
-    cost, pieces = chunks * (cap + out_cap), chunks
-    while True:  # reduce rounds: each merge request holds pieces of at most out_cap tokens
-        groups = min(math.ceil(pieces * out_cap / room), (pieces + 1) // 2)
-        if groups <= 1:
-            return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
-        cost, pieces = cost + groups * (cap + out_cap), groups
 
 
 async def _map_reduce_reserved(deps: SummaryDeps, model: ChatModel, caller: Caller, entries: Sequence[HistoryEntry],
@@ -399,8 +385,10 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
 def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
     # Summaries quote members' messages; which ones quote this person cannot be told reliably
     # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
-    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
-                          [chat.key, len(HEADER), HEADER]).rowcount for chat in request.chats)
+    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
+                          "AND (substr(text, 1, ?) = ? OR substr(text, 1, ?) = ?)",
+                          [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]).rowcount
+               for chat in request.chats)
 
 
 toolset = Toolset("summary", [summary])

@@ -163,11 +163,13 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
 
 
 async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None = None,
-                start: datetime | None = None, end: datetime | None = None, skip_message_id: str = "") -> Fetched:
+                start: datetime | None = None, end: datetime | None = None, skip_message_id: str = "",
+                people_only: bool = False) -> Fetched:
     """The newest ``limit`` messages of the chat with ``id > after_id`` and/or ``start <= ts < end``.
 
     Neither bound means the whole chat (the "last N messages" window). ``skip_message_id`` (the
-    request being answered) is left out of the entries and the count, not out of ``newest_id``.
+    request being answered) is left out of the entries and the count, not out of ``newest_id``;
+    so are the bot's own messages with ``people_only``.
     """
     where: list[str] = ["chat = ?"]
     params: list[object] = [chat.key]
@@ -185,6 +187,8 @@ async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None
     if skip_message_id:
         kept += " AND NOT (from_bot = 0 AND message_id IS NOT NULL AND message_id = ?)"
         kept_params.append(skip_message_id)
+    if people_only:
+        kept += " AND from_bot = 0"
 
     def work(db: sqlite_utils.Database) -> Fetched:
         # One call on the single DB thread: no message can land between these reads.

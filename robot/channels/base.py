@@ -17,9 +17,11 @@ import abc
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict
 
+from robot.history import HistoryEntry
 from robot.message import ChatRef, Message, OutgoingMessage
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "Channel",
     "ChannelError",
     "ChannelUnavailable",
+    "ChatHistory",
     "ChatMoved",
     "MessageSink",
     "PanelProvider",
@@ -39,6 +42,8 @@ MessageSink = Callable[[Message], Awaitable[None]]
 ChatMoved = Callable[[ChatRef, ChatRef], Awaitable[None]]
 #: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
 PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
+#: A chat's newest stored messages, oldest first (``HistoryStore.recent``).
+ChatHistory = Callable[[ChatRef, int], Awaitable[list[HistoryEntry]]]
 
 
 log = logging.getLogger(__name__)
@@ -168,3 +173,7 @@ class Channel(abc.ABC):
 
     def attach_panels(self, panels: dict[str, PanelProvider]) -> None:  # noqa: B027
         """Receive the bot's side panels (plugins add them at setup); only the web playground shows them."""
+
+    def attach_chats(self, history: ChatHistory, zone_for: Callable[[ChatRef], ZoneInfo]) -> None:  # noqa: B027
+        """Receive the stored history and each chat's zone (the web playground shows past messages and
+        times in the chat's zone); a no-op elsewhere."""

@@ -1,8 +1,9 @@
 """The console channel: a REPL on stdin/stdout, as a private chat or a simulated group.
 
 In group mode (``qunbot chat --group``) a line ``name: text`` speaks as that member (a new
-name joins the group), and plain lines speak as the current member; ``@<bot name>`` addresses
-the bot. Reading stdin happens in a daemon thread, so the event loop never blocks on input and
+name joins the group), and plain lines speak as the current member; ``@<bot name>`` or
+``<bot name>: text`` addresses the bot (the bot's name is never taken as a member's). With a
+terminal on both ends, an input prompt names the speaker and is redrawn below each reply. Reading stdin happens in a daemon thread, so the event loop never blocks on input and
 a read still waiting at shutdown does not keep the process alive.
 """
 
@@ -31,7 +32,7 @@ class ConsoleChannel(Channel):
 
     def __init__(self, *, bot_name: str = "qunbot", group: bool = False, user: str = "me",
                  stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 on_eof: Callable[[], None] | None = None) -> None:
+                 on_eof: Callable[[], None] | None = None, prompt: bool | None = None) -> None:
         super().__init__()
         self.bot_name = bot_name
         self.group = group
@@ -43,6 +44,9 @@ class ConsoleChannel(Channel):
         self._streaming: dict[str, str] = {}
         self._line_open = False
         self._names: dict[str, str] = {user: user}
+        #: Show "name › " while waiting for input; by default only when talking to a terminal.
+        self.prompt = prompt if prompt is not None else _isatty(self.stdin) and _isatty(self.stdout)
+        self._prompt_shown = False
 
     @property
     def chat(self) -> ChatRef:
@@ -51,12 +55,24 @@ class ConsoleChannel(Channel):
         return ChatRef(platform=self.platform, chat_id=self.user, kind="private")
 
     def _write(self, text: str) -> None:
+        if self._prompt_shown:
+            # The bot speaks while the prompt waits: take the prompt off its line first.
+            self.stdout.write("\r\x1b[2K" if _isatty(self.stdout) else "\n")
+            self._prompt_shown = False
         self.stdout.write(text)
         self.stdout.flush()
 
+    def _show_prompt(self) -> None:
+        if self.prompt and not self._prompt_shown and not self._line_open:
+            self.stdout.write(f"{self.user} › ")
+            self.stdout.flush()
+            self._prompt_shown = True
+
     async def start(self) -> None:
-        mode = "群聊模式：用「名字: 内容」切换发言人，@" + self.bot_name + " 呼叫机器人" if self.group else "私聊模式"
+        mode = (f"群聊模式：用「名字: 内容」切换发言人，@{self.bot_name} 或「{self.bot_name}: 内容」呼叫机器人"
+                if self.group else "私聊模式")
         self._write(f"qunbot console ({mode}); /help 查看命令，Ctrl-D 退出。\n")
+        self._show_prompt()
         lines: asyncio.Queue[str] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         # Not asyncio.to_thread: asyncio.run() joins the default executor at exit, and a
@@ -81,7 +97,9 @@ class ConsoleChannel(Channel):
             head, sep, rest = text.partition(":")
             if not sep:
                 head, sep, rest = text.partition("：")
-            if sep and head and " " not in head.strip() and not head.startswith(("/", "@")):
+            name = head.strip()
+            if (sep and name and " " not in name and not name.startswith(("/", "@"))
+                    and name.casefold() != self.bot_name.casefold()):  # "qunbot: /summary" talks to the bot
                 speaker, text = head.strip(), rest.strip()
                 self.user = speaker
                 self._names.setdefault(speaker, speaker)
@@ -112,9 +130,11 @@ class ConsoleChannel(Channel):
                 if self.on_eof is not None:
                     self.on_eof()
                 return
+            self._prompt_shown = False  # Enter ended the prompt's line
             message = self.parse_line(line)
             if message is not None:
                 await self.deliver(message)
+            self._show_prompt()
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
         if run_id not in self._streaming:
@@ -133,6 +153,15 @@ class ConsoleChannel(Channel):
         # A run may send a tool's message before its streamed final text: match the text, not the order.
         if streamed is not None and message.text.strip() and streamed.strip().endswith(message.text.strip()):
             del self._streaming[str(message.reply_to)]
+            self._show_prompt()
             return SendReceipt(platform_message_id=message.key)  # already on screen
         self._write(f"{self.bot_name} ▸ {at}{message.text}\n")
+        self._show_prompt()
         return SendReceipt(platform_message_id=message.key)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):  # closed or detached
+        return False

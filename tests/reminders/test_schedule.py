@@ -45,7 +45,7 @@ def test_all_lists_every_public_name() -> None:
         for name, value in vars(schedule_module).items()
         if not name.startswith("_") and getattr(value, "__module__", None) == schedule_module.__name__
     }
-    assert defined_here | {"Kind", "MISSED_FIRES_CAP"} == set(schedule_module.__all__)
+    assert defined_here | {"Kind", "MISSED_FIRES_CAP", "WORKDAYS"} == set(schedule_module.__all__)
 
 
 # --- parsing -----------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ async def test_a_past_time_error_gives_the_model_the_current_time_so_it_corrects
     ("/remind weekly 09:30 周会 weekday=7", "weekday"),
     ("/remind daily 25:00 喝水", "设置提醒失败：时间 '25:00' 无效（小时应为 00-23）"),
     ("/remind once 08:00 开会", "一次性提醒请写“年-月-日 时:分”"),
-    ("/remind hourly 08:00 喝水", "type"),
+    ("/remind hourly 08:00 喝水", "类型有 once、daily、weekly、weekdays"),
 ])
 async def test_bad_schedules_are_refused_with_the_fix(start: Start, line: str, expected: str) -> None:
     chat = await start()
@@ -198,8 +198,8 @@ async def test_list_through_the_model_and_the_side_panel(start: Start) -> None:
     assert await chat.say("我有哪些提醒？") == "你有一个提醒：每天 8 点喝水。"
     assert "— 喝水" in model.requests[1].messages[-1]["content"]
     panel = await chat.bot.panels["reminders"](chat.ch.chat("g1"))
-    assert [(row["owner"], row["content"], row["mode"]) for row in panel] == [("u1", "喝水", "text")]
-    assert panel[0]["schedule"].startswith("每天 08:00") and len(panel[0]["id"]) >= 4
+    assert [(row["谁的"], row["内容"]) for row in panel] == [("u1", "喝水")]
+    assert panel[0]["时间"].startswith("每天 08:00") and panel[0]["编号"].startswith("#") and len(panel[0]["编号"]) >= 5
 
 
 async def test_a_new_reminder_gets_its_timer_job_and_deleting_removes_it(start: Start) -> None:

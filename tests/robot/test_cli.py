@@ -109,7 +109,7 @@ def test_tools_json_prints_every_loaded_tool(plugin_dir: Path, capsys: pytest.Ca
 def test_tools_lists_names_aliases_and_flags(plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["-c", str(config(plugin_dir)), "tools"]) == 0
     line = capsys.readouterr().out.strip()
-    assert line.startswith("weather") and "[/w]" in line and "(admin)" in line
+    assert line.startswith("weather  /w  (admin)\n    Weather for a city.")
 
 
 def test_a_bad_config_or_plugin_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,3 +300,225 @@ async def test_quickstart_run_with_no_config_serves_the_playground_and_stops_on_
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+
+
+# --- options, help, start-up errors (issue 10: a new user's first hour) -----------------------
+
+def test_options_are_accepted_after_the_subcommand_too(plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = str(config(plugin_dir))
+    assert main(["tools", "--config", cfg, "--json"]) == 0
+    assert [d["function"]["name"] for d in json.loads(capsys.readouterr().out)] == ["weather"]
+    assert main(["tools", "-c", cfg, "--log-level", "WARNING"]) == 0
+    assert capsys.readouterr().out.startswith("weather")
+    assert main(["--config", cfg, "tools", "--log-level", "ERROR"]) == 0  # before and after mix
+    assert capsys.readouterr().out.startswith("weather")
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "tools", "init", "doctor", "backup"])
+def test_every_subcommand_has_help_listing_the_common_options(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: qunbot {command}") and "--config" in out and "--log-level" in out
+
+
+def taken_port() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_a_busy_web_port_is_one_line_and_doctor_sees_it(plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with taken_port() as taken:
+        port = taken.getsockname()[1]
+        cfg = config(plugin_dir, f"[channels.web]\nport = {port}\n")  # `enabled` unset: on, as nothing else is
+        assert main(["--config", str(cfg), "run"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith("error: cannot start: web playground cannot listen on") and str(port) in err
+        assert main(["--config", str(cfg), "doctor"]) == 1
+        out = capsys.readouterr().out
+        assert f"FAIL channel web: cannot listen on 127.0.0.1:{port}" in out and "1 problem(s)" in out
+
+
+def test_plugins_beside_the_config_file_import_without_pythonpath(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    project = tmp_path / "mybot"
+    project.mkdir()
+    (project / "qb_beside_plugin.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
+    cfg = project / "qunbot.toml"
+    cfg.write_text('[bot]\nplugins = ["qb_beside_plugin"]\n', encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main() extends it; undone after the test
+    monkeypatch.delitem(sys.modules, "qb_beside_plugin", raising=False)
+    try:
+        assert main(["tools", "--config", str(cfg)]) == 0
+        assert capsys.readouterr().out.startswith("weather  /w  (admin)")
+    finally:
+        sys.modules.pop("qb_beside_plugin", None)
+
+
+@pytest.mark.parametrize(("table", "suggestion"), [("lmm", "llm"), ("reminder", "reminders"), ("limit", "limits"),
+                                                   ("clikt", "clikit")])
+def test_a_misspelled_table_stops_start_up_naming_the_closest_one(
+        plugin_dir: Path, capsys: pytest.CaptureFixture[str], table: str, suggestion: str) -> None:
+    cfg = config(plugin_dir, f'[{table}]\nmodel = "gpt-4o-mini"\n')
+    for command in ("run", "tools"):
+        assert main(["--config", str(cfg), command]) == 2
+        err = capsys.readouterr().err
+        assert f"unknown table [{table}]" in err and f"did you mean [{suggestion}]?" in err
+    assert not (plugin_dir / "data").exists()  # stopped before opening anything
+
+
+def test_builtin_tables_stay_valid_when_their_plugin_is_taken_out(
+        plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(plugin_dir, '[search]\napi_key = "pplx-x"\n[reminders]\nmax_per_user = 5\n')  # as `init` writes
+    assert main(["--config", str(cfg), "tools"]) == 0
+
+
+def test_a_relative_data_dir_is_taken_from_the_config_files_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "mybot"
+    project.mkdir()
+    cfg = project / "qunbot.toml"
+    cfg.write_text('[bot]\ndata_dir = "state"\n', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert load_settings(cfg)[0].bot.data_dir == project / "state"
+    assert load_settings("mybot/qunbot.toml")[0].bot.data_dir == project / "state"
+    cfg.write_text("[bot]\n", encoding="utf-8")
+    assert load_settings(cfg)[0].bot.data_dir == project / "data"  # the default too
+    monkeypatch.setenv("QUNBOT_BOT__DATA_DIR", "from-env")  # a variable is read where the shell is
+    assert load_settings(cfg)[0].bot.data_dir == Path("from-env")
+
+
+def test_tools_shows_whole_descriptions_and_explains_the_flags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["tools"]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    for name in ("reminders", "search", "summary"):
+        for tool in load_plugin(name).tools:
+            assert " ".join(tool.description.split()) in flat, tool.name  # never cut mid-sentence
+    assert "reminder_set  /remind  (@)" in out
+    assert "(@) in a group, runs only when the message @-mentions the bot" in out
+
+
+def test_tools_json_into_head_exits_quietly(tmp_path: Path) -> None:
+    import subprocess
+
+    done = subprocess.run(["bash", "-o", "pipefail", "-c",
+                           f"'{sys.executable}' -m robot.cli tools --json | head -n 2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.stdout == '[\n  {\n'
+    assert done.stderr == "" and done.returncode == 0
+
+
+async def test_doctor_says_search_is_off_and_prints_no_http_log_lines(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
+    async with FakeOpenAIServer() as server:
+        cfg = tmp_path / "qunbot.toml"
+        cfg.write_text(f'[llm]\nmodel = "fake-model"\nbase_url = "{server.base_url}"\napi_key = "{SECRET}"\n'
+                       f'[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "robot.cli", "doctor", "--config", str(cfg), cwd=tmp_path, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        async with asyncio.timeout(60):
+            out = (await proc.communicate())[0].decode()
+    assert proc.returncode == 0, out
+    assert "off search: 联网搜索未启用" in out and "PERPLEXITY_API_KEY" in out
+    assert "ok  llm" in out and "HTTP Request" not in out and " INFO " not in out and SECRET not in out
+    assert out.rstrip().endswith("all good")
+
+
+async def test_backup_copies_the_database_while_it_is_open(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "mybot"
+    cfg = project / "qunbot.toml"
+    project.mkdir()
+    cfg.write_text('[bot]\ndata_dir = "data"\n', encoding="utf-8")
+    db = Database(project / "data" / "qunbot.sqlite3")
+    outbox = Outbox(db)
+    HistoryStore(db)
+    await db.open()
+    try:
+        chat = ChatRef(platform="onebot", chat_id="1", kind="group")
+        await outbox.enqueue(OutgoingMessage(key="k1", chat=chat, text="保存我"))
+        monkeypatch.chdir(tmp_path)  # another folder: data_dir still resolves beside the config
+        target = tmp_path / "backups" / "qunbot.sqlite3"
+        assert await asyncio.to_thread(main, ["backup", str(target), "--config", str(cfg)]) == 0  # bot still open
+        assert f"to {target}" in capsys.readouterr().out
+        assert await asyncio.to_thread(main, ["backup", str(target), "--config", str(cfg)]) == 2
+        assert "exists" in capsys.readouterr().err
+    finally:
+        await db.close()
+    copy = Database(target)
+    copied = Outbox(copy)
+    HistoryStore(copy)
+    await copy.open()
+    try:
+        assert [(r["key"], r["text"]) for r in await copied.rows()] == [("k1", "保存我")]
+    finally:
+        await copy.close()
+    assert not list(target.parent.glob("*.partial"))
+
+
+def test_backup_without_a_database_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text("[bot]\n", encoding="utf-8")
+    assert main(["backup", str(tmp_path / "b.sqlite3"), "-c", str(cfg)]) == 2
+    assert f"no database at {tmp_path / 'data' / 'qunbot.sqlite3'}" in capsys.readouterr().err
+
+
+async def test_chat_group_keeps_logs_off_the_screen_and_the_bots_name_addresses_it(tmp_path: Path) -> None:
+    """The README's `qunbot chat --group`, typed into: members talk, then `qunbot: /summary`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "robot.cli", "chat", "--group", cwd=tmp_path, env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    lines = "小明: 今晚七点开会\n阿强: 收到，我带投影仪\n小明: 记得带电脑\nqunbot: /summary\n"
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate(lines.encode())
+    shown = out.decode()
+    assert proc.returncode == 0, (shown, err.decode())
+    assert " INFO " not in shown and err.decode() == ""
+    log_file = tmp_path / "data" / "console.log"
+    assert f"(logs: {Path('data') / 'console.log'})" in shown and "qunbot started" in log_file.read_text("utf-8")
+    replies = [line for line in shown.splitlines() if line.startswith("qunbot ▸")]
+    assert len(replies) == 1 and "@小明" in replies[0]  # the last speaker asked; the members only talked
+    assert "阿强" in shown.split("qunbot ▸", 1)[1] and "没有 /" not in shown
+
+
+def test_doctor_reports_a_plugin_whose_setup_fails_and_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "qb_broken_setup.py").write_text(PLUGIN_SOURCE.replace(
+        'plugin = Plugin("clikit", Toolset("clikit", [weather]), settings_model=CliKitSettings)',
+        'async def setup(bot):\n    raise RuntimeError("no database driver")\n\n\n'
+        'plugin = Plugin("broken", Toolset("broken", [weather]), setup=setup)'), encoding="utf-8")
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = ["qb_broken_setup"]\n[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "qb_broken_setup", raising=False)
+    try:
+        assert main(["doctor", "--config", str(cfg)]) == 1
+    finally:
+        sys.modules.pop("qb_broken_setup", None)
+    out = capsys.readouterr().out
+    assert "FAIL plugins: setup failed: RuntimeError: no database driver" in out
+    assert "ok  llm" in out and "ok  channel web" in out and "1 problem(s)" in out
+
+
+def test_a_file_beside_the_config_does_not_shadow_a_builtin_plugin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "summary.py").write_text("raise RuntimeError('a notes file, not the plugin')\n", encoding="utf-8")
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text('[bot]\nplugins = ["summary"]\n', encoding="utf-8")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "summary", raising=False)  # imported afresh, as in a new process
+    assert main(["tools", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.startswith("summary")

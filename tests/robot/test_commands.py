@@ -202,3 +202,36 @@ async def test_a_plugins_tools_get_the_deps_its_setup_built(make_bot: Any, plugi
     await ch.inject("/websearch cats and dogs")
     (sent,) = await ch.wait_sent(1)
     assert sent.text == "results for cats and dogs with key-1"
+
+
+# --- validation messages -----------------------------------------------------------------------
+
+async def test_validation_messages_are_in_the_bots_language_not_validator_text(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject("/n milk 9")
+    await ch.inject("/n")
+    await ch.inject("/n milk times=many")
+    bad, missing, word = (m.text for m in await ch.wait_sent(3))
+    assert bad == "参数有误：\n- times：不能大于 5（收到 9）\n用法：/n <text> [times]"
+    assert "- text：必须填写" in missing
+    assert "- times：应为整数（收到 \"many\"）" in word
+    for reply in (bad, missing, word):
+        assert not any(raw in reply for raw in ("maximum", "less than", "required", "is not of type"))
+
+
+async def test_english_bots_explain_in_english(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None, bot={"language": "en"})
+    await ch.inject("/n milk 9")
+    (reply,) = (m.text for m in await ch.wait_sent(1))
+    assert reply == "Invalid arguments:\n- times: must be at most 5 (got 9)\nUsage: /n <text> [times]"
+
+
+async def test_no_reply_quotes_a_long_input_back(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None)
+    long = "x" * 500
+    await ch.inject(f"/poke {long}", at_bot=True)
+    await ch.inject(f"/{long}", at_bot=True)
+    await ch.inject(f"/n milk times={long}")
+    replies = [m.text for m in await ch.wait_sent(3)]
+    assert all("x" * 30 not in reply for reply in replies), replies
+    assert "共 500 字" in replies[0] and "共 500 字" in replies[1] and "收到 500 个字" in replies[2]

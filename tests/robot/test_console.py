@@ -89,3 +89,22 @@ async def test_a_streamed_reply_is_not_printed_twice(make_bot: Any) -> None:
 
 def _never() -> Any:
     raise AssertionError("parse_line returned None")
+
+
+def test_in_group_mode_the_bots_name_before_a_colon_addresses_the_bot() -> None:
+    ch, _ = console(group=True)
+    ch.parse_line("小明: 大家好")
+    msg = ch.parse_line("qunbot: /summary")
+    assert msg is not None and msg.sender.user_id == "小明" and msg.text == "qunbot: /summary"
+    assert ch.parse_line("QunBot：在吗") is not None and ch.user == "小明"  # any case, full-width colon
+
+
+async def test_the_prompt_names_the_speaker_and_is_redrawn_below_each_reply() -> None:
+    out = io.StringIO()
+    ch = ConsoleChannel(bot_name="qunbot", group=True, user="me", stdin=io.StringIO(""), stdout=out, prompt=True)
+    ch._show_prompt()
+    assert out.getvalue() == "me › "
+    ch.parse_line("小明: hi")
+    await ch.send(OutgoingMessage(key="k", chat=ch.chat, text="你好", mention=("小明",)))
+    assert out.getvalue() == "me › \nqunbot ▸ @小明 你好\n小明 › "  # off the prompt's line, then a new prompt
+    assert console()[0].prompt is False  # not a terminal: no prompt by default

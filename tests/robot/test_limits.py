@@ -40,6 +40,61 @@ def test_a_flooding_member_gets_one_notice_then_silence_others_unaffected() -> N
     assert [limiter.check("c", "u1") for _ in range(2)] == [NOTICE, SILENT]  # a new flood, a new notice
 
 
+def test_silence_lasts_only_as_long_as_the_wait_the_person_was_told() -> None:
+    now = [0.0]
+    limiter = RateLimiter(user_per_minute=6, user_burst=1, chat_per_minute=6000, chat_burst=100,
+                          monotonic=lambda: now[0])
+    assert [limiter.check("c", "u1") for _ in range(3)] == [ALLOW, NOTICE, SILENT]
+    assert limiter.wait_s("c", "u1") == 10.0
+    now[0] = 10.0
+    assert limiter.check("c", "u1") is ALLOW
+    assert limiter.check("c", "u1") is NOTICE  # a new window: said again before going quiet
+    now[0] = 19.0
+    assert limiter.check("c", "u1") is SILENT
+    now[0] = 20.5
+    limiter.check("c", "u1")  # the token is back
+    assert limiter.check("c", "u1") is NOTICE
+
+
+def test_commands_have_their_own_generous_limit_and_model_work_is_charged_after() -> None:
+    limiter = RateLimiter(user_per_minute=6, user_burst=2, chat_per_minute=6000, chat_burst=100,
+                          command_per_minute=30, command_burst=20, monotonic=lambda: 0.0)
+    assert [limiter.check("c", "u1") for _ in range(3)] == [ALLOW, ALLOW, NOTICE]
+    commands = [limiter.check("c", "u1", command=True) for _ in range(22)]
+    assert commands == [ALLOW] * 20 + [NOTICE, SILENT]
+    limiter.charge("c", "u2")  # a command that called a model spends from the model buckets
+    limiter.charge("c", "u2")
+    assert limiter.check("c", "u2") is NOTICE
+
+
+async def test_a_newcomer_working_through_commands_is_not_silenced(make_bot: Any) -> None:
+    _bot, ch = await make_bot(None, limits={})  # the default limits
+    for _ in range(12):
+        await ch.inject("/help")
+    sent = await ch.wait_sent(12)
+    assert all(m.text.startswith("可用命令") for m in sent)
+
+
+async def test_the_console_and_playground_are_not_rate_limited_by_default(make_bot: Any) -> None:
+    from robot.testing import MemoryChannel
+
+    model = ScriptedModel(lambda req: text("answer"))
+    _bot, ch = await make_bot(model, channel=MemoryChannel("console"), limits={})
+    for i in range(10):
+        await ch.inject(f"question {i}", chat=ch.chat("me", "private"))
+    assert [m.text for m in await ch.wait_sent(10)] == ["answer"] * 10
+
+
+async def test_other_channels_get_a_notice_naming_the_wait(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("answer"))
+    _bot, ch = await make_bot(model, limits={})
+    for i in range(6):
+        await ch.inject(f"question {i}", at_bot=True)
+    sent = [m.text for m in await ch.wait_sent(5)]
+    assert sent[:4] == ["answer"] * 4
+    assert sent[4] in {RATE_NOTICE.format(seconds=s) for s in range(1, 11)}  # 10 s a message, minus time spent
+
+
 def test_a_busy_chat_is_limited_without_touching_other_chats() -> None:
     limiter = RateLimiter(user_per_minute=600, user_burst=100, chat_per_minute=1, chat_burst=3,
                           monotonic=lambda: 0.0)
@@ -55,15 +110,16 @@ async def test_a_flood_in_a_bot_gets_one_notice_and_only_the_flooder_is_slowed(m
     for i in range(6):
         await ch.inject(f"spam {i}", at_bot=True, user="flooder")
     await ch.inject("a fair question", at_bot=True, user="calm")
-    await ch.inject("/help", user="flooder")  # commands count too
-    await ch.wait_sent(4)
+    await ch.inject("/help", user="flooder")  # a command that calls no model has its own limit
+    await ch.wait_sent(5)
     await bot.outbox.flush()
     by_user = [(m.mention, m.text) for m in ch.sent]
     assert by_user.count((("flooder",), "answer")) == 2
-    assert by_user.count((("flooder",), RATE_NOTICE)) == 1
+    assert by_user.count((("flooder",), RATE_NOTICE.format(seconds=6000))) == 1
     assert (("calm",), "answer") in by_user
-    assert len(ch.sent) == 4 and len(model.requests) == 3
-    assert len(await bot.history.recent(G1)) == 8 + 4  # everything is still recorded
+    assert any(who == ("flooder",) and said.startswith("可用命令") for who, said in by_user)
+    assert len(ch.sent) == 5 and len(model.requests) == 3
+    assert len(await bot.history.recent(G1)) == 8 + 5  # everything is still recorded
 
 
 # --- daily budgets -----------------------------------------------------------------------------
@@ -220,4 +276,4 @@ async def test_oversized_messages_get_one_notice_not_one_each(make_bot: Any) -> 
     await ch.wait_sent(3)
     await asyncio.sleep(0.1)
     texts = [m.text for m in ch.sent]
-    assert len(texts) == 3 and texts[2] == RATE_NOTICE and "太长" in texts[0]
+    assert len(texts) == 3 and texts[2] == RATE_NOTICE.format(seconds=10) and "太长" in texts[0]

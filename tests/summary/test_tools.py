@@ -338,3 +338,42 @@ def test_bad_summary_settings_are_a_config_error(tmp_path: Path) -> None:
     settings = Settings(bot={"data_dir": tmp_path}, summary={"max_chunks": 0})
     with pytest.raises(ConfigError, match=r"\[summary\] max_chunks"):
         settings.section("summary", summary.SummarySettings)
+
+
+async def test_the_bots_own_replies_are_not_counted_as_messages(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ch.inject("周五聚餐？", user="1", name="Alice", at=ago(9))
+        await bot.send(G1, "好的，已设置提醒 #abcd", key="k1")
+        await ch.inject("好啊", user="2", name="Bob", at=ago(5))
+        await ch.wait_sent(1)
+        await ch.inject("/summary", user="2", name="Bob", at=ago(1))
+        reply = (await ch.wait_sent(2))[-1].text
+    assert reply.startswith("【群聊总结】最近 24 小时 · 共 2 条消息 · 2 人发言"), reply
+    assert "已设置提醒" not in reply
+
+
+async def test_the_last_n_messages_are_n_said_by_people(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        for i in range(4):
+            await ch.inject(f"消息{i}", user=str(i), at=ago(20 - i))
+        await ch.inject("/summary", user="9", at=ago(5))
+        await ch.inject("/summary", user="9", at=ago(4))
+        await ch.wait_sent(2)
+        await ch.inject("/summary messages=3", user="9", at=ago(1))
+        reply = (await ch.wait_sent(3))[-1].text
+    assert reply.startswith("【群聊总结】最近 3 条 · 共 3 条消息 · 3 人发言"), reply
+    assert "消息0" not in reply
+
+
+async def test_a_private_chat_summary_is_not_headed_group_chat(tmp_path: Path) -> None:
+    dm = ChatRef(platform="memory", chat_id="u1", kind="private")
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("明天记得交报告", user="u1", chat=dm, at=ago(9))
+        await ch.inject("/summary", user="u1", chat=dm, at=ago(1))  # after the bot's "no model" answer
+        reply = (await ch.wait_sent(2))[1].text
+        await ch.inject("/forget me", user="u1", chat=dm, at=ago(0.5))
+        forgot = (await ch.wait_sent(3))[2].text
+        left = await _bot.history.recent(dm, 50)
+    assert reply.startswith("【聊天总结】最近 24 小时") and "群聊" not in reply
+    assert forgot.startswith("已删除")
+    assert not any(e.text.startswith("【聊天总结】") for e in left)  # /forget also takes private summaries

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import json
 import logging
@@ -26,6 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from yarl import URL
@@ -34,6 +34,7 @@ from robot.channels.base import (
     Capabilities,
     Channel,
     ChannelUnavailable,
+    ChatHistory,
     PanelProvider,
     SendReceipt,
     SendRejected,
@@ -45,7 +46,10 @@ from robot.channels.web.protocol import (
     PingFrame,
     SendFrame,
     address,
+    is_loopback,
     parse_frame,
+    stored_frames,
+    trim,
 )
 from robot.config import WebSettings
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
@@ -62,7 +66,7 @@ _TRANSCRIPT = 200  # frames kept per chat
 _CHATS = 100  # chats with a transcript
 _NAMES = 1000  # remembered display names
 _QUEUE = 2000  # frames waiting for one slow page before it is dropped
-_LONG = 4000  # trace strings are cut here
+_RESTORE = 50  # stored messages shown per chat after a restart
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
@@ -72,32 +76,11 @@ _HEADERS = {
 }
 
 
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _authority(url: str) -> str | None:
     try:
         return URL(url).raw_authority
     except ValueError:
         return None
-
-
-def _trim(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > _LONG:
-        return value[:_LONG] + f"… ({len(value) - _LONG} more characters)"
-    if isinstance(value, dict):
-        return {str(k): _trim(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_trim(v) for v in value]
-    return value
 
 
 class _Page:
@@ -140,6 +123,9 @@ class WebChannel(Channel):
         self._clock = clock or (lambda: datetime.now(UTC))
         self._mention = re.compile("@" + re.escape(bot_name), re.IGNORECASE) if bot_name else None
         self._panels: dict[str, PanelProvider] = {}
+        self._history: ChatHistory | None = None
+        self._zone_for: Callable[[ChatRef], ZoneInfo] | None = None
+        self._restored: set[str] = set()
         self._pages: dict[web.WebSocketResponse, _Page] = {}
         self._names: dict[str, str] = dict(MEMBERS)
         self._transcripts: OrderedDict[str, deque[tuple[int, dict[str, Any]]]] = OrderedDict()
@@ -156,6 +142,7 @@ class WebChannel(Channel):
         app = web.Application(middlewares=[self._guard])
         app.router.add_get("/", self._index)
         app.router.add_get("/ws", self._socket)
+        app.router.add_get("/favicon.ico", self._favicon)
         app.router.add_static("/static/", STATIC)
         for prefix, sub in self._mounts:
             app.add_subapp(prefix, sub)
@@ -169,7 +156,7 @@ class WebChannel(Channel):
                                      f"{self.settings.port}: {exc.strerror or exc}") from None
         self._runner = runner
         self._port = int(runner.addresses[0][1])
-        if not _is_loopback(self.settings.host):
+        if not is_loopback(self.settings.host):
             log.warning("web playground listens on %s: it has no login, anyone who reaches it can talk "
                         "to the bot as any user", self.settings.host)
         log.info("web playground at %s", self.url)
@@ -223,20 +210,25 @@ class WebChannel(Channel):
         mention = [{"id": uid, "name": self._names.get(uid, uid)} for uid in message.mention] \
             if chat.kind == "group" else []
         self._publish(chat, {"type": "reply", "chat": address(chat), "id": message.key, "text": message.text,
-                             "mention": mention, "reply_to": message.reply_to, "time": self._now()})
+                             "mention": mention, "reply_to": message.reply_to, "time": self._now(),
+                             "zone": self._zone(chat)})
         return SendReceipt(platform_message_id=message.key)
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
         self._broadcast({"type": "delta", "chat": address(chat), "run_id": run_id, "delta": delta})
 
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
-        clean = json.loads(json.dumps(_trim(event), ensure_ascii=False, default=str))
+        clean = json.loads(json.dumps(trim(event), ensure_ascii=False, default=str))
         self._publish(chat, {"type": "trace", "chat": address(chat), "event": clean})
         if event.get("type") == "run_end" and self._panels:
             self._spawn(self._push_panels(chat, None))
 
     def attach_panels(self, panels: dict[str, PanelProvider]) -> None:
         self._panels = panels  # the bot's own dict: panels added later show up too
+
+    def attach_chats(self, history: ChatHistory, zone_for: Callable[[ChatRef], ZoneInfo]) -> None:
+        self._history = history
+        self._zone_for = zone_for
 
     # --- HTTP -----------------------------------------------------------------------------
     @web.middleware
@@ -246,7 +238,7 @@ class WebChannel(Channel):
             host = URL(f"http://{request.host}").host
         except ValueError:
             return web.Response(status=400, text="bad Host header\n")
-        if _is_loopback(self.settings.host) and not _is_loopback(host):
+        if is_loopback(self.settings.host) and not is_loopback(host):
             log.warning("web playground refused a request for host %r", request.host[:100])
             return web.Response(status=403, text="the playground only answers to localhost\n")
         origin = request.headers.get("Origin")
@@ -261,10 +253,16 @@ class WebChannel(Channel):
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "index.html")
 
+    async def _favicon(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
+
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=64 * 1024)
         await ws.prepare(request)
         page = _Page(ws)
+        # After a restart: the group and the presets' private chats from the store (others when opened).
+        for chat_id, kind in ((GROUP_ID, "group"), *((uid, "private") for uid, _ in MEMBERS)):
+            await self._restore(ChatRef(platform=self.platform, chat_id=chat_id, kind=kind))
         page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID, "max_text_len": MAX_TEXT,
                    "members": [{"id": uid, "name": name} for uid, name in MEMBERS]})
         frames = sorted((item for t in self._transcripts.values() for item in t), key=lambda item: item[0])
@@ -296,7 +294,7 @@ class WebChannel(Channel):
             page.push({"type": "pong"})
         elif isinstance(frame, PanelsFrame):
             chat = ChatRef(platform=self.platform, chat_id=frame.chat.id, kind=frame.chat.kind)
-            self._spawn(self._push_panels(chat, page))
+            self._spawn(self._open_chat(chat, page))
         elif isinstance(frame, SendFrame):
             self._accept(frame)
 
@@ -314,8 +312,34 @@ class WebChannel(Channel):
         # Echo first: every page (the sender's too) sees the message before any reply to it.
         self._publish(chat, {"type": "message", "chat": address(chat), "id": message.message_id,
                              "sender": {"id": user.id, "name": user.name}, "text": frame.text,
-                             "time": message.timestamp.astimezone(UTC).isoformat(), "mentions_bot": mentions_bot})
+                             "time": message.timestamp.astimezone(UTC).isoformat(), "mentions_bot": mentions_bot,
+                             "zone": self._zone(chat)})
         self.deliver_soon(message)
+
+    async def _open_chat(self, chat: ChatRef, page: _Page) -> None:
+        """A page shows a chat: its stored messages (once per run) and its panels."""
+        if restored := await self._restore(chat):
+            self._broadcast({"type": "history", "frames": restored})
+        await self._push_panels(chat, page)
+
+    async def _restore(self, chat: ChatRef) -> list[dict[str, Any]]:
+        """Put the chat's newest stored messages before its transcript (once per run); returns their frames."""
+        if self._history is None or chat.key in self._restored:
+            return []
+        self._restored.add(chat.key)
+        try:
+            entries = await self._history(chat, _RESTORE)
+        except Exception:
+            log.exception("web playground could not read the history of %s", chat.key)
+            return []
+        frames = stored_frames(chat, entries, [f for _, f in self._transcripts.get(chat.key, ())], self._zone(chat))
+        if frames:
+            kept = self._transcripts.setdefault(chat.key, deque(maxlen=_TRANSCRIPT))
+            # Older than anything this run has seen: negative sequence numbers sort them first.
+            for i, frame in enumerate(reversed(frames)):
+                if len(kept) < _TRANSCRIPT:
+                    kept.appendleft((-1 - i, frame))
+        return frames
 
     async def _push_panels(self, chat: ChatRef, page: _Page | None) -> None:
         panels: list[dict[str, Any]] = []
@@ -367,3 +391,6 @@ class WebChannel(Channel):
 
     def _now(self) -> str:
         return self._clock().astimezone(UTC).isoformat()
+
+    def _zone(self, chat: ChatRef) -> str | None:  # the page shows times in the zone the bot speaks in
+        return self._zone_for(chat).key if self._zone_for is not None else None

@@ -14,37 +14,47 @@ every frame and shows the chat it is on::
 
     {"type": "welcome", "bot_name", "group_id", "members": [{"id", "name"}], "max_text_len"}     always first
     {"type": "history", "frames": [...]}   recent message/reply/trace frames of every chat, oldest first;
-                                           also what a page missed while none was connected
-    {"type": "message", "chat", "id", "sender": {"id", "name"}, "text", "time", "mentions_bot"}
+                                           also what a page missed while none was connected, and after a
+                                           restart a chat's newest stored messages (sent again when a page
+                                           first opens a chat whose messages were not restored yet)
+    {"type": "message", "chat", "id", "sender": {"id", "name"}, "text", "time", "mentions_bot", "zone"}
                                            a person's message, echoed to every page (the sender's too)
     {"type": "delta", "chat", "run_id", "delta"}     a piece of a streaming reply; ``run_id`` is the id
                                                      of the message being answered
-    {"type": "reply", "chat", "id", "text", "mention": [{"id", "name"}], "reply_to", "time"}
+    {"type": "reply", "chat", "id", "text", "mention": [{"id", "name"}], "reply_to", "time", "zone"}
                                            the bot's message; it replaces the streaming bubble of ``reply_to``
     {"type": "trace", "chat", "event"}     a run's event: "tool" (call_id, name, arguments, result, is_error,
                                            duration_ms, note), "retry" (error, delay_s) or "run_end" (stop,
-                                           detail, tokens, model_calls); ``event.message_id`` is the run
+                                           detail, tokens, model_calls); ``event.message_id`` is the run;
+                                           a /command is traced as one "tool" event and run_end stop "command"
     {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "error"?}]}
                                            side panels, pushed after each run_end and on request
     {"type": "error", "error": "..."}      the page's last frame was refused; the socket stays open
     {"type": "pong"}
 
-Times are ISO 8601 in UTC.
+Times are ISO 8601 in UTC; ``zone`` is the chat's IANA zone (``[bot] zones``/``timezone``), in
+which the page shows them (null when the channel runs without a bot).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+from collections.abc import Sequence
+from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
-__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "parse_frame"]
+__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "is_loopback", "parse_frame",
+           "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
 MAX_TEXT = 4000
+_LONG = 4000  # trace strings are cut here
 
 
 class FrameError(ValueError):
@@ -119,3 +129,48 @@ def parse_frame(raw: str) -> SendFrame | PanelsFrame | PingFrame:
 def address(chat: ChatRef) -> dict[str, str]:
     """A chat as it appears in server frames."""
     return {"kind": chat.kind, "id": chat.chat_id}
+
+
+def stored_frames(chat: ChatRef, entries: Sequence[HistoryEntry], shown: Sequence[dict[str, Any]],
+                  zone: str | None) -> list[dict[str, Any]]:
+    """``message``/``reply`` frames for stored messages, leaving out those already ``shown`` in this run."""
+    seen_ids = {frame.get("id") for frame in shown}
+    # A reply's frame id is its outbox key, which history does not keep: match those by text.
+    seen_replies = [frame.get("text") for frame in shown if frame.get("type") == "reply"]
+    frames: list[dict[str, Any]] = []
+    for n, entry in enumerate(entries):
+        at = entry.at.astimezone(UTC).isoformat()
+        if entry.from_bot:
+            if entry.text in seen_replies:
+                seen_replies.remove(entry.text)
+                continue
+            frames.append({"type": "reply", "chat": address(chat), "id": f"stored:{chat.key}:{n}:{at}",
+                           "text": entry.text, "mention": [], "reply_to": None, "time": at, "zone": zone})
+        elif entry.message_id not in seen_ids:
+            frames.append({"type": "message", "chat": address(chat), "id": entry.message_id or f"stored:{n}:{at}",
+                           "sender": {"id": entry.user_id, "name": entry.name}, "text": entry.text, "time": at,
+                           "mentions_bot": False, "zone": zone})
+    return frames
+
+
+def trim(value: Any) -> Any:
+    """A trace event with every long string cut to a readable length."""
+    if isinstance(value, str) and len(value) > _LONG:
+        return value[:_LONG] + f"… ({len(value) - _LONG} more characters)"
+    if isinstance(value, dict):
+        return {str(k): trim(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [trim(v) for v in value]
+    return value
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` (a name or an address, brackets allowed) is this machine only."""
+    if not host:
+        return False
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -165,7 +165,7 @@ async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, ht
     replies = [f for f in history["frames"] if f["type"] == "reply"]
     assert replies == [{"type": "reply", "chat": {"kind": "group", "id": "playground"}, "id": "r1",
                         "text": "别忘了开会", "mention": [{"id": "u-alice", "name": "Alice"}], "reply_to": None,
-                        "time": replies[0]["time"]}]
+                        "time": replies[0]["time"], "zone": "Asia/Shanghai"}]
 
 
 async def test_page_and_assets_are_served_to_localhost_only(bot: Bot, http: aiohttp.ClientSession) -> None:

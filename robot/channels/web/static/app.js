@@ -35,7 +35,13 @@
   const currentChat = () => (S.mode === 'private' ? { kind: 'private', id: me().id } : { kind: 'group', id: S.groupId });
   const currentKey = () => keyOf(currentChat());
   const initial = (name) => (Array.from(name || '?')[0] || '?').toUpperCase();
-  const hhmm = (iso) => { const d = new Date(iso); return isNaN(d) ? '' : d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', hourCycle: 'h23' }); };
+  // Times in the chat's zone (the one the bot speaks in), not the browser's.
+  const hhmm = (iso, zone) => {
+    const d = new Date(iso);
+    if (isNaN(d)) return '';
+    const opts = { hour: '2-digit', minute: '2-digit', hourCycle: 'h23' };
+    try { return d.toLocaleTimeString([], zone ? { ...opts, timeZone: zone } : opts); } catch (e) { return d.toLocaleTimeString([], opts); }
+  };
   const listOf = (key) => { if (!S.chats.has(key)) S.chats.set(key, []); return S.chats.get(key); };
 
   // --- connection -------------------------------------------------------------------------
@@ -72,7 +78,7 @@
   function handle(f, replay) {
     switch (f.type) {
       case 'welcome': return onWelcome(f);
-      case 'history': f.frames.forEach((x) => handle(x, true)); renderAll(); return;
+      case 'history': f.frames.forEach((x) => handle(x, true)); sortChats(); renderAll(); return;
       case 'message': return onMessage(f, replay);
       case 'delta': return onDelta(f);
       case 'reply': return onReply(f, replay);
@@ -81,6 +87,10 @@
       case 'error': notice('机器人拒绝了这条消息：' + f.error); return;
       default: return;
     }
+  }
+  // Stored messages may arrive after newer ones (a chat restored from the store): keep time order.
+  function sortChats() {
+    for (const list of S.chats.values()) list.sort((a, b) => (Date.parse(a.time) || 0) - (Date.parse(b.time) || 0));
   }
   function onWelcome(f) {
     S.botName = f.bot_name; S.groupId = f.group_id; S.maxLen = f.max_text_len; S.presets = f.members;
@@ -104,7 +114,7 @@
   function onMessage(f, replay) {
     if (S.seen.has(f.id)) return;
     S.seen.add(f.id);
-    const item = { id: f.id, who: 'user', sender: f.sender, text: f.text, time: f.time };
+    const item = { id: f.id, who: 'user', sender: f.sender, text: f.text, time: f.time, zone: f.zone };
     S.msgById.set(f.id, item);
     addItem(keyOf(f.chat), item, replay);
   }
@@ -113,7 +123,7 @@
     let item = S.streams.get(f.run_id);
     if (!item) {
       const asked = S.msgById.get(f.run_id);
-      item = { id: 'stream:' + f.run_id, who: 'bot', streaming: true, text: '', time: new Date().toISOString(),
+      item = { id: 'stream:' + f.run_id, who: 'bot', streaming: true, text: '', time: new Date().toISOString(), zone: asked && asked.zone,
         mention: f.chat.kind === 'group' && asked ? [asked.sender] : [] };
       S.streams.set(f.run_id, item);
       addItem(key, item, false);
@@ -127,7 +137,7 @@
     S.seen.add(f.id);
     const key = keyOf(f.chat);
     const stream = f.reply_to ? S.streams.get(f.reply_to) : null;
-    const item = { id: f.id, who: 'bot', text: f.text, time: f.time, mention: f.mention || [] };
+    const item = { id: f.id, who: 'bot', text: f.text, time: f.time, zone: f.zone, mention: f.mention || [] };
     if (stream) {
       S.streams.delete(f.reply_to);
       const list = listOf(key);
@@ -188,7 +198,9 @@
     row.append(el('div', 'avatar', initial(name)));
     const body = el('div', 'body');
     const meta = el('div', 'meta');
-    meta.append(el('span', 'name', name), el('span', 'time', hhmm(item.time)));
+    const time = el('span', 'time', hhmm(item.time, item.zone));
+    if (item.zone) time.title = item.zone;
+    meta.append(el('span', 'name', name), time);
     const bubble = el('div', 'bubble');
     for (const m of item.mention || []) bubble.append(el('span', 'mention', '@' + m.name + ' '));
     bubble.append(el('span', 'text', item.text));
@@ -221,17 +233,17 @@
     const box = $('trace');
     const runs = [...(S.runs.get(currentKey()) || new Map()).values()].reverse().slice(0, 20);
     box.replaceChildren();
-    if (!runs.length) { box.append(el('p', 'empty', '机器人每次回答用到的工具会显示在这里。')); return; }
+    if (!runs.length) { box.append(el('p', 'empty', '机器人每次回答用到的工具（包括 /命令）会显示在这里。')); return; }
     for (const run of runs) {
       const card = el('div', 'run');
       const head = el('div', 'run-head');
       const asked = S.msgById.get(run.id);
       head.append(el('span', 'q', asked ? asked.sender.name + '：' + asked.text : 'run ' + run.id.slice(0, 8)));
       const stop = run.end ? run.end.stop : 'running…';
-      const ok = run.end && (stop === 'completed' || stop === 'answered_by_tool');
+      const ok = run.end && (stop === 'completed' || stop === 'answered_by_tool' || stop === 'command');
       head.append(el('span', 'badge stop' + (run.end ? (ok ? ' ok' : ' bad') : ''), stop));
       card.append(head);
-      for (const r of run.retries) card.append(el('div', 'retry', '↻ 重试：' + r.error + '（' + r.delay_s + ' s 后）'));
+      for (const r of run.retries) card.append(el('div', 'retry', '↻ 重试：' + r.error + '（' + Number(r.delay_s).toFixed(1) + ' s 后）'));
       for (const t of run.tools) {
         const tool = el('div', 'tool' + (t.is_error ? ' error' : ''));
         const th = el('div', 'tool-head');
@@ -241,7 +253,8 @@
         card.append(tool);
       }
       if (run.end) {
-        const parts = ['stop: ' + run.end.stop, (run.end.tokens || 0) + ' tokens', (run.end.model_calls || 0) + ' 次模型调用'];
+        const parts = run.end.stop === 'command' ? ['命令，未调用模型']
+          : ['stop: ' + run.end.stop, (run.end.tokens || 0) + ' tokens', (run.end.model_calls || 0) + ' 次模型调用'];
         if (run.end.detail) parts.push(run.end.detail);
         card.append(el('div', 'run-end', parts.join(' · ')));
       }

@@ -1,0 +1,158 @@
+"""Time phrases for ``/remind`` without a model: what they mean, and that anything accepted is in the future."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reminders.phrases import Phrase, PhraseError, parse_phrase
+from reminders.schedule import days_mask, first_fire, parse_schedule
+from reminders.weekdays import weekday_number, weekday_set
+
+SH = ZoneInfo("Asia/Shanghai")
+NOW = datetime(2026, 11, 23, 3, 25, 12, tzinfo=UTC)  # Monday 11:25:12 in Shanghai
+
+
+def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
+    return parse_phrase(text, zone, now)
+
+
+@pytest.mark.parametrize(("text", "kind", "time", "extra", "content"), [
+    ("10分钟后 喝水", "once", "2026-11-23 11:35", None, "喝水"),
+    ("半小时后 开会", "once", "2026-11-23 11:55", None, "开会"),
+    ("一个半小时后 吃饭", "once", "2026-11-23 12:55", None, "吃饭"),
+    ("明天8点 开会", "once", "2026-11-24 08:00", None, "开会"),
+    ("明天8点开会", "once", "2026-11-24 08:00", None, "开会"),
+    ("明早8:30 跑步", "once", "2026-11-24 08:30", None, "跑步"),
+    ("后天下午3点 开会", "once", "2026-11-25 15:00", None, "开会"),
+    ("今晚9点 看书", "once", "2026-11-23 21:00", None, "看书"),
+    ("今晚12点 睡觉", "once", "2026-11-24 00:00", None, "睡觉"),
+    ("下周一 9:30 交周报", "once", "2026-11-30 09:30", None, "交周报"),
+    ("周一 9:30 例会", "once", "2026-11-30 09:30", None, "例会"),  # this Monday's 9:30 has passed
+    ("周三 九点半 例会", "once", "2026-11-25 09:30", None, "例会"),
+    ("11月24日 15:00 面试", "once", "2026-11-24 15:00", None, "面试"),
+    ("8点 开会", "once", "2026-11-23 20:00", None, "开会"),  # 8 a.m. has passed: 8 p.m., the next 8 o'clock
+    ("3点 开会", "once", "2026-11-23 15:00", None, "开会"),
+    ("8:00 开会", "once", "2026-11-24 08:00", None, "开会"),  # HH:MM is a 24-hour time
+    ("上午8点 开会", "once", "2026-11-24 08:00", None, "开会"),
+    ("下午3点 开会", "once", "2026-11-23 15:00", None, "开会"),
+    ("提醒我明天下午3点开会", "once", "2026-11-24 15:00", None, "开会"),
+    ("明天十点一刻，提醒我交报告", "once", "2026-11-24 10:15", None, "交报告"),
+    ("明天8点 在会议室开会", "once", "2026-11-24 08:00", None, "在会议室开会"),
+    ("明天的8点 开会", "once", "2026-11-24 08:00", None, "开会"),
+    ("每天 8:00 起床", "daily", "08:00", None, "起床"),
+    ("每天早上8点 喝水", "daily", "08:00", None, "喝水"),
+    ("每晚10点 写日记", "daily", "22:00", None, "写日记"),
+    ("每周五 18:00 交周报", "weekly", "18:00", 4, "交周报"),
+    ("每周日 20:00 总结", "weekly", "20:00", 6, "总结"),
+    ("工作日 9:00 站会", "weekdays", "09:00", (0, 1, 2, 3, 4), "站会"),
+    ("周一到周五 9:00 站会", "weekdays", "09:00", (0, 1, 2, 3, 4), "站会"),
+    ("每周一三五 7:00 跑步", "weekdays", "07:00", (0, 2, 4), "跑步"),
+    ("周末 10:00 爬山", "weekdays", "10:00", (5, 6), "爬山"),
+    ("in 10 minutes drink water", "once", "2026-11-23 11:35", None, "drink water"),
+    ("in half an hour stretch", "once", "2026-11-23 11:55", None, "stretch"),
+    ("tomorrow 8am standup", "once", "2026-11-24 08:00", None, "standup"),
+    ("tonight at 9pm call mum", "once", "2026-11-23 21:00", None, "call mum"),
+    ("every friday 6pm report", "weekly", "18:00", 4, "report"),
+    ("weekdays 9:00 standup", "weekdays", "09:00", (0, 1, 2, 3, 4), "standup"),
+    ("2026-11-24 08:00 开会", "once", "2026-11-24 08:00", None, "开会"),
+])
+def test_common_phrases(text: str, kind: str, time: str, extra: object, content: str) -> None:
+    got = read(text)
+    assert (got.kind, got.time, got.content) == (kind, time, content)
+    assert (got.days if kind == "weekdays" else got.weekday) == extra
+    assert got.first > NOW and got.first.tzinfo is SH
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("hello", "没有看懂提醒时间"),
+    ("明天 开会", "请写上几点"),
+    ("每天 喝水", "重复提醒要写上几点"),
+    ("今天8点 开会", "已经过去了"),
+    ("明天25点 开会", "不存在"),
+    ("2月30日 8:00 x", "不存在"),
+])
+def test_what_it_cannot_use_is_explained_in_chinese(text: str, reason: str) -> None:
+    with pytest.raises(PhraseError, match=reason):
+        read(text)
+
+
+def test_chinese_and_english_weekday_names() -> None:
+    assert [weekday_number(w) for w in ("周一", "星期日", "礼拜天", "周7", "monday", "Fri", "0", "6")] == [
+        0, 6, 6, 6, 0, 4, 0, 6]
+    assert [weekday_number(w) for w in ("周八", "7", "x", "周0")] == [None, None, None, None]
+    assert weekday_set("工作日") == [0, 1, 2, 3, 4] and weekday_set("周末") == [5, 6]
+    assert weekday_set("周一三五") == weekday_set("一、三和五") == weekday_set("0,2,4") == [0, 2, 4]
+    assert weekday_set("周日") == [6] and weekday_set("每周") is None and weekday_set("8,9") is None
+
+
+def test_a_relative_time_in_a_repeated_hour_is_never_placed_in_the_past() -> None:
+    ny = ZoneInfo("America/New_York")
+    # 2026-11-01: clocks go back at 02:00 EDT -> 01:00 EST; 06:00 UTC is 01:00 EST, the second pass.
+    now = datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
+    got = read("10分钟后 喝水", ny, now)
+    assert got.first > now
+    assert first_fire(parse_schedule("once", got.time, ny.key, None), now) == got.first.astimezone(UTC)
+
+
+ZONES = ["Asia/Shanghai", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "America/Santiago", "UTC"]
+# Instants near DST changes (and ordinary ones): the parser must stay right around them.
+NOWS = st.one_of(
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2090, 1, 1), timezones=st.just(UTC)),
+    st.sampled_from([datetime(2026, 3, 8, 6, 55, tzinfo=UTC), datetime(2026, 11, 1, 5, 50, tzinfo=UTC),
+                     datetime(2026, 3, 29, 0, 59, tzinfo=UTC), datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
+                     datetime(2026, 4, 4, 14, 45, tzinfo=UTC)]).flatmap(
+        lambda t: st.integers(-7200, 7200).map(lambda s: t + timedelta(seconds=s))),
+)
+NUM = st.one_of(st.integers(0, 30).map(str), st.sampled_from(["一", "两", "三", "八", "十", "十二", "二十", "半"]))
+PIECES = st.lists(st.one_of(
+    st.sampled_from(["明天", "后天", "大后天", "今天", "今晚", "明早", "下周", "周", "每周", "每天", "工作日", "周末", "每",
+                     "下午", "上午", "晚上", "凌晨", "中午", "点", "点半", "分", ":", "：", "后", "分钟后", "小时后", "天后",
+                     "个", "in ", " minutes", " hours", "tomorrow ", "tonight ", "every ", "am", "pm", "at ", "weekdays ",
+                     "一", "三", "五", "日", "月", "号", "-", "/", " ", "提醒我", "开会", "prompt"]),
+    NUM), max_size=8).map("".join)
+
+
+CLOCK = st.tuples(st.integers(0, 25), st.sampled_from(["点", "点半", "点一刻", "点15分", ":00", ":30", ":59", "am", "pm", "时"])
+                  ).map(lambda p: f"{p[0]}{p[1]}")
+WELL_FORMED = st.one_of(
+    st.tuples(st.sampled_from(["", "今天", "明天", "后天", "大后天", "今早", "明早", "今晚", "明晚", "下周一", "周三", "这周五",
+                               "11月24日", "2月29日", "3月8日 ", "tomorrow ", "today ", "tonight ", "next monday ",
+                               "friday "]),
+              st.sampled_from(["", "上午", "下午", "晚上", "凌晨", "中午", " at "]), CLOCK).map("".join),
+    st.tuples(st.sampled_from(["每天", "每晚", "每周五", "工作日", "周末", "每周一三五", "every day ", "weekdays ",
+                               "every sunday "]), CLOCK).map("".join),
+    st.tuples(st.one_of(NUM, st.integers(1, 5000).map(str)), st.sampled_from(["分钟后", "个小时后", "小时后", "天后", "天后 8点"])
+              ).map("".join),
+    st.integers(1, 5000).map(lambda n: f"in {n} minutes"),
+).map(lambda phrase: f"{phrase} 开会")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.one_of(st.text(max_size=60), PIECES, WELL_FORMED), zone=st.sampled_from(ZONES), now=NOWS)
+def test_any_text_either_is_refused_or_fires_in_the_future_in_the_chats_zone(
+        text: str, zone: str, now: datetime) -> None:
+    tz = ZoneInfo(zone)
+    try:
+        got = parse_phrase(text, tz, now)
+    except PhraseError:
+        return
+    assert got.first.tzinfo is tz and got.first.utcoffset() is not None
+    assert got.first > now
+    mask = days_mask(got.days) if got.days is not None else got.weekday
+    # The arguments reminder_set receives give the same first fire (compared in UTC: an instant in a
+    # repeated hour never equals one in another zone, PEP 495).
+    assert first_fire(parse_schedule(got.kind, got.time, zone, mask), now) == got.first.astimezone(UTC)
+    assert got.content == got.content.strip()
+
+
+def test_a_bare_noon_already_past_is_tomorrows_noon_not_a_crash() -> None:
+    """Found by the property test: "12点" at 12:00 sharp tried hour 24."""
+    zone = ZoneInfo("Asia/Shanghai")
+    now = datetime(2026, 11, 23, 4, 0, tzinfo=UTC)  # 12:00 in Shanghai
+    got = parse_phrase("12点 吃饭", zone, now)
+    assert got.first.astimezone(zone) == datetime(2026, 11, 24, 12, 0, tzinfo=zone)
