@@ -92,8 +92,15 @@ async def weixin_bot(n: int, users: int) -> float:
                     await asyncio.sleep(0)
             await _until(lambda: len(fake.sent) >= n)
             elapsed = time.perf_counter() - start
+            _check_answers([s.text for s in fake.sent], n)
             await bot.stop()
     return n / elapsed
+
+
+def _check_answers(texts: list[str], n: int) -> None:
+    answered = sum(t == "收到" for t in texts)
+    if answered != n:  # a limit or budget answered instead of the model: the figure would mislead
+        print(f"  warning: only {answered} of {n} replies came from the model")
 
 
 async def weixin_round_trip(rounds: int) -> tuple[float, float, float]:
@@ -139,8 +146,10 @@ def _telegram(tmp: Path, fake: FakeBotAPI) -> TelegramChannel:
 
 
 def _bot(tmp: str, channel: Channel) -> Bot:
+    # No rate limits or token budgets: every message must reach the model and be answered.
     settings = Settings(bot={"data_dir": tmp}, limits={"user_burst": 10**6, "chat_burst": 10**6,
-                                                        "user_per_minute": 10**6, "chat_per_minute": 10**6})
+                                                        "user_per_minute": 10**6, "chat_per_minute": 10**6,
+                                                        "user_daily_tokens": None, "chat_daily_tokens": None})
     return Bot(settings, model=ScriptedModel(lambda request: text("收到")), channels=[channel], plugins=[])
 
 
@@ -178,6 +187,7 @@ async def telegram_bot(n: int, users: int) -> float:
                     await asyncio.sleep(0)
             await _until(lambda: len(fake.sent) >= n)
             elapsed = time.perf_counter() - start
+            _check_answers([s.text for s in fake.sent], n)
             await bot.stop()
     return n / elapsed
 
