@@ -192,5 +192,5 @@ class CallExecutor:
                 f"\n\n[qunbot] Warning: {signal.reason}. This is not making progress: change your approach "
                 "or answer the user with what you have.")})
         trace = ToolTrace(call_id=call.id, name=tool.name, arguments=call.arguments, result=result.content,
-                          is_error=result.is_error, note=note)
+                          is_error=result.is_error, note=note, data=result.data)
         return Outcome(call, result, trace)

@@ -112,11 +112,16 @@ class FunctionCallRouter:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_text: TextCallback | None = None,
         on_event: EventCallback | None = None,
+        context: Sequence[dict[str, Any]] = (),
     ) -> RunResult:
-        """Answer one addressed message; failures come back as replies the user can read."""
+        """Answer one addressed message; failures come back as replies the user can read.
+
+        ``context``: extra messages (plugins' hooks, e.g. memories) between the history and the message.
+        """
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": self.system_prompt(caller, zone, clock())},
             *self.window(history, zone),
+            *context,
             {"role": "user", "content": text},
         ]
         return await self.runner.run(messages, tools, caller=caller, deps_for=deps_for, zone=zone, clock=clock,

@@ -47,6 +47,8 @@ class ToolTrace(BaseModel):
     is_error: bool = False
     duration_ms: float = 0.0
     note: str = ""
+    #: The tool result's ``data`` (e.g. the model tiers' token usage).
+    data: dict[str, Any] | None = None
 
 
 class RunState(BaseModel):

@@ -16,6 +16,7 @@ from robot.channels.base import (
 from robot.commands import CommandError, CommandLine, CommandSyntax
 from robot.config import ConfigError, Settings, load_settings
 from robot.history import HistoryEntry, HistoryStore
+from robot.hooks import ContextHook, ForgetHook, RunExtras
 from robot.limits import BudgetExceeded, DailyBudget, Reservation
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
 from robot.outbox import Outbox
@@ -36,8 +37,10 @@ __all__ = [
     "CommandLine",
     "CommandSyntax",
     "ConfigError",
+    "ContextHook",
     "DailyBudget",
     "Database",
+    "ForgetHook",
     "ForgetRequest",
     "Forgetter",
     "HistoryEntry",
@@ -49,6 +52,7 @@ __all__ = [
     "PluginError",
     "Reservation",
     "Role",
+    "RunExtras",
     "SendReceipt",
     "SendRejected",
     "Sender",

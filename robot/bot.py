@@ -31,6 +31,7 @@ from robot.channels.base import Channel, PanelProvider
 from robot.commands import CommandSyntax
 from robot.config import Settings, check_tables
 from robot.history import HistoryStore
+from robot.hooks import ContextHook, ForgetHook
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
@@ -147,6 +148,9 @@ class Bot:
         self.panels: dict[str, PanelProvider] = {}
         #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
         self.forgetters: list[Forgetter] = []
+        #: Plugins' hooks (see :mod:`robot.hooks`): extra context before each chat run, and ``/forget <id>``.
+        self.context_hooks: list[ContextHook] = []
+        self.forget_hooks: list[ForgetHook] = []
         self._plugin_of: dict[str, Plugin[Any]] = {t.name: p for p in self.plugins for t in p.tools}
         #: Tools whose ``/command`` has its own syntax (``Plugin.commands``).
         self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
@@ -175,8 +179,10 @@ class Bot:
         for plugin in self.plugins:
             if plugin.unavailable is not None and plugin.name in self._deps:
                 reason = plugin.unavailable(self._deps[plugin.name])
-                if reason:
+                if isinstance(reason, str) and reason:
                     out.update({t.name: reason for t in plugin.tools})
+                elif reason and not isinstance(reason, str):
+                    out.update({t.name: reason[t.name] for t in plugin.tools if reason.get(t.name)})
         return out
 
     def offered_tools(self) -> Toolset:

@@ -187,7 +187,7 @@ def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
 
 def builtin_template() -> str:
     """The commented config with the built-in plugins' tables (README's reference is this text)."""
-    return render_template(_plugin_sections([load_plugin(n) for n in ("reminders", "search", "summary")]))
+    return render_template(_plugin_sections([load_plugin(n) for n in ("reminders", "search", "summary", "memory", "tiers")]))
 
 
 def _init(path: str, force: bool) -> int:
@@ -199,7 +199,7 @@ def _init(path: str, force: bool) -> int:
         print(f"error: {target} exists; use --force to overwrite", file=sys.stderr)
         return 2
     plugins: list[Plugin[object]] = []
-    for name in ("reminders", "search", "summary"):
+    for name in ("reminders", "search", "summary", "memory", "tiers"):
         try:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config

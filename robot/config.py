@@ -34,6 +34,7 @@ __all__ = [
     "LLMSection",
     "LimitsSection",
     "Settings",
+    "TierSection",
     "WebSettings",
     "check_tables",
     "load_settings",
@@ -65,7 +66,7 @@ class BotSection(_Section):
     timezone: str = Field("Asia/Shanghai", description="IANA zone for reminders and the model's clock")
     data_dir: Path = Field(Path("./data"), description="where the SQLite database lives (relative to the config file's folder)")
     admins: list[str] = Field(default_factory=list, description='platform-qualified ids, e.g. "onebot:10001"')
-    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary"],
+    plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary", "memory", "tiers"],
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
                                   description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
@@ -91,6 +92,20 @@ class BotSection(_Section):
         return _qualified(value, "admins")
 
 
+class TierSection(_Section):
+    """An extra model tier (``[llm.think]``: M0, thinks deeply; ``[llm.plan]``: M2, plans)."""
+
+    model: str = Field(description="model name")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint (default: [llm] base_url)")
+    api_key: SecretStr | None = Field(None, description="API key (default: [llm] api_key)")
+    temperature: float | None = Field(None, ge=0, le=2)
+    timeout_s: float = Field(120.0, gt=0, description="per-request timeout")
+    max_iterations: int = Field(6, ge=1, le=50, description="model turns per call of the tier")
+    max_tool_calls: int = Field(8, ge=0, le=100, description="tool calls per call of the tier")
+    max_run_tokens: int = Field(24_000, ge=500, description="tokens per call of the tier, its sub-calls included")
+    reply_within_s: float = Field(20.0, gt=0, description="plan only: longer work reports back to the chat later")
+
+
 class LLMSection(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (falls back to OPENAI_BASE_URL)")
     api_key: SecretStr | None = Field(None, description="API key (falls back to OPENAI_API_KEY)")
@@ -110,6 +125,8 @@ class LLMSection(_Section):
                                       "(DeepSeek thinking mode needs it)")
     token_param: Literal["max_tokens", "max_completion_tokens"] = Field(
         "max_tokens", description="how output caps are sent; reasoning models need max_completion_tokens")
+    think: TierSection | None = Field(None, description="[llm.think] table: the deep-thinking tier (deep_think tool)")
+    plan: TierSection | None = Field(None, description="[llm.plan] table: the planning tier (plan tool)")
 
     @property
     def configured(self) -> bool:

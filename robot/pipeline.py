@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, StopReason, ToolContext, ToolError, Toolset
+from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolContext, ToolError, Toolset
 from robot.commands import (
     CommandError,
     CommandLine,
@@ -26,13 +26,14 @@ from robot.commands import (
     parse_command,
     refusal,
 )
+from robot.hooks import RunExtras
 from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline"]
+__all__ = ["NO_LLM_REPLY", "Pipeline", "tier_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ APPROVALS_HELP = (
     "需要确认的操作会给出一个 5 位确认码：/approve 码 批准，/deny 码 [理由] 拒绝，/pending 查看等待中的请求。"
     "需要你本人确认的操作，也可以在本群（或私聊）直接回复“确认”“好的”或“yes”（只对你最近的一个请求有效）。"
 )
+
+
+def tier_tokens(result: RunResult) -> dict[str, int]:
+    """Tokens per model tier: what tools report in ``data["tiers"]``; the rest is the execute tier."""
+    tiers: dict[str, int] = {}
+    for trace in result.trace:
+        for tier, tokens in ((trace.data or {}).get("tiers") or {}).items():
+            tiers[tier] = tiers.get(tier, 0) + int(tokens)
+    tiers["execute"] = tiers.get("execute", 0) + result.usage.total_tokens - sum(tiers.values())
+    return tiers
 
 
 class Pipeline:
@@ -245,23 +256,44 @@ class Pipeline:
                 log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
                 await self.reply(message, [exc.user_message])
                 return
-            if channel is not None:  # "typing…" while the model works
+            if channel is not None:  # "typing…" while the model works (and its context is gathered)
                 await channel.typing(message.chat, True)
                 stack.push_async_callback(channel.typing, message.chat, False)
+            extras = await self._extras(caller, text)
             result = await bot.router.chat(
                 text, caller=caller, tools=tools,
                 history=[h.turn() for h in history if h.message_id != message.message_id],
                 zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
-                on_event=on_event,
+                on_event=on_event, context=[m for e in extras for m in e.messages],
             )
+        for extra in extras:
+            if extra.settle is not None:
+                try:
+                    await extra.settle(result)
+                except Exception:
+                    log.exception("settling a context hook failed")
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
-                        "tokens": result.usage.total_tokens, "model_calls": result.usage.requests})
+                        "tokens": result.usage.total_tokens, "model_calls": result.usage.requests,
+                        "tiers": tier_tokens(result)})
         replies = result.replies
         if result.stop is StopReason.AWAITING_APPROVAL:
             ask = await bot.approvals.pause(result, caller, message.chat, reply_to=message.message_id)
             replies = [*result.state.user_messages, ask]
         await self.reply(message, replies)
         await bot.approvals.announce()
+
+    async def _extras(self, caller: Caller, text: str) -> list[RunExtras]:
+        """Context hooks' additions; a failing hook is logged and skipped, the run goes on."""
+        out: list[RunExtras] = []
+        for hook in self.bot.context_hooks:
+            try:
+                extra = await hook(caller, text)
+            except Exception:
+                log.exception("a context hook failed")
+                continue
+            if extra is not None:
+                out.append(extra)
+        return out
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""

@@ -8,7 +8,7 @@ typed dependencies its tools receive as ``ctx.deps``), or just module-level tool
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -35,15 +35,16 @@ class Plugin(Generic[D]):
     """A named toolset with its lifecycle.
 
     ``setup(bot)`` returns the deps the tools get; ``teardown(deps)`` runs at shutdown;
-    ``unavailable(deps)`` returns a reason when the tools cannot work now (say, no API key):
-    they are then not offered to the model, and their commands explain the reason.
+    ``unavailable(deps)`` returns a reason when the tools cannot work now (say, no API key),
+    or a ``{tool name: reason}`` mapping for some of them: those are then not offered to the
+    model, and their commands explain the reason.
     """
 
     name: str
     tools: Toolset
     setup: Callable[[Bot], Awaitable[D]] | None = None
     teardown: Callable[[D], Awaitable[None]] | None = None
-    unavailable: Callable[[D], str | None] | None = None
+    unavailable: Callable[[D], str | Mapping[str, str] | None] | None = None
     #: The plugin's ``[name]`` config table, for ``qunbot init`` and the config reference.
     settings_model: type[BaseModel] | None = None
     #: ``chat_moved(deps, old, new)``: the platform gave a chat a new id; move the plugin's rows.
@@ -57,7 +58,7 @@ class Plugin(Generic[D]):
             raise PluginError(f"plugin {self.name!r}: command syntax for {unknown[0]!r}, which is not one of its tools")
 
 
-_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary"}
+_BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary", "memory": "memory", "tiers": "tiers"}
 
 
 def load_plugin(name: str) -> Plugin[Any]:

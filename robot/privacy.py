@@ -24,6 +24,7 @@ import sqlite_utils
 from pydantic import BaseModel, Field
 
 from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
+from robot.hooks import ForgetHook
 from robot.message import ChatRef
 from robot.store import Database
 
@@ -138,6 +139,7 @@ class ForgetHost(Protocol):
 
     db: Database
     forgetters: list[Forgetter]
+    forget_hooks: list[ForgetHook]
 
 
 async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetReport:
@@ -161,19 +163,27 @@ async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetRe
 class ForgetArgs(BaseModel):
     """What to forget: only the caller's own data can be."""
 
-    target: Literal["me"] = Field(description='"me": your own stored data')
+    target: str = Field(pattern=r"^(me|#?\d{1,12})$",
+                        description='"me": your own stored data; or the id of one item (a memory) to delete')
     where: Literal["here", "all"] = Field(
         default="here", description='"here": this chat; "all": every chat (send it in a private chat)')
 
 
-@tool_function(examples=["/forget me", "/forget me all"])
+@tool_function(examples=["/forget me", "/forget me all", "/forget 12"])
 async def forget(ctx: ToolContext[ForgetHost], args: ForgetArgs) -> ToolResult:
     """删除你的记录 (forget me)：删除你在本聊天被记录的消息、机器人对它们的回复、你在这里设的提醒（也会取消）；
-    私聊中发送 /forget me all 删除你在所有聊天的记录。"""
+    私聊中发送 /forget me all 删除你在所有聊天的记录；/forget <编号> 删除一条记忆。"""
     caller = ctx.caller
     if ctx.via != "command":
         raise ToolError("forgetting a person's data needs them to send `/forget me` themselves; tell them so",
                         user_message="要删除你的记录，请直接发送 /forget me。")
+    if args.target != "me":  # one item by id: the plugin that owns it says what it deleted (or refuses)
+        item = args.target.lstrip("#")
+        for hook in ctx.deps.forget_hooks:
+            said = await hook(caller, item)
+            if said:
+                return ToolResult.reply(said)
+        return ToolResult.reply(f"没有找到编号为 {item} 的记录。")
     if args.where == "all" and caller.chat_kind == "group":
         return ToolResult.reply("/forget me all 会删除你在所有聊天的记录，请在私聊中发送给我。")
     everywhere = args.where == "all"

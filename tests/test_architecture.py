@@ -10,7 +10,7 @@ import pytest
 import robot
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGINS = ("reminders", "search", "summary")
+PLUGINS = ("reminders", "search", "summary", "memory", "tiers")
 
 
 def _imports(path: Path) -> list[tuple[int, str, list[str]]]:

@@ -182,7 +182,7 @@ def test_init_template_carries_the_builtin_plugins_tables(tmp_path: Path) -> Non
     target = tmp_path / "qunbot.toml"
     assert main(["init", "--path", str(target)]) == 0
     settings, _ = load_settings(target)
-    for name in ("reminders", "search", "summary"):
+    for name in ("reminders", "search", "summary", "memory", "tiers"):
         model = load_plugin(name).settings_model
         if model is not None:
             assert f"[{name}]" in target.read_text(encoding="utf-8")
@@ -191,10 +191,10 @@ def test_init_template_carries_the_builtin_plugins_tables(tmp_path: Path) -> Non
 
 def test_tools_json_with_the_builtin_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)  # no qunbot.toml: the defaults load reminders, search and summary
+    monkeypatch.chdir(tmp_path)  # no qunbot.toml: the defaults load the four built-in plugins
     assert main(["tools", "--json"]) == 0
     names = [d["function"]["name"] for d in json.loads(capsys.readouterr().out)]
-    assert names == [t.name for n in ("reminders", "search", "summary") for t in load_plugin(n).tools]
+    assert names == [t.name for n in ("reminders", "search", "summary", "memory", "tiers") for t in load_plugin(n).tools]
     assert len(names) == len(set(names)) > 0
 
 

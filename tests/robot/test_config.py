@@ -34,7 +34,7 @@ def test_defaults_without_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert source is None
     assert settings.bot.name == "qunbot" and settings.llm.model is None and not settings.llm.configured
     assert settings.zone == ZoneInfo("Asia/Shanghai")
-    assert settings.bot.plugins == ["reminders", "search", "summary"]
+    assert settings.bot.plugins == ["reminders", "search", "summary", "memory", "tiers"]
 
 
 def test_file_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,90 @@
+"""Lexical terms for FTS5: words for alphabetic text, bigrams (and lone characters) for CJK.
+
+SQLite's trigram tokenizer matches nothing shorter than three characters, and a Chinese
+question ("我对什么过敏") often shares no trigram with the fact ("我对花生过敏"). So the index
+holds precomputed terms instead, tokenised by ``unicode61`` as space-separated words: each
+CJK run gives its characters and its bigrams ("过敏" matches), alphabetic runs give lowercase
+words. The bench (``bench/bench_memory.py``) compares this with the trigram tokenizer.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["fts_query", "index_terms", "query_terms", "term_set", "trigram_query"]
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
+_RUN = re.compile(rf"[{_CJK}]+|[^\W_]+", re.UNICODE)
+_IS_CJK = re.compile(rf"[{_CJK}]")
+# Function characters that make noisy single-character terms in questions.
+_STOP_CHARS = frozenset("的了吗呢吧啊是我你他她它们在有和与就都也还么什谁哪")
+_STOP_WORDS = frozenset({
+    "a", "an", "the", "is", "are", "was", "were", "be", "to", "of", "in", "on", "at", "for", "and", "or", "do",
+    "does", "did", "what", "who", "which", "when", "where", "how", "my", "me", "i", "you", "your", "it", "its",
+    "that", "this", "with", "about",
+})
+
+
+def _runs(text: str) -> list[str]:
+    return _RUN.findall(text.lower())
+
+
+def index_terms(text: str) -> str:
+    """The text as the terms the index stores (space-separated)."""
+    out: list[str] = []
+    for run in _runs(text):
+        if _IS_CJK.match(run):
+            out.extend(run)
+            out.extend(run[i:i + 2] for i in range(len(run) - 1))
+        else:
+            out.append(run)
+    return " ".join(out)
+
+
+def query_terms(text: str, limit: int = 48) -> list[str]:
+    """Distinct terms of a question: CJK bigrams, lone characters only for one-character runs."""
+    seen: dict[str, None] = {}
+    for run in _runs(text):
+        if _IS_CJK.match(run):
+            if len(run) == 1:
+                if run not in _STOP_CHARS:
+                    seen.setdefault(run)
+                continue
+            for i in range(len(run) - 1):
+                pair = run[i:i + 2]
+                if not (pair[0] in _STOP_CHARS and pair[1] in _STOP_CHARS):
+                    seen.setdefault(pair)
+        elif run not in _STOP_WORDS:
+            seen.setdefault(run)
+    return list(seen)[:limit]
+
+
+def _quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def fts_query(text: str) -> str | None:
+    """An FTS5 ``MATCH`` expression (any term), or None when the text has no terms."""
+    terms = query_terms(text)
+    return " OR ".join(_quote(t) for t in terms) if terms else None
+
+
+def trigram_query(text: str, limit: int = 48) -> str | None:
+    """For the trigram tokenizer: any 3-character window of the question's runs."""
+    grams: dict[str, None] = {}
+    for run in _runs(text):
+        for i in range(max(len(run) - 2, 0)):
+            grams.setdefault(run[i:i + 3])
+    picked = list(grams)[:limit]
+    return " OR ".join(_quote(g) for g in picked) if picked else None
+
+
+def term_set(text: str) -> set[str]:
+    """Bigrams and words of a text, to tell whether an answer used a memory."""
+    out: set[str] = set()
+    for run in _runs(text):
+        if _IS_CJK.match(run):
+            out.update([run[i:i + 2] for i in range(len(run) - 1)] if len(run) > 1 else [run])
+        elif run not in _STOP_WORDS:
+            out.add(run)
+    return out

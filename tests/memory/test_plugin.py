@@ -1,0 +1,170 @@
+"""The memory plugin inside a real bot: commands, privacy, /forget, sleep and dreams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+import memory
+from memory import MemoryDeps
+from tests.memory.conftest import Clock, ask, running
+
+
+def deps(bot: object) -> MemoryDeps:
+    found = bot._deps["memory"]  # type: ignore[attr-defined]
+    assert isinstance(found, MemoryDeps)
+    return found
+
+
+def ids_in(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"#(\d+)", text)]
+
+
+async def test_remember_then_recall_by_a_two_character_word_and_by_a_question(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_, ch):
+        assert "记住了" in await ask(ch, "/remember 我对花生过敏")
+        assert "花生过敏" in await ask(ch, "/recall 过敏")
+        assert "花生过敏" in await ask(ch, "/recall 我对什么过敏？")
+        assert "没有找到" in await ask(ch, "/recall 周会")
+        listing = await ask(ch, "/memories")
+        assert "花生过敏" in listing and "L1" in listing  # the second recall came within the 1 h interval
+
+
+async def test_levels_shown_by_memories_follow_the_rules(tmp_path: Path) -> None:
+    clock = Clock()
+    async with running(tmp_path, clock=clock) as (_, ch):
+        await ask(ch, "/remember 我们组周会改到周四了 group")
+        await ask(ch, "/recall 周会")  # level 0 -> 1 (always)
+        await ask(ch, "/recall 周会")  # within 3 h: stays 1
+        assert "L1" in await ask(ch, "/memories")
+        clock.now = clock.now.replace(hour=16)
+        await ask(ch, "/recall 周会")  # idle 4 h > 3 h: 2
+        assert "L2" in await ask(ch, "/memories")
+
+
+async def test_a_users_memories_stay_in_their_chat_and_with_them(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_, ch):
+        g1, g2, dm = ch.chat("g1"), ch.chat("g2"), ch.chat("u1", kind="private")
+        await ask(ch, "/remember 我对花生过敏", user="u1", chat=g1)
+        await ask(ch, "/remember 本群的年会在三亚 group", user="u1", chat=g1)
+        await ask(ch, "/remember 我的银行卡尾号是1234", user="u1", chat=dm)
+        assert "花生" in await ask(ch, "/recall 过敏", user="u1", chat=g1)
+        assert "没有找到" in await ask(ch, "/recall 过敏", user="u2", chat=g1)  # another member
+        assert "没有找到" in await ask(ch, "/recall 过敏", user="u1", chat=g2)  # another group
+        assert "没有找到" in await ask(ch, "/recall 过敏", user="u1", chat=dm)  # not even their private chat
+        assert "三亚" in await ask(ch, "/recall 年会", user="u2", chat=g1)  # group memories: the group's
+        assert "没有找到" in await ask(ch, "/recall 年会", user="u1", chat=g2)
+        assert "1234" in await ask(ch, "/recall 银行卡", user="u1", chat=dm)
+        assert "没有找到" in await ask(ch, "/recall 银行卡", user="u1", chat=g1)
+        dm2 = ch.chat("u2", kind="private")
+        assert "没有找到" in await ask(ch, "/recall 银行卡", user="u2", chat=dm2)
+        assert "1234" not in await ask(ch, "/memories", user="u2", chat=g1)
+
+
+async def test_group_scope_is_refused_in_a_private_chat(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_, ch):
+        reply = await ask(ch, "/remember 周会改到周四 group", chat=ch.chat("u1", kind="private"))
+        assert "私聊里只能记住关于你自己的事" in reply
+
+
+async def test_forget_by_id_author_group_admin_and_others(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_, ch):
+        mine = ids_in(await ask(ch, "/remember 我对花生过敏", user="u1"))[0]
+        group = ids_in(await ask(ch, "/remember 周会改到周四 group", user="u1"))[0]
+        # Someone else's personal memory does not exist for another member, even a group admin.
+        assert "没有找到" in await ask(ch, f"/forget {mine}", user="u2", role="admin")
+        assert "只有保存者和群管理员" in await ask(ch, f"/forget {group}", user="u2")
+        assert f"已删除记忆 #{group}" in await ask(ch, f"/forget #{group}", user="u3", role="admin")
+        assert "没有找到" in await ask(ch, f"/forget {mine}", user="u1", chat=ch.chat("g2"))  # not from elsewhere
+        assert f"已删除记忆 #{mine}" in await ask(ch, f"/forget {mine}", user="u1")
+        assert "没有找到" in await ask(ch, "/recall 过敏", user="u1")
+        assert "参数有误" in await ask(ch, "/forget everything", user="u1")
+
+
+async def test_forget_me_removes_memories_with_the_history(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ask(ch, "/remember 我对花生过敏", user="u1")
+        await ask(ch, "/remember 我住在杭州", user="u1")
+        await ask(ch, "/remember 我对猫过敏", user="u2")
+        reply = await ask(ch, "/forget me", user="u1")
+        assert "2 条记忆" in reply
+        assert "没有找到" in await ask(ch, "/recall 杭州", user="u1")
+        assert "猫" in await ask(ch, "/recall 过敏", user="u2")  # only the caller's
+        left = await bot.db.run(lambda db: db.execute("SELECT count(*) FROM memory_terms").fetchone()[0])
+        assert left == 1  # no copy stays in the index either
+
+
+async def test_sleep_is_for_bot_admins_and_dreams_are_stored_not_posted(tmp_path: Path) -> None:
+    clock = Clock()
+    async with running(tmp_path, clock=clock) as (bot, ch):
+        await ask(ch, "/remember 阳台的花要浇水 group")
+        assert "只有机器人管理员" in await ask(ch, "/sleep", user="u2", role="owner")
+        clock.now = clock.now.replace(hour=20)
+        reply = await ask(ch, "/sleep", user="boss")
+        assert "遗忘 1 条" in reply and "梦境" in reply
+        dreams = await bot.db.run(lambda db: deps(bot).service.store.dreams(db, "memory:group:g1"))
+        assert len(dreams) == 1 and "浇水" in dreams[0][1]
+        await asyncio.sleep(0.05)
+        assert not any(m.text.startswith("💤") for m in ch.sent)
+
+
+async def test_nightly_sleep_runs_once_per_local_night_and_posts_dreams_when_asked(tmp_path: Path) -> None:
+    clock = Clock()  # 12:00 UTC = 20:00 in Shanghai
+    async with running(tmp_path, clock=clock, memory={"post_dreams": True, "sleep_time": "21:00"}) as (bot, ch):
+        await ask(ch, "/remember 阳台的花要浇水 group")
+        service = deps(bot).service
+        assert await service.nightly() == []  # 20:00 local: not yet
+        clock.now = clock.now.replace(hour=13, minute=5)  # 21:05 local
+        reports = await service.nightly()
+        assert [r.deleted for r in reports] == [1]
+        assert await service.nightly() == []  # once a night
+        sent = await ch.wait_sent(2)
+        assert sent[-1].text.startswith("💤 梦境") and "浇水" in sent[-1].text
+
+
+async def test_memory_text_never_reaches_the_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    clock = Clock()
+    async with running(tmp_path, clock=clock) as (_, ch):
+        await ask(ch, "/remember 秘密暗号是蓝色大象")
+        await ask(ch, "/recall 暗号")
+        clock.now = clock.now.replace(hour=22)
+        await ask(ch, "/sleep", user="boss")
+    assert "蓝色大象" not in caplog.text
+
+
+def test_the_plugin_is_a_builtin() -> None:
+    from robot import load_plugin
+
+    assert load_plugin("memory") is memory.plugin
+
+
+async def test_forget_person_everywhere_on_the_platform(tmp_path: Path) -> None:
+    async with running(tmp_path) as (bot, ch):
+        await ask(ch, "/remember 我对花生过敏", user="u1", chat=ch.chat("g1"))
+        await ask(ch, "/remember 我住在杭州", user="u1", chat=ch.chat("g2"))
+        await ask(ch, "/remember 我的猫叫年糕", user="u1", chat=ch.chat("u1", kind="private"))
+        await ask(ch, "/remember 我对猫过敏", user="u2", chat=ch.chat("g1"))
+        service = deps(bot).service
+        assert await service.forget_person("other", "u1", None) == 0
+        assert await service.forget_person("memory", "u1", None) == 3
+        assert "猫" in await ask(ch, "/recall 过敏", user="u2")
+
+
+async def test_the_model_cannot_delete_a_memory_by_id(tmp_path: Path) -> None:
+    from function_calls import ModelRequest, ModelResponse
+    from function_calls.testing import ScriptedModel, call, text
+
+    def script(request: ModelRequest) -> ModelResponse:
+        if request.messages[-1]["role"] == "tool":
+            return text(str(request.messages[-1]["content"]))
+        return call("forget", {"target": "1"})
+
+    async with running(tmp_path, model=ScriptedModel(script)) as (_, ch):
+        await ask(ch, "/remember 我对花生过敏")
+        await ask(ch, "忘掉记忆 1", at_bot=True)
+        assert "花生" in await ask(ch, "/recall 过敏")

@@ -1,0 +1,168 @@
+"""Model tiers: deep_think (M0) and plan (M2) on a local OpenAI-compatible server through the real SDK.
+
+The bot's own model (M1) is a ScriptedModel; each tier is a FakeOpenAIServer named in
+``[llm.think]`` / ``[llm.plan]``, so configuration, the SDK and the accounting are all real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import memory
+import tiers
+from function_calls import ModelRequest, ModelResponse
+from function_calls.testing import Call, Delay, FakeOpenAIServer, Reply, ScriptedModel, call, text
+from robot.bot import Bot
+from robot.config import Settings, load_settings
+from robot.testing import MemoryChannel
+from tiers import strip_reasoning
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+def tier(server: FakeOpenAIServer, **extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "base_url": server.base_url, "api_key": "sk-tier", **extra}
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, model: Any, **llm: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
+    ch = MemoryChannel(clock=lambda: NOW)
+    settings = Settings(bot={"data_dir": tmp_path}, llm=llm, limits={"user_burst": 50, "chat_burst": 50})
+    bot = Bot(settings, model=model, channels=[ch], plugins=[memory.plugin, tiers.plugin], clock=lambda: NOW)
+    await bot.start()
+    try:
+        yield bot, ch
+    finally:
+        await bot.stop()
+
+
+async def ask(ch: MemoryChannel, message: str, **kw: Any) -> str:
+    before = len(ch.sent)
+    await ch.inject(message, **kw)
+    return (await ch.wait_sent(before + 1))[before].text
+
+
+def tool_result(request: ModelRequest) -> str | None:
+    last = request.messages[-1]
+    return str(last["content"]) if last["role"] == "tool" else None
+
+
+async def test_without_tiers_the_tools_are_not_offered(tmp_path: Path) -> None:
+    model = ScriptedModel([text("好")])
+    async with running(tmp_path, model) as (bot, ch):
+        assert "deep_think" not in bot.offered_tools().names() and "plan" not in bot.offered_tools().names()
+        await ask(ch, "你好", chat=ch.chat("u1", kind="private"))
+        assert not {"deep_think", "plan"} & {t["function"]["name"] for t in model.requests[0].tools}
+        assert "没有配置 [llm.think]" in await ask(ch, "/deep_think 1+1", chat=ch.chat("u1", kind="private"))
+
+
+def test_reasoning_is_stripped() -> None:
+    assert strip_reasoning("<think>先算 6×7……</think>\n答案是 42") == "答案是 42"
+    assert strip_reasoning("答案<reasoning>x</reasoning>是 42") == "答案是 42"
+    assert strip_reasoning("<think>没有写完的推理") == ""
+
+
+async def test_deep_think_answers_with_its_own_model_and_only_memory_tools(tmp_path: Path) -> None:
+    def parent(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(f"思考结果：{result}") if result else call("deep_think", {"question": "6 乘 7 是多少"})
+
+    async with FakeOpenAIServer() as think_server:
+        think_server.script(Reply("<think>6×7，先算 6×5=30，再加 12</think>答案是 42"))
+        model = ScriptedModel(parent)
+        async with running(tmp_path, model, think=tier(think_server, max_run_tokens=5000)) as (bot, ch):
+            reply = await ask(ch, "帮我认真想想 6 乘 7", chat=ch.chat("u1", kind="private"))
+            assert reply == "思考结果：答案是 42"  # the reasoning never reaches the chat
+            sent = think_server.requests[0].body
+            assert "一步一步" in sent["messages"][0]["content"]
+            assert sorted(t["function"]["name"] for t in sent["tools"]) == ["recall", "remember"]
+            assert sent["model"] == "fake-model"
+            assert think_server.requests[0].headers["authorization"] == "Bearer sk-tier"
+            end = next(e for e in ch.events if e.get("type") == "run_end")
+            tiers_used: dict[str, int] = end["tiers"]  # type: ignore[assignment]
+            assert tiers_used["think"] > 0 and tiers_used["execute"] > 0
+            assert end["tokens"] == tiers_used["think"] + tiers_used["execute"]
+            used = await bot.budget.used("user:memory:u1")  # the user's day counts both tiers
+            assert used == end["tokens"]
+
+
+async def test_plan_executes_steps_with_the_chat_tools_and_reports_each_tier(tmp_path: Path) -> None:
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        names = {t["function"]["name"] for t in request.tools}
+        if "plan" in names:  # the chat run
+            result = tool_result(request)
+            return text(result or "") if result else call("plan", {"goal": "记住周会改到周四并确认"})
+        # execute (M1 inside the plan): no recursion into plan/deep_think
+        assert not {"plan", "deep_think", "execute"} & names
+        if tool_result(request):
+            return text("已记住")
+        return call("remember", {"content": "周会改到周四", "scope": "group"})
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Reply(tool_calls=[Call("execute", {"task": "记住：周会改到周四"})]),
+                           Reply("<think>都做完了</think>周会已改到周四，并已记住。"))
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server)) as (_, ch):
+            reply = await ask(ch, "帮我把周会改期这件事办了", at_bot=True)
+            assert reply == "周会已改到周四，并已记住。"
+            assert "周会改到周四" in await ask(ch, "/recall 周会")
+            tools = {t["function"]["name"] for t in plan_server.requests[0].body["tools"]}
+            assert tools == {"execute", "recall", "remember"}  # no deep_think without a think tier
+            end = next(e for e in ch.events if e.get("type") == "run_end")
+            tiers_used: dict[str, int] = end["tiers"]  # type: ignore[assignment]
+            assert tiers_used["plan"] > 0 and tiers_used["execute"] > 0
+            assert sum(tiers_used.values()) == end["tokens"]
+
+
+async def test_plan_is_bounded_by_its_own_limits(tmp_path: Path) -> None:
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        if "plan" in {t["function"]["name"] for t in request.tools}:
+            result = tool_result(request)
+            return text("计划失败：" + result[:40]) if result else call("plan", {"goal": "无穷无尽"})
+        return text("做了")
+
+    def forever(body: dict[str, Any]) -> Reply:
+        return Reply(tool_calls=[Call("execute", {"task": f"第 {len(body['messages'])} 步"})])
+
+    async with FakeOpenAIServer(responder=forever) as plan_server, \
+            running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server, max_iterations=3,
+                                                                  max_tool_calls=2)) as (_, ch):
+        reply = await ask(ch, "做个计划", chat=ch.chat("u1", kind="private"))
+        assert reply.startswith("计划失败：the plan tier stopped early")
+        assert len(plan_server.requests) <= 3
+
+
+async def test_a_long_plan_reports_back_through_the_outbox(tmp_path: Path) -> None:
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        return call("plan", {"goal": "慢慢做"})
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Delay(0.6, Reply("全部完成")))
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server, reply_within_s=0.1)) as (bot, ch):
+            first = await ask(ch, "做个慢计划", at_bot=True)
+            assert "完成后我会在这里汇报" in first
+            sent = await ch.wait_sent(2, timeout=5)
+            assert sent[1].text == "计划完成：\n全部完成" and sent[1].mention == ("u1",)
+            assert await bot.budget.used("user:memory:u1") > 0  # the background work is charged too
+
+
+def test_tier_tables_load_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "qunbot.toml"
+    path.write_text('[llm.think]\nmodel = "o-think"\nmax_iterations = 3\n\n[llm.plan]\nmodel = "o-plan"\n',
+                    encoding="utf-8")
+    settings, _ = load_settings(path)
+    assert settings.llm.think is not None and settings.llm.think.model == "o-think"
+    assert settings.llm.think.max_iterations == 3
+    assert settings.llm.plan is not None and settings.llm.plan.model == "o-plan"
+    assert json.dumps(settings.llm.model_dump(mode="json")["think"]["api_key"]) == "null"
+
+
+def test_exports() -> None:
+    import tiers.tools
+
+    for module in (tiers, tiers.tools):
+        assert [n for n in module.__all__ if not hasattr(module, n)] == []

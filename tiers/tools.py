@@ -1,0 +1,246 @@
+"""``deep_think`` (M0) and ``plan`` (M2), and ``execute`` (M1), the plan's hand.
+
+* ``deep_think(question, context)``: the think tier with a step-by-step system prompt; its only
+  tools are ``recall`` and ``remember`` (when the memory plugin is loaded). It returns the final
+  answer only: ``<think>``/``<reasoning>`` blocks are stripped.
+* ``plan(goal, context)``: the plan tier in a loop bounded by ``[llm.plan]`` (iterations, tool
+  calls, tokens; sub-calls included). Its tools: ``recall``, ``remember``, ``deep_think`` (when
+  the think tier exists) and ``execute(task, context)``, which is the bot's own model (M1) with
+  the chat's tools (not ``plan``/``deep_think``: no recursion). When the plan takes longer than
+  ``reply_within_s``, the chat gets a short note now and the result later, through the outbox.
+
+Accounting: every sub-run's usage comes back as the tool's ``usage`` (so the calling run and the
+user's and chat's daily budgets count it) and per tier in ``data["tiers"]`` (the trace shows it).
+A tier refuses to start when the caller's daily budget is spent (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from function_calls import (
+    Caller,
+    ChatModel,
+    Limits,
+    Runner,
+    RunResult,
+    StopReason,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    Toolset,
+    Usage,
+    tool_function,
+)
+from robot import ChatRef
+
+if TYPE_CHECKING:
+    from robot import Bot
+
+__all__ = ["ExecuteArgs", "PlanArgs", "ThinkArgs", "Tier", "TierDeps", "deep_think", "execute", "plan",
+           "strip_reasoning", "toolset"]
+
+log = logging.getLogger(__name__)
+MEMORY_TOOLS = ("recall", "remember")
+THINK_PROMPT = ("你是深度思考的助手。请一步一步仔细推理，检查每一步；需要时用 recall 查已保存的记忆，"
+                "得出值得保留的结论时可以用 remember 记下。最后只输出最终答案，不要输出推理过程。")
+PLAN_PROMPT = ("你是规划助手。把目标拆成几个步骤，逐步完成：用 execute(task, context) 让执行模型完成具体任务"
+               "（它能使用聊天中的工具），需要深入推理时用 deep_think，需要时用 recall/remember 读写记忆。"
+               "全部完成后，用简洁的中文给出最终结果。")
+_OWN = frozenset({"execute", "deep_think", "plan"})
+_REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|\Z)", re.S | re.I)
+
+
+def strip_reasoning(text: str) -> str:
+    """The answer without ``<think>`` / ``<reasoning>`` blocks (an unclosed one runs to the end)."""
+    return _REASONING.sub("", text).strip()
+
+
+@dataclass
+class Tier:
+    """A configured tier: its model and its bounds."""
+
+    model: ChatModel
+    limits: Limits
+    reply_within_s: float = 20.0
+
+
+@dataclass
+class TierDeps:
+    """What the tier tools use; built by :func:`tiers.setup`."""
+
+    bot: Bot
+    think: Tier | None
+    plan: Tier | None
+    execute_limits: Limits
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class ThinkArgs(BaseModel):
+    """A question worth thinking hard about."""
+
+    question: str = Field(min_length=1, max_length=4000, description="the question, self-contained")
+    context: str = Field(default="", max_length=8000, description="facts the thinker needs")
+
+
+class PlanArgs(BaseModel):
+    """A goal that needs several steps."""
+
+    goal: str = Field(min_length=1, max_length=2000, description="what to achieve")
+    context: str = Field(default="", max_length=8000, description="facts the planner needs")
+
+
+class ExecuteArgs(BaseModel):
+    """One concrete step for the execute tier."""
+
+    task: str = Field(min_length=1, max_length=2000, description="the step to carry out")
+    context: str = Field(default="", max_length=8000, description="what the executor needs to know")
+
+
+async def _budget(deps: TierDeps, caller: Caller, cap: int) -> int:
+    """The token cap for a sub-run: the tier's, within what is left of the caller's day."""
+    try:
+        left = await deps.bot.budget.remaining(caller)
+    except Exception:  # a budget that cannot be checked refuses
+        log.exception("budget check failed")
+        raise ToolError("budget unavailable", user_message="暂时无法核对今天的 AI 用量，请稍后再试。") from None
+    if left is not None and left <= 0:
+        raise ToolError("the daily AI budget is spent", user_message="今天的 AI 用量已达上限。")
+    return cap if left is None else min(cap, left)
+
+
+def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
+    user = body if not context.strip() else f"{body}\n\n背景信息：\n{context}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limits: Limits,
+                   messages: list[dict[str, Any]], tools: Toolset) -> RunResult:
+    cap = await _budget(deps, ctx.caller, limits.max_run_tokens)
+    bounded = Limits(max_iterations=limits.max_iterations, max_tool_calls=limits.max_tool_calls,
+                     max_run_tokens=max(cap, 1))
+    # No budget hook here: the usage goes back to the calling run, which charges it once.
+    runner = Runner(model, limits=bounded)
+
+    def deps_for(tool: Tool) -> Any:  # ``execute`` is no plugin's tool: its deps are these
+        return deps if tool.name in _OWN else deps.bot.deps_for(tool)
+
+    return await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone, clock=ctx.clock)
+
+
+def _answer(result: RunResult) -> str:
+    return strip_reasoning("\n".join(part for part in (result.replies or [result.text]) if part.strip()))
+
+
+def _tiers(result: RunResult, own: str) -> dict[str, int]:
+    """Tokens per tier in a sub-run: its tools' reports, the rest its own."""
+    out: dict[str, int] = {}
+    for trace in result.trace:
+        for tier, tokens in ((trace.data or {}).get("tiers") or {}).items():
+            out[tier] = out.get(tier, 0) + int(tokens)
+    out[own] = out.get(own, 0) + result.usage.total_tokens - sum(out.values())
+    return out
+
+
+def _result(result: RunResult, own: str) -> ToolResult:
+    answer = _answer(result)
+    data: dict[str, object] = {"tier": own, "stop": result.stop.value, "tiers": _tiers(result, own)}
+    if result.stop in (StopReason.COMPLETED, StopReason.ANSWERED_BY_TOOL) and answer:
+        return ToolResult(content=answer, usage=result.usage, data=data)
+    # Stopped by a bound or a provider failure: say so, and still count what it used.
+    note = f"the {own} tier stopped early ({result.stop.value}: {result.detail})"
+    return ToolResult(content=f"{note}. Partial result: {answer}" if answer else note, is_error=True,
+                      usage=result.usage, data=data)
+
+
+def _memory_tools(deps: TierDeps) -> list[Any]:
+    blocked = deps.bot.unavailable_tools()
+    return [t for t in deps.bot.tools if t.name in MEMORY_TOOLS and t.name not in blocked]
+
+
+@tool_function(timeout_s=300, examples=["/deep_think 这道题的最优解是什么"])
+async def deep_think(ctx: ToolContext[TierDeps], args: ThinkArgs) -> ToolResult:
+    """深度思考 (deep think): 把需要仔细推理的难题交给思考模型，返回它的最终答案。"""
+    deps = ctx.deps
+    if deps.think is None:
+        raise ToolError("no think tier is configured", user_message="没有配置深度思考模型（[llm.think]）。")
+    tools = Toolset("think", _memory_tools(deps))
+    result = await _sub_run(deps, ctx, deps.think.model, deps.think.limits,
+                            _messages(THINK_PROMPT, args.question, args.context), tools)
+    return _result(result, "think")
+
+
+@tool_function(timeout_s=600)
+async def execute(ctx: ToolContext[TierDeps], args: ExecuteArgs) -> ToolResult:
+    """执行一个具体步骤 (execute): 由执行模型使用聊天中的工具完成 task，返回结果。"""
+    deps = ctx.deps
+    model = deps.bot.model
+    if model is None:
+        raise ToolError("the bot has no execute model")
+    tools = deps.bot.offered_tools().filter(lambda t: t.name not in ("plan", "deep_think", "execute"))
+    system = "你是执行助手：用可用的工具完成下面这个具体任务，然后简要报告结果。"
+    result = await _sub_run(deps, ctx, model, deps.execute_limits, _messages(system, args.task, args.context), tools)
+    return _result(result, "execute")
+
+
+def _plan_tools(deps: TierDeps) -> Toolset:
+    tools = [execute, *_memory_tools(deps)]
+    if deps.think is not None:
+        tools.append(deep_think)
+    return Toolset("plan", tools)
+
+
+@tool_function(require_at=True, timeout_s=600, examples=["/plan 帮我们组安排下周的团建"])
+async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
+    """规划并完成多步骤目标 (plan): 规划模型拆分步骤，调用执行模型和工具逐步完成，最后汇报结果。"""
+    deps = ctx.deps
+    tier = deps.plan
+    if tier is None:
+        raise ToolError("no plan tier is configured", user_message="没有配置规划模型（[llm.plan]）。")
+    messages = _messages(PLAN_PROMPT, args.goal, args.context)
+    work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages, _plan_tools(deps)))
+    done, _ = await asyncio.wait({work}, timeout=tier.reply_within_s)
+    if work in done:
+        return _result(work.result(), "plan")
+    report = asyncio.create_task(_report_later(deps, ctx.caller, work), name="qunbot-plan-report")
+    deps.tasks.add(report)
+    report.add_done_callback(deps.tasks.discard)
+    text = "这个计划需要一些时间，完成后我会在这里汇报结果。"
+    return ToolResult.reply(text, data={"tier": "plan", "background": True})
+
+
+async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[RunResult]) -> None:
+    """Send the plan's outcome to the chat through the outbox, and charge what it used."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    except ToolError as exc:
+        text = exc.user_message or "计划没能开始。"
+        usage = Usage()
+    except Exception:
+        log.exception("a background plan failed")
+        text, usage = "计划执行失败了，请稍后再试。", Usage()
+    else:
+        usage = result.usage
+        answer = _answer(result)
+        done = result.stop in (StopReason.COMPLETED, StopReason.ANSWERED_BY_TOOL) and answer
+        text = f"计划完成：\n{answer}" if done else f"计划未能完成（{result.stop.value}）。" + (
+            f"\n已有的结果：{answer}" if answer else "")
+    if usage.requests:
+        await deps.bot.budget.charge(caller, usage)
+    mention = (caller.user_id,) if caller.chat_kind == "group" else ()
+    await deps.bot.send(ChatRef.of(caller), text, key=f"plan:{caller.message_id or uuid.uuid4().hex}",
+                        mention=mention)
+
+
+toolset = Toolset("tiers", [deep_think, plan])
