@@ -278,6 +278,11 @@ class ReminderStore:
             "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
             "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount))
 
+    async def move_chat(self, old: str, new: str) -> int:
+        """A chat got a new id: its reminders now live there."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE reminders SET chat = ? WHERE chat = ?", [new, old]).rowcount)
+
     async def delete_chat(self, chat: str, now: datetime, *, owner: str | None = None) -> list[str]:
         """Delete every active reminder of a chat (only ``owner``'s, if given); returns their ids."""
         where, params = "chat = ? AND status = 'active'", [chat]

@@ -50,37 +50,11 @@ from robot.pipeline import Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
+from robot.wiring import build_channels
 
 __all__ = ["Bot", "build_channels"]
 
 log = logging.getLogger(__name__)
-
-
-def build_channels(settings: Settings) -> list[Channel]:
-    """The channels enabled in config; none at all means the web playground."""
-    cfg = settings.channels
-    channels: list[Channel] = []
-    if cfg.onebot.enabled:
-        from robot.channels.onebot import OneBotChannel
-
-        channels.append(OneBotChannel(cfg.onebot, bot_name=settings.bot.name))
-    if cfg.wecom.enabled:
-        from robot.channels.wecom import create_channel
-
-        channels.append(create_channel(cfg.wecom))
-    if cfg.wecom.webhook_key is not None:
-        from robot.channels.wecom import WeComWebhookChannel
-
-        channels.append(WeComWebhookChannel.from_settings(cfg.wecom))
-    if cfg.console.enabled:
-        from robot.channels.console import ConsoleChannel
-
-        channels.append(ConsoleChannel(bot_name=settings.bot.name))
-    if cfg.web.enabled or not channels:
-        from robot.channels.web import WebChannel
-
-        channels.append(WebChannel(cfg.web, bot_name=settings.bot.name))
-    return channels
 
 
 class Bot:
@@ -186,6 +160,21 @@ class Bot:
     def offered_tools(self) -> Toolset:
         blocked = self.unavailable_tools()
         return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> None:
+        """A chat got a new id on its platform: move its history, outbox rows and plugins' data."""
+        moved = await self.history.move_chat(old, new)
+        await self.outbox.move_chat(old, new)
+        for plugin in self.plugins:
+            if plugin.chat_moved is not None and plugin.name in self._deps:
+                await plugin.chat_moved(self._deps[plugin.name], old, new)
+        log.info("chat %s moved to %s (%d messages)", old.key, new.key, moved)
+
+    def command_menu(self) -> list[tuple[str, str]]:
+        """``(command, first line of its description)`` for the tools anyone may run, then help."""
+        menu = [(t.name, " ".join(t.description.strip().split("\n\n")[0].split()))
+                for t in self.offered_tools() if not t.admin_only]
+        return [*menu, ("help", "显示可用命令")]
 
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
@@ -309,6 +298,7 @@ class Bot:
             for channel in self.channels.values():
                 self.outbox.register(channel)
                 channel.bind(self.handle)
+                channel.bind_moves(self.move_chat)
                 channel.attach_panels(self.panels)
                 channel.attach_chats(self.history.recent, self.zone_for)
             for channel in self.channels.values():
@@ -316,6 +306,9 @@ class Bot:
             # Channels first: what waited in the outbox goes out the moment they connect, not on a timer.
             await self.outbox.start()
             await self.approvals.start()
+            menu = self.command_menu()
+            for channel in self.channels.values():
+                await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         except BaseException:
             await self.stop(flush_timeout_s=0)

@@ -128,6 +128,11 @@ class HistoryStore:
 
         return await self.db.run(work)
 
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
+        """The platform renamed a chat: its messages now belong to ``new``; returns how many."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE history SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+
     async def forget_user(self, chat: ChatRef, user_id: str) -> int:
         """Delete one person's stored messages in one chat; returns how many."""
         return await self.db.run(lambda db: db.execute(

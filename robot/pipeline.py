@@ -256,6 +256,9 @@ class Pipeline:
                 log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
                 await self.reply(message, [exc.user_message])
                 return
+            if channel is not None:  # "typing…" while the model works (and its context is gathered)
+                await channel.typing(message.chat, True)
+                stack.push_async_callback(channel.typing, message.chat, False)
             extras = await self._extras(caller, text)
             result = await bot.router.chat(
                 text, caller=caller, tools=tools,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import json
 import logging
@@ -48,6 +47,7 @@ from robot.channels.web.protocol import (
     PingFrame,
     SendFrame,
     address,
+    is_loopback,
     parse_frame,
     stored_frames,
     trim,
@@ -75,17 +75,6 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _authority(url: str) -> str | None:
@@ -146,6 +135,7 @@ class WebChannel(Channel):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._mounts: list[tuple[str, web.Application]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,6 +146,8 @@ class WebChannel(Channel):
         app.router.add_get("/ws", self._socket)
         app.router.add_get("/favicon.ico", self._favicon)
         app.router.add_static("/static/", STATIC)
+        for prefix, sub in self._mounts:
+            app.add_subapp(prefix, sub)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -166,7 +158,7 @@ class WebChannel(Channel):
                                      f"{self.settings.port}: {exc.strerror or exc}") from None
         self._runner = runner
         self._port = int(runner.addresses[0][1])
-        if not _is_loopback(self.settings.host):
+        if not is_loopback(self.settings.host):
             log.warning("web playground listens on %s: it has no login, anyone who reaches it can talk "
                         "to the bot as any user", self.settings.host)
         log.info("web playground at %s", self.url)
@@ -186,6 +178,10 @@ class WebChannel(Channel):
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    def mount(self, prefix: str, app: web.Application) -> None:
+        """Serve another channel's page under ``prefix`` (behind the same guard); before :meth:`start`."""
+        self._mounts.append((prefix, app))
 
     @property
     def port(self) -> int:
@@ -245,7 +241,7 @@ class WebChannel(Channel):
             host = URL(f"http://{request.host}").host
         except ValueError:
             return web.Response(status=400, text="bad Host header\n")
-        if _is_loopback(self.settings.host) and not _is_loopback(host):
+        if is_loopback(self.settings.host) and not is_loopback(host):
             log.warning("web playground refused a request for host %r", request.host[:100])
             return web.Response(status=403, text="the playground only answers to localhost\n")
         origin = request.headers.get("Origin")

@@ -44,6 +44,7 @@ which the page shows them (null when the channel runs without a bot).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from datetime import UTC
@@ -54,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
-__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "parse_frame",
+__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "is_loopback", "parse_frame",
            "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
@@ -167,3 +168,15 @@ def trim(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [trim(v) for v in value]
     return value
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` (a name or an address, brackets allowed) is this machine only."""
+    if not host:
+        return False
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
