@@ -39,6 +39,7 @@ from function_calls import (
 from robot.approvals_panel import PANEL, PendingPanel
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.config import ApprovalsSection
+from robot.limits import BudgetExceeded
 from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret, summarize
 from robot.store import iso, parse_iso
@@ -336,10 +337,13 @@ class Approvals:
             replies = ["暂时无法继续：没有配置大模型。"]
         else:
             token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
-            try:
-                result = await self.bot.router.runner.run(
-                    state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
-                    zone=self.bot.zone_for(chat), clock=self.bot.clock)
+            try:  # the resumed run's spend is held against the budgets like any chat run
+                async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
+                    result = await self.bot.router.runner.run(
+                        state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
+                        zone=self.bot.zone_for(chat), clock=self.bot.clock)
+            except BudgetExceeded as exc:
+                result = RunResult(stop=StopReason.DAILY_BUDGET, replies=[exc.user_message], state=state)
             finally:
                 GRANT.reset(token)
             replies = list(result.replies)
@@ -371,7 +375,10 @@ class Approvals:
                 ctx: ToolContext[Any] = ToolContext(deps=self.bot.deps_for(tool), caller=caller,
                                                     zone=self.bot.zone_for(chat), clock=self.bot.clock,
                                                     run_id="command", tool_call_id=call.id, via="command")
-                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                async with self.bot.budget.reserve(caller, 0):  # as for a typed /command: charged once here
+                    result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                    if result.usage is not None and result.usage.requests:
+                        await self.bot.budget.charge(caller, result.usage)
             except Exception as exc:
                 log.warning("approved command %s failed: %s", call.name, type(exc).__name__)
                 out.append(f"/{call.name} 执行失败了。")

@@ -82,6 +82,8 @@ NOT_RUN = {
     "chown -R qunbot:qunbot /srv/qunbot": "root on the host",
     "cp deploy/qunbot.service /etc/systemd/system/": "root; the unit is checked by test_systemd_unit_*",
     "systemctl daemon-reload": "root and a running systemd",
+    "qunbot login weixin": "a phone scans the QR; the login runs against the fake iLink server in "
+                           "tests/robot/channels/weixin/test_weixin_login.py",
     "systemctl enable --now qunbot": "root and a running systemd (its ExecStart is run below)",
     "docker compose -f deploy/compose.yaml up -d": "a Docker daemon (the image's CMD is run below)",
 }

@@ -284,3 +284,20 @@ async def test_qunbot_pending_lists_what_waits(make_bot: Any, tmp_path: Path,
     out = capsys.readouterr().out
     assert code in out and "admin approval" in out and "memory:u1 in memory:group:g1" in out
     assert "42" not in out.split(code, 1)[1].split("\n", 1)[0]  # the CLI shows no arguments or state
+
+
+async def test_a_resumed_run_is_held_against_the_daily_budget(make_bot: Any) -> None:
+    from function_calls import Usage
+
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model, limits={"user_burst": 1000, "chat_burst": 1000,
+                                                       "user_daily_tokens": 5000})
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    requester = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+    await bot.budget.charge(requester, Usage(requests=1, prompt_tokens=6000, completion_tokens=0))
+    await ch.inject(f"/approve {code}", user=ADMIN)
+    await bot.approvals.idle()
+    await bot.outbox.flush()
+    assert RUNS == []  # the day's budget is spent: the approved call waits for no model it cannot pay
+    assert any("用量" in m.text and m.mention == ("u1",) for m in ch.sent)
