@@ -21,6 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
+from function_calls.testing.loopback import LoopbackServer
+
 __all__ = ["FakeBotAPI", "Sent"]
 
 _COMMAND = re.compile(r"^[a-z0-9_]{1,32}$")
@@ -37,11 +39,12 @@ class Sent:
     reply_to: int | None = None
 
 
-class FakeBotAPI:
+class FakeBotAPI(LoopbackServer):
     """``async with FakeBotAPI("123:abc") as api:``; ``api.url`` is the ``api_base`` to configure."""
 
     def __init__(self, token: str = "123456:TEST-token", *, username: str = "qun_test_bot",
                  max_hold_s: float = 0.3) -> None:
+        super().__init__()
         self.token = token
         self.bot = {"id": int(token.split(":")[0]), "is_bot": True, "first_name": "Qun", "username": username}
         self.max_hold_s = max_hold_s
@@ -59,8 +62,6 @@ class FakeBotAPI:
         self._ids = itertools.count(1)
         self._message_ids = itertools.count(1000)
         self._wake = asyncio.Event()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     # --- scripting --------------------------------------------------------------------------
     def flood(self, *retry_after: int) -> None:
@@ -96,21 +97,17 @@ class FakeBotAPI:
                 "from": dict(self.bot), "text": text}
 
     # --- server -----------------------------------------------------------------------------
-    async def __aenter__(self) -> FakeBotAPI:
-        app = web.Application()
-        app.router.add_post("/bot{token}/{method}", self._dispatch)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
+    @property
+    def url(self) -> str:
+        """The Bot API root to give the channel (``api_base``)."""
+        return self.root_url
 
-    async def __aexit__(self, *exc: object) -> None:
-        self._wake.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/bot{token}/{method}", self._dispatch)
+
+    async def stop(self) -> None:
+        self._wake.set()  # long polls in flight return now
+        await super().stop()
 
     @staticmethod
     def _ok(result: Any) -> web.Response:

@@ -22,6 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+from function_calls.testing.loopback import LoopbackServer
+
 __all__ = ["FakeILinkServer", "SentText"]
 
 
@@ -47,10 +49,11 @@ class _Bot:
     issued: dict[str, set[str]] = field(default_factory=dict)  # chat id -> context tokens given out
 
 
-class FakeILinkServer:
+class FakeILinkServer(LoopbackServer):
     """``async with FakeILinkServer() as fake:``; ``fake.url`` is the base URL (ends without '/')."""
 
     def __init__(self, *, hold_s: float = 0.2, longpolling_timeout_ms: int | None = None) -> None:
+        super().__init__()
         self.hold_s = hold_s
         self.longpolling_timeout_ms = longpolling_timeout_ms
         self.bots: dict[str, _Bot] = {}  # by token
@@ -64,8 +67,6 @@ class FakeILinkServer:
         self.qrcodes_issued = 0
         self.seq = itertools.count(1)
         self.ids = itertools.count(7_300_000_000_000_000_001)  # > 2**53: lossless ids matter
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     # --- scripting --------------------------------------------------------------------------
     def add_bot(self, token: str, bot_id: str = "b0f1@im.bot", user_id: str = "owner@im.wechat") -> None:
@@ -97,29 +98,23 @@ class FakeILinkServer:
         self.bots[token].expired = True
 
     # --- server -----------------------------------------------------------------------------
-    async def __aenter__(self) -> FakeILinkServer:
-        app = web.Application()
-        app.router.add_post("/ilink/bot/getupdates", self._getupdates)
-        app.router.add_post("/ilink/bot/sendmessage", self._sendmessage)
-        app.router.add_post("/ilink/bot/getconfig", self._getconfig)
-        app.router.add_post("/ilink/bot/sendtyping", self._sendtyping)
-        app.router.add_post("/ilink/bot/msg/notifystart", self._notify)
-        app.router.add_post("/ilink/bot/msg/notifystop", self._notify)
-        app.router.add_post("/ilink/bot/get_bot_qrcode", self._qrcode)
-        app.router.add_get("/ilink/bot/get_qrcode_status", self._qrstatus)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
+    @property
+    def url(self) -> str:
+        """The iLink base URL to give the channel."""
+        return self.root_url
 
-    async def __aexit__(self, *exc: object) -> None:
+    def routes(self, app: web.Application) -> None:
+        for path, handler in (("getupdates", self._getupdates), ("sendmessage", self._sendmessage),
+                              ("getconfig", self._getconfig), ("sendtyping", self._sendtyping),
+                              ("msg/notifystart", self._notify), ("msg/notifystop", self._notify),
+                              ("get_bot_qrcode", self._qrcode)):
+            app.router.add_post(f"/ilink/bot/{path}", handler)
+        app.router.add_get("/ilink/bot/get_qrcode_status", self._qrstatus)
+
+    async def stop(self) -> None:
         for bot in self.bots.values():
-            bot.wake.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
+            bot.wake.set()  # long polls in flight return now
+        await super().stop()
 
     def _bad(self, what: str) -> web.Response:
         self.errors.append(what)

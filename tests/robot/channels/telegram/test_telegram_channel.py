@@ -293,7 +293,7 @@ def test_a_refused_token_stops_qunbot_run_with_one_line(tmp_path: Path, capsys: 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     fake = FakeBotAPI("42:real-token")
-    asyncio.run_coroutine_threadsafe(fake.__aenter__(), loop).result(5)
+    asyncio.run_coroutine_threadsafe(fake.start(), loop).result(5)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QUNBOT_BOT__DATA_DIR", str(tmp_path))
     monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__ENABLED", "true")
@@ -302,7 +302,7 @@ def test_a_refused_token_stops_qunbot_run_with_one_line(tmp_path: Path, capsys: 
     try:
         assert main(["run"]) == 1
     finally:
-        asyncio.run_coroutine_threadsafe(fake.__aexit__(), loop).result(5)
+        asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
