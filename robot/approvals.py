@@ -262,11 +262,13 @@ class Approvals:
     async def pending_text(self, caller: Caller) -> str:
         """``/pending``: what waits for me, and what waits for my approval."""
         now = self.bot.clock()
+        # In a group only that group's requests: others (a private chat's arguments) are read out there.
+        here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
         lines = [f"· {r['code']} {_WAITING[(r['kind'], r['approver'])]}：{summarize(r)}"
-                 for r in await self.store.pending(now, requester=caller.qualified_user)]
+                 for r in await self.store.pending(now, requester=caller.qualified_user) if here in (None, r["chat"])]
         if caller.qualified_user in self._approver_ids():
             lines += [f"· {r['code']} 等你批准（{r['requester']} 在 {r['chat']}）：{summarize(r)}"
-                      for r in await self.store.pending(now, admin_only=True)]
+                      for r in await self.store.pending(now, admin_only=True) if here in (None, r["chat"])]
         if not lines:
             return "没有等待中的请求。"
         return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"

@@ -256,6 +256,23 @@ async def test_pending_lists_mine_and_what_waits_for_me(make_bot: Any) -> None:
     assert sent[4].text == "没有等待中的请求。"
 
 
+async def test_pending_in_a_group_shows_only_that_groups_requests(make_bot: Any) -> None:
+    """A request made in private (its arguments included) is not read out in a group by /pending."""
+    _bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")))
+    secret_chat = ch.chat("u1", kind="private")
+    await ch.inject("转 42 块", user="u1", chat=secret_chat)
+    code = code_in((await ch.wait_sent(1))[0].text)
+    await ch.inject("/pending", user="u1")  # in the group g1
+    await ch.inject("/pending", user=ADMIN)
+    await ch.inject("/pending", user="u1", chat=secret_chat)
+    await ch.inject("/pending", user=ADMIN, chat=ch.chat(ADMIN, kind="private"))
+    sent = await ch.wait_sent(6)
+    in_group = [m for m in sent if m.chat == ch.chat()]
+    assert len(in_group) == 2 and all(code not in m.text and "amount" not in m.text for m in in_group)
+    assert all(m.text == "没有等待中的请求。" for m in in_group)
+    assert code in sent[-2].text and code in sent[-1].text  # in private both still see it
+
+
 async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None:
     from function_calls import Runner
 
