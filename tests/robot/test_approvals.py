@@ -273,6 +273,32 @@ async def test_pending_in_a_group_shows_only_that_groups_requests(make_bot: Any)
     assert code in sent[-2].text and code in sent[-1].text  # in private both still see it
 
 
+async def test_forget_me_leaves_no_copy_in_paused_runs(make_bot: Any, tmp_path: Path) -> None:
+    """A snapshot freezes the conversation: /forget me takes the person's finished and waiting ones."""
+    data = tmp_path / "data"
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch.inject("转 42 块 keep-me", at_bot=True, user="u2")  # another person's waiting request stays
+    await ch.wait_sent(2)
+    await ch.inject("转 42 块 PHONE-13812345678", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(4))[2].text)
+    await ch.inject(f"/deny {code}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.inject("再转 42 块 ADDRESS-幸福路八号", at_bot=True, user="u1")  # this one stays pending
+    await ch.wait_sent(9)
+
+    def rows(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT state FROM snapshots").fetchall()]
+
+    assert sum("PHONE-13812345678" in r for r in await bot.db.run(rows)) == 2
+    await ch.inject("/forget me", user="u1")
+    await ch.wait_sent(10)
+    left = await bot.db.run(rows)
+    assert not any("PHONE-13812345678" in r or "ADDRESS-幸福路八号" in r for r in left)
+    assert any("keep-me" in r for r in left)
+    raw = b"".join(p.read_bytes() for p in data.iterdir() if p.name.startswith("qunbot.sqlite3"))
+    assert "幸福路八号".encode() not in raw and b"PHONE-13812345678" not in raw
+
+
 async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None:
     from function_calls import Runner
 
