@@ -1,6 +1,6 @@
 """The memory tools: ``remember`` (U), ``recall`` (R), ``memories`` and ``sleep`` (S, bot admins).
 
-``/forget <id>`` and ``/forget me`` are the summary plugin's ``forget`` command, which calls the
+``/forget <id>`` and ``/forget me`` are the core ``forget`` command (:mod:`robot.privacy`), which calls the
 bot's forget hooks: this plugin registers one (see :func:`memory.setup`).
 """
 
