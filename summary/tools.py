@@ -103,12 +103,12 @@ class SummaryArgs(BaseModel):
             self.group, self.period, period = period[1:].strip(), None, ""
         elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
             if not 0 < float(period) <= 168:
-                raise ValueError("hours must be more than 0 and at most 168")
+                raise ValueError("小时数应大于 0、不超过 168")
             self.period, self.hours, period = None, float(period), ""
         if self.hours is not None and self.messages is not None:
-            raise ValueError("give either hours or messages, not both (or neither: since the last summary)")
+            raise ValueError("hours 和 messages 只能给一个（都不给：总结上次总结以来的消息）")
         if period and (self.hours is not None or self.messages is not None):
-            raise ValueError("give a period, hours or messages, not several")
+            raise ValueError("时间段、hours、messages 只能给一个")
         return self
 
 

@@ -40,8 +40,7 @@ from function_calls import (
     Usage,
     tool_function,
 )
-from robot import ChatRef
-from robot.limits import BudgetExceeded
+from robot import BudgetExceeded, ChatRef
 
 if TYPE_CHECKING:
     from robot import Bot
