@@ -385,10 +385,20 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
 def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
     # Summaries quote members' messages; which ones quote this person cannot be told reliably
     # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
-    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
+    gone = sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
                           "AND (substr(text, 1, ?) = ? OR substr(text, 1, ?) = ?)",
                           [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]).rowcount
                for chat in request.chats)
+    # A bot admin's "/summary #<group>" in private is a copy of that group's summary: it goes too.
+    private = f"{request.platform}:private:"
+    for chat in request.chats:
+        if chat.kind == "group":
+            title = f"{HEADER}群 {chat.chat_id} · "
+            # chat >= 'p:private:' AND chat < 'p:private;': the private chats, as an index range
+            gone += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 "
+                               "AND substr(text, 1, ?) = ?",
+                               [private, private[:-1] + ";", len(title), title]).rowcount
+    return gone
 
 
 toolset = Toolset("summary", [summary])
