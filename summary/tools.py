@@ -134,7 +134,9 @@ async def setup(bot: Bot) -> SummaryDeps:
     db = bot.db
     bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
                                     lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
-    commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
+    # The core's own commands (robot.pipeline: /help, /approve, /deny, /pending) are no tools.
+    core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")
+    commands = frozenset({*core, *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
 

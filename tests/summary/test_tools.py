@@ -389,3 +389,16 @@ async def test_a_private_chat_summary_is_not_headed_group_chat(tmp_path: Path) -
     assert reply.startswith("【聊天总结】最近 24 小时") and "群聊" not in reply
     assert forgot.startswith("已删除")
     assert not any(e.text.startswith("【聊天总结】") for e in left)  # /forget also takes private summaries
+
+
+async def test_approval_commands_are_not_conversation(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("我们决定周六去爬山", user="1", at=ago(9))
+        await ch.inject("/pending", user="2", at=ago(8))
+        await ch.inject("/approve ABCDE", user="2", at=ago(7))
+        await ch.inject("/拒绝 ABCDE 太贵", user="3", at=ago(6))
+        await ch.inject("/summary", user="1", at=ago(1))
+        sent = await ch.wait_sent(4)
+    digest = sent[-1].text
+    assert "爬山" in digest and "共 1 条消息" in digest
+    assert "/pending" not in digest and "ABCDE" not in digest
