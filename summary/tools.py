@@ -131,11 +131,9 @@ async def setup(bot: Bot) -> SummaryDeps:
     """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    db = bot.db
     bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
-                                    lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
-    # The core's own commands (robot.pipeline: /help, /approve, /deny, /pending) are no tools.
-    core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")
+                                    lambda request: bot.db.transaction(lambda d: _forget_summaries_sync(d, request))))
+    core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")  # robot.pipeline's own
     commands = frozenset({*core, *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
 
@@ -385,21 +383,17 @@ async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
 
 
 def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
-    # Summaries quote members' messages; which ones quote this person cannot be told reliably
-    # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
-    gone = sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
-                          "AND (substr(text, 1, ?) = ? OR substr(text, 1, ?) = ?)",
-                          [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]).rowcount
-               for chat in request.chats)
-    # A bot admin's "/summary #<group>" in private is a copy of that group's summary: it goes too.
-    private = f"{request.platform}:private:"
+    # Summaries quote members' messages; which ones quote this person cannot be told reliably (names
+    # change, quotes are cut): every earlier summary in the chats goes, and admins' private copies.
+    private, gone = f"{request.platform}:private:", 0
     for chat in request.chats:
+        gone += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND (substr(text, 1, ?) = ? OR "
+                           "substr(text, 1, ?) = ?)", [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER),
+                                                       PRIVATE_HEADER]).rowcount
+        title = f"{HEADER}群 {chat.chat_id} · "  # "/summary #<group>" in private; private chats as a key range
         if chat.kind == "group":
-            title = f"{HEADER}群 {chat.chat_id} · "
-            # chat >= 'p:private:' AND chat < 'p:private;': the private chats, as an index range
-            gone += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 "
-                               "AND substr(text, 1, ?) = ?",
-                               [private, private[:-1] + ";", len(title), title]).rowcount
+            gone += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 AND "
+                               "substr(text, 1, ?) = ?", [private, private[:-1] + ";", len(title), title]).rowcount
     return gone
 
 
