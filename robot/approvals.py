@@ -38,6 +38,7 @@ from function_calls import (
 )
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.config import ApprovalsSection
+from robot.limits import BudgetExceeded
 from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret, summarize
 from robot.store import iso, parse_iso
@@ -336,14 +337,17 @@ class Approvals:
             replies = ["暂时无法继续：没有配置大模型。"]
         else:
             token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
-            try:
-                result = await self.bot.router.runner.run(
-                    state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
-                    zone=self.bot.zone_for(chat), clock=self.bot.clock)
+            try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
+                async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
+                    result = await self.bot.router.runner.run(
+                        state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
+                        zone=self.bot.zone_for(chat), clock=self.bot.clock)
+                replies = list(result.replies)
+            except BudgetExceeded as exc:
+                result, replies = None, [exc.user_message]
             finally:
                 GRANT.reset(token)
-            replies = list(result.replies)
-            if result.stop is StopReason.AWAITING_APPROVAL:  # the chain reached another confirm tool
+            if result is not None and result.stop is StopReason.AWAITING_APPROVAL:  # another confirm tool
                 replies = [*result.state.user_messages, await self.pause(
                     result, caller, chat, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
         messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]

@@ -299,6 +299,26 @@ async def test_forget_me_leaves_no_copy_in_paused_runs(make_bot: Any, tmp_path: 
     assert "幸福路八号".encode() not in raw and b"PHONE-13812345678" not in raw
 
 
+async def test_a_resumed_run_refuses_when_the_budget_cannot_be_read(make_bot: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Approved later, the run spends tokens again: a budget store that fails then refuses it (fail closed)."""
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    calls = len(model.requests)
+
+    async def broken(scopes: list[str]) -> dict[str, int]:
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(bot.budget, "_used_many", broken)
+    await ch.inject(f"/approve {code}", user=ADMIN)
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(4)
+    assert RUNS == [] and len(model.requests) == calls  # neither the tool nor the model ran
+    assert any("AI 用量" in m.text and m.mention == ("u1",) for m in sent)
+
+
 async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None:
     from function_calls import Runner
 
