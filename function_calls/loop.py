@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 
 _STOP_TEXT = {
-    StopReason.LOOP_CRITICAL: "我好像在原地打转（{detail}），先停下来了。请换个说法或稍后再试。",
-    StopReason.LOOP_BREAKER: "本次请求重复调用过多（{detail}），已强制停止。",
+    # The loop guards' details are English diagnostics: they stay in the result and the trace.
+    StopReason.LOOP_CRITICAL: "我好像在原地打转（同样的操作重复了多次），先停下来了。请换个说法或稍后再试。",
+    StopReason.LOOP_BREAKER: "本次请求重复调用过多，已强制停止。",
     StopReason.TOOL_RETRIES_EXHAUSTED: "我没能正确使用工具 {detail}，请换个说法再试。",
     StopReason.MODEL_ERROR: "AI 服务暂时不可用（{detail}），请稍后再试。",
     StopReason.DAILY_BUDGET: "今天的 AI 用量已达上限，明天再来吧。",
