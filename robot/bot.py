@@ -272,6 +272,7 @@ class Bot:
                 hist = self.settings.history
                 await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
                                         max_rows=hist.max_messages)
+                await self.approvals.store.prune(self.clock() - timedelta(days=hist.retention_days))
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

@@ -25,6 +25,7 @@ from function_calls import (
 from function_calls.testing import ScriptedModel, call, text
 from robot.plugin import Plugin
 from robot.snapshots import ALPHABET
+from robot.store import iso
 from robot.testing import MemoryChannel
 
 ADMIN = "9"
@@ -317,6 +318,32 @@ async def test_a_resumed_run_refuses_when_the_budget_cannot_be_read(make_bot: An
     sent = await ch.wait_sent(4)
     assert RUNS == [] and len(model.requests) == calls  # neither the tool nor the model ran
     assert any("AI 用量" in m.text and m.mention == ("u1",) for m in sent)
+
+
+async def test_finished_paused_runs_follow_the_history_retention(make_bot: Any, tmp_path: Path, until: Any) -> None:
+    """A snapshot holds a copy of the conversation: once finished, it is kept no longer than the history."""
+    data = tmp_path / "data"
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await ch.inject(f"/deny {code}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.inject("再转 42 块", at_bot=True, user="u2")
+    await ch.wait_sent(6)
+    old = iso(datetime.now(UTC) - timedelta(days=31))
+    await bot.db.transaction(lambda db: db.execute("UPDATE snapshots SET created_at = ?", [old]))  # a month old
+    await bot.stop()
+
+    bot, _ = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+
+    async def statuses() -> list[str]:
+        return [str(r[0]) for r in await bot.db.run(lambda db: db.execute("SELECT status FROM snapshots").fetchall())]
+
+    async def pruned() -> bool:
+        return "denied" not in await statuses()
+
+    await until(pruned)
+    assert await statuses() == ["pending"]  # a waiting one is not cut short
 
 
 async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None:
