@@ -265,11 +265,13 @@ class Approvals:
     async def pending_text(self, caller: Caller) -> str:
         """``/pending``: what waits for me, and what waits for my approval."""
         now = self.bot.clock()
+        # In a group only that group's requests: others (a private chat's arguments) are read out there.
+        here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
         lines = [f"· {r['code']} {_WAITING[(r['kind'], r['approver'])]}：{summarize(r)}"
-                 for r in await self.store.pending(now, requester=caller.qualified_user)]
+                 for r in await self.store.pending(now, requester=caller.qualified_user) if here in (None, r["chat"])]
         if caller.qualified_user in self._approver_ids():
             lines += [f"· {r['code']} 等你批准（{r['requester']} 在 {r['chat']}）：{summarize(r)}"
-                      for r in await self.store.pending(now, admin_only=True)]
+                      for r in await self.store.pending(now, admin_only=True) if here in (None, r["chat"])]
         if not lines:
             return "没有等待中的请求。"
         return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"
@@ -337,17 +339,17 @@ class Approvals:
             replies = ["暂时无法继续：没有配置大模型。"]
         else:
             token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
-            try:  # the resumed run's spend is held against the budgets like any chat run
+            try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
                 async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
                     result = await self.bot.router.runner.run(
                         state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
                         zone=self.bot.zone_for(chat), clock=self.bot.clock)
+                replies = list(result.replies)
             except BudgetExceeded as exc:
-                result = RunResult(stop=StopReason.DAILY_BUDGET, replies=[exc.user_message], state=state)
+                result, replies = None, [exc.user_message]
             finally:
                 GRANT.reset(token)
-            replies = list(result.replies)
-            if result.stop is StopReason.AWAITING_APPROVAL:  # the chain reached another confirm tool
+            if result is not None and result.stop is StopReason.AWAITING_APPROVAL:  # another confirm tool
                 replies = [*result.state.user_messages, await self.pause(
                     result, caller, chat, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
         messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]

@@ -24,6 +24,7 @@ from function_calls import (
     StopReason,
     Tool,
     ToolContext,
+    ToolDefinitionError,
     ToolError,
     ToolResult,
     Toolset,
@@ -46,7 +47,7 @@ from robot.hooks import ContextHook, ForgetHook
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
-from robot.pipeline import Pipeline
+from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
@@ -111,6 +112,11 @@ class Bot:
             merged = merged.merge(plugin.tools)
         if self.model is not None and settings.approvals.ask_user:  # the model's way to ask; no command
             merged = merged.merge(Toolset("core", [ask_user]))
+        # /help, /approve, /deny and /pending are answered before any tool: one named so would never run.
+        for tool in merged:
+            clash = [n for n in (tool.name, *tool.aliases) if n in _CORE_COMMANDS]
+            if clash:
+                raise ToolDefinitionError(f"tool {tool.name!r}: /{clash[0]} is a built-in command; choose another name")
         self.tools = merged
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
@@ -324,6 +330,7 @@ class Bot:
                 hist = self.settings.history
                 await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
                                         max_rows=hist.max_messages)
+                await self.approvals.store.prune(self.clock() - timedelta(days=hist.retention_days))
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

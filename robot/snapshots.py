@@ -168,6 +168,12 @@ class SnapshotStore:
 
         return await self.db.run(work)
 
+    async def prune(self, before: datetime) -> int:
+        """Delete finished rows created before ``before`` (history retention: each holds a conversation)."""
+        return await self.db.run(lambda db: db.execute(
+            "DELETE FROM snapshots WHERE status NOT IN ('pending', 'approved') AND created_at < ?",
+            [iso(before)]).rowcount)
+
     @staticmethod
     def finish_sync(db: sqlite_utils.Database, snapshot_id: str) -> None:
         """Mark an approved row resumed, inside the transaction that queues its replies."""

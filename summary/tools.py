@@ -110,15 +110,14 @@ class SummaryArgs(BaseModel):
             self.group, self.period, period = period[1:].strip(), None, ""
         elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
             if not 0 < float(period) <= 168:
-                raise ValueError("hours must be more than 0 and at most 168")
+                raise ValueError("小时数应大于 0、不超过 168")
             self.period, self.hours, period = None, float(period), ""
         if self.hours is not None and self.messages is not None:
-            raise ValueError("give either hours or messages, not both (or neither: since the last summary)")
+            raise ValueError("hours 和 messages 只能给一个（都不给：总结上次总结以来的消息）")
         if period and (self.hours is not None or self.messages is not None):
-            raise ValueError("give a period, hours or messages, not several")
+            raise ValueError("时间段、hours、messages 只能给一个")
         if self.daily_at is not None and (period or self.hours or self.messages or self.member):
-            raise ValueError("a daily digest covers the time since the previous one: give no period, hours, "
-                             "messages or member with daily")
+            raise ValueError("每日定时总结覆盖上次以来的消息：daily 不能再带时间段、hours、messages 或成员")
         return self
 
 
@@ -145,10 +144,10 @@ async def setup(bot: Bot) -> SummaryDeps:
     """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    db = bot.db
     bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
-                                    lambda request: db.transaction(lambda d: forget_summaries_sync(d, request))))
-    commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
+                                    lambda request: bot.db.transaction(lambda d: forget_summaries_sync(d, request))))
+    core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")  # robot.pipeline's own
+    commands = frozenset({*core, *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands,
                        call_tool=bot.call_tool, send=bot.send)
 

@@ -72,7 +72,7 @@ def test_schedule_words_and_gaps() -> None:
     for bad in ("daily", "daily 25:00", "daily 22:00 昨天", "#a#b daily 22:00"):
         with pytest.raises(ValidationError):
             SummaryArgs(period=bad)
-    with pytest.raises(ValidationError, match="no period"):
+    with pytest.raises(ValidationError, match="daily 不能再带"):
         SummaryArgs(period="daily 22:00", hours=3)
     assert gaps(["22:00"]) == {"22:00": 24}
     assert gaps(["22:00", "12:00", "18:30"]) == {"12:00": 14, "18:30": 6.5, "22:00": 3.5}
