@@ -63,8 +63,9 @@ class ToolContext(Generic[D]):
     run_id: str = ""
     tool_call_id: str = ""
     clock: Callable[[], datetime] = _utcnow
-    #: "model" when the LLM called the tool, "command" for a /command typed by a person.
-    via: Literal["model", "command"] = "model"
+    #: "model" when the LLM called the tool, "command" for a /command typed by a person,
+    #: "scheduled" for a command its owner stored to run later (a reminder in command mode).
+    via: Literal["model", "command", "scheduled"] = "model"
 
     def now(self) -> datetime:
         """The current instant, aware UTC (a test clock when one is injected)."""

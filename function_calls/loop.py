@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 
 _STOP_TEXT = {
-    StopReason.LOOP_CRITICAL: "我好像在原地打转（{detail}），先停下来了。请换个说法或稍后再试。",
-    StopReason.LOOP_BREAKER: "本次请求重复调用过多（{detail}），已强制停止。",
+    # The loop guards' details are English diagnostics: they stay in the result and the trace.
+    StopReason.LOOP_CRITICAL: "我好像在原地打转（同样的操作重复了多次），先停下来了。请换个说法或稍后再试。",
+    StopReason.LOOP_BREAKER: "本次请求重复调用过多，已强制停止。",
     StopReason.TOOL_RETRIES_EXHAUSTED: "我没能正确使用工具 {detail}，请换个说法再试。",
     StopReason.MODEL_ERROR: "AI 服务暂时不可用（{detail}），请稍后再试。",
     StopReason.DAILY_BUDGET: "今天的 AI 用量已达上限，明天再来吧。",
@@ -126,6 +127,9 @@ class Runner:
                                                                     tool_choice="auto" if defs else None), on_text)
             except ModelAPIError as exc:
                 busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
+                # The person reads Chinese; the trace and the logs keep the provider's English detail.
+                shown = f"接口返回 HTTP {exc.status}" if exc.status else "连接不上或超时"
+                busy = busy or _STOP_TEXT[StopReason.MODEL_ERROR].format(detail=shown)
                 return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc), text=busy)
             state.messages.append(_assistant_message(response))
             if not response.tool_calls:

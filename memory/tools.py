@@ -1,6 +1,6 @@
 """The memory tools: ``remember`` (U), ``recall`` (R), ``memories`` and ``sleep`` (S, bot admins).
 
-``/forget <id>`` and ``/forget me`` are the summary plugin's ``forget`` command, which calls the
+``/forget <id>`` and ``/forget me`` are the core ``forget`` command (:mod:`robot.privacy`), which calls the
 bot's forget hooks: this plugin registers one (see :func:`memory.setup`).
 """
 
@@ -69,7 +69,7 @@ async def memories(ctx: ToolContext[MemoryDeps]) -> ToolResult:
     return ToolResult.reply("记忆（L=等级）：\n" + "\n".join(lines) + "\n删除一条：/forget <编号>")
 
 
-@tool_function(examples=["/sleep"])
+@tool_function(admin_only=True, examples=["/sleep"])
 async def sleep(ctx: ToolContext[MemoryDeps]) -> ToolResult:
     """让本聊天的记忆睡一觉 (sleep, bot admins only): 抽样削弱久未回忆的记忆，删除遗忘的，并把它们写成梦境。"""
     if not ctx.caller.bot_admin:

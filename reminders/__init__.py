@@ -27,7 +27,7 @@ from reminders.tools import (
     reminder_set,
     toolset,
 )
-from robot import Forgetter, Plugin
+from robot import ChatRef, Forgetter, Plugin
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -43,6 +43,7 @@ __all__ = [
     "ReminderService",
     "ReminderSettings",
     "ReminderStore",
+    "chat_moved",
     "plugin",
     "reminder_delete",
     "reminder_list",
@@ -76,5 +77,11 @@ async def teardown(deps: ReminderDeps) -> None:
     await deps.service.stop()
 
 
+async def chat_moved(deps: ReminderDeps, old: ChatRef, new: ChatRef) -> None:
+    """A group became a supergroup (Telegram): its reminders follow it."""
+    await deps.store.move_chat(old.key, new.key)
+
+
 plugin: Plugin[ReminderDeps] = Plugin(name="reminders", tools=toolset, setup=setup, teardown=teardown,
-                                      settings_model=ReminderSettings, commands={"reminder_set": REMIND_SYNTAX})
+                                      settings_model=ReminderSettings, commands={"reminder_set": REMIND_SYNTAX},
+                                      chat_moved=chat_moved)

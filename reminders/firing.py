@@ -66,11 +66,11 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
     if late > grace:
         outcome: Outcome = "missed"
         key = f"rem:{r.id}:{iso(latest)}:missed"
-        what = "定时任务" if r.mode == "prompt" else "提醒"
+        what = "定时任务" if r.mode != "text" else "提醒"
         text = f"⚠️ 错过的{what}：{r.content}\n机器人离线，没能按时发出（原定 {when}，共错过 {count} 次）。"
         if following is not None:
             text += f"\n下次：{format_local(following, r.zone, seconds=seconds)}"
-    elif r.mode == "prompt" and answer == "":  # paused for an approval: the request is already posted
+    elif r.mode != "text" and answer == "":  # paused for an approval: the request is already posted
         outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
     elif failed:
         outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
@@ -78,7 +78,7 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
             f"⚠️ 定时任务「{r.content[:60]}」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。")
     else:
         outcome, key = "delivered", f"rem:{r.id}:{iso(latest)}"
-        text = answer if r.mode == "prompt" and answer else f"⏰ 提醒：{r.content}"
+        text = answer if r.mode != "text" and answer else f"⏰ 提醒：{r.content}"
         if late > ON_TIME:
             text += f"\n（迟到提醒：原定 {when}）"
             if count > 1:

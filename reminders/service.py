@@ -13,8 +13,9 @@ APScheduler (about 1 KB per job) keeps start-up with 100k stored reminders fast 
 job firing triggers one coalesced pass, so reminders due in the same second fire in a handful
 of transactions, however many there are.
 
-Prompt-mode reminders run the model (``bot.run_scheduled``, in the reminder's stored zone)
-outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
+Command-mode reminders (a stored ``/command`` such as a daily ``/summary``) take the prompts'
+path, run through ``bot.call_tool`` as their owner. Prompt-mode reminders run the model
+(``bot.run_scheduled``, in the reminder's stored zone) outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
 same way after re-checking that the row is still active and unchanged. A run that stopped early,
 or whose every tool call failed, counts as failed: the owner hears about it once, not daily.
 """
@@ -42,7 +43,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
 from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local
-from reminders.prompts import run_prompt
+from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
@@ -234,7 +235,8 @@ class ReminderService:
                 self._after_commit(applied, report)
                 if len(applied) < _BATCH:
                     break
-            prompts = await self.store.db.run(lambda db: self.store.due_sync(db, now, "prompt", 10_000))
+            prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
+                                                          *self.store.due_sync(db, now, "command", 10_000)])
             started: list[asyncio.Task[None]] = []
             for reminder in prompts:
                 if reminder.id in self._prompts:
@@ -289,7 +291,10 @@ class ReminderService:
         if zone is not None and now - latest <= self.grace:  # run the model only for what will be delivered
             async with self._running:
                 if await self._still_due(r.id, planned):
-                    answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
+                    if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
+                        answer = await run_command(self.bot, r, self.settings.command_tools, zone)
+                    else:
+                        answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
         def commit(db: sqlite_utils.Database) -> tuple[Reminder, Outcome, str | None] | None:
             current = self.store.get_sync(db, r.id)

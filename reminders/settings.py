@@ -33,6 +33,10 @@ class ReminderSettings(BaseModel):
         "so a power loss cannot undo what the user was told; false saves a few ms per /remind (see "
         "bench/bench_durability.py)"
     )
+    command_tools: list[str] = Field(
+        default_factory=lambda: ["summary"],
+        description="commands a reminder in command mode may run at its time (e.g. /summary: a daily digest)"
+    )
     prompt_concurrency: int = Field(
         8, ge=1, description="scheduled prompts that may run the model at the same time; the rest wait their turn"
     )
@@ -45,7 +49,7 @@ class ReminderSettings(BaseModel):
             raise ValueError("zones moved to the [bot] table: set [bot] zones instead of [reminders] zones")
         return data
 
-    @field_validator("prompt_tools", mode="before")
+    @field_validator("prompt_tools", "command_tools", mode="before")
     @classmethod
     def _json_from_env(cls, value: object) -> object:
         # Environment overrides arrive as text: QUNBOT_REMINDERS__PROMPT_TOOLS='["a", "b"]'.

@@ -37,7 +37,7 @@ __all__ = [
     "parse_instant",
 ]
 
-Mode = Literal["text", "prompt"]
+Mode = Literal["text", "prompt", "command"]
 Status = Literal["active", "done", "missed", "deleted", "broken"]
 MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")
@@ -298,6 +298,11 @@ class ReminderStore:
         return bool(await self.db.transaction(lambda db: db.execute(
             "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
             "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount, durable=self.durable))
+
+    async def move_chat(self, old: str, new: str) -> int:
+        """A chat got a new id: its reminders now live there."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE reminders SET chat = ? WHERE chat = ?", [new, old]).rowcount)
 
     async def delete_chat(self, chat: str, now: datetime, *, owner: str | None = None) -> list[str]:
         """Delete every active reminder of a chat (only ``owner``'s, if given); returns their ids."""

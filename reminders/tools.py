@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls import Caller, ToolContext, ToolError, ToolResult, Toolset, tool_function
+from reminders.prompts import command_name
 from reminders.schedule import ScheduleError, days_mask, describe, parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
@@ -57,10 +58,11 @@ class ReminderArgs(BaseModel):
     days: list[int] | None = Field(
         default=None, min_length=1, max_length=7,
         description="weekdays only (leave out otherwise): the days, 0=Monday ... 6=Sunday; [0,1,2,3,4] = 工作日")
-    mode: Literal["text", "prompt"] = Field(
+    mode: Literal["text", "prompt", "command"] = Field(
         default="text",
         description="text = send content as is; prompt = at fire time run content as a request to the assistant "
-        "and send its answer (e.g. 'tell me Beijing's weather')")
+        "and send its answer (e.g. 'tell me Beijing's weather'); command = at fire time run content as a "
+        "/command of this bot (e.g. '/summary': a daily digest) and send its reply")
 
 
 class DeleteArgs(BaseModel):
@@ -118,7 +120,7 @@ class ReminderDeps:
             chat = r.chat_ref
             where = ("本群" if chat.kind == "group" else "本聊天") if r.chat == here else (
                 f"群 {chat.chat_id}" if chat.kind == "group" else "私聊")
-            kind = "[定时任务] " if r.mode == "prompt" else ""
+            kind = {"prompt": "[定时任务] ", "command": "[定时命令] "}.get(r.mode, "")
             who = f"（{r.owner_name}）" if r.owner != caller.qualified_user else ""
             lines.append(f"#{short[r.id]} [{where}] {describe(r.schedule, r.next_fire)} — {kind}{r.content}{who}")
         return lines
@@ -160,7 +162,9 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     if args.mode == "prompt" and not deps.llm_available:
         raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
                         user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
-    what = "定时任务" if args.mode == "prompt" else "提醒"
+    if args.mode == "command":
+        _check_command(deps, content)
+    what = {"prompt": "定时任务", "command": "定时命令"}.get(args.mode, "提醒")
 
     def confirmation(made: Reminder, short: str) -> str:
         return f"好的，已设置{what} #{short}：{describe(schedule, made.next_fire)}\n内容：{made.content}"
@@ -174,15 +178,29 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
                                 user_message="每周几天的提醒请用 days 指定哪几天（例如 工作日），不用 weekday。")
         weekday = days_mask(args.days or ()) if args.type == "weekdays" else args.weekday
         schedule = parse_schedule(args.type, args.time, ctx.zone.key, weekday)
-        # A /command's answer is exactly this text, as the message's first reply: it commits with the reminder.
+        # A typed /remind (the pipeline's "cmd-" call, not another tool's call_tool) answers exactly this
+        # text as the message's first reply: it commits with the reminder.
+        typed = ctx.via == "command" and ctx.tool_call_id.startswith("cmd-")
         reminder = await deps.service.create(ctx.caller, schedule, content, args.mode,
-                                             confirm=confirmation if ctx.via == "command" else None)
+                                             confirm=confirmation if typed else None)
     except (ScheduleError, ReminderError) as exc:
         raise ToolError(str(exc), user_message=f"设置提醒失败：{exc.user_message or '时间或参数无效。'}") from None
     short = (await deps.store.short_ids([reminder.id]))[reminder.id]
     text = confirmation(reminder, short)
     assert reminder.next_fire is not None
     return ToolResult.reply(text, data={"id": reminder.id, "short_id": short, "next_fire": iso(reminder.next_fire)})
+
+
+def _check_command(deps: ReminderDeps, content: str) -> None:
+    """A command-mode reminder stores one of ``[reminders] command_tools``, as ``/name args``."""
+    name, _ = command_name(content)
+    tool = deps.service.bot.tools.resolve(name) if name else None
+    allowed = deps.settings.command_tools
+    if tool is None or tool.name not in allowed:
+        shown = "、".join(f"/{n}" for n in allowed) or "（无）"
+        raise ToolError(f"mode 'command' runs one of these commands: {', '.join(allowed) or 'none'}; "
+                        f"content must start with it, e.g. '/summary'",
+                        user_message=f"设置提醒失败：定时命令只能是 {shown}。")
 
 
 @tool_function(aliases=["reminders"])

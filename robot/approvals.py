@@ -36,8 +36,10 @@ from function_calls import (
     ToolCall,
     ToolContext,
 )
+from robot.approvals_panel import PANEL, PendingPanel
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.config import ApprovalsSection
+from robot.limits import BudgetExceeded
 from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret, summarize
 from robot.store import iso, parse_iso
@@ -77,6 +79,7 @@ class Approvals:
             if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
                 await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
         self._watch = await self.store.answerable_chats()
+        self.bot.panels.setdefault(PANEL, PendingPanel(self))  # the web playground's approve/deny buttons
         self._task = asyncio.create_task(self._expiry_loop(), name="qunbot-snapshots")
 
     def _spawn(self, row: Row, verdict: bool | str, *, answer: str | None = None, notice: str | None = None) -> None:
@@ -262,11 +265,13 @@ class Approvals:
     async def pending_text(self, caller: Caller) -> str:
         """``/pending``: what waits for me, and what waits for my approval."""
         now = self.bot.clock()
+        # In a group only that group's requests: others (a private chat's arguments) are read out there.
+        here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
         lines = [f"· {r['code']} {_WAITING[(r['kind'], r['approver'])]}：{summarize(r)}"
-                 for r in await self.store.pending(now, requester=caller.qualified_user)]
+                 for r in await self.store.pending(now, requester=caller.qualified_user) if here in (None, r["chat"])]
         if caller.qualified_user in self._approver_ids():
             lines += [f"· {r['code']} 等你批准（{r['requester']} 在 {r['chat']}）：{summarize(r)}"
-                      for r in await self.store.pending(now, admin_only=True)]
+                      for r in await self.store.pending(now, admin_only=True) if here in (None, r["chat"])]
         if not lines:
             return "没有等待中的请求。"
         return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"
@@ -334,14 +339,17 @@ class Approvals:
             replies = ["暂时无法继续：没有配置大模型。"]
         else:
             token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
-            try:
-                result = await self.bot.router.runner.run(
-                    state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
-                    zone=self.bot.zone_for(chat), clock=self.bot.clock)
+            try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
+                async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
+                    result = await self.bot.router.runner.run(
+                        state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
+                        zone=self.bot.zone_for(chat), clock=self.bot.clock)
+                replies = list(result.replies)
+            except BudgetExceeded as exc:
+                result, replies = None, [exc.user_message]
             finally:
                 GRANT.reset(token)
-            replies = list(result.replies)
-            if result.stop is StopReason.AWAITING_APPROVAL:  # the chain reached another confirm tool
+            if result is not None and result.stop is StopReason.AWAITING_APPROVAL:  # another confirm tool
                 replies = [*result.state.user_messages, await self.pause(
                     result, caller, chat, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
         messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]
@@ -369,7 +377,10 @@ class Approvals:
                 ctx: ToolContext[Any] = ToolContext(deps=self.bot.deps_for(tool), caller=caller,
                                                     zone=self.bot.zone_for(chat), clock=self.bot.clock,
                                                     run_id="command", tool_call_id=call.id, via="command")
-                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                async with self.bot.budget.reserve(caller, 0):  # as for a typed /command: charged once here
+                    result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                    if result.usage is not None and result.usage.requests:
+                        await self.bot.budget.charge(caller, result.usage)
             except Exception as exc:
                 log.warning("approved command %s failed: %s", call.name, type(exc).__name__)
                 out.append(f"/{call.name} 执行失败了。")

@@ -7,10 +7,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from function_calls import (
+    ArgumentError,
     Caller,
     ChatModel,
     FunctionCallRouter,
@@ -22,54 +23,39 @@ from function_calls import (
     RunState,
     StopReason,
     Tool,
+    ToolContext,
+    ToolDefinitionError,
+    ToolError,
+    ToolResult,
     Toolset,
 )
 from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import ask_user
 from robot.channels.base import Channel, PanelProvider
-from robot.commands import CommandSyntax
+from robot.commands import (
+    CommandError,
+    CommandLine,
+    CommandSyntax,
+    build_arguments,
+    format_argument_error,
+    refusal,
+)
 from robot.config import Settings, check_tables
 from robot.history import HistoryStore
 from robot.hooks import ContextHook, ForgetHook
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
-from robot.pipeline import Pipeline
+from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
 from robot.store import Database, DedupeStore
+from robot.wiring import build_channels
 
 __all__ = ["Bot", "build_channels"]
 
 log = logging.getLogger(__name__)
-
-
-def build_channels(settings: Settings) -> list[Channel]:
-    """The channels enabled in config; none at all means the web playground."""
-    cfg = settings.channels
-    channels: list[Channel] = []
-    if cfg.onebot.enabled:
-        from robot.channels.onebot import OneBotChannel
-
-        channels.append(OneBotChannel(cfg.onebot, bot_name=settings.bot.name))
-    if cfg.wecom.enabled:
-        from robot.channels.wecom import create_channel
-
-        channels.append(create_channel(cfg.wecom))
-    if cfg.wecom.webhook_key is not None:
-        from robot.channels.wecom import WeComWebhookChannel
-
-        channels.append(WeComWebhookChannel.from_settings(cfg.wecom))
-    if cfg.console.enabled:
-        from robot.channels.console import ConsoleChannel
-
-        channels.append(ConsoleChannel(bot_name=settings.bot.name))
-    if cfg.web.enabled or not channels:
-        from robot.channels.web import WebChannel
-
-        channels.append(WebChannel(cfg.web, bot_name=settings.bot.name))
-    return channels
 
 
 class Bot:
@@ -126,6 +112,11 @@ class Bot:
             merged = merged.merge(plugin.tools)
         if self.model is not None and settings.approvals.ask_user:  # the model's way to ask; no command
             merged = merged.merge(Toolset("core", [ask_user]))
+        # /help, /approve, /deny and /pending are answered before any tool: one named so would never run.
+        for tool in merged:
+            clash = [n for n in (tool.name, *tool.aliases) if n in _CORE_COMMANDS]
+            if clash:
+                raise ToolDefinitionError(f"tool {tool.name!r}: /{clash[0]} is a built-in command; choose another name")
         self.tools = merged
         self._deps: dict[str, Any] = {}
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
@@ -142,6 +133,9 @@ class Bot:
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.started = False
+        # Set once every plugin is set up: a plugin's start-up (reminders catching up) may call
+        # another plugin's tool, which must not run before that plugin has its deps.
+        self._plugins_ready = asyncio.Event()
 
     def _default_model(self) -> ChatModel | None:
         llm = self.settings.llm
@@ -172,6 +166,21 @@ class Bot:
     def offered_tools(self) -> Toolset:
         blocked = self.unavailable_tools()
         return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> None:
+        """A chat got a new id on its platform: move its history, outbox rows and plugins' data."""
+        moved = await self.history.move_chat(old, new)
+        await self.outbox.move_chat(old, new)
+        for plugin in self.plugins:
+            if plugin.chat_moved is not None and plugin.name in self._deps:
+                await plugin.chat_moved(self._deps[plugin.name], old, new)
+        log.info("chat %s moved to %s (%d messages)", old.key, new.key, moved)
+
+    def command_menu(self) -> list[tuple[str, str]]:
+        """``(command, first line of its description)`` for the tools anyone may run, then help."""
+        menu = [(t.name, " ".join(t.description.strip().split("\n\n")[0].split()))
+                for t in self.offered_tools() if not t.admin_only]
+        return [*menu, ("help", "显示可用命令")]
 
     def is_admin(self, platform: str, user_id: str) -> bool:
         return f"{platform}:{user_id}" in self.settings.bot.admins
@@ -217,6 +226,54 @@ class Bot:
             await self.approvals.announce()
         return result
 
+    async def call_tool(self, name: str, caller: Caller, arguments: str | dict[str, Any], *,
+                        via: Literal["command", "scheduled"] = "command", zone: ZoneInfo | None = None) -> ToolResult:
+        """Run one tool (by name or alias) as ``caller``, without any LLM: how a plugin uses another
+        plugin's tool, and how a stored command runs at its time.
+
+        ``arguments`` is a command line (``/name`` already removed) or an arguments object. The
+        checks of a typed ``/command`` apply (scope, admin, ``require_at``, availability); a tool
+        that needs a confirmation is refused, since nobody is there to confirm. Raises
+        :class:`ToolError` (with a Chinese ``user_message``) for anything refused or failed; the
+        tool's usage is charged to ``caller``'s budget.
+        """
+        await self._plugins_ready.wait()
+        tool = self.tools.resolve(name)
+        if tool is None or tool.confirm == "input":
+            raise ToolError(f"no tool {name!r}", user_message=f"没有 /{name} 这个命令。")
+        reason = refusal(tool, caller) or (
+            f"/{name} 暂不可用：{self.unavailable_tools()[tool.name]}" if tool.name in self.unavailable_tools()
+            else None)
+        if tool.confirm and reason is None:
+            reason = f"/{name} 需要确认，不能自动执行。"
+        if reason:
+            raise ToolError(f"refused: {reason}", user_message=reason)
+        zone = zone or self.zone_for(ChatRef.of(caller))
+        syntax = self.command_syntax.get(tool.name)
+        try:
+            if isinstance(arguments, str):  # a command line reads as a typed /command would
+                raw = syntax.parse(CommandLine(tool, arguments, zone, self.clock(), self.router is not None)) \
+                    if syntax else build_arguments(tool, arguments)
+            else:
+                raw = arguments
+            args = tool.parse_arguments(raw)
+        except CommandError as exc:
+            raise ToolError(str(exc), user_message=str(exc)) from None
+        except ArgumentError as exc:
+            raise ToolError(exc.message, user_message=format_argument_error(
+                tool, exc, usage=syntax.usage if syntax else None, language=self.settings.bot.language)) from None
+        ctx: ToolContext[Any] = ToolContext(deps=self.deps_for(tool), caller=caller, zone=zone, clock=self.clock,
+                                            run_id=via, tool_call_id=f"{via}-{tool.name}", via=via)
+        try:
+            # As for a typed /command: an empty reservation collects the tool's own spending, charged once here.
+            async with self.budget.reserve(caller, 0):
+                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+                if result.usage is not None and result.usage.requests:
+                    await self.budget.charge(caller, result.usage)
+        except TimeoutError:
+            raise ToolError(f"/{name} timed out", user_message=f"/{name} 执行超时（{tool.timeout_s:g} 秒）。") from None
+        return result
+
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
         """The channels' sink. Errors are logged, never raised into a channel."""
@@ -243,9 +300,11 @@ class Bot:
             for plugin in self.plugins:
                 if plugin.setup is not None:
                     self._deps[plugin.name] = await plugin.setup(self)
+            self._plugins_ready.set()
             for channel in self.channels.values():
                 self.outbox.register(channel)
                 channel.bind(self.handle)
+                channel.bind_moves(self.move_chat)
                 channel.attach_panels(self.panels)
                 channel.attach_chats(self.history.recent, self.zone_for)
             for channel in self.channels.values():
@@ -253,6 +312,9 @@ class Bot:
             # Channels first: what waited in the outbox goes out the moment they connect, not on a timer.
             await self.outbox.start()
             await self.approvals.start()
+            menu = self.command_menu()
+            for channel in self.channels.values():
+                await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
         except BaseException:
             await self.stop(flush_timeout_s=0)
@@ -268,6 +330,7 @@ class Bot:
                 hist = self.settings.history
                 await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
                                         max_rows=hist.max_messages)
+                await self.approvals.store.prune(self.clock() - timedelta(days=hist.retention_days))
             except Exception:
                 log.exception("housekeeping failed")
             await asyncio.sleep(3600)

@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     pending = sub.add_parser("pending", parents=[common], help="list runs waiting for an approval or an answer",
                              description="List the paused runs (snapshots) waiting for an approval or an answer.")
     pending.add_argument("--all", action="store_true", help="every snapshot, not only the pending ones")
+    login = sub.add_parser("login", help="log a bot account in by QR code (personal WeChat)")
+    login.add_argument("platform", choices=["weixin"], help="weixin: personal WeChat (iLink bot API)")
     return parser
 
 
@@ -316,6 +318,20 @@ def _on_import_path(source: Path | None) -> None:
         sys.path.append(folder)  # last: a stray search.py beside the config must not shadow a built-in
 
 
+async def _login_weixin(settings: Settings) -> int:
+    from robot.channels.weixin import LoginFailed, WeixinError, WeixinState, login
+
+    cfg = settings.channels.weixin
+    try:
+        await login(cfg, WeixinState(cfg.state_dir or settings.bot.data_dir / "weixin"))
+    except (LoginFailed, WeixinError) as exc:
+        print(f"error: weixin login: {exc}", file=sys.stderr)
+        return 1
+    if not cfg.enabled:
+        print("提示：在 qunbot.toml 的 [channels.weixin] 中设置 enabled = true，然后运行 qunbot run。")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qunbot`` console script."""
     args = _parser().parse_args(argv)
@@ -337,6 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(maintenance.pending(settings, args.all))
         if command == "backup":
             return maintenance.backup(settings, args.target, args.force)
+        if command == "login":
+            return asyncio.run(_login_weixin(settings))
         if command == "chat":
             asyncio.run(_chat(settings, args.group, args.user))
         else:

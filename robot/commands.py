@@ -237,7 +237,8 @@ def describe_problem(problem: FieldProblem, language: str = "zh") -> str:
         rule = next((words[lang] for kinds, words in _RULES if problem.kind in kinds), None)
         what = rule.format(_bound(problem, lang)) if rule else ("取值无效" if lang == "zh" else "is not valid")
     got = ""
-    if problem.value is not None and problem.kind not in ("required", "missing"):
+    # A problem of the whole input (no field) would echo every argument as JSON: say only what is wrong.
+    if problem.value is not None and problem.path and problem.kind not in ("required", "missing"):
         if problem.length is not None and problem.length > _ECHO:
             got = f"（收到 {problem.length} 个字）" if lang == "zh" else f" (got {problem.length} characters)"
         elif len(problem.value) <= _ECHO + 2:

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from robot.channels.onebot.settings import OneBotSettings
+from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.wecom.settings import WeComSettings
+from robot.channels.weixin.settings import WeixinSettings
 
 __all__ = [
     "ApprovalsSection",
@@ -204,6 +206,8 @@ class ChannelsSection(_Section):
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     onebot: OneBotSettings = Field(default_factory=OneBotSettings)
     wecom: WeComSettings = Field(default_factory=WeComSettings)
+    weixin: WeixinSettings = Field(default_factory=WeixinSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
 
 
 class Settings(BaseSettings):

@@ -58,21 +58,25 @@ class HistoryStore:
         )
         db.execute("CREATE INDEX IF NOT EXISTS history_chat_ts ON history (chat, ts)")
         # A bot message names the message it answers and the person it addresses (its @), so
-        # /forget me can take the bot's replies and reminders to that person too.
+        # /forget me can take the bot's replies and reminders to that person too. ``role`` is the
+        # sender's group role as the platform reported it: evidence of admin rights when no live
+        # message carries it (a scheduled command).
         columns = {row[1] for row in db.execute("PRAGMA table_info(history)").fetchall()}
         for column in ("reply_to", "to_user"):
             if column not in columns:
                 db.execute(f"ALTER TABLE history ADD COLUMN {column} TEXT")
+        if "role" not in columns:
+            db.execute("ALTER TABLE history ADD COLUMN role TEXT NOT NULL DEFAULT ''")
 
     @staticmethod
     def insert_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str, name: str, text: str,
                     at: datetime, *, from_bot: bool = False, message_id: str = "", reply_to: str | None = None,
-                    to_user: str | None = None) -> None:
+                    to_user: str | None = None, role: str = "") -> None:
         """Insert inside a caller's transaction (the outbox records the bot's replies this way)."""
         db.execute(
-            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user) "
-            "VALUES (?,?,?,?,?,?,?,?,?)",
-            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to, to_user],
+            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user, role) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to, to_user, role],
         )
 
     def cut(self, text: str) -> str:
@@ -82,11 +86,23 @@ class HistoryStore:
         return text[: self.max_text_chars] + f"…〔已截断：原文 {len(text)} 字，只保存了前 {self.max_text_chars} 字〕"
 
     async def record(self, message: Message) -> None:
-        text = self.cut(message.text)
-        await self.db.run(lambda db: self.insert_sync(
-            db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id, text,
-            message.timestamp, from_bot=message.from_bot, message_id=message.message_id,
-        ))
+        await self.db.run(lambda db: self.record_sync(db, message))
+
+    def record_sync(self, db: sqlite_utils.Database, message: Message) -> None:
+        """:meth:`record` inside a caller's transaction (the pipeline stores a message with its dedupe row)."""
+        self.insert_sync(
+            db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id,
+            self.cut(message.text), message.timestamp, from_bot=message.from_bot, message_id=message.message_id,
+            role=message.sender.role if message.chat.kind == "group" else "",
+        )
+
+    async def last_role(self, chat: ChatRef, user_id: str) -> str:
+        """The group role (owner/admin/member) the platform reported with the person's newest
+        stored message in ``chat``; "" when none is stored."""
+        row = await self.db.run(lambda db: db.execute(
+            "SELECT role FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0 ORDER BY ts DESC, id DESC "
+            "LIMIT 1", [chat.key, user_id]).fetchone())
+        return str(row[0] or "") if row else ""
 
     async def recent(self, chat: ChatRef, limit: int = 50, *, before: datetime | None = None) -> list[HistoryEntry]:
         """The newest ``limit`` messages (before ``before``), oldest first."""
@@ -114,6 +130,11 @@ class HistoryStore:
             return [_entry(r) for r in rows]
 
         return await self.db.run(work)
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
+        """The platform renamed a chat: its messages now belong to ``new``; returns how many."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE history SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
 
     async def forget_user(self, chat: ChatRef, user_id: str) -> int:
         """Delete one person's stored messages in one chat; returns how many."""

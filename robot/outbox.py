@@ -220,6 +220,11 @@ class Outbox:
 
         return await self.db.run(work)
 
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
+        """Queued and sent rows of ``old`` now belong to ``new`` (replies and reply lookups follow)."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+
     async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
         """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
         return bool(await self.db.run(lambda db: db.execute(
@@ -329,9 +334,13 @@ class Outbox:
         except SendRejected as exc:
             return await self._fail(chat, key, f"refused: {exc}")
         except SendFailed as exc:
-            return await self._retry(chat, key, int(str(row["attempts"])) + 1, str(exc))
-        except ChannelUnavailable as exc:  # not connected: park, the backoff does not grow
-            note = [str(exc)[:500], key]
+            return await self._retry(chat, key, int(str(row["attempts"])) + 1, str(exc), exc.retry_after_s)
+        except ChannelUnavailable as exc:
+            if exc.retry_after_s:  # the platform's flood wait: not a failure of this message, and uncapped
+                wait = [iso(self.clock() + timedelta(seconds=exc.retry_after_s)), str(exc)[:500], key]
+                await self.db.run(lambda db: db.execute("UPDATE outbox SET next_at = ?, error = ? WHERE key = ?", wait))
+                return "retry"
+            note = [str(exc)[:500], key]  # not connected: park, the backoff does not grow
             await self.db.run(lambda db: db.execute("UPDATE outbox SET error = ? WHERE key = ?", note))
             return "parked"
         except Exception as exc:  # a channel bug: retried like a transient failure, and logged
@@ -340,10 +349,10 @@ class Outbox:
         await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
         return "sent"
 
-    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str) -> str:
+    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None) -> str:
         if attempts >= self.max_attempts:
             return await self._fail(chat, key, f"gave up after {attempts} attempts: {error}")
-        delay = min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16))
+        delay = max(min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16)), at_least_s or 0.0)
         log.warning("outbox %s: message %s failed (%s); retry %d in %.1fs", chat.key, key, error[:200], attempts, delay)
         params = [attempts, iso(self.clock() + timedelta(seconds=delay)), error[:500], key]
         await self.db.run(lambda db: db.execute(

@@ -26,7 +26,6 @@ from robot.commands import (
     parse_command,
     refusal,
 )
-from robot.history import HistoryStore
 from robot.hooks import RunExtras
 from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
@@ -131,11 +130,8 @@ class Pipeline:
             return
         try:
             ignored = self.ignored(message.chat)  # not answered, so not recorded either
-            fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), lambda db: None if ignored else (
-                HistoryStore.insert_sync(db, message.chat, message.sender.user_id,
-                                         message.sender.name or message.sender.user_id, bot.history.cut(message.text),
-                                         message.timestamp, from_bot=message.from_bot,
-                                         message_id=message.message_id)))
+            fresh: bool | None = await bot.dedupe.receive(
+                *ident, bot.clock(), lambda db: None if ignored else bot.history.record_sync(db, message))
         except Exception:  # the database is failing: still answer (the reply may be all that works)
             log.exception("storing %s message %s failed; answering it anyway", *ident)
             fresh = None
@@ -290,6 +286,9 @@ class Pipeline:
                 log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
                 await self.reply(message, [exc.user_message])
                 return
+            if channel is not None:  # "typing…" while the model works (and its context is gathered)
+                await channel.typing(message.chat, True)
+                stack.push_async_callback(channel.typing, message.chat, False)
             extras = await self._extras(caller, text)
             result = await bot.router.chat(
                 text, caller=caller, tools=tools,

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from function_calls import Toolset, collect_tools
 from robot.commands import CommandSyntax
+from robot.message import ChatRef
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -46,6 +47,8 @@ class Plugin(Generic[D]):
     unavailable: Callable[[D], str | Mapping[str, str] | None] | None = None
     #: The plugin's ``[name]`` config table, for ``qunbot init`` and the config reference.
     settings_model: type[BaseModel] | None = None
+    #: ``chat_moved(deps, old, new)``: the platform gave a chat a new id; move the plugin's rows.
+    chat_moved: Callable[[D, ChatRef, ChatRef], Awaitable[None]] | None = None
     #: Tools (by name) whose ``/command`` has its own syntax rather than fields in order.
     commands: dict[str, CommandSyntax] = field(default_factory=dict)
 

@@ -98,8 +98,13 @@ class ForgetReport:
 def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int, int]:
     """The core part, in one transaction: (the person's messages, the bot's replies) deleted."""
     messages = replies = 0
+    requester = f"{request.platform}:{request.user_id}"
     for chat in request.chats:
         key = chat.key
+        # A paused run freezes the conversation: the chat's finished ones (any may quote them) and
+        # their own waiting ones go; a run being resumed right now ('approved') finishes first.
+        db.execute("DELETE FROM snapshots WHERE chat = ? AND status != 'approved' AND "
+                   "(status != 'pending' OR requester = ?)", [key, requester])
         ids = [row[0] for row in db.execute(
             "SELECT message_id FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0 AND message_id != ''",
             [key, request.user_id]).fetchall()]

@@ -128,11 +128,16 @@ class SnapshotStore:
             "AND (kind = 'input' OR approver = 'requester') ORDER BY created_at DESC LIMIT 1", [chat, requester])
         return rows[0] if rows else None
 
-    async def pending(self, now: datetime, *, requester: str | None = None, admin_only: bool = False) -> list[Row]:
+    async def pending(self, now: datetime, *, requester: str | None = None, admin_only: bool = False,
+                      chat: str | None = None, platform: str | None = None) -> list[Row]:
         sql = "SELECT * FROM snapshots WHERE status = 'pending' AND expires_at > ?"
         params: list[Any] = [iso(now)]
         if requester is not None:
             sql, params = sql + " AND requester = ?", [*params, requester]
+        if chat is not None:
+            sql, params = sql + " AND chat = ?", [*params, chat]
+        if platform is not None:  # chat keys start with "platform:"
+            sql, params = sql + " AND substr(chat, 1, ?) = ?", [*params, len(platform) + 1, platform + ":"]
         if admin_only:
             sql += " AND approver = 'admin' AND kind = 'approval'"
         return await self._rows(sql + " ORDER BY created_at", params)
@@ -162,6 +167,12 @@ class SnapshotStore:
             return cur.rowcount == 1
 
         return await self.db.run(work)
+
+    async def prune(self, before: datetime) -> int:
+        """Delete finished rows created before ``before`` (history retention: each holds a conversation)."""
+        return await self.db.run(lambda db: db.execute(
+            "DELETE FROM snapshots WHERE status NOT IN ('pending', 'approved') AND created_at < ?",
+            [iso(before)]).rowcount)
 
     @staticmethod
     def finish_sync(db: sqlite_utils.Database, snapshot_id: str) -> None:

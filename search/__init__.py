@@ -1,4 +1,5 @@
-"""Web search through Perplexity (Agent API or classic Sonar chat completions), with citations."""
+"""Web search through Perplexity (Agent API or classic Sonar chat completions), with citations, and
+deep research in Perplexity's background mode (see :mod:`search.research`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ from function_calls import Toolset
 from robot import Plugin
 from search.client import PerplexityClient, SearchAnswer, SearchError, Source
 from search.format import format_answer, format_for_model
+from search.research import ResearchService
 from search.settings import SearchSettings
-from search.tools import HOW_TO_ENABLE, SearchDeps, WindowLimiter, disabled_reason, perplexity_search
+from search.tools import (
+    HOW_TO_ENABLE,
+    SearchDeps,
+    WindowLimiter,
+    deep_research,
+    disabled_reason,
+    perplexity_search,
+)
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -21,6 +30,7 @@ __all__ = [
     "SearchError",
     "SearchSettings",
     "Source",
+    "deep_research",
     "format_answer",
     "format_for_model",
     "perplexity_search",
@@ -30,21 +40,28 @@ __all__ = [
 
 async def _setup(bot: Bot) -> SearchDeps:
     settings = bot.settings.section("search", SearchSettings)
-    return SearchDeps(settings=settings, client=PerplexityClient(settings),
-                      per_user=WindowLimiter(settings.user_rate_per_hour),
+    client = PerplexityClient(settings)
+    research = ResearchService(bot, client, settings)
+    await research.start()
+    return SearchDeps(settings=settings, client=client, per_user=WindowLimiter(settings.user_rate_per_hour),
                       per_chat=WindowLimiter(settings.chat_rate_per_hour),
-                      per_bot=WindowLimiter(settings.bot_rate_per_hour))
+                      per_bot=WindowLimiter(settings.bot_rate_per_hour), research=research)
 
 
 async def _teardown(deps: SearchDeps) -> None:
+    if deps.research is not None:
+        await deps.research.stop()
     await deps.client.aclose()
 
 
-def _unavailable(deps: SearchDeps) -> str | None:
-    return disabled_reason(deps) if deps.client.configured else HOW_TO_ENABLE
+def _unavailable(deps: SearchDeps) -> str | dict[str, str] | None:
+    reason = disabled_reason(deps) if deps.client.configured else HOW_TO_ENABLE
+    if reason is None and (deps.research is None or not deps.research.offered):
+        return {"deep_research": "深度研究未启用（管理员可在 [search] 设置 research_per_user_day）。"}
+    return reason
 
 
 plugin: Plugin[SearchDeps] = Plugin(
-    name="search", tools=Toolset("search", [perplexity_search]), setup=_setup, teardown=_teardown,
+    name="search", tools=Toolset("search", [perplexity_search, deep_research]), setup=_setup, teardown=_teardown,
     unavailable=_unavailable, settings_model=SearchSettings,
 )

@@ -30,9 +30,10 @@ import asyncio
 import email.utils
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
@@ -54,8 +55,11 @@ __all__ = [
     "AGENT_PATH",
     "CHAT_PATH",
     "CITATION_MARKER",
+    "RESEARCH_MODEL",
+    "RESEARCH_PATH",
     "Endpoint",
     "PerplexityClient",
+    "ResearchStatus",
     "SearchAnswer",
     "SearchAuthError",
     "SearchError",
@@ -74,6 +78,19 @@ AGENT_PATH = "v1/responses"
 """Agent API path under the base URL (``/v1/agent`` is the same endpoint under its canonical name)."""
 CHAT_PATH = "chat/completions"
 """Sonar chat-completions path under the base URL (the SDK appends it)."""
+RESEARCH_PATH = "async/chat/completions"
+"""Background (async) chat completions, as the ``perplexityai`` SDK calls them: POST to submit,
+GET ``.../{id}`` to poll (statuses ``CREATED``, ``IN_PROGRESS``, ``COMPLETED``, ``FAILED``)."""
+RESEARCH_MODEL = "sonar-deep-research"
+
+
+@dataclass(frozen=True)
+class ResearchStatus:
+    """Where a background research request stands; ``answer`` once done, ``error`` once failed."""
+
+    state: Literal["running", "done", "failed"]
+    answer: SearchAnswer | None = None
+    error: str = ""
 
 # In "auto" these statuses from the agent endpoint mean "this account or deployment cannot use it
 # this way"; chat completions gets the question instead (a genuine bad request fails there too).
@@ -186,6 +203,45 @@ class PerplexityClient:
         except (openai.OpenAIError, TimeoutError, ValueError) as exc:
             # ValueError: a body that is not JSON at all.
             # "from None": SDK errors carry the request (and so the key) and raw server text.
+            raise self._translate(exc) from None
+
+    async def submit_research(self, query: str, *, key: str) -> str:
+        """Start a deep-research run in background mode; its request id. ``key`` is the idempotency
+        key: submitting again with it (after a crash) does not start a second, paid run."""
+        if self._sdk is None:
+            raise SearchNotConfigured("web search is not set up (no Perplexity API key)")
+        body = {"request": {"model": RESEARCH_MODEL, "messages": [{"role": "user", "content": query.strip()}]},
+                "idempotency_key": key}
+        data = await self._call(lambda sdk: sdk.post(RESEARCH_PATH, cast_to=object, body=body))
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not data["id"]:
+            raise SearchUnavailable(str(WireError()))
+        return str(data["id"])
+
+    async def research_status(self, request_id: str) -> ResearchStatus:
+        """Poll a background run (one GET)."""
+        if self._sdk is None:
+            raise SearchNotConfigured("web search is not set up (no Perplexity API key)")
+        data = await self._call(lambda sdk: sdk.get(f"{RESEARCH_PATH}/{request_id}", cast_to=object))
+        if not isinstance(data, dict):
+            raise SearchUnavailable(str(WireError()))
+        status = data.get("status")
+        if status in ("CREATED", "IN_PROGRESS"):
+            return ResearchStatus("running")
+        if status == "FAILED":
+            return ResearchStatus("failed", error=self._scrub(str(data.get("error_message") or "")) or "")
+        if status == "COMPLETED" and isinstance(data.get("response"), dict):
+            try:
+                return ResearchStatus("done", parse_chat(data["response"], fallback_model=RESEARCH_MODEL))
+            except WireError as exc:
+                raise SearchUnavailable(str(exc)) from None
+        raise SearchUnavailable(str(WireError()))
+
+    async def _call(self, attempt: Callable[[openai.AsyncOpenAI], Awaitable[object]]) -> object:
+        sdk = self._sdk
+        assert sdk is not None
+        try:
+            return await self._retrying(lambda: attempt(sdk))
+        except (openai.OpenAIError, TimeoutError, ValueError) as exc:
             raise self._translate(exc) from None
 
     async def aclose(self) -> None:

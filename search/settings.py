@@ -58,7 +58,8 @@ class SearchSettings(BaseModel):
     ``effort`` (``fast``, ``low``, ``medium``) picks a Perplexity-managed Agent API configuration
     instead of a model; chat completions then use ``model``. The deprecated ``preset`` is never
     sent. Deep research (``sonar-deep-research``, effort ``high``/``xhigh``) runs for minutes, more
-    than a chat reply waits, so it is not offered.
+    than a chat reply waits, so it is no search model: it is the separate ``deep_research`` tool,
+    run in background mode (``research_per_user_day``, off by default).
 
     Filters apply to every search on both endpoints (on the Agent API through
     ``tools=[{"type": "web_search", "filters": ...}]``): ``search_recency_filter``,
@@ -90,6 +91,15 @@ class SearchSettings(BaseModel):
     bot_rate_per_hour: int = Field(default=200, ge=0,
                                    description="answered searches the whole bot may have per hour (caps the bill); "
                                    "0 turns search off")
+    research_per_user_day: int = Field(
+        default=0, ge=0, le=100,
+        description="deep research runs (sonar-deep-research in background mode, minutes and about a dollar "
+                    "each) one user may start per day; 0: deep research is not offered")
+    research_poll_s: float = Field(default=20, gt=0, le=600, description="seconds between polls of a running "
+                                                                           "deep research")
+    research_timeout_min: float = Field(default=60, gt=0, le=1440,
+                                        description="a deep research not done after this long is given up")
+    research_max_chars: int = Field(default=4000, ge=200, description="longest deep-research report sent to chat")
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -13,7 +13,8 @@ Routes, as on ``api.perplexity.ai``: ``POST /v1/responses`` and its canonical tw
 (Agent API: ``output`` holds a ``search_results`` item and a ``message`` whose ``output_text`` has
 ``url_citation`` annotations; ``usage`` has ``input_tokens``/``output_tokens``, ``cost`` and
 ``tool_calls_details``), and ``POST /chat/completions`` (Sonar: ``citations``, ``search_results``,
-``usage`` with ``citation_tokens``, ``num_search_queries`` and ``search_context_size``).
+``usage`` with ``citation_tokens``, ``num_search_queries`` and ``search_context_size``), and
+background chat completions (``/async/chat/completions``, see :mod:`search._fakeresearch`).
 Anything else is 404. With ``api_key`` set, a request without ``Bearer <api_key>`` gets the HTML
 401 page Perplexity's front proxy sends. Malformed requests get a 400 JSON error, never a crash.
 
@@ -47,11 +48,12 @@ from search._fakecheck import (
     error,
     validate,
 )
+from search._fakeresearch import ResearchJobs
 from search.client import CITATION_MARKER, Source
 
 __all__ = ["AGENT_MODELS_DOCUMENTED", "CHAT_MODELS_DOCUMENTED", "FakePerplexityServer", "RecordedRequest"]
 
-FakeEndpoint = Literal["agent", "chat"]
+FakeEndpoint = Literal["agent", "chat", "research"]
 
 _DEFAULT_TEXT = (
     "Perplexity 是一家 AI 搜索公司[1]，总部位于美国旧金山[2]。It answers questions with cited sources[1]."
@@ -110,12 +112,17 @@ class FakePerplexityServer(LoopbackServer):
         self._chunked = False
         self._cut_off = False
         self._closing = asyncio.Event()
+        self.research = ResearchJobs()
+        """Background jobs (deep research): set ``research.polls`` and ``research.failure`` to script them."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self._agent)
         app.router.add_post("/v1/agent", self._agent)
         app.router.add_post("/chat/completions", self._chat)
+        for path in ("/async/chat/completions", "/v1/async/sonar"):  # the SDK's path, the docs' newer one
+            app.router.add_post(path, self._research_submit)
+            app.router.add_get(path + "/{job}", self._research_poll)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
 
     async def start(self) -> None:
@@ -194,6 +201,17 @@ class FakePerplexityServer(LoopbackServer):
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
 
+    async def _research_submit(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "research")
+
+    async def _research_poll(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request, "research")
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.Response(status=401, text=_HTML_401, content_type="text/html")
+        if self._faults:
+            return _fault(self._faults.popleft())
+        return self.research.poll(request.match_info["job"], self._chat_body)
+
     async def _unknown(self, request: web.Request) -> web.StreamResponse:
         await self._record(request, None)
         return error(404, f"no route {request.method} {request.path}")
@@ -222,6 +240,8 @@ class FakePerplexityServer(LoopbackServer):
             return _fault(self._faults.popleft())
         if body is None:
             return error(400, "request body must be a JSON object")
+        if endpoint == "research":
+            return self.research.submit(body)
         invalid = validate(body, endpoint)
         if invalid is not None:
             return invalid

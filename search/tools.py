@@ -21,9 +21,11 @@ from search.client import (
     SearchUnavailable,
 )
 from search.format import format_answer, format_for_model
+from search.research import ResearchService
 from search.settings import Recency, SearchSettings
 
-__all__ = ["SearchArgs", "SearchDeps", "WindowLimiter", "disabled_reason", "perplexity_search"]
+__all__ = ["ResearchArgs", "SearchArgs", "SearchDeps", "WindowLimiter", "deep_research", "disabled_reason",
+           "perplexity_search"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ class SearchDeps:
     per_chat: WindowLimiter
     #: Bot-wide: every chat together (key "bot").
     per_bot: WindowLimiter = field(default_factory=lambda: WindowLimiter(200))
+    research: ResearchService | None = None
+    """Deep research runs (``deep_research``), when the plugin was set up in a bot."""
 
 
 class SearchArgs(BaseModel):
@@ -180,3 +184,25 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
                                "search_queries": answer.usage.num_search_queries,
                                "truncated": answer.truncated}
     return ToolResult(content=format_for_model(answer) + _MODEL_NOTE, data=data)
+
+
+class ResearchArgs(BaseModel):
+    question: str = Field(min_length=2, max_length=500,
+                          description="the research question, in the user's language; self-contained")
+
+
+@tool_function(require_at=True, aliases=["research"], examples=["/research 2026 年固态电池商业化进展"])
+async def deep_research(ctx: ToolContext[SearchDeps], args: ResearchArgs) -> ToolResult:
+    """深度研究 (deep research): a Perplexity research report that takes several minutes and arrives later
+    in this chat. Only when the person asks for in-depth research, not for quick facts."""
+    service = ctx.deps.research
+    if service is None or not service.offered:
+        raise ToolError("deep research is not enabled on this bot; tell the user",
+                        user_message="深度研究未启用（管理员可在 [search] 设置 api_key 和 research_per_user_day）。")
+    if ctx.caller.anonymous:
+        raise ToolError("anonymous senders cannot start deep research", user_message="匿名消息不能发起深度研究。")
+    job = await service.submit(ctx.caller, args.question.strip())
+    minutes = service.settings.research_timeout_min
+    return ToolResult.reply(f"🔎 深度研究已开始，通常需要几分钟（最长 {minutes:g} 分钟），完成后会把报告发到这里。",
+                            content="deep research started; the report will be posted in this chat when done. "
+                                    "Tell the user it is running.", data={"job": job.id})

@@ -29,8 +29,16 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from function_calls import ChatModel, ModelAPIError, ModelRequest, Usage, estimate_messages, estimate_tokens
-from robot import HistoryEntry
+from function_calls import (
+    Caller,
+    ChatModel,
+    ModelAPIError,
+    ModelRequest,
+    Usage,
+    estimate_messages,
+    estimate_tokens,
+)
+from robot import BudgetExceeded, DailyBudget, HistoryEntry
 from summary.extractive import Speaker, Speakers, mention_names, one_line
 from summary.prompts import (
     AFTER_DATA,
@@ -58,6 +66,7 @@ __all__ = [
     "SummaryUnaffordable",
     "estimate_cost",
     "map_reduce",
+    "map_reduce_reserved",
     "plan_chunks",
     "truncate_keeping_links",
     "truncate_tokens",
@@ -363,3 +372,27 @@ def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) ->
         if groups <= 1:
             return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
         cost, pieces = cost + groups * (cap + out_cap), groups
+
+
+async def map_reduce_reserved(budget: DailyBudget | None, model: ChatModel, settings: SummarySettings, caller: Caller,
+                              entries: Sequence[HistoryEntry], zone: ZoneInfo, where: str,
+                              instructions: str | None) -> MapReduceResult | None:
+    """:func:`map_reduce` with its estimated cost (or what is left today, then only the newest part that fits
+    is summarised) held against the budgets first; None when not even a part fits."""
+    if budget is None:
+        return await map_reduce(entries, model, settings, zone=zone, where=where, instructions=instructions)
+    estimate = estimate_cost(entries, settings)
+    try:
+        async with budget.reserve(caller, estimate, at_least=1) as hold:
+            try:
+                done = await map_reduce(entries, model, settings, zone=zone, where=where,
+                                        token_budget=hold.held if hold.held < estimate else None,
+                                        instructions=instructions)
+            except SummaryFailed as exc:
+                hold.spend(exc.usage)
+                raise
+            hold.spend(done.usage)
+            return done
+    except BudgetExceeded as exc:
+        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
+        return None

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-import sqlite_utils
 from pydantic import BaseModel, Field, model_validator
 
 from function_calls import (
@@ -40,23 +39,23 @@ from function_calls import (
     tool_function,
 )
 from robot import (
-    BudgetExceeded,
     ChatRef,
     DailyBudget,
     Database,
-    ForgetRequest,
     Forgetter,
     HistoryEntry,
     HistoryStore,
 )
+from summary.digest import schedule_digest, schedule_words, send_to_me
 from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
-from summary.mapreduce import MapReduceResult, SummaryFailed, SummaryUnaffordable, estimate_cost, map_reduce
+from summary.mapreduce import SummaryFailed, SummaryUnaffordable, estimate_cost, map_reduce_reserved
 from summary.settings import SummarySettings
 from summary.signals import is_noise
 from summary.window import (
     advance_mark,
     create_marks_table,
     fetch,
+    forget_summaries_sync,
     opted_out,
     parse_period,
     read_mark,
@@ -83,19 +82,27 @@ class SummaryArgs(BaseModel):
     """Which messages to summarise; no window field means "since the last summary"."""
 
     period: str | None = Field(
-        default=None, max_length=40,
+        default=None, max_length=80,
         description='a named window: "昨天", "今天", a date "2026-11-20", a time range "09:00-12:00" (today) or '
                     '"昨天 09:00-12:00"; or "optout" / "optin": stop / resume summarising the asker\'s own messages '
-                    'in this chat; or "#<group id>" in a private chat: that group (bot admins only)')
+                    'in this chat; or "#<group id>" in a private chat: that group (bot admins and the group\'s admins)')
     hours: float | None = Field(default=None, gt=0, le=168, description="summarise the last N hours (max 168)")
     messages: int | None = Field(default=None, ge=1, le=5000, description="summarise the last N messages (max 5000)")
     group: str | None = Field(default=None, max_length=64, pattern=r"^[^\s#＃]+$",
-                              description="in a private chat: the id of a group to summarise here (bot admins only)")
+                              description="in a private chat: the id of a group to summarise here (bot admins and the group's "
+                                          "admins)")
     member: str | None = Field(default=None, max_length=40,
                                description='only this member\'s messages, by the name shown in the chat ("小明" or "@小明")')
+    daily_at: list[str] | None = Field(
+        default=None, min_length=1, max_length=6,
+        description='schedule a digest every day at these times ("HH:MM", the chat\'s zone), e.g. ["22:00"]; '
+                    'it is a reminder: /reminders lists it, /unremind cancels it')
+    to_me: bool = Field(default=False, description="in a group: send the summary to the asker in private "
+                                                    "(group admins only)")
 
     @model_validator(mode="after")
     def _one_window(self) -> SummaryArgs:
+        schedule_words(self)
         period = (self.period or "").strip()
         if period.startswith(("@", "＠")) and self.member is None:  # "/summary @小明"
             self.period, self.member, period = None, period, ""
@@ -103,12 +110,14 @@ class SummaryArgs(BaseModel):
             self.group, self.period, period = period[1:].strip(), None, ""
         elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
             if not 0 < float(period) <= 168:
-                raise ValueError("hours must be more than 0 and at most 168")
+                raise ValueError("小时数应大于 0、不超过 168")
             self.period, self.hours, period = None, float(period), ""
         if self.hours is not None and self.messages is not None:
-            raise ValueError("give either hours or messages, not both (or neither: since the last summary)")
+            raise ValueError("hours 和 messages 只能给一个（都不给：总结上次总结以来的消息）")
         if period and (self.hours is not None or self.messages is not None):
-            raise ValueError("give a period, hours or messages, not several")
+            raise ValueError("时间段、hours、messages 只能给一个")
+        if self.daily_at is not None and (period or self.hours or self.messages or self.member):
+            raise ValueError("每日定时总结覆盖上次以来的消息：daily 不能再带时间段、hours、messages 或成员")
         return self
 
 
@@ -125,17 +134,22 @@ class SummaryDeps:
     """This bot's command names: ``/summary`` lines are requests, not conversation."""
     last_run: dict[str, datetime] = field(default_factory=dict)
     """When each member last had a model summary in each chat (the cool-down)."""
+    call_tool: Callable[..., Awaitable[ToolResult]] | None = None
+    """``bot.call_tool``: a scheduled digest is a command-mode reminder set through the reminders tool."""
+    send: Callable[..., Awaitable[bool]] | None = None
+    """``bot.send``: a digest an admin asked for in private (``/summary to me``) goes through the outbox."""
 
 
 async def setup(bot: Bot) -> SummaryDeps:
     """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
     await bot.db.ensure(create_marks_table)
-    db = bot.db
     bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
-                                    lambda request: db.transaction(lambda d: _forget_summaries_sync(d, request))))
-    commands = frozenset({"help", "帮助", *(n for t in bot.tools for n in (t.name, *t.aliases))})
-    return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands)
+                                    lambda request: bot.db.transaction(lambda d: forget_summaries_sync(d, request))))
+    core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")  # robot.pipeline's own
+    commands = frozenset({*core, *(n for t in bot.tools for n in (t.name, *t.aliases))})
+    return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands,
+                       call_tool=bot.call_tool, send=bot.send)
 
 
 @dataclass
@@ -243,14 +257,18 @@ def _one_member(entries: list[HistoryEntry], wanted: str) -> tuple[list[HistoryE
     return [e for e in entries if not e.from_bot and e.user_id == person.user_id], person.name
 
 
-def _elsewhere(caller: Caller, group: str) -> ChatRef:
-    """The group a private ``/summary #<id>`` names; only bot admins may, since membership cannot be checked."""
+async def _elsewhere(deps: SummaryDeps, caller: Caller, group: str) -> ChatRef:
+    """The group a private ``/summary #<id>`` names: for bot admins, and for that group's owner and
+    admins as the platform reported them with their newest message there (no live message carries
+    a role in private). Membership alone cannot be checked, so other members are refused."""
     if caller.chat_kind != "private":
         raise ToolError("#<group> is for private chats", user_message="在群里直接用 /summary 即可；#群号 只在私聊里用。")
-    if not caller.bot_admin:
-        raise ToolError("only bot admins may summarise a group from a private chat",
-                        user_message="只有机器人管理员可以在私聊里总结某个群（机器人无法确认你是否在那个群里）。")
-    return ChatRef(platform=caller.platform, chat_id=group, kind="group")
+    chat = ChatRef(platform=caller.platform, chat_id=group, kind="group", account=caller.account)
+    if not caller.bot_admin and await deps.history.last_role(chat, caller.user_id) not in ("owner", "admin"):
+        raise ToolError("only bot admins and the group's admins may summarise a group from a private chat",
+                        user_message="只有机器人管理员或该群的群主/管理员可以在私聊里总结这个群"
+                        "（以你在群里最近一条消息时的身份为准）。")
+    return chat
 
 
 def _cooling(deps: SummaryDeps, caller: Caller, now: datetime) -> float:
@@ -271,8 +289,14 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     if args.period and args.period.strip().lower() in _OPT:
         return await _opt(deps, caller, _OPT[args.period.strip().lower()])
     here = chat
+    if args.daily_at is not None:
+        if args.group is not None:
+            await _elsewhere(deps, caller, args.group)  # the permission, checked now (and at every run)
+        return await schedule_digest(ctx, args)
+    if args.to_me and caller.chat_kind == "group":
+        return await send_to_me(ctx, args, summary)
     if args.group is not None:
-        chat = _elsewhere(caller, args.group)
+        chat = await _elsewhere(deps, caller, args.group)
     window = await _window(deps, caller, args, ctx.now(), ctx.zone, chat)
     if chat != here:
         window.remote, window.title = True, f"群 {chat.chat_id} · {window.title}"
@@ -312,7 +336,7 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         text = await asyncio.to_thread(extract, budget_note)
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), mode))
-    wait = _cooling(deps, caller, ctx.now())
+    wait = 0.0 if ctx.via == "scheduled" else _cooling(deps, caller, ctx.now())  # a digest's pace is its schedule
     if wait:
         text = f"你刚总结过，请 {max(1, round(wait))} 秒后再试（每人每次 AI 总结间隔 {settings.user_cooldown_s:g} 秒）。"
         raise ToolError(f"summary cool-down: {wait:.0f} s left", user_message=text)
@@ -321,7 +345,8 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
-        done = await _map_reduce_reserved(deps, deps.model, caller, meaningful, ctx.zone, where, prompt)
+        done = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, ctx.zone,
+                                         where, prompt)
     except SummaryUnaffordable:
         done = None
     except SummaryFailed as exc:
@@ -349,46 +374,11 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     ))
 
 
-async def _map_reduce_reserved(deps: SummaryDeps, model: ChatModel, caller: Caller, entries: Sequence[HistoryEntry],
-                               zone: ZoneInfo, where: str, instructions: str | None) -> MapReduceResult | None:
-    """The map-reduce with its cost held against the budgets first; None when not even a part fits.
-
-    The hold is the estimate of the whole window, or what is left today if that is less (then
-    only the newest part that fits is summarised, and the reply says which period is left out).
-    """
-    if deps.budget is None:
-        return await map_reduce(entries, model, deps.settings, zone=zone, where=where, instructions=instructions)
-    estimate = estimate_cost(entries, deps.settings)
-    try:
-        async with deps.budget.reserve(caller, estimate, at_least=1) as hold:
-            try:
-                done = await map_reduce(entries, model, deps.settings, zone=zone, where=where,
-                                        token_budget=hold.held if hold.held < estimate else None,
-                                        instructions=instructions)
-            except SummaryFailed as exc:
-                hold.spend(exc.usage)
-                raise
-            hold.spend(done.usage)
-            return done
-    except BudgetExceeded as exc:
-        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
-        return None
-
-
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
     if window.remote:
         return  # an admin's look from a private chat is not the group's own summary
     if window.newest_id is not None:
         await advance_mark(deps.db, chat, window.newest_id)
-
-
-def _forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
-    # Summaries quote members' messages; which ones quote this person cannot be told reliably
-    # (names change, quotes are cut), so every earlier summary in the chats forgotten goes.
-    return sum(db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 "
-                          "AND (substr(text, 1, ?) = ? OR substr(text, 1, ?) = ?)",
-                          [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]).rowcount
-               for chat in request.chats)
 
 
 toolset = Toolset("summary", [summary])

@@ -22,7 +22,8 @@ from zoneinfo import ZoneInfo
 
 import sqlite_utils
 
-from robot import ChatRef, Database, HistoryEntry, iso, parse_iso
+from robot import ChatRef, Database, ForgetRequest, HistoryEntry, iso, parse_iso
+from summary.extractive import HEADER, PRIVATE_HEADER
 from summary.signals import weekday
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "advance_mark",
     "create_marks_table",
     "fetch",
+    "forget_summaries_sync",
     "opted_out",
     "parse_period",
     "read_mark",
@@ -200,3 +202,22 @@ async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None
         return Fetched([_entry(r) for r in reversed(rows)], total, None if newest is None else int(newest))
 
     return await db.run(work)
+
+
+def forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
+    """The summaries' part of ``/forget me``: every earlier summary in the chats forgotten, and admins'
+    private copies of them (``/summary #<group>``).
+
+    Summaries quote members' messages; which ones quote this person cannot be told reliably
+    (names change, quotes are cut), so they all go.
+    """
+    private, gone = f"{request.platform}:private:", 0
+    for chat in request.chats:
+        gone += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND (substr(text, 1, ?) = ? OR "
+                           "substr(text, 1, ?) = ?)", [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER),
+                                                       PRIVATE_HEADER]).rowcount
+        title = f"{HEADER}群 {chat.chat_id} · "  # "/summary #<group>" in private; private chats as a key range
+        if chat.kind == "group":
+            gone += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 AND "
+                               "substr(text, 1, ?) = ?", [private, private[:-1] + ";", len(title), title]).rowcount
+    return gone

@@ -82,6 +82,8 @@ NOT_RUN = {
     "chown -R qunbot:qunbot /srv/qunbot": "root on the host",
     "cp deploy/qunbot.service /etc/systemd/system/": "root; the unit is checked by test_systemd_unit_*",
     "systemctl daemon-reload": "root and a running systemd",
+    "qunbot login weixin": "a phone scans the QR; the login runs against the fake iLink server in "
+                           "tests/robot/channels/weixin/test_weixin_login.py",
     "systemctl enable --now qunbot": "root and a running systemd (its ExecStart is run below)",
     "docker compose -f deploy/compose.yaml up -d": "a Docker daemon (the image's CMD is run below)",
 }
@@ -332,3 +334,14 @@ def test_limits_table_shows_the_defaults() -> None:
         shown = [d.strip() for d in default_cell.split(",")]
         fields = models[table].model_fields
         assert shown == [str(fields[k].default) for k in keys], row
+
+
+def test_a_plugins_line_in_the_readme_keeps_the_built_in_plugins() -> None:
+    """Copying the README's ``plugins = [...]`` to add a plugin must not silently drop a built-in one."""
+    from robot.config import Settings
+
+    defaults = set(Settings().bot.plugins)
+    lines = re.findall(r"plugins = (\[[^\]]*\])", README)
+    assert lines
+    for line in lines:
+        assert defaults <= set(json.loads(line)), line

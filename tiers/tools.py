@@ -40,7 +40,7 @@ from function_calls import (
     Usage,
     tool_function,
 )
-from robot import ChatRef
+from robot import BudgetExceeded, ChatRef
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -125,15 +125,24 @@ def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
 async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limits: Limits,
                    messages: list[dict[str, Any]], tools: Toolset) -> RunResult:
     cap = await _budget(deps, ctx.caller, limits.max_run_tokens)
-    bounded = Limits(max_iterations=limits.max_iterations, max_tool_calls=limits.max_tool_calls,
-                     max_run_tokens=max(cap, 1))
-    # No budget hook here: the usage goes back to the calling run, which charges it once.
-    runner = Runner(model, limits=bounded)
 
     def deps_for(tool: Tool) -> Any:  # ``execute`` is no plugin's tool: its deps are these
         return deps if tool.name in _OWN else deps.bot.deps_for(tool)
 
-    return await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone, clock=ctx.clock)
+    # Held, not just checked: concurrent tier runs cannot each spend what is left of the day.
+    # The spend passes to the calling run's reservation (which records it once), or, for a plan
+    # that outlived its request, is recorded when this hold closes.
+    try:
+        async with deps.bot.budget.reserve(ctx.caller, cap, at_least=1) as hold:
+            bounded = Limits(max_iterations=limits.max_iterations, max_tool_calls=limits.max_tool_calls,
+                             max_run_tokens=max(hold.held, 1))
+            runner = Runner(model, limits=bounded)  # no budget hook: the hold above accounts for it
+            result = await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
+                                      clock=ctx.clock)
+            hold.spend(result.usage)
+            return result
+    except BudgetExceeded as exc:
+        raise ToolError(f"the daily AI budget is spent ({exc.scope})", user_message=exc.user_message) from None
 
 
 def _answer(result: RunResult) -> str:
@@ -236,8 +245,8 @@ async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[Run
         done = result.stop in (StopReason.COMPLETED, StopReason.ANSWERED_BY_TOOL) and answer
         text = f"计划完成：\n{answer}" if done else f"计划未能完成（{result.stop.value}）。" + (
             f"\n已有的结果：{answer}" if answer else "")
-    if usage.requests:
-        await deps.bot.budget.charge(caller, usage)
+    if usage.requests:  # recorded by the sub-run's hold; the trace still shows it
+        log.info("background plan for %s used %d tokens", caller.qualified_user, usage.total_tokens)
     mention = (caller.user_id,) if caller.chat_kind == "group" else ()
     await deps.bot.send(ChatRef.of(caller), text, key=f"plan:{caller.message_id or uuid.uuid4().hex}",
                         mention=mention)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from zoneinfo import ZoneInfo
 
+import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from robot.history import HistoryEntry
@@ -33,14 +34,18 @@ __all__ = [
     "ChannelError",
     "ChannelUnavailable",
     "ChatHistory",
+    "ChatMoved",
     "MessageSink",
     "PanelProvider",
     "SendFailed",
     "SendReceipt",
     "SendRejected",
+    "transport_failure",
 ]
 
 MessageSink = Callable[[Message], Awaitable[None]]
+#: Told when the platform moved a chat to a new id (a Telegram group became a supergroup).
+ChatMoved = Callable[[ChatRef, ChatRef], Awaitable[None]]
 #: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
 PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
 #: A chat's newest stored messages, oldest first (``HistoryStore.recent``).
@@ -55,11 +60,30 @@ class ChannelError(Exception):
 
 
 class ChannelUnavailable(ChannelError):
-    """Not connected or the platform timed out: the message stays in the outbox and is retried."""
+    """Not connected or the platform timed out: the message stays in the outbox and is retried.
+
+    ``retry_after_s`` is the platform's own wait (flood control); the outbox waits at least that.
+    """
+
+    def __init__(self, *args: object, retry_after_s: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after_s = retry_after_s
 
 
 class SendFailed(ChannelUnavailable):
     """The channel is up, but this message failed for now: the outbox retries it a bounded number of times."""
+
+
+def transport_failure(message: str, cause: BaseException | None) -> ChannelUnavailable:
+    """The exception for a request that got no usable answer: a platform it cannot reach at all
+    (connection refused, DNS) is :class:`ChannelUnavailable` (the chat waits, no backoff grows);
+    anything else (an HTTP 5xx, a timeout, a garbled body) is this message's :class:`SendFailed`."""
+    seen = cause
+    while seen is not None and not isinstance(seen, TimeoutError):
+        if isinstance(seen, ConnectionError | aiohttp.ClientConnectionError | OSError):
+            return ChannelUnavailable(message)
+        seen = seen.__cause__ or seen.__context__
+    return SendFailed(message)
 
 
 class SendRejected(ChannelError):
@@ -93,6 +117,7 @@ class Channel(abc.ABC):
 
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
+        self._on_moved: ChatMoved | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._connect_listeners: list[Callable[[], None]] = []
 
@@ -111,6 +136,19 @@ class Channel(abc.ABC):
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""
         self._sink = sink
+
+    def bind_moves(self, callback: ChatMoved) -> None:
+        """Set who moves a chat's stored data when the platform gives the chat a new id."""
+        self._on_moved = callback
+
+    async def chat_moved(self, old: ChatRef, new: ChatRef) -> None:
+        """Report a chat's new id; the bot moves its history, queued replies and plugin data."""
+        if self._on_moved is None:
+            return
+        try:
+            await self._on_moved(old, new)
+        except Exception:
+            log.exception("%s: moving chat %s to %s failed", self.platform, old.key, new.key)
 
     async def deliver(self, message: Message) -> None:
         """Hand one incoming message to the bot."""
@@ -158,6 +196,12 @@ class Channel(abc.ABC):
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:  # noqa: B027
         """Show a piece of a reply as it streams; only channels with ``capabilities.streaming`` act."""
+
+    async def typing(self, chat: ChatRef, active: bool) -> None:  # noqa: B027
+        """Show (``active``) or clear a "typing" indicator while the model works; a no-op by default."""
+
+    async def publish_commands(self, commands: Sequence[tuple[str, str]]) -> None:  # noqa: B027
+        """Offer the bot's ``(command, description)`` list in the platform's menu; a no-op by default."""
 
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:  # noqa: B027
         """Observe a run's tool trace (the web playground shows it); a no-op elsewhere."""

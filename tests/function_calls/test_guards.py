@@ -1,6 +1,7 @@
 """Guards: loop detection, run limits, token and daily budgets, and the reliability scenario."""
 
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,7 @@ async def test_reliability_scenario_a_model_that_never_stops_is_stopped() -> Non
     assert len(model.requests) == 8
     assert result.replies and "原地打转" in result.replies[0]
     assert "8" in result.detail
+    assert not re.search(r"[A-Za-z]{3,}", result.replies[0])  # the person reads Chinese; the detail is the trace's
     # Bounded cost: eight requests, each no larger than the last (prompts only grow), plus small answers.
     last_prompt = estimate_messages(model.requests[-1].messages, model.requests[-1].tools)
     bound = 8 * last_prompt + 8 * 50

@@ -72,6 +72,7 @@ async def test_permanent_failures_are_not_retried(server: FakeOpenAIServer, faul
     assert len(server.requests) == 1 and delays == []
     assert result.replies and "AI 服务暂时不可用" in result.replies[0]
     assert str(fault.status) in result.replies[0]
+    assert result.replies[0] == f"AI 服务暂时不可用（接口返回 HTTP {fault.status}），请稍后再试。"  # no English
     assert SECRET not in result.model_dump_json()
 
 

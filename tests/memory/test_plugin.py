@@ -168,3 +168,29 @@ async def test_the_model_cannot_delete_a_memory_by_id(tmp_path: Path) -> None:
         await ask(ch, "/remember 我对花生过敏")
         await ask(ch, "忘掉记忆 1", at_bot=True)
         assert "花生" in await ask(ch, "/recall 过敏")
+
+
+async def test_sleep_is_neither_offered_nor_listed_to_other_members(tmp_path: Path) -> None:
+    from function_calls.testing import ScriptedModel, text
+
+    model = ScriptedModel([text("好"), text("好")])
+    async with running(tmp_path, model=model) as (_, ch):
+        assert "/sleep" not in await ask(ch, "/help", user="u2", role="owner")
+        assert "/sleep" in await ask(ch, "/help", user="boss")
+        await ask(ch, "你好", user="u2", at_bot=True)
+        await ask(ch, "你好", user="boss", at_bot=True)
+        offered = [{t["function"]["name"] for t in r.tools} for r in model.requests]
+        assert "sleep" not in offered[0] and "sleep" in offered[1]
+
+
+async def test_a_dream_spends_no_model_tokens_beyond_the_bots_daily_budget(tmp_path: Path) -> None:
+    """Every chat dreams each night: the bot's daily cap (the bill's ceiling) must hold for it too."""
+    from function_calls.testing import ScriptedModel, text
+
+    model = ScriptedModel([text("梦见一片花海")])
+    clock = Clock()
+    async with running(tmp_path, model=model, clock=clock, limits={"bot_daily_tokens": 50}) as (_bot, ch):
+        await ask(ch, "/remember 阳台的花要浇水 group")
+        clock.now = clock.now.replace(hour=20)
+        reply = await ask(ch, "/sleep", user="boss")
+    assert model.requests == [] and "梦里闪过" in reply and "浇水" in reply  # the plain dream, no model

@@ -25,6 +25,7 @@ from function_calls import (
 from function_calls.testing import ScriptedModel, call, text
 from robot.plugin import Plugin
 from robot.snapshots import ALPHABET
+from robot.store import iso
 from robot.testing import MemoryChannel
 
 ADMIN = "9"
@@ -256,6 +257,95 @@ async def test_pending_lists_mine_and_what_waits_for_me(make_bot: Any) -> None:
     assert sent[4].text == "没有等待中的请求。"
 
 
+async def test_pending_in_a_group_shows_only_that_groups_requests(make_bot: Any) -> None:
+    """A request made in private (its arguments included) is not read out in a group by /pending."""
+    _bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")))
+    secret_chat = ch.chat("u1", kind="private")
+    await ch.inject("转 42 块", user="u1", chat=secret_chat)
+    code = code_in((await ch.wait_sent(1))[0].text)
+    await ch.inject("/pending", user="u1")  # in the group g1
+    await ch.inject("/pending", user=ADMIN)
+    await ch.inject("/pending", user="u1", chat=secret_chat)
+    await ch.inject("/pending", user=ADMIN, chat=ch.chat(ADMIN, kind="private"))
+    sent = await ch.wait_sent(6)
+    in_group = [m for m in sent if m.chat == ch.chat()]
+    assert len(in_group) == 2 and all(code not in m.text and "amount" not in m.text for m in in_group)
+    assert all(m.text == "没有等待中的请求。" for m in in_group)
+    assert code in sent[-2].text and code in sent[-1].text  # in private both still see it
+
+
+async def test_forget_me_leaves_no_copy_in_paused_runs(make_bot: Any, tmp_path: Path) -> None:
+    """A snapshot freezes the conversation: /forget me takes the person's finished and waiting ones."""
+    data = tmp_path / "data"
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch.inject("转 42 块 keep-me", at_bot=True, user="u2")  # another person's waiting request stays
+    await ch.wait_sent(2)
+    await ch.inject("转 42 块 PHONE-13812345678", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(4))[2].text)
+    await ch.inject(f"/deny {code}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.inject("再转 42 块 ADDRESS-幸福路八号", at_bot=True, user="u1")  # this one stays pending
+    await ch.wait_sent(9)
+
+    def rows(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT state FROM snapshots").fetchall()]
+
+    assert sum("PHONE-13812345678" in r for r in await bot.db.run(rows)) == 2
+    await ch.inject("/forget me", user="u1")
+    await ch.wait_sent(10)
+    left = await bot.db.run(rows)
+    assert not any("PHONE-13812345678" in r or "ADDRESS-幸福路八号" in r for r in left)
+    assert any("keep-me" in r for r in left)
+    raw = b"".join(p.read_bytes() for p in data.iterdir() if p.name.startswith("qunbot.sqlite3"))
+    assert "幸福路八号".encode() not in raw and b"PHONE-13812345678" not in raw
+
+
+async def test_a_resumed_run_refuses_when_the_budget_cannot_be_read(make_bot: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Approved later, the run spends tokens again: a budget store that fails then refuses it (fail closed)."""
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    calls = len(model.requests)
+
+    async def broken(scopes: list[str]) -> dict[str, int]:
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(bot.budget, "_used_many", broken)
+    await ch.inject(f"/approve {code}", user=ADMIN)
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(4)
+    assert RUNS == [] and len(model.requests) == calls  # neither the tool nor the model ran
+    assert any("AI 用量" in m.text and m.mention == ("u1",) for m in sent)
+
+
+async def test_finished_paused_runs_follow_the_history_retention(make_bot: Any, tmp_path: Path, until: Any) -> None:
+    """A snapshot holds a copy of the conversation: once finished, it is kept no longer than the history."""
+    data = tmp_path / "data"
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await ch.inject(f"/deny {code}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.inject("再转 42 块", at_bot=True, user="u2")
+    await ch.wait_sent(6)
+    old = iso(datetime.now(UTC) - timedelta(days=31))
+    await bot.db.transaction(lambda db: db.execute("UPDATE snapshots SET created_at = ?", [old]))  # a month old
+    await bot.stop()
+
+    bot, _ = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data)
+
+    async def statuses() -> list[str]:
+        return [str(r[0]) for r in await bot.db.run(lambda db: db.execute("SELECT status FROM snapshots").fetchall())]
+
+    async def pruned() -> bool:
+        return "denied" not in await statuses()
+
+    await until(pruned)
+    assert await statuses() == ["pending"]  # a waiting one is not cut short
+
+
 async def test_a_run_without_approvals_wired_never_runs_a_confirm_tool() -> None:
     from function_calls import Runner
 
@@ -284,3 +374,20 @@ async def test_qunbot_pending_lists_what_waits(make_bot: Any, tmp_path: Path,
     out = capsys.readouterr().out
     assert code in out and "admin approval" in out and "memory:u1 in memory:group:g1" in out
     assert "42" not in out.split(code, 1)[1].split("\n", 1)[0]  # the CLI shows no arguments or state
+
+
+async def test_a_resumed_run_is_held_against_the_daily_budget(make_bot: Any) -> None:
+    from function_calls import Usage
+
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model, limits={"user_burst": 1000, "chat_burst": 1000,
+                                                       "user_daily_tokens": 5000})
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    requester = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+    await bot.budget.charge(requester, Usage(requests=1, prompt_tokens=6000, completion_tokens=0))
+    await ch.inject(f"/approve {code}", user=ADMIN)
+    await bot.approvals.idle()
+    await bot.outbox.flush()
+    assert RUNS == []  # the day's budget is spent: the approved call waits for no model it cannot pay
+    assert any("用量" in m.text and m.mention == ("u1",) for m in ch.sent)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,3 +236,19 @@ async def test_no_reply_quotes_a_long_input_back(make_bot: Any) -> None:
     replies = [m.text for m in await ch.wait_sent(3)]
     assert all("x" * 30 not in reply for reply in replies), replies
     assert "共 500 字" in replies[0] and "共 500 字" in replies[1] and "收到 500 个字" in replies[2]
+
+
+def test_a_tool_named_like_a_core_command_is_refused_at_start(tmp_path: Path) -> None:
+    """/pending, /approve, /deny and /help are the bot's own: a tool there would never run."""
+    from function_calls import ToolDefinitionError, ToolResult, Toolset, tool_function
+    from robot.bot import Bot
+    from robot.config import Settings
+
+    @tool_function(aliases=["pending"])
+    async def my_pending(ctx: ToolContext[object]) -> ToolResult:
+        """My own pending list."""
+        return ToolResult(content="mine")
+
+    with pytest.raises(ToolDefinitionError, match="pending"):
+        Bot(Settings(bot={"data_dir": tmp_path}), model=None, channels=[],
+            plugins=[Plugin("clash", Toolset("clash", [my_pending]))])

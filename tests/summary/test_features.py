@@ -211,3 +211,25 @@ async def test_a_bot_admin_can_summarise_a_group_in_private_without_moving_its_m
     assert "只有机器人管理员" in next(m for m in sent if m.chat == member).text
     assert "只在私聊里用" in next(m for m in sent if m.chat == group).text
     assert mark is None  # the group's own "since the last summary" is untouched
+
+
+async def test_forget_me_also_takes_an_admins_private_summary_of_that_group(tmp_path: Path) -> None:
+    """A bot admin's ``/summary #g1`` in private quotes g1's members: their /forget me reaches it too."""
+    ch = MemoryChannel()
+    settings = Settings(bot={"data_dir": tmp_path, "admins": ["memory:boss"]},
+                        limits={"user_burst": 50, "chat_burst": 50}, summary={"user_cooldown_s": 0})
+    bot = Bot(settings, model=None, channels=[ch], plugins=[summary.plugin], clock=Clock())
+    await bot.start()
+    try:
+        group, boss = ch.chat("g1"), ch.chat("boss", "private")
+        await ch.inject("结论：PHONE-13812345678 周六去爬山", user="1", chat=group, at=NOW - timedelta(minutes=9))
+        await ch.inject("/summary #g1 hours=1", user="boss", chat=boss, at=NOW - timedelta(minutes=5))
+        await ch.inject("/summary #g2 hours=1", user="boss", chat=boss, at=NOW - timedelta(minutes=4))
+        await ch.wait_sent(2)
+        await ch.inject("/forget me", user="1", chat=group, at=NOW)
+        await ch.wait_sent(3)
+        kept = [e.text for e in await bot.history.recent(boss, 50)]
+    finally:
+        await bot.stop()
+    assert not any("PHONE-13812345678" in t for t in kept)
+    assert any(t.startswith("【群聊总结】群 g2") for t in kept)  # another group's summary stays

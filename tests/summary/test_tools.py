@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -90,7 +91,7 @@ async def run_tool(bot: Bot, args: SummaryArgs, *, user: str = "1", chat: ChatRe
 
 def test_arguments_window_rules_are_readable_errors() -> None:
     tool = summary.summary
-    with pytest.raises(ArgumentError, match="either hours or messages, not both"):
+    with pytest.raises(ArgumentError, match="hours 和 messages 只能给一个"):
         tool.parse_arguments({"hours": 2, "messages": 10})
     for bad in ({"hours": 0}, {"hours": 169}, {"messages": 0}, {"messages": 5001}, {"days": 1}):
         with pytest.raises(ArgumentError):
@@ -277,7 +278,18 @@ async def test_both_window_arguments_on_the_command_line_are_refused(tmp_path: P
     async with running(tmp_path) as (_bot, ch):
         await ch.inject("/summary hours=2 messages=10", user="1", at=ago(1))
         sent = await ch.wait_sent(1)
-    assert "参数有误" in sent[0].text and "either hours or messages" in sent[0].text
+    assert "参数有误" in sent[0].text and "hours 和 messages 只能给一个" in sent[0].text
+
+
+async def test_window_mistakes_are_told_in_chinese_without_echoing_the_input(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("/summary 999", user="1", at=ago(2))
+        await ch.inject("/summary 昨天 hours=3", user="1", at=ago(1))
+        sent = await ch.wait_sent(2)
+    for reply in (m.text for m in sent):
+        first = reply.split("用法")[0]
+        assert "参数有误" in first and '{"' not in first  # no JSON of the whole input
+        assert not re.search(r"[A-Za-z]{4,} [A-Za-z]{2,} [A-Za-z]{2,}", first), first  # no English sentence
 
 
 async def test_the_fetch_cap_keeps_the_newest_messages_and_says_so(tmp_path: Path) -> None:
@@ -377,3 +389,16 @@ async def test_a_private_chat_summary_is_not_headed_group_chat(tmp_path: Path) -
     assert reply.startswith("【聊天总结】最近 24 小时") and "群聊" not in reply
     assert forgot.startswith("已删除")
     assert not any(e.text.startswith("【聊天总结】") for e in left)  # /forget also takes private summaries
+
+
+async def test_approval_commands_are_not_conversation(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("我们决定周六去爬山", user="1", at=ago(9))
+        await ch.inject("/pending", user="2", at=ago(8))
+        await ch.inject("/approve ABCDE", user="2", at=ago(7))
+        await ch.inject("/拒绝 ABCDE 太贵", user="3", at=ago(6))
+        await ch.inject("/summary", user="1", at=ago(1))
+        sent = await ch.wait_sent(4)
+    digest = sent[-1].text
+    assert "爬山" in digest and "共 1 条消息" in digest
+    assert "/pending" not in digest and "ABCDE" not in digest

@@ -6,6 +6,7 @@ The bot's own model (M1) is a ScriptedModel; each tier is a FakeOpenAIServer nam
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -166,3 +167,25 @@ def test_exports() -> None:
 
     for module in (tiers, tiers.tools):
         assert [n for n in module.__all__ if not hasattr(module, n)] == []
+
+
+async def test_concurrent_tier_runs_reserve_the_daily_budget(tmp_path: Path) -> None:
+    """Two /deep_think at once cannot both spend what is left of the day: the first holds it."""
+    from function_calls.testing.server import Usage as WireUsage
+
+    async with FakeOpenAIServer(lambda body: Delay(0.5, Reply("答案", usage=WireUsage(700, 100, 800)))) as server:
+        ch = MemoryChannel(clock=lambda: NOW)
+        settings = Settings(bot={"data_dir": tmp_path}, llm={"think": tier(server, max_run_tokens=5000)},
+                            limits={"user_burst": 50, "chat_burst": 50, "user_daily_tokens": 1000})
+        bot = Bot(settings, model=ScriptedModel([text("好")]), channels=[ch], plugins=[memory.plugin, tiers.plugin],
+                  clock=lambda: NOW)
+        await bot.start()
+        try:
+            await asyncio.gather(ch.inject("/deep_think 第一题", chat=ch.chat("u1", kind="private")),
+                                 ch.inject("/deep_think 第二题", user="u1"))
+            replies = [m.text for m in await ch.wait_sent(2)]
+            assert len(server.requests) == 1  # the second found the day held by the first
+            assert "答案" in replies and any("用量已达上限" in r for r in replies)
+            assert await bot.budget.used("user:memory:u1") == 800
+        finally:
+            await bot.stop()

@@ -8,14 +8,13 @@ is connected wait in a bounded per-chat transcript that each page receives on co
 The playground has no login: it binds 127.0.0.1 by default, and when bound to a loopback address
 it refuses requests whose ``Host`` is not loopback (DNS rebinding) and WebSockets opened from
 another origin (a web site the user visits must not drive the bot). Nothing from the config but
-the bot's name reaches the page.
+the bot's name and the web approvers' ids (:mod:`robot.channels.web.panels`) reaches the page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import json
 import logging
@@ -40,6 +39,7 @@ from robot.channels.base import (
     SendReceipt,
     SendRejected,
 )
+from robot.channels.web.panels import members, panel_frame
 from robot.channels.web.protocol import (
     MAX_TEXT,
     FrameError,
@@ -47,6 +47,7 @@ from robot.channels.web.protocol import (
     PingFrame,
     SendFrame,
     address,
+    is_loopback,
     parse_frame,
     stored_frames,
     trim,
@@ -76,17 +77,6 @@ _HEADERS = {
 }
 
 
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _authority(url: str) -> str | None:
     try:
         return URL(url).raw_authority
@@ -101,6 +91,7 @@ class _Page:
         self.ws = ws
         self.queue: asyncio.Queue[str] = asyncio.Queue(_QUEUE)
         self.writer: asyncio.Task[None] | None = None
+        self.shown: ChatRef | None = None  # the chat whose panels it asked for last
 
     def push(self, frame: dict[str, Any]) -> bool:
         """Queue a frame; False when the page is too far behind (the caller drops it)."""
@@ -144,6 +135,7 @@ class WebChannel(Channel):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._mounts: list[tuple[str, web.Application]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -154,6 +146,8 @@ class WebChannel(Channel):
         app.router.add_get("/ws", self._socket)
         app.router.add_get("/favicon.ico", self._favicon)
         app.router.add_static("/static/", STATIC)
+        for prefix, sub in self._mounts:
+            app.add_subapp(prefix, sub)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -164,7 +158,7 @@ class WebChannel(Channel):
                                      f"{self.settings.port}: {exc.strerror or exc}") from None
         self._runner = runner
         self._port = int(runner.addresses[0][1])
-        if not _is_loopback(self.settings.host):
+        if not is_loopback(self.settings.host):
             log.warning("web playground listens on %s: it has no login, anyone who reaches it can talk "
                         "to the bot as any user", self.settings.host)
         log.info("web playground at %s", self.url)
@@ -184,6 +178,10 @@ class WebChannel(Channel):
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    def mount(self, prefix: str, app: web.Application) -> None:
+        """Serve another channel's page under ``prefix`` (behind the same guard); before :meth:`start`."""
+        self._mounts.append((prefix, app))
 
     @property
     def port(self) -> int:
@@ -216,6 +214,7 @@ class WebChannel(Channel):
         self._publish(chat, {"type": "reply", "chat": address(chat), "id": message.key, "text": message.text,
                              "mention": mention, "reply_to": message.reply_to, "time": self._now(),
                              "zone": self._zone(chat)})
+        self._refresh_panels(chat)  # what the bot says may change them (a request paused, approved, …)
         return SendReceipt(platform_message_id=message.key)
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
@@ -224,8 +223,8 @@ class WebChannel(Channel):
     async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
         clean = json.loads(json.dumps(trim(event), ensure_ascii=False, default=str))
         self._publish(chat, {"type": "trace", "chat": address(chat), "event": clean})
-        if event.get("type") == "run_end" and self._panels:
-            self._spawn(self._push_panels(chat, None))
+        if event.get("type") == "run_end":
+            self._refresh_panels(chat)
 
     def attach_panels(self, panels: dict[str, PanelProvider]) -> None:
         self._panels = panels  # the bot's own dict: panels added later show up too
@@ -242,7 +241,7 @@ class WebChannel(Channel):
             host = URL(f"http://{request.host}").host
         except ValueError:
             return web.Response(status=400, text="bad Host header\n")
-        if _is_loopback(self.settings.host) and not _is_loopback(host):
+        if is_loopback(self.settings.host) and not is_loopback(host):
             log.warning("web playground refused a request for host %r", request.host[:100])
             return web.Response(status=403, text="the playground only answers to localhost\n")
         origin = request.headers.get("Origin")
@@ -268,7 +267,7 @@ class WebChannel(Channel):
         for chat_id, kind in ((GROUP_ID, "group"), *((uid, "private") for uid, _ in MEMBERS)):
             await self._restore(ChatRef(platform=self.platform, chat_id=chat_id, kind=kind))
         page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID, "max_text_len": MAX_TEXT,
-                   "members": [{"id": uid, "name": name} for uid, name in MEMBERS]})
+                   "members": members(self._panels, self.platform, MEMBERS)})
         frames = sorted((item for t in self._transcripts.values() for item in t), key=lambda item: item[0])
         page.push({"type": "history", "frames": [frame for _, frame in frames]})
         page.writer = asyncio.create_task(page.write(), name="web-page-writer")
@@ -297,8 +296,8 @@ class WebChannel(Channel):
         if isinstance(frame, PingFrame):
             page.push({"type": "pong"})
         elif isinstance(frame, PanelsFrame):
-            chat = ChatRef(platform=self.platform, chat_id=frame.chat.id, kind=frame.chat.kind)
-            self._spawn(self._open_chat(chat, page))
+            page.shown = ChatRef(platform=self.platform, chat_id=frame.chat.id, kind=frame.chat.kind)
+            self._spawn(self._open_chat(page.shown, page))
         elif isinstance(frame, SendFrame):
             self._accept(frame)
 
@@ -346,19 +345,16 @@ class WebChannel(Channel):
         return frames
 
     async def _push_panels(self, chat: ChatRef, page: _Page | None) -> None:
-        panels: list[dict[str, Any]] = []
-        for name, provider in list(self._panels.items()):
-            try:
-                rows = await provider(chat)
-                panels.append({"name": name, "rows": [{str(k): str(v) for k, v in row.items()} for row in rows[:50]]})
-            except Exception:
-                log.exception("web panel %r failed for %s", name, chat.key)
-                panels.append({"name": name, "rows": [], "error": "could not load this panel"})
-        frame = {"type": "panels", "chat": address(chat), "panels": panels}
+        frame = await panel_frame(self._panels, chat)
         if page is None:
             self._broadcast(frame)
         elif not page.push(frame):
             self._drop(page)
+
+    def _refresh_panels(self, chat: ChatRef) -> None:  # and each page's chat: an approver's view spans chats
+        shown = {c.key: c for c in (chat, *(p.shown for p in self._pages.values())) if c is not None}
+        for each in shown.values() if self._panels and self._pages else ():
+            self._spawn(self._push_panels(each, None))
 
     # --- fan-out --------------------------------------------------------------------------
     def _publish(self, chat: ChatRef, frame: dict[str, Any]) -> None:

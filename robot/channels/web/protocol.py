@@ -12,7 +12,10 @@ the bot (its id is the user's id). Ids are ``[A-Za-z0-9_.-]{1,64}``, names 1-32 
 Server -> page. Each chat-bound frame names its ``chat`` as ``{"kind", "id"}``; every page gets
 every frame and shows the chat it is on::
 
-    {"type": "welcome", "bot_name", "group_id", "members": [{"id", "name"}], "max_text_len"}     always first
+    {"type": "welcome", "bot_name", "group_id", "members": [{"id", "name", "approver"?}], "max_text_len"}
+                                           always first; members are the presets, then the web platform's
+                                           approvers (``[bot] admins``/``[approvals] approvers``), marked
+                                           ``"approver": true``
     {"type": "history", "frames": [...]}   recent message/reply/trace frames of every chat, oldest first;
                                            also what a page missed while none was connected, and after a
                                            restart a chat's newest stored messages (sent again when a page
@@ -27,8 +30,11 @@ every frame and shows the chat it is on::
                                            duration_ms, note), "retry" (error, delay_s) or "run_end" (stop,
                                            detail, tokens, model_calls); ``event.message_id`` is the run;
                                            a /command is traced as one "tool" event and run_end stop "command"
-    {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "error"?}]}
-                                           side panels, pushed after each run_end and on request
+    {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "actions"?, "error"?}]}
+                                           side panels, pushed on request, after each run_end and each bot
+                                           message (for that chat and for each chat a page shows);
+                                           ``actions[i]`` lists row i's buttons ``[{"label", "text"}]``: the
+                                           page sends ``text`` (a /command) as its current identity
     {"type": "error", "error": "..."}      the page's last frame was refused; the socket stays open
     {"type": "pong"}
 
@@ -38,6 +44,7 @@ which the page shows them (null when the channel runs without a bot).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from datetime import UTC
@@ -48,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
-__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "parse_frame",
+__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "is_loopback", "parse_frame",
            "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
@@ -161,3 +168,15 @@ def trim(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [trim(v) for v in value]
     return value
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` (a name or an address, brackets allowed) is this machine only."""
+    if not host:
+        return False
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

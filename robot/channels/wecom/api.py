@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from robot.channels.base import ChannelUnavailable, SendRejected
+from robot.channels.base import ChannelUnavailable, SendFailed, SendRejected, transport_failure
 
 __all__ = [
     "RETRYABLE_ERRCODES",
@@ -58,17 +58,17 @@ async def call_json(
             status = resp.status
             text = await resp.text()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise ChannelUnavailable(f"WeCom {what}: request failed ({type(exc).__name__})") from None
+        raise transport_failure(f"WeCom {what}: request failed ({type(exc).__name__})", exc) from None
     if status >= 500 or status == 429:
-        raise ChannelUnavailable(f"WeCom {what}: HTTP {status}")
+        raise SendFailed(f"WeCom {what}: HTTP {status}")
     if status >= 400:
         raise SendRejected(f"WeCom {what}: HTTP {status}")
     try:
         data = json.loads(text)
     except ValueError:
-        raise ChannelUnavailable(f"WeCom {what}: response is not JSON") from None
+        raise SendFailed(f"WeCom {what}: response is not JSON") from None
     if not isinstance(data, dict):
-        raise ChannelUnavailable(f"WeCom {what}: response is not a JSON object")
+        raise SendFailed(f"WeCom {what}: response is not a JSON object")
     return data
 
 
@@ -97,7 +97,7 @@ def raise_for_errcode(data: Mapping[str, Any], what: str) -> None:
     msg = str(data.get("errmsg", ""))[:200]
     text = f"WeCom {what}: errcode {code} ({msg})"
     if code in RETRYABLE_ERRCODES:
-        raise ChannelUnavailable(text)
+        raise SendFailed(text)
     raise SendRejected(text)
 
 

@@ -118,7 +118,8 @@ async def test_group_answers_only_who_mentioned_the_bot(bot: Bot, http: aiohttp.
     await until(page2, lambda f: {"reply", "panels"} <= {g["type"] for g in seen2}, seen2)
     assert [f["sender"]["name"] for f in seen2 if f["type"] == "message"] == ["小明", "阿强"]
     panels = next(f for f in seen2 if f["type"] == "panels")
-    assert panels["panels"] == [{"name": "notes", "rows": [{"chat": "web:group:playground", "note": "water the plants"}]}]
+    assert panels["panels"] == [{"name": "notes", "rows": [{"chat": "web:group:playground", "note": "water the plants"}]},
+                                {"name": "待批准", "rows": []}]  # the bot's own panel: nothing waits
 
 
 async def test_private_chat_replies_without_mention(bot: Bot, http: aiohttp.ClientSession) -> None:

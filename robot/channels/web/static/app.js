@@ -186,6 +186,8 @@
       const b = el('button', 'member' + (m.id === me().id ? ' active' : ''));
       b.type = 'button'; b.dataset.member = m.id; b.title = m.id;
       b.append(el('span', 'avatar', initial(m.name)), el('span', 'member-name', m.name));
+      // Approvers come from [bot] admins / [approvals] approvers ("web:<id>"); the bot checks them, not the page.
+      if (m.approver) { b.dataset.approver = '1'; b.title = m.id + '：可以批准请求'; b.append(el('span', 'approver', '可批准')); }
       b.addEventListener('click', () => switchIdentity(m.id));
       box.append(b);
     }
@@ -278,8 +280,9 @@
       if (p.error) card.append(el('p', 'note', p.error));
       else if (!p.rows.length) card.append(el('p', 'empty', '（空）'));
       else {
+        if (p.actions) card.append(actingAs());
         const ul = el('ul', 'panel-rows');
-        for (const row of p.rows) {
+        p.rows.forEach((row, i) => {
           const li = el('li');
           const entries = Object.entries(row);
           for (const [k, v] of entries) {
@@ -288,12 +291,39 @@
             line.append(el('span', 'v', v));
             li.append(line);
           }
+          const buttons = (p.actions && p.actions[i]) || [];
+          if (buttons.length) {
+            const bar = el('div', 'actions');
+            for (const a of buttons) {
+              const b = el('button', 'ghost action', a.label);
+              b.type = 'button'; b.dataset.text = a.text; b.title = '以「' + me().name + '」的身份发送 ' + a.text;
+              b.addEventListener('click', () => act(a.text));
+              bar.append(b);
+            }
+            li.append(bar);
+          }
           ul.append(li);
-        }
+        });
         card.append(ul);
       }
       box.append(card);
     }
+  }
+
+  // Panel buttons send a /command as the current identity: the bot decides, exactly as if it were typed.
+  function actingAs() {
+    const approvers = members().filter((m) => m.approver).map((m) => m.name);
+    const who = me();
+    const line = el('p', 'acting');
+    line.append(el('span', null, '按钮以当前身份「' + who.name + '」发送'));
+    line.append(el('span', who.approver ? 'ok' : 'warn', who.approver ? '（可批准）' : '（不可批准）'));
+    line.append(el('span', null, approvers.length ? '；可批准的身份：' + approvers.join('、')
+      : '；没有可批准的身份：在 [bot] admins 中加入 "web:admin"'));
+    return line;
+  }
+  function act(text) {
+    const who = me();
+    sendFrame({ type: 'send', kind: S.mode, user: { id: who.id, name: who.name }, text });
   }
 
   // --- actions ----------------------------------------------------------------------------

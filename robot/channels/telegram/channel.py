@@ -1,0 +1,361 @@
+"""The Telegram channel: Bot API updates in (long polling or webhook), ``sendMessage`` out.
+
+Chats: private chats, groups and supergroups. A forum topic is a chat of its own, ``<chat>/<thread>``,
+so its history stays apart and replies keep ``message_thread_id``. A group that became a
+supergroup (``migrate_to_chat_id``) is remembered, so replies and reminders addressed to the old
+id reach the new one.
+
+Polling: the ``offset`` is written to disk only after every update of a batch has been handed to
+the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
+Webhook: ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the request gets 401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from robot.channels.base import (
+    Capabilities,
+    Channel,
+    ChannelUnavailable,
+    SendReceipt,
+    SendRejected,
+    transport_failure,
+)
+from robot.channels.telegram.api import (
+    ChatMigrated,
+    TelegramApi,
+    TelegramApiError,
+    TelegramError,
+    TooManyRequests,
+)
+from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, split_utf16
+from robot.channels.telegram.settings import TelegramSettings
+from robot.message import ChatRef, Message, OutgoingMessage, Sender
+
+__all__ = ["TelegramChannel"]
+
+log = logging.getLogger(__name__)
+_COMMAND = re.compile(r"^[a-z0-9_]{1,32}$")
+
+
+class TelegramChannel(Channel):
+    """One Telegram bot (the account is its numeric id)."""
+
+    platform = "telegram"
+
+    def __init__(self, settings: TelegramSettings, data_dir: Path | str = "data",
+                 *, session: aiohttp.ClientSession | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self.capabilities = Capabilities(max_text_len=LIMIT, mentions=False, markdown=False)
+        self.state_dir = settings.state_dir or Path(data_dir) / "telegram"
+        self._session = session
+        self._own_session = session is None
+        self.api: TelegramApi | None = None
+        self.bot_id = ""
+        self.username = ""
+        self.migrated: dict[str, str] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._commit: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self._stopping.clear()
+        self.api = TelegramApi(self._session, self.settings.api_base, self.settings.token.get_secret_value(),
+                               timeout_s=self.settings.request_timeout)
+        me = await self.api.call("getMe")
+        self.bot_id, self.username = str(me["id"]), str(me.get("username") or "")
+        self.migrated = await asyncio.to_thread(self._read, "migrated.json")
+        if self.settings.mode == "webhook":
+            await self._start_webhook()
+        else:
+            await self.api.call("deleteWebhook", {"drop_pending_updates": False})
+            self._poller = asyncio.create_task(self._poll(), name="telegram-poll")
+
+    async def _start_webhook(self) -> None:
+        app = web.Application()
+        app.router.add_post(self.settings.path, self._on_webhook)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._url = f"http://{self.settings.host}:{port}{self.settings.path}"
+        if self.settings.webhook_url and self.api is not None:
+            await self.api.call("setWebhook", {
+                "url": self.settings.webhook_url, "secret_token": self.settings.webhook_secret.get_secret_value(),
+                "allowed_updates": ["message", "edited_message"]})
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        tasks = [t for t in (self._poller, *self._typing.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._typing.clear()
+        self._poller = None
+        await self.finish_deliveries(grace_s=2.0)
+        if self._commit is not None:
+            await asyncio.gather(self._commit, return_exceptions=True)
+            self._commit = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def location(self) -> str | None:
+        return self._url or (f"telegram @{self.username}" if self.username else None)
+
+    # --- state files --------------------------------------------------------------------------
+    def _read(self, name: str) -> dict[str, Any]:
+        try:
+            data = json.loads((self.state_dir / f"{self.bot_id}-{name}").read_text("utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / f"{self.bot_id}-{name}"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data), "utf-8")
+        tmp.replace(path)
+
+    # --- receiving ----------------------------------------------------------------------------
+    async def _poll(self) -> None:
+        assert self.api is not None
+        offset = int((await asyncio.to_thread(self._read, "offset.json")).get("offset", 0))
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                updates = await self.api.call(
+                    "getUpdates", {"offset": offset, "timeout": self.settings.poll_timeout_s,
+                                   "allowed_updates": ["message", "edited_message"]},
+                    timeout_s=self.settings.poll_timeout_s + self.settings.request_timeout)
+            except Exception as exc:  # TelegramError, or a bug: the poller must not die silently
+                if not isinstance(exc, TelegramError):
+                    log.exception("telegram: unexpected error while polling")
+                failures += 1
+                delay = min(self.settings.backoff_max_s, self.settings.retry_delay_s * 2 ** min(failures - 1, 10))
+                if isinstance(exc, TooManyRequests):
+                    delay = max(delay, exc.retry_after)
+                log.warning("telegram: getUpdates failed (%s); retrying in %.0f s", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                continue
+            failures = 0
+            if not isinstance(updates, list) or not updates:
+                continue
+            batch = [t for t in (self._accept(u) for u in updates if isinstance(u, dict)) if t is not None]
+            ids = [u["update_id"] for u in updates if isinstance(u, dict) and isinstance(u.get("update_id"), int)]
+            if ids:
+                offset = max(ids) + 1
+                self._commit = asyncio.create_task(self._save_offset(self._commit, batch, offset))
+
+    async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[None]],
+                           offset: int) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        results = await asyncio.gather(*batch, return_exceptions=True)
+        if any(isinstance(r, asyncio.CancelledError) for r in results):
+            return  # cut short by stop(): a restart replays this batch
+        try:
+            await asyncio.to_thread(self._write, "offset.json", {"offset": offset})
+        except OSError:
+            log.exception("telegram: could not save the update offset")
+
+    def _accept(self, update: dict[str, Any]) -> asyncio.Task[None] | None:
+        """Hand one update to the bot in the background; returns the delivery task."""
+        try:
+            message = self.to_message(update)
+        except Exception as exc:  # any shape the API (or a forged webhook) sends must not stop the reader
+            log.warning("telegram: skipped malformed update %s (%s)", update.get("update_id"), type(exc).__name__)
+            return None
+        if message is None:
+            return None
+        task = asyncio.create_task(self._deliver_logged(message), name=f"telegram-deliver-{message.message_id}")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+        return task
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        expected = self.settings.webhook_secret.get_secret_value().encode()
+        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "").encode()
+        if not expected or not hmac.compare_digest(given, expected):
+            log.warning("telegram: webhook request without the right secret token refused")
+            return web.Response(status=401)
+        try:
+            update = json.loads(await request.text())
+        except ValueError:
+            log.warning("telegram: webhook body is not JSON")
+            return web.Response(status=400)
+        if isinstance(update, dict):
+            self._accept(update)
+        return web.Response(status=200)
+
+    def to_message(self, update: dict[str, Any]) -> Message | None:
+        """A Bot API update as a :class:`Message`, or None for what the bot does not read."""
+        msg = update.get("message") or update.get("edited_message")
+        if not isinstance(msg, dict):
+            return None
+        chat = msg["chat"]
+        chat_type, chat_id = chat.get("type"), str(chat["id"])
+        if chat_type not in ("private", "group", "supergroup"):
+            return None
+        if msg.get("migrate_to_chat_id") is not None:
+            self._remember_migration(chat_id, str(msg["migrate_to_chat_id"]))
+            return None
+        if msg.get("migrate_from_chat_id") is not None:
+            self._remember_migration(str(msg["migrate_from_chat_id"]), chat_id)
+            return None
+        sender = msg.get("from") or {}
+        if not sender:
+            return None
+        thread = msg.get("message_thread_id") if msg.get("is_topic_message") else None
+        key_id = f"{chat_id}/{thread}" if thread is not None else chat_id
+        text = msg.get("text") if isinstance(msg.get("text"), str) else msg.get("caption") or ""
+        entities = msg.get("entities") or msg.get("caption_entities") or []
+        text, mentions, mentions_bot = read_entities(str(text), entities, self.username, self.bot_id)
+        if not text:
+            text = placeholder(msg)
+        reply = msg.get("reply_to_message") or {}
+        # In a forum every message "replies" to the topic's first message; that is not a reply.
+        if reply and thread is not None and reply.get("message_id") == thread:
+            reply = {}
+        name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p) or \
+            str(sender.get("username") or sender["id"])
+        return Message(
+            chat=ChatRef(platform=self.platform, chat_id=key_id, kind="private" if chat_type == "private" else "group",
+                         account=self.bot_id),
+            sender=Sender(user_id=str(sender["id"]), name=name),
+            message_id=f"{chat_id}:{msg['message_id']}",  # ids are per chat in Telegram
+            text=text, timestamp=datetime.fromtimestamp(int(msg["date"]), UTC), mentions=mentions,
+            mentions_bot=mentions_bot,
+            reply_to=f"{chat_id}:{reply['message_id']}" if reply.get("message_id") is not None else None,
+            reply_to_bot=str((reply.get("from") or {}).get("id")) == self.bot_id,
+            from_bot=bool(sender.get("is_bot")) and str(sender.get("id")) == self.bot_id,
+            raw=update,
+        )
+
+    def _remember_migration(self, old: str, new: str) -> asyncio.Task[None] | None:
+        """Redirect sends from ``old`` to ``new`` and have the bot move the chat's data (once)."""
+        if self.migrated.get(old) == new:
+            return None
+        self.migrated[old] = new
+        log.warning("telegram: group %s became supergroup %s; its history, replies and reminders follow it",
+                    old, new)
+        try:
+            self._write("migrated.json", self.migrated)
+        except OSError:
+            log.exception("telegram: could not save the group migration")
+        task = asyncio.create_task(self.chat_moved(
+            ChatRef(platform=self.platform, chat_id=old, kind="group", account=self.bot_id),
+            ChatRef(platform=self.platform, chat_id=new, kind="group", account=self.bot_id)))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+        return task
+
+    # --- sending ------------------------------------------------------------------------------
+    def _target(self, chat: ChatRef) -> tuple[str, int | None]:
+        base, _, thread = chat.chat_id.partition("/")
+        base = self.migrated.get(base, base)
+        return base, int(thread) if thread else None
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        if self.api is None:
+            raise ChannelUnavailable("telegram channel is not started")
+        if message.chat.account and self.bot_id and message.chat.account != self.bot_id:
+            raise SendRejected(f"telegram bot {message.chat.account} is not this bot ({self.bot_id})")
+        await self._stop_typing(message.chat)
+        receipt = SendReceipt()
+        for part in split_utf16(message.text):
+            receipt = await self._send_part(message, part)
+        return receipt
+
+    async def _send_part(self, message: OutgoingMessage, text: str) -> SendReceipt:
+        assert self.api is not None
+        for _ in range(2):  # a second try after learning of a migration
+            chat_id, thread = self._target(message.chat)
+            payload: dict[str, Any] = {"chat_id": chat_id, "text": text}
+            if thread is not None:
+                payload["message_thread_id"] = thread
+            if message.reply_to:
+                reply_id = message.reply_to.rpartition(":")[2]
+                if reply_id.isdigit():
+                    payload["reply_parameters"] = {"message_id": int(reply_id), "allow_sending_without_reply": True}
+            try:
+                result = await self.api.call("sendMessage", payload)
+            except ChatMigrated as exc:
+                moving = self._remember_migration(chat_id, str(exc.new_chat_id))
+                if moving is not None:
+                    await moving
+                continue
+            except TooManyRequests as exc:
+                raise ChannelUnavailable(f"telegram flood control: retry after {exc.retry_after:g} s",
+                                         retry_after_s=exc.retry_after) from None
+            except TelegramApiError as exc:
+                raise SendRejected(str(exc)) from None
+            except TelegramError as exc:
+                raise transport_failure(str(exc), exc) from None
+            mid = result.get("message_id") if isinstance(result, dict) else None
+            return SendReceipt(platform_message_id=f"{chat_id}:{mid}" if mid is not None else None)
+        raise SendRejected(f"telegram chat {message.chat.chat_id} keeps migrating")
+
+    async def publish_commands(self, commands: Sequence[tuple[str, str]]) -> None:
+        if not self.settings.set_commands or self.api is None:
+            return
+        menu = [{"command": name, "description": (desc or name)[:256]}
+                for name, desc in commands if _COMMAND.fullmatch(name)][:100]
+        try:
+            await self.api.call("setMyCommands", {"commands": menu})
+        except TelegramError as exc:
+            log.warning("telegram: setMyCommands failed: %s", exc)
+
+    # --- typing -------------------------------------------------------------------------------
+    async def typing(self, chat: ChatRef, active: bool) -> None:
+        if not self.settings.typing or self.api is None or self._stopping.is_set():
+            return
+        if active and chat.key not in self._typing:
+            self._typing[chat.key] = asyncio.create_task(self._keep_typing(chat))
+        elif not active:
+            await self._stop_typing(chat)
+
+    async def _stop_typing(self, chat: ChatRef) -> None:
+        task = self._typing.pop(chat.key, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _keep_typing(self, chat: ChatRef) -> None:
+        assert self.api is not None
+        chat_id, thread = self._target(chat)
+        payload: dict[str, Any] = {"chat_id": chat_id, "action": "typing"}
+        if thread is not None:
+            payload["message_thread_id"] = thread
+        try:
+            while True:  # the indicator lasts about five seconds
+                await self.api.call("sendChatAction", payload)
+                await asyncio.sleep(4.5)
+        except TelegramError as exc:
+            log.debug("telegram: typing indicator failed: %s", exc)

@@ -1,0 +1,75 @@
+"""Telegram text rules: entity offsets in UTF-16 units, the 4096-unit limit, media placeholders."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from robot.channels.telegram.api import utf16_len
+
+__all__ = ["LIMIT", "placeholder", "read_entities", "split_utf16"]
+
+LIMIT = 4096
+
+
+def split_utf16(text: str, limit: int = LIMIT) -> list[str]:
+    """Cut ``text`` into parts of at most ``limit`` UTF-16 units, preferring line breaks."""
+    parts: list[str] = []
+    while utf16_len(text) > limit:
+        cut, units = 0, 0
+        for i, ch in enumerate(text):
+            units += 2 if ord(ch) > 0xFFFF else 1
+            if units > limit:
+                cut = i
+                break
+        nl = text.rfind("\n", 0, cut)
+        cut = nl + 1 if nl >= cut // 2 else cut
+        parts.append(text[:cut])
+        text = text[cut:]
+    parts.append(text)
+    return parts
+
+
+def read_entities(text: str, entities: list[dict[str, Any]], username: str, bot_id: str
+                  ) -> tuple[str, tuple[str, ...], bool]:
+    """Strip ``@bot`` and ``/cmd@bot``; collect the other mentions. Offsets are UTF-16 units."""
+    units = text.encode("utf-16-le")
+    cuts: list[tuple[int, int, str]] = []
+    mentions: list[str] = []
+    hit = False
+    me = username.lower()
+    for ent in entities:
+        start, length = int(ent.get("offset", 0)) * 2, int(ent.get("length", 0)) * 2
+        piece = units[start:start + length].decode("utf-16-le", errors="replace")
+        kind = ent.get("type")
+        if kind == "mention":
+            if me and piece[1:].lower() == me:
+                hit = True
+                cuts.append((start, start + length, ""))
+            else:
+                mentions.append(piece[1:])
+        elif kind == "text_mention" and isinstance(ent.get("user"), dict):
+            if str(ent["user"].get("id")) == bot_id:
+                hit = True
+            else:
+                mentions.append(str(ent["user"].get("id")))
+        elif kind == "bot_command" and "@" in piece:
+            command, _, target = piece.partition("@")
+            if me and target.lower() == me:
+                hit = True
+                cuts.append((start, start + length, command))
+    for start, end, keep in sorted(cuts, reverse=True):
+        units = units[:start] + keep.encode("utf-16-le") + units[end:]
+    clean = re.sub(r"[ \t]{2,}", " ", units.decode("utf-16-le", errors="replace")).strip()
+    return clean, tuple(mentions), hit
+
+
+def placeholder(msg: dict[str, Any]) -> str:
+    for key, label in (("photo", "[图片]"), ("voice", "[语音]"), ("audio", "[音频]"), ("video", "[视频]"),
+                       ("sticker", "[贴纸]"), ("animation", "[动图]"), ("location", "[位置]")):
+        if msg.get(key):
+            return label
+    doc = msg.get("document")
+    if isinstance(doc, dict):
+        return f"[文件: {doc['file_name']}]" if doc.get("file_name") else "[文件]"
+    return ""

@@ -1,0 +1,345 @@
+"""The personal-WeChat channel: one long-poll loop per logged-in account, replies by ``sendmessage``.
+
+Receiving: ``getupdates`` with the account's ``get_updates_buf``. A batch's cursor is written to
+disk only after every message of that batch has been handed to the bot (deduplicated and recorded
+in history), so a crash replays rather than loses; the bot's dedupe drops the replays.
+
+Sending needs the ``context_token`` of the user's latest message; tokens are kept per account and
+chat on disk, so a reminder due tomorrow can still go out. Without one, the outbox row fails with
+the reason (WeChat does not let a bot start a conversation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from pathlib import Path
+
+import aiohttp
+from pydantic import ValidationError
+
+from robot.channels.base import (
+    Capabilities,
+    Channel,
+    ChannelUnavailable,
+    SendReceipt,
+    SendRejected,
+    transport_failure,
+)
+from robot.channels.weixin.api import (
+    TYPING_CANCEL,
+    SessionExpired,
+    WeixinApi,
+    WeixinApiError,
+    WeixinError,
+    WeixinMessage,
+)
+from robot.channels.weixin.convert import PLATFORM, flatten_markdown, to_message
+from robot.channels.weixin.settings import WeixinSettings
+from robot.channels.weixin.state import WeixinAccount, WeixinState
+from robot.message import ChatRef, OutgoingMessage
+
+__all__ = ["WeixinChannel"]
+
+log = logging.getLogger(__name__)
+
+
+class _Account:
+    """Run-time state of one account."""
+
+    def __init__(self, account: WeixinAccount, api: WeixinApi) -> None:
+        self.account = account
+        self.api = api
+        self.tokens: dict[str, str] = {}
+        self.expired = False  # errcode -14 seen and not yet cleared by a good poll or a new login
+        self.poller: asyncio.Task[None] | None = None
+        self.commit: asyncio.Task[None] | None = None
+
+    @property
+    def bot_id(self) -> str:
+        return self.account.bot_id
+
+
+class WeixinChannel(Channel):
+    """Personal WeChat (iLink bot API); several accounts, each with its own poller."""
+
+    platform = PLATFORM
+
+    def __init__(self, settings: WeixinSettings, data_dir: Path | str = "data",
+                 *, session: aiohttp.ClientSession | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self.capabilities = Capabilities(max_text_len=settings.max_text_len, mentions=False, markdown=False)
+        self.state = WeixinState(settings.state_dir or Path(data_dir) / "weixin")
+        self._session = session
+        self._own_session = session is None
+        self.accounts: dict[str, _Account] = {}
+        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self._stopping.clear()
+        stored = await asyncio.to_thread(self.state.load_accounts_sync)
+        wanted = set(self.settings.accounts)
+        for account in stored:
+            if wanted and account.bot_id not in wanted:
+                continue
+            acc = _Account(account, self._api_for(account))
+            acc.tokens = await self.state.load_context_tokens(account.bot_id)
+            self.accounts[account.bot_id] = acc
+        missing = wanted - set(self.accounts)
+        if missing:
+            log.error("weixin: accounts %s are configured but not logged in: run `qunbot login weixin`",
+                      sorted(missing))
+        if not self.accounts:
+            log.error("weixin: no logged-in account under %s: run `qunbot login weixin` first",
+                      self.state.accounts_dir)
+        for acc in self.accounts.values():
+            await self._start_polling(acc)
+        self._watcher = asyncio.create_task(self._watch_accounts(), name="weixin-accounts")
+
+    async def _start_polling(self, acc: _Account) -> None:
+        with contextlib.suppress(WeixinError):
+            await acc.api.notify(start=True)
+        acc.poller = asyncio.create_task(self._poll(acc), name=f"weixin-poll-{acc.bot_id}")
+
+    async def _watch_accounts(self) -> None:
+        """Serve accounts logged in while running, and pick up renewed tokens."""
+        wanted = set(self.settings.accounts)
+        while not self._stopping.is_set():
+            await self._sleep(self.settings.account_scan_s)
+            try:
+                stored = await asyncio.to_thread(self.state.load_accounts_sync)
+            except OSError:
+                continue
+            for account in stored:
+                if (wanted and account.bot_id not in wanted) or self._stopping.is_set():
+                    continue
+                acc = self.accounts.get(account.bot_id)
+                if acc is None:
+                    log.warning("weixin: new account %s logged in; serving it", account.bot_id)
+                    acc = self.accounts[account.bot_id] = _Account(account, self._api_for(account))
+                    acc.tokens = await self.state.load_context_tokens(account.bot_id)
+                    await self._start_polling(acc)
+                elif account.bot_token != acc.account.bot_token:
+                    acc.account, acc.api = account, self._api_for(account)
+
+    def _api_for(self, account: WeixinAccount) -> WeixinApi:
+        assert self._session is not None
+        return WeixinApi(self._session, account.base_url, account.bot_token.get_secret_value(),
+                         timeout_s=self.settings.request_timeout)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for task in self._typing.values():
+            task.cancel()
+        pollers = [acc.poller for acc in self.accounts.values() if acc.poller is not None]
+        if self._watcher is not None:
+            pollers.append(self._watcher)
+            self._watcher = None
+        for task in pollers:
+            task.cancel()
+        await asyncio.gather(*pollers, *self._typing.values(), return_exceptions=True)
+        self._typing.clear()
+        # Give handed-over messages a moment, then write the cursors their batches earned.
+        await self.finish_deliveries(grace_s=2.0)
+        commits = [acc.commit for acc in self.accounts.values() if acc.commit is not None]
+        await asyncio.gather(*commits, return_exceptions=True)
+        for acc in self.accounts.values():
+            acc.poller = acc.commit = None
+            if not acc.expired:
+                with contextlib.suppress(WeixinError):
+                    await acc.api.notify(start=False)
+        self.accounts.clear()
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def location(self) -> str | None:
+        return f"personal WeChat, accounts: {', '.join(self.accounts) or 'none logged in'}"
+
+    # --- receiving ----------------------------------------------------------------------------
+    async def _poll(self, acc: _Account) -> None:
+        buf = await self.state.load_cursor(acc.bot_id)
+        timeout_ms = self.settings.poll_timeout_ms
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                resp = await acc.api.get_updates(buf, timeout_ms)
+            except SessionExpired:
+                await self._session_expired(acc)
+                continue
+            except Exception as exc:  # WeixinError, or a bug: the poller must not die silently
+                if not isinstance(exc, WeixinError):
+                    log.exception("weixin %s: unexpected error while polling", acc.bot_id)
+                failures += 1
+                delay = min(self.settings.backoff_max_s, self.settings.retry_delay_s * 2 ** min(failures - 1, 10))
+                log.warning("weixin %s: getupdates failed (%s); retrying in %.0f s", acc.bot_id, exc, delay)
+                await self._sleep(delay)
+                continue
+            failures = 0
+            if acc.expired:
+                acc.expired = False
+                log.warning("weixin %s: the session works again", acc.bot_id)
+            if resp.longpolling_timeout_ms and resp.longpolling_timeout_ms > 0:
+                timeout_ms = resp.longpolling_timeout_ms
+            await self._remember_tokens(acc, resp.msgs)  # before delivery: a quick reply needs them
+            batch = self._receive(acc, resp.msgs)
+            if resp.get_updates_buf and resp.get_updates_buf != buf:
+                buf = resp.get_updates_buf
+                acc.commit = asyncio.create_task(self._commit(acc, acc.commit, batch, buf))
+
+    def _receive(self, acc: _Account, raw: list[dict[str, object]]) -> list[asyncio.Task[None]]:
+        tasks: list[asyncio.Task[None]] = []
+        for item in raw:
+            try:
+                msg = WeixinMessage.model_validate(item)
+                message = to_message(acc.bot_id, msg)
+            except ValueError as exc:  # pydantic's ValidationError included
+                errors = exc.error_count() if isinstance(exc, ValidationError) else 1
+                log.warning("weixin %s: skipped a malformed message (%d errors)", acc.bot_id, errors)
+                continue
+            if message is None:
+                continue
+            tasks.append(asyncio.create_task(self._deliver_logged(message),
+                                             name=f"weixin-deliver-{message.message_id}"))
+            self._deliveries.add(tasks[-1])
+            tasks[-1].add_done_callback(self._deliveries.discard)
+        return tasks
+
+    async def _commit(self, acc: _Account, previous: asyncio.Task[None] | None,
+                      batch: list[asyncio.Task[None]], buf: str) -> None:
+        """Write ``buf`` once this batch (and every earlier one) has been handed over."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        results = await asyncio.gather(*batch, return_exceptions=True)
+        if any(isinstance(r, asyncio.CancelledError) for r in results):
+            return  # cut short by stop(): leave the old cursor so a restart replays this batch
+        try:
+            await self.state.save_cursor(acc.bot_id, buf)
+        except OSError:
+            log.exception("weixin %s: could not save the poll cursor", acc.bot_id)
+
+    async def _remember_tokens(self, acc: _Account, raw: list[dict[str, object]]) -> None:
+        changed = False
+        for item in raw:
+            token, group, user = item.get("context_token"), item.get("group_id"), item.get("from_user_id")
+            chat_id = group or user
+            if isinstance(token, str) and token and isinstance(chat_id, str) and chat_id \
+                    and item.get("message_type") != 2 and acc.tokens.get(chat_id) != token:
+                acc.tokens[chat_id] = token
+                changed = True
+        if changed:
+            try:
+                await self.state.save_context_tokens(acc.bot_id, acc.tokens)
+            except OSError:
+                log.exception("weixin %s: could not save context tokens", acc.bot_id)
+
+    async def _session_expired(self, acc: _Account) -> None:
+        if not acc.expired:
+            acc.expired = True
+            log.error("weixin %s: 微信登录已失效（errcode -14）。请运行 `qunbot login weixin` 重新登录；"
+                      "the session expired, log in again", acc.bot_id)
+        # Wait out the pause, but pick up a new login (a changed token on disk) at once.
+        waited = 0.0
+        while waited < self.settings.session_pause_s and not self._stopping.is_set():
+            step = min(5.0, self.settings.session_pause_s - waited)
+            await self._sleep(step)
+            waited += step
+            fresh = await asyncio.to_thread(self.state.load_account_sync, acc.bot_id)
+            if fresh is not None and fresh.bot_token != acc.account.bot_token:
+                log.warning("weixin %s: new login found, resuming", acc.bot_id)
+                acc.account, acc.api = fresh, self._api_for(fresh)
+                return
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    # --- sending ------------------------------------------------------------------------------
+    def _account_for(self, chat: ChatRef) -> _Account:
+        if chat.account:
+            acc = self.accounts.get(chat.account)
+            if acc is None:
+                raise SendRejected(f"weixin account {chat.account!r} is not logged in here")
+            return acc
+        if len(self.accounts) == 1:
+            return next(iter(self.accounts.values()))
+        holders = [acc for acc in self.accounts.values() if chat.chat_id in acc.tokens]
+        if len(holders) == 1:
+            return holders[0]
+        if not holders:
+            raise SendRejected(f"no weixin account has talked with {chat.chat_id}")
+        raise SendRejected(f"several weixin accounts talk with {chat.chat_id} and the message names none")
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        if not self.accounts:
+            raise ChannelUnavailable("no weixin account is logged in (run `qunbot login weixin`)")
+        acc = self._account_for(message.chat)
+        await self._stop_typing(acc, message.chat)
+        token = acc.tokens.get(message.chat.chat_id)
+        if not token:
+            raise SendRejected(
+                f"no context_token for {message.chat.chat_id} on weixin account {acc.bot_id}: WeChat lets a bot "
+                "write only after the user has messaged it")
+        if acc.expired:
+            raise ChannelUnavailable(f"weixin account {acc.bot_id}: session expired, run `qunbot login weixin`")
+        text = flatten_markdown(message.text) or message.text
+        client_id = "qunbot-" + hashlib.sha256(message.key.encode()).hexdigest()[:24]
+        try:
+            mid = await acc.api.send_text(message.chat.chat_id, text, context_token=token, client_id=client_id)
+        except SessionExpired as exc:
+            acc.expired = True
+            raise ChannelUnavailable(f"weixin account {acc.bot_id}: session expired, run `qunbot login weixin`") \
+                from exc
+        except WeixinApiError as exc:
+            raise SendRejected(str(exc)) from exc
+        except WeixinError as exc:
+            raise transport_failure(str(exc), exc) from exc
+        return SendReceipt(platform_message_id=mid)
+
+    # --- typing -------------------------------------------------------------------------------
+    async def typing(self, chat: ChatRef, active: bool) -> None:
+        """Show (or clear) "typing" in a private chat while the model works."""
+        if not self.settings.typing or chat.kind != "private" or self._stopping.is_set():
+            return
+        try:
+            acc = self._account_for(chat)
+        except SendRejected:
+            return
+        if active:
+            key = f"{acc.bot_id}|{chat.chat_id}"
+            if key not in self._typing:
+                self._typing[key] = asyncio.create_task(self._keep_typing(acc, chat.chat_id),
+                                                        name=f"weixin-typing-{key}")
+        else:
+            await self._stop_typing(acc, chat)
+
+    async def _stop_typing(self, acc: _Account, chat: ChatRef) -> None:
+        task = self._typing.pop(f"{acc.bot_id}|{chat.chat_id}", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _keep_typing(self, acc: _Account, user_id: str) -> None:
+        ticket = ""
+        try:
+            ticket = await acc.api.typing_ticket(user_id, acc.tokens.get(user_id))
+            if not ticket:
+                return
+            while True:
+                await acc.api.send_typing(user_id, ticket)
+                await asyncio.sleep(self.settings.typing_refresh_s)
+        except WeixinError as exc:
+            log.debug("weixin %s: typing indicator failed: %s", acc.bot_id, exc)
+        except asyncio.CancelledError:
+            if ticket:
+                with contextlib.suppress(WeixinError):
+                    await asyncio.shield(acc.api.send_typing(user_id, ticket, TYPING_CANCEL))
+            raise

@@ -1,0 +1,114 @@
+"""Inbound iLink messages to :class:`robot.Message`, and outbound markdown to WeChat's plain text."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from robot.channels.weixin.api import (
+    ITEM_FILE,
+    ITEM_IMAGE,
+    ITEM_TEXT,
+    ITEM_VIDEO,
+    ITEM_VOICE,
+    MESSAGE_TYPE_BOT,
+    MessageItem,
+    WeixinMessage,
+)
+from robot.message import ChatRef, Message, Sender
+
+__all__ = ["flatten_markdown", "item_text", "message_id_of", "to_message"]
+
+PLATFORM = "weixin"
+
+
+def item_text(item: MessageItem) -> str:
+    """One item as history text: the text, a voice note's transcription, or a placeholder."""
+    if item.type == ITEM_TEXT:
+        return (item.text_item.text if item.text_item else None) or ""
+    if item.type == ITEM_VOICE:
+        said = item.voice_item.text if item.voice_item else None
+        return f"[语音] {said}" if said else "[语音]"
+    if item.type == ITEM_IMAGE:
+        return "[图片]"
+    if item.type == ITEM_FILE:
+        name = item.file_item.file_name if item.file_item else None
+        return f"[文件: {name}]" if name else "[文件]"
+    if item.type == ITEM_VIDEO:
+        return "[视频]"
+    return ""
+
+
+def message_id_of(msg: WeixinMessage) -> str | None:
+    """The top-level id, else the first item's (as the reference client does)."""
+    if msg.message_id and msg.message_id.strip():
+        return msg.message_id.strip()
+    for item in msg.item_list:
+        if item.msg_id and item.msg_id.strip():
+            return item.msg_id.strip()
+    return None
+
+
+def to_message(account: str, msg: WeixinMessage) -> Message | None:
+    """The bot-side message, or None for what is not a user's message (the bot's own echoes)."""
+    if msg.message_type == MESSAGE_TYPE_BOT or not msg.from_user_id:
+        return None
+    message_id = message_id_of(msg)
+    if message_id is None:
+        return None
+    parts: list[str] = []
+    reply_to: str | None = None
+    for item in msg.item_list:
+        if item.ref_msg is not None:
+            ref = item.ref_msg
+            quoted = [p for p in ((ref.title or "").strip(),
+                                  item_text(ref.message_item) if ref.message_item else "") if p]
+            parts.append(f"[引用: {' | '.join(quoted)}]" if quoted else "[引用]")
+            ref_id = (ref.svr_id or "").strip() or (
+                (ref.message_item.msg_id or "").strip() if ref.message_item else "")
+            reply_to = reply_to or ref_id or None
+        text = item_text(item)
+        if text:
+            parts.append(text)
+    group = (msg.group_id or "").strip()
+    chat = ChatRef(platform=PLATFORM, chat_id=group or msg.from_user_id, kind="group" if group else "private",
+                   account=account)
+    try:
+        stamp = datetime.fromtimestamp(msg.create_time_ms / 1000, UTC) if msg.create_time_ms else None
+    except (ValueError, OverflowError, OSError):  # a nonsense time is not worth losing the message
+        stamp = None
+    return Message(chat=chat, sender=Sender(user_id=msg.from_user_id), message_id=message_id,
+                   text="\n".join(parts), timestamp=stamp or datetime.now(UTC), reply_to=reply_to,
+                   raw=msg.model_dump(mode="json", exclude_none=True))
+
+
+_FENCE = re.compile(r"^\s*```[^\n]*$", re.M)
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)[^)]*\)")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)[^)]*\)")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+", re.M)
+_QUOTE = re.compile(r"^\s{0,3}>\s?", re.M)
+_BULLET = re.compile(r"^(\s*)[-*+]\s+", re.M)
+_RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$", re.M)
+_STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_EM = re.compile(r"(?<![*\w])([*_])(?=\S)([^*_\n]+?)(?<=\S)\1(?![*\w])")
+_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+_CODE = re.compile(r"`([^`\n]+)`")
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$", re.M)
+
+
+def flatten_markdown(text: str) -> str:
+    """Markdown to the plain text WeChat shows: no markers, links as ``text (url)``, lists as ``• ``."""
+    text = _FENCE.sub("", text)
+    text = _IMAGE.sub(lambda m: f"[图片 {m.group(1)}] {m.group(2)}".replace("[图片 ] ", "[图片] "), text)
+    text = _LINK.sub(lambda m: m.group(1) if m.group(1) == m.group(2) else f"{m.group(1)} ({m.group(2)})", text)
+    text = _TABLE_RULE.sub("", text)
+    text = _RULE.sub("", text)
+    text = _HEADING.sub("", text)
+    text = _QUOTE.sub("", text)
+    text = _BULLET.sub(r"\1• ", text)
+    text = _STRONG.sub(r"\2", text)
+    text = _STRIKE.sub(r"\1", text)
+    text = _EM.sub(r"\2", text)
+    text = _CODE.sub(r"\1", text)
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip()

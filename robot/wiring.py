@@ -1,0 +1,52 @@
+"""Which channels a configuration opens: the built-in platforms, each imported only when enabled."""
+
+from __future__ import annotations
+
+from robot.channels.base import Channel
+from robot.config import Settings
+
+__all__ = ["build_channels"]
+
+
+def build_channels(settings: Settings) -> list[Channel]:
+    """The channels enabled in config; none at all means the web playground."""
+    cfg = settings.channels
+    channels: list[Channel] = []
+    if cfg.onebot.enabled:
+        from robot.channels.onebot import OneBotChannel
+
+        channels.append(OneBotChannel(cfg.onebot, bot_name=settings.bot.name))
+    if cfg.wecom.enabled:
+        from robot.channels.wecom import create_channel
+
+        channels.append(create_channel(cfg.wecom))
+    if cfg.wecom.webhook_key is not None:
+        from robot.channels.wecom import WeComWebhookChannel
+
+        channels.append(WeComWebhookChannel.from_settings(cfg.wecom))
+    if cfg.console.enabled:
+        from robot.channels.console import ConsoleChannel
+
+        channels.append(ConsoleChannel(bot_name=settings.bot.name))
+    if cfg.weixin.enabled:
+        from robot.channels.weixin import WeixinChannel
+
+        channels.append(WeixinChannel(cfg.weixin, settings.bot.data_dir))
+    if cfg.telegram.enabled:
+        from robot.channels.telegram import TelegramChannel
+
+        channels.append(TelegramChannel(cfg.telegram, settings.bot.data_dir))
+    if cfg.web.enabled or not channels:
+        from robot.channels.web import WebChannel
+        from robot.channels.web.protocol import is_loopback
+
+        playground = WebChannel(cfg.web, bot_name=settings.bot.name)
+        channels.append(playground)
+        # Binding a WeChat account is the owner's act: only a loopback playground offers the login page.
+        if cfg.weixin.enabled and is_loopback(cfg.web.host):
+            from robot.channels.weixin import WeixinState
+            from robot.channels.weixin.web_login import login_app
+
+            state = WeixinState(cfg.weixin.state_dir or settings.bot.data_dir / "weixin")
+            playground.mount("/weixin", login_app(cfg.weixin, state))
+    return channels

@@ -1,0 +1,349 @@
+"""The Telegram channel against a fake Bot API server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from function_calls.testing import ScriptedModel, text
+from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf16
+from robot.channels.telegram.convert import read_entities
+from robot.channels.telegram.testing import FakeBotAPI
+from robot.message import ChatRef, Message
+from robot.store import parse_iso
+
+Until = Callable[..., Awaitable[None]]
+BOT_ID = "123456"
+PRIVATE = {"id": 777, "type": "private", "first_name": "Alice"}
+GROUP = {"id": -100500, "type": "supergroup", "title": "Team"}
+FORUM = {"id": -100900, "type": "supergroup", "title": "Forum", "is_forum": True}
+ALICE = 777
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeBotAPI]:
+    async with FakeBotAPI(f"{BOT_ID}:TEST-token") as server:
+        yield server
+
+
+def settings(tmp_path: Path, fake: FakeBotAPI, **over: Any) -> TelegramSettings:
+    base: dict[str, Any] = {"enabled": True, "token": fake.token, "api_base": fake.url, "poll_timeout_s": 1,
+                            "state_dir": tmp_path / "tg", "retry_delay_s": 0.05, "backoff_max_s": 0.1}
+    return TelegramSettings(**(base | over))
+
+
+def mention(text: str, word: str, kind: str = "mention") -> dict[str, Any]:
+    start = text.index(word)
+    return {"type": kind, "offset": len(text[:start].encode("utf-16-le")) // 2,
+            "length": len(word.encode("utf-16-le")) // 2}
+
+
+async def test_private_text_arrives_with_its_account_and_per_chat_id(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    update = fake.message(PRIVATE, ALICE, "你好")
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.chat == ChatRef(platform="telegram", chat_id="777", kind="private", account=BOT_ID)
+    assert message.message_id == f"777:{update['message']['message_id']}"
+    assert (message.text, message.sender.user_id, message.sender.name) == ("你好", "777", "Alice")
+    assert not fake.errors
+
+
+async def test_mentions_replies_and_commands_with_the_bots_name_address_it(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    t1 = "@qun_test_bot 明天几点开会？ @bob"
+    fake.message(GROUP, ALICE, t1, entities=[mention(t1, "@qun_test_bot"), mention(t1, "@bob")])
+    fake.message(GROUP, ALICE, "对的", reply_to=fake.bot_message(GROUP, "要我提醒吗？"))
+    t3 = "/note@qun_test_bot 买牛奶"
+    fake.message(GROUP, ALICE, t3, entities=[{"type": "bot_command", "offset": 0, "length": 18}])
+    t4 = "/note@other_bot 别的"
+    fake.message(GROUP, ALICE, t4, entities=[{"type": "bot_command", "offset": 0, "length": 15}])
+    t5 = "😀 @QUN_TEST_BOT 表情在前"
+    fake.message(GROUP, ALICE, t5, entities=[mention(t5, "@QUN_TEST_BOT")])
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        got = [await asyncio.wait_for(inbox.get(), 5) for _ in range(5)]
+    assert (got[0].text, got[0].mentions_bot, got[0].mentions) == ("明天几点开会？ @bob", True, ("bob",))
+    assert got[0].chat.kind == "group" and got[0].chat.chat_id == "-100500"
+    assert got[1].reply_to_bot and got[1].reply_to is not None and got[1].reply_to.startswith("-100500:")
+    assert (got[2].text, got[2].mentions_bot) == ("/note 买牛奶", True)
+    assert (got[3].text, got[3].mentions_bot) == ("/note@other_bot 别的", False)
+    assert (got[4].text, got[4].mentions_bot) == ("😀 表情在前", True)  # offsets in UTF-16 units
+
+
+async def test_a_group_reply_quotes_the_question_and_a_foreign_command_is_ignored(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    t = "/note@other_bot 不归我管"
+    fake.message(GROUP, ALICE, t, entities=[{"type": "bot_command", "offset": 0, "length": 15}])
+    t = "/note@qun_test_bot 买牛奶"
+    asked = fake.message(GROUP, ALICE, t, entities=[{"type": "bot_command", "offset": 0, "length": 18}])
+    await until(lambda: bool(fake.sent))
+    await asyncio.sleep(0.2)
+    (sent,) = fake.sent
+    assert sent.chat_id == -100500 and sent.text == "noted for Alice: 买牛奶 x1"
+    assert sent.reply_to == asked["message"]["message_id"]
+
+
+async def test_forum_topics_are_chats_of_their_own_and_replies_stay_in_the_topic(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    topic_start = {"message_id": 42, "date": 0, "chat": FORUM, "forum_topic_created": {"name": "周会"}}
+    t = "@qun_test_bot /note 议程"
+    fake.message(FORUM, ALICE, t, thread=42, reply_to=topic_start, entities=[mention(t, "@qun_test_bot")])
+    await until(lambda: bool(fake.sent))
+    assert (fake.sent[0].chat_id, fake.sent[0].thread_id) == (-100900, 42)
+    rows = await bot.history.recent(ChatRef(platform="telegram", chat_id="-100900/42", kind="group"), 10)
+    assert [r.text for r in rows if not r.from_bot] == ["/note 议程"]
+
+
+async def test_a_migrated_group_keeps_getting_its_replies(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    old = {"id": -4001, "type": "group", "title": "Old"}
+    fake.message(old, ALICE, "", migrate_to_chat_id=-1004001)
+    fake.message(PRIVATE, ALICE, "marker")
+    from robot.message import OutgoingMessage
+
+    async with running(TelegramChannel(settings(tmp_path, fake))) as channel:
+        await asyncio.wait_for(inbox.get(), 5)  # the marker: the migration notice came before it
+        await channel.send(OutgoingMessage(key="r", chat=ChatRef(platform="telegram", chat_id="-4001",
+                                                                 kind="group"), text="提醒"))
+        # A migration learned from a send's refusal is followed too.
+        fake.migrated[-4002] = -1004002
+        await channel.send(OutgoingMessage(key="s", chat=ChatRef(platform="telegram", chat_id="-4002",
+                                                                 kind="group"), text="又一个"))
+    assert [(s.chat_id, s.text) for s in fake.sent] == [(-1004001, "提醒"), (-1004002, "又一个")]
+    async with running(TelegramChannel(settings(tmp_path, fake))) as channel:  # remembered on disk
+        await channel.send(OutgoingMessage(key="t", chat=ChatRef(platform="telegram", chat_id="-4002",
+                                                                 kind="group"), text="重启后"))
+    assert fake.sent[-1].chat_id == -1004002
+
+
+def test_text_is_split_at_4096_utf16_units() -> None:
+    text = "😀" * 3000  # 6000 UTF-16 units
+    parts = split_utf16(text)
+    assert "".join(parts) == text and all(len(p.encode("utf-16-le")) // 2 <= 4096 for p in parts)
+    lines = "\n".join("行" * 99 for _ in range(60))
+    parts = split_utf16(lines)
+    assert len(parts) == 2 and parts[0].endswith("\n")  # cut at a line break
+
+
+async def test_long_replies_are_split_and_accepted(tmp_path: Path, fake: FakeBotAPI, make_bot: Any,
+                                                   until: Until) -> None:
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    long = "。".join("😀这是一句很长的话" for _ in range(800))
+    await bot.send(ChatRef(platform="telegram", chat_id="777", kind="private"), long, key="long")
+    await until(lambda: sum(len(s.text) for s in fake.sent) >= len(long) - 10)
+    assert len(fake.sent) >= 2 and not fake.errors
+
+
+async def test_flood_control_is_waited_out_through_the_outbox(tmp_path: Path, fake: FakeBotAPI, make_bot: Any,
+                                                              until: Until) -> None:
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    fake.flood(2)
+    before = datetime.now(UTC)
+    await bot.send(ChatRef(platform="telegram", chat_id="777", kind="private"), "稍后", key="flood")
+
+    async def retried_later() -> bool:  # a flood wait is not a failure of the message: no attempt is counted
+        rows = [r for r in await bot.outbox.rows() if r["key"] == "flood"]
+        return bool(rows) and "retry after" in str(rows[0]["error"]) and int(str(rows[0]["attempts"])) == 0
+
+    await until(retried_later)
+    (row,) = [r for r in await bot.outbox.rows() if r["key"] == "flood"]
+    # The test outbox retries after 0.02-0.1 s; Telegram asked for 2 s, and that wins.
+    assert (parse_iso(str(row["next_at"])) - before).total_seconds() >= 1.9
+    assert "retry after 2" in str(row["error"]) and fake.sent == []
+    await until(lambda: bool(fake.sent), timeout=10)
+    assert fake.sent[0].text == "稍后"
+
+
+async def test_the_offset_is_saved_and_a_restart_neither_loses_nor_repeats(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    fake.message(PRIVATE, ALICE, "一")
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+
+    async def count(b: Any, n: int) -> bool:
+        rows = await b.history.recent(ChatRef(platform="telegram", chat_id="777", kind="private"), 50)
+        return len([r for r in rows if not r.from_bot]) >= n
+
+    await until(lambda: count(bot, 1))
+    await bot.stop()
+    assert (tmp_path / "tg" / f"{BOT_ID}-offset.json").is_file()
+    saved = fake.offsets[-1]
+    second = fake.message(PRIVATE, ALICE, "二")
+    polls_before = len(fake.offsets)
+    bot2, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    await until(lambda: count(bot2, 2))
+    await until(lambda: fake.offsets[-1] == second["update_id"] + 1)
+    assert fake.offsets[polls_before] == saved == second["update_id"]  # resumed where it left off
+    rows = await bot2.history.recent(ChatRef(platform="telegram", chat_id="777", kind="private"), 50)
+    assert sorted(r.text for r in rows if not r.from_bot) == ["一", "二"]
+
+
+async def test_webhook_mode_checks_the_secret_token(tmp_path: Path, fake: FakeBotAPI, running: Any,
+                                                    inbox: asyncio.Queue[Message]) -> None:
+    cfg = settings(tmp_path, fake, mode="webhook", webhook_secret="s3cret-Token_1", port=0,
+                   webhook_url="https://bot.example.com/telegram/webhook")
+    update = {"update_id": 9, "message": {"message_id": 5, "date": 1_790_000_000, "chat": PRIVATE,
+                                          "from": {"id": ALICE, "first_name": "Alice"}, "text": "经由 webhook"}}
+    async with running(TelegramChannel(cfg)) as channel, aiohttp.ClientSession() as http:
+        assert fake.webhook is not None and fake.webhook["secret_token"] == "s3cret-Token_1"
+        url = channel.location()
+        async with http.post(url, json=update) as resp:
+            assert resp.status == 401
+        async with http.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "wrong"}) as resp:
+            assert resp.status == 401
+        async with http.post(url, data=b"{not json", headers={"X-Telegram-Bot-Api-Secret-Token":
+                                                              "s3cret-Token_1"}) as resp:
+            assert resp.status == 400
+        async with http.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token":
+                                                        "s3cret-Token_1"}) as resp:
+            assert resp.status == 200
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "经由 webhook" and inbox.empty()
+    assert "getupdates" not in fake.calls
+
+
+def test_webhook_mode_without_a_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="webhook_secret"):
+        TelegramSettings(enabled=True, token="1:x", mode="webhook")
+
+
+async def test_the_command_menu_comes_from_the_tools(tmp_path: Path, fake: FakeBotAPI, make_bot: Any) -> None:
+    await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    assert fake.commands is not None
+    menu = {c["command"]: c["description"] for c in fake.commands}
+    assert menu["note"] == "Take a note (answers the user by itself)."
+    assert "purge" not in menu and "help" in menu  # admin-only tools stay out of everyone's menu
+    assert not fake.errors
+
+
+async def test_typing_is_shown_while_the_model_runs(tmp_path: Path, fake: FakeBotAPI, make_bot: Any,
+                                                    until: Until) -> None:
+    release = asyncio.Event()
+
+    async def slow(request: Any) -> Any:
+        await release.wait()
+        return text("好")
+
+    await make_bot(ScriptedModel(slow), channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    fake.message(PRIVATE, ALICE, "在吗")
+    await until(lambda: (777, "typing") in fake.actions)
+    release.set()
+    await until(lambda: bool(fake.sent))
+
+
+async def test_malformed_updates_are_skipped(tmp_path: Path, fake: FakeBotAPI, running: Any,
+                                             inbox: asyncio.Queue[Message]) -> None:
+    fake.push({"message": {"message_id": 1, "chat": {"type": "private"}}})  # no chat id, no date
+    fake.push({"message": "nonsense"})
+    fake.push({"channel_post": {"message_id": 2}})
+    fake.message(PRIVATE, ALICE, "正常")
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "正常"
+
+
+async def test_a_migrated_group_takes_its_history_and_reminders_along(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    import reminders
+    from reminders.store import Reminder, new_id
+
+    old = {"id": -4001, "type": "group", "title": "Old"}
+    new = {"id": -1004001, "type": "supergroup", "title": "Old"}
+    old_ref = ChatRef(platform="telegram", chat_id="-4001", kind="group")
+    new_ref = ChatRef(platform="telegram", chat_id="-1004001", kind="group")
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path,
+                            plugins=[reminders.plugin])
+    fake.message(old, ALICE, "旧群里说的话")
+    await until(lambda: bot.history.recent(old_ref, 10))
+    now = datetime.now(UTC)
+    store = bot._deps["reminders"].store
+    await store.create(Reminder(
+        id=new_id(), owner="telegram:777", owner_name="Alice", chat=old_ref.key, type="daily", wall="09:00:00",
+        zone="Asia/Shanghai", weekday=None, content="交周报", mode="text", created_at=now, updated_at=now,
+        next_fire=now + timedelta(hours=20), status="active"), reminders.ReminderSettings(), now)
+    fake.message(old, ALICE, "", migrate_to_chat_id=-1004001)
+    fake.message(new, ALICE, "", migrate_from_chat_id=-4001)
+
+    async def moved() -> bool:
+        return bool(await store.for_chat(new_ref.key))
+
+    await until(moved)
+    assert [r.text for r in await bot.history.recent(new_ref, 10)] == ["旧群里说的话"]
+    assert await bot.history.recent(old_ref, 10) == [] and await store.for_chat(old_ref.key) == []
+    assert [r.content for r in await store.for_chat(new_ref.key)] == ["交周报"]
+
+
+def test_a_refused_token_stops_qunbot_run_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from robot.cli import main
+
+    loop = asyncio.new_event_loop()  # the fake runs beside main()'s own asyncio.run
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fake = FakeBotAPI("42:real-token")
+    asyncio.run_coroutine_threadsafe(fake.start(), loop).result(5)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QUNBOT_BOT__DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__ENABLED", "true")
+    monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__TOKEN", "42:wrong-token")
+    monkeypatch.setenv("QUNBOT_CHANNELS__TELEGRAM__API_BASE", fake.url)
+    try:
+        assert main(["run"]) == 1
+    finally:
+        asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    err = capsys.readouterr().err
+    assert "error: cannot start: getMe: 401 Unauthorized" in err and "wrong-token" not in err
+    assert "Traceback" not in err
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                         st.sampled_from(["id", "type", "text", "chat", "from", "date", "message_id", "entities",
+                                          "offset", "length", "user", "reply_to_message", "message_thread_id",
+                                          "is_topic_message", "migrate_to_chat_id", "caption", "document"]),
+                         inner, max_size=6), max_leaves=20)
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(update=st.dictionaries(st.sampled_from(["update_id", "message", "edited_message"]), _json, max_size=3))
+def test_any_update_is_read_or_skipped_never_raised(tmp_path: Path, update: dict[str, Any]) -> None:
+    channel = TelegramChannel(TelegramSettings(enabled=True, token="1:x", state_dir=tmp_path))
+    channel.bot_id, channel.username = "1", "qun_test_bot"
+    got: list[Message] = []
+
+    async def sink(message: Message) -> None:
+        got.append(message)
+
+    async def accept() -> None:
+        channel.bind(sink)
+        task = channel._accept(update)  # the poller calls this outside any try: it must not raise
+        if task is not None:
+            await task
+
+    asyncio.run(accept())
+    assert all(m.chat.platform == "telegram" and m.chat.account == "1" for m in got)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(words=st.text(max_size=30), entities=st.lists(st.fixed_dictionaries({
+    "type": st.sampled_from(["mention", "bot_command", "text_mention", "url"]),
+    "offset": st.integers(-5, 40), "length": st.integers(-5, 40),
+    "user": st.fixed_dictionaries({"id": st.integers(0, 3)})}), max_size=4))
+def test_any_entities_leave_readable_text(words: str, entities: list[dict[str, Any]]) -> None:
+    clean, mentions, _ = read_entities(words, entities, "qun_test_bot", "1")
+    assert isinstance(clean, str) and all(isinstance(m, str) for m in mentions)

@@ -1,0 +1,320 @@
+"""The personal-WeChat channel against a fake iLink server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from function_calls.testing import ScriptedModel, text
+from robot.channels.base import SendRejected
+from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
+from robot.channels.weixin.testing import FakeILinkServer
+from robot.message import ChatRef, Message, OutgoingMessage
+
+Until = Callable[..., Awaitable[None]]
+TOKEN, TOKEN2 = "tok-one", "tok-two"
+BOT, BOT2 = "b0f1@im.bot", "b0f2@im.bot"
+ALICE = "o9cq8alice@im.wechat"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeILinkServer]:
+    async with FakeILinkServer(hold_s=0.2) as server:
+        server.add_bot(TOKEN, BOT)
+        server.add_bot(TOKEN2, BOT2)
+        yield server
+
+
+def settings(tmp_path: Path, **over: Any) -> WeixinSettings:
+    base: dict[str, Any] = {"enabled": True, "state_dir": tmp_path / "wx", "retry_delay_s": 0.05,
+                            "backoff_max_s": 0.1, "typing_refresh_s": 0.05}
+    return WeixinSettings(**(base | over))
+
+
+def log_in(tmp_path: Path, fake: FakeILinkServer, bot_id: str = BOT, token: str = TOKEN) -> WeixinState:
+    state = WeixinState(tmp_path / "wx")
+    state.save_account_sync(WeixinAccount(bot_id=bot_id, bot_token=SecretStr(token), base_url=fake.url,
+                                          user_id="owner@im.wechat", saved_at=datetime.now(UTC)))
+    return state
+
+
+async def test_text_arrives_as_a_private_message_of_its_account(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    sent = fake.inject(TOKEN, ALICE, text="你好")
+    async with running(WeixinChannel(settings(tmp_path))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.chat == ChatRef(platform="weixin", chat_id=ALICE, kind="private", account=BOT)
+    assert message.text == "你好" and message.sender.user_id == ALICE
+    assert message.message_id == str(sent["message_id"])  # a uint64 beyond 2**53, exact
+    assert message.timestamp == datetime.fromtimestamp(sent["create_time_ms"] / 1000, UTC)
+    assert not fake.errors
+
+
+async def test_images_voice_files_and_quotes_become_text_and_groups_map_to_group_chats(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    fake.inject(TOKEN, ALICE, {"type": 2, "image_item": {"url": "x"}}, {"type": 1, "text_item": {"text": "看图"}})
+    fake.inject(TOKEN, ALICE, {"type": 3, "voice_item": {"playtime": 2000, "text": "明天开会"}})
+    fake.inject(TOKEN, ALICE, {"type": 3, "voice_item": {"playtime": 2000}})
+    fake.inject(TOKEN, ALICE, {"type": 4, "file_item": {"file_name": "周报.pdf", "len": "1024"}})
+    fake.inject(TOKEN, ALICE, {"type": 1, "text_item": {"text": "同意"},
+                               "ref_msg": {"title": "方案", "svr_id": "998877",
+                                           "message_item": {"type": 1, "text_item": {"text": "周五上线"}}}})
+    fake.inject(TOKEN, ALICE, text="大家好", group_id="grp-1@chatroom")
+    async with running(WeixinChannel(settings(tmp_path))):
+        got = [await asyncio.wait_for(inbox.get(), 5) for _ in range(6)]
+    texts = [m.text for m in got]
+    assert texts[:5] == ["[图片]\n看图", "[语音] 明天开会", "[语音]", "[文件: 周报.pdf]", "[引用: 方案 | 周五上线]\n同意"]
+    assert got[4].reply_to == "998877"
+    assert got[5].chat == ChatRef(platform="weixin", chat_id="grp-1@chatroom", kind="group", account=BOT)
+    assert got[5].sender.user_id == ALICE
+
+
+async def test_a_restart_resumes_from_the_saved_cursor_without_loss_or_duplicates(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    for i in range(3):
+        fake.inject(TOKEN, ALICE, text=f"第{i}条")
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    await until(lambda: bot_has(bot, 3))
+    await bot.stop()
+    cursor = await WeixinState(tmp_path / "wx").load_cursor(BOT)
+    assert cursor, "the cursor is on disk after the batch was recorded"
+    for i in range(3, 5):
+        fake.inject(TOKEN, ALICE, text=f"第{i}条")
+    bot2, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    await until(lambda: bot_has(bot2, 5))
+    rows = await bot2.history.recent(ChatRef(platform="weixin", chat_id=ALICE, kind="private"), 50)
+    assert sorted(r.text for r in rows if not r.from_bot) == [f"第{i}条" for i in range(5)]
+
+
+async def test_a_lost_cursor_replays_and_the_bot_drops_the_duplicates(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    fake.inject(TOKEN, ALICE, text="只一次")
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    await until(lambda: bot_has(bot, 1))
+    await bot.stop()
+    (tmp_path / "wx" / "accounts" / f"{BOT}.sync.json").unlink()  # as if we crashed before writing it
+    bot2, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    await until(lambda: sum(1 for n, _ in fake.requests if n == "getupdates") >= 4)
+    rows = await bot2.history.recent(ChatRef(platform="weixin", chat_id=ALICE, kind="private"), 50)
+    assert [r.text for r in rows if not r.from_bot] == ["只一次"]
+
+
+async def bot_has(bot: Any, n: int) -> bool:
+    rows = await bot.history.recent(ChatRef(platform="weixin", chat_id=ALICE, kind="private"), 50)
+    return len([r for r in rows if not r.from_bot]) >= n
+
+
+async def test_a_reply_uses_the_latest_context_token_and_shows_typing_while_the_model_runs(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(request: Any) -> Any:
+        started.set()
+        await release.wait()
+        return text("**好的**，已记下：\n- 周五上线")
+
+    await make_bot(ScriptedModel(slow), channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="记一下")
+    await asyncio.wait_for(started.wait(), 5)
+    await until(lambda: len(fake.typing) >= 2)  # typing is shown, and refreshed, while the model works
+    assert {s for _, _, s in fake.typing} == {1}
+    release.set()
+    await until(lambda: bool(fake.sent))
+    await until(lambda: fake.typing[-1][2] == 2)  # and cleared
+    sent = fake.sent[0]
+    assert (sent.to_user_id, sent.token) == (ALICE, TOKEN)
+    assert sent.context_token == fake.context_token(ALICE, 1)
+    assert sent.text == "好的，已记下：\n• 周五上线"  # markdown flattened
+    assert not fake.errors
+
+
+async def test_context_tokens_survive_a_restart_so_a_later_notice_goes_out(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    fake.inject(TOKEN, ALICE, text="一")
+    fake.inject(TOKEN, ALICE, text="二")
+    async with running(WeixinChannel(settings(tmp_path))):
+        await asyncio.wait_for(inbox.get(), 5)
+        await asyncio.wait_for(inbox.get(), 5)
+    assert (tmp_path / "wx" / "accounts" / f"{BOT}.context.json").stat().st_mode & 0o777 == 0o600
+    async with running(WeixinChannel(settings(tmp_path))) as channel:
+        # A reminder's row: no account recorded; the only account is used.
+        await channel.send(OutgoingMessage(key="r1", chat=ChatRef(platform="weixin", chat_id=ALICE,
+                                                                  kind="private"), text="提醒：开会"))
+    assert fake.sent[-1].context_token == fake.context_token(ALICE, 2)
+
+
+async def test_without_a_context_token_the_outbox_row_fails_with_the_reason(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    bot, channel = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    stranger = ChatRef(platform="weixin", chat_id="nobody@im.wechat", kind="private", account=BOT)
+    with pytest.raises(SendRejected, match="context_token"):
+        await channel.send(OutgoingMessage(key="k0", chat=stranger, text="hi"))
+    await bot.send(stranger, "你好", key="k1")
+
+    async def failed() -> bool:
+        return any(r["status"] == "failed" for r in await bot.outbox.rows())
+
+    await until(failed)
+    row = next(r for r in await bot.outbox.rows() if r["key"] == "k1")
+    assert "context_token" in str(row["error"]) and "messaged it" in str(row["error"])
+    assert fake.sent == []
+
+
+async def test_long_replies_are_split_to_the_text_limit(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path, max_text_len=100)), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="hi")
+
+    async def settled() -> bool:
+        return bool(fake.sent) and await bot.outbox.pending() == 0
+
+    await until(settled)  # the no-LLM notice went out; the user's token is known now
+    fake.sent.clear()
+    long = "。".join(f"第{i}句话说了一些内容" for i in range(40))
+    await bot.send(ChatRef(platform="weixin", chat_id=ALICE, kind="private", account=BOT), long, key="long")
+    await until(settled)
+    assert len(fake.sent) > 1 and all(len(s.text) <= 100 for s in fake.sent)
+    assert "".join(s.text for s in fake.sent).replace("。", "") == long.replace("。", "")
+    assert len({s.client_id for s in fake.sent}) == len(fake.sent)
+
+
+async def test_each_account_polls_and_replies_through_its_own_token(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    fake.inject(TOKEN, ALICE, text="找一号")
+    fake.inject(TOKEN2, ALICE, text="找二号")
+    async with running(WeixinChannel(settings(tmp_path))) as channel:
+        got = {m.chat.account: m for m in [await asyncio.wait_for(inbox.get(), 5) for _ in range(2)]}
+        assert set(got) == {BOT, BOT2}
+        for account, message in got.items():
+            await channel.send(OutgoingMessage(key=f"re-{account}", chat=message.chat, text=f"我是{account}"))
+        with pytest.raises(SendRejected, match="several weixin accounts"):
+            await channel.send(OutgoingMessage(key="amb", chat=ChatRef(platform="weixin", chat_id=ALICE,
+                                                                       kind="private"), text="?"))
+    by_token = {s.token: s.text for s in fake.sent}
+    assert by_token == {TOKEN: f"我是{BOT}", TOKEN2: f"我是{BOT2}"}
+
+
+async def test_only_the_configured_accounts_are_served(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    fake.inject(TOKEN, ALICE, text="一号")
+    fake.inject(TOKEN2, ALICE, text="二号")
+    async with running(WeixinChannel(settings(tmp_path, accounts=[BOT2]))) as channel:
+        message = await asyncio.wait_for(inbox.get(), 5)
+        await asyncio.sleep(0.3)
+        assert list(channel.accounts) == [BOT2]
+    assert message.text == "二号" and inbox.empty()
+
+
+async def test_the_servers_long_poll_timeout_is_used_for_the_next_poll(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    fake.longpolling_timeout_ms = 1234
+    channel = WeixinChannel(settings(tmp_path, poll_timeout_ms=5000))
+    seen: list[int] = []
+    async with running(channel):
+        api = channel.accounts[BOT].api
+        real = api.get_updates
+
+        async def spy(buf: str, timeout_ms: int) -> Any:
+            seen.append(timeout_ms)
+            return await real(buf, timeout_ms)
+
+        api.get_updates = spy  # type: ignore[method-assign]
+        await until(lambda: len(seen) >= 2)
+    assert seen[-1] == 1234
+
+
+async def test_errors_back_off_and_polling_recovers(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message],
+        caplog: pytest.LogCaptureFixture) -> None:
+    log_in(tmp_path, fake)
+    fake.fail_next = [500, 502, 503]
+    fake.inject(TOKEN, ALICE, text="终于")
+    with caplog.at_level(logging.WARNING):
+        async with running(WeixinChannel(settings(tmp_path))):
+            message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "终于" and fake.fail_next == []
+    retries = [r.getMessage() for r in caplog.records if "getupdates failed" in r.getMessage()]
+    assert len(retries) == 3 and "HTTP 500" in retries[0] and TOKEN not in "".join(retries)
+
+
+async def test_session_expiry_is_told_once_and_a_new_login_resumes(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message],
+        caplog: pytest.LogCaptureFixture, until: Until) -> None:
+    state = log_in(tmp_path, fake)
+    fake.expire(TOKEN)
+    with caplog.at_level(logging.WARNING):
+        async with running(WeixinChannel(settings(tmp_path, session_pause_s=0.1))) as channel:
+            await until(lambda: sum(1 for n, _ in fake.requests if n == "getupdates") >= 3)
+            told = [r for r in caplog.records if "qunbot login weixin" in r.getMessage()]
+            assert len(told) == 1 and told[0].levelno == logging.ERROR
+            assert TOKEN not in told[0].getMessage()
+            # The owner logs in again (a new token for the same bot): the poller picks it up.
+            fake.add_bot("tok-new", BOT)
+            state.save_account_sync(WeixinAccount(bot_id=BOT, bot_token=SecretStr("tok-new"), base_url=fake.url))
+            fake.inject("tok-new", ALICE, text="又能收到了")
+            message = await asyncio.wait_for(inbox.get(), 10)
+            assert not channel.accounts[BOT].expired
+    assert message.text == "又能收到了"
+
+
+async def test_a_malformed_message_is_skipped_and_the_rest_arrive(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    bad = fake.inject(TOKEN, ALICE, text="坏的")
+    bad["item_list"] = "not a list"
+    fake.inject(TOKEN, ALICE, text="好的")
+    async with running(WeixinChannel(settings(tmp_path))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "好的"
+
+
+def test_account_files_are_private(tmp_path: Path) -> None:
+    state = WeixinState(tmp_path / "wx")
+    path = state.save_account_sync(WeixinAccount(bot_id="../evil", bot_token=SecretStr("t"), base_url="http://x"))
+    assert path.parent == tmp_path / "wx" / "accounts"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [a.bot_id for a in state.load_accounts_sync()] == ["../evil"]
+
+
+async def test_one_user_on_two_accounts_is_answered_by_each_through_the_outbox(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    await make_bot(ScriptedModel(lambda request: text(f"答：{request.messages[-1]['content']}")),
+                   channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="问一号")
+    fake.inject(TOKEN2, ALICE, text="问二号")
+    await until(lambda: len(fake.sent) == 2)
+    assert {(s.token, s.text) for s in fake.sent} == {(TOKEN, "答：问一号"), (TOKEN2, "答：问二号")}
+
+
+async def test_an_account_logged_in_while_running_is_served(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    async with running(WeixinChannel(settings(tmp_path, account_scan_s=0.05))) as channel:
+        assert channel.accounts == {}
+        log_in(tmp_path, fake)  # `qunbot login weixin` (or the playground) in another process
+        fake.inject(TOKEN, ALICE, text="新账号")
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert (message.text, message.chat.account) == ("新账号", BOT)
