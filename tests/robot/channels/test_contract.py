@@ -177,7 +177,8 @@ class OneBotPeer(Peer):
             segments.insert(0, {"type": "at", "data": {"qq": self.peer.self_id}})
         base = VECTORS["events"]["group_message_plain" if group else "private_message"]
         await self.peer.send_event(base, message_id=self.next_id, user_id=int(user), message=segments,
-                                   raw_message=words, sender={"user_id": int(user), "nickname": "u"})
+                                   raw_message=words, sender={"user_id": int(user), "nickname": "u"},
+                                   time=int(time.time()))  # as a live peer does: the sample's 2024 stamp is past retention
         return str(self.next_id)
 
     def outs(self) -> list[Out]:
