@@ -325,7 +325,11 @@ async def wait_connect(peer: Peer, after: float, timeout: float) -> float:
 
 async def apply_faults(plan: list[tuple[float, str]], peer: Peer, bot: BotProcess, windows: list[Window],
                        args: argparse.Namespace) -> None:
+    last_end = 0.0
     for at, kind in plan:
+        # Faults never overlap: one starts only after the previous one's window has closed, so
+        # every delivery after a reconnect is measured from the reconnect that released it.
+        at = max(at, last_end + args.pre + args.post + 0.5)
         await asyncio.sleep(max(0.0, at - time.time()))
         peer.faulting = True
         if kind == "outage":
@@ -349,6 +353,7 @@ async def apply_faults(plan: list[tuple[float, str]], peer: Peer, bot: BotProces
             bot.start()
         w.end = await wait_connect(peer, w.start, timeout=60)
         windows.append(w)
+        last_end = w.end if w.end == w.end else time.time()  # NaN: no reconnect within 60 s
         peer.faulting = False
 
 
@@ -429,6 +434,7 @@ def report(args: argparse.Namespace, planned: list[Planned], peer: Peer, windows
     while_stuck: list[float] = []
     engine: list[float] = []
     delivery: list[float] = []
+    worst: list[tuple[float, Planned, Window, float]] = []
     for p in normal:
         got = by_index.get(p.index, [])
         if not got:
@@ -443,7 +449,10 @@ def report(args: argparse.Namespace, planned: list[Planned], peer: Peer, windows
             if any(s <= p.due <= e for s, e in stuck_busy):
                 while_stuck.append(first - p.due)
         else:
-            after.append(first - max(p.due, w.end))
+            # From the last connection before the arrival (a later fault may have delayed it again).
+            reconnect = max((c for c in peer.connects if c <= first), default=w.end)
+            after.append(first - max(p.due, reconnect))
+            worst.append((first - max(p.due, reconnect), p, w, first))
 
     print(f"[settings] {args.count} stored + {args.live} typed reminders in {args.groups} groups + {args.stuck_count} in a never-acknowledged "
           f"group, {len(ZONES)} zones, due over {args.window} s from start+{args.lead} s; faults: {args.kills} "
@@ -476,6 +485,11 @@ def report(args: argparse.Namespace, planned: list[Planned], peer: Peer, windows
     print(f"[not hit]   of which engine due -> outbox row: {summary(engine)}; outbox row -> peer: {summary(delivery)}")
     print(f"[reconnect] arrival - max(due, reconnect) of {len(after)} reminders due in a fault window: "
           f"{summary(after)}  (goal p99 < 2 s: {'met' if after and pct(after, 0.99) < 2 else 'NOT met'})")
+    for late, p, w, _first in sorted(worst, key=lambda x: -x[0])[:args.show_worst]:
+        row = f"{created[p.key] - w.end:+.2f} s" if p.key in created else "(typed)"
+        print(f"[reconnect]   worst: fb{p.index} group {p.group} {late * 1000:.0f} ms after; {w.kind} at "
+              f"+{w.start - t0:.1f} s, due {p.due - w.start:+.2f} s from the fault, {p.due - w.end:+.2f} s from the "
+              f"reconnect; outbox row committed {row} from the reconnect")
     stuck_sends = sum(1 for a in peer.arrivals if a.group == STUCK_GROUP)
     print(f"[stuck] other chats' lateness while the stuck chat had a send awaiting its answer: {summary(while_stuck)}"
           f"  (goal p99 < 1 s: {'met' if while_stuck and pct(while_stuck, 0.99) < 1 else 'NOT met'}); the stuck "
@@ -550,6 +564,7 @@ def main() -> None:
     parser.add_argument("--post", type=float, default=2.0, help="... and ends this long after the reconnect")
     parser.add_argument("--drain", type=float, default=25.0, help="seconds after the last due to wait for stragglers")
     parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--show-worst", type=int, default=3, help="print the latest deliveries after a reconnect")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (config, database, bot.log)")
     args = parser.parse_args()
     random.seed(args.seed)
