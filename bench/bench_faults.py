@@ -15,7 +15,11 @@ While the reminders fall due it applies faults, one at a time, at random instant
 - one group whose sends the peer never acknowledges, for the whole run (the bot's
   ``action_timeout_s`` is ``--action-timeout`` seconds).
 
-The peer and the process wrapper live in ``bench/fault_rig.py``. It prints lost and doubled counts (each double attributed to the kill that caused it), the
+``--live`` more reminders are typed during the run as ``/remind once "<wall>" fbN`` by group
+members (in each group's ``[bot] zones`` zone), due 3-6 s later. The peer and the process
+wrapper live in ``bench/fault_rig.py``.
+
+It prints lost and doubled counts (each double attributed to the kill that caused it), the
 lateness of reminders no fault touched (due outside every fault window widened by ``--pre`` s
 before and ``--post`` s after), delivery after a reconnect (arrival minus the later of due and
 reconnect), and other chats' lateness while the stuck chat had a send awaiting its answer.
