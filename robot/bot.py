@@ -218,7 +218,7 @@ class Bot:
             return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
         if result.stop is StopReason.AWAITING_APPROVAL:
             # The request is posted in the chat; the run resumes there once approved.
-            ask = await self.approvals.pause(result, caller, chat, origin="scheduled")
+            ask = await self.approvals.pause(result, caller, chat, tools=allow, origin="scheduled")
             mention = (caller.user_id,) if chat.kind == "group" else ()
             await self.outbox.enqueue(*(OutgoingMessage(key=f"scheduled:{result.state.run_id}:{i}", chat=chat, text=t,
                                                         mention=mention)

@@ -244,6 +244,22 @@ async def test_a_scheduled_run_pauses_in_its_chat_and_resumes_on_approval(make_b
     assert RUNS == [("transfer", 42)] and any(m.text == "定时完成: transferred 42" for m in ch.sent)
 
 
+async def test_a_resumed_scheduled_run_keeps_only_the_tools_it_was_allowed(make_bot: Any) -> None:
+    """A prompt reminder allowed one tool gets that one tool back after the approval, not every tool."""
+    model = ScriptedModel(after_tool("定时完成"))
+    bot, ch = await start_bot(make_bot, model)
+    caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="g1", chat_kind="group")
+    await bot.run_scheduled("每天转账", caller, allow=["transfer"])
+    offered_before = {t["function"]["name"] for t in model.requests[0].tools}
+    ask = next(m for m in await ch.wait_sent(2) if "/approve" in m.text and m.mention == ("u1",))
+    await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.wait_sent(4)
+    assert offered_before == {"transfer"}
+    assert {t["function"]["name"] for t in model.requests[-1].tools} == {"transfer"}
+    assert "wipe" in {t.name for t in bot.offered_tools()}  # offered to chats, not to this run
+
+
 async def test_pending_lists_mine_and_what_waits_for_me(make_bot: Any) -> None:
     _bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")))
     await ch.inject("转 42 块", at_bot=True, user="u1")
