@@ -112,10 +112,8 @@ class Approvals:
     # --- pausing ----------------------------------------------------------------------------
     async def pause(self, result: RunResult, caller: Caller, chat: ChatRef, *, tools: Iterable[str],
                     origin: str = "chat", reply_to: str | None = None) -> str:
-        """Freeze a run stopped for a person; returns the message for the requester (with the code).
-
-        ``tools`` are the names of the tools the run was offered: its resume is offered no others.
-        """
+        """Freeze a run stopped for a person (``tools``: what it was offered, all its resume gets);
+        returns the message for the requester (with the code)."""
         offered = sorted(set(tools))
         pending = result.state.pending
         used = [self.bot.tools.get(c.name) for c in pending]
@@ -342,16 +340,15 @@ class Approvals:
         elif self.bot.router is None:
             replies = ["暂时无法继续：没有配置大模型。"]
         else:
-            # Only what the paused run was offered (a scheduled run's allow list), if still offered;
-            # a row from before tools were recorded gets only its pending calls' tools.
+            # Only what the paused run was offered, if still offered (a row from before: its calls' tools)
             names = set(json.loads(row["tools"]) if row.get("tools") else (c.name for c in state.pending))
-            offered = self.bot.offered_tools().filter(lambda t: t.name in names)
             token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
             try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
-                async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
-                    result = await self.bot.router.runner.run(
-                        state, offered, caller=caller, deps_for=self.bot.deps_for,
-                        zone=self.bot.zone_for(chat), clock=self.bot.clock)
+                with self.bot.tool_scope(names):
+                    async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
+                        result = await self.bot.router.runner.run(
+                            state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
+                            zone=self.bot.zone_for(chat), clock=self.bot.clock)
                 replies = list(result.replies)
             except BudgetExceeded as exc:
                 result, replies = None, [exc.user_message]
