@@ -36,6 +36,7 @@ from function_calls import (
     ToolCall,
     ToolContext,
 )
+from robot import snapshots
 from robot.approvals_panel import PANEL, PendingPanel
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.config import ApprovalsSection
@@ -178,15 +179,14 @@ class Approvals:
                         "approvers)", chat.platform)
             return
         text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
+        key = snapshots.notice_key(chat, caller.user_id) + code  # and ``about``: the requester's /forget me finds them
         if chat.kind == "group":
-            self._notices.append(OutgoingMessage(key=f"approval:{code}:{chat.key}:notify", chat=chat, text=text,
-                                                 mention=tuple(same)))
-            return
-        for user_id in same:
-            if user_id != caller.user_id:
-                target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
-                self._notices.append(OutgoingMessage(key=f"approval:{code}:{user_id}:notify", chat=target,
-                                                     text=f"（来自 {chat.key}）{text}"))
+            self._notices.append(OutgoingMessage(key=f"{key}:group", chat=chat, text=text, mention=tuple(same),
+                                                 about=caller.user_id))
+        for user_id in (u for u in same if u != caller.user_id and chat.kind != "group"):
+            target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
+            self._notices.append(OutgoingMessage(key=f"{key}:{user_id}", chat=target, about=caller.user_id,
+                                                 text=f"{snapshots.notice_prefix(chat)}{text}"))
 
     async def announce(self) -> None:
         """Queue the approvers' notices of the requests paused so far (after the requester's reply)."""

@@ -25,9 +25,11 @@ from typing import Any
 import sqlite_utils
 
 from function_calls import RunState, ToolCall
+from robot.message import ChatRef
 from robot.store import Database, iso
 
-__all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code", "summarize"]
+__all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code",
+           "notice_key", "notice_prefix", "summarize"]
 
 #: Credentials use no 0/O/1/I: they are read off a phone screen and typed back.
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -183,6 +185,16 @@ class SnapshotStore:
     def finish_sync(db: sqlite_utils.Database, snapshot_id: str) -> None:
         """Mark an approved row resumed, inside the transaction that queues its replies."""
         db.execute("UPDATE snapshots SET status = 'resumed' WHERE id = ? AND status = 'approved'", [snapshot_id])
+
+
+def notice_key(chat: ChatRef, requester_id: str) -> str:
+    """The outbox key prefix of the approvers' notices of a request made in ``chat`` (found by ``/forget me``)."""
+    return f"notice:{chat.key}>{requester_id}:"
+
+
+def notice_prefix(chat: ChatRef) -> str:
+    """How an approver's private notice of a request made in ``chat`` starts (found by ``/forget me``)."""
+    return f"（来自 {chat.key}）"
 
 
 def describe_call(call: ToolCall, limit: int = 160) -> str:

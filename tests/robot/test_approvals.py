@@ -316,6 +316,33 @@ async def test_forget_me_leaves_no_copy_in_paused_runs(make_bot: Any, tmp_path: 
     assert "幸福路八号".encode() not in raw and b"PHONE-13812345678" not in raw
 
 
+async def test_forget_me_takes_the_approvers_notices_that_quote_the_call(make_bot: Any, tmp_path: Path) -> None:
+    """The notice to the approvers quotes the requester's call: their /forget me takes it, in a group
+    (where the admins are @-ed) and in the admins' private chats (a request made in private)."""
+    model = ScriptedModel(lambda req: call("transfer", {"amount": 987654}))
+    bot, ch = await start_bot(make_bot, model, data_dir=tmp_path / "data")
+    private = ch.chat("u1", kind="private")
+    await ch.inject("转账", at_bot=True, user="u1")
+    await ch.inject("转账", user="u1", chat=private)
+    sent = await ch.wait_sent(4)
+    assert sum("987654" in m.text and m.mention == (ADMIN,) for m in sent) == 1  # @-ed in the group
+    assert sum("987654" in m.text and m.chat == ch.chat(ADMIN, kind="private") for m in sent) == 1
+    await ch.inject("/help", user=ADMIN, chat=ch.chat(ADMIN, kind="private"))
+    await ch.inject("/forget me", user="u1")
+    await ch.inject("/forget me all", user="u1", chat=private)  # the admin's own conversation is not theirs
+    await ch.wait_sent(7)
+
+    def quoted(db: Any) -> list[str]:
+        return [str(r[0]) for q in ("SELECT text FROM history", "SELECT text FROM outbox")
+                for r in db.execute(q).fetchall() if "987654" in str(r[0])]
+
+    def admins(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT text FROM history WHERE chat = ?", [f"memory:private:{ADMIN}"])]
+
+    assert await bot.db.run(quoted) == []
+    assert any("/pending" in t for t in await bot.db.run(admins))  # the admin's /help reply stays
+
+
 async def test_a_resumed_run_refuses_when_the_budget_cannot_be_read(make_bot: Any,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Approved later, the run spends tokens again: a budget store that fails then refuses it (fail closed)."""
