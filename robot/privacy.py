@@ -195,6 +195,9 @@ async def forget(ctx: ToolContext[ForgetHost], args: ForgetArgs) -> ToolResult:
                         user_message="要删除你的记录，请直接发送 /forget me。")
     if args.target != "me":  # one item by id: the plugin that owns it says what it deleted (or refuses)
         item = args.target.lstrip("#")
+        if args.where == "all":  # two commands in one: do neither rather than guess
+            return ToolResult.reply(f"没有删除任何内容：删除一条记录请发送 /forget {item}（不带 all）；"
+                                    "删除你在所有聊天的记录请在私聊中发送 /forget me all。")
         for hook in ctx.deps.forget_hooks:
             said = await hook(caller, item)
             if said:
