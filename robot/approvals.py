@@ -20,7 +20,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from function_calls import (
     ToolCall,
     ToolContext,
 )
+from robot import snapshots
 from robot.approvals_panel import PANEL, PendingPanel
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.config import ApprovalsSection
@@ -110,16 +111,18 @@ class Approvals:
         return None
 
     # --- pausing ----------------------------------------------------------------------------
-    async def pause(self, result: RunResult, caller: Caller, chat: ChatRef, *, origin: str = "chat",
-                    reply_to: str | None = None) -> str:
-        """Freeze a run stopped for a person; returns the message for the requester (with the code)."""
+    async def pause(self, result: RunResult, caller: Caller, chat: ChatRef, *, tools: Iterable[str],
+                    origin: str = "chat", reply_to: str | None = None) -> str:
+        """Freeze a run stopped for a person (``tools``: what it was offered, all its resume gets);
+        returns the message for the requester (with the code)."""
+        offered = sorted(set(tools))
         pending = result.state.pending
-        tools = [self.bot.tools.get(c.name) for c in pending]
-        kinds = {t.confirm for t in tools if t is not None}
+        used = [self.bot.tools.get(c.name) for c in pending]
+        kinds = {t.confirm for t in used if t is not None}
         tip: str | None = None
         if "input" in kinds:
             kind, approver = "input", "requester"
-            ask = next(c for c, t in zip(pending, tools, strict=True) if t is not None and t.confirm == "input")
+            ask = next(c for c, t in zip(pending, used, strict=True) if t is not None and t.confirm == "input")
             try:
                 parsed = AskUserArgs.model_validate_json(ask.arguments or "{}")
                 tip, ttl = parsed.tip, timedelta(seconds=parsed.timeout_s)
@@ -129,7 +132,7 @@ class Approvals:
             kind = "approval"
             approver = "admin" if "admin" in kinds or not kinds else "requester"
             ttl = timedelta(minutes=self.settings.ttl_minutes)
-        return await self._store(kind, approver, caller, chat, result.state, origin, reply_to, tip, ttl)
+        return await self._store(kind, approver, caller, chat, result.state, origin, reply_to, tip, ttl, offered)
 
     async def pause_command(self, tool: Tool, arguments: dict[str, Any], caller: Caller, chat: ChatRef,
                             reply_to: str | None) -> str:
@@ -138,16 +141,16 @@ class Approvals:
                         arguments=json.dumps(arguments, ensure_ascii=False))
         approver = "requester" if tool.confirm == "requester" else "admin"
         return await self._store("approval", approver, caller, chat, RunState(messages=[], pending=[call]),
-                                 "command", reply_to, None, timedelta(minutes=self.settings.ttl_minutes))
+                                 "command", reply_to, None, timedelta(minutes=self.settings.ttl_minutes), [tool.name])
 
     async def _store(self, kind: str, approver: str, caller: Caller, chat: ChatRef, state: RunState, origin: str,
-                     reply_to: str | None, tip: str | None, ttl: timedelta) -> str:
+                     reply_to: str | None, tip: str | None, ttl: timedelta, tools: list[str]) -> str:
         now = self.bot.clock()
         code = await self.store.insert({
             "kind": kind, "approver": approver, "requester": caller.qualified_user, "chat": chat.key,
             "account": str(getattr(chat, "account", "") or ""), "caller": caller.model_dump_json(),
             "state": state.model_dump_json(), "origin": origin, "reply_to": reply_to, "tip": tip,
-            "created_at": iso(now), "expires_at": iso(now + ttl),
+            "created_at": iso(now), "expires_at": iso(now + ttl), "tools": json.dumps(tools, ensure_ascii=False),
         })
         if kind == "input" or approver == "requester":
             self._watch.add(chat.key)
@@ -176,15 +179,14 @@ class Approvals:
                         "approvers)", chat.platform)
             return
         text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
+        key = snapshots.notice_key(chat, caller.user_id) + code  # and ``about``: the requester's /forget me finds them
         if chat.kind == "group":
-            self._notices.append(OutgoingMessage(key=f"approval:{code}:{chat.key}:notify", chat=chat, text=text,
-                                                 mention=tuple(same)))
-            return
-        for user_id in same:
-            if user_id != caller.user_id:
-                target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
-                self._notices.append(OutgoingMessage(key=f"approval:{code}:{user_id}:notify", chat=target,
-                                                     text=f"（来自 {chat.key}）{text}"))
+            self._notices.append(OutgoingMessage(key=f"{key}:group", chat=chat, text=text, mention=tuple(same),
+                                                 about=caller.user_id))
+        for user_id in (u for u in same if u != caller.user_id and chat.kind != "group"):
+            target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
+            self._notices.append(OutgoingMessage(key=f"{key}:{user_id}", chat=target, about=caller.user_id,
+                                                 text=f"{snapshots.notice_prefix(chat)}{text}"))
 
     async def announce(self) -> None:
         """Queue the approvers' notices of the requests paused so far (after the requester's reply)."""
@@ -338,12 +340,15 @@ class Approvals:
         elif self.bot.router is None:
             replies = ["暂时无法继续：没有配置大模型。"]
         else:
+            # Only what the paused run was offered, if still offered (a row from before: its calls' tools)
+            names = set(json.loads(row["tools"]) if row.get("tools") else (c.name for c in state.pending))
             token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
             try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
-                async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
-                    result = await self.bot.router.runner.run(
-                        state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
-                        zone=self.bot.zone_for(chat), clock=self.bot.clock)
+                with self.bot.tool_scope(names):
+                    async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
+                        result = await self.bot.router.runner.run(
+                            state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
+                            zone=self.bot.zone_for(chat), clock=self.bot.clock)
                 replies = list(result.replies)
             except BudgetExceeded as exc:
                 result, replies = None, [exc.user_message]
@@ -351,7 +356,7 @@ class Approvals:
                 GRANT.reset(token)
             if result is not None and result.stop is StopReason.AWAITING_APPROVAL:  # another confirm tool
                 replies = [*result.state.user_messages, await self.pause(
-                    result, caller, chat, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
+                    result, caller, chat, tools=names, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
         messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]
 
         def commit(db: sqlite_utils.Database) -> None:

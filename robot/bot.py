@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
@@ -56,6 +57,8 @@ from robot.wiring import build_channels
 __all__ = ["Bot", "build_channels"]
 
 log = logging.getLogger(__name__)
+#: The tool names the run in progress is limited to (see Bot.tool_scope); None: no limit.
+_SCOPE: ContextVar[frozenset[str] | None] = ContextVar("qunbot_tool_scope", default=None)
 
 
 class Bot:
@@ -164,8 +167,21 @@ class Bot:
         return out
 
     def offered_tools(self) -> Toolset:
-        blocked = self.unavailable_tools()
-        return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY)
+        """The tools a run may be offered now; inside :meth:`tool_scope`, only the scope's."""
+        blocked, scope = self.unavailable_tools(), _SCOPE.get()
+        return self.tools.filter(lambda t: t.name not in blocked and t.name not in privacy.COMMAND_ONLY
+                                 and (scope is None or t.name in scope))
+
+    @contextlib.contextmanager
+    def tool_scope(self, names: Iterable[str]) -> Iterator[None]:
+        """Limit :meth:`offered_tools` to ``names`` for a run (a scheduled run's allow list, a resumed
+        run's recorded tools): tools that start runs of their own (the plan tier) inherit the limit."""
+        outer = _SCOPE.get()
+        token = _SCOPE.set(frozenset(names) if outer is None else frozenset(names) & outer)
+        try:
+            yield
+        finally:
+            _SCOPE.reset(token)
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> None:
         """A chat got a new id on its platform: move its history, outbox rows and plugins' data."""
@@ -210,15 +226,16 @@ class Bot:
             return None
         chat = ChatRef.of(caller)
         try:
-            async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
-                result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                                     zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                                     clock=self.clock)
+            with self.tool_scope(allow):
+                async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
+                    result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
+                                                         zone=zone or self.zone_for(chat), deps_for=self.deps_for,
+                                                         clock=self.clock)
         except BudgetExceeded as exc:
             return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
         if result.stop is StopReason.AWAITING_APPROVAL:
             # The request is posted in the chat; the run resumes there once approved.
-            ask = await self.approvals.pause(result, caller, chat, origin="scheduled")
+            ask = await self.approvals.pause(result, caller, chat, tools=allow, origin="scheduled")
             mention = (caller.user_id,) if chat.kind == "group" else ()
             await self.outbox.enqueue(*(OutgoingMessage(key=f"scheduled:{result.state.run_id}:{i}", chat=chat, text=t,
                                                         mention=mention)

@@ -266,19 +266,22 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
     llm = settings.llm
     if not llm.configured:
         report(True, "llm", "not configured: commands only")
-    else:
+    # Each tier falls back to [llm]'s endpoint and key, as the tiers plugin does.
+    for what, tier in (("llm", llm if llm.configured else None), ("llm.think", llm.think), ("llm.plan", llm.plan)):
+        if tier is None:
+            continue
         import openai
 
-        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key.get_secret_value() if llm.api_key
-                                    else "not-needed", timeout=10, max_retries=0)
+        url, key = tier.base_url or llm.base_url, tier.api_key or llm.api_key
+        client = openai.AsyncOpenAI(base_url=url, api_key=key.get_secret_value() if key else "not-needed",
+                                    timeout=10, max_retries=0)
         try:
-            models = await client.models.list()
-            names = [m.id for m in models.data]
-            known = llm.model in names if names else True
-            report(known, "llm", f"{redact_url(llm.base_url) if llm.base_url else 'default endpoint'} answers"
-                   + ("" if known else f", but model {llm.model!r} is not among {names[:5]}"))
+            names = [m.id for m in (await client.models.list()).data]
+            known = tier.model in names if names else True
+            report(known, what, f"{redact_url(url) if url else 'default endpoint'} answers"
+                   + ("" if known else f", but model {tier.model!r} is not among {names[:5]}"))
         except Exception as exc:
-            report(False, "llm", f"{type(exc).__name__}: {str(exc)[:200]}")
+            report(False, what, f"{type(exc).__name__}: {str(exc)[:200]}")
         finally:
             await client.close()
     ch = settings.channels

@@ -99,4 +99,7 @@ class OutgoingMessage(BaseModel):
     text: str
     mention: tuple[str, ...] = Field(default=(), description="user ids to @ (groups only)")
     reply_to: str | None = None
+    #: The user id a message is about when it @s others (an approver's notice quoting a request):
+    #: recorded as the history row's ``to_user``, so that person's ``/forget me`` takes it.
+    about: str | None = None
     created_at: AwareDatetime | None = None

@@ -134,7 +134,8 @@ class Outbox:
         if cur.rowcount != 1:
             return False
         HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
-                                 reply_to=message.reply_to, to_user=message.mention[0] if message.mention else None)
+                                 reply_to=message.reply_to,
+                                 to_user=message.about or (message.mention[0] if message.mention else None))
         return True
 
     def notify(self, platform: str) -> None:

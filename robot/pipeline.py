@@ -307,7 +307,8 @@ class Pipeline:
                         "tiers": tier_tokens(result)})
         replies = result.replies
         if result.stop is StopReason.AWAITING_APPROVAL:
-            ask = await bot.approvals.pause(result, caller, message.chat, reply_to=message.message_id)
+            ask = await bot.approvals.pause(result, caller, message.chat, tools=tools.names(),
+                                            reply_to=message.message_id)
             replies = [*result.state.user_messages, ask]
         await self.reply(message, replies)
         await bot.approvals.announce()

@@ -3,7 +3,7 @@
 In the chat where it is sent (or, ``/forget me all`` in a private chat, in every chat):
 the person's stored messages; the bot's replies to them and messages addressed to them (an @:
 their reminders firing; in a private chat, every bot message there: the whole conversation was
-with them); the text of the outbox rows of those replies; and
+with them); the approvers' notices quoting their requests; the text of the outbox rows of those; and
 whatever plugins registered a :class:`Forgetter` for (reminders, summaries that may quote them,
 memories). Deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`) and
 the WAL is checkpointed and truncated afterwards, so the text survives in no file.
@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
+from robot.snapshots import notice_key, notice_prefix
 from robot.store import Database
 
 __all__ = [
@@ -105,6 +106,13 @@ def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int,
         # their own waiting ones go; a run being resumed right now ('approved') finishes first.
         db.execute("DELETE FROM snapshots WHERE chat = ? AND status != 'approved' AND "
                    "(status != 'pending' OR requester = ?)", [key, requester])
+        # The approvers' notices quote their calls: in the chat (an @ of the admins), in admins' private chats.
+        notices, private, prefix = notice_key(chat, request.user_id), f"{request.platform}:private:", notice_prefix(chat)
+        db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE substr(key, 1, ?) = ? AND status != 'pending'",
+                   [len(notices), notices])
+        replies += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 AND to_user = ? "
+                              "AND substr(text, 1, ?) = ?", [private, private[:-1] + ";", request.user_id,
+                                                             len(prefix), prefix]).rowcount
         ids = [row[0] for row in db.execute(
             "SELECT message_id FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0 AND message_id != ''",
             [key, request.user_id]).fetchall()]
@@ -135,7 +143,10 @@ def traces_sync(db: sqlite_utils.Database, platform: str, user_id: str) -> tuple
     rows = db.execute("SELECT DISTINCT chat FROM history WHERE substr(chat, 1, ?) = ? AND "
                       "((user_id = ? AND from_bot = 0) OR (from_bot = 1 AND to_user = ?))",
                       [len(prefix), prefix, user_id, user_id]).fetchall()
-    keys = {str(r[0]) for r in rows} | {f"{platform}:private:{user_id}"}
+    own = f"{platform}:private:{user_id}"
+    # Another person's private chat is theirs (an approver's notice about this person is found by
+    # forget_sync from the chat the request came from): never take it whole.
+    keys = {str(r[0]) for r in rows if str(r[0]) == own or not str(r[0]).startswith(f"{platform}:private:")} | {own}
     return tuple(ChatRef.from_key(k) for k in sorted(keys))
 
 
@@ -184,6 +195,9 @@ async def forget(ctx: ToolContext[ForgetHost], args: ForgetArgs) -> ToolResult:
                         user_message="要删除你的记录，请直接发送 /forget me。")
     if args.target != "me":  # one item by id: the plugin that owns it says what it deleted (or refuses)
         item = args.target.lstrip("#")
+        if args.where == "all":  # two commands in one: do neither rather than guess
+            return ToolResult.reply(f"没有删除任何内容：删除一条记录请发送 /forget {item}（不带 all）；"
+                                    "删除你在所有聊天的记录请在私聊中发送 /forget me all。")
         for hook in ctx.deps.forget_hooks:
             said = await hook(caller, item)
             if said:

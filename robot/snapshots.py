@@ -1,6 +1,6 @@
 """The ``snapshots`` table: runs paused for a person, authenticated, with single-use credentials.
 
-One row per paused run: the run state, the caller, the chat (and account), the kind
+One row per paused run: the run state, the tools it was offered, the caller, the chat (and account), the kind
 (``approval`` or ``input``), who must answer (``requester`` or ``admin``), a five-character
 code, created and expiry times, and the status (pending -> approved -> resumed, or denied,
 expired, refused, interrupted, failed). Every field a resume trusts is covered by an HMAC under a
@@ -25,14 +25,18 @@ from typing import Any
 import sqlite_utils
 
 from function_calls import RunState, ToolCall
+from robot.message import ChatRef
 from robot.store import Database, iso
 
-__all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code", "summarize"]
+__all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code",
+           "notice_key", "notice_prefix", "summarize"]
 
 #: Credentials use no 0/O/1/I: they are read off a phone screen and typed back.
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 _SIGNED = ("id", "code", "kind", "approver", "requester", "chat", "account", "caller", "state", "origin",
-           "reply_to", "created_at", "expires_at", "tip")
+           "reply_to", "created_at", "expires_at", "tip", "tools")
+#: Signed only when set, so rows written before the column existed still verify (and resume fail-closed).
+_OPTIONAL = frozenset({"tools"})
 Row = dict[str, Any]
 
 
@@ -84,11 +88,14 @@ class SnapshotStore:
         db.execute("CREATE INDEX IF NOT EXISTS snapshots_answerable ON snapshots (chat) "
                    "WHERE status = 'pending' AND (kind = 'input' OR approver = 'requester')")
         db.execute("CREATE INDEX IF NOT EXISTS snapshots_due ON snapshots (status, expires_at)")
+        # The names of the tools the paused run was offered (JSON list): its resume gets no more.
+        if "tools" not in {row[1] for row in db.execute("PRAGMA table_info(snapshots)").fetchall()}:
+            db.execute("ALTER TABLE snapshots ADD COLUMN tools TEXT")
 
     def mac(self, row: Row) -> str:
         if self.secret is None:
             raise SnapshotError("the snapshot secret is not loaded")
-        data = {k: row.get(k) for k in _SIGNED}
+        data = {k: row.get(k) for k in _SIGNED if k not in _OPTIONAL or row.get(k) is not None}
         text = json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
         return hmac.new(self.secret, text, hashlib.sha256).hexdigest()
 
@@ -178,6 +185,16 @@ class SnapshotStore:
     def finish_sync(db: sqlite_utils.Database, snapshot_id: str) -> None:
         """Mark an approved row resumed, inside the transaction that queues its replies."""
         db.execute("UPDATE snapshots SET status = 'resumed' WHERE id = ? AND status = 'approved'", [snapshot_id])
+
+
+def notice_key(chat: ChatRef, requester_id: str) -> str:
+    """The outbox key prefix of the approvers' notices of a request made in ``chat`` (found by ``/forget me``)."""
+    return f"notice:{chat.key}>{requester_id}:"
+
+
+def notice_prefix(chat: ChatRef) -> str:
+    """How an approver's private notice of a request made in ``chat`` starts (found by ``/forget me``)."""
+    return f"（来自 {chat.key}）"
 
 
 def describe_call(call: ToolCall, limit: int = 160) -> str:

@@ -171,8 +171,8 @@ def _result(result: RunResult, own: str) -> ToolResult:
 
 
 def _memory_tools(deps: TierDeps) -> list[Any]:
-    blocked = deps.bot.unavailable_tools()
-    return [t for t in deps.bot.tools if t.name in MEMORY_TOOLS and t.name not in blocked]
+    # offered_tools: what the calling run may use (a scheduled run's allow list limits these too)
+    return [t for t in deps.bot.offered_tools() if t.name in MEMORY_TOOLS]
 
 
 @tool_function(timeout_s=300, examples=["/deep_think 这道题的最优解是什么"])

@@ -194,3 +194,12 @@ async def test_a_dream_spends_no_model_tokens_beyond_the_bots_daily_budget(tmp_p
         clock.now = clock.now.replace(hour=20)
         reply = await ask(ch, "/sleep", user="boss")
     assert model.requests == [] and "梦里闪过" in reply and "浇水" in reply  # the plain dream, no model
+
+
+async def test_forget_an_id_with_all_is_answered_clearly_and_deletes_nothing(tmp_path: Path) -> None:
+    """``/forget 3 all`` mixes two commands: say so rather than ignore ``all``; the memory stays."""
+    async with running(tmp_path) as (_, ch):
+        mine = ids_in(await ask(ch, "/remember 我对花生过敏", user="u1"))[0]
+        reply = await ask(ch, f"/forget {mine} all", user="u1")
+        assert f"/forget {mine}" in reply and "/forget me all" in reply and "已删除" not in reply
+        assert "花生" in await ask(ch, "/recall 花生", user="u1")

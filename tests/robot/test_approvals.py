@@ -244,6 +244,22 @@ async def test_a_scheduled_run_pauses_in_its_chat_and_resumes_on_approval(make_b
     assert RUNS == [("transfer", 42)] and any(m.text == "定时完成: transferred 42" for m in ch.sent)
 
 
+async def test_a_resumed_scheduled_run_keeps_only_the_tools_it_was_allowed(make_bot: Any) -> None:
+    """A prompt reminder allowed one tool gets that one tool back after the approval, not every tool."""
+    model = ScriptedModel(after_tool("定时完成"))
+    bot, ch = await start_bot(make_bot, model)
+    caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="g1", chat_kind="group")
+    await bot.run_scheduled("每天转账", caller, allow=["transfer"])
+    offered_before = {t["function"]["name"] for t in model.requests[0].tools}
+    ask = next(m for m in await ch.wait_sent(2) if "/approve" in m.text and m.mention == ("u1",))
+    await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.wait_sent(4)
+    assert offered_before == {"transfer"}
+    assert {t["function"]["name"] for t in model.requests[-1].tools} == {"transfer"}
+    assert "wipe" in {t.name for t in bot.offered_tools()}  # offered to chats, not to this run
+
+
 async def test_pending_lists_mine_and_what_waits_for_me(make_bot: Any) -> None:
     _bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")))
     await ch.inject("转 42 块", at_bot=True, user="u1")
@@ -298,6 +314,33 @@ async def test_forget_me_leaves_no_copy_in_paused_runs(make_bot: Any, tmp_path: 
     assert any("keep-me" in r for r in left)
     raw = b"".join(p.read_bytes() for p in data.iterdir() if p.name.startswith("qunbot.sqlite3"))
     assert "幸福路八号".encode() not in raw and b"PHONE-13812345678" not in raw
+
+
+async def test_forget_me_takes_the_approvers_notices_that_quote_the_call(make_bot: Any, tmp_path: Path) -> None:
+    """The notice to the approvers quotes the requester's call: their /forget me takes it, in a group
+    (where the admins are @-ed) and in the admins' private chats (a request made in private)."""
+    model = ScriptedModel(lambda req: call("transfer", {"amount": 987654}))
+    bot, ch = await start_bot(make_bot, model, data_dir=tmp_path / "data")
+    private = ch.chat("u1", kind="private")
+    await ch.inject("转账", at_bot=True, user="u1")
+    await ch.inject("转账", user="u1", chat=private)
+    sent = await ch.wait_sent(4)
+    assert sum("987654" in m.text and m.mention == (ADMIN,) for m in sent) == 1  # @-ed in the group
+    assert sum("987654" in m.text and m.chat == ch.chat(ADMIN, kind="private") for m in sent) == 1
+    await ch.inject("/help", user=ADMIN, chat=ch.chat(ADMIN, kind="private"))
+    await ch.inject("/forget me", user="u1")
+    await ch.inject("/forget me all", user="u1", chat=private)  # the admin's own conversation is not theirs
+    await ch.wait_sent(7)
+
+    def quoted(db: Any) -> list[str]:
+        return [str(r[0]) for q in ("SELECT text FROM history", "SELECT text FROM outbox")
+                for r in db.execute(q).fetchall() if "987654" in str(r[0])]
+
+    def admins(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT text FROM history WHERE chat = ?", [f"memory:private:{ADMIN}"])]
+
+    assert await bot.db.run(quoted) == []
+    assert any("/pending" in t for t in await bot.db.run(admins))  # the admin's /help reply stays
 
 
 async def test_a_resumed_run_refuses_when_the_budget_cannot_be_read(make_bot: Any,

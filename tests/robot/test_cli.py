@@ -220,6 +220,19 @@ async def test_doctor_passes_against_a_working_endpoint(plugin_dir: Path, capsys
     assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"
 
 
+async def test_doctor_checks_the_tier_endpoints_too(plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """[llm.think] on a dead port and [llm.plan] naming a model its endpoint lacks: both reported, no secret."""
+    async with FakeOpenAIServer() as server:
+        cfg = config(plugin_dir, f'[llm]\nmodel = "fake-model"\nbase_url = "{server.base_url}"\napi_key = "{SECRET}"\n'
+                                 f'[llm.think]\nmodel = "fake-model"\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\n'
+                                 f'api_key = "{SECRET}-think"\n[llm.plan]\nmodel = "planner-9"\n')
+        assert await asyncio.to_thread(main, ["--config", str(cfg), "doctor"]) == 1
+        out = capsys.readouterr().out
+    assert "ok  llm:" in out and "FAIL llm.think" in out and "2 problem(s)" in out
+    assert "FAIL llm.plan" in out and "planner-9" in out  # on [llm]'s endpoint, which has no such model
+    assert SECRET not in out
+
+
 async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path) -> None:
     cfg = config(plugin_dir, "[channels.console]\nenabled = true\n")
     db = Database(plugin_dir / "data" / "qunbot.sqlite3")

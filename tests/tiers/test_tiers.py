@@ -119,6 +119,32 @@ async def test_plan_executes_steps_with_the_chat_tools_and_reports_each_tier(tmp
             assert sum(tiers_used.values()) == end["tokens"]
 
 
+async def test_a_scheduled_plan_executes_with_only_the_tools_the_schedule_allows(tmp_path: Path) -> None:
+    """A prompt reminder allowed ``plan`` and ``recall`` cannot reach ``remember`` through the plan's steps."""
+    from function_calls import Caller
+
+    execute_tools: list[set[str]] = []
+
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        names = {t["function"]["name"] for t in request.tools}
+        if "plan" in names:  # the scheduled run
+            result = tool_result(request)
+            return text(result or "") if result else call("plan", {"goal": "记住周会改到周四"})
+        execute_tools.append(names)
+        return text("做不到") if tool_result(request) is None else text("好")
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Reply(tool_calls=[Call("execute", {"task": "记住：周会改到周四"})]), Reply("没能记住。"))
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server)) as (bot, _ch):
+            caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="g1", chat_kind="group")
+            result = await bot.run_scheduled("安排周会", caller, allow=["plan", "recall"])
+            assert result is not None and result.stop.value == "completed"
+            assert execute_tools == [{"recall"}]  # not remember, not every chat tool
+            tools = {t["function"]["name"] for t in plan_server.requests[0].body["tools"]}
+            assert tools == {"execute", "recall"}
+        assert "remember" in {t.name for t in bot.offered_tools()}  # chats still have it
+
+
 async def test_plan_is_bounded_by_its_own_limits(tmp_path: Path) -> None:
     def bot_model(request: ModelRequest) -> ModelResponse:
         if "plan" in {t["function"]["name"] for t in request.tools}:
