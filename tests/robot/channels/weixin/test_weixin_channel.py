@@ -318,3 +318,26 @@ async def test_an_account_logged_in_while_running_is_served(
         fake.inject(TOKEN, ALICE, text="新账号")
         message = await asyncio.wait_for(inbox.get(), 5)
     assert (message.text, message.chat.account) == ("新账号", BOT)
+
+
+async def test_forget_me_deletes_the_persons_context_tokens_on_every_account(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until, running: Any) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    fake.inject(TOKEN2, ALICE, text="你好")
+    fake.inject(TOKEN, "bob@im.wechat", text="我是 Bob")
+    await until(lambda: len(fake.sent) == 2)  # the no-LLM notices: both tokens are known and stored
+    fake.inject(TOKEN, ALICE, text="/forget me all")
+    await until(lambda: len(fake.sent) == 3)
+    assert "已删除" in fake.sent[-1].text and "微信会话凭据" in fake.sent[-1].text  # the reply still went out
+    await bot.stop()
+    for bot_id in (BOT, BOT2):
+        stored = (tmp_path / "wx" / "accounts" / f"{bot_id}.context.json").read_text("utf-8")
+        assert ALICE not in stored
+    assert "bob@im.wechat" in (tmp_path / "wx" / "accounts" / f"{BOT}.context.json").read_text("utf-8")
+    async with running(WeixinChannel(settings(tmp_path))) as channel:  # after a restart: nothing to write with
+        for account in (BOT, BOT2):
+            with pytest.raises(SendRejected, match="context_token"):
+                await channel.send(OutgoingMessage(key=f"after-{account}", chat=ChatRef(
+                    platform="weixin", chat_id=ALICE, kind="private", account=account), text="还在吗"))
