@@ -8,6 +8,9 @@ id reach the new one.
 Polling: the ``offset`` is written to disk only after every update of a batch has been handed to
 the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
 Webhook: ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the request gets 401.
+An update is answered 200 only once it is written (fsync'ed, 0600) to ``<bot>-webhook/<update_id>.json``;
+the file goes once the bot has recorded the update, and a restart delivers what a crash left there
+(Telegram does not resend an update it got 200 for; if the write fails it gets 500 and retries).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import hmac
 import json
 import logging
+import os
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -86,6 +90,7 @@ class TelegramChannel(Channel):
         self.bot_id, self.username = str(me["id"]), str(me.get("username") or "")
         self.migrated = await asyncio.to_thread(self._read, "migrated.json")
         if self.settings.mode == "webhook":
+            await self._replay_spool()
             await self._start_webhook()
         else:
             await self.api.call("deleteWebhook", {"drop_pending_updates": False})
@@ -210,9 +215,70 @@ class TelegramChannel(Channel):
         except ValueError:
             log.warning("telegram: webhook body is not JSON")
             return web.Response(status=400)
-        if isinstance(update, dict):
-            self._accept(update)
+        if not isinstance(update, dict):
+            return web.Response(status=200)
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            log.warning("telegram: webhook update without an update_id skipped")
+            return web.Response(status=200)
+        try:  # durably ours before the 200: after it Telegram never sends this update again
+            path = await asyncio.to_thread(self._spool_write, update_id, update)
+        except (OSError, TypeError, ValueError):
+            log.exception("telegram: could not spool webhook update %s; Telegram will retry", update_id)
+            return web.Response(status=500)
+        self._deliver_spooled(update, path)
         return web.Response(status=200)
+
+    # --- the webhook spool --------------------------------------------------------------------
+    @property
+    def _spool_dir(self) -> Path:
+        return self.state_dir / f"{self.bot_id}-webhook"
+
+    def _spool_write(self, update_id: int, update: dict[str, Any]) -> Path:
+        self._spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self._spool_dir / f"{update_id}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(update, fh, ensure_ascii=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+        return path
+
+    def _deliver_spooled(self, update: dict[str, Any], path: Path) -> None:
+        """Deliver in the background; the spool file goes once the bot has it (not if cut short)."""
+        async def run() -> None:
+            task = self._accept(update)
+            if task is not None:
+                (result,) = await asyncio.gather(task, return_exceptions=True)
+                if isinstance(result, asyncio.CancelledError):
+                    return  # stop() cut it short: the next start delivers it
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(path.unlink, True)
+
+        done = asyncio.create_task(run(), name=f"telegram-spool-{path.stem}")
+        self._deliveries.add(done)
+        done.add_done_callback(self._deliveries.discard)
+
+    async def _replay_spool(self) -> None:
+        def read_all() -> list[tuple[dict[str, Any], Path]]:
+            found: list[tuple[int, dict[str, Any], Path]] = []
+            for path in self._spool_dir.glob("*.json") if self._spool_dir.is_dir() else ():
+                try:
+                    data = json.loads(path.read_text("utf-8"))
+                except (OSError, ValueError):
+                    log.warning("telegram: unreadable spooled update %s skipped", path.name)
+                    continue
+                if isinstance(data, dict) and path.stem.isdigit():
+                    found.append((int(path.stem), data, path))
+            return [(data, path) for _, data, path in sorted(found, key=lambda f: f[0])]
+
+        spooled = await asyncio.to_thread(read_all)
+        if spooled:
+            log.warning("telegram: delivering %d webhook update(s) left from the last run", len(spooled))
+        for update, path in spooled:
+            self._deliver_spooled(update, path)
 
     def to_message(self, update: dict[str, Any]) -> Message | None:
         """A Bot API update as a :class:`Message`, or None for what the bot does not read."""

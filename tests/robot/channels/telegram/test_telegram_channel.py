@@ -212,6 +212,35 @@ async def test_webhook_mode_checks_the_secret_token(tmp_path: Path, fake: FakeBo
     assert "getupdates" not in fake.calls
 
 
+async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_recorded_it(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    cfg = settings(tmp_path, fake, mode="webhook", webhook_secret="s3cret", port=0)
+    update = {"update_id": 41, "message": {"message_id": 6, "date": 1_790_000_000, "chat": PRIVATE,
+                                           "from": {"id": ALICE, "first_name": "Alice"}, "text": "别丢了我"}}
+    stuck = asyncio.Event()
+
+    async def never_records(message: Message) -> None:  # the bot is busy (or about to crash)
+        stuck.set()
+        await asyncio.Event().wait()
+
+    first = TelegramChannel(cfg)
+    first.bind(never_records)
+    await first.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                first.location() or "", json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+            assert resp.status == 200  # Telegram will never send update 41 again
+        await asyncio.wait_for(stuck.wait(), 5)
+        spooled = list((tmp_path / "tg").glob("*-webhook/41.json"))
+        assert len(spooled) == 1 and spooled[0].stat().st_mode & 0o777 == 0o600
+    finally:
+        await first.stop()  # the process goes down before the update was recorded
+    async with running(TelegramChannel(cfg)):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "别丢了我"
+    assert not list((tmp_path / "tg").glob("*-webhook/*.json"))  # recorded now: the spool is empty
+
+
 def test_webhook_mode_without_a_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="webhook_secret"):
         TelegramSettings(enabled=True, token="1:x", mode="webhook")
