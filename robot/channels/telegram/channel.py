@@ -141,10 +141,13 @@ class TelegramChannel(Channel):
         return data if isinstance(data, dict) else {}
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.state_dir / f"{self.bot_id}-{name}"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data), "utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
         tmp.replace(path)
 
     # --- receiving ----------------------------------------------------------------------------
@@ -243,6 +246,7 @@ class TelegramChannel(Channel):
             json.dump(update, fh, ensure_ascii=False)
             fh.flush()
             os.fsync(fh.fileno())
+        tmp.chmod(0o600)
         tmp.replace(path)
         return path
 

@@ -176,7 +176,7 @@ async def test_the_offset_is_saved_and_a_restart_neither_loses_nor_repeats(
 
     await until(lambda: count(bot, 1))
     await bot.stop()
-    assert (tmp_path / "tg" / f"{BOT_ID}-offset.json").is_file()
+    assert (tmp_path / "tg" / f"{BOT_ID}-offset.json").stat().st_mode & 0o777 == 0o600  # private, like all state
     saved = fake.offsets[-1]
     second = fake.message(PRIVATE, ALICE, "二")
     polls_before = len(fake.offsets)
