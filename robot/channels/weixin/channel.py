@@ -236,8 +236,12 @@ class WeixinChannel(Channel):
                 log.warning("weixin %s: the session works again", acc.bot_id)
             if resp.longpolling_timeout_ms and resp.longpolling_timeout_ms > 0:
                 timeout_ms = resp.longpolling_timeout_ms
-            await self._remember_tokens(acc, resp.msgs)  # before delivery: a quick reply needs them
-            batch = self._receive(acc, resp.msgs)
+            msgs = [m for m in resp.msgs if isinstance(m, dict)]
+            if len(msgs) < len(resp.msgs):
+                log.warning("weixin %s: skipped %d entries that are not messages", acc.bot_id,
+                            len(resp.msgs) - len(msgs))
+            await self._remember_tokens(acc, msgs)  # before delivery: a quick reply needs them
+            batch = self._receive(acc, msgs)
             if resp.get_updates_buf and resp.get_updates_buf != buf:
                 buf = resp.get_updates_buf
                 acc.commit = asyncio.create_task(self._commit(acc, acc.commit, batch, buf))

@@ -290,6 +290,18 @@ async def test_a_malformed_message_is_skipped_and_the_rest_arrive(
     assert message.text == "好的"
 
 
+async def test_an_entry_that_is_not_a_message_is_skipped_and_its_batch_still_arrives(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    fake.junk = [None, "garbage", 42]
+    fake.inject(TOKEN, ALICE, text="同批的好消息")
+    async with running(WeixinChannel(settings(tmp_path))):
+        message = await asyncio.wait_for(inbox.get(), 5)  # not stuck re-polling the same batch forever
+        fake.inject(TOKEN, ALICE, text="下一条")
+        later = await asyncio.wait_for(inbox.get(), 5)
+    assert (message.text, later.text) == ("同批的好消息", "下一条")
+
+
 def test_account_files_are_private(tmp_path: Path) -> None:
     state = WeixinState(tmp_path / "wx")
     path = state.save_account_sync(WeixinAccount(bot_id="../evil", bot_token=SecretStr("t"), base_url="http://x"))
