@@ -221,8 +221,8 @@ class TelegramChannel(Channel):
         if not isinstance(update, dict):
             return web.Response(status=200)
         update_id = update.get("update_id")
-        if not isinstance(update_id, int) or isinstance(update_id, bool):
-            log.warning("telegram: webhook update without an update_id skipped")
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
+            log.warning("telegram: webhook update without a usable update_id skipped")
             return web.Response(status=200)
         try:  # durably ours before the 200: after it Telegram never sends this update again
             path = await asyncio.to_thread(self._spool_write, update_id, update)

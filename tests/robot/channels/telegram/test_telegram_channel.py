@@ -230,9 +230,13 @@ async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_rec
         async with aiohttp.ClientSession() as http, http.post(
                 first.location() or "", json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
             assert resp.status == 200  # Telegram will never send update 41 again
+        async with aiohttp.ClientSession() as http, http.post(
+                first.location() or "", json=update | {"update_id": -3},
+                headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+            assert resp.status == 200  # no real update: acknowledged, skipped, not spooled
         await asyncio.wait_for(stuck.wait(), 5)
-        spooled = list((tmp_path / "tg").glob("*-webhook/41.json"))
-        assert len(spooled) == 1 and spooled[0].stat().st_mode & 0o777 == 0o600
+        spooled = list((tmp_path / "tg").glob("*-webhook/*.json"))
+        assert [p.name for p in spooled] == ["41.json"] and spooled[0].stat().st_mode & 0o777 == 0o600
     finally:
         await first.stop()  # the process goes down before the update was recorded
     async with running(TelegramChannel(cfg)):
