@@ -245,6 +245,13 @@ async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_rec
     assert not list((tmp_path / "tg").glob("*-webhook/*.json"))  # recorded now: the spool is empty
 
 
+def test_a_bot_api_url_is_shown_without_its_token() -> None:
+    from robot.redact import redact_url
+
+    shown = redact_url("https://api.telegram.org/bot123456:AAE-s3cret_x/getUpdates?offset=5")
+    assert shown == "https://api.telegram.org/bot123456:***/getUpdates?offset=5"
+
+
 def test_webhook_mode_without_a_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="webhook_secret"):
         TelegramSettings(enabled=True, token="1:x", mode="webhook")
