@@ -89,8 +89,8 @@ class TelegramChannel(Channel):
         me = await self.api.call("getMe")
         self.bot_id, self.username = str(me["id"]), str(me.get("username") or "")
         self.migrated = await asyncio.to_thread(self._read, "migrated.json")
+        await self._replay_spool()  # also after a switch to polling: Telegram will not send these again
         if self.settings.mode == "webhook":
-            await self._replay_spool()
             await self._start_webhook()
         else:
             await self.api.call("deleteWebhook", {"drop_pending_updates": False})

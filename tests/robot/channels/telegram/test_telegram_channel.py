@@ -212,8 +212,9 @@ async def test_webhook_mode_checks_the_secret_token(tmp_path: Path, fake: FakeBo
     assert "getupdates" not in fake.calls
 
 
+@pytest.mark.parametrize("restart_mode", ["webhook", "polling"])
 async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_recorded_it(
-        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message], restart_mode: str) -> None:
     cfg = settings(tmp_path, fake, mode="webhook", webhook_secret="s3cret", port=0)
     update = {"update_id": 41, "message": {"message_id": 6, "date": 1_790_000_000, "chat": PRIVATE,
                                            "from": {"id": ALICE, "first_name": "Alice"}, "text": "别丢了我"}}
@@ -239,7 +240,8 @@ async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_rec
         assert [p.name for p in spooled] == ["41.json"] and spooled[0].stat().st_mode & 0o777 == 0o600
     finally:
         await first.stop()  # the process goes down before the update was recorded
-    async with running(TelegramChannel(cfg)):
+    again = cfg if restart_mode == "webhook" else settings(tmp_path, fake)  # polling: Telegram won't resend it
+    async with running(TelegramChannel(again)):
         message = await asyncio.wait_for(inbox.get(), 5)
     assert message.text == "别丢了我"
     assert not list((tmp_path / "tg").glob("*-webhook/*.json"))  # recorded now: the spool is empty
