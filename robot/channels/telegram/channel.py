@@ -8,9 +8,8 @@ id reach the new one.
 Polling: the ``offset`` is written to disk only after every update of a batch has been handed to
 the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
 Webhook: ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the request gets 401.
-An update is answered 200 only once it is written (fsync'ed, 0600) to ``<bot>-webhook/<update_id>.json``;
-the file goes once the bot has recorded the update, and a restart delivers what a crash left there
-(Telegram does not resend an update it got 200 for; if the write fails it gets 500 and retries).
+An update gets 200 (Telegram never resends it then) only once fsync'ed to ``<bot>-webhook/``
+(:mod:`.state`); the file goes once the bot has recorded it, and a start delivers what a crash left.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -47,6 +45,7 @@ from robot.channels.telegram.api import (
 )
 from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, split_utf16
 from robot.channels.telegram.settings import TelegramSettings
+from robot.channels.telegram.state import read_spool, write_private
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["TelegramChannel"]
@@ -141,14 +140,7 @@ class TelegramChannel(Channel):
         return data if isinstance(data, dict) else {}
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = self.state_dir / f"{self.bot_id}-{name}"
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
-        tmp.replace(path)
+        write_private(self.state_dir / f"{self.bot_id}-{name}", data)
 
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self) -> None:
@@ -224,31 +216,14 @@ class TelegramChannel(Channel):
         if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
             log.warning("telegram: webhook update without a usable update_id skipped")
             return web.Response(status=200)
+        path = self.state_dir / f"{self.bot_id}-webhook" / f"{update_id}.json"
         try:  # durably ours before the 200: after it Telegram never sends this update again
-            path = await asyncio.to_thread(self._spool_write, update_id, update)
+            await asyncio.to_thread(write_private, path, update, sync=True)
         except (OSError, TypeError, ValueError):
             log.exception("telegram: could not spool webhook update %s; Telegram will retry", update_id)
             return web.Response(status=500)
         self._deliver_spooled(update, path)
         return web.Response(status=200)
-
-    # --- the webhook spool --------------------------------------------------------------------
-    @property
-    def _spool_dir(self) -> Path:
-        return self.state_dir / f"{self.bot_id}-webhook"
-
-    def _spool_write(self, update_id: int, update: dict[str, Any]) -> Path:
-        self._spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = self._spool_dir / f"{update_id}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(update, fh, ensure_ascii=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.chmod(0o600)
-        tmp.replace(path)
-        return path
 
     def _deliver_spooled(self, update: dict[str, Any], path: Path) -> None:
         """Deliver in the background; the spool file goes once the bot has it (not if cut short)."""
@@ -266,19 +241,7 @@ class TelegramChannel(Channel):
         done.add_done_callback(self._deliveries.discard)
 
     async def _replay_spool(self) -> None:
-        def read_all() -> list[tuple[dict[str, Any], Path]]:
-            found: list[tuple[int, dict[str, Any], Path]] = []
-            for path in self._spool_dir.glob("*.json") if self._spool_dir.is_dir() else ():
-                try:
-                    data = json.loads(path.read_text("utf-8"))
-                except (OSError, ValueError):
-                    log.warning("telegram: unreadable spooled update %s skipped", path.name)
-                    continue
-                if isinstance(data, dict) and path.stem.isdigit():
-                    found.append((int(path.stem), data, path))
-            return [(data, path) for _, data, path in sorted(found, key=lambda f: f[0])]
-
-        spooled = await asyncio.to_thread(read_all)
+        spooled = await asyncio.to_thread(read_spool, self.state_dir / f"{self.bot_id}-webhook")
         if spooled:
             log.warning("telegram: delivering %d webhook update(s) left from the last run", len(spooled))
         for update, path in spooled:

@@ -192,21 +192,8 @@ class WeixinChannel(Channel):
                 removed += len(gone)
                 acc.forgotten.update({chat: (token, deadline) for chat, token in gone.items()})
                 await self.state.save_context_tokens(acc.bot_id, acc.tokens)  # an OSError fails the forget
-        # An account not running now still has its file: clear it there too.
-        for bot_id in await asyncio.to_thread(self._stored_account_ids):
-            if bot_id in self.accounts:
-                continue
-            tokens = await self.state.load_context_tokens(bot_id)
-            hit = [chat for chat in chats if chat in tokens]
-            if hit:
-                for chat in hit:
-                    del tokens[chat]
-                removed += len(hit)
-                await self.state.save_context_tokens(bot_id, tokens)
-        return removed
-
-    def _stored_account_ids(self) -> list[str]:
-        return [a.bot_id for a in self.state.load_accounts_sync()]
+        # An account not served now still has its file: clear it there too.
+        return removed + await self.state.forget_context_tokens(chats, skip=set(self.accounts))
 
     def location(self) -> str | None:
         return f"personal WeChat, accounts: {', '.join(self.accounts) or 'none logged in'}"
