@@ -353,3 +353,15 @@ async def test_forget_me_deletes_the_persons_context_tokens_on_every_account(
             with pytest.raises(SendRejected, match="context_token"):
                 await channel.send(OutgoingMessage(key=f"after-{account}", chat=ChatRef(
                     platform="weixin", chat_id=ALICE, kind="private", account=account), text="还在吗"))
+
+
+async def test_forget_me_also_clears_the_tokens_of_an_account_not_served_now(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    state = log_in(tmp_path, fake, BOT2, TOKEN2)
+    await state.save_context_tokens(BOT2, {ALICE: "ctx-old", "bob@im.wechat": "ctx-bob"})
+    await make_bot(channel=WeixinChannel(settings(tmp_path, accounts=[BOT])), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="/forget me")
+    await until(lambda: bool(fake.sent))
+    assert "2 个微信会话凭据" in fake.sent[-1].text
+    assert await state.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}
