@@ -323,6 +323,7 @@ class Bot:
                 channel.bind(self.handle)
                 channel.bind_moves(self.move_chat)
                 channel.attach_panels(self.panels)
+                channel.attach_forgetters(self.forgetters)
                 channel.attach_chats(self.history.recent, self.zone_for)
             for channel in self.channels.values():
                 await channel.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 __all__ = ["redact_url"]
@@ -10,10 +11,13 @@ __all__ = ["redact_url"]
 _SECRET_KEYS = frozenset({"access_token", "token", "key", "api_key", "apikey", "secret", "password", "sig",
                           "signature", "auth", "authorization", "corpsecret", "encodingaeskey"})
 MASK = "***"
+#: A Telegram Bot API path carries the token: ``/bot<id>:<secret>/method`` (the id is public).
+_BOT_PATH = re.compile(r"(/bot\d+:)[^/]+")
 
 
 def redact_url(url: str) -> str:
-    """``url`` with every credential masked: secret query values and a password in the authority.
+    """``url`` with every credential masked: secret query values, a password in the authority and a
+    Telegram bot token in the path.
 
     Unparseable input is masked whole rather than risked.
     """
@@ -27,6 +31,7 @@ def redact_url(url: str) -> str:
         if query:
             pairs = parse_qsl(query, keep_blank_values=True)
             query = urlencode([(k, MASK if k.lower() in _SECRET_KEYS else v) for k, v in pairs], safe="*")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        path = _BOT_PATH.sub(lambda m: m.group(1) + MASK, parts.path)
+        return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
     except ValueError:
         return MASK

@@ -20,6 +20,7 @@ import abc
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import aiohttp
@@ -27,6 +28,9 @@ from pydantic import BaseModel, ConfigDict
 
 from robot.history import HistoryEntry
 from robot.message import ChatRef, Message, OutgoingMessage
+
+if TYPE_CHECKING:
+    from robot.privacy import Forgetter
 
 __all__ = [
     "Capabilities",
@@ -208,6 +212,9 @@ class Channel(abc.ABC):
 
     def attach_panels(self, panels: dict[str, PanelProvider]) -> None:  # noqa: B027
         """Receive the bot's side panels (plugins add them at setup); only the web playground shows them."""
+
+    def attach_forgetters(self, forgetters: list[Forgetter]) -> None:  # noqa: B027
+        """Receive the bot's ``/forget me`` list; a channel that keeps per-person data (tokens) adds its own."""
 
     def attach_chats(self, history: ChatHistory, zone_for: Callable[[ChatRef], ZoneInfo]) -> None:  # noqa: B027
         """Receive the stored history and each chat's zone (the web playground shows past messages and

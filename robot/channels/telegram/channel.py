@@ -8,6 +8,8 @@ id reach the new one.
 Polling: the ``offset`` is written to disk only after every update of a batch has been handed to
 the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
 Webhook: ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the request gets 401.
+An update gets 200 (Telegram never resends it then) only once fsync'ed to ``<bot>-webhook/``
+(:mod:`.state`); the file goes once the bot has recorded it, and a start delivers what a crash left.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from robot.channels.telegram.api import (
 )
 from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, split_utf16
 from robot.channels.telegram.settings import TelegramSettings
+from robot.channels.telegram.state import read_spool, write_private
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["TelegramChannel"]
@@ -85,6 +88,7 @@ class TelegramChannel(Channel):
         me = await self.api.call("getMe")
         self.bot_id, self.username = str(me["id"]), str(me.get("username") or "")
         self.migrated = await asyncio.to_thread(self._read, "migrated.json")
+        await self._replay_spool()  # also after a switch to polling: Telegram will not send these again
         if self.settings.mode == "webhook":
             await self._start_webhook()
         else:
@@ -136,11 +140,7 @@ class TelegramChannel(Channel):
         return data if isinstance(data, dict) else {}
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        path = self.state_dir / f"{self.bot_id}-{name}"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data), "utf-8")
-        tmp.replace(path)
+        write_private(self.state_dir / f"{self.bot_id}-{name}", data)
 
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self) -> None:
@@ -210,9 +210,42 @@ class TelegramChannel(Channel):
         except ValueError:
             log.warning("telegram: webhook body is not JSON")
             return web.Response(status=400)
-        if isinstance(update, dict):
-            self._accept(update)
+        if not isinstance(update, dict):
+            return web.Response(status=200)
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
+            log.warning("telegram: webhook update without a usable update_id skipped")
+            return web.Response(status=200)
+        path = self.state_dir / f"{self.bot_id}-webhook" / f"{update_id}.json"
+        try:  # durably ours before the 200: after it Telegram never sends this update again
+            await asyncio.to_thread(write_private, path, update, sync=True)
+        except (OSError, TypeError, ValueError):
+            log.exception("telegram: could not spool webhook update %s; Telegram will retry", update_id)
+            return web.Response(status=500)
+        self._deliver_spooled(update, path)
         return web.Response(status=200)
+
+    def _deliver_spooled(self, update: dict[str, Any], path: Path) -> None:
+        """Deliver in the background; the spool file goes once the bot has it (not if cut short)."""
+        async def run() -> None:
+            task = self._accept(update)
+            if task is not None:
+                (result,) = await asyncio.gather(task, return_exceptions=True)
+                if isinstance(result, asyncio.CancelledError):
+                    return  # stop() cut it short: the next start delivers it
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(path.unlink, True)
+
+        done = asyncio.create_task(run(), name=f"telegram-spool-{path.stem}")
+        self._deliveries.add(done)
+        done.add_done_callback(self._deliveries.discard)
+
+    async def _replay_spool(self) -> None:
+        spooled = await asyncio.to_thread(read_spool, self.state_dir / f"{self.bot_id}-webhook")
+        if spooled:
+            log.warning("telegram: delivering %d webhook update(s) left from the last run", len(spooled))
+        for update, path in spooled:
+            self._deliver_spooled(update, path)
 
     def to_message(self, update: dict[str, Any]) -> Message | None:
         """A Bot API update as a :class:`Message`, or None for what the bot does not read."""

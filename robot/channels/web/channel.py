@@ -248,6 +248,10 @@ class WebChannel(Channel):
         if request.path == "/ws" and origin is not None and _authority(origin) != request.host:
             log.warning("web playground refused a WebSocket from origin %r", origin[:100])
             return web.Response(status=403, text="cross-origin WebSocket refused\n")
+        # CSRF: another site's form or no-cors fetch (start a WeChat login...); browsers name it in Origin.
+        if request.method not in ("GET", "HEAD", "OPTIONS") and origin and _authority(origin) != request.host:
+            log.warning("web playground refused a cross-origin %s from %r", request.method, origin[:100])
+            return web.Response(status=403, text="cross-origin request refused\n")
         response = await handler(request)
         if not response.prepared:
             response.headers.update(_HEADERS)

@@ -155,7 +155,8 @@ class GetUpdatesResp(_Wire):
     ret: int | None = None
     errcode: int | None = None
     errmsg: str | None = None
-    msgs: list[dict[str, Any]] = Field(default_factory=list)  # parsed one by one: a bad one is skipped
+    # Parsed one by one: a bad one (even one that is not an object) is skipped, never the batch.
+    msgs: list[Any] = Field(default_factory=list)
     get_updates_buf: str | None = None
     longpolling_timeout_ms: int | None = None
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from pathlib import Path
 
 import aiohttp
@@ -40,10 +41,14 @@ from robot.channels.weixin.convert import PLATFORM, flatten_markdown, to_message
 from robot.channels.weixin.settings import WeixinSettings
 from robot.channels.weixin.state import WeixinAccount, WeixinState
 from robot.message import ChatRef, OutgoingMessage
+from robot.privacy import ForgetRequest, Forgetter
 
 __all__ = ["WeixinChannel"]
 
 log = logging.getLogger(__name__)
+#: How long a forgotten private chat's token stays usable, in memory only: the reply to
+#: ``/forget me`` itself (and its outbox retries) must still go out.
+_FORGOTTEN_GRACE_S = 600.0
 
 
 class _Account:
@@ -53,6 +58,8 @@ class _Account:
         self.account = account
         self.api = api
         self.tokens: dict[str, str] = {}
+        #: Tokens of chats whose person said ``/forget me``: chat id -> (token, monotonic deadline); never on disk.
+        self.forgotten: dict[str, tuple[str, float]] = {}
         self.expired = False  # errcode -14 seen and not yet cleared by a good poll or a new login
         self.poller: asyncio.Task[None] | None = None
         self.commit: asyncio.Task[None] | None = None
@@ -161,6 +168,33 @@ class WeixinChannel(Channel):
             await self._session.close()
             self._session = None
 
+    def attach_forgetters(self, forgetters: list[Forgetter]) -> None:
+        forgetter = Forgetter("weixin-context-tokens", "个微信会话凭据", self._forget)
+        if forgetter not in forgetters:
+            forgetters.append(forgetter)
+
+    async def _forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: drop the person's private-chat ``context_token`` on every account.
+
+        A group's token stays: it belongs to the group's latest message (anyone's), and without it
+        the group's reminders could not go out.
+        """
+        if request.platform != self.platform:
+            return 0
+        chats = {c.chat_id for c in request.chats if c.kind == "private" and c.platform == self.platform}
+        if request.everywhere:
+            chats.add(request.user_id)
+        deadline = time.monotonic() + _FORGOTTEN_GRACE_S
+        removed = 0
+        for acc in self.accounts.values():
+            gone = {chat: acc.tokens.pop(chat) for chat in chats if chat in acc.tokens}
+            if gone:
+                removed += len(gone)
+                acc.forgotten.update({chat: (token, deadline) for chat, token in gone.items()})
+                await self.state.save_context_tokens(acc.bot_id, acc.tokens)  # an OSError fails the forget
+        # An account not served now still has its file: clear it there too.
+        return removed + await self.state.forget_context_tokens(chats, skip=set(self.accounts))
+
     def location(self) -> str | None:
         return f"personal WeChat, accounts: {', '.join(self.accounts) or 'none logged in'}"
 
@@ -189,8 +223,12 @@ class WeixinChannel(Channel):
                 log.warning("weixin %s: the session works again", acc.bot_id)
             if resp.longpolling_timeout_ms and resp.longpolling_timeout_ms > 0:
                 timeout_ms = resp.longpolling_timeout_ms
-            await self._remember_tokens(acc, resp.msgs)  # before delivery: a quick reply needs them
-            batch = self._receive(acc, resp.msgs)
+            msgs = [m for m in resp.msgs if isinstance(m, dict)]
+            if len(msgs) < len(resp.msgs):
+                log.warning("weixin %s: skipped %d entries that are not messages", acc.bot_id,
+                            len(resp.msgs) - len(msgs))
+            await self._remember_tokens(acc, msgs)  # before delivery: a quick reply needs them
+            batch = self._receive(acc, msgs)
             if resp.get_updates_buf and resp.get_updates_buf != buf:
                 buf = resp.get_updates_buf
                 acc.commit = asyncio.create_task(self._commit(acc, acc.commit, batch, buf))
@@ -234,6 +272,7 @@ class WeixinChannel(Channel):
             if isinstance(token, str) and token and isinstance(chat_id, str) and chat_id \
                     and item.get("message_type") != 2 and acc.tokens.get(chat_id) != token:
                 acc.tokens[chat_id] = token
+                acc.forgotten.pop(chat_id, None)
                 changed = True
         if changed:
             try:
@@ -283,7 +322,7 @@ class WeixinChannel(Channel):
             raise ChannelUnavailable("no weixin account is logged in (run `qunbot login weixin`)")
         acc = self._account_for(message.chat)
         await self._stop_typing(acc, message.chat)
-        token = acc.tokens.get(message.chat.chat_id)
+        token = acc.tokens.get(message.chat.chat_id) or self._forgotten_token(acc, message.chat.chat_id)
         if not token:
             raise SendRejected(
                 f"no context_token for {message.chat.chat_id} on weixin account {acc.bot_id}: WeChat lets a bot "
@@ -303,6 +342,16 @@ class WeixinChannel(Channel):
         except WeixinError as exc:
             raise transport_failure(str(exc), exc) from exc
         return SendReceipt(platform_message_id=mid)
+
+    @staticmethod
+    def _forgotten_token(acc: _Account, chat_id: str) -> str | None:
+        held = acc.forgotten.get(chat_id)
+        if held is None:
+            return None
+        if time.monotonic() > held[1]:
+            del acc.forgotten[chat_id]
+            return None
+        return held[0]
 
     # --- typing -------------------------------------------------------------------------------
     async def typing(self, chat: ChatRef, active: bool) -> None:

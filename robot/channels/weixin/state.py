@@ -121,3 +121,17 @@ class WeixinState:
 
     async def save_context_tokens(self, bot_id: str, tokens: dict[str, str]) -> None:
         await asyncio.to_thread(_write_private, self._file(bot_id, ".context.json"), dict(tokens))
+
+    async def forget_context_tokens(self, chats: set[str], *, skip: set[str]) -> int:
+        """Delete the tokens of ``chats`` from every stored account but ``skip``; how many went."""
+        accounts = await asyncio.to_thread(self.load_accounts_sync)
+        removed = 0
+        for bot_id in (a.bot_id for a in accounts if a.bot_id not in skip):
+            tokens = await self.load_context_tokens(bot_id)
+            hit = [chat for chat in chats if chat in tokens]
+            for chat in hit:
+                del tokens[chat]
+            if hit:
+                removed += len(hit)
+                await self.save_context_tokens(bot_id, tokens)
+        return removed

@@ -176,7 +176,7 @@ async def test_the_offset_is_saved_and_a_restart_neither_loses_nor_repeats(
 
     await until(lambda: count(bot, 1))
     await bot.stop()
-    assert (tmp_path / "tg" / f"{BOT_ID}-offset.json").is_file()
+    assert (tmp_path / "tg" / f"{BOT_ID}-offset.json").stat().st_mode & 0o777 == 0o600  # private, like all state
     saved = fake.offsets[-1]
     second = fake.message(PRIVATE, ALICE, "二")
     polls_before = len(fake.offsets)
@@ -210,6 +210,48 @@ async def test_webhook_mode_checks_the_secret_token(tmp_path: Path, fake: FakeBo
         message = await asyncio.wait_for(inbox.get(), 5)
     assert message.text == "经由 webhook" and inbox.empty()
     assert "getupdates" not in fake.calls
+
+
+@pytest.mark.parametrize("restart_mode", ["webhook", "polling"])
+async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_recorded_it(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message], restart_mode: str) -> None:
+    cfg = settings(tmp_path, fake, mode="webhook", webhook_secret="s3cret", port=0)
+    update = {"update_id": 41, "message": {"message_id": 6, "date": 1_790_000_000, "chat": PRIVATE,
+                                           "from": {"id": ALICE, "first_name": "Alice"}, "text": "别丢了我"}}
+    stuck = asyncio.Event()
+
+    async def never_records(message: Message) -> None:  # the bot is busy (or about to crash)
+        stuck.set()
+        await asyncio.Event().wait()
+
+    first = TelegramChannel(cfg)
+    first.bind(never_records)
+    await first.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                first.location() or "", json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+            assert resp.status == 200  # Telegram will never send update 41 again
+        async with aiohttp.ClientSession() as http, http.post(
+                first.location() or "", json=update | {"update_id": -3},
+                headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+            assert resp.status == 200  # no real update: acknowledged, skipped, not spooled
+        await asyncio.wait_for(stuck.wait(), 5)
+        spooled = list((tmp_path / "tg").glob("*-webhook/*.json"))
+        assert [p.name for p in spooled] == ["41.json"] and spooled[0].stat().st_mode & 0o777 == 0o600
+    finally:
+        await first.stop()  # the process goes down before the update was recorded
+    again = cfg if restart_mode == "webhook" else settings(tmp_path, fake)  # polling: Telegram won't resend it
+    async with running(TelegramChannel(again)):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "别丢了我"
+    assert not list((tmp_path / "tg").glob("*-webhook/*.json"))  # recorded now: the spool is empty
+
+
+def test_a_bot_api_url_is_shown_without_its_token() -> None:
+    from robot.redact import redact_url
+
+    shown = redact_url("https://api.telegram.org/bot123456:AAE-s3cret_x/getUpdates?offset=5")
+    assert shown == "https://api.telegram.org/bot123456:***/getUpdates?offset=5"
 
 
 def test_webhook_mode_without_a_secret_is_refused() -> None:

@@ -290,6 +290,18 @@ async def test_a_malformed_message_is_skipped_and_the_rest_arrive(
     assert message.text == "好的"
 
 
+async def test_an_entry_that_is_not_a_message_is_skipped_and_its_batch_still_arrives(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    log_in(tmp_path, fake)
+    fake.junk = [None, "garbage", 42]
+    fake.inject(TOKEN, ALICE, text="同批的好消息")
+    async with running(WeixinChannel(settings(tmp_path))):
+        message = await asyncio.wait_for(inbox.get(), 5)  # not stuck re-polling the same batch forever
+        fake.inject(TOKEN, ALICE, text="下一条")
+        later = await asyncio.wait_for(inbox.get(), 5)
+    assert (message.text, later.text) == ("同批的好消息", "下一条")
+
+
 def test_account_files_are_private(tmp_path: Path) -> None:
     state = WeixinState(tmp_path / "wx")
     path = state.save_account_sync(WeixinAccount(bot_id="../evil", bot_token=SecretStr("t"), base_url="http://x"))
@@ -318,3 +330,38 @@ async def test_an_account_logged_in_while_running_is_served(
         fake.inject(TOKEN, ALICE, text="新账号")
         message = await asyncio.wait_for(inbox.get(), 5)
     assert (message.text, message.chat.account) == ("新账号", BOT)
+
+
+async def test_forget_me_deletes_the_persons_context_tokens_on_every_account(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until, running: Any) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    fake.inject(TOKEN2, ALICE, text="你好")
+    fake.inject(TOKEN, "bob@im.wechat", text="我是 Bob")
+    await until(lambda: len(fake.sent) == 2)  # the no-LLM notices: both tokens are known and stored
+    fake.inject(TOKEN, ALICE, text="/forget me all")
+    await until(lambda: len(fake.sent) == 3)
+    assert "已删除" in fake.sent[-1].text and "微信会话凭据" in fake.sent[-1].text  # the reply still went out
+    await bot.stop()
+    for bot_id in (BOT, BOT2):
+        stored = (tmp_path / "wx" / "accounts" / f"{bot_id}.context.json").read_text("utf-8")
+        assert ALICE not in stored
+    assert "bob@im.wechat" in (tmp_path / "wx" / "accounts" / f"{BOT}.context.json").read_text("utf-8")
+    async with running(WeixinChannel(settings(tmp_path))) as channel:  # after a restart: nothing to write with
+        for account in (BOT, BOT2):
+            with pytest.raises(SendRejected, match="context_token"):
+                await channel.send(OutgoingMessage(key=f"after-{account}", chat=ChatRef(
+                    platform="weixin", chat_id=ALICE, kind="private", account=account), text="还在吗"))
+
+
+async def test_forget_me_also_clears_the_tokens_of_an_account_not_served_now(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    log_in(tmp_path, fake)
+    state = log_in(tmp_path, fake, BOT2, TOKEN2)
+    await state.save_context_tokens(BOT2, {ALICE: "ctx-old", "bob@im.wechat": "ctx-bob"})
+    await make_bot(channel=WeixinChannel(settings(tmp_path, accounts=[BOT])), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="/forget me")
+    await until(lambda: bool(fake.sent))
+    assert "2 个微信会话凭据" in fake.sent[-1].text
+    assert await state.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}

@@ -182,3 +182,32 @@ def test_a_playground_open_to_others_offers_no_wechat_login(tmp_path: Path) -> N
         "web": {"enabled": True, "host": "0.0.0.0", "port": 0}, "weixin": {"enabled": True}})
     (playground,) = [c for c in build_channels(settings) if isinstance(c, WebChannel)]
     assert playground._mounts == []
+
+
+async def test_another_sites_page_cannot_start_a_login_or_answer_its_pairing_question(tmp_path: Path) -> None:
+    import aiohttp
+
+    from robot.bot import build_channels
+    from robot.channels.web import WebChannel
+    from robot.config import Settings
+
+    async with FakeILinkServer() as fake:
+        settings = Settings(bot={"data_dir": tmp_path}, channels={
+            "web": {"enabled": True, "port": 0}, "weixin": {"enabled": True, "api_base": fake.url}})
+        (playground,) = [c for c in build_channels(settings) if isinstance(c, WebChannel)]
+        await playground.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                base = playground.url + "weixin/"
+                evil = {"Origin": "http://evil.example"}  # what a browser sends for a form/fetch from that site
+                async with http.post(base + "start", headers=evil) as resp:
+                    assert resp.status == 403
+                async with http.post(base + "code", data="42", headers=evil) as resp:
+                    assert resp.status == 403
+                async with http.get(base + "status") as resp:
+                    assert (await resp.json())["state"] == "idle"
+                same = {"Origin": playground.url.rstrip("/")}  # the page itself still works
+                async with http.post(base + "start", headers=same) as resp:
+                    assert resp.status == 200 and (await resp.json())["state"] == "running"
+        finally:
+            await playground.stop()
