@@ -99,6 +99,8 @@ class Outbox:
         self._channels: dict[str, Channel] = {}
         #: Per channel: chats parked after ChannelUnavailable, with the monotonic time they may retry.
         self._parked: dict[str, dict[str, float]] = {}
+        #: Per channel: how many times it (re)connected; a lane parks only if none happened during its send.
+        self._connects: dict[str, int] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -159,6 +161,7 @@ class Outbox:
 
     def _reconnected(self, platform: str) -> None:
         """A channel (re)connected: what was parked for it goes now."""
+        self._connects[platform] = self._connects.get(platform, 0) + 1
         self._parked.get(platform, {}).clear()
         self.notify(platform)
 
@@ -305,9 +308,12 @@ class Outbox:
                 for row in rows:
                     if parse_iso(str(row["next_at"])) > self.clock():
                         return  # waiting out a retry: later rows of this chat wait too (order)
+                    connects = self._connects.get(platform, 0)
                     async with sem:
                         outcome = await self._send_row(channel, row)
                     if outcome == "parked":
+                        if self._connects.get(platform, 0) != connects:
+                            break  # it reconnected while this send failed: try again now, not after park_s
                         self._parked[platform][chat] = time.monotonic() + self.park_s
                         return
                     if outcome == "retry":

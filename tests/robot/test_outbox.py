@@ -401,3 +401,28 @@ async def test_doctor_tells_the_owner_about_messages_given_up(tmp_path: Path, un
     await asyncio.to_thread(main, ["--config", str(config), "doctor"])
     report = capsys.readouterr().out
     assert "FAIL outbox: 1 message(s) could not be delivered" in report and "memory:group:g1" in report
+
+
+class ReconnectsWhileFailing(MemoryChannel):
+    """Down for the first send, and reconnected while the outbox is still recording that failure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries = 0
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.tries += 1
+        if self.tries == 1:
+            asyncio.get_running_loop().call_soon(self.announce_connected)
+            raise ChannelUnavailable("not connected yet")
+        return await super().send(message)
+
+
+async def test_a_reconnect_during_a_failed_send_is_not_missed(rig: Rig) -> None:
+    """Found by bench_faults: the reconnect came while the failure was being written, and the chat
+    then sat out the whole park time."""
+    ch = ReconnectsWhileFailing()
+    outbox = await rig.up(ch, park_s=60.0)
+    await outbox.enqueue(out("k1", "hello"))
+    await ch.wait_sent(1, timeout=5)
+    assert ch.tries == 2
