@@ -8,27 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from robot.channels.files import write_private
+
 __all__ = ["read_spool", "write_private"]
 
+
 log = logging.getLogger(__name__)
-
-
-def write_private(path: Path, data: dict[str, Any], *, sync: bool = False) -> None:
-    """Replace ``path`` with ``data`` as JSON, mode 0600, in a 0700 directory."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, ensure_ascii=False)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
-    tmp.replace(path)
 
 
 def read_spool(folder: Path) -> list[tuple[dict[str, Any], Path]]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+
+from robot.channels.files import write_private
 
 __all__ = ["WeixinAccount", "WeixinState"]
 
@@ -32,21 +33,6 @@ class WeixinAccount(BaseModel):
     base_url: str
     user_id: str = ""
     saved_at: datetime | None = None
-
-
-def _write_private(path: Path, data: dict[str, Any], *, sync: bool = False) -> None:
-    # The rename is atomic; fsync only for credentials: a cursor or token lost to a power cut
-    # costs a replay (deduplicated) or one refused proactive send, not a re-login.
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, ensure_ascii=False)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
-    tmp.replace(path)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -76,7 +62,7 @@ class WeixinState:
     # --- accounts ---------------------------------------------------------------------------
     def save_account_sync(self, account: WeixinAccount) -> Path:
         path = self._file(account.bot_id, ".json")
-        _write_private(path, {"bot_id": account.bot_id, "bot_token": account.bot_token.get_secret_value(),
+        write_private(path, {"bot_id": account.bot_id, "bot_token": account.bot_token.get_secret_value(),
                               "base_url": account.base_url, "user_id": account.user_id,
                               "saved_at": (account.saved_at or datetime.now(UTC)).isoformat()}, sync=True)
         return path
@@ -112,7 +98,7 @@ class WeixinState:
         return value if isinstance(value, str) else ""
 
     async def save_cursor(self, bot_id: str, buf: str) -> None:
-        await asyncio.to_thread(_write_private, self._file(bot_id, ".sync.json"), {"get_updates_buf": buf})
+        await asyncio.to_thread(write_private, self._file(bot_id, ".sync.json"), {"get_updates_buf": buf})
 
     # --- context tokens ---------------------------------------------------------------------
     async def load_context_tokens(self, bot_id: str) -> dict[str, str]:
@@ -120,7 +106,7 @@ class WeixinState:
         return {str(k): v for k, v in data.items() if isinstance(v, str) and v}
 
     async def save_context_tokens(self, bot_id: str, tokens: dict[str, str]) -> None:
-        await asyncio.to_thread(_write_private, self._file(bot_id, ".context.json"), dict(tokens))
+        await asyncio.to_thread(write_private, self._file(bot_id, ".context.json"), dict(tokens))
 
     async def forget_context_tokens(self, chats: set[str], *, skip: set[str]) -> int:
         """Delete the tokens of ``chats`` from every stored account but ``skip``; how many went."""

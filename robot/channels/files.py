@@ -1,0 +1,28 @@
+"""Small state files channels keep beside the database: credentials, poll cursors, spooled updates."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_private"]
+
+
+def write_private(path: Path, data: dict[str, Any], *, sync: bool = False) -> None:
+    """Replace ``path`` with ``data`` as JSON, mode 0600, in a 0700 directory; ``sync`` fsyncs it first.
+
+    The rename is atomic; fsync only where a power cut must not lose it (credentials, a spooled
+    update): a cursor lost that way costs a replay, which the bot's dedupe absorbs.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, ensure_ascii=False)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
+    tmp.replace(path)
