@@ -4,6 +4,7 @@ Plugins import what they need from here (``from robot import Bot, ChatRef, Plugi
 live in :mod:`robot.testing`.
 """
 
+from robot.ask_user import AskUserArgs
 from robot.bot import Bot
 from robot.channels.base import (
     Capabilities,
@@ -27,6 +28,7 @@ from robot.privacy import ForgetRequest, Forgetter
 from robot.store import Database, iso, parse_iso, utcnow
 
 __all__ = [
+    "AskUserArgs",
     "Bot",
     "BudgetExceeded",
     "Capabilities",

@@ -32,7 +32,7 @@ from function_calls import (
 )
 from robot import privacy
 from robot.approvals import Approvals
-from robot.ask_user import ask_user
+from robot.ask_user import Questions, ask_user
 from robot.channels.base import Channel, PanelProvider
 from robot.commands import (
     CommandError,
@@ -96,6 +96,8 @@ class Bot:
         self.model = model if model is not None else self._default_model()
         in_memory = str(self.db.path) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).
+        #: Questions a running plan asked the user, answered by their next message in the chat.
+        self.questions = Questions()
         self.approvals = Approvals(self, settings.approvals,
                                    None if in_memory else settings.bot.data_dir / "secret.key")
         self.router: FunctionCallRouter | None = None

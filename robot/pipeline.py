@@ -155,7 +155,10 @@ class Pipeline:
             return
         if message.from_bot:
             return
-        # An answer to a paused run (ask_user, or a plain "确认") is consumed, addressed or not.
+        # An answer to a running plan's question, or to a paused run (ask_user, or a plain "确认"),
+        # is consumed, addressed or not.
+        if bot.questions.answer(message.chat.key, message.qualified_sender, message.text):
+            return
         if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), message.text):
             return
         replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(

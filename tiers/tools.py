@@ -6,7 +6,9 @@
 * ``plan(goal, context)``: the plan tier in a loop bounded by ``[llm.plan]`` (iterations, tool
   calls, tokens; sub-calls included). Its tools: ``recall``, ``remember``, ``deep_think`` (when
   the think tier exists) and ``execute(task, context)``, which is the bot's own model (M1) with
-  the chat's tools (not ``plan``/``deep_think``: no recursion). When the plan takes longer than
+  the chat's tools (not ``plan``/``deep_think``: no recursion), and ``ask_user`` (the question goes
+  to the chat; the asker's next message there is the answer), unless nobody waits on the plan (a
+  scheduled run). When the plan takes longer than
   ``reply_within_s``, the chat gets a short note now and the result later, through the outbox.
 
 Accounting: every sub-run's usage comes back as the tool's ``usage`` (so the calling run and the
@@ -40,7 +42,7 @@ from function_calls import (
     Usage,
     tool_function,
 )
-from robot import BudgetExceeded, ChatRef
+from robot import AskUserArgs, BudgetExceeded, ChatRef
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -55,7 +57,7 @@ THINK_PROMPT = ("你是深度思考的助手。请一步一步仔细推理，检
 PLAN_PROMPT = ("你是规划助手。把目标拆成几个步骤，逐步完成：用 execute(task, context) 让执行模型完成具体任务"
                "（它能使用聊天中的工具），需要深入推理时用 deep_think，需要时用 recall/remember 读写记忆。"
                "全部完成后，用简洁的中文给出最终结果。")
-_OWN = frozenset({"execute", "deep_think", "plan"})
+_OWN = frozenset({"execute", "deep_think", "plan", "ask_user"})
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|\Z)", re.S | re.I)
 
 
@@ -200,8 +202,19 @@ async def execute(ctx: ToolContext[TierDeps], args: ExecuteArgs) -> ToolResult:
     return _result(result, "execute")
 
 
-def _plan_tools(deps: TierDeps) -> Toolset:
-    tools = [execute, *_memory_tools(deps)]
+@tool_function(name="ask_user", sequential=True, timeout_s=3700)
+async def plan_ask_user(ctx: ToolContext[TierDeps], args: AskUserArgs) -> ToolResult:
+    """向用户提问并等待回答 (ask the user and wait): use only when the plan cannot go on without the user's
+    answer; after timeout_s you get "用户暂未回复"."""
+    caller, bot = ctx.caller, ctx.deps.bot
+    mention = (caller.user_id,) if caller.chat_kind == "group" else ()
+    await bot.send(ChatRef.of(caller), args.tip, key=f"plan-ask:{ctx.run_id}:{ctx.tool_call_id}", mention=mention)
+    return ToolResult(content=await bot.questions.ask(ChatRef.of(caller).key, caller.qualified_user, args.timeout_s))
+
+
+def _plan_tools(deps: TierDeps, caller: Caller) -> Toolset:
+    # Only a plan someone is waiting on may ask them: a scheduled run has nobody at the keyboard.
+    tools = [execute, *([plan_ask_user] if caller.message_id else []), *_memory_tools(deps)]
     if deps.think is not None:
         tools.append(deep_think)
     return Toolset("plan", tools)
@@ -215,7 +228,7 @@ async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
     if tier is None:
         raise ToolError("no plan tier is configured", user_message="没有配置规划模型（[llm.plan]）。")
     messages = _messages(PLAN_PROMPT, args.goal, args.context)
-    work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages, _plan_tools(deps)))
+    work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages, _plan_tools(deps, ctx.caller)))
     done, _ = await asyncio.wait({work}, timeout=tier.reply_within_s)
     if work in done:
         return _result(work.result(), "plan")

@@ -112,7 +112,7 @@ async def test_plan_executes_steps_with_the_chat_tools_and_reports_each_tier(tmp
             assert reply == "周会已改到周四，并已记住。"
             assert "周会改到周四" in await ask(ch, "/recall 周会")
             tools = {t["function"]["name"] for t in plan_server.requests[0].body["tools"]}
-            assert tools == {"execute", "recall", "remember"}  # no deep_think without a think tier
+            assert tools == {"execute", "ask_user", "recall", "remember"}  # no deep_think without a think tier
             end = next(e for e in ch.events if e.get("type") == "run_end")
             tiers_used: dict[str, int] = end["tiers"]  # type: ignore[assignment]
             assert tiers_used["plan"] > 0 and tiers_used["execute"] > 0
@@ -215,3 +215,37 @@ async def test_concurrent_tier_runs_reserve_the_daily_budget(tmp_path: Path) -> 
             assert await bot.budget.used("user:memory:u1") == 800
         finally:
             await bot.stop()
+
+
+async def test_a_plan_asks_the_user_and_goes_on_with_the_answer(tmp_path: Path) -> None:
+    answers: list[str] = []
+
+    def plan_responder(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        if last["role"] != "tool":
+            return Reply(tool_calls=[Call("ask_user", {"tip": "团建定在周几？", "timeout_s": 60})])
+        answers.append(str(last["content"]))
+        return Reply(f"好的，定在{last['content']}")
+
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(result) if result is not None else call("plan", {"goal": "安排团建"})
+
+    async with FakeOpenAIServer(plan_responder) as plan_server, \
+            running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server, reply_within_s=0.1)) as (_bot, ch):
+        await ch.inject("帮我安排团建", at_bot=True)
+        sent = await ch.wait_sent(2, timeout=5)  # the question and "this takes a while", in either order
+        assert {m.text for m in sent} == {"团建定在周几？", "这个计划需要一些时间，完成后我会在这里汇报结果。"}
+        assert all(m.mention == ("u1",) for m in sent)
+        await ch.inject("周五", user="u2")  # another member's message is not the answer
+        await ch.inject("周五下午", user="u1")  # not addressed to the bot: still the answer
+        sent = await ch.wait_sent(3, timeout=5)
+        assert answers == ["周五下午"] and sent[2].text == "计划完成：\n好的，定在周五下午"
+
+
+async def test_an_unanswered_question_gives_no_reply_after_its_timeout() -> None:
+    from robot.ask_user import NO_REPLY, Questions
+
+    questions = Questions()
+    assert await questions.ask("memory:group:g1", "memory:u1", 0.05) == NO_REPLY
+    assert not questions.answer("memory:group:g1", "memory:u1", "迟到的回答")  # nobody waits any more
