@@ -34,7 +34,6 @@ from function_calls import (
     StopReason,
     Tool,
     ToolCall,
-    ToolContext,
 )
 from robot import snapshots
 from robot.approvals_panel import PANEL, PendingPanel
@@ -378,14 +377,9 @@ class Approvals:
                 out.append(f"/{call.name} 已不存在，没有执行。")
                 continue
             try:
-                args = tool.parse_arguments(call.arguments)
-                ctx: ToolContext[Any] = ToolContext(deps=self.bot.deps_for(tool), caller=caller,
-                                                    zone=self.bot.zone_for(chat), clock=self.bot.clock,
-                                                    run_id="command", tool_call_id=call.id, via="command")
-                async with self.bot.budget.reserve(caller, 0):  # as for a typed /command: charged once here
-                    result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
-                    if result.usage is not None and result.usage.requests:
-                        await self.bot.budget.charge(caller, result.usage)
+                result = await self.bot.invoke_tool(tool, tool.parse_arguments(call.arguments), caller,
+                                                    self.bot.zone_for(chat), via="command", run_id="command",
+                                                    call_id=call.id)
             except Exception as exc:
                 log.warning("approved command %s failed: %s", call.name, type(exc).__name__)
                 out.append(f"/{call.name} 执行失败了。")

@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
+from pydantic import BaseModel
+
 from function_calls import (
     ArgumentError,
     Caller,
@@ -247,15 +249,10 @@ class Bot:
 
     async def call_tool(self, name: str, caller: Caller, arguments: str | dict[str, Any], *,
                         via: Literal["command", "scheduled"] = "command", zone: ZoneInfo | None = None) -> ToolResult:
-        """Run one tool (by name or alias) as ``caller``, without any LLM: how a plugin uses another
-        plugin's tool, and how a stored command runs at its time.
-
-        ``arguments`` is a command line (``/name`` already removed) or an arguments object. The
-        checks of a typed ``/command`` apply (scope, admin, ``require_at``, availability); a tool
-        that needs a confirmation is refused, since nobody is there to confirm. Raises
-        :class:`ToolError` (with a Chinese ``user_message``) for anything refused or failed; the
-        tool's usage is charged to ``caller``'s budget.
-        """
+        """Run one tool by name or alias as ``caller``, no LLM: how a plugin uses another plugin's tool and
+        a stored command runs. ``arguments``: a command line or an arguments object. A typed ``/command``'s
+        checks apply; a ``confirm`` tool is refused (nobody is there). Raises :class:`ToolError` (Chinese
+        ``user_message``) for anything refused or failed."""
         await self._plugins_ready.wait()
         tool = self.tools.resolve(name)
         if tool is None or tool.confirm == "input":
@@ -270,27 +267,36 @@ class Bot:
         zone = zone or self.zone_for(ChatRef.of(caller))
         syntax = self.command_syntax.get(tool.name)
         try:
-            if isinstance(arguments, str):  # a command line reads as a typed /command would
-                raw = syntax.parse(CommandLine(tool, arguments, zone, self.clock(), self.router is not None)) \
-                    if syntax else build_arguments(tool, arguments)
-            else:
-                raw = arguments
+            raw = self.command_arguments(tool, arguments, zone) if isinstance(arguments, str) else arguments
             args = tool.parse_arguments(raw)
         except CommandError as exc:
             raise ToolError(str(exc), user_message=str(exc)) from None
         except ArgumentError as exc:
             raise ToolError(exc.message, user_message=format_argument_error(
                 tool, exc, usage=syntax.usage if syntax else None, language=self.settings.bot.language)) from None
-        ctx: ToolContext[Any] = ToolContext(deps=self.deps_for(tool), caller=caller, zone=zone, clock=self.clock,
-                                            run_id=via, tool_call_id=f"{via}-{tool.name}", via=via)
         try:
-            # As for a typed /command: an empty reservation collects the tool's own spending, charged once here.
-            async with self.budget.reserve(caller, 0):
-                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
-                if result.usage is not None and result.usage.requests:
-                    await self.budget.charge(caller, result.usage)
+            return await self.invoke_tool(tool, args, caller, zone, via=via, run_id=via,
+                                          call_id=f"{via}-{tool.name}")
         except TimeoutError:
             raise ToolError(f"/{name} timed out", user_message=f"/{name} 执行超时（{tool.timeout_s:g} 秒）。") from None
+
+    def command_arguments(self, tool: Tool, line: str, zone: ZoneInfo) -> dict[str, Any]:
+        """A command line's arguments, read as a typed ``/command``: the tool's own syntax if it has one."""
+        syntax = self.command_syntax.get(tool.name)
+        if syntax is not None:
+            return syntax.parse(CommandLine(tool, line, zone, self.clock(), self.router is not None))
+        return build_arguments(tool, line)
+
+    async def invoke_tool(self, tool: Tool, args: BaseModel | None, caller: Caller, zone: ZoneInfo, *,
+                          via: Literal["command", "scheduled"], run_id: str, call_id: str) -> ToolResult:
+        """Run a validated call without any LLM, within ``timeout_s``; raises what the tool raises. An
+        empty reservation collects the tool's own spending (a summary's model calls), charged once here."""
+        ctx: ToolContext[Any] = ToolContext(deps=self.deps_for(tool), caller=caller, zone=zone, clock=self.clock,
+                                            run_id=run_id, tool_call_id=call_id, via=via)
+        async with self.budget.reserve(caller, 0):
+            result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+            if result.usage is not None and result.usage.requests:
+                await self.budget.charge(caller, result.usage)
         return result
 
     # --- lifecycle ------------------------------------------------------------------------

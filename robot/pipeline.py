@@ -7,7 +7,6 @@ into the outbox, each keyed by the incoming message so a redelivery cannot doubl
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -15,11 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolContext, ToolError, Toolset
+from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolError, Toolset
 from robot.commands import (
     CommandError,
-    CommandLine,
-    build_arguments,
     clip,
     format_argument_error,
     help_text,
@@ -221,20 +218,13 @@ class Pipeline:
         syntax = bot.command_syntax.get(tool.name)
         zone = bot.zone_for(ChatRef.of(caller))
         try:
-            raw = syntax.parse(CommandLine(tool, rest, zone, bot.clock(), bot.router is not None)) if syntax \
-                else build_arguments(tool, rest)
+            raw = bot.command_arguments(tool, rest, zone)
             args = tool.parse_arguments(raw)
             if tool.confirm:
                 return await bot.approvals.pause_command(tool, raw, caller, ChatRef.of(caller),
                                                          caller.message_id or None)
-            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(tool), caller=caller, zone=zone,
-                                                clock=bot.clock, run_id="command", tool_call_id=f"cmd-{tool.name}",
-                                                via="command")
-            # An empty reservation: a tool's own spend (a summary) is held until it is recorded here.
-            async with bot.budget.reserve(caller, 0):
-                result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
-                if result.usage is not None and result.usage.requests:
-                    await bot.budget.charge(caller, result.usage)
+            result = await bot.invoke_tool(tool, args, caller, zone, via="command", run_id="command",
+                                           call_id=f"cmd-{tool.name}")
         except TimeoutError:
             return f"/{name} 执行超时（{tool.timeout_s:g} 秒），请稍后再试。"
         except CommandError as exc:
