@@ -257,9 +257,8 @@ class Bot:
         tool = self.tools.resolve(name)
         if tool is None or tool.confirm == "input":
             raise ToolError(f"no tool {name!r}", user_message=f"没有 /{name} 这个命令。")
-        reason = refusal(tool, caller) or (
-            f"/{name} 暂不可用：{self.unavailable_tools()[tool.name]}" if tool.name in self.unavailable_tools()
-            else None)
+        off = self.unavailable_tools().get(tool.name)
+        reason = refusal(tool, caller) or (f"/{name} 暂不可用：{off}" if off else None)
         if tool.confirm and reason is None:
             reason = f"/{name} 需要确认，不能自动执行。"
         if reason:
