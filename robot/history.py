@@ -104,15 +104,29 @@ class HistoryStore:
             "LIMIT 1", [chat.key, user_id]).fetchone())
         return str(row[0] or "") if row else ""
 
-    async def recent(self, chat: ChatRef, limit: int = 50, *, before: datetime | None = None) -> list[HistoryEntry]:
-        """The newest ``limit`` messages (before ``before``), oldest first."""
+    async def recent(self, chat: ChatRef, limit: int = 50, *, before: datetime | None = None,
+                     before_message: str = "") -> list[HistoryEntry]:
+        """The newest ``limit`` messages (before ``before``), oldest first.
+
+        With ``before_message`` (the id of a stored incoming message at ``before``), messages of the
+        same second recorded before it count too: platforms stamp whole seconds, and what was said
+        a moment before someone @-s the bot is the context they mean.
+        """
         cutoff = iso(before) if before else "9999"
 
         def work(db: sqlite_utils.Database) -> list[HistoryEntry]:
-            rows = db.execute_returning_dicts(
-                "SELECT * FROM history WHERE chat = ? AND ts < ? ORDER BY ts DESC, id DESC LIMIT ?",
-                [chat.key, cutoff, limit],
-            )
+            if before_message and before:
+                rows = db.execute_returning_dicts(
+                    "SELECT * FROM history WHERE chat = ? AND (ts < ? OR (ts = ? AND id < COALESCE("
+                    "(SELECT MIN(id) FROM history WHERE chat = ? AND message_id = ? AND from_bot = 0), -1))) "
+                    "ORDER BY ts DESC, id DESC LIMIT ?",
+                    [chat.key, cutoff, cutoff, chat.key, before_message, limit],
+                )
+            else:
+                rows = db.execute_returning_dicts(
+                    "SELECT * FROM history WHERE chat = ? AND ts < ? ORDER BY ts DESC, id DESC LIMIT ?",
+                    [chat.key, cutoff, limit],
+                )
             return [_entry(r) for r in reversed(rows)]
 
         return await self.db.run(work)

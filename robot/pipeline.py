@@ -259,7 +259,8 @@ class Pipeline:
         bot = self.bot
         assert bot.router is not None
         channel = bot.channels.get(message.platform)
-        history = await bot.history.recent(message.chat, 40, before=message.timestamp)
+        history = await bot.history.recent(message.chat, 40, before=message.timestamp,
+                                           before_message=message.message_id)
         streaming = channel is not None and channel.capabilities.streaming and bot.settings.llm.stream
 
         async def on_text(delta: str) -> None:

@@ -43,6 +43,20 @@ async def test_recent_is_oldest_first_newest_n_and_per_chat(store: HistoryStore)
     assert [e.text for e in before] == ["g1 #0", "g1 #1"]
 
 
+async def test_what_was_said_in_the_same_second_before_a_message_is_its_context(store: HistoryStore) -> None:
+    # Platforms stamp whole seconds: "moved to 3pm" and "@bot when is it?" often share one.
+    first = msg("the meeting moved to 3pm", 5, user="u1")
+    asking = Message(chat=G1, sender=Sender(user_id="u2"), message_id="ask", text="@bot when is it?",
+                     timestamp=first.timestamp)
+    later = Message(chat=G1, sender=Sender(user_id="u3"), message_id="later", text="after the ask",
+                    timestamp=first.timestamp)
+    for m in (first, asking, later):
+        await store.record(m)
+    context = await store.recent(G1, before=asking.timestamp, before_message="ask")
+    assert [e.text for e in context] == ["the meeting moved to 3pm"]
+    assert await store.recent(G1, before=asking.timestamp) == []
+
+
 async def test_entry_keeps_sender_and_becomes_a_history_turn(store: HistoryStore) -> None:
     await store.record(msg("hi", 0, user="20002", name="小明"))
     await store.record(msg("hello", 1, user="bot", name="qunbot", from_bot=True))

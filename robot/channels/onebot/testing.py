@@ -152,8 +152,14 @@ class OneBotTestPeer:
         await self.send_event(self.heartbeat_event(online=online))
 
     async def send_event(self, event: Mapping[str, Any], **overrides: Any) -> None:
-        """Push an event (e.g. a vector from onebot_v11.json) with ``overrides`` merged in."""
-        await self.send_raw(json.dumps({**event, **overrides}, ensure_ascii=False))
+        """Push an event (e.g. a vector from onebot_v11.json) with ``overrides`` merged in.
+
+        A recorded event's ``time`` is replaced by now unless ``time`` is overridden: replayed
+        traffic is live traffic, and a years-old stamp would fall to history retention the
+        moment the bot's housekeeping runs.
+        """
+        stamped = {"time": int(time.time())} if "time" in event else {}
+        await self.send_raw(json.dumps({**event, **stamped, **overrides}, ensure_ascii=False))
 
     async def send_raw(self, text: str) -> None:
         """Push any text frame, e.g. garbage to test the channel's tolerance."""

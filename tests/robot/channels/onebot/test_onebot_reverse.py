@@ -105,7 +105,7 @@ async def test_lifecycle_and_heartbeat_track_online_state(
 
 async def test_group_message_at_bot(peer: OneBotTestPeer, inbox: asyncio.Queue[Message]) -> None:
     event = EVENTS["group_message_at_bot"]
-    await peer.send_event(event)
+    await peer.send_event(event, time=event["time"])  # the recorded stamp, to check it is parsed
     message = await next_message(inbox)
     assert message.chat == GROUP
     assert message.sender.user_id == "20002"
