@@ -46,7 +46,7 @@ async def open_service(path: Path, lexical: str, embedder: EmbeddingClient | Non
     db = Database(path)
     settings = MemorySettings(lexical=lexical, candidates=candidates)  # type: ignore[arg-type]
     service = MemoryService(db, settings, clock=lambda: NOW, embedder=embedder)
-    db.migrate(service.store.schema)
+    db.migrate("memory", [service.store.schema])
     await db.open()
     return db, service
 

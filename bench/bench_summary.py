@@ -26,8 +26,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 import summary
 from function_calls import Caller, ModelRequest, ModelResponse, ToolContext, estimate_messages
 from function_calls.testing import ScriptedModel, text
@@ -35,6 +33,7 @@ from robot.bot import Bot
 from robot.config import Settings
 from robot.history import HistoryStore
 from robot.message import ChatRef
+from robot.storage import Tx
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 CHAT = ChatRef(platform="memory", chat_id="g1", kind="group")
@@ -44,7 +43,7 @@ TALK = ["周六下午三点去打球吗？", "我来订场地，体育馆二号�
 NOISE = ["[动画表情]", "哈哈哈", "+1", "👍", "[图片]", "哈哈", "6666", "嗯"]
 
 
-def fill(db: sqlite_utils.Database, count: int, span: timedelta) -> int:
+def fill(db: Tx, count: int, span: timedelta) -> int:
     """Store ``count`` messages; returns how many are not noise."""
     rng = random.Random(7)
     step = span / count

@@ -49,7 +49,7 @@ from memory.store import Kind, MemoryRow, MemoryStore
 from memory.strength import Rules, Strength
 from memory.terms import term_set
 from memory.vectors import EmbeddingClient, EmbeddingError, VectorIndex
-from robot import BudgetExceeded, ChatRef, Database, RunExtras
+from robot import BudgetExceeded, ChatRef, Engine, RunExtras
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -82,7 +82,7 @@ class SleepReport:
 class MemoryService:
     """Memories of every chat; one per bot."""
 
-    def __init__(self, db: Database, settings: MemorySettings, *, clock: Callable[[], datetime],
+    def __init__(self, db: Engine, settings: MemorySettings, *, clock: Callable[[], datetime],
                  model: ChatModel | None = None, embedder: EmbeddingClient | None = None,
                  bot: Bot | None = None) -> None:
         self.db, self.settings, self.clock, self.model, self.embedder, self.bot = db, settings, clock, model, embedder, bot

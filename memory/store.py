@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import sqlite_utils
-
 from memory.strength import Strength
 from memory.terms import fts_query, index_terms, trigram_query
-from robot import iso, parse_iso
+from robot import Tx, iso, parse_iso
 
 __all__ = ["Kind", "MemoryRow", "MemoryStore", "visible"]
 
@@ -60,8 +58,8 @@ class MemoryStore:
     def __init__(self, lexical: Literal["bigram", "trigram"] = "bigram") -> None:
         self.lexical = lexical
 
-    def schema(self, db: sqlite_utils.Database) -> None:
-        db.executescript("""
+    def schema(self, db: Tx) -> None:
+        for statement in """
             CREATE TABLE IF NOT EXISTS memories (
                 id INTEGER PRIMARY KEY,
                 chat TEXT NOT NULL,
@@ -87,20 +85,21 @@ class MemoryStore:
                 text TEXT NOT NULL
             );
             CREATE TABLE IF NOT EXISTS memory_sleeps (chat TEXT PRIMARY KEY, local_date TEXT NOT NULL);
-        """)
+        """.split(";"):  # noqa: SIM905 - one schema text, read as SQL
+            if statement.strip():
+                db.execute(statement)
         # Only the configured lexical table is kept up to date; after a switch, rebuild it.
         table = "memory_terms" if self.lexical == "bigram" else "memory_trigrams"
         indexed = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         if indexed != db.execute("SELECT count(*) FROM memories").fetchone()[0]:
-            with db.atomic():
-                db.execute(f"DELETE FROM {table}")
-                for mid, text in db.execute("SELECT id, text FROM memories").fetchall():
-                    value = index_terms(text) if self.lexical == "bigram" else text.lower()
-                    db.execute(f"INSERT INTO {table} (rowid, {'terms' if self.lexical == 'bigram' else 'text'})"
-                               " VALUES (?, ?)", [mid, value])
+            db.execute(f"DELETE FROM {table}")
+            for mid, text in db.execute("SELECT id, text FROM memories").fetchall():
+                value = index_terms(text) if self.lexical == "bigram" else text.lower()
+                db.execute(f"INSERT INTO {table} (rowid, {'terms' if self.lexical == 'bigram' else 'text'})"
+                           " VALUES (?, ?)", [mid, value])
 
     # --- writing ---------------------------------------------------------------------------
-    def count_scope(self, db: sqlite_utils.Database, chat: str, kind: Kind, user_id: str) -> int:
+    def count_scope(self, db: Tx, chat: str, kind: Kind, user_id: str) -> int:
         if kind == "group":
             sql, params = "SELECT count(*) FROM memories WHERE chat = ? AND kind = 'group'", [chat]
         else:
@@ -108,19 +107,20 @@ class MemoryStore:
                                                                                                       user_id]
         return int(db.execute(sql, params).fetchone()[0])
 
-    def insert(self, db: sqlite_utils.Database, *, chat: str, kind: Kind, user_id: str, user_name: str, text: str,
+    def insert(self, db: Tx, *, chat: str, kind: Kind, user_id: str, user_name: str, text: str,
                now: datetime, vector: bytes | None = None) -> int:
         cur = db.execute(
             "INSERT INTO memories (chat, kind, user_id, user_name, text, created, time, level, long_term, vector)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, ?)", [chat, kind, user_id, user_name, text, iso(now), iso(now), vector])
-        mid = int(cur.lastrowid or 0)
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, ?) RETURNING id",
+            [chat, kind, user_id, user_name, text, iso(now), iso(now), vector])
+        mid = int(cur.fetchone()[0])
         if self.lexical == "bigram":
             db.execute("INSERT INTO memory_terms (rowid, terms) VALUES (?, ?)", [mid, index_terms(text)])
         else:
             db.execute("INSERT INTO memory_trigrams (rowid, text) VALUES (?, ?)", [mid, text.lower()])
         return mid
 
-    def delete(self, db: sqlite_utils.Database, ids: Iterable[int]) -> int:
+    def delete(self, db: Tx, ids: Iterable[int]) -> int:
         gone = 0
         for mid in ids:
             gone += db.execute("DELETE FROM memories WHERE id = ?", [mid]).rowcount
@@ -128,13 +128,13 @@ class MemoryStore:
             db.execute("DELETE FROM memory_trigrams WHERE rowid = ?", [mid])
         return gone
 
-    def save_strength(self, db: sqlite_utils.Database, changes: Iterable[tuple[int, Strength]]) -> None:
+    def save_strength(self, db: Tx, changes: Iterable[tuple[int, Strength]]) -> None:
         for mid, s in changes:
             db.execute("UPDATE memories SET level = ?, time = ?, long_term = ?, decayed_at = ? WHERE id = ?",
                        [s.level, iso(s.time), int(s.long_term), iso(s.decayed_at) if s.decayed_at else None, mid])
 
     # --- reading ---------------------------------------------------------------------------
-    def lexical_search(self, db: sqlite_utils.Database, chat: str, user_id: str, query: str,
+    def lexical_search(self, db: Tx, chat: str, user_id: str, query: str,
                        limit: int) -> list[int]:
         """Ids of visible matches, best BM25 first."""
         if self.lexical == "bigram":
@@ -149,29 +149,29 @@ class MemoryStore:
             [match, chat, user_id, limit]).fetchall()
         return [int(r[0]) for r in rows]
 
-    def rows(self, db: sqlite_utils.Database, ids: Sequence[int]) -> dict[int, MemoryRow]:
+    def rows(self, db: Tx, ids: Sequence[int]) -> dict[int, MemoryRow]:
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
         found = db.execute(f"SELECT {_COLUMNS} FROM memories WHERE id IN ({marks})", list(ids)).fetchall()
         return {int(r[0]): MemoryRow.of(r) for r in found}
 
-    def get(self, db: sqlite_utils.Database, mid: int) -> MemoryRow | None:
+    def get(self, db: Tx, mid: int) -> MemoryRow | None:
         return self.rows(db, [mid]).get(mid)
 
-    def listing(self, db: sqlite_utils.Database, chat: str, user_id: str, limit: int) -> list[MemoryRow]:
+    def listing(self, db: Tx, chat: str, user_id: str, limit: int) -> list[MemoryRow]:
         """What the caller may see here, newest first."""
         found = db.execute(f"SELECT {_COLUMNS} FROM memories m WHERE {visible()} ORDER BY id DESC LIMIT ?",
                            [chat, user_id, limit]).fetchall()
         return [MemoryRow.of(r) for r in found]
 
-    def vectors(self, db: sqlite_utils.Database, chat: str) -> list[tuple[int, str, str, bytes]]:
+    def vectors(self, db: Tx, chat: str) -> list[tuple[int, str, str, bytes]]:
         """(id, kind, user_id, vector) of the chat's memories that have a vector."""
         return [(int(r[0]), r[1], r[2], bytes(r[3])) for r in db.execute(
             "SELECT id, kind, user_id, vector FROM memories WHERE chat = ? AND vector IS NOT NULL ORDER BY id",
             [chat]).fetchall()]
 
-    def owned_by(self, db: sqlite_utils.Database, platform: str, user_id: str,
+    def owned_by(self, db: Tx, platform: str, user_id: str,
                  chats: Sequence[str] | None) -> list[tuple[str, int]]:
         """(chat, id) of what a person saved in ``chats``, or in every chat of the platform."""
         if chats is None:
@@ -183,33 +183,33 @@ class MemoryStore:
                               [user_id, *chats]).fetchall()
         return [(str(r[0]), int(r[1])) for r in rows]
 
-    def sample(self, db: sqlite_utils.Database, chat: str, n: int) -> list[MemoryRow]:
+    def sample(self, db: Tx, chat: str, n: int) -> list[MemoryRow]:
         """Up to ``n`` random memories of the chat that are not long-term (sleep's sample)."""
         found = db.execute(f"SELECT {_COLUMNS} FROM memories WHERE chat = ? AND long_term = 0"
                            " ORDER BY random() LIMIT ?", [chat, n]).fetchall()
         return [MemoryRow.of(r) for r in found]
 
-    def chats(self, db: sqlite_utils.Database) -> list[str]:
+    def chats(self, db: Tx) -> list[str]:
         return [str(r[0]) for r in db.execute("SELECT DISTINCT chat FROM memories").fetchall()]
 
     # --- sleep bookkeeping -------------------------------------------------------------------
-    def slept_on(self, db: sqlite_utils.Database, chat: str) -> str | None:
+    def slept_on(self, db: Tx, chat: str) -> str | None:
         row = db.execute("SELECT local_date FROM memory_sleeps WHERE chat = ?", [chat]).fetchone()
         return str(row[0]) if row else None
 
-    def mark_slept(self, db: sqlite_utils.Database, chat: str, local_date: str) -> None:
+    def mark_slept(self, db: Tx, chat: str, local_date: str) -> None:
         db.execute("INSERT INTO memory_sleeps (chat, local_date) VALUES (?, ?)"
                    " ON CONFLICT (chat) DO UPDATE SET local_date = excluded.local_date", [chat, local_date])
 
-    def add_dream(self, db: sqlite_utils.Database, chat: str, now: datetime, fragments: int, text: str) -> int:
-        cur = db.execute("INSERT INTO memory_dreams (chat, created, fragments, text) VALUES (?, ?, ?, ?)",
+    def add_dream(self, db: Tx, chat: str, now: datetime, fragments: int, text: str) -> int:
+        cur = db.execute("INSERT INTO memory_dreams (chat, created, fragments, text) VALUES (?, ?, ?, ?) RETURNING id",
                          [chat, iso(now), fragments, text])
-        return int(cur.lastrowid or 0)
+        return int(cur.fetchone()[0])
 
-    def dreams(self, db: sqlite_utils.Database, chat: str, limit: int = 10) -> list[tuple[datetime, str]]:
+    def dreams(self, db: Tx, chat: str, limit: int = 10) -> list[tuple[datetime, str]]:
         return [(parse_iso(r[0]), str(r[1])) for r in db.execute(
-            "SELECT created, text FROM memory_dreams WHERE chat = ? ORDER BY id DESC LIMIT ?", [chat, limit])]
+            "SELECT created, text FROM memory_dreams WHERE chat = ? ORDER BY id DESC LIMIT ?", [chat, limit]).fetchall()]
 
-    def delete_dreams(self, db: sqlite_utils.Database, chat: str) -> int:
+    def delete_dreams(self, db: Tx, chat: str) -> int:
         """A dream may quote any forgotten memory of the chat, so ``/forget me`` drops them all."""
         return int(db.execute("DELETE FROM memory_dreams WHERE chat = ?", [chat]).rowcount)

@@ -60,7 +60,7 @@ async def setup(bot: Bot) -> ReminderDeps:
     quiet = logging.getLogger("apscheduler")
     if quiet.level == logging.NOTSET:  # APScheduler logs every job at INFO; keep an explicit setting
         quiet.setLevel(logging.WARNING)
-    await bot.db.ensure(ReminderStore.schema)
+    await bot.db.ensure("reminders", [ReminderStore.schema])
     scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"),
                                  job_defaults={"misfire_grace_time": None, "coalesce": True})
     service = ReminderService(ReminderStore(bot.db, durable=settings.durable_writes), bot, settings,

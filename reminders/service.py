@@ -34,7 +34,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import sqlite_utils
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.base import STATE_RUNNING
@@ -47,7 +46,7 @@ from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
-from robot import ChatRef, ForgetRequest, OutgoingMessage, reply_key
+from robot import ChatRef, ForgetRequest, OutgoingMessage, Tx, reply_key
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -253,13 +252,13 @@ class ReminderService:
             report.add(outcome, key)
         self._arm_now([(r.id, r.next_fire, r.zone) for r, _, _ in applied if r.next_fire is not None])
 
-    def _text_batch(self, db: sqlite_utils.Database, now: datetime) -> list[tuple[Reminder, Outcome, str | None]]:
+    def _text_batch(self, db: Tx, now: datetime) -> list[tuple[Reminder, Outcome, str | None]]:
         applied = [self._apply_sync(db, r, now) for r in self.store.due_sync(db, now, "text", _BATCH)]
         if applied and self._crash_at == "before_commit":
             os.kill(os.getpid(), signal.SIGKILL)
         return applied
 
-    def _apply_sync(self, db: sqlite_utils.Database, r: Reminder, now: datetime, *, answer: str | None = None,
+    def _apply_sync(self, db: Tx, r: Reminder, now: datetime, *, answer: str | None = None,
                     failed: bool = False) -> tuple[Reminder, Outcome, str | None]:
         """Commit one due reminder's message and new state (caller's transaction)."""
         try:
@@ -296,7 +295,7 @@ class ReminderService:
                     else:
                         answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
-        def commit(db: sqlite_utils.Database) -> tuple[Reminder, Outcome, str | None] | None:
+        def commit(db: Tx) -> tuple[Reminder, Outcome, str | None] | None:
             current = self.store.get_sync(db, r.id)
             if current is None or current.status != "active" or current.next_fire != planned:
                 return None  # deleted or changed while the model ran: no ghost message
@@ -341,7 +340,7 @@ class ReminderService:
             source=source,
         )
 
-        def work(db: sqlite_utils.Database) -> Reminder:
+        def work(db: Tx) -> Reminder:
             stored = self.store.create_sync(db, reminder, self.settings, now)
             if confirm is not None and caller.message_id:
                 short = self.store.short_ids_sync(db, [stored.id])[stored.id]

@@ -1,6 +1,6 @@
 """The ``reminders`` table: the source of truth (APScheduler only wakes the bot up).
 
-Every function ending in ``_sync`` takes the ``sqlite_utils.Database`` and runs inside the
+Every function ending in ``_sync`` takes the ``Tx`` and runs inside the
 caller's ``bot.db.run``/``bot.db.transaction`` on the database thread; the async methods of
 :class:`ReminderStore` wrap them. Instants are stored as sortable UTC text (``robot.store.iso``).
 
@@ -19,11 +19,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-import sqlite_utils
-
 from reminders.schedule import Kind, Schedule
 from reminders.settings import ReminderSettings
-from robot import ChatRef, Database, iso
+from robot import ChatRef, Engine, Tx, iso
 
 __all__ = [
     "MIN_SHORT_ID",
@@ -139,7 +137,7 @@ class Reminder:
         )
 
 
-def _rows(db: sqlite_utils.Database, sql: str, params: list[Any]) -> list[Reminder]:
+def _rows(db: Tx, sql: str, params: list[Any]) -> list[Reminder]:
     return [Reminder.from_row(r) for r in db.execute_returning_dicts(sql, params)]
 
 
@@ -155,13 +153,13 @@ def _common_prefix(a: str, b: str) -> int:
 class ReminderStore:
     """Reads and writes the ``reminders`` table through the bot's :class:`robot.store.Database`."""
 
-    def __init__(self, db: Database, *, durable: bool = True) -> None:
+    def __init__(self, db: Engine, *, durable: bool = True) -> None:
         self.db = db
         #: Creations and deletions (what a user is told about) are synced to disk before the answer.
         self.durable = durable
 
     @staticmethod
-    def schema(db: sqlite_utils.Database) -> None:
+    def schema(db: Tx) -> None:
         """Idempotent schema step for ``bot.db.migrate``."""
         db.execute(
             "CREATE TABLE IF NOT EXISTS reminders (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
@@ -182,12 +180,12 @@ class ReminderStore:
 
     # --- synchronous helpers (database thread) -----------------------------------------------
     @staticmethod
-    def insert_sync(db: sqlite_utils.Database, reminders: list[Reminder]) -> None:
+    def insert_sync(db: Tx, reminders: list[Reminder]) -> None:
         """Insert without limit checks (imports, benchmarks)."""
-        db.conn.executemany(_INSERT, [r.row() for r in reminders])
+        db.executemany(_INSERT, [r.row() for r in reminders])
 
     @staticmethod
-    def create_sync(db: sqlite_utils.Database, reminder: Reminder, limits: ReminderSettings,
+    def create_sync(db: Tx, reminder: Reminder, limits: ReminderSettings,
                     now: datetime) -> Reminder:
         """Check the limits and insert, in the caller's transaction (so two requests cannot race).
 
@@ -223,18 +221,18 @@ class ReminderStore:
         return reminder
 
     @staticmethod
-    def get_sync(db: sqlite_utils.Database, reminder_id: str) -> Reminder | None:
+    def get_sync(db: Tx, reminder_id: str) -> Reminder | None:
         found = _rows(db, "SELECT * FROM reminders WHERE id = ?", [reminder_id])
         return found[0] if found else None
 
     @staticmethod
-    def due_sync(db: sqlite_utils.Database, now: datetime, mode: Mode, limit: int) -> list[Reminder]:
+    def due_sync(db: Tx, now: datetime, mode: Mode, limit: int) -> list[Reminder]:
         """Active reminders of ``mode`` due at ``now``, oldest first."""
         return _rows(db, "SELECT * FROM reminders WHERE status = 'active' AND next_fire <= ? AND mode = ? "
                          "ORDER BY next_fire, id LIMIT ?", [iso(now), mode, limit])
 
     @staticmethod
-    def save_sync(db: sqlite_utils.Database, r: Reminder) -> None:
+    def save_sync(db: Tx, r: Reminder) -> None:
         """Write a reminder's mutable state back."""
         db.execute(
             "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ? "
@@ -244,7 +242,7 @@ class ReminderStore:
         )
 
     @staticmethod
-    def short_ids_sync(db: sqlite_utils.Database, ids: list[str]) -> dict[str, str]:
+    def short_ids_sync(db: Tx, ids: list[str]) -> dict[str, str]:
         """The shortest prefix of each id that no other stored id shares (at least 4 characters)."""
         out: dict[str, str] = {}
         for rid in ids:
@@ -311,7 +309,7 @@ class ReminderStore:
             where += " AND owner = ?"
             params.append(owner)
 
-        def work(db: sqlite_utils.Database) -> list[str]:
+        def work(db: Tx) -> list[str]:
             ids = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where}", params).fetchall()]
             db.execute(f"UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? WHERE {where}",
                        [iso(now), *params])
@@ -331,7 +329,7 @@ class ReminderStore:
             where += f" AND chat IN ({','.join('?' * len(chats))})"
             params.extend(chats)
 
-        def work(db: sqlite_utils.Database) -> list[str]:
+        def work(db: Tx) -> list[str]:
             active = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where} AND status = 'active'",
                                                params).fetchall()]
             db.execute(f"DELETE FROM reminders WHERE {where}", params)
@@ -341,7 +339,7 @@ class ReminderStore:
 
     async def upcoming(self, after: datetime, until: datetime, limit: int) -> list[tuple[str, datetime, str]]:
         """``(id, next fire, zone)`` of active reminders due in ``(after, until]``, soonest first."""
-        def work(db: sqlite_utils.Database) -> list[tuple[str, datetime, str]]:
+        def work(db: Tx) -> list[tuple[str, datetime, str]]:
             rows = db.execute("SELECT id, next_fire, zone FROM reminders WHERE status = 'active' AND next_fire > ? "
                               "AND next_fire <= ? ORDER BY next_fire LIMIT ?", [iso(after), iso(until), limit])
             return [(rid, datetime.fromisoformat(at), zone) for rid, at, zone in rows.fetchall()]

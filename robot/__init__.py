@@ -25,7 +25,7 @@ from robot.outbox import Outbox
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.privacy import ForgetRequest, Forgetter
-from robot.store import Database, iso, parse_iso, utcnow
+from robot.store import Database, Engine, StorageError, Tx, iso, parse_iso, utcnow
 
 __all__ = [
     "AskUserArgs",
@@ -44,6 +44,7 @@ __all__ = [
     "ContextHook",
     "DailyBudget",
     "Database",
+    "Engine",
     "ForgetHook",
     "ForgetRequest",
     "Forgetter",
@@ -62,6 +63,8 @@ __all__ = [
     "SendRejected",
     "Sender",
     "Settings",
+    "StorageError",
+    "Tx",
     "iso",
     "load_plugin",
     "load_settings",

@@ -25,8 +25,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sqlite_utils
-
 from function_calls import (
     Caller,
     RunResult,
@@ -42,6 +40,7 @@ from robot.config import ApprovalsSection
 from robot.limits import BudgetExceeded
 from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret, summarize
+from robot.storage import Tx
 from robot.store import iso, parse_iso
 
 if TYPE_CHECKING:
@@ -358,7 +357,7 @@ class Approvals:
                     result, caller, chat, tools=names, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
         messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]
 
-        def commit(db: sqlite_utils.Database) -> None:
+        def commit(db: Tx) -> None:
             # The replies and the end of the snapshot commit together: a crash re-sends neither.
             for m in messages:
                 self.bot.outbox.enqueue_sync(db, m)

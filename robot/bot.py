@@ -53,6 +53,7 @@ from robot.outbox import Outbox
 from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
+from robot.storage import Engine, open_database
 from robot.store import Database, DedupeStore
 from robot.wiring import build_channels
 
@@ -82,7 +83,9 @@ class Bot:
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         check_tables(settings, [p.name for p in self.plugins])
-        self.db = Database(database or settings.bot.data_dir / "qunbot.sqlite3")
+        store = settings.storage
+        self.db: Engine = (Database(database) if database else
+                           open_database(store.url.get_secret_value(), settings.bot.data_dir, pool_size=store.pool_size))
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
                                     max_text_chars=hist.max_message_chars)
@@ -96,7 +99,7 @@ class Bot:
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
                                   clock=self.clock)
         self.model = model if model is not None else self._default_model()
-        in_memory = str(self.db.path) == ":memory:"
+        in_memory = str(getattr(self.db, "path", "")) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).
         #: Questions a running plan asked the user, answered by their next message in the chat.
         self.questions = Questions()

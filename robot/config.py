@@ -157,6 +157,14 @@ class HistorySection(_Section):
     max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
 
 
+class StorageSection(_Section):
+    url: SecretStr = Field(SecretStr(""), description="empty (or sqlite:///path) for the embedded SQLite file in "
+                           "data_dir; postgresql://user:password@host:5432/db for several processes (see Scale out)")
+    pool_size: int = Field(8, ge=1, le=100, description="PostgreSQL connections per process")
+    lease_s: float = Field(15.0, ge=3, le=600, description="PostgreSQL: a process that stops renewing its accounts' "
+                           "leases for this long (killed, cut off) loses them to another process")
+
+
 class OutboxSection(_Section):
     max_in_flight: int = Field(4, ge=1, le=64, description="sends awaiting the platform at once, per channel: a "
                                "crash can resend at most these")
@@ -222,6 +230,7 @@ class Settings(BaseSettings):
     gate: GateSection = Field(default_factory=GateSection)
     history: HistorySection = Field(default_factory=HistorySection)
     outbox: OutboxSection = Field(default_factory=OutboxSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import sqlite_utils
 from pydantic import BaseModel, ConfigDict
 
 from function_calls import HistoryTurn
 from robot.message import ChatRef, Message
-from robot.store import Database, iso, parse_iso
+from robot.storage import Tx
+from robot.store import Engine, iso, parse_iso
 
 __all__ = ["HistoryEntry", "HistoryStore"]
 
@@ -41,16 +41,16 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
 class HistoryStore:
     """Reads and writes the ``history`` table, indexed by (chat, time)."""
 
-    def __init__(self, db: Database, *, max_messages: int = 5000, max_age: timedelta = timedelta(days=30),
+    def __init__(self, db: Engine, *, max_messages: int = 5000, max_age: timedelta = timedelta(days=30),
                  max_text_chars: int = 10_000) -> None:
         self.db = db
         self.max_messages = max_messages
         self.max_age = max_age
         self.max_text_chars = max_text_chars
-        db.migrate(self._schema)
+        db.migrate("history", [self._schema])
 
     @staticmethod
-    def _schema(db: sqlite_utils.Database) -> None:
+    def _schema(db: Tx) -> None:
         db.execute(
             "CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY, chat TEXT NOT NULL, user_id TEXT NOT NULL, "
             "name TEXT NOT NULL, text TEXT NOT NULL, ts TEXT NOT NULL, from_bot INTEGER NOT NULL DEFAULT 0, "
@@ -69,7 +69,7 @@ class HistoryStore:
             db.execute("ALTER TABLE history ADD COLUMN role TEXT NOT NULL DEFAULT ''")
 
     @staticmethod
-    def insert_sync(db: sqlite_utils.Database, chat: ChatRef, user_id: str, name: str, text: str,
+    def insert_sync(db: Tx, chat: ChatRef, user_id: str, name: str, text: str,
                     at: datetime, *, from_bot: bool = False, message_id: str = "", reply_to: str | None = None,
                     to_user: str | None = None, role: str = "") -> None:
         """Insert inside a caller's transaction (the outbox records the bot's replies this way)."""
@@ -88,7 +88,7 @@ class HistoryStore:
     async def record(self, message: Message) -> None:
         await self.db.run(lambda db: self.record_sync(db, message))
 
-    def record_sync(self, db: sqlite_utils.Database, message: Message) -> None:
+    def record_sync(self, db: Tx, message: Message) -> None:
         """:meth:`record` inside a caller's transaction (the pipeline stores a message with its dedupe row)."""
         self.insert_sync(
             db, message.chat, message.sender.user_id, message.sender.name or message.sender.user_id,
@@ -114,7 +114,7 @@ class HistoryStore:
         """
         cutoff = iso(before) if before else "9999"
 
-        def work(db: sqlite_utils.Database) -> list[HistoryEntry]:
+        def work(db: Tx) -> list[HistoryEntry]:
             if before_message and before:
                 rows = db.execute_returning_dicts(
                     "SELECT * FROM history WHERE chat = ? AND (ts < ? OR (ts = ? AND id < COALESCE("
@@ -136,7 +136,7 @@ class HistoryStore:
         """Messages with start <= time < end, oldest first."""
         stop = iso(end) if end else "9999"
 
-        def work(db: sqlite_utils.Database) -> list[HistoryEntry]:
+        def work(db: Tx) -> list[HistoryEntry]:
             rows = db.execute_returning_dicts(
                 "SELECT * FROM history WHERE chat = ? AND ts >= ? AND ts < ? ORDER BY ts, id LIMIT ?",
                 [chat.key, iso(start), stop, limit],
@@ -160,7 +160,7 @@ class HistoryStore:
         """Drop messages older than ``max_age`` and beyond ``max_messages`` per chat."""
         cutoff = iso(now - self.max_age)
 
-        def work(db: sqlite_utils.Database) -> int:
+        def work(db: Tx) -> int:
             removed = db.execute("DELETE FROM history WHERE ts < ?", [cutoff]).rowcount
             removed += db.execute(
                 "DELETE FROM history WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "

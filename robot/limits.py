@@ -20,10 +20,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from zoneinfo import ZoneInfo
 
-import sqlite_utils
-
 from function_calls import Caller, Usage
-from robot.store import Database
+from robot.storage import Tx
+from robot.store import Engine
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +198,7 @@ class DailyBudget:
     caller's own hold (the loop sizes its run by it) and :meth:`charge` settles it.
     """
 
-    def __init__(self, db: Database, zone: ZoneInfo, *, user_tokens: int | None, chat_tokens: int | None,
+    def __init__(self, db: Engine, zone: ZoneInfo, *, user_tokens: int | None, chat_tokens: int | None,
                  bot_tokens: int | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.db = db
@@ -213,9 +212,8 @@ class DailyBudget:
         # then checks without a database round trip. Only the database thread writes it.
         self._spent: dict[tuple[str, str], int] = {}
         self._lock = asyncio.Lock()
-        db.migrate(lambda d: d.execute(
-            "CREATE TABLE IF NOT EXISTS usage_daily (day TEXT NOT NULL, scope TEXT NOT NULL, "
-            "tokens INTEGER NOT NULL, PRIMARY KEY (day, scope))"))
+        db.migrate("budgets", ["CREATE TABLE IF NOT EXISTS usage_daily (day TEXT NOT NULL, scope TEXT NOT NULL, "
+                               "tokens INTEGER NOT NULL, PRIMARY KEY (day, scope))"])
 
     def _day(self) -> str:
         return self.clock().astimezone(self.zone).strftime("%Y-%m-%d")
@@ -256,7 +254,7 @@ class DailyBudget:
         if all((day, scope) in spent for scope in scopes):
             return {scope: spent[(day, scope)] for scope in scopes}
 
-        def work(db: sqlite_utils.Database) -> dict[str, int]:
+        def work(db: Tx) -> dict[str, int]:
             marks = ",".join("?" * len(scopes))
             rows = db.execute(f"SELECT scope, tokens FROM usage_daily WHERE day = ? AND scope IN ({marks})",
                               [day, *scopes]).fetchall()
@@ -319,7 +317,7 @@ class DailyBudget:
     async def used(self, scope: str) -> int:
         day = self._day()
 
-        def work(db: sqlite_utils.Database) -> int:
+        def work(db: Tx) -> int:
             row = db.execute("SELECT tokens FROM usage_daily WHERE day = ? AND scope = ?", [day, scope]).fetchone()
             return int(row[0]) if row else 0
 
@@ -340,7 +338,7 @@ class DailyBudget:
     async def _record(self, caller: Caller, tokens: int) -> None:
         day = self._day()
 
-        def work(db: sqlite_utils.Database) -> None:
+        def work(db: Tx) -> None:
             for scope in self._scopes(caller):
                 db.execute(
                     "INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) "

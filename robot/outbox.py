@@ -36,12 +36,11 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import sqlite_utils
-
 from robot.channels.base import Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
-from robot.store import Database, iso, parse_iso
+from robot.storage import Tx
+from robot.store import Engine, iso, parse_iso
 
 __all__ = ["Outbox", "split_text"]
 
@@ -76,7 +75,7 @@ class Outbox:
 
     def __init__(
         self,
-        db: Database,
+        db: Engine,
         *,
         bot_id: str = "bot",
         bot_name: str = "qunbot",
@@ -104,10 +103,10 @@ class Outbox:
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._stopping = False
-        db.migrate(self._schema)
+        db.migrate("outbox", [self._schema])
 
     @staticmethod
-    def _schema(db: sqlite_utils.Database) -> None:
+    def _schema(db: Tx) -> None:
         db.execute(
             "CREATE TABLE IF NOT EXISTS outbox (key TEXT PRIMARY KEY, platform TEXT NOT NULL, chat TEXT NOT NULL, "
             "text TEXT NOT NULL, mention TEXT NOT NULL DEFAULT '[]', reply_to TEXT, status TEXT NOT NULL, "
@@ -121,7 +120,7 @@ class Outbox:
         if "account" not in {row[1] for row in db.execute("PRAGMA table_info(outbox)").fetchall()}:
             db.execute("ALTER TABLE outbox ADD COLUMN account TEXT NOT NULL DEFAULT ''")
 
-    def enqueue_sync(self, db: sqlite_utils.Database, message: OutgoingMessage) -> bool:
+    def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
 
         The bot's own reply is recorded in the chat history in the same transaction.
@@ -212,7 +211,7 @@ class Outbox:
         """
         cutoff = iso(now - keep)
 
-        def work(db: sqlite_utils.Database) -> int:
+        def work(db: Tx) -> int:
             removed = int(db.execute(
                 "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount)
             if max_rows is not None:
@@ -245,7 +244,7 @@ class Outbox:
         """Chats with a row due now (not ``busy``), and seconds until the next row is due."""
         now = iso(self.clock())
 
-        def work(db: sqlite_utils.Database) -> tuple[list[str], float | None]:
+        def work(db: Tx) -> tuple[list[str], float | None]:
             chats = [str(r[0]) for r in db.execute(
                 "SELECT DISTINCT chat FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
                 "LIMIT 2000", [platform, now]).fetchall() if str(r[0]) not in busy]

@@ -20,14 +20,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import sqlite_utils
 from pydantic import BaseModel, Field
 
 from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
 from robot.snapshots import notice_key, notice_prefix
-from robot.store import Database
+from robot.storage import Tx
+from robot.store import Engine
 
 __all__ = [
     "COMMAND_ONLY",
@@ -96,7 +96,7 @@ class ForgetReport:
         return f"已删除你在{where}的记录：" + "、".join(parts) + "。"
 
 
-def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int, int]:
+def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
     """The core part, in one transaction: (the person's messages, the bot's replies) deleted."""
     messages = replies = 0
     requester = f"{request.platform}:{request.user_id}"
@@ -137,7 +137,7 @@ def forget_sync(db: sqlite_utils.Database, request: ForgetRequest) -> tuple[int,
     return messages, replies
 
 
-def traces_sync(db: sqlite_utils.Database, platform: str, user_id: str) -> tuple[ChatRef, ...]:
+def traces_sync(db: Tx, platform: str, user_id: str) -> tuple[ChatRef, ...]:
     """Every chat on ``platform`` holding a trace of the person, and their private chat."""
     prefix = f"{platform}:"
     rows = db.execute("SELECT DISTINCT chat FROM history WHERE substr(chat, 1, ?) = ? AND "
@@ -153,7 +153,7 @@ def traces_sync(db: sqlite_utils.Database, platform: str, user_id: str) -> tuple
 class ForgetHost(Protocol):
     """What forgetting needs from the bot (the core tool's ``ctx.deps``)."""
 
-    db: Database
+    db: Engine
     forgetters: list[Forgetter]
     forget_hooks: list[ForgetHook]
 

@@ -22,11 +22,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from function_calls import RunState, ToolCall
 from robot.message import ChatRef
-from robot.store import Database, iso
+from robot.storage import Tx
+from robot.store import Engine, iso
 
 __all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code",
            "notice_key", "notice_prefix", "summarize"]
@@ -68,13 +67,13 @@ def load_secret(path: Path) -> bytes:
 class SnapshotStore:
     """Reads and writes ``snapshots`` on the bot's database thread."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self.db = db
         self.secret: bytes | None = None
-        db.migrate(self._schema)
+        db.migrate("snapshots", [self._schema])
 
     @staticmethod
-    def _schema(db: sqlite_utils.Database) -> None:
+    def _schema(db: Tx) -> None:
         db.execute(
             "CREATE TABLE IF NOT EXISTS snapshots (id TEXT PRIMARY KEY, code TEXT NOT NULL, kind TEXT NOT NULL, "
             "approver TEXT NOT NULL, status TEXT NOT NULL, requester TEXT NOT NULL, chat TEXT NOT NULL, "
@@ -107,7 +106,7 @@ class SnapshotStore:
         """Store a new pending row under a fresh code (unique among pending rows); returns the code."""
         row = {**row, "id": row.get("id") or uuid.uuid4().hex, "status": "pending"}
 
-        def work(db: sqlite_utils.Database) -> str:
+        def work(db: Tx) -> str:
             for _ in range(20):
                 row["code"] = new_code()
                 row["mac"] = self.mac(row)
@@ -168,7 +167,7 @@ class SnapshotStore:
     async def transition(self, snapshot_id: str, to: str, *, frm: str, now: datetime, by: str | None = None) -> bool:
         """Move one row from ``frm`` to ``to``; False when someone else moved it first."""
 
-        def work(db: sqlite_utils.Database) -> bool:
+        def work(db: Tx) -> bool:
             cur = db.execute("UPDATE snapshots SET status = ?, resolved_at = ?, resolved_by = COALESCE(?, resolved_by) "
                              "WHERE id = ? AND status = ?", [to, iso(now), by, snapshot_id, frm])
             return cur.rowcount == 1
@@ -182,7 +181,7 @@ class SnapshotStore:
             [iso(before)]).rowcount)
 
     @staticmethod
-    def finish_sync(db: sqlite_utils.Database, snapshot_id: str) -> None:
+    def finish_sync(db: Tx, snapshot_id: str) -> None:
         """Mark an approved row resumed, inside the transaction that queues its replies."""
         db.execute("UPDATE snapshots SET status = 'resumed' WHERE id = ? AND status = 'approved'", [snapshot_id])
 

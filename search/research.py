@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import sqlite_utils
-
 from function_calls import Caller, ToolError
-from robot import ChatRef, OutgoingMessage, iso
+from robot import ChatRef, OutgoingMessage, Tx, iso
 from search.client import PerplexityClient, SearchError
 from search.format import format_answer
 from search.settings import SearchSettings
@@ -76,7 +74,7 @@ class ResearchService:
         return self.client.configured and self.settings.research_per_user_day > 0
 
     async def start(self) -> None:
-        await self.bot.db.ensure(lambda db: db.execute(_SCHEMA))
+        await self.bot.db.ensure("research", [_SCHEMA])
         if self.offered:
             self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="research-poll")
 
@@ -94,7 +92,7 @@ class ResearchService:
                           None, now)
         limit = self.settings.research_per_user_day
 
-        def insert(db: sqlite_utils.Database) -> int:
+        def insert(db: Tx) -> int:
             used = int(db.execute("SELECT count(*) FROM research_jobs WHERE owner = ? AND created_at > ?",
                                   [job.owner, iso(now - timedelta(days=1))]).fetchone()[0])
             if used < limit:
@@ -176,7 +174,7 @@ class ResearchService:
         message = OutgoingMessage(key=f"research:{job.id}", chat=chat, text=text,
                                   mention=(owner_id,) if chat.kind == "group" else ())
 
-        def commit(db: sqlite_utils.Database) -> bool:
+        def commit(db: Tx) -> bool:
             moved = db.execute("UPDATE research_jobs SET status = ?, updated_at = ? WHERE id = ? AND status IN "
                                "('submitting', 'running')", [status, iso(self.bot.clock()), job.id]).rowcount
             if moved:

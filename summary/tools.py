@@ -41,7 +41,7 @@ from function_calls import (
 from robot import (
     ChatRef,
     DailyBudget,
-    Database,
+    Engine,
     Forgetter,
     HistoryEntry,
     HistoryStore,
@@ -126,7 +126,7 @@ class SummaryDeps:
     """What the tools use; built by :func:`setup`."""
 
     history: HistoryStore
-    db: Database
+    db: Engine
     settings: SummarySettings
     model: ChatModel | None
     budget: DailyBudget | None
@@ -143,7 +143,7 @@ class SummaryDeps:
 async def setup(bot: Bot) -> SummaryDeps:
     """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
-    await bot.db.ensure(create_marks_table)
+    await bot.db.ensure("summary", [create_marks_table])
     bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
                                     lambda request: bot.db.transaction(lambda d: forget_summaries_sync(d, request))))
     core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")  # robot.pipeline's own

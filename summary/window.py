@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-import sqlite_utils
-
-from robot import ChatRef, Database, ForgetRequest, HistoryEntry, iso, parse_iso
+from robot import ChatRef, Engine, ForgetRequest, HistoryEntry, Tx, iso, parse_iso
 from summary.extractive import HEADER, PRIVATE_HEADER
 from summary.signals import weekday
 
@@ -45,16 +43,16 @@ MARKS_TABLE = "summary_marks"
 OPTOUT_TABLE = "summary_optout"
 
 
-def create_marks_table(db: sqlite_utils.Database) -> None:
+def create_marks_table(db: Tx) -> None:
     """Schema step (idempotent) for the row-id marks and the opt-outs; run it with ``bot.db.ensure``."""
     db.execute(f"CREATE TABLE IF NOT EXISTS {MARKS_TABLE} (chat TEXT PRIMARY KEY, last_id INTEGER NOT NULL)")
     db.execute(f"CREATE TABLE IF NOT EXISTS {OPTOUT_TABLE} (chat TEXT NOT NULL, user_id TEXT NOT NULL, "
                "PRIMARY KEY (chat, user_id))")
 
 
-async def set_optout(db: Database, chat: ChatRef, user_id: str, out: bool) -> bool:
+async def set_optout(db: Engine, chat: ChatRef, user_id: str, out: bool) -> bool:
     """Opt ``user_id`` out of (or back into) summaries in ``chat``; whether anything changed."""
-    def work(db: sqlite_utils.Database) -> bool:
+    def work(db: Tx) -> bool:
         if out:
             sql = f"INSERT OR IGNORE INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?)"
         else:
@@ -64,7 +62,7 @@ async def set_optout(db: Database, chat: ChatRef, user_id: str, out: bool) -> bo
     return await db.run(work)
 
 
-async def opted_out(db: Database, chat: ChatRef) -> frozenset[str]:
+async def opted_out(db: Engine, chat: ChatRef) -> frozenset[str]:
     """The members of ``chat`` whose messages summaries leave out."""
     rows = await db.run(lambda db: db.execute(f"SELECT user_id FROM {OPTOUT_TABLE} WHERE chat = ?",
                                               [chat.key]).fetchall())
@@ -129,17 +127,17 @@ def _day(word: str, today: date) -> tuple[date, str]:
     return day, f"{day:%Y-%m-%d}"
 
 
-async def read_mark(db: Database, chat: ChatRef) -> int | None:
+async def read_mark(db: Engine, chat: ChatRef) -> int | None:
     """The history row id the chat's last summary reached, or None before any."""
 
-    def work(db: sqlite_utils.Database) -> int | None:
+    def work(db: Tx) -> int | None:
         row = db.execute(f"SELECT last_id FROM {MARKS_TABLE} WHERE chat = ?", [chat.key]).fetchone()
         return int(row[0]) if row else None
 
     return await db.run(work)
 
 
-async def advance_mark(db: Database, chat: ChatRef, last_id: int) -> None:
+async def advance_mark(db: Engine, chat: ChatRef, last_id: int) -> None:
     """Move the chat's mark to ``last_id``; it never moves backwards (a slower, older summary)."""
     await db.run(lambda db: db.execute(
         f"INSERT INTO {MARKS_TABLE} (chat, last_id) VALUES (?, ?) "
@@ -164,7 +162,7 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
                         message_id=str(row["message_id"] or ""))
 
 
-async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None = None,
+async def fetch(db: Engine, chat: ChatRef, *, limit: int, after_id: int | None = None,
                 start: datetime | None = None, end: datetime | None = None, skip_message_id: str = "",
                 people_only: bool = False) -> Fetched:
     """The newest ``limit`` messages of the chat with ``id > after_id`` and/or ``start <= ts < end``.
@@ -192,7 +190,7 @@ async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None
     if people_only:
         kept += " AND from_bot = 0"
 
-    def work(db: sqlite_utils.Database) -> Fetched:
+    def work(db: Tx) -> Fetched:
         # One call on the single DB thread: no message can land between these reads.
         newest = db.execute(f"SELECT MAX(id) FROM history WHERE {window}", params).fetchone()[0]
         total = int(db.execute(f"SELECT COUNT(*) FROM history WHERE {kept}", kept_params).fetchone()[0])
@@ -204,7 +202,7 @@ async def fetch(db: Database, chat: ChatRef, *, limit: int, after_id: int | None
     return await db.run(work)
 
 
-def forget_summaries_sync(db: sqlite_utils.Database, request: ForgetRequest) -> int:
+def forget_summaries_sync(db: Tx, request: ForgetRequest) -> int:
     """The summaries' part of ``/forget me``: every earlier summary in the chats forgotten, and admins'
     private copies of them (``/summary #<group>``).
 

@@ -49,3 +49,32 @@ def _stand_alone() -> Iterator[None]:
     found, _outside[:] = list(_outside), []
     if found:
         pytest.fail(f"this test read files outside the repository (copy fixtures into tests/): {found}")
+
+
+# -- PostgreSQL: a real throwaway cluster (initdb in a temp folder, loopback port), one per session --------
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """The session's PostgreSQL server (Debian's postgresql package, installed by .ci/run); started lazily."""
+    from robot.storage.pgtesting import PgCluster
+
+    with PgCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Any) -> str:
+    """A new, empty database on the session's server: its URL."""
+    return str(pg_cluster.create_database())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """An unopened storage engine of each kind: the store contract runs on both."""
+    from robot.storage import SQLiteDatabase
+    from robot.storage.postgres import PostgresDatabase
+
+    if request.param == "sqlite":
+        return SQLiteDatabase(tmp_path / "qunbot.sqlite3")
+    return PostgresDatabase(request.getfixturevalue("pg_url"), max_size=4)

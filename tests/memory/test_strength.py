@@ -73,7 +73,7 @@ async def test_sixty_days_of_recalls_and_sleeps(tmp_path: Path) -> None:
     clock = Clock()
     db = Database(tmp_path / "m.sqlite3")
     service = MemoryService(db, MemorySettings(top_n=1, sleep_sample=100), clock=clock)
-    db.migrate(service.store.schema)
+    db.migrate("memory", [service.store.schema])
     await db.open()
     me = Caller(platform="t", user_id="u1", chat_id="u1", chat_kind="private")
     texts = {"cramming": "每天的站会在九点", "fading": "站会以前在十点", "spaced": "猫的名字叫年糕",
@@ -153,7 +153,7 @@ async def test_sleep_weakens_only_the_idle(tmp_path: Path, idle_hours: float) ->
     clock = Clock()
     db = Database(tmp_path / "m.sqlite3")
     service = MemoryService(db, MemorySettings(sleep_sample=10), clock=clock)
-    db.migrate(service.store.schema)
+    db.migrate("memory", [service.store.schema])
     await db.open()
     me = Caller(platform="t", user_id="u1", chat_id="g", chat_kind="group")
     row = await service.remember(me, "年会在三亚", "group")

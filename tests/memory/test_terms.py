@@ -5,19 +5,19 @@ from __future__ import annotations
 import sqlite3
 from datetime import UTC, datetime
 
-import sqlite_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory.store import MemoryStore
 from memory.terms import fts_query, index_terms, query_terms, trigram_query
+from robot.storage.sqlite import SQLiteTx
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def store_with(lexical: str, *texts: str) -> tuple[MemoryStore, sqlite_utils.Database]:
+def store_with(lexical: str, *texts: str) -> tuple[MemoryStore, SQLiteTx]:
     store = MemoryStore(lexical)  # type: ignore[arg-type]
-    db = sqlite_utils.Database(sqlite3.connect(":memory:"))
+    db = SQLiteTx(sqlite3.connect(":memory:"))
     store.schema(db)
     for t in texts:
         store.insert(db, chat="c", kind="group", user_id="u", user_name="", text=t, now=NOW)

@@ -168,7 +168,7 @@ def rig_factory(launch: Launch) -> RigFactory:
                    cfg: dict[str, Any] | None = None, plugins: Sequence[Plugin[Any]] = (),
                    **bot_section: Any) -> Rig:
         bot, ch, clock = await launch(now, model=model, plugins=plugins, cfg=cfg, **bot_section)
-        await bot.db.ensure(ReminderStore.schema)
+        await bot.db.ensure("reminders", [ReminderStore.schema])
         settings = bot.settings.section("reminders", ReminderSettings)
         service = ReminderService(ReminderStore(bot.db), bot, settings)
         return Rig(bot, ch, service, clock)

@@ -43,7 +43,7 @@ async def build(launch: Launch) -> AsyncIterator[Build]:
 
     async def make(now: datetime = T0, *, start: bool = True, model: Any = None) -> tuple[ReminderService, Any, Clock]:
         bot, ch, clock = await launch(now, model=model)
-        await bot.db.ensure(ReminderStore.schema)
+        await bot.db.ensure("reminders", [ReminderStore.schema])
         settings = bot.settings.section("reminders", ReminderSettings)
         service = ReminderService(ReminderStore(bot.db), bot, settings,
                                   scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
@@ -60,7 +60,7 @@ async def build(launch: Launch) -> AsyncIterator[Build]:
 async def test_a_reminder_whose_time_passed_while_the_db_thread_was_busy_fires_at_once(build: Build) -> None:
     service, ch, clock = await build()
     due = T0 + timedelta(seconds=2)
-    busy = asyncio.ensure_future(service.store.db.run_raw(lambda: time.sleep(0.3)))
+    busy = asyncio.ensure_future(service.store.db.run_raw(lambda _tx: time.sleep(0.3)))
     creating = asyncio.ensure_future(service.create(ALICE, parse_schedule("once", local(due), SH, None), "开会", "text"))
     await asyncio.sleep(0.05)
     clock.now = due + timedelta(seconds=1)  # the insert is still queued behind the busy DB thread
@@ -142,7 +142,7 @@ async def test_due_reminders_fire_once_a_full_disk_has_room_again(build: Build) 
     service, ch, clock = await build()
     await service.create(ALICE, parse_schedule("once", local(T0 + timedelta(minutes=1)), SH, None), "吃药", "text")
     db = service.store.db
-    await db.run(fill_disk)
+    await db.run_raw(fill_disk)
     clock.now = T0 + timedelta(minutes=1)
     service.kick()
     await asyncio.sleep(0.6)
@@ -153,7 +153,7 @@ async def test_due_reminders_fire_once_a_full_disk_has_room_again(build: Build) 
 
 async def test_remind_with_the_disk_full_answers_try_later_and_stores_nothing(start: Any) -> None:
     chat = await start()
-    await chat.bot.db.run(fill_disk)
+    await chat.bot.db.run_raw(fill_disk)
     reply = await chat.say('/remind once "2030-01-07 15:00" 开会')
     assert "暂时无法保存，请稍后再试" in reply
     await chat.bot.db.run(lambda d: d.execute("PRAGMA max_page_count = 1073741823"))

@@ -31,7 +31,7 @@ def make(rid: str | None = None, *, owner: str = "memory:u1", chat: str = GROUP,
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[ReminderStore]:
     db = Database(tmp_path / "r.sqlite3")
-    db.migrate(ReminderStore.schema)
+    db.migrate("reminders", [ReminderStore.schema])
     await db.open()
     yield ReminderStore(db)
     await db.close()
@@ -217,8 +217,8 @@ async def test_a_database_from_before_accounts_gains_the_column(tmp_path: Path) 
         "INSERT INTO reminders VALUES ('a1b2c3d4', 'memory:u1', 'u1', 'memory:group:g1', 'daily', '09:00:00', "
         "'Asia/Shanghai', NULL, '喝水', 'text', '2030-01-07T01:00:00.000000Z', '2030-01-07T01:00:00.000000Z', "
         "'2030-01-07T02:00:00.000000Z', NULL, 'active', 0)"))
-    await db.ensure(ReminderStore.schema)
-    await db.ensure(ReminderStore.schema)  # idempotent
+    await db.ensure("reminders", [ReminderStore.schema])
+    await db.ensure("reminders", [ReminderStore.schema])  # idempotent
     store = ReminderStore(db)
     (old_row,) = await store.for_chat(GROUP)
     assert old_row.account == "" and old_row.content == "喝水"

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-import sqlite_utils
 
+from robot.storage import Tx
 from robot.store import Database, DedupeStore, iso, parse_iso
 
 T0 = datetime(2026, 3, 1, 8, 0, 0, 123456, tzinfo=UTC)
@@ -40,10 +40,10 @@ async def test_work_runs_on_one_dedicated_thread(tmp_path: Path) -> None:
 
 async def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> None:
     db = Database(tmp_path / "x.sqlite3")
-    db.migrate(lambda d: d.execute("CREATE TABLE IF NOT EXISTS t (v INTEGER)"))
+    db.migrate("t", ["CREATE TABLE IF NOT EXISTS t (v INTEGER)"])
     await db.open()
 
-    def half_done(d: sqlite_utils.Database) -> None:
+    def half_done(d: Tx) -> None:
         d.execute("INSERT INTO t VALUES (1)")
         raise RuntimeError("crash between two writes")
 
@@ -58,8 +58,8 @@ async def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> Non
 async def test_migration_registered_after_open_runs_at_once(tmp_path: Path) -> None:
     db = Database(tmp_path / "x.sqlite3")
     await db.open()
-    db.migrate(lambda d: d.execute("CREATE TABLE IF NOT EXISTS late (v INTEGER)"))
-    assert await db.run(lambda d: d["late"].exists())
+    await db.ensure("late", ["CREATE TABLE late (v INTEGER)"])
+    assert await db.run(lambda d: d.execute("SELECT count(*) FROM late").fetchone()[0]) == 0
     await db.close()
 
 

@@ -1,0 +1,201 @@
+"""The PostgreSQL engine: many qunbot processes, one database.
+
+psycopg 3 with a connection pool. A store's unit of work is the same synchronous function of a
+:class:`~robot.storage.base.Tx` that runs on SQLite, so both engines run one code path; here it
+runs on a worker thread holding a pooled connection, inside one transaction, and the event loop
+never waits on the network. Notifications (``tx.notify``) travel with ``pg_notify`` and reach
+every process through one async ``LISTEN`` connection that reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError
+
+__all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+_CHANNEL = "qunbot"
+_RETRIES = 5
+_MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
+_sql_cache: dict[str, str] = {}
+
+
+def _translate(sql: str) -> str:
+    """``?`` placeholders -> psycopg's ``%s`` (a literal ``%`` doubled first)."""
+    out = _sql_cache.get(sql)
+    if out is None:
+        out = sql.replace("%", "%%").replace("?", "%s")
+        if len(_sql_cache) < 4096:
+            _sql_cache[sql] = out
+    return out
+
+
+def redact_dsn(url: str) -> str:
+    """The URL with any password replaced, for logs and errors."""
+    shown = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    return re.sub(r"(password=)[^&\s]*", r"\1***", shown, flags=re.IGNORECASE)
+
+
+class PostgresTx:
+    """A :class:`~robot.storage.base.Tx` over one pooled psycopg connection."""
+
+    dialect: Dialect = "postgresql"
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(_translate(sql), tuple(params))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cur:
+            cur.executemany(_translate(sql), [tuple(r) for r in rows])
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(_translate(sql), tuple(params))
+            return list(cur.fetchall()) if cur.description else []
+
+    execute_returning_dicts = query
+
+    def notify(self, channel: str, payload: str) -> None:
+        self.conn.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, json.dumps([channel, payload])))
+
+
+class PostgresDatabase(Engine):
+    """A PostgreSQL database (``postgresql://user:pass@host/db``) shared by any number of processes."""
+
+    dialect: Dialect = "postgresql"
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
+        super().__init__()
+        self.url = url
+        self.where = redact_dsn(url)
+        self.min_size, self.max_size = min_size, max_size
+        self._pool: Any = None
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+
+    def _error(self, exc: BaseException) -> StorageError:
+        # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
+        reason = str(exc).replace(self.url, self.where).splitlines()[0] if str(exc) else type(exc).__name__
+        return StorageError(f"cannot use the database {self.where}: {reason}")
+
+    async def open(self) -> None:
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise StorageError("[storage] url names PostgreSQL, but psycopg is not installed: "
+                               "pip install 'qunbot[postgresql]'") from exc
+        self._threads = concurrent.futures.ThreadPoolExecutor(self.max_size, thread_name_prefix="qunbot-pg")
+        self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
+                                    check=ConnectionPool.check_connection, name="qunbot",
+                                    kwargs={"autocommit": False})
+        try:
+            # One plain connection first: a wrong host or password fails now, with the server's reason.
+            await self._call(lambda: psycopg.connect(self.url, connect_timeout=10).close())
+            await self._call(lambda: self._pool.open(wait=True, timeout=15))
+            await self._apply(dict(self._migrations))
+        except StorageError:
+            await self.close()
+            raise
+        except Exception as exc:
+            await self.close()
+            raise self._error(exc) from exc
+        self.opened = True
+        self._listener = asyncio.create_task(self._listen(), name="qunbot-pg-listen")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listening.wait(), 10)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        assert self._threads is not None
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+
+    def _work(self, fn: Callable[[PostgresTx], T], durable: bool) -> T:
+        import psycopg
+
+        for attempt in range(_RETRIES):
+            try:
+                with self._pool.connection() as conn, conn.transaction():
+                    if not durable:
+                        # Like SQLite's synchronous=NORMAL: a server crash may drop the last
+                        # milliseconds of such commits, never corrupt or half-apply them.
+                        conn.execute("SET LOCAL synchronous_commit TO OFF")
+                    return fn(PostgresTx(conn))
+            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+                if attempt == _RETRIES - 1:
+                    raise
+                log.debug("storage: retrying a unit of work after a serialization failure")
+        raise AssertionError("unreachable")
+
+    async def run(self, fn: Callable[[PostgresTx], T]) -> T:
+        return await self._call(lambda: self._work(fn, False))
+
+    async def transaction(self, fn: Callable[[PostgresTx], T], *, durable: bool = False) -> T:
+        return await self._call(lambda: self._work(fn, durable))
+
+    def run_sync(self, fn: Callable[[PostgresTx], T]) -> T:
+        return self._work(fn, True)
+
+    async def _apply(self, migrations: dict[str, list[Step]]) -> None:
+        def work(tx: PostgresTx) -> None:
+            tx.execute("SELECT pg_advisory_xact_lock(?)", [_MIGRATION_LOCK])
+            tx.execute(SCHEMA_TABLE)
+            for component, steps in migrations.items():
+                self._upgrade(tx, component, steps)
+
+        await self._call(lambda: self._work(work, True))
+
+    async def _listen(self) -> None:
+        import psycopg
+
+        delay = 0.5
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {_CHANNEL}")
+                    self._listening.set()
+                    delay = 0.5
+                    async for note in conn.notifies():
+                        try:
+                            channel, payload = json.loads(note.payload)
+                        except (ValueError, TypeError):
+                            log.warning("storage: ignoring a malformed notification %.100r", note.payload)
+                            continue
+                        self._deliver(str(channel), str(payload))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("storage: the LISTEN connection to %s failed (%s); reconnecting in %.1fs",
+                            self.where, self._error(exc), delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+            self._listener = None
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(pool.close)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
+            self._threads = None
+        self.opened = False

@@ -1,0 +1,294 @@
+"""The embedded engine: one SQLite file, WAL, one thread that owns the connection, commits grouped.
+
+Every unit of work (``await db.run(fn)`` / ``db.transaction(fn)``) is queued to that thread. The
+thread takes whatever is queued, runs each unit in its own savepoint inside one transaction and
+commits once: a unit that fails rolls back alone, and no unit's caller resumes before the commit
+holds its rows. Under load this turns hundreds of commits a second into a few, without a timer
+that would delay a lone write. ``bench/bench_scale.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError
+
+__all__ = ["SQLiteDatabase", "SQLiteTx"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+_MAX_GROUP = 512
+
+
+class SQLiteTx:
+    """A :class:`~robot.storage.base.Tx` over the writer thread's connection."""
+
+    dialect: Dialect = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.notes: list[tuple[str, str]] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, tuple(params))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.conn.executemany(sql, [tuple(r) for r in rows])
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cur = self.conn.execute(sql, tuple(params))
+        names = [d[0] for d in cur.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    execute_returning_dicts = query
+
+    def notify(self, channel: str, payload: str) -> None:
+        self.notes.append((channel, payload))
+
+
+@dataclass
+class _Job:
+    fn: Callable[[SQLiteTx], Any]
+    durable: bool = False
+    raw: bool = False  # outside any transaction (open, close, checkpoint)
+    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+
+
+class SQLiteDatabase(Engine):
+    """An SQLite file (or ``":memory:"``) served by a single dedicated thread."""
+
+    dialect: Dialect = "sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.where = self.path if self.path == ":memory:" else str(Path(self.path).absolute())
+        if self.path != ":memory:":
+            parent = Path(self.path).parent
+            if not parent.exists():
+                parent.mkdir(parents=True, mode=0o700)  # people's messages live here: the owner's eyes only
+                parent.chmod(0o700)  # mkdir's mode is cut by the umask
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.commits = 0  # transactions committed (each may hold many units of work): for the bench
+
+    # -- the writer thread -----------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="qunbot-db", daemon=True)
+            self._thread.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            if self.path != ":memory:":
+                _private_files(self.path)
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+            # Deleted rows are overwritten, not just unlinked: /forget me leaves no copy in free pages.
+            conn.execute("PRAGMA secure_delete=ON")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA journal_mode=WAL")
+                _private_files(self.path)  # SQLite gives the WAL and SHM the database's mode
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._conn = conn
+        return self._conn
+
+    def _serve(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            group = [job]
+            while len(group) < _MAX_GROUP:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # stop after this group
+                    break
+                group.append(more)
+            pending: list[_Job] = []
+            for item in group:
+                if not item.future.set_running_or_notify_cancel():
+                    continue  # its caller gave up before it started (a cancelled task): like an executor
+                if item.raw:
+                    self._commit(pending)
+                    pending = []
+                    self._raw(item)
+                else:
+                    pending.append(item)
+            self._commit(pending)
+
+    def _raw(self, job: _Job) -> None:
+        try:
+            result = job.fn(SQLiteTx(self._connect()))
+        except BaseException as exc:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+
+    def _commit(self, group: list[_Job]) -> None:
+        """Run ``group`` in one transaction, each unit in a savepoint, and commit once."""
+        while group:
+            group = self._commit_some(group)
+
+    def _commit_some(self, group: list[_Job]) -> list[_Job]:
+        """Commit a prefix of ``group``; return the units still to run (after SQLite itself rolled
+        the transaction back mid-group: a full disk, an I/O error)."""
+        try:
+            conn = self._connect()
+        except Exception as exc:
+            for job in group:
+                job.future.set_exception(exc)
+            return []
+        durable = any(job.durable for job in group)
+        outcomes: list[tuple[_Job, Any, BaseException | None, list[tuple[str, str]]]] = []
+        rest: list[_Job] = []
+        try:
+            if durable:
+                conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            for index, job in enumerate(group):
+                tx = SQLiteTx(conn)
+                conn.execute("SAVEPOINT unit")
+                try:
+                    result = job.fn(tx)
+                except BaseException as exc:
+                    outcomes.append((job, None, exc, []))
+                else:
+                    outcomes.append((job, result, None, tx.notes))
+                if not conn.in_transaction:
+                    # SQLite rolled everything back (SQLITE_FULL, IOERR...), even if the unit caught
+                    # the error: every unit so far is undone, so each one's caller hears so.
+                    lost = sqlite3.OperationalError("the database rolled the transaction back "
+                                                    "(disk full or I/O error); nothing was saved")
+                    for done, _, error, _ in outcomes:
+                        done.future.set_exception(error if error is not None else lost)
+                    return group[index + 1:]
+                if outcomes[-1][2] is not None:
+                    conn.execute("ROLLBACK TO unit")
+                conn.execute("RELEASE unit")
+            conn.execute("COMMIT")
+            self.commits += 1
+        except BaseException as exc:
+            # The transaction itself failed (locked, disk full at commit): nothing of the group holds.
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            for job in group:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return rest
+        finally:
+            if durable:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA synchronous=NORMAL")
+        for job, result, error, notes in outcomes:
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+            if notes and self._loop is not None and not self._loop.is_closed():
+                for channel, payload in notes:
+                    self._loop.call_soon_threadsafe(self._deliver, channel, payload)
+        return rest
+
+    def _submit(self, fn: Callable[[SQLiteTx], Any], *, durable: bool = False,
+                raw: bool = False) -> concurrent.futures.Future[Any]:
+        self._start_thread()
+        job = _Job(fn, durable=durable, raw=raw)
+        self._queue.put(job)
+        return job.future
+
+    # -- the engine ----------------------------------------------------------------------------
+
+    async def _apply(self, migrations: dict[str, list[Step]]) -> None:
+        def work(tx: SQLiteTx) -> None:
+            tx.execute(SCHEMA_TABLE)
+            for component, steps in migrations.items():
+                tx.execute("BEGIN IMMEDIATE")
+                try:
+                    self._upgrade(tx, component, steps)
+                except BaseException:
+                    tx.execute("ROLLBACK")
+                    raise
+                tx.execute("COMMIT")
+
+        await asyncio.wrap_future(self._submit(work, raw=True))
+
+    async def open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wrap_future(self._submit(lambda tx: None, raw=True))
+            await self._apply(dict(self._migrations))
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the database {self.where}: {exc}") from exc
+        self.opened = True
+
+    async def run(self, fn: Callable[[SQLiteTx], T]) -> T:
+        result: T = await asyncio.wrap_future(self._submit(fn))
+        return result
+
+    async def transaction(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False) -> T:
+        """Run ``fn(tx)`` in one transaction on the database thread.
+
+        ``durable``: the commit is synced to disk (``synchronous=FULL`` for its group) before this
+        returns, for rows a user is told about; otherwise (``NORMAL``, WAL) a power loss may drop
+        the last commits, though never corrupt the file. ``bench/bench_durability.py`` measures both.
+        """
+        result: T = await asyncio.wrap_future(self._submit(fn, durable=durable))
+        return result
+
+    def run_sync(self, fn: Callable[[SQLiteTx], T]) -> T:
+        result: T = self._submit(fn).result()
+        return result
+
+    async def run_raw(self, fn: Callable[[SQLiteTx], T]) -> T:
+        """Run ``fn`` on the writer thread outside any transaction (VACUUM, a backup, a pragma)."""
+        result: T = await asyncio.wrap_future(self._submit(fn, raw=True))
+        return result
+
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database and truncate it to zero bytes (after a forget: no old copies)."""
+        if self.path != ":memory:":
+            await self.run_raw(lambda tx: tx.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+
+        def shut(tx: SQLiteTx) -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.wrap_future(self._submit(shut, raw=True))
+        self._queue.put(None)
+        thread, self._thread = self._thread, None
+        await asyncio.to_thread(thread.join)
+        self.opened = False
+
+
+def _private_files(path: str) -> None:
+    """The database, WAL and SHM readable by the owner only (created so, tightened if found looser)."""
+    if not Path(path).exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    for name in (path, path + "-wal", path + "-shm"):
+        file = Path(name)
+        with contextlib.suppress(FileNotFoundError):
+            if file.stat().st_mode & 0o077:
+                file.chmod(0o600)

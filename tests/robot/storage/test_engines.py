@@ -1,0 +1,135 @@
+"""The engine contract, on SQLite and on a real PostgreSQL: units of work, migrations, notifications."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from robot.storage import Engine, StorageError, Tx
+from robot.storage.postgres import PostgresDatabase
+
+SCHEMA = ["CREATE TABLE t (id {id}, v TEXT NOT NULL UNIQUE, n BIGINT NOT NULL DEFAULT 0, f {real})"]
+
+
+async def test_a_unit_of_work_commits_whole_or_not_at_all(engine: Engine) -> None:
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    try:
+        def half_done(tx: Tx) -> None:
+            tx.execute("INSERT INTO t (v) VALUES (?)", ["first"])
+            raise RuntimeError("crash between two writes")
+
+        with pytest.raises(RuntimeError):
+            await engine.transaction(half_done)
+        await engine.run(lambda tx: tx.execute("INSERT INTO t (v, f) VALUES (?, ?)", ["kept 100%", 0.1]))
+        rows = await engine.run(lambda tx: tx.query("SELECT v, n, f FROM t WHERE v LIKE '%100%'"))
+        assert rows == [{"v": "kept 100%", "n": 0, "f": 0.1}]
+    finally:
+        await engine.close()
+
+
+async def test_concurrent_units_each_keep_their_own_fate(engine: Engine) -> None:
+    # SQLite groups concurrent units into one commit: a failing unit must still roll back alone.
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    try:
+        def insert(v: str) -> Any:
+            return lambda tx: tx.execute("INSERT INTO t (v) VALUES (?)", [v]).rowcount
+
+        results = await asyncio.gather(*(engine.run(insert(f"v{i % 150}")) for i in range(200)),
+                                       return_exceptions=True)
+        failed = [r for r in results if isinstance(r, Exception)]
+        assert len(failed) == 50  # the 50 duplicates hit the UNIQUE constraint, alone
+        assert await engine.run(lambda tx: tx.execute("SELECT count(*) FROM t").fetchone()[0]) == 150
+        ids = await engine.run(lambda tx: [r[0] for r in tx.execute(
+            "INSERT INTO t (v) VALUES ('x'), ('y') RETURNING id").fetchall()])
+        assert len(ids) == 2 and ids[1] > ids[0]
+    finally:
+        await engine.close()
+
+
+async def test_migrations_apply_once_in_order_and_a_newer_database_is_refused(engine: Engine, request: Any) -> None:
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    await engine.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('old row')"))
+    await engine.close()
+
+    again = _reopen(engine)
+    again.migrate("t", [*SCHEMA, "ALTER TABLE t ADD COLUMN note TEXT NOT NULL DEFAULT 'v2'"])
+    await again.open()
+    assert await again.run(lambda tx: tx.query("SELECT v, note FROM t")) == [{"v": "old row", "note": "v2"}]
+    await again.close()
+
+    old_code = _reopen(engine)
+    old_code.migrate("t", SCHEMA)  # an older qunbot started on the upgraded database
+    with pytest.raises(StorageError, match="newer than this qunbot"):
+        await old_code.open()
+
+
+async def test_a_schema_added_after_open_is_applied_at_once(engine: Engine) -> None:
+    await engine.open()
+    try:
+        await engine.ensure("late", ["CREATE TABLE late (v TEXT)"])
+        await engine.ensure("late", ["CREATE TABLE late (v TEXT)"])  # a plugin set up twice: nothing new
+        assert await engine.run(lambda tx: tx.execute("SELECT count(*) FROM late").fetchone()[0]) == 0
+    finally:
+        await engine.close()
+
+
+async def test_a_notification_reaches_listeners_after_the_commit_only(engine: Engine) -> None:
+    heard: list[str] = []
+    engine.subscribe("reminders", heard.append)
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    try:
+        def rolled_back(tx: Tx) -> None:
+            tx.notify("reminders", "never")
+            raise RuntimeError("no commit")
+
+        with pytest.raises(RuntimeError):
+            await engine.transaction(rolled_back)
+        await engine.transaction(lambda tx: tx.notify("reminders", "added 7"))
+        for _ in range(200):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert heard == ["added 7"]
+    finally:
+        await engine.close()
+
+
+async def test_notifications_cross_processes_on_postgresql(pg_url: str) -> None:
+    one, two = PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)
+    heard: list[str] = []
+    two.subscribe("reminders", heard.append)
+    await one.open()
+    await two.open()
+    try:
+        await one.run(lambda tx: tx.notify("reminders", "deleted 3"))
+        for _ in range(300):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        assert heard == ["deleted 3"]
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_an_unreachable_postgresql_is_one_clear_line_without_the_password() -> None:
+    db = PostgresDatabase("postgresql://qunbot:hunter2-secret@127.0.0.1:1/qunbot?connect_timeout=1", max_size=1)
+    with pytest.raises(StorageError) as caught:
+        await asyncio.wait_for(db.open(), 30)
+    text = str(caught.value)
+    assert "hunter2" not in text and "127.0.0.1" in text and "***" in text
+
+
+def _reopen(engine: Engine) -> Engine:
+    if isinstance(engine, PostgresDatabase):
+        return PostgresDatabase(engine.url, max_size=2)
+    from robot.storage import SQLiteDatabase
+
+    return SQLiteDatabase(engine.where)
