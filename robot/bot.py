@@ -48,12 +48,14 @@ from robot.config import Settings, check_tables
 from robot.history import HistoryStore
 from robot.hooks import ContextHook, ForgetHook
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
+from robot.maintenance import housekeep
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
 from robot.storage import Engine, open_database
+from robot.storage.leases import LeaseKeeper, Leases
 from robot.store import Database, DedupeStore
 from robot.wiring import build_channels
 
@@ -90,6 +92,8 @@ class Bot:
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
                                     max_text_chars=hist.max_message_chars)
         self.dedupe = DedupeStore(self.db)
+        #: Which process holds what (accounts, and this process's own liveness): see robot.storage.leases.
+        self.leases = LeaseKeeper(Leases(self.db, ttl_s=settings.storage.lease_s, clock=self.clock))
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
                              max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts)
         lim = settings.limits
@@ -324,6 +328,7 @@ class Bot:
         await self.db.open()
         self.started = True
         try:
+            await self.leases.start()
             for plugin in self.plugins:
                 if plugin.setup is not None:
                     self._deps[plugin.name] = await plugin.setup(self)
@@ -343,25 +348,12 @@ class Bot:
             menu = self.command_menu()
             for channel in self.channels.values():
                 await channel.publish_commands(menu)
-            self._housekeeping = asyncio.create_task(self._housekeep(), name="qunbot-housekeeping")
+            self._housekeeping = asyncio.create_task(housekeep(self), name="qunbot-housekeeping")
         except BaseException:
             await self.stop(flush_timeout_s=0)
             raise
         log.info("qunbot started: channels=%s tools=%s llm=%s", list(self.channels), self.tools.names(),
                  self.model.name if self.model else None)
-
-    async def _housekeep(self) -> None:
-        while True:
-            try:
-                await self.dedupe.prune(self.clock())
-                await self.history.apply_retention(self.clock())
-                hist = self.settings.history
-                await self.outbox.prune(self.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
-                                        max_rows=hist.max_messages)
-                await self.approvals.store.prune(self.clock() - timedelta(days=hist.retention_days))
-            except Exception:
-                log.exception("housekeeping failed")
-            await asyncio.sleep(3600)
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
         """Finish in-flight work, stop plugins, flush the outbox, then close channels and the store.
@@ -396,4 +388,5 @@ class Bot:
         close = getattr(self.model, "aclose", None)
         if close is not None:
             await close()
+        await self.leases.stop()
         await self.db.close()

@@ -34,6 +34,7 @@ __all__ = [
     "LLMSection",
     "LimitsSection",
     "OutboxSection",
+    "StorageSection",
     "Settings",
     "TierSection",
     "WebSettings",

@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sqlite3
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
 from robot.store import Database
 
-__all__ = ["backup", "pending", "undelivered"]
+if TYPE_CHECKING:
+    from robot.bot import Bot
+
+__all__ = ["backup", "housekeep", "pending", "undelivered"]
+log = logging.getLogger(__name__)
+
+
+async def housekeep(bot: Bot) -> None:
+    """Hourly: prune dedupe rows, history past retention, old outbox rows and finished snapshots."""
+    while True:
+        try:
+            await bot.dedupe.prune(bot.clock())
+            await bot.history.apply_retention(bot.clock())
+            hist = bot.settings.history
+            await bot.outbox.prune(bot.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
+                                   max_rows=hist.max_messages)
+            await bot.approvals.store.prune(bot.clock() - timedelta(days=hist.retention_days))
+        except Exception:
+            log.exception("housekeeping failed")
+        await asyncio.sleep(3600)
 
 
 async def pending(settings: Settings, everything: bool) -> int:

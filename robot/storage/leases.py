@@ -1,0 +1,180 @@
+"""Leases: which process holds what (an account's connection, its outbox rows), for how long.
+
+A process holds a name (``account:telegram:bot1``) while it keeps renewing it; one that stops
+(killed, cut off from the database) loses it ``ttl`` later, and another process may take it.
+Every process also holds ``process:<id>`` so that others can tell the living from the dead (a
+message claimed by a dead process is taken over; one claimed by a living one is not).
+
+On SQLite one process owns the file, so a lease is always granted: a restart after a crash
+takes its accounts back at once instead of waiting out its own dead predecessor's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from robot.storage.base import Engine, Tx, iso, utcnow
+
+__all__ = ["LeaseKeeper", "Leases", "process_id"]
+
+log = logging.getLogger(__name__)
+
+PROCESS_PREFIX = "process:"
+_ME = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def process_id() -> str:
+    """This process's holder id: host, pid and a random suffix (pids are reused)."""
+    return _ME
+
+
+SCHEMA = ["CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, "
+          "expires_at TEXT NOT NULL, acquired_at TEXT NOT NULL)"]
+
+
+class Leases:
+    """Acquire, renew and release named leases in the bot's database."""
+
+    def __init__(self, db: Engine, *, ttl_s: float = 15.0, holder: str | None = None,
+                 clock: Callable[[], datetime] = utcnow) -> None:
+        self.db = db
+        self.ttl = timedelta(seconds=ttl_s)
+        self.holder = holder or process_id()
+        self.clock = clock
+        db.migrate("leases", SCHEMA)
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether other processes may share the database (and so leases can be refused)."""
+        return self.db.dialect != "sqlite"
+
+    def acquire_sync(self, tx: Tx, name: str) -> bool:
+        """Take or renew ``name`` for this process inside ``tx``; False while another process holds it."""
+        now = self.clock()
+        takeover = "" if self.exclusive else " OR 1 = 1"
+        row = tx.execute(
+            "INSERT INTO leases (name, holder, expires_at, acquired_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
+            "acquired_at = CASE WHEN leases.holder = excluded.holder THEN leases.acquired_at "
+            "ELSE excluded.acquired_at END "
+            f"WHERE leases.holder = excluded.holder OR leases.expires_at < ?{takeover} RETURNING holder",
+            [name, self.holder, iso(now + self.ttl), iso(now), iso(now)]).fetchone()
+        return row is not None
+
+    async def acquire(self, name: str) -> bool:
+        """Take or renew ``name``; False while another living process holds it."""
+        return await self.db.run(lambda tx: self.acquire_sync(tx, name))
+
+    async def renew(self, names: Iterable[str]) -> set[str]:
+        """Extend every lease in ``names`` this process still holds; returns those (the rest are lost)."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return set()
+
+        def work(tx: Tx) -> set[str]:
+            return {name for name in wanted if self.acquire_sync(tx, name)}
+
+        return await self.db.run(work)
+
+    async def release(self, names: Iterable[str]) -> None:
+        """Give leases up at once (a clean stop): another process may take them without waiting."""
+        gone = sorted(set(names))
+        if gone:
+            marks = ", ".join("?" for _ in gone)
+            await self.db.run(lambda tx: tx.execute(
+                f"DELETE FROM leases WHERE holder = ? AND name IN ({marks})", [self.holder, *gone]))
+
+    async def holders(self, prefix: str = "") -> dict[str, str]:
+        """Unexpired leases whose name starts with ``prefix``: name -> holder."""
+        now = iso(self.clock())
+        rows = await self.db.run(lambda tx: tx.execute(
+            "SELECT name, holder FROM leases WHERE expires_at >= ?", [now]).fetchall())
+        return {str(r[0]): str(r[1]) for r in rows if str(r[0]).startswith(prefix)}
+
+    def alive_sync(self, tx: Tx, holder: str) -> bool:
+        """Whether ``holder`` (a process id) is this process or still renews its process lease."""
+        if holder == self.holder:
+            return True
+        if not self.exclusive:
+            return False  # one process per SQLite file: any other holder is this one's dead predecessor
+        row = tx.execute("SELECT 1 FROM leases WHERE name = ? AND expires_at >= ?",
+                         [PROCESS_PREFIX + holder, iso(self.clock())]).fetchone()
+        return row is not None
+
+
+class LeaseKeeper:
+    """Renews this process's leases in the background and takes wanted ones as they fall free.
+
+    ``want(name, on_change)``: ``on_change(True)`` once the lease is taken, ``on_change(False)`` if
+    it is lost (another process took it after this one failed to renew in time).
+    """
+
+    def __init__(self, leases: Leases) -> None:
+        self.leases = leases
+        self.wanted: dict[str, Callable[[bool], object] | None] = {}
+        self.held: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def process_lease(self) -> str:
+        return PROCESS_PREFIX + self.leases.holder
+
+    def holds(self, name: str) -> bool:
+        return name in self.held
+
+    async def want(self, name: str, on_change: Callable[[bool], object] | None = None) -> bool:
+        """Ask for ``name`` now and keep asking; returns whether it is held now."""
+        self.wanted[name] = on_change
+        if self._task is not None:
+            await self._round()
+        return name in self.held
+
+    async def _round(self) -> None:
+        names = [self.process_lease, *self.wanted]
+        now_held = await self.leases.renew(names)
+        for name, on_change in list(self.wanted.items()):
+            was, now = name in self.held, name in now_held
+            if was != now:
+                log.log(logging.INFO if now else logging.WARNING, "lease %s %s", name, "taken" if now else "LOST")
+                if on_change is not None:
+                    try:
+                        on_change(now)
+                    except Exception:
+                        log.exception("lease %s: the change handler failed", name)
+        self.held = now_held
+
+    async def start(self) -> None:
+        await self._round()
+        self._task = asyncio.create_task(self._loop(), name="qunbot-leases")
+
+    async def _loop(self) -> None:
+        period = max(self.leases.ttl.total_seconds() / 3, 0.2)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self._round()
+            except Exception as exc:
+                # Unable to renew: fail closed, as if every lease were lost (another process
+                # may take them once they expire), and keep trying.
+                log.warning("leases: cannot renew (%s)", exc)
+                for name, on_change in self.wanted.items():
+                    if name in self.held and on_change is not None:
+                        on_change(False)
+                self.held = set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self.leases.release(self.held)
+        self.held = set()
