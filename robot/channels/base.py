@@ -31,8 +31,10 @@ from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
     from robot.privacy import Forgetter
+    from robot.storage.leases import LeaseKeeper
 
 __all__ = [
+    "ACCOUNT_LEASE",
     "Capabilities",
     "Channel",
     "ChannelError",
@@ -57,6 +59,8 @@ ChatHistory = Callable[[ChatRef, int], Awaitable[list[HistoryEntry]]]
 
 
 log = logging.getLogger(__name__)
+#: The lease a process holds while it serves an account's connection (and sends its outbox rows).
+ACCOUNT_LEASE = "account:{platform}:{account}"
 
 
 class ChannelError(Exception):
@@ -118,6 +122,12 @@ class Channel(abc.ABC):
 
     platform: str = "abstract"
     capabilities: Capabilities = Capabilities()
+    #: Whether the platform's connection is per account (Telegram polling, the Weixin long poll,
+    #: OneBot sockets): then one process at a time serves an account, the holder of its lease
+    #: (:data:`ACCOUNT_LEASE`), and only it sends the account's outbox rows.
+    account_leases: bool = False
+    #: This process's leases, once the bot attached them (:meth:`attach_leases`); None: serve anyway.
+    leases: LeaseKeeper | None = None
 
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
@@ -136,6 +146,17 @@ class Channel(abc.ABC):
                 listener()
             except Exception:
                 log.exception("%s: a connect listener failed", self.platform)
+
+    def attach_leases(self, leases: LeaseKeeper) -> None:
+        """The bot's leases: a channel with :attr:`account_leases` serves an account only while it holds it."""
+        self.leases = leases
+
+    def lease_name(self, account: str) -> str:
+        return ACCOUNT_LEASE.format(platform=self.platform, account=account)
+
+    def default_account(self) -> str | None:
+        """The account an outbox row that names none leaves through (the channel's only one), if any."""
+        return None
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""
