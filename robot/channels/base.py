@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import aiohttp
@@ -134,6 +135,10 @@ class Channel(abc.ABC):
         self._on_moved: ChatMoved | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._connect_listeners: list[Callable[[], None]] = []
+        #: Per account: the task serving it (a poll loop) while this process holds its lease.
+        self._serving: dict[str, asyncio.Task[None] | None] = {}
+        self._serving_over = False
+        self._connected_accounts: set[str] = set()
 
     def on_connect(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever the platform (re)connects (the outbox wakes on it)."""
@@ -157,6 +162,64 @@ class Channel(abc.ABC):
     def default_account(self) -> str | None:
         """The account an outbox row that names none leaves through (the channel's only one), if any."""
         return None
+
+    async def serve_account(self, account: str, serve: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+        """Serve ``account`` (run ``serve()``, say its poll loop) while this process holds its lease;
+        at once when no leases are attached. A lost lease cancels ``serve``; retaking it starts it again."""
+        self._serving_over = False
+        if self.leases is None:
+            self._account_held(account, serve, True)
+        else:
+            await self.leases.want(self.lease_name(account), functools.partial(self._account_held, account, serve))
+
+    def _account_held(self, account: str, serve: Callable[[], Coroutine[Any, Any, None]] | None, held: bool) -> None:
+        if self._serving_over:
+            return
+        task = self._serving.get(account)
+        if held:
+            if task is None or task.done():
+                self._serving[account] = None if serve is None else asyncio.create_task(
+                    serve(), name=f"{self.platform}-serve-{account}")
+            self.announce_connected()  # the outbox may send the account's rows now
+        elif account in self._serving:
+            log.warning("%s: another process serves account %s now; this one stops serving it", self.platform, account)
+            if task is not None:
+                task.cancel()
+            del self._serving[account]
+
+    def serve_accounts_soon(self, accounts: Iterable[str]) -> None:
+        """Serve exactly ``accounts`` (those whose connection is open here: OneBot sockets), in the background:
+        a newly connected one's lease is wanted, a disconnected one's is given up at once."""
+        now = {a for a in accounts if a}
+        if now == self._connected_accounts or self._serving_over:
+            return
+        gone, new = self._connected_accounts - now, now - self._connected_accounts
+        self._connected_accounts = now
+        task = asyncio.create_task(self._reserve(gone, new), name=f"{self.platform}-accounts")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _reserve(self, gone: set[str], new: set[str]) -> None:
+        try:
+            for account in sorted(gone):
+                # Many processes: another may have the account's socket now, so the lease goes at once.
+                # One (SQLite): it stays, and the account's rows wait here, parked, for the reconnect.
+                if self.leases is not None and self.leases.leases.exclusive:
+                    self._serving.pop(account, None)
+                    await self.leases.drop(self.lease_name(account))
+            for account in sorted(new):
+                await self.serve_account(account)
+        except Exception:
+            log.exception("%s: taking or giving up account leases failed", self.platform)
+
+    async def stop_serving(self) -> None:
+        """For :meth:`stop`: end every account's :meth:`serve_account` task (leases stay the bot's to release)."""
+        self._serving_over = True
+        tasks = [t for t in self._serving.values() if t is not None]
+        self._serving.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -73,6 +74,7 @@ class WeixinChannel(Channel):
     """Personal WeChat (iLink bot API); several accounts, each with its own poller."""
 
     platform = PLATFORM
+    account_leases = True  # one long poll per account: one process polls (and sends for) it
 
     def __init__(self, settings: WeixinSettings, data_dir: Path | str = "data",
                  *, session: aiohttp.ClientSession | None = None) -> None:
@@ -108,13 +110,15 @@ class WeixinChannel(Channel):
             log.error("weixin: no logged-in account under %s: run `qunbot login weixin` first",
                       self.state.accounts_dir)
         for acc in self.accounts.values():
-            await self._start_polling(acc)
+            await self.serve_account(acc.bot_id, functools.partial(self._serve, acc))
         self._watcher = asyncio.create_task(self._watch_accounts(), name="weixin-accounts")
 
-    async def _start_polling(self, acc: _Account) -> None:
+    async def _serve(self, acc: _Account) -> None:
+        """Poll ``acc`` (while this process holds its lease: ``serve_account``)."""
+        acc.poller = asyncio.current_task()
         with contextlib.suppress(WeixinError):
             await acc.api.notify(start=True)
-        acc.poller = asyncio.create_task(self._poll(acc), name=f"weixin-poll-{acc.bot_id}")
+        await self._poll(acc)
 
     async def _watch_accounts(self) -> None:
         """Serve accounts logged in while running, and pick up renewed tokens."""
@@ -133,7 +137,7 @@ class WeixinChannel(Channel):
                     log.warning("weixin: new account %s logged in; serving it", account.bot_id)
                     acc = self.accounts[account.bot_id] = _Account(account, self._api_for(account))
                     acc.tokens = await self.state.load_context_tokens(account.bot_id)
-                    await self._start_polling(acc)
+                    await self.serve_account(acc.bot_id, functools.partial(self._serve, acc))
                 elif account.bot_token != acc.account.bot_token:
                     acc.account, acc.api = account, self._api_for(account)
 
@@ -159,10 +163,11 @@ class WeixinChannel(Channel):
         commits = [acc.commit for acc in self.accounts.values() if acc.commit is not None]
         await asyncio.gather(*commits, return_exceptions=True)
         for acc in self.accounts.values():
-            acc.poller = acc.commit = None
-            if not acc.expired:
+            if not acc.expired and acc.bot_id in self._serving:  # not an account another process serves
                 with contextlib.suppress(WeixinError):
                     await acc.api.notify(start=False)
+            acc.poller = acc.commit = None
+        await self.stop_serving()
         self.accounts.clear()
         if self._own_session and self._session is not None:
             await self._session.close()
