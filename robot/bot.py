@@ -91,9 +91,9 @@ class Bot:
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
                                     max_text_chars=hist.max_message_chars)
-        self.dedupe = DedupeStore(self.db)
         #: Which process holds what (accounts, and this process's own liveness): see robot.storage.leases.
         self.leases = LeaseKeeper(Leases(self.db, ttl_s=settings.storage.lease_s, clock=self.clock))
+        self.dedupe = DedupeStore(self.db, leases=self.leases.leases)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
                              max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts,
                              leases=self.leases)
