@@ -212,6 +212,11 @@ class Channel(abc.ABC):
         except Exception:
             log.exception("%s: taking or giving up account leases failed", self.platform)
 
+    @property
+    def served(self) -> frozenset[str]:
+        """The accounts this process serves now (holds the lease of)."""
+        return frozenset(self._serving)
+
     async def stop_serving(self) -> None:
         """For :meth:`stop`: end every account's :meth:`serve_account` task (leases stay the bot's to release)."""
         self._serving_over = True
