@@ -19,7 +19,7 @@ from typing import Any
 from robot.message import ChatRef
 from robot.storage import Engine, Step, Tx, iso
 
-__all__ = ["SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by", "release_sync", "split_text", "waiting_sync"]
+__all__ = ["LEASED_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by", "release_sync", "split_text", "waiting_sync"]
 _BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
 
 
@@ -43,6 +43,10 @@ def split_text(text: str, limit: int) -> list[str]:
     if rest or not parts:
         parts.append(rest)
     return parts
+
+
+#: The platforms whose channels serve an account from one process at a time (``Channel.account_leases``).
+LEASED_PLATFORMS = ("onebot", "telegram", "weixin")
 
 
 def _v1(tx: Tx) -> None:
