@@ -116,6 +116,7 @@ class WeixinChannel(Channel):
     async def _serve(self, acc: _Account) -> None:
         """Poll ``acc`` (while this process holds its lease: ``serve_account``)."""
         acc.poller = asyncio.current_task()
+        acc.tokens.update(await self.state.load_context_tokens(acc.bot_id))  # taken over: the last holder's
         with contextlib.suppress(WeixinError):
             await acc.api.notify(start=True)
         await self._poll(acc)
