@@ -194,7 +194,7 @@ async def test_creating_and_deleting_a_reminder_commits_with_a_disk_sync_unless_
             full = sql.upper().endswith("FULL")
         elif full and sql.lstrip().upper().startswith(("INSERT", "UPDATE")):
             synced.append(sql.split("(")[0].split(" SET")[0].strip())
-    expected = ["INSERT INTO reminders", "INSERT OR IGNORE INTO outbox", "INSERT INTO history",
+    expected = ["INSERT INTO reminders", "INSERT INTO outbox", "INSERT INTO history",
                 "UPDATE reminders"] if durable else []
     assert synced == expected
 
