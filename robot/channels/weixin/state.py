@@ -129,13 +129,13 @@ class WeixinState:
 
     # --- accounts ---------------------------------------------------------------------------
     async def save_account(self, account: WeixinAccount) -> str:
-        """Store a login (durably); where it went, for the user."""
+        """Store a login (durably); where it went, for the user (who reads Chinese)."""
         store = await self._db()
         if store is None:
             return str(await asyncio.to_thread(self.save_account_sync, account))
         await store.put(_PLATFORM, account.bot_id, "account", json.dumps(_account_json(account)), secret=True,
                         durable=True)
-        return "the database"
+        return "数据库"
 
     async def load_accounts(self) -> list[WeixinAccount]:
         """Every readable account, oldest login first."""
