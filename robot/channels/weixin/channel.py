@@ -1,11 +1,11 @@
 """The personal-WeChat channel: one long-poll loop per logged-in account, replies by ``sendmessage``.
 
-Receiving: ``getupdates`` with the account's ``get_updates_buf``. A batch's cursor is written to
-disk only after every message of that batch has been handed to the bot (deduplicated and recorded
-in history), so a crash replays rather than loses; the bot's dedupe drops the replays.
+Receiving: ``getupdates`` with the account's ``get_updates_buf``. A batch's cursor is stored
+(:mod:`.state`) only after every message of that batch has been handed to the bot (deduplicated and
+recorded in history), so a crash replays rather than loses; the bot's dedupe drops the replays.
 
-Sending needs the ``context_token`` of the user's latest message; tokens are kept per account and
-chat on disk, so a reminder due tomorrow can still go out. Without one, the outbox row fails with
+Sending needs the ``context_token`` of the user's latest message; tokens are stored per account and
+chat, so a reminder due tomorrow can still go out. Without one, the outbox row fails with
 the reason (WeChat does not let a bot start a conversation).
 """
 
@@ -195,7 +195,7 @@ class WeixinChannel(Channel):
                 removed += len(gone)
                 acc.forgotten.update({chat: (token, deadline) for chat, token in gone.items()})
                 await self.state.save_context_tokens(acc.bot_id, acc.tokens)  # an OSError fails the forget
-        # An account not served now still has its file: clear it there too.
+        # An account not served now still has its stored tokens: clear them there too.
         return removed + await self.state.forget_context_tokens(chats, skip=set(self.accounts))
 
     def location(self) -> str | None:
