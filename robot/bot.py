@@ -36,6 +36,7 @@ from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import Questions, ask_user
 from robot.channels.base import Channel, PanelProvider
+from robot.channels.state_store import ChannelState
 from robot.commands import (
     CommandError,
     CommandLine,
@@ -110,6 +111,8 @@ class Bot:
         self.questions = Questions()
         self.approvals = Approvals(self, settings.approvals,
                                    None if in_memory else settings.bot.data_dir / "secret.key")
+        #: Channels' cursors and credentials, shared by every process on the database (credentials sealed).
+        self.channel_state = ChannelState(self.db, None if in_memory else settings.bot.data_dir / "secret.key")
         self.router: FunctionCallRouter | None = None
         if self.model is not None:
             llm = settings.llm
@@ -342,6 +345,7 @@ class Bot:
                 channel.attach_panels(self.panels)
                 channel.attach_forgetters(self.forgetters)
                 channel.attach_chats(self.history.recent, self.zone_for)
+                channel.attach_state(self.channel_state)
             for channel in self.channels.values():
                 await channel.start()
             # Channels first: what waited in the outbox goes out the moment they connect, not on a timer.

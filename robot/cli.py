@@ -325,14 +325,24 @@ def _on_import_path(source: Path | None) -> None:
 
 
 async def _login_weixin(settings: Settings) -> int:
+    """``qunbot login weixin``: the account lands in the bot's database, where every process sees it."""
+    from robot.channels.state_store import ChannelState
     from robot.channels.weixin import LoginFailed, WeixinError, WeixinState, login
+    from robot.storage import open_database
 
     cfg = settings.channels.weixin
+    db = open_database(settings.storage.url.get_secret_value(), settings.bot.data_dir,
+                       pool_size=settings.storage.pool_size)
+    state = WeixinState(cfg.state_dir or settings.bot.data_dir / "weixin")
+    state.attach(ChannelState(db, settings.bot.data_dir / "secret.key"))
+    await db.open()
     try:
-        await login(cfg, WeixinState(cfg.state_dir or settings.bot.data_dir / "weixin"))
+        await login(cfg, state)
     except (LoginFailed, WeixinError) as exc:
         print(f"error: weixin login: {exc}", file=sys.stderr)
         return 1
+    finally:
+        await db.close()
     if not cfg.enabled:
         print("提示：在 qunbot.toml 的 [channels.weixin] 中设置 enabled = true，然后运行 qunbot run。")
     return 0

@@ -23,6 +23,7 @@ from robot.config import (
     LimitsSection,
     LLMSection,
     OutboxSection,
+    StorageSection,
 )
 
 __all__ = ["render_template"]
@@ -78,7 +79,7 @@ def render_template(plugin_sections: Sequence[tuple[str, type[BaseModel]]] = ())
     core: list[tuple[str, type[BaseModel]]] = [("bot", BotSection), ("llm", LLMSection),
                                                ("limits", LimitsSection), ("gate", GateSection),
                                                ("history", HistorySection), ("outbox", OutboxSection),
-                                               ("approvals", ApprovalsSection)]
+                                               ("storage", StorageSection), ("approvals", ApprovalsSection)]
     for title, model in core:
         lines.extend(_table(title, model))
     lines.extend(_table("channels", ChannelsSection))

@@ -31,7 +31,8 @@ def build_channels(settings: Settings) -> list[Channel]:
     if cfg.weixin.enabled:
         from robot.channels.weixin import WeixinChannel
 
-        channels.append(WeixinChannel(cfg.weixin, settings.bot.data_dir))
+        weixin = WeixinChannel(cfg.weixin, settings.bot.data_dir)
+        channels.append(weixin)
     if cfg.telegram.enabled:
         from robot.channels.telegram import TelegramChannel
 
@@ -44,9 +45,8 @@ def build_channels(settings: Settings) -> list[Channel]:
         channels.append(playground)
         # Binding a WeChat account is the owner's act: only a loopback playground offers the login page.
         if cfg.weixin.enabled and is_loopback(cfg.web.host):
-            from robot.channels.weixin import WeixinState
             from robot.channels.weixin.web_login import login_app
 
-            state = WeixinState(cfg.weixin.state_dir or settings.bot.data_dir / "weixin")
-            playground.mount("/weixin", login_app(cfg.weixin, state))
+            # The channel's own state: where the bot attaches its database, a login lands there too.
+            playground.mount("/weixin", login_app(cfg.weixin, weixin.state))
     return channels

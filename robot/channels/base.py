@@ -31,6 +31,7 @@ from robot.history import HistoryEntry
 from robot.message import ChatRef, Message, OutgoingMessage
 
 if TYPE_CHECKING:
+    from robot.channels.state_store import ChannelState
     from robot.privacy import Forgetter
     from robot.storage.leases import LeaseKeeper
 
@@ -308,3 +309,7 @@ class Channel(abc.ABC):
     def attach_chats(self, history: ChatHistory, zone_for: Callable[[ChatRef], ZoneInfo]) -> None:  # noqa: B027
         """Receive the stored history and each chat's zone (the web playground shows past messages and
         times in the chat's zone); a no-op elsewhere."""
+
+    def attach_state(self, store: ChannelState) -> None:  # noqa: B027
+        """Receive the bot's :class:`~robot.channels.state_store.ChannelState` (before :meth:`start`): a
+        channel with cursors or credentials keeps them there, shared by every process on the database."""

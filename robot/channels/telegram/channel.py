@@ -5,7 +5,7 @@ so its history stays apart and replies keep ``message_thread_id``. A group that 
 supergroup (``migrate_to_chat_id``) is remembered, so replies and reminders addressed to the old
 id reach the new one.
 
-Polling: the ``offset`` is written to disk only after every update of a batch has been handed to
+Polling: the ``offset`` is stored (:mod:`.state`) only after every update of a batch has been handed to
 the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
 Webhook: ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the request gets 401.
 An update gets 200 (Telegram never resends it then) only once fsync'ed to ``<bot>-webhook/``
@@ -36,6 +36,7 @@ from robot.channels.base import (
     SendRejected,
     transport_failure,
 )
+from robot.channels.state_store import ChannelState
 from robot.channels.telegram.api import (
     ChatMigrated,
     TelegramApi,
@@ -45,7 +46,7 @@ from robot.channels.telegram.api import (
 )
 from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, split_utf16
 from robot.channels.telegram.settings import TelegramSettings
-from robot.channels.telegram.state import read_spool, write_private
+from robot.channels.telegram.state import TelegramState, read_spool, write_private
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["TelegramChannel"]
@@ -66,6 +67,7 @@ class TelegramChannel(Channel):
         self.settings = settings
         self.capabilities = Capabilities(max_text_len=LIMIT, mentions=False, markdown=False)
         self.state_dir = settings.state_dir or Path(data_dir) / "telegram"
+        self.state = TelegramState(self.state_dir)
         self._session = session
         self._own_session = session is None
         self.api: TelegramApi | None = None
@@ -88,7 +90,7 @@ class TelegramChannel(Channel):
                                timeout_s=self.settings.request_timeout)
         me = await self.api.call("getMe")
         self.bot_id, self.username = str(me["id"]), str(me.get("username") or "")
-        self.migrated = await asyncio.to_thread(self._read, "migrated.json")
+        self.migrated = await self.state.load_migrated(self.bot_id)
         await self._replay_spool()  # also after a switch to polling: Telegram will not send these again
         if self.settings.mode == "webhook":
             await self._start_webhook()
@@ -136,21 +138,13 @@ class TelegramChannel(Channel):
     def location(self) -> str | None:
         return self._url or (f"telegram @{self.username}" if self.username else None)
 
-    # --- state files --------------------------------------------------------------------------
-    def _read(self, name: str) -> dict[str, Any]:
-        try:
-            data = json.loads((self.state_dir / f"{self.bot_id}-{name}").read_text("utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _write(self, name: str, data: dict[str, Any]) -> None:
-        write_private(self.state_dir / f"{self.bot_id}-{name}", data)
+    def attach_state(self, store: ChannelState) -> None:
+        self.state.attach(store)
 
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self) -> None:
         assert self.api is not None
-        offset = int((await asyncio.to_thread(self._read, "offset.json")).get("offset", 0))
+        offset = await self.state.load_offset(self.bot_id)
         failures = 0
         while not self._stopping.is_set():
             try:
@@ -186,7 +180,7 @@ class TelegramChannel(Channel):
         if any(isinstance(r, asyncio.CancelledError) for r in results):
             return  # cut short by stop(): a restart replays this batch
         try:
-            await asyncio.to_thread(self._write, "offset.json", {"offset": offset})
+            await self.state.save_offset(self.bot_id, offset)
         except OSError:
             log.exception("telegram: could not save the update offset")
 
@@ -303,16 +297,18 @@ class TelegramChannel(Channel):
         self.migrated[old] = new
         log.warning("telegram: group %s became supergroup %s; its history, replies and reminders follow it",
                     old, new)
-        try:
-            self._write("migrated.json", self.migrated)
-        except OSError:
-            log.exception("telegram: could not save the group migration")
-        task = asyncio.create_task(self.chat_moved(
-            ChatRef(platform=self.platform, chat_id=old, kind="group", account=self.bot_id),
-            ChatRef(platform=self.platform, chat_id=new, kind="group", account=self.bot_id)))
+        task = asyncio.create_task(self._moved(old, new))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         return task
+
+    async def _moved(self, old: str, new: str) -> None:
+        try:
+            await self.state.save_migration(self.bot_id, old, new, self.migrated)
+        except OSError:
+            log.exception("telegram: could not save the group migration")
+        await self.chat_moved(ChatRef(platform=self.platform, chat_id=old, kind="group", account=self.bot_id),
+                              ChatRef(platform=self.platform, chat_id=new, kind="group", account=self.bot_id))
 
     # --- sending ------------------------------------------------------------------------------
     def _target(self, chat: ChatRef) -> tuple[str, int | None]:

@@ -16,7 +16,7 @@ import itertools
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -37,6 +37,7 @@ class Sent:
     message_id: int
     thread_id: int | None = None
     reply_to: int | None = None
+    at: float = field(default_factory=time.time)  # when it arrived (UTC epoch seconds)
 
 
 class FakeBotAPI(LoopbackServer):

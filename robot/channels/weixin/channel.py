@@ -1,11 +1,11 @@
 """The personal-WeChat channel: one long-poll loop per logged-in account, replies by ``sendmessage``.
 
-Receiving: ``getupdates`` with the account's ``get_updates_buf``. A batch's cursor is written to
-disk only after every message of that batch has been handed to the bot (deduplicated and recorded
-in history), so a crash replays rather than loses; the bot's dedupe drops the replays.
+Receiving: ``getupdates`` with the account's ``get_updates_buf``. A batch's cursor is stored
+(:mod:`.state`) only after every message of that batch has been handed to the bot (deduplicated and
+recorded in history), so a crash replays rather than loses; the bot's dedupe drops the replays.
 
-Sending needs the ``context_token`` of the user's latest message; tokens are kept per account and
-chat on disk, so a reminder due tomorrow can still go out. Without one, the outbox row fails with
+Sending needs the ``context_token`` of the user's latest message; tokens are stored per account and
+chat, so a reminder due tomorrow can still go out. Without one, the outbox row fails with
 the reason (WeChat does not let a bot start a conversation).
 """
 
@@ -30,6 +30,7 @@ from robot.channels.base import (
     SendRejected,
     transport_failure,
 )
+from robot.channels.state_store import ChannelState
 from robot.channels.weixin.api import (
     TYPING_CANCEL,
     SessionExpired,
@@ -94,7 +95,7 @@ class WeixinChannel(Channel):
         if self._session is None:
             self._session = aiohttp.ClientSession()
         self._stopping.clear()
-        stored = await asyncio.to_thread(self.state.load_accounts_sync)
+        stored = await self.state.load_accounts()
         wanted = set(self.settings.accounts)
         for account in stored:
             if wanted and account.bot_id not in wanted:
@@ -107,8 +108,7 @@ class WeixinChannel(Channel):
             log.error("weixin: accounts %s are configured but not logged in: run `qunbot login weixin`",
                       sorted(missing))
         if not self.accounts:
-            log.error("weixin: no logged-in account under %s: run `qunbot login weixin` first",
-                      self.state.accounts_dir)
+            log.error("weixin: no logged-in account in %s: run `qunbot login weixin` first", self.state.where)
         for acc in self.accounts.values():
             await self.serve_account(acc.bot_id, functools.partial(self._serve, acc))
         self._watcher = asyncio.create_task(self._watch_accounts(), name="weixin-accounts")
@@ -127,7 +127,7 @@ class WeixinChannel(Channel):
         while not self._stopping.is_set():
             await self._sleep(self.settings.account_scan_s)
             try:
-                stored = await asyncio.to_thread(self.state.load_accounts_sync)
+                stored = await self.state.load_accounts()
             except OSError:
                 continue
             for account in stored:
@@ -174,6 +174,9 @@ class WeixinChannel(Channel):
             await self._session.close()
             self._session = None
 
+    def attach_state(self, store: ChannelState) -> None:
+        self.state.attach(store)
+
     def attach_forgetters(self, forgetters: list[Forgetter]) -> None:
         forgetter = Forgetter("weixin-context-tokens", "个微信会话凭据", self._forget)
         if forgetter not in forgetters:
@@ -198,7 +201,7 @@ class WeixinChannel(Channel):
                 removed += len(gone)
                 acc.forgotten.update({chat: (token, deadline) for chat, token in gone.items()})
                 await self.state.save_context_tokens(acc.bot_id, acc.tokens)  # an OSError fails the forget
-        # An account not served now still has its file: clear it there too.
+        # An account not served now still has its stored tokens: clear them there too.
         return removed + await self.state.forget_context_tokens(chats, skip=set(self.accounts))
 
     def location(self) -> str | None:
@@ -297,7 +300,7 @@ class WeixinChannel(Channel):
             step = min(5.0, self.settings.session_pause_s - waited)
             await self._sleep(step)
             waited += step
-            fresh = await asyncio.to_thread(self.state.load_account_sync, acc.bot_id)
+            fresh = await self.state.load_account(acc.bot_id)
             if fresh is not None and fresh.bot_token != acc.account.bot_token:
                 log.warning("weixin %s: new login found, resuming", acc.bot_id)
                 acc.account, acc.api = fresh, self._api_for(fresh)

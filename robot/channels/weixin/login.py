@@ -66,7 +66,7 @@ async def login(settings: WeixinSettings, state: WeixinState, *, out: TextIO = s
 async def _login(settings: WeixinSettings, state: WeixinState, out: TextIO, session: aiohttp.ClientSession,
                  ask_code: AskCode, show_qr: Callable[[str, TextIO], None], timeout_s: float,
                  poll_interval_s: float) -> WeixinAccount | None:
-    known = await asyncio.to_thread(state.load_accounts_sync)
+    known = await state.load_accounts()
     local_tokens = [a.bot_token.get_secret_value() for a in reversed(known)][:10]
     start = WeixinApi(session, settings.api_base, timeout_s=settings.request_timeout)
     qr = await start.get_bot_qrcode(settings.bot_type, local_tokens)
@@ -111,7 +111,7 @@ async def _login(settings: WeixinSettings, state: WeixinState, out: TextIO, sess
                 account = WeixinAccount(bot_id=status.ilink_bot_id, bot_token=SecretStr(status.bot_token),
                                         base_url=status.baseurl or settings.api_base,
                                         user_id=status.ilink_user_id or "", saved_at=datetime.now(UTC))
-                path = await asyncio.to_thread(state.save_account_sync, account)
+                path = await state.save_account(account)
                 out.write(f"登录成功：账号 {account.bot_id} 已保存到 {path}\n")
                 return account
         await asyncio.sleep(poll_interval_s)

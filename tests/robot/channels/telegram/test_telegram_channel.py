@@ -15,11 +15,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from function_calls.testing import ScriptedModel, text
+from robot.channels.state_store import ChannelState
 from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf16
 from robot.channels.telegram.convert import read_entities
 from robot.channels.telegram.testing import FakeBotAPI
 from robot.message import ChatRef, Message
-from robot.store import parse_iso
+from robot.store import Database, parse_iso
 
 Until = Callable[..., Awaitable[None]]
 BOT_ID = "123456"
@@ -176,8 +177,11 @@ async def test_the_offset_is_saved_and_a_restart_neither_loses_nor_repeats(
 
     await until(lambda: count(bot, 1))
     await bot.stop()
-    assert (tmp_path / "tg" / f"{BOT_ID}-offset.json").stat().st_mode & 0o777 == 0o600  # private, like all state
     saved = fake.offsets[-1]
+    db = Database(tmp_path / "qunbot.sqlite3")  # kept in the database, for whichever process polls next
+    await db.open()
+    assert await ChannelState(db).get("telegram", BOT_ID, "offset") == str(saved)
+    await db.close()
     second = fake.message(PRIVATE, ALICE, "二")
     polls_before = len(fake.offsets)
     bot2, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)

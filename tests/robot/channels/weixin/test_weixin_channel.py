@@ -6,6 +6,7 @@ import asyncio
 import logging
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from pydantic import SecretStr
 
 from function_calls.testing import ScriptedModel, text
 from robot.channels.base import SendRejected
+from robot.channels.state_store import ChannelState
 from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
 from robot.channels.weixin.testing import FakeILinkServer
 from robot.message import ChatRef, Message, OutgoingMessage
+from robot.store import Database
 
 Until = Callable[..., Awaitable[None]]
 TOKEN, TOKEN2 = "tok-one", "tok-two"
@@ -44,6 +47,19 @@ def log_in(tmp_path: Path, fake: FakeILinkServer, bot_id: str = BOT, token: str 
     state.save_account_sync(WeixinAccount(bot_id=bot_id, bot_token=SecretStr(token), base_url=fake.url,
                                           user_id="owner@im.wechat", saved_at=datetime.now(UTC)))
     return state
+
+
+@asynccontextmanager
+async def in_database(tmp_path: Path) -> AsyncIterator[WeixinState]:
+    """What a bot with ``data_dir=tmp_path`` stored, read as another process would."""
+    db = Database(tmp_path / "qunbot.sqlite3")
+    state = WeixinState(tmp_path / "wx")
+    state.attach(ChannelState(db, tmp_path / "secret.key"))
+    await db.open()
+    try:
+        yield state
+    finally:
+        await db.close()
 
 
 async def test_text_arrives_as_a_private_message_of_its_account(
@@ -87,8 +103,9 @@ async def test_a_restart_resumes_from_the_saved_cursor_without_loss_or_duplicate
     bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
     await until(lambda: bot_has(bot, 3))
     await bot.stop()
-    cursor = await WeixinState(tmp_path / "wx").load_cursor(BOT)
-    assert cursor, "the cursor is on disk after the batch was recorded"
+    async with in_database(tmp_path) as state:
+        cursor = await state.load_cursor(BOT)
+    assert cursor, "the cursor is stored after the batch was recorded"
     for i in range(3, 5):
         fake.inject(TOKEN, ALICE, text=f"第{i}条")
     bot2, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
@@ -104,7 +121,8 @@ async def test_a_lost_cursor_replays_and_the_bot_drops_the_duplicates(
     bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
     await until(lambda: bot_has(bot, 1))
     await bot.stop()
-    (tmp_path / "wx" / "accounts" / f"{BOT}.sync.json").unlink()  # as if we crashed before writing it
+    async with in_database(tmp_path) as state:  # as if we crashed before writing it
+        assert state.store is not None and await state.store.delete("weixin", BOT, "cursor")
     bot2, _ = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
     await until(lambda: sum(1 for n, _ in fake.requests if n == "getupdates") >= 4)
     rows = await bot2.history.recent(ChatRef(platform="weixin", chat_id=ALICE, kind="private"), 50)
@@ -344,15 +362,14 @@ async def test_forget_me_deletes_the_persons_context_tokens_on_every_account(
     await until(lambda: len(fake.sent) == 3)
     assert "已删除" in fake.sent[-1].text and "微信会话凭据" in fake.sent[-1].text  # the reply still went out
     await bot.stop()
-    for bot_id in (BOT, BOT2):
-        stored = (tmp_path / "wx" / "accounts" / f"{bot_id}.context.json").read_text("utf-8")
-        assert ALICE not in stored
-    assert "bob@im.wechat" in (tmp_path / "wx" / "accounts" / f"{BOT}.context.json").read_text("utf-8")
-    async with running(WeixinChannel(settings(tmp_path))) as channel:  # after a restart: nothing to write with
-        for account in (BOT, BOT2):
-            with pytest.raises(SendRejected, match="context_token"):
-                await channel.send(OutgoingMessage(key=f"after-{account}", chat=ChatRef(
-                    platform="weixin", chat_id=ALICE, kind="private", account=account), text="还在吗"))
+    async with in_database(tmp_path) as state:
+        assert list(await state.load_context_tokens(BOT)) == ["bob@im.wechat"]
+        assert await state.load_context_tokens(BOT2) == {}
+    _, channel = await make_bot(channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    for account in (BOT, BOT2):  # after a restart: nothing to write with
+        with pytest.raises(SendRejected, match="context_token"):
+            await channel.send(OutgoingMessage(key=f"after-{account}", chat=ChatRef(
+                platform="weixin", chat_id=ALICE, kind="private", account=account), text="还在吗"))
 
 
 async def test_forget_me_also_clears_the_tokens_of_an_account_not_served_now(
@@ -364,4 +381,5 @@ async def test_forget_me_also_clears_the_tokens_of_an_account_not_served_now(
     fake.inject(TOKEN, ALICE, text="/forget me")
     await until(lambda: bool(fake.sent))
     assert "2 个微信会话凭据" in fake.sent[-1].text
-    assert await state.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}
+    async with in_database(tmp_path) as stored:  # the files were imported at start, then cleared there
+        assert await stored.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}
