@@ -4,6 +4,7 @@ the other takes the bot over after the lease expires and sends what waited."""
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,10 +104,12 @@ async def test_a_weixin_account_is_long_polled_by_one_process_and_taken_over_wit
         def ours() -> list[str]:  # the bot's own answers (no model here) aside
             return [m.text for m in fake.sent if m.text in ("one", "two")]
 
-        state = tmp_path / "wx"  # one machine: the processes share the channel's state folder
+        state = tmp_path / "wx"  # the login file, imported into the database by the first process
         WeixinState(state).save_account_sync(WeixinAccount(bot_id=WX_BOT, bot_token=SecretStr("wx-token"),
                                                            base_url=fake.url, saved_at=datetime.now(UTC)))
         a = await weixin_process(make_bot, pg_url, tmp_path / "a", state, "proc-a")
+        (tmp_path / "b").mkdir()  # every process sharing the database has the same secret.key
+        shutil.copy2(tmp_path / "a" / "secret.key", tmp_path / "b" / "secret.key")
         b = await weixin_process(make_bot, pg_url, tmp_path / "b", state, "proc-b")
         assert a.channels["weixin"].served == {WX_BOT} and b.channels["weixin"].served == frozenset()
         fake.inject("wx-token", BOB, text="你好")  # only A polls: it learns Bob's context token

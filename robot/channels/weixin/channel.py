@@ -110,16 +110,8 @@ class WeixinChannel(Channel):
         if not self.accounts:
             log.error("weixin: no logged-in account in %s: run `qunbot login weixin` first", self.state.where)
         for acc in self.accounts.values():
-            await self.serve_account(acc.bot_id, functools.partial(self._serve, acc))
+            await self.serve_account(acc.bot_id, functools.partial(self._poll, acc))
         self._watcher = asyncio.create_task(self._watch_accounts(), name="weixin-accounts")
-
-    async def _serve(self, acc: _Account) -> None:
-        """Poll ``acc`` (while this process holds its lease: ``serve_account``)."""
-        acc.poller = asyncio.current_task()
-        acc.tokens.update(await self.state.load_context_tokens(acc.bot_id))  # taken over: the last holder's
-        with contextlib.suppress(WeixinError):
-            await acc.api.notify(start=True)
-        await self._poll(acc)
 
     async def _watch_accounts(self) -> None:
         """Serve accounts logged in while running, and pick up renewed tokens."""
@@ -138,7 +130,7 @@ class WeixinChannel(Channel):
                     log.warning("weixin: new account %s logged in; serving it", account.bot_id)
                     acc = self.accounts[account.bot_id] = _Account(account, self._api_for(account))
                     acc.tokens = await self.state.load_context_tokens(account.bot_id)
-                    await self.serve_account(acc.bot_id, functools.partial(self._serve, acc))
+                    await self.serve_account(acc.bot_id, functools.partial(self._poll, acc))
                 elif account.bot_token != acc.account.bot_token:
                     acc.account, acc.api = account, self._api_for(account)
 
@@ -209,6 +201,10 @@ class WeixinChannel(Channel):
 
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self, acc: _Account) -> None:
+        acc.poller = asyncio.current_task()  # run by serve_account: while this process holds the account
+        acc.tokens.update(await self.state.load_context_tokens(acc.bot_id))  # taken over: the last holder's
+        with contextlib.suppress(WeixinError):
+            await acc.api.notify(start=True)
         buf = await self.state.load_cursor(acc.bot_id)
         timeout_ms = self.settings.poll_timeout_ms
         failures = 0
