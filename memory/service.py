@@ -45,7 +45,7 @@ from function_calls import (
     estimate_tokens,
 )
 from memory.settings import MemorySettings
-from memory.store import Kind, MemoryRow, MemoryStore
+from memory.store import MIGRATIONS, Kind, MemoryRow, MemoryStore
 from memory.strength import Rules, Strength
 from memory.terms import term_set
 from memory.vectors import EmbeddingClient, EmbeddingError, VectorIndex
@@ -92,9 +92,14 @@ class MemoryService:
         self.index = VectorIndex()
         self._scheduler: AsyncIOScheduler | None = None
 
+    async def prepare(self) -> None:
+        """Bring the tables up to date and the lexical index in line with ``lexical`` (database open)."""
+        await self.db.ensure("memory", MIGRATIONS)
+        await self.db.transaction(self.store.sync_index)
+
     # --- U -----------------------------------------------------------------------------------
     async def remember(self, caller: Caller, content: str, scope: str) -> MemoryRow:
-        text = " ".join(content.split())
+        text = " ".join(content.replace("\x00", " ").split())  # PostgreSQL text holds no NUL
         if not text:
             raise ToolError("content is empty", user_message="要记住的内容是空的。")
         if len(text) > self.settings.max_chars:
@@ -117,7 +122,8 @@ class MemoryService:
                 raise ToolError("memory limit reached", user_message=(
                     f"这里已经保存了 {self.settings.max_per_scope} 条记忆，请先用 /forget 删除一些。"))
             return self.store.insert(db, chat=chat, kind=kind, user_id=caller.user_id,
-                                     user_name=caller.user_name, text=text, now=now, vector=vector)
+                                     user_name=caller.user_name.replace("\x00", ""), text=text, now=now,
+                                     vector=vector)
 
         mid = await self.db.transaction(work)
         self.index.drop(chat)
