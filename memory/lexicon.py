@@ -60,21 +60,22 @@ POSTGRES_V1 = """
 
 _MAX_POSITION = 16383  # PostgreSQL's largest tsvector position
 
-# BM25 as FTS5 computes it. The first CTE reads the corpus figures, the second the IDF of each
-# question term that occurs anywhere (df counted through the GIN index); candidates are the
-# visible rows matching any term, scored from their own positions (tf) and length.
+# BM25 as FTS5 computes it. ``tf``: each question term's count in every memory that has any
+# (one pass through the GIN index, whatever the chat: the IDF is the whole corpus's, as in FTS5);
+# ``w``: each term's IDF from its document frequency; then the visible memories are scored.
+# MATERIALIZED: each part runs once, not again for every candidate.
 _SEARCH = """
-WITH s AS (SELECT docs::float8 AS n, GREATEST(terms::float8 / GREATEST(docs, 1), 1e-9) AS avgdl
-           FROM memory_lexicon WHERE id = 1),
-     w AS (SELECT q.term, GREATEST(ln((s.n - q.df + 0.5) / (q.df + 0.5)), 1e-6) AS idf
-           FROM s, (SELECT t.term, (SELECT count(*) FROM memories x WHERE x.terms @@ t.query::tsquery) AS df
-                    FROM unnest(?::text[], ?::text[]) AS t(term, query)) AS q
-           WHERE q.df > 0)
-SELECT m.id FROM memories m, s
-WHERE m.terms @@ ?::tsquery AND m.chat = ? AND (m.kind = 'group' OR m.user_id = ?)
-ORDER BY (SELECT sum(w.idf * cardinality(u.positions) * 2.2
-                     / (cardinality(u.positions) + 1.2 * (0.25 + 0.75 * m.n_terms / s.avgdl)))
-          FROM unnest(m.terms) AS u JOIN w ON w.term = u.lexeme) DESC, m.id DESC
+WITH s AS MATERIALIZED (SELECT docs::float8 AS n, GREATEST(terms::float8 / GREATEST(docs, 1), 1e-9) AS avgdl
+                        FROM memory_lexicon WHERE id = 1),
+     tf AS MATERIALIZED (SELECT m.id, m.chat, m.kind, m.user_id, m.n_terms, u.lexeme, cardinality(u.positions) AS f
+                         FROM memories m CROSS JOIN LATERAL unnest(m.terms) AS u
+                         WHERE m.terms @@ ?::tsquery AND u.lexeme = ANY(?::text[])),
+     w AS MATERIALIZED (SELECT tf.lexeme, GREATEST(ln((s.n - count(*) + 0.5) / (count(*) + 0.5)), 1e-6) AS idf
+                        FROM tf, s GROUP BY tf.lexeme, s.n)
+SELECT tf.id FROM tf JOIN w ON w.lexeme = tf.lexeme, s
+WHERE tf.chat = ? AND (tf.kind = 'group' OR tf.user_id = ?)
+GROUP BY tf.id
+ORDER BY sum(w.idf * tf.f * 2.2 / (tf.f + 1.2 * (0.25 + 0.75 * tf.n_terms / s.avgdl))) DESC, tf.id DESC
 LIMIT ?
 """
 
@@ -117,7 +118,7 @@ def search(db: Tx, chat: str, user_id: str, query: str, limit: int, lexical: Lex
     terms = query_terms(query) if lexical == "bigram" else trigram_terms(query)
     if not terms:
         return []
-    rows = db.execute(_SEARCH, [terms, [_quote(t) for t in terms], tsquery(terms), chat, user_id, limit]).fetchall()
+    rows = db.execute(_SEARCH, [tsquery(terms), terms, chat, user_id, limit]).fetchall()
     return [int(r[0]) for r in rows]
 
 
