@@ -90,6 +90,7 @@ class MemoryService:
         self.rules = Rules(base=timedelta(hours=settings.interval_hours), factor=settings.interval_factor,
                            cap=settings.level_cap)
         self.index = VectorIndex()
+        self.index.follow(db)
         self._scheduler: AsyncIOScheduler | None = None
 
     async def prepare(self) -> None:
@@ -121,9 +122,10 @@ class MemoryService:
             if self.store.count_scope(db, chat, kind, caller.user_id) >= self.settings.max_per_scope:
                 raise ToolError("memory limit reached", user_message=(
                     f"这里已经保存了 {self.settings.max_per_scope} 条记忆，请先用 /forget 删除一些。"))
-            return self.store.insert(db, chat=chat, kind=kind, user_id=caller.user_id,
-                                     user_name=caller.user_name.replace("\x00", ""), text=text, now=now,
-                                     vector=vector)
+            mid = self.store.insert(db, chat=chat, kind=kind, user_id=caller.user_id,
+                                    user_name=caller.user_name.replace("\x00", ""), text=text, now=now, vector=vector)
+            self.index.announce(db, [chat])
+            return mid
 
         mid = await self.db.transaction(work)
         self.index.drop(chat)
@@ -178,6 +180,7 @@ class MemoryService:
                         changes.append((mid, after))
             self.store.save_strength(db, changes)
             self.store.delete(db, dead)
+            self.index.announce(db, [ChatRef.of(caller).key] if dead else [])
             fresh = self.store.rows(db, top)
             return [fresh[m] for m in top if m in fresh], dead
 
@@ -252,6 +255,7 @@ class MemoryService:
                     row.kind == "group" and caller.is_admin):
                 return f"记忆 #{mid} 是别人保存的群记忆，只有保存者和群管理员可以删除。"
             self.store.delete(db, [mid])
+            self.index.announce(db, [chat])
             return f"已删除记忆 #{mid}。"
 
         text = await self.db.transaction(work)
@@ -271,6 +275,7 @@ class MemoryService:
         def work(db: Any) -> list[tuple[str, int]]:
             owned = self.store.owned_by(db, platform, user_id, chats)
             self.store.delete(db, [mid for _, mid in owned])
+            self.index.announce(db, {c for c, _ in owned})
             for chat in {c for c, _ in owned} | set(chats or ()):
                 self.store.delete_dreams(db, chat)
             return owned
@@ -297,6 +302,7 @@ class MemoryService:
                     changes.append((row.id, after))
             self.store.save_strength(db, changes)
             self.store.delete(db, [r.id for r in dead])
+            self.index.announce(db, [chat] if dead else [])
             return len(sample), len(changes), dead
 
         sampled, weakened, dead = await self.db.transaction(work)

@@ -3,6 +3,7 @@ decay, sleep and dreams, embeddings, and the v0.1 SQLite file the first migratio
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -148,6 +149,41 @@ async def test_vectors_round_trip_and_find_a_paraphrase(engine: Engine) -> None:
         await engine.close()
 
 
+async def test_another_process_sees_new_and_deleted_vectors_at_once(pg_url: str) -> None:
+    """Each process caches a chat's vectors: a write in one makes the others reload that chat."""
+    from robot.storage.postgres import PostgresDatabase
+
+    concepts = {"allergic": "ALLERGY", "过敏": "ALLERGY", "peanuts": "PEANUT", "花生": "PEANUT", "cat": "CAT",
+                "猫": "CAT", "named": "NAME", "名字": "NAME"}
+    async with FakeEmbeddingServer(HashingModel(concepts=concepts)) as server:
+        procs: list[MemoryService] = []
+        for _ in range(2):
+            db = PostgresDatabase(pg_url, max_size=2)
+            procs.append(MemoryService(db, MemorySettings(), clock=Clock(),
+                                       embedder=EmbeddingClient("fake-embed", server.base_url, "k")))
+            await db.open()
+            await procs[-1].prepare()
+        a, b = procs
+        peanuts = await a.remember(person("u1"), "I am allergic to peanuts", "me")
+        assert texts(await b.recall(person("u1"), "花生过敏")) == ["I am allergic to peanuts"]  # b caches g1
+        await a.remember(person("u1"), "My cat is named Mochi", "me")
+        for _ in range(200):  # the notification crosses over LISTEN/NOTIFY
+            if not b.index.loaded("t:group:g1"):
+                break
+            await asyncio.sleep(0.01)
+        assert texts(await b.recall(person("u1"), "猫的名字")) == ["My cat is named Mochi"]
+        assert texts(await a.recall(person("u1"), "猫的名字")) == ["My cat is named Mochi"]  # a's own write
+        await a.delete(person("u1"), peanuts.id)
+        for _ in range(200):
+            if not b.index.loaded("t:group:g1"):
+                break
+            await asyncio.sleep(0.01)
+        assert not b.index.loaded("t:group:g1")
+        for svc in procs:
+            await svc.stop()
+            await svc.db.close()
+
+
 def test_a_v01_sqlite_file_is_adopted_with_its_memories(tmp_path: Path) -> None:
     """v0.1 made the tables without a version row: step 1 keeps them and their rows."""
     path = tmp_path / "old.sqlite3"
@@ -178,7 +214,5 @@ def test_a_v01_sqlite_file_is_adopted_with_its_memories(tmp_path: Path) -> None:
         assert await db.run(lambda tx: tx.execute(
             "SELECT version FROM schema_version WHERE component = 'memory'").fetchone()[0]) == 1
         await db.close()
-
-    import asyncio
 
     asyncio.run(main())
