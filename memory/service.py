@@ -352,14 +352,17 @@ class MemoryService:
             if f"{local:%H:%M}" < self.settings.sleep_time:
                 continue
             day = f"{local:%Y-%m-%d}"
-            if await self.db.run(lambda db, c=chat: self.store.slept_on(db, c)) == day:  # type: ignore[misc]
+            # Claimed first, atomically: of several processes sharing the database, one sleeps the chat.
+            claimed, before = await self.db.transaction(
+                lambda db, c=chat, d=day: self.store.claim_night(db, c, d))  # type: ignore[misc]
+            if not claimed:
                 continue
             try:
                 reports.append(await self.sleep(chat))
             except Exception:
-                log.exception("memory sleep for %s failed", chat)
-                continue
-            await self.db.run(lambda db, c=chat, d=day: self.store.mark_slept(db, c, d))  # type: ignore[misc]
+                log.exception("memory sleep for %s failed", chat)  # released: the next check tries again
+                await self.db.transaction(
+                    lambda db, c=chat, d=day, b=before: self.store.release_night(db, c, d, b))  # type: ignore[misc]
         return reports
 
     def start(self) -> None:

@@ -236,9 +236,21 @@ class MemoryStore:
         row = db.execute("SELECT local_date FROM memory_sleeps WHERE chat = ?", [chat]).fetchone()
         return str(row[0]) if row else None
 
-    def mark_slept(self, db: Tx, chat: str, local_date: str) -> None:
-        db.execute("INSERT INTO memory_sleeps (chat, local_date) VALUES (?, ?)"
-                   " ON CONFLICT (chat) DO UPDATE SET local_date = excluded.local_date", [chat, local_date])
+    def claim_night(self, db: Tx, chat: str, local_date: str) -> tuple[bool, str | None]:
+        """Take the chat's sleep for ``local_date``, unless someone took it: (taken now, the night before)."""
+        before = self.slept_on(db, chat)
+        row = db.execute("INSERT INTO memory_sleeps (chat, local_date) VALUES (?, ?) ON CONFLICT (chat) DO UPDATE"
+                         " SET local_date = excluded.local_date WHERE memory_sleeps.local_date <> excluded.local_date"
+                         " RETURNING chat", [chat, local_date]).fetchone()
+        return row is not None, before
+
+    def release_night(self, db: Tx, chat: str, local_date: str, before: str | None) -> None:
+        """Undo :meth:`claim_night` (the sleep failed)."""
+        if before is None:
+            db.execute("DELETE FROM memory_sleeps WHERE chat = ? AND local_date = ?", [chat, local_date])
+        else:
+            db.execute("UPDATE memory_sleeps SET local_date = ? WHERE chat = ? AND local_date = ?",
+                       [before, chat, local_date])
 
     def add_dream(self, db: Tx, chat: str, now: datetime, fragments: int, text: str) -> int:
         cur = db.execute("INSERT INTO memory_dreams (chat, created, fragments, text) VALUES (?, ?, ?, ?) RETURNING id",

@@ -124,6 +124,38 @@ async def test_nightly_sleep_once_a_night(service: MemoryService) -> None:
     assert await service.nightly() == []
 
 
+async def test_two_processes_sleep_a_chat_once_a_night(service: MemoryService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process runs the nightly check: the night is claimed in the database, so one sleeps it."""
+    engine = service.db
+    other_db = engine if engine.dialect == "sqlite" else type(engine)(engine.url)  # type: ignore[call-arg,attr-defined]
+    other = MemoryService(other_db, service.settings, clock=service.clock)
+    if other_db is not engine:
+        await other_db.open()
+    for i in range(3):
+        await service.remember(person("u1", chat=f"g{i}"), "阳台的花要浇水", "group")
+    clock = service.clock
+    assert isinstance(clock, Clock)
+    clock.now = T0.replace(hour=21, minute=5)
+    failing = ["t:group:g0"]
+
+    async def flaky(chat: str) -> object:
+        if chat in failing:
+            failing.remove(chat)
+            raise RuntimeError("the model fell over")
+        return await MemoryService.sleep(service, chat)
+
+    monkeypatch.setattr(service, "sleep", flaky)
+    monkeypatch.setattr(other, "sleep", flaky)
+    first, second = await asyncio.gather(service.nightly(), other.nightly())
+    slept = sorted(r.chat for r in [*first, *second])
+    assert slept in (["t:group:g1", "t:group:g2"], ["t:group:g0", "t:group:g1", "t:group:g2"])
+    retried = await service.nightly() + await other.nightly()  # a failed night is tried again, once
+    assert sorted(slept + [r.chat for r in retried]) == ["t:group:g0", "t:group:g1", "t:group:g2"]
+    assert await service.nightly() + await other.nightly() == []
+    if other_db is not engine:
+        await other_db.close()
+
+
 async def test_bad_input_is_refused_clearly_and_a_nul_is_no_crash(service: MemoryService) -> None:
     with pytest.raises(ToolError, match="empty"):
         await service.remember(person("u1"), " \n ", "me")
