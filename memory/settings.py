@@ -31,8 +31,7 @@ class MemorySettings(BaseModel):
     max_chars: int = Field(default=1500, ge=20, le=10000, description="longest memory (about 300 words)")
     max_per_scope: int = Field(default=2000, ge=1, description="memories one person (or group) may keep per chat")
     lexical: Literal["bigram", "trigram"] = Field(
-        default="bigram", description="bigram: CJK bigrams + words (matches 2-character queries); trigram: "
-        "3-character windows (SQLite's trigram tokenizer; the same terms on PostgreSQL)")
+        default="bigram", description="bigram: CJK bigrams + words (matches 2-character queries); trigram: SQLite's")
     auto_context: bool = Field(default=True, description="show relevant memories to the model before each run")
     auto_context_n: int = Field(default=3, ge=0, le=20)
     auto_context_tokens: int = Field(default=300, ge=0, le=4000, description="token bound of the automatic context")
