@@ -12,6 +12,7 @@ the transaction that adds or deletes a memory.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Literal
 
@@ -59,6 +60,7 @@ POSTGRES_V1 = """
 """
 
 _MAX_POSITION = 16383  # PostgreSQL's largest tsvector position
+_MAX_LEXEME = 2046  # and longest lexeme, in bytes
 
 # BM25 as FTS5 computes it. ``tf``: each question term's count in every memory that has any
 # (one pass through the GIN index, whatever the chat: the IDF is the whole corpus's, as in FTS5);
@@ -80,14 +82,23 @@ LIMIT ?
 """
 
 
+def _fit(term: str) -> str:
+    """A term as a lexeme (at most 2,046 bytes): a longer one becomes its head and a hash of the whole,
+    so it still matches itself and only itself."""
+    if len(term.encode()) <= _MAX_LEXEME:
+        return term
+    head = term.encode()[:_MAX_LEXEME - 20].decode(errors="ignore")
+    return f"{head}#{hashlib.blake2b(term.encode(), digest_size=8).hexdigest()}"
+
+
 def _quote(term: str) -> str:
     """A lexeme as tsvector/tsquery input reads it verbatim."""
     return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def doc_terms(text: str, lexical: Lexical) -> list[str]:
-    """The tokens FTS5 would index for ``text``, in order (duplicates kept: they are the tf)."""
-    return index_terms(text).split() if lexical == "bigram" else text_trigrams(text)
+    """The tokens FTS5 would index for ``text``, in order (duplicates kept: they are the tf), as lexemes."""
+    return [_fit(t) for t in (index_terms(text).split() if lexical == "bigram" else text_trigrams(text))]
 
 
 def tsvector(terms: Sequence[str]) -> str:
@@ -115,7 +126,7 @@ def removed(db: Tx, n_terms: int) -> None:
 
 def search(db: Tx, chat: str, user_id: str, query: str, limit: int, lexical: Lexical) -> list[int]:
     """Ids of visible matches, best BM25 first (as FTS5 ranks them)."""
-    terms = query_terms(query) if lexical == "bigram" else trigram_terms(query)
+    terms = [_fit(t) for t in (query_terms(query) if lexical == "bigram" else trigram_terms(query))]
     if not terms:
         return []
     rows = db.execute(_SEARCH, [tsquery(terms), terms, chat, user_id, limit]).fetchall()

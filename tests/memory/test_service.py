@@ -164,6 +164,10 @@ async def test_bad_input_is_refused_clearly_and_a_nul_is_no_crash(service: Memor
     row = await service.remember(person("u1", user_name="U\x00ONE"), "我对\x00花生过敏", "me")  # PostgreSQL: no NUL
     assert texts(await service.recall(person("u1"), "花生")) == ["我对 花生过敏"] == [row.text]
     assert [r.user_name for r in await service.listing(person("u1"))] == ["UONE"]
+    word = "д" * 1500  # one 3,000-byte term: longer than a PostgreSQL lexeme may be (2,047 bytes)
+    await service.remember(person("u2"), word, "me")
+    await service.remember(person("u2"), "д" * 1400, "me")
+    assert texts(await service.recall(person("u2"), word)) == [word]
 
 
 async def test_vectors_round_trip_and_find_a_paraphrase(engine: Engine) -> None:
