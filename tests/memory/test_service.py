@@ -176,13 +176,17 @@ async def test_vectors_round_trip_and_find_a_paraphrase(engine: Engine) -> None:
         embedder = EmbeddingClient("fake-embed", server.base_url, "k")
         svc = MemoryService(engine, MemorySettings(), clock=Clock(), embedder=embedder)
         await engine.open()
-        await svc.prepare()
-        await svc.remember(person("u1"), "I am allergic to peanuts", "me")
-        await svc.remember(person("u1"), "周会改到周四", "me")
-        assert texts(await svc.recall(person("u1"), "花生过敏")) == ["I am allergic to peanuts"]
-        assert await svc.recall(person("u2"), "花生过敏") == []
-        await svc.stop()
-        await engine.close()
+        try:
+            await svc.prepare()
+            await svc.remember(person("u1"), "I am allergic to peanuts", "me")
+            await svc.remember(person("u1"), "周会改到周四", "me")
+            stored = await engine.run(lambda db: svc.store.vectors(db, "t:group:g1"))
+            assert [len(v[3]) for v in stored] == [256 * 4, 256 * 4]  # float32 bytes, as written
+            assert texts(await svc.recall(person("u1"), "花生过敏")) == ["I am allergic to peanuts"]
+            assert await svc.recall(person("u2"), "花生过敏") == []
+        finally:
+            await svc.stop()
+            await engine.close()
 
 
 async def test_another_process_sees_new_and_deleted_vectors_at_once(pg_url: str) -> None:
