@@ -157,33 +157,44 @@ class DailyBudget:
                    key=lambda item: item[1])
 
     def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int, need: int) -> int:
-        """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold."""
+        """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold.
+
+        Statements on the shared rows (a chat's, the bot's) come last: PostgreSQL holds their row
+        locks until the commit, and other processes wait on them.
+        """
         scopes = list(caps)
-        db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, 0) "
-                       "ON CONFLICT (day, scope) DO NOTHING", [[day, s] for s in scopes])
         for reaped in (False, True):
             hold = tokens
-            if need < tokens:  # "what is left, if at least need": size the hold first
-                lock = " FOR UPDATE" if db.dialect == "postgresql" else ""
-                db.execute(f"SELECT 1 FROM usage_daily WHERE day = ? AND scope IN ({','.join('?' * len(scopes))})"
-                           f" ORDER BY scope{lock}", [day, *scopes]).fetchall()
+            if need < tokens:  # "what is left, if at least need": size the hold first, the rows locked
+                db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, 0) "
+                               "ON CONFLICT (day, scope) DO NOTHING", [[day, scope] for scope in scopes])
+                if db.dialect == "postgresql":  # in _take's order: two reservations never wait on each other
+                    for scope in scopes:
+                        db.execute("SELECT 1 FROM usage_daily WHERE day = ? AND scope = ? FOR UPDATE", [day, scope])
                 hold = max(0, min(tokens, self._left(caps, self._rows(db, day, scopes))[1]))
-            if hold >= need and self._take(db, day, caps, hold):
-                db.executemany("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES (?, ?, ?, ?) "
-                               "ON CONFLICT (day, scope, holder) DO UPDATE SET tokens = budget_holds.tokens + "
-                               "excluded.tokens", [[day, s, self.leases.holder, hold] for s in scopes])
-                return hold
+            if hold >= need:
+                db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
+                           + ", ".join("(?, ?, ?, ?)" for _ in scopes)
+                           + " ON CONFLICT (day, scope, holder) DO UPDATE SET tokens = budget_holds.tokens + "
+                           "excluded.tokens", [v for s in scopes for v in (day, s, self.leases.holder, hold)])
+                if self._take(db, day, caps, hold):
+                    return hold
+                db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
+                           f"({','.join('?' * len(scopes))})", [hold, day, self.leases.holder, *scopes])
             if reaped or not self._reap(db, day):
                 scope, left = self._left(caps, self._rows(db, day, scopes))
                 raise BudgetExceeded(scope, max(0, left), need)
         raise AssertionError("unreachable")
 
     def _take(self, db: Tx, day: str, caps: dict[str, int], hold: int) -> bool:
-        """The guarded UPDATEs: every scope takes ``hold`` or (rolled back to the savepoint) none does."""
+        """The checked UPDATEs (an upsert: the day's first spend creates the row): every scope takes
+        ``hold`` or none does."""
         for index, (scope, cap) in enumerate(caps.items()):
-            over = self._held.get(scope, 0)
-            if not db.execute("UPDATE usage_daily SET held = held + ? WHERE day = ? AND scope = ? AND "
-                              "tokens + held + ? <= ?", [hold, day, scope, hold + over, cap]).rowcount:
+            over = hold + self._held.get(scope, 0)
+            if over > cap or not db.execute(
+                    "INSERT INTO usage_daily (day, scope, tokens, held) VALUES (?, ?, 0, ?) ON CONFLICT (day, scope) "
+                    "DO UPDATE SET held = usage_daily.held + excluded.held "
+                    "WHERE usage_daily.tokens + usage_daily.held + ? <= ?", [day, scope, hold, over, cap]).rowcount:
                 for earlier in list(caps)[:index]:  # undo this attempt's holds before a retry or refusal
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
                                [hold, day, earlier])
@@ -207,17 +218,29 @@ class DailyBudget:
     def _settle_sync(self, db: Tx, caller: Caller, spent: int, res: Reservation | None, release: int) -> None:
         """Record ``spent`` in every scope and release ``release`` of ``res``'s stored hold, together."""
         day = self._day()
-        if spent:
-            db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) ON CONFLICT (day, scope) "
-                           "DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens",
-                           [[day, scope, spent] for scope in self._scopes(caller)])
-        if res is not None and release:
-            for scope in res.scopes:
-                db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
-                           [release, res.day, scope])
-                db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND scope = ? AND holder = ?",
-                           [release, res.day, scope, self.leases.holder])
-            db.execute("DELETE FROM budget_holds WHERE holder = ? AND tokens <= 0", [self.leases.holder])
+        freed = set(res.scopes) if res is not None and release else set()
+        if freed:
+            assert res is not None
+            db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
+                       f"({','.join('?' * len(freed))})", [release, res.day, self.leases.holder, *sorted(freed)])
+            if res.day != day:  # held yesterday, settled today
+                for scope in sorted(freed):
+                    db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
+                               [release, res.day, scope])
+                freed = set()
+        for scope in self._scopes(caller) if spent else ():
+            db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) ON CONFLICT (day, scope) "
+                       "DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, held = usage_daily.held - ?",
+                       [day, scope, spent, release if scope in freed else 0])
+            freed.discard(scope)
+        for scope in sorted(freed):
+            db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])
+
+    async def prune(self) -> int:
+        """Drop spent holds and those of past days (housekeeping); returns how many rows went."""
+        day = self._day()
+        return await self.db.run(lambda db: db.execute(
+            "DELETE FROM budget_holds WHERE tokens <= 0 OR day < ?", [day]).rowcount)
 
     # -- the interface -------------------------------------------------------------------------
 
