@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -73,6 +73,12 @@ class Reservation:
     #: The part of ``held`` written in the database (the rest: spending beyond the estimate, held
     #: in this process only until it is recorded).
     stored: int = 0
+    #: Charged inside it (:meth:`DailyBudget.charge`), by the charged caller's scopes: recorded
+    #: when it closes, in the transaction that releases its hold (held until then).
+    charged: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    def owed(self) -> int:
+        return self.unsettled + sum(self.charged.values())
 
     def spend(self, tokens: int | Usage) -> None:
         """Report tokens this spend has used; they stay held until someone records them.
@@ -81,9 +87,12 @@ class Reservation:
         """
         amount = tokens.total_tokens if isinstance(tokens, Usage) else tokens
         self.unsettled += max(0, amount)
-        if self.unsettled > self.held:
-            self.budget._hold(self.scopes, self.unsettled - self.held)
-            self.held = self.unsettled
+        self._cover()
+
+    def _cover(self) -> None:
+        if self.owed() > self.held:
+            self.budget._hold(self.scopes, self.owed() - self.held)
+            self.held = self.owed()
 
     def _drop(self, tokens: int) -> int:
         """Stop holding ``tokens`` (recorded, or released): the in-process part first; returns how
@@ -215,8 +224,9 @@ class DailyBudget:
             log.info("budgets: released the holds of %s (no longer running)", holder)
         return bool(dead)
 
-    def _settle_sync(self, db: Tx, caller: Caller, spent: int, res: Reservation | None, release: int) -> None:
-        """Record ``spent`` in every scope and release ``release`` of ``res``'s stored hold, together."""
+    def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
+                     release: int) -> None:
+        """Record tokens (per scopes) and release ``release`` of ``res``'s stored hold, together."""
         day = self._day()
         freed = set(res.scopes) if res is not None and release else set()
         if freed:
@@ -228,11 +238,12 @@ class DailyBudget:
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
                                [release, res.day, scope])
                 freed = set()
-        for scope in self._scopes(caller) if spent else ():
-            db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) ON CONFLICT (day, scope) "
-                       "DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, held = usage_daily.held - ?",
-                       [day, scope, spent, release if scope in freed else 0])
-            freed.discard(scope)
+        for scopes, spent in records.items():
+            for scope in scopes:
+                db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) ON CONFLICT (day, scope) "
+                           "DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, held = usage_daily.held - ?",
+                           [day, scope, spent, release if scope in freed else 0])
+                freed.discard(scope)
         for scope in sorted(freed):
             db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])
 
@@ -277,17 +288,21 @@ class DailyBudget:
     async def _close(self, res: Reservation, caller: Caller) -> None:
         spent, res.closed = res.unsettled, True
         to_parent = bool(spent) and res.parent is not None and not res.parent.closed
-        record = 0 if to_parent else spent
+        records = {k: v for k, v in res.charged.items() if v} if self.capped else {}
+        if spent and not to_parent and self.capped:
+            key = self._scopes(caller)
+            records[key] = records.get(key, 0) + spent
         release = res._drop(res.held)
         if to_parent:
             assert res.parent is not None
             res.parent.spend(spent)  # the enclosing spend records it with its own usage
-        res.unsettled = 0
-        if (record and self.capped) or release:
+        res.unsettled, res.charged = 0, {}
+        if records or release:
             try:
-                await self.db.transaction(lambda db: self._settle_sync(db, caller, record, res, release))
+                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release))
             except Exception:
-                log.exception("budget store failed to record %s tokens (releasing %s)", record, release)
+                log.exception("budget store failed to record %s tokens (releasing %s)", sum(records.values()),
+                              release)
 
     async def used(self, scope: str) -> int:
         """Tokens recorded today for ``scope`` (``user:<platform>:<id>``, ``chat:...``, ``bot``)."""
@@ -309,23 +324,24 @@ class DailyBudget:
         res = _active.get()
         while res is not None:
             if res.budget is self and res.day == day:  # a hold counts on the day it was taken
-                for scope in res.scopes:
-                    mine[scope] = mine.get(scope, 0) + res.held
+                for scope in res.scopes:  # what it was charged is spent, not left
+                    mine[scope] = mine.get(scope, 0) + res.held - sum(res.charged.values())
             res = res.parent
         taken = await self.db.run(lambda db: self._rows(db, day, list(caps)))
         left = min(cap - taken[s] - self._held.get(s, 0) + mine.get(s, 0) for s, cap in caps.items())
         return max(0, left)
 
     async def charge(self, caller: Caller, usage: Usage) -> None:
-        """Record spent tokens; inside a reservation this settles that much of its hold."""
+        """Record spent tokens; inside a reservation they are recorded when it closes (held till then)."""
         res = _active.get()
         res = res if res is not None and res.budget is self and not res.closed else None
         if not self.capped and res is None:
             return  # nothing is checked against it: no database write per call
-        spent, release = usage.total_tokens, 0
-        if res is not None:
+        spent = usage.total_tokens
+        if res is not None:  # recorded when the reservation closes, held until then: no write now
             res.unsettled -= min(spent, res.unsettled)
-            release = res._drop(spent)
-        record = spent if self.capped else 0
-        if record or release:
-            await self.db.transaction(lambda db: self._settle_sync(db, caller, record, res, release))
+            key = self._scopes(caller)
+            res.charged[key] = res.charged.get(key, 0) + max(0, spent)
+            res._cover()
+            return
+        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0))
