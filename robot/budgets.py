@@ -231,8 +231,12 @@ class DailyBudget:
         freed = set(res.scopes) if res is not None and release else set()
         if freed:
             assert res is not None
-            db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
-                       f"({','.join('?' * len(freed))})", [release, res.day, self.leases.holder, *sorted(freed)])
+            # Only what is still recorded as ours: had this process stalled past its lease, another
+            # one may have released its holds already (releasing twice would raise the cap).
+            freed = {str(r[0]) for r in db.execute(
+                "UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
+                f"({','.join('?' * len(freed))}) RETURNING scope",
+                [release, res.day, self.leases.holder, *sorted(freed)]).fetchall()}
             if res.day != day:  # held yesterday, settled today
                 for scope in sorted(freed):
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",

@@ -132,3 +132,23 @@ async def test_without_caps_nothing_is_written(engine: Engine) -> None:
         assert rows == []
     finally:
         await engine.close()
+
+
+async def test_holds_released_by_another_process_are_not_released_twice(pg_url: str) -> None:
+    # A process stalled past its lease: another released its holds; when it wakes and settles,
+    # the budget must not grow by what it releases again.
+    engines = [PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)]
+    stalled, other = budget_for(engines[0], "host:1:stalled"), budget_for(engines[1], "host:2:other")
+    for db in engines:
+        await db.open()
+    try:
+        await other.leases.acquire(PROCESS_PREFIX + "host:2:other")
+        async with stalled.reserve(WHO, 600):  # its process lease is not renewed: it counts as dead
+            async with other.reserve(WHO, 800):  # refused at first: releases the stalled one's hold
+                pass
+            async with other.reserve(WHO, 700) as second:
+                assert second.held == 700
+        assert await other.remaining(WHO) == 1000  # not 1600
+    finally:
+        for db in engines:
+            await db.close()
