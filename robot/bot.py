@@ -92,9 +92,9 @@ class Bot:
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
                                     max_text_chars=hist.max_message_chars)
-        self.dedupe = DedupeStore(self.db)
         #: Which process holds what (accounts, and this process's own liveness): see robot.storage.leases.
         self.leases = LeaseKeeper(Leases(self.db, ttl_s=settings.storage.lease_s, clock=self.clock))
+        self.dedupe = DedupeStore(self.db, leases=self.leases.leases)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
                              max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts)
         lim = settings.limits
@@ -102,7 +102,7 @@ class Bot:
                                    command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
-                                  clock=self.clock)
+                                  clock=self.clock, leases=self.leases.leases)
         self.model = model if model is not None else self._default_model()
         in_memory = str(getattr(self.db, "path", "")) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).

@@ -258,7 +258,7 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
         report(False, "plugins", str(exc))
     except Exception as exc:  # a plugin's setup failed: the report goes on with the next check
         report(False, "plugins", f"setup failed: {type(exc).__name__}: {str(exc)[:200]}")
-    failed = maintenance.undelivered(settings)
+    failed = await maintenance.undelivered(settings)
     if failed:
         newest = failed[0]
         report(False, "outbox", f"{len(failed)} message(s) could not be delivered in the last 7 days; newest to "

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from function_calls import HistoryTurn
 from robot.message import ChatRef, Message
 from robot.storage import Tx
+from robot.storage.base import render_step
 from robot.store import Engine, iso, parse_iso
 
 __all__ = ["HistoryEntry", "HistoryStore"]
@@ -51,12 +52,16 @@ class HistoryStore:
 
     @staticmethod
     def _schema(db: Tx) -> None:
+        # Step 1 (idempotent: a v0.1 SQLite file has the table, maybe without the later columns).
+        key = "id INTEGER PRIMARY KEY" if db.dialect == "sqlite" else render_step("id {id}", db.dialect)
         db.execute(
-            "CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY, chat TEXT NOT NULL, user_id TEXT NOT NULL, "
+            f"CREATE TABLE IF NOT EXISTS history ({key}, chat TEXT NOT NULL, user_id TEXT NOT NULL, "
             "name TEXT NOT NULL, text TEXT NOT NULL, ts TEXT NOT NULL, from_bot INTEGER NOT NULL DEFAULT 0, "
-            "message_id TEXT)"
+            "message_id TEXT, reply_to TEXT, to_user TEXT, role TEXT NOT NULL DEFAULT '')"
         )
         db.execute("CREATE INDEX IF NOT EXISTS history_chat_ts ON history (chat, ts)")
+        if db.dialect != "sqlite":
+            return
         # A bot message names the message it answers and the person it addresses (its @), so
         # /forget me can take the bot's replies and reminders to that person too. ``role`` is the
         # sender's group role as the platform reported it: evidence of admin rights when no live
@@ -164,7 +169,7 @@ class HistoryStore:
             removed = db.execute("DELETE FROM history WHERE ts < ?", [cutoff]).rowcount
             removed += db.execute(
                 "DELETE FROM history WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "
-                "(PARTITION BY chat ORDER BY ts DESC, id DESC) AS n FROM history) WHERE n > ?)",
+                "(PARTITION BY chat ORDER BY ts DESC, id DESC) AS n FROM history) AS ranked WHERE n > ?)",
                 [self.max_messages],
             ).rowcount
             return removed

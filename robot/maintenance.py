@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
-from robot.store import Database
+from robot.storage import SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -31,18 +31,27 @@ async def housekeep(bot: Bot) -> None:
             await bot.outbox.prune(bot.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
                                    max_rows=hist.max_messages)
             await bot.approvals.store.prune(bot.clock() - timedelta(days=hist.retention_days))
+            await bot.budget.prune()
         except Exception:
             log.exception("housekeeping failed")
         await asyncio.sleep(3600)
 
 
+def _engine(settings: Settings) -> Engine | None:
+    """The configured database (not opened), or None for an SQLite file that does not exist yet."""
+    url = settings.storage.url.get_secret_value()
+    db = open_database(url, settings.bot.data_dir)
+    if isinstance(db, SQLiteDatabase) and not Path(db.path).is_file():
+        return None
+    return db
+
+
 async def pending(settings: Settings, everything: bool) -> int:
     """``qunbot pending``: the snapshots waiting for a person (no run state or arguments shown)."""
-    path = settings.bot.data_dir / "qunbot.sqlite3"
-    if not path.exists():
-        print(f"no database at {path}: nothing is waiting")
+    db = _engine(settings)
+    if db is None:
+        print(f"no database at {settings.bot.data_dir / SQLITE_FILE}: nothing is waiting")
         return 0
-    db = Database(path)
     store = SnapshotStore(db)
     try:
         await db.open()
@@ -59,8 +68,13 @@ async def pending(settings: Settings, everything: bool) -> int:
 
 
 def backup(settings: Settings, target: str, force: bool) -> int:
-    """``qunbot backup``: a consistent copy of the database, safe while the bot runs."""
-    source = settings.bot.data_dir / "qunbot.sqlite3"
+    """``qunbot backup``: a consistent copy of the SQLite database, safe while the bot runs."""
+    if settings.storage.url.get_secret_value().strip().startswith(("postgresql:", "postgres:")):
+        print("error: qunbot backup copies the embedded SQLite file; [storage] url names PostgreSQL: back it "
+              "up with PostgreSQL's own tools, e.g. pg_dump -Fc -f qunbot.dump <dbname>", file=sys.stderr)
+        return 2
+    db = open_database(settings.storage.url.get_secret_value(), settings.bot.data_dir)
+    source = Path(db.path) if isinstance(db, SQLiteDatabase) else settings.bot.data_dir / SQLITE_FILE
     dest = Path(target)
     if not source.is_file():
         print(f"error: no database at {source} (is [bot] data_dir right?)", file=sys.stderr)
@@ -95,19 +109,21 @@ def backup(settings: Settings, target: str, force: bool) -> int:
     return 0
 
 
-def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]:
-    """Outgoing messages given up in the last ``days`` (newest first), read-only; [] without a database."""
-    path = settings.bot.data_dir / "qunbot.sqlite3"
-    if not path.is_file():
+async def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]:
+    """Outgoing messages given up in the last ``days`` (newest first); [] without a database."""
+    db = _engine(settings)
+    if db is None:
         return []
-    cutoff = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    cutoff = iso(datetime.now(UTC) - timedelta(days=days))
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        await db.open()
         try:
-            rows = conn.execute("SELECT chat, coalesce(error, '') FROM outbox WHERE status = 'failed' "
-                                "AND sent_at >= ? ORDER BY sent_at DESC LIMIT 100", [cutoff]).fetchall()
+            rows = await db.run(lambda tx: tx.execute(
+                "SELECT chat, coalesce(error, '') FROM outbox WHERE status = 'failed' AND sent_at >= ? "
+                "ORDER BY sent_at DESC LIMIT 100", [cutoff]).fetchall())
         finally:
-            conn.close()
-    except sqlite3.Error:  # no outbox table yet, or a locked file: nothing to report here
+            await db.close()
+    except Exception:  # no outbox table yet, an unreachable server (doctor reports it on its own line)
+        log.debug("undelivered: cannot read the outbox", exc_info=True)
         return []
     return [{"chat": str(chat), "error": str(error)[:200]} for chat, error in rows]

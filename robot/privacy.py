@@ -5,8 +5,9 @@ the person's stored messages; the bot's replies to them and messages addressed t
 their reminders firing; in a private chat, every bot message there: the whole conversation was
 with them); the approvers' notices quoting their requests; the text of the outbox rows of those; and
 whatever plugins registered a :class:`Forgetter` for (reminders, summaries that may quote them,
-memories). Deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`) and
-the WAL is checkpointed and truncated afterwards, so the text survives in no file.
+memories). On SQLite deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`)
+and the WAL is checkpointed and truncated afterwards, so the text survives in no file; PostgreSQL
+keeps dead row versions until VACUUM and its WAL until the next checkpoints (its operator's policy).
 
 A person must type the command: the model is never allowed to run it (a message in the chat
 could talk it into erasing someone's data).
@@ -36,6 +37,7 @@ __all__ = [
     "ForgetReport",
     "ForgetRequest",
     "Forgetter",
+    "bytewise",
     "forget",
     "forget_everything",
     "forget_sync",
@@ -100,6 +102,7 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
     """The core part, in one transaction: (the person's messages, the bot's replies) deleted."""
     messages = replies = 0
     requester = f"{request.platform}:{request.user_id}"
+    c = bytewise(db)
     for chat in request.chats:
         key = chat.key
         # A paused run freezes the conversation: the chat's finished ones (any may quote them) and
@@ -110,9 +113,9 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
         notices, private, prefix = notice_key(chat, request.user_id), f"{request.platform}:private:", notice_prefix(chat)
         db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE substr(key, 1, ?) = ? AND status != 'pending'",
                    [len(notices), notices])
-        replies += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 AND to_user = ? "
-                              "AND substr(text, 1, ?) = ?", [private, private[:-1] + ";", request.user_id,
-                                                             len(prefix), prefix]).rowcount
+        replies += db.execute(f"DELETE FROM history WHERE chat{c} >= ? AND chat{c} < ? AND from_bot = 1 AND "
+                              "to_user = ? AND substr(text, 1, ?) = ?", [private, private[:-1] + ";", request.user_id,
+                                                                         len(prefix), prefix]).rowcount
         ids = [row[0] for row in db.execute(
             "SELECT message_id FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0 AND message_id != ''",
             [key, request.user_id]).fetchall()]
@@ -135,6 +138,12 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
             db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND reply_to IN ({marks}) "
                        "AND status != 'pending'", [key, *batch])
     return messages, replies
+
+
+def bytewise(db: Tx) -> str:
+    """The collation that makes a key range (``chat >= 'wx:private:' AND chat < 'wx:private;'``) a
+    prefix: SQLite compares bytes already; a PostgreSQL database's own collation may not."""
+    return ' COLLATE "C"' if db.dialect == "postgresql" else ""
 
 
 def traces_sync(db: Tx, platform: str, user_id: str) -> tuple[ChatRef, ...]:

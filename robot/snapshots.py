@@ -16,7 +16,6 @@ import hmac
 import json
 import os
 import secrets
-import sqlite3
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -79,7 +78,7 @@ class SnapshotStore:
             "approver TEXT NOT NULL, status TEXT NOT NULL, requester TEXT NOT NULL, chat TEXT NOT NULL, "
             "account TEXT NOT NULL DEFAULT '', caller TEXT NOT NULL, state TEXT NOT NULL, origin TEXT NOT NULL, "
             "reply_to TEXT, tip TEXT, created_at TEXT NOT NULL, expires_at TEXT NOT NULL, resolved_at TEXT, "
-            "resolved_by TEXT, mac TEXT NOT NULL)"
+            "resolved_by TEXT, mac TEXT NOT NULL, tools TEXT)"
         )
         db.execute("CREATE UNIQUE INDEX IF NOT EXISTS snapshots_live_code ON snapshots (code) WHERE status = 'pending'")
         db.execute("CREATE INDEX IF NOT EXISTS snapshots_code ON snapshots (code, created_at)")
@@ -88,7 +87,8 @@ class SnapshotStore:
                    "WHERE status = 'pending' AND (kind = 'input' OR approver = 'requester')")
         db.execute("CREATE INDEX IF NOT EXISTS snapshots_due ON snapshots (status, expires_at)")
         # The names of the tools the paused run was offered (JSON list): its resume gets no more.
-        if "tools" not in {row[1] for row in db.execute("PRAGMA table_info(snapshots)").fetchall()}:
+        if db.dialect == "sqlite" and "tools" not in {
+                row[1] for row in db.execute("PRAGMA table_info(snapshots)").fetchall()}:
             db.execute("ALTER TABLE snapshots ADD COLUMN tools TEXT")
 
     def mac(self, row: Row) -> str:
@@ -110,12 +110,10 @@ class SnapshotStore:
             for _ in range(20):
                 row["code"] = new_code()
                 row["mac"] = self.mac(row)
-                try:
-                    db.execute(f"INSERT INTO snapshots ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
-                               list(row.values()))
+                # No error on a taken code (it would abort a PostgreSQL transaction): no row, draw again.
+                if db.execute(f"INSERT INTO snapshots ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)}) "
+                              "ON CONFLICT DO NOTHING", list(row.values())).rowcount == 1:
                     return str(row["code"])
-                except sqlite3.IntegrityError:  # that code is live on another request: draw again
-                    continue
             raise SnapshotError("no free credential after 20 draws")
 
         return await self.db.run(work)

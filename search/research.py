@@ -93,6 +93,8 @@ class ResearchService:
         limit = self.settings.research_per_user_day
 
         def insert(db: Tx) -> int:
+            if db.dialect == "postgresql":  # processes submitting for one owner count one at a time
+                db.execute("SELECT pg_advisory_xact_lock(hashtext(?))", ["research:" + job.owner])
             used = int(db.execute("SELECT count(*) FROM research_jobs WHERE owner = ? AND created_at > ?",
                                   [job.owner, iso(now - timedelta(days=1))]).fetchone()[0])
             if used < limit:

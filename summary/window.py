@@ -45,7 +45,7 @@ OPTOUT_TABLE = "summary_optout"
 
 def create_marks_table(db: Tx) -> None:
     """Schema step (idempotent) for the row-id marks and the opt-outs; run it with ``bot.db.ensure``."""
-    db.execute(f"CREATE TABLE IF NOT EXISTS {MARKS_TABLE} (chat TEXT PRIMARY KEY, last_id INTEGER NOT NULL)")
+    db.execute(f"CREATE TABLE IF NOT EXISTS {MARKS_TABLE} (chat TEXT PRIMARY KEY, last_id BIGINT NOT NULL)")
     db.execute(f"CREATE TABLE IF NOT EXISTS {OPTOUT_TABLE} (chat TEXT NOT NULL, user_id TEXT NOT NULL, "
                "PRIMARY KEY (chat, user_id))")
 
@@ -54,7 +54,7 @@ async def set_optout(db: Engine, chat: ChatRef, user_id: str, out: bool) -> bool
     """Opt ``user_id`` out of (or back into) summaries in ``chat``; whether anything changed."""
     def work(db: Tx) -> bool:
         if out:
-            sql = f"INSERT OR IGNORE INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?)"
+            sql = f"INSERT INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?) ON CONFLICT (chat, user_id) DO NOTHING"
         else:
             sql = f"DELETE FROM {OPTOUT_TABLE} WHERE chat = ? AND user_id = ?"
         return bool(db.execute(sql, [chat.key, user_id]).rowcount)
@@ -141,7 +141,8 @@ async def advance_mark(db: Engine, chat: ChatRef, last_id: int) -> None:
     """Move the chat's mark to ``last_id``; it never moves backwards (a slower, older summary)."""
     await db.run(lambda db: db.execute(
         f"INSERT INTO {MARKS_TABLE} (chat, last_id) VALUES (?, ?) "
-        "ON CONFLICT(chat) DO UPDATE SET last_id = MAX(last_id, excluded.last_id)",
+        "ON CONFLICT (chat) DO UPDATE SET last_id = excluded.last_id "
+        f"WHERE {MARKS_TABLE}.last_id < excluded.last_id",
         [chat.key, last_id],
     ))
 
@@ -210,12 +211,13 @@ def forget_summaries_sync(db: Tx, request: ForgetRequest) -> int:
     (names change, quotes are cut), so they all go.
     """
     private, gone = f"{request.platform}:private:", 0
+    c = ' COLLATE "C"' if db.dialect == "postgresql" else ""  # a key range is a prefix only bytewise
     for chat in request.chats:
         gone += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND (substr(text, 1, ?) = ? OR "
                            "substr(text, 1, ?) = ?)", [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER),
                                                        PRIVATE_HEADER]).rowcount
         title = f"{HEADER}群 {chat.chat_id} · "  # "/summary #<group>" in private; private chats as a key range
         if chat.kind == "group":
-            gone += db.execute("DELETE FROM history WHERE chat >= ? AND chat < ? AND from_bot = 1 AND "
+            gone += db.execute(f"DELETE FROM history WHERE chat{c} >= ? AND chat{c} < ? AND from_bot = 1 AND "
                                "substr(text, 1, ?) = ?", [private, private[:-1] + ";", len(title), title]).rowcount
     return gone

@@ -10,7 +10,7 @@ import pytest
 
 from robot.history import HistoryStore
 from robot.message import ChatRef, Message, Sender
-from robot.store import Database
+from robot.storage import Engine, SQLiteDatabase, Tx
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
@@ -18,8 +18,8 @@ G2 = ChatRef(platform="memory", chat_id="g2", kind="group")
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[HistoryStore]:
-    db = Database(tmp_path / "h.sqlite3")
+async def store(engine: Engine) -> AsyncIterator[HistoryStore]:
+    db = engine  # SQLite and a real PostgreSQL
     history = HistoryStore(db, max_messages=3, max_age=timedelta(days=1))
     await db.open()
     yield history
@@ -98,3 +98,30 @@ async def test_retention_drops_old_and_excess_messages(store: HistoryStore) -> N
     assert [e.text for e in await store.recent(G1)] == ["#2", "#3", "#4"]
 
 
+
+
+async def test_a_v01_sqlite_file_keeps_its_messages_and_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as conn:  # as v0.1 left it: no schema_version, no reply_to/to_user/role
+        conn.execute("CREATE TABLE history (id INTEGER PRIMARY KEY, chat TEXT NOT NULL, user_id TEXT NOT NULL, "
+                     "name TEXT NOT NULL, text TEXT NOT NULL, ts TEXT NOT NULL, from_bot INTEGER NOT NULL "
+                     "DEFAULT 0, message_id TEXT)")
+        conn.execute("INSERT INTO history (chat, user_id, name, text, ts, message_id) VALUES "
+                     "('memory:group:g1', 'u1', 'Ann', 'kept', '2026-03-01T07:59:00.000000Z', 'm0')")
+    conn.close()
+    db = SQLiteDatabase(path)
+    history = HistoryStore(db)
+    await db.open()
+    try:
+        await history.record(msg("new", 1))
+        assert [e.text for e in await history.recent(G1)] == ["kept", "new"]
+        assert await history.last_role(G1, "u1") == "member"  # the role column was added
+
+        def version(tx: Tx) -> int:
+            return int(tx.execute("SELECT version FROM schema_version WHERE component = 'history'").fetchone()[0])
+
+        assert await db.run(version) == 1
+    finally:
+        await db.close()
