@@ -41,7 +41,8 @@ def _snapshot(request: ModelRequest) -> ModelRequest:
     strings: ``deepcopy`` of a long conversation dominated benchmarks that use this model."""
     messages = [{k: copy.deepcopy(v) if isinstance(v, list | dict) else v for k, v in m.items()}
                 for m in request.messages]
-    return request.model_copy(update={"messages": messages, "tools": copy.deepcopy(request.tools)})
+    # Tool definitions are built afresh for each run and never changed: a list copy is a snapshot.
+    return request.model_copy(update={"messages": messages, "tools": list(request.tools)})
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The embedded engine: one SQLite file, WAL, one thread that owns the connection, commits grouped.
 
 Every unit of work (``await db.run(fn)`` / ``db.transaction(fn)``) is queued to that thread. The
-thread takes whatever is queued, runs each unit in its own savepoint inside one transaction and
-commits once: a unit that fails rolls back alone, and no unit's caller resumes before the commit
+thread takes whatever is queued, runs each unit in its own savepoint (taken at its first write)
+inside one transaction and commits once: a unit that fails rolls back alone, and no unit's caller resumes before the commit
 holds its rows. Under load this turns hundreds of commits a second into a few, without a timer
 that would delay a lone write. ``bench/bench_scale.py`` measures it.
 """
@@ -18,7 +18,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,17 +36,29 @@ class SQLiteTx:
 
     dialect: Dialect = "sqlite"
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, guarded: bool = False) -> None:
         self.conn = conn
         self.notes: list[tuple[str, str]] = []
+        #: In a group: the unit's savepoint is opened before its first write, so a read-only unit
+        #: costs no savepoint statements (each statement hands the GIL to the event loop and back).
+        self.guarded = guarded
+        self.saved = False
+
+    def _before(self, sql: str) -> None:
+        if self.guarded and not self.saved and sql.lstrip()[:6].upper() != "SELECT":
+            self.conn.execute("SAVEPOINT unit")
+            self.saved = True
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        self._before(sql)
         return self.conn.execute(sql, tuple(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._before(sql)
         self.conn.executemany(sql, [tuple(r) for r in rows])
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        self._before(sql)
         cur = self.conn.execute(sql, tuple(params))
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -62,10 +74,21 @@ class _Job:
     fn: Callable[[SQLiteTx], Any]
     durable: bool = False
     raw: bool = False  # outside any transaction (open, close, checkpoint)
-    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    #: A blocking caller's future (``run_sync``); None for an async caller, who has ``waiter``.
+    future: concurrent.futures.Future[Any] | None = None
     #: An async caller's future: settled on its loop together with the rest of the group (one wake-up).
     waiter: asyncio.Future[Any] | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+    def start(self) -> bool:
+        """False when the caller gave up before the unit started (a cancelled task): skip it."""
+        if self.waiter is not None:
+            return not self.waiter.cancelled()  # cancelled later: it runs, its outcome is dropped
+        assert self.future is not None
+        return self.future.set_running_or_notify_cancel()
 
 
 class SQLiteDatabase(Engine):
@@ -94,12 +117,14 @@ class SQLiteDatabase(Engine):
 
     def _settle(self, job: _Job, result: Any = None, error: BaseException | None = None) -> None:
         """Finish ``job`` (thread side): its async caller hears at :meth:`_wake`, once per group."""
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(result)
+        job.done, job.result, job.error = True, result, error
         if job.waiter is not None:
             self._settled.append(job)
+        elif job.future is not None:
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
 
     def _wake(self) -> None:
         """Hand the finished units' outcomes and their notifications to the loops, one call each:
@@ -121,11 +146,10 @@ class SQLiteDatabase(Engine):
             waiter = job.waiter
             if waiter is None or waiter.done():
                 continue
-            error = job.future.exception()
-            if error is not None:
-                waiter.set_exception(error)
+            if job.error is not None:
+                waiter.set_exception(job.error)
             else:
-                waiter.set_result(job.future.result())
+                waiter.set_result(job.result)
         for channel, payload in notes:
             self._deliver(channel, payload)
 
@@ -166,9 +190,7 @@ class SQLiteDatabase(Engine):
                 group.append(more)
             pending: list[_Job] = []
             for item in group:
-                if item.waiter is not None and item.waiter.cancelled():
-                    item.future.cancel()
-                if not item.future.set_running_or_notify_cancel():
+                if not item.start():
                     continue  # its caller gave up before it started (a cancelled task): like an executor
                 if item.raw:
                     self._commit(pending)
@@ -209,8 +231,7 @@ class SQLiteDatabase(Engine):
                 conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
             for index, job in enumerate(group):
-                tx = SQLiteTx(conn)
-                conn.execute("SAVEPOINT unit")
+                tx = SQLiteTx(conn, guarded=True)
                 try:
                     result = job.fn(tx)
                 except BaseException as exc:
@@ -225,9 +246,10 @@ class SQLiteDatabase(Engine):
                     for done, _, error, _ in outcomes:
                         self._settle(done, error=error if error is not None else lost)
                     return group[index + 1:]
-                if outcomes[-1][2] is not None:
-                    conn.execute("ROLLBACK TO unit")
-                conn.execute("RELEASE unit")
+                if tx.saved:  # it wrote: keep or undo just its own writes
+                    if outcomes[-1][2] is not None:
+                        conn.execute("ROLLBACK TO unit")
+                    conn.execute("RELEASE unit")
             conn.execute("COMMIT")
             self.commits += 1
         except BaseException as exc:
@@ -235,7 +257,7 @@ class SQLiteDatabase(Engine):
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             for job in group:
-                if not job.future.done():
+                if not job.done:
                     self._settle(job, error=exc)
             return rest
         finally:
@@ -250,8 +272,9 @@ class SQLiteDatabase(Engine):
     def _submit(self, fn: Callable[[SQLiteTx], Any], *, durable: bool = False,
                 raw: bool = False) -> concurrent.futures.Future[Any]:
         self._start_thread()
-        job = _Job(fn, durable=durable, raw=raw)
+        job = _Job(fn, durable=durable, raw=raw, future=concurrent.futures.Future())
         self._queue.put(job)
+        assert job.future is not None
         return job.future
 
     async def _call(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False, raw: bool = False) -> T:

@@ -83,3 +83,34 @@ def test_only_stored_timestamps_parse() -> None:
     for other in ("2026-03-01T08:00:00Z", "2026-03-01 08:00:00.123456Z", "2026-03-01T08:00:00.123456+00:00"):
         with pytest.raises(ValueError):
             parse_iso(other)
+
+
+async def test_a_unit_that_read_then_wrote_then_failed_undoes_only_its_own_writes(tmp_path: Path) -> None:
+    db = await _opened(tmp_path)
+    try:
+        gate = threading.Event()
+        busy = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
+        await asyncio.sleep(0.05)
+
+        def read_write_fail(tx: Tx) -> None:
+            tx.execute("SELECT count(*) FROM t").fetchone()  # no savepoint yet: reads change nothing
+            tx.execute("INSERT INTO t (v) VALUES ('undone')")
+            raise RuntimeError("after its write")
+
+        def read_only_fail(tx: Tx) -> None:
+            tx.query("SELECT v FROM t")
+            raise RuntimeError("after a read")
+
+        units = [asyncio.ensure_future(db.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('before')"))),
+                 asyncio.ensure_future(db.run(read_write_fail)),
+                 asyncio.ensure_future(db.run(read_only_fail)),
+                 asyncio.ensure_future(db.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('after')")))]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await busy
+        outcomes = await asyncio.gather(*units, return_exceptions=True)
+        assert [type(o).__name__ for o in outcomes[1:3]] == ["RuntimeError", "RuntimeError"]
+        rows = await db.run(lambda tx: sorted(r[0] for r in tx.execute("SELECT v FROM t").fetchall()))
+        assert rows == ["after", "before"]
+    finally:
+        await db.close()
