@@ -36,6 +36,7 @@ from robot.channels.base import SendReceipt
 from robot.config import Settings
 from robot.message import ChatRef, OutgoingMessage
 from robot.plugin import Plugin
+from robot.runtime import tune_gc
 from robot.testing import MemoryChannel
 
 __all__ = ["main", "run_messages"]
@@ -77,13 +78,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
-                       path: Literal["model", "command"] = "model", chats: int = 50, users: int = 1000
-                       ) -> dict[str, Any]:
+                       path: Literal["model", "command"] = "model", chats: int = 50, users: int = 1000,
+                       gc_tuned: bool = True) -> dict[str, Any]:
     """Push ``n`` messages through one bot and wait for every reply; returns the figures.
 
     ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
     = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel) or "command"
-    (``/n``). Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
+    (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does. Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
     model_requests.
     """
@@ -95,6 +96,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
         bot = Bot(_settings(Path(tmp), engine_url), model=model if path == "model" else None,
                   channels=[channel], plugins=[Plugin("bench", Toolset("bench", [note]))])
         await bot.start()
+        if gc_tuned:
+            tune_gc()
         try:
             groups = [ChatRef(platform="memory", chat_id=f"g{i}", kind="group") for i in range(chats)]
             say = "记一下 第{i}条" if path == "model" else "/n 第{i}条"
@@ -136,9 +139,11 @@ async def main_async(args: argparse.Namespace) -> None:
     n = args.messages
     if args.engine == "sqlite":
         print(f"SQLite, one process: {n} messages over {args.chats} group chats from {args.users} people, "
-              f"delivered at once (model: in-process ScriptedModel, one `note` call per message)")
+              f"delivered at once (model: in-process ScriptedModel, one `note` call per message; "
+              f"gc {'as Python sets it' if args.default_gc else 'tuned as qunbot run does'})")
         for path in ("model", "command"):
-            print(_line(await run_messages(None, n, path=path, chats=args.chats, users=args.users)))
+            print(_line(await run_messages(None, n, path=path, chats=args.chats, users=args.users,
+                                           gc_tuned=not args.default_gc)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--chats", type=int, default=50)
     parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--default-gc", action="store_true",
+                        help="leave Python's garbage collector as it is (qunbot run tunes it: robot.runtime)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main_async(args))
