@@ -8,7 +8,7 @@ unit of work, gate, rate limit, history window, route, budget, tool, outbox, sen
 ``MemoryChannel`` that acknowledges every send, until every reply is delivered.
 
 - model path: each message @-s the bot; the model is an in-process :class:`ScriptedModel`
-  (``function_calls.testing``, no HTTP) that answers every request with one call of the ``note``
+  (``function_calls.testing``, no HTTP; it forgets each request once answered) that answers every request with one call of the ``note``
   action tool, whose reply ends the run: one model turn, one tool call, one reply per message;
 - ``/command`` path: the same messages as ``/n ...``: the same tool, no model.
 
@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from function_calls import ToolContext, ToolResult, Toolset, tool_function
+from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
+from function_calls.model import TextCallback
 from function_calls.testing import ScriptedModel, call
 from robot.bot import Bot
 from robot.channels.base import SendReceipt
@@ -53,16 +54,37 @@ async def note(ctx: ToolContext[object], args: NoteArgs) -> ToolResult:
 
 
 class TimedChannel(MemoryChannel):
-    """A memory channel that acknowledges every send and notes when it happened."""
+    """A memory channel that acknowledges every send and notes when it happened.
+
+    Trace events are counted, not kept: a record growing with every message would make Python's
+    full garbage-collection passes, and so the figures, grow with the run (a bot keeps no such record).
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.sent_at: list[float] = []
+        self.traces = 0
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:
         receipt = await super().send(message)
         self.sent_at.append(time.perf_counter())
         return receipt
+
+    async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
+        self.traces += 1
+
+
+class ForgetfulModel(ScriptedModel):
+    """:class:`ScriptedModel` that drops each recorded request once answered (see :class:`TimedChannel`)."""
+
+    answered: int = 0
+
+    async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
+        try:
+            return await super().complete(request, on_text=on_text)
+        finally:
+            self.answered += 1
+            self.requests.clear()
 
 
 def _settings(data_dir: Path, engine_url: str | None) -> Settings:
@@ -92,7 +114,7 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
         raise ValueError("run_messages measures one process; several processes are not built yet")
     with tempfile.TemporaryDirectory() as tmp:
         channel = TimedChannel()
-        model = ScriptedModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
+        model = ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
         bot = Bot(_settings(Path(tmp), engine_url), model=model if path == "model" else None,
                   channels=[channel], plugins=[Plugin("bench", Toolset("bench", [note]))])
         await bot.start()
@@ -124,7 +146,7 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     return {"engine": bot.db.dialect, "path": path, "messages": n, "sent": len(channel.sent),
             "seconds": seconds, "msgs_per_s": len(channel.sent) / seconds, "commits_per_msg": commits,
             "p50_ms": _percentile(latencies, 0.5) * 1000, "p99_ms": _percentile(latencies, 0.99) * 1000,
-            "cpu_ms_per_msg": cpu * 1000 / n, "model_requests": len(model.requests)}
+            "cpu_ms_per_msg": cpu * 1000 / n, "model_requests": model.answered}
 
 
 def _line(result: dict[str, Any]) -> str:
