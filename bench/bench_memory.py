@@ -1,6 +1,9 @@
-"""Memory recall: recall@5 (lexical, embeddings, fused), latency at 10k and 100k memories, size on disk.
+"""Memory recall: recall@5 (lexical, embeddings, fused), latency at 10k and 100k memories, size on disk,
+for SQLite and PostgreSQL side by side.
 
-Run: ``.venv/bin/python bench/bench_memory.py [--quick]`` (``--quick``: 10k only). With jieba
+Run: ``.venv/bin/python bench/bench_memory.py [--quick]`` (``--quick``: 10k only). PostgreSQL is a
+throwaway local server (``robot.storage.pgtesting.PgCluster``: Debian's binaries, fsync off, loopback
+TCP); without its binaries the bench says so and measures SQLite only. With jieba
 installed (``pip install jieba``; not a dependency) it also measures lexical search over jieba
 words, the segmenter the design note suggests, against the bigrams the plugin uses. The recall set (``bench/memory_set.py``)
 has 540 memories and 240 questions (Chinese and English; direct questions, paraphrases and
@@ -11,12 +14,15 @@ the embedding figures show the plumbing and the fusion, not what a real model wo
 recall@5 is measured without the strength rules (ranking only): applying them would delete
 the memories that rank below the top 5 while the bench runs. Latency: ``MemoryService.rank``
 (the ranking a recall does) and ``recall`` (ranking plus the strength transaction), all
-memories in one chat visible to the asker (the worst case), on the bot's Database thread.
+memories in one chat visible to the asker (the worst case), through the engine as the bot uses it
+(SQLite's writer thread; PostgreSQL's pool). "same top 5" counts the questions whose PostgreSQL
+lexical top 5 equals SQLite's (both rank by BM25: see ``memory.lexicon``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -34,31 +40,48 @@ from function_calls import Caller
 from memory import EmbeddingClient, MemoryService, MemorySettings
 from memory.testing import FakeEmbeddingServer, HashingModel
 from memory.vectors import to_blob
-from robot import Database
+from robot import Engine
+from robot.storage import SQLiteDatabase
+from robot.storage.pgtesting import PgCluster, server_binaries
+from robot.storage.postgres import PostgresDatabase
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ME = Caller(platform="bench", user_id="u1", chat_id="g1", chat_kind="group")
 CHAT = "bench:group:g1"
 
 
-async def open_service(path: Path, lexical: str, embedder: EmbeddingClient | None,
-                       candidates: int = 30) -> tuple[Database, MemoryService]:
-    db = Database(path)
+class Place:
+    """Where a bench database lives: a file in ``tmp`` (SQLite) or a new database on the cluster."""
+
+    def __init__(self, kind: str, tmp: Path, cluster: PgCluster | None) -> None:
+        self.kind, self.tmp, self.cluster = kind, tmp, cluster
+
+    def engine(self, name: str) -> Engine:
+        if self.kind == "sqlite":
+            return SQLiteDatabase(self.tmp / f"{name}.sqlite3")
+        assert self.cluster is not None
+        return PostgresDatabase(self.cluster.create_database(name.replace("-", "_")))
+
+
+async def open_service(db: Engine, lexical: str, embedder: EmbeddingClient | None,
+                       candidates: int = 30) -> MemoryService:
     settings = MemorySettings(lexical=lexical, candidates=candidates)  # type: ignore[arg-type]
     service = MemoryService(db, settings, clock=lambda: NOW, embedder=embedder)
-    db.migrate("memory", [service.store.schema])
     await db.open()
-    return db, service
+    await service.prepare()
+    return service
 
 
-async def load(db: Database, service: MemoryService, texts: list[str], model: HashingModel | None) -> list[int]:
+async def load(db: Engine, service: MemoryService, texts: list[str], model: HashingModel | None) -> list[int]:
     vectors = [to_blob(model.embed(t)) if model else None for t in texts]
+    ids: list[int] = []
+    for start in range(0, len(texts), 2000):  # one transaction per 2,000 rows, as a busy bot would commit
+        def work(sdb: Any, start: int = start) -> list[int]:
+            return [service.store.insert(sdb, chat=CHAT, kind="group", user_id="u1", user_name="", text=t, now=NOW,
+                                         vector=v)
+                    for t, v in zip(texts[start:start + 2000], vectors[start:start + 2000], strict=True)]
 
-    def work(sdb: Any) -> list[int]:
-        return [service.store.insert(sdb, chat=CHAT, kind="group", user_id="u1", user_name="", text=t, now=NOW,
-                                     vector=v) for t, v in zip(texts, vectors, strict=True)]
-
-    ids = await db.transaction(work)
+        ids += await db.transaction(work)
     service.index.drop(CHAT)
     return ids
 
@@ -130,8 +153,70 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
-def size_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.parent.glob(path.name + "*")) / 1e6
+async def size_mb(db: Engine) -> float:
+    """The memory tables and their indexes, after a checkpoint (SQLite: the file and its WAL)."""
+    if isinstance(db, SQLiteDatabase):
+        await db.run_raw(lambda sdb: sdb.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        path = Path(db.path)
+        return sum(f.stat().st_size for f in path.parent.glob(path.name + "*")) / 1e6
+    return float(await db.run(lambda tx: tx.execute(
+        "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c WHERE c.relkind = 'r'"
+        " AND c.relname LIKE 'memor%'").fetchone()[0])) / 1e6
+
+
+async def recall_rows(place: Place, facts: list[Any], questions: list[Question], model: HashingModel,
+                      embedder: EmbeddingClient) -> tuple[list[tuple[str, dict[str, float]]], list[list[int]]]:
+    """recall@5 rows for one engine, and its bigram lexical rankings (to compare engines)."""
+    rows: list[tuple[str, dict[str, float]]] = []
+    bigram: list[list[int]] = []
+    for lexical in ("trigram", "bigram"):
+        db = place.engine(f"recall-{lexical}")
+        service = await open_service(db, lexical, embedder)
+        ids = await load(db, service, [f.text for f in facts], model)
+        answer = {f.key: i for f, i in zip(facts, ids, strict=True)}
+        found = await ranks(service, questions, "lexical", None)
+        rows.append((f"lexical ({lexical})", recall_at(found, questions, answer)))
+        if lexical == "bigram":
+            bigram = [[ids.index(i) for i in got] for got in found]  # by fact position: ids differ per engine
+            if place.kind == "sqlite":
+                segmented = jieba_ranks([f.text for f in facts], questions)
+                if segmented is None:
+                    print("(jieba not installed: `pip install jieba` to compare a segmenter)")
+                else:  # jieba's rowids are 1..n in fact order, like the store's ids here
+                    rows.append(("lexical (jieba words)", recall_at(segmented, questions, answer)))
+            rows.append(("embeddings (fake model)", recall_at(
+                await ranks(service, questions, "embeddings", embedder), questions, answer)))
+            rows.append(("fused (bigram + embeddings)", recall_at(
+                await ranks(service, questions, "fused", embedder), questions, answer)))
+        await db.close()
+    return rows, bigram
+
+
+async def latency(place: Place, total: int, mode: str, facts: list[Any], questions: list[Question],
+                  model: HashingModel, embedder: EmbeddingClient) -> str:
+    db = place.engine(f"{mode}-{total}")
+    service = await open_service(db, "bigram", embedder if mode == "fused" else None)
+    texts = [f.text for f in facts] + filler(total - len(facts))
+    t0 = time.perf_counter()
+    await load(db, service, texts, model if mode == "fused" else None)
+    load_s = time.perf_counter() - t0
+    await service.rank(ME, "warm up")  # first use loads the chat's vector matrix
+    sample = questions[:100]
+    rank_ms: list[float] = []
+    for q in sample:
+        t0 = time.perf_counter()
+        await service.rank(ME, q.text)
+        rank_ms.append((time.perf_counter() - t0) * 1000)
+    recall_ms: list[float] = []
+    for q in sample[:50]:
+        t0 = time.perf_counter()
+        await service.recall(ME, q.text)
+        recall_ms.append((time.perf_counter() - t0) * 1000)
+    line = (f"{place.kind:<11}{total:>8}  {mode:<9} {statistics.median(rank_ms):>9.1f} {pct(rank_ms, 0.99):>9.1f}"
+            f" {statistics.median(recall_ms):>11.1f} {pct(recall_ms, 0.99):>11.1f} {await size_mb(db):>8.1f}"
+            f" {total / load_s:>8.0f}")
+    await db.close()
+    return line
 
 
 async def main(quick: bool) -> None:
@@ -141,61 +226,35 @@ async def main(quick: bool) -> None:
           f"({sum(q.lang == 'zh' for q in questions)} Chinese, {sum(q.lang == 'en' for q in questions)} English; "
           f"{sum(q.form == 'ask' for q in questions)} direct, {sum(q.form == 'paraphrase' for q in questions)} "
           f"paraphrases, {sum(q.form == 'keywords' for q in questions)} keywords)")
-    async with FakeEmbeddingServer(model) as server:
-        embedder = EmbeddingClient("fake-embed", server.base_url, "k")
-        with tempfile.TemporaryDirectory() as tmp:
-            rows: list[tuple[str, dict[str, float]]] = []
-            for lexical in ("trigram", "bigram"):
-                db, service = await open_service(Path(tmp) / f"{lexical}.sqlite3", lexical, embedder)
-                ids = await load(db, service, [f.text for f in facts], model)
-                answer = {f.key: i for f, i in zip(facts, ids, strict=True)}
-                rows.append((f"lexical ({lexical})", recall_at(await ranks(service, questions, "lexical", None),
-                                                              questions, answer)))
-                if lexical == "bigram":
-                    segmented = jieba_ranks([f.text for f in facts], questions)
-                    if segmented is None:
-                        print("(jieba not installed: `pip install jieba` to compare a segmenter)")
-                    else:  # jieba's rowids are 1..n in fact order, like the store's ids here
-                        rows.append(("lexical (jieba words)", recall_at(segmented, questions, answer)))
-                if lexical == "bigram":
-                    rows.append(("embeddings (fake model)", recall_at(
-                        await ranks(service, questions, "embeddings", embedder), questions, answer)))
-                    rows.append(("fused (bigram + embeddings)", recall_at(
-                        await ranks(service, questions, "fused", embedder), questions, answer)))
-                await db.close()
-            print(f"\n{'recall@5':<28}" + "".join(f"{h:>9}" for h in ("all", "direct", "paraphr", "keywords",
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        cluster = stack.enter_context(PgCluster()) if server_binaries() is not None else None
+        if cluster is None:
+            print("(PostgreSQL server binaries not found: SQLite only)")
+        places = [Place("sqlite", tmp, None)] + ([Place("postgresql", tmp, cluster)] if cluster else [])
+        async with FakeEmbeddingServer(model) as server:
+            embedder = EmbeddingClient("fake-embed", server.base_url, "k")
+            table: list[tuple[str, dict[str, float]]] = []
+            bigrams: list[list[list[int]]] = []
+            for place in places:
+                rows, bigram = await recall_rows(place, facts, questions, model, embedder)
+                table += [(f"{place.kind[:6]} {name}", r) for name, r in rows]
+                bigrams.append(bigram)
+            print(f"\n{'recall@5':<35}" + "".join(f"{h:>9}" for h in ("all", "direct", "paraphr", "keywords",
                                                                        "zh", "en")))
-            for name, r in rows:
-                print(f"{name:<28}" + "".join(f"{r.get(g, 0):>9.2f}" for g in
+            for name, r in table:
+                print(f"{name:<35}" + "".join(f"{r.get(g, 0):>9.2f}" for g in
                                               ("all", "ask", "paraphrase", "keywords", "zh", "en")))
-            print("\nlatency (ms) and size, all memories in one chat:")
-            print("memories  mode       rank p50  rank p99  recall p50  recall p99  disk MB")
-            sizes = (10_000,) if quick else (10_000, 100_000)
-            for total in sizes:
+            if len(bigrams) == 2:
+                same = sum(a[:5] == b[:5] for a, b in zip(*bigrams, strict=True))
+                print(f"same lexical (bigram) top 5 on both engines: {same}/{len(questions)} questions")
+            print("\nlatency (ms), size and load rate, all memories in one chat:")
+            print("engine     memories  mode       rank p50  rank p99  recall p50  recall p99  size MB   rows/s")
+            for total in (10_000,) if quick else (10_000, 100_000):
                 for mode in ("lexical", "fused"):
-                    path = Path(tmp) / f"{mode}-{total}.sqlite3"
-                    emb = embedder if mode == "fused" else None
-                    db, service = await open_service(path, "bigram", emb)
-                    texts = [f.text for f in facts] + filler(total - len(facts))
-                    await load(db, service, texts, model if mode == "fused" else None)
-                    await service.rank(ME, "warm up")  # first use loads the chat's vector matrix
-                    sample = questions[:100]
-                    rank_ms: list[float] = []
-                    for q in sample:
-                        t0 = time.perf_counter()
-                        await service.rank(ME, q.text)
-                        rank_ms.append((time.perf_counter() - t0) * 1000)
-                    recall_ms: list[float] = []
-                    for q in sample[:50]:
-                        t0 = time.perf_counter()
-                        await service.recall(ME, q.text)
-                        recall_ms.append((time.perf_counter() - t0) * 1000)
-                    await db.run(lambda sdb: sdb.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
-                    print(f"{total:>8}  {mode:<9} {statistics.median(rank_ms):>9.1f} {pct(rank_ms, 0.99):>9.1f}"
-                          f" {statistics.median(recall_ms):>11.1f} {pct(recall_ms, 0.99):>11.1f}"
-                          f" {size_mb(path):>8.1f}")
-                    await db.close()
-        await embedder.aclose()
+                    for place in places:
+                        print(await latency(place, total, mode, facts, questions, model, embedder), flush=True)
+            await embedder.aclose()
 
 
 if __name__ == "__main__":

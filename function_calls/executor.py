@@ -84,6 +84,10 @@ class CallExecutor:
                 outcomes[i] = await self.guarded(call)
 
         async def together(batch: list[tuple[int, ToolCall]]) -> None:
+            if len(batch) <= 1:  # nothing to run beside it: no task (the usual turn has one call)
+                for i, call in batch:
+                    outcomes[i] = await self.guarded(call)
+                return
             async with asyncio.TaskGroup() as group:
                 for i, call in batch:
                     group.create_task(one(i, call))

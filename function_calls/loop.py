@@ -74,7 +74,11 @@ class Runner:
     ) -> RunResult:
         """Run until a terminal state. Pass a :class:`RunState` to resume a paused run."""
         caller = caller or Caller()
-        state = messages if isinstance(messages, RunState) else RunState(messages=list(messages))
+        if isinstance(messages, RunState):
+            state = messages
+        else:  # the messages copied, not validated: with a long history window validation was a hot spot
+            state = RunState(messages=[])
+            state.messages = [dict(m) for m in messages]
         detector = LoopDetector.restore(self.loop_config, state.loop) if state.loop else LoopDetector(self.loop_config)
         offered = tools.filter(lambda t: t.allowed_for(caller))
         env = CallExecutor(offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state,
@@ -108,14 +112,15 @@ class Runner:
             stop = await self._run_calls(env, calls, resume=True)
             if stop is not None:
                 return stop
+        defs = [t.definition(strict=self.strict_tools) for t in env.tools]  # the same every turn of a run
+        defs_tokens = estimate_messages((), defs)
         while True:
-            defs = [t.definition(strict=self.strict_tools) for t in env.tools]
             why = ""
             if state.iterations >= self.limits.max_iterations:
                 why, reason = f"{state.iterations} model turns", StopReason.ITERATION_LIMIT
             elif state.tool_calls >= self.limits.max_tool_calls:
                 why, reason = f"{state.tool_calls} tool calls", StopReason.TOOL_CALL_LIMIT
-            elif state.usage.total_tokens + estimate_messages(state.messages, defs) > token_cap:
+            elif state.usage.total_tokens + estimate_messages(state.messages) + defs_tokens > token_cap:
                 why, reason = f"{state.usage.total_tokens} of {token_cap} tokens", StopReason.TOKEN_BUDGET
             if why and reason is StopReason.TOKEN_BUDGET and daily_cap:
                 # The cap is what is left of today's budget: a final answer would overspend it.
@@ -123,8 +128,7 @@ class Runner:
             if why:
                 return await self._final_answer(env, reason, why, on_text, token_cap)
             try:
-                response = await self._call_model(env, ModelRequest(messages=state.messages, tools=defs,
-                                                                    tool_choice="auto" if defs else None), on_text)
+                response = await self._call_model(env, _request(state.messages, defs), on_text)
             except ModelAPIError as exc:
                 busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
                 # The person reads Chinese; the trace and the logs keep the provider's English detail.
@@ -244,6 +248,13 @@ def _wait_text(seconds: float | None) -> str:
     if seconds < 5400:
         return f"约 {round(seconds / 60)} 分钟"
     return f"约 {round(seconds / 3600)} 小时"
+
+
+def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]]) -> ModelRequest:
+    """The turn's request: a snapshot of the messages (each dict copied, as validation would), unvalidated."""
+    request = ModelRequest(messages=[], tools=defs, tool_choice="auto" if defs else None)
+    request.messages = [dict(m) for m in messages]
+    return request
 
 
 def _assistant_message(response: ModelResponse) -> dict[str, Any]:

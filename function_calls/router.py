@@ -38,6 +38,8 @@ _MAX_NAME = 32
 
 def _fold_name(name: str, limit: int = _MAX_NAME) -> str:
     """A member-chosen name or id as one inert line: no line breaks or controls, no header punctuation."""
+    if name.isalnum() and len(name) <= limit:  # letters and digits only: nothing to fold (the usual id)
+        return name
     flat = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in name)
     flat = " ".join(flat.translate(_NAME_CHARS).split())
     return (flat[: limit - 1] + "…" if len(flat) > limit else flat) or "?"

@@ -321,7 +321,10 @@ class Toolset:
         return list(self._tools)
 
     def filter(self, keep: Callable[[Tool], bool]) -> Toolset:
-        return Toolset(self.name, (t for t in self._tools.values() if keep(t)))
+        # A subset of a valid set is valid: no per-tool clash check (quadratic, and run per message).
+        subset = Toolset(self.name)
+        subset._tools = {name: t for name, t in self._tools.items() if keep(t)}
+        return subset
 
     def __iter__(self) -> Iterator[Tool]:
         return iter(self._tools.values())

@@ -56,7 +56,7 @@ async def setup(bot: Bot) -> MemoryDeps:
         embedder = EmbeddingClient(settings.embedding_model, settings.embedding_base_url, key,
                                    settings.embedding_timeout_s)
     service = MemoryService(bot.db, settings, clock=bot.clock, model=bot.model, embedder=embedder, bot=bot)
-    await bot.db.ensure("memory", [service.store.schema])
+    await service.prepare()
 
     async def forget_one(caller: Caller, target: str) -> str | None:  # /forget <id>
         return await service.delete(caller, int(target)) if target.isdigit() else None

@@ -45,7 +45,7 @@ from function_calls import (
     estimate_tokens,
 )
 from memory.settings import MemorySettings
-from memory.store import Kind, MemoryRow, MemoryStore
+from memory.store import MIGRATIONS, Kind, MemoryRow, MemoryStore
 from memory.strength import Rules, Strength
 from memory.terms import term_set
 from memory.vectors import EmbeddingClient, EmbeddingError, VectorIndex
@@ -90,11 +90,17 @@ class MemoryService:
         self.rules = Rules(base=timedelta(hours=settings.interval_hours), factor=settings.interval_factor,
                            cap=settings.level_cap)
         self.index = VectorIndex()
+        self.index.follow(db)
         self._scheduler: AsyncIOScheduler | None = None
+
+    async def prepare(self) -> None:
+        """Bring the tables up to date and the lexical index in line with ``lexical`` (database open)."""
+        await self.db.ensure("memory", MIGRATIONS)
+        await self.db.transaction(self.store.sync_index)
 
     # --- U -----------------------------------------------------------------------------------
     async def remember(self, caller: Caller, content: str, scope: str) -> MemoryRow:
-        text = " ".join(content.split())
+        text = " ".join(content.replace("\x00", " ").split())  # PostgreSQL text holds no NUL
         if not text:
             raise ToolError("content is empty", user_message="要记住的内容是空的。")
         if len(text) > self.settings.max_chars:
@@ -116,8 +122,10 @@ class MemoryService:
             if self.store.count_scope(db, chat, kind, caller.user_id) >= self.settings.max_per_scope:
                 raise ToolError("memory limit reached", user_message=(
                     f"这里已经保存了 {self.settings.max_per_scope} 条记忆，请先用 /forget 删除一些。"))
-            return self.store.insert(db, chat=chat, kind=kind, user_id=caller.user_id,
-                                     user_name=caller.user_name, text=text, now=now, vector=vector)
+            mid = self.store.insert(db, chat=chat, kind=kind, user_id=caller.user_id,
+                                    user_name=caller.user_name.replace("\x00", ""), text=text, now=now, vector=vector)
+            self.index.announce(db, [chat])
+            return mid
 
         mid = await self.db.transaction(work)
         self.index.drop(chat)
@@ -172,6 +180,7 @@ class MemoryService:
                         changes.append((mid, after))
             self.store.save_strength(db, changes)
             self.store.delete(db, dead)
+            self.index.announce(db, [ChatRef.of(caller).key] if dead else [])
             fresh = self.store.rows(db, top)
             return [fresh[m] for m in top if m in fresh], dead
 
@@ -246,6 +255,7 @@ class MemoryService:
                     row.kind == "group" and caller.is_admin):
                 return f"记忆 #{mid} 是别人保存的群记忆，只有保存者和群管理员可以删除。"
             self.store.delete(db, [mid])
+            self.index.announce(db, [chat])
             return f"已删除记忆 #{mid}。"
 
         text = await self.db.transaction(work)
@@ -265,6 +275,7 @@ class MemoryService:
         def work(db: Any) -> list[tuple[str, int]]:
             owned = self.store.owned_by(db, platform, user_id, chats)
             self.store.delete(db, [mid for _, mid in owned])
+            self.index.announce(db, {c for c, _ in owned})
             for chat in {c for c, _ in owned} | set(chats or ()):
                 self.store.delete_dreams(db, chat)
             return owned
@@ -291,6 +302,7 @@ class MemoryService:
                     changes.append((row.id, after))
             self.store.save_strength(db, changes)
             self.store.delete(db, [r.id for r in dead])
+            self.index.announce(db, [chat] if dead else [])
             return len(sample), len(changes), dead
 
         sampled, weakened, dead = await self.db.transaction(work)
@@ -340,14 +352,17 @@ class MemoryService:
             if f"{local:%H:%M}" < self.settings.sleep_time:
                 continue
             day = f"{local:%Y-%m-%d}"
-            if await self.db.run(lambda db, c=chat: self.store.slept_on(db, c)) == day:  # type: ignore[misc]
+            # Claimed first, atomically: of several processes sharing the database, one sleeps the chat.
+            claimed, before = await self.db.transaction(
+                lambda db, c=chat, d=day: self.store.claim_night(db, c, d))  # type: ignore[misc]
+            if not claimed:
                 continue
             try:
                 reports.append(await self.sleep(chat))
             except Exception:
-                log.exception("memory sleep for %s failed", chat)
-                continue
-            await self.db.run(lambda db, c=chat, d=day: self.store.mark_slept(db, c, d))  # type: ignore[misc]
+                log.exception("memory sleep for %s failed", chat)  # released: the next check tries again
+                await self.db.transaction(
+                    lambda db, c=chat, d=day, b=before: self.store.release_night(db, c, d, b))  # type: ignore[misc]
         return reports
 
     def start(self) -> None:

@@ -11,16 +11,17 @@ the person who saved it, unless it is a group memory (see :func:`visible`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from memory import lexicon
 from memory.strength import Strength
 from memory.terms import fts_query, index_terms, trigram_query
 from robot import Tx, iso, parse_iso
 
-__all__ = ["Kind", "MemoryRow", "MemoryStore", "visible"]
+__all__ = ["MIGRATIONS", "Kind", "MemoryRow", "MemoryStore", "visible"]
 
 Kind = Literal["user", "group", "private"]
 _COLUMNS = "id, chat, kind, user_id, user_name, text, created, time, level, long_term, decayed_at"
@@ -29,6 +30,47 @@ _COLUMNS = "id, chat, kind, user_id, user_name, text, created, time, level, long
 def visible(alias: str = "m") -> str:
     """The SQL condition for "this caller may see it here" (parameters: chat key, user id)."""
     return f"{alias}.chat = ? AND ({alias}.kind = 'group' OR {alias}.user_id = ?)"
+
+
+_SQLITE_V1 = """
+    CREATE TABLE IF NOT EXISTS memories (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        chat TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('user', 'group', 'private')),
+        user_id TEXT NOT NULL,
+        user_name TEXT NOT NULL DEFAULT '',
+        text TEXT NOT NULL,
+        created TEXT NOT NULL,
+        time TEXT NOT NULL,
+        level INTEGER NOT NULL DEFAULT 0,
+        long_term INTEGER NOT NULL DEFAULT 0,
+        decayed_at TEXT,
+        vector BLOB
+    );
+    CREATE INDEX IF NOT EXISTS memories_scope ON memories (chat, user_id);
+    CREATE VIRTUAL TABLE IF NOT EXISTS memory_terms USING fts5(terms, tokenize = 'unicode61');
+    CREATE VIRTUAL TABLE IF NOT EXISTS memory_trigrams USING fts5(text, tokenize = 'trigram');
+    CREATE TABLE IF NOT EXISTS memory_dreams (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        chat TEXT NOT NULL,
+        created TEXT NOT NULL,
+        fragments INTEGER NOT NULL,
+        text TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS memory_sleeps (chat TEXT PRIMARY KEY, local_date TEXT NOT NULL)
+"""
+
+
+def _v1(db: Tx) -> None:
+    """Memories, their lexical index, dreams and sleeps. Idempotent: v0.1 SQLite files already have
+    the tables (without a version row), and keep them as they are."""
+    for statement in (_SQLITE_V1 if db.dialect == "sqlite" else lexicon.POSTGRES_V1).split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+MIGRATIONS: list[Callable[[Tx], None]] = [_v1]
+"""The ``memory`` component's schema steps (``engine.ensure("memory", MIGRATIONS)``): append, never edit."""
 
 
 @dataclass(frozen=True)
@@ -53,42 +95,23 @@ class MemoryRow:
 
 
 class MemoryStore:
-    """SQL for memories. ``lexical`` picks the FTS table: precomputed bigram terms or trigram."""
+    """SQL for memories. ``lexical``: precomputed bigram terms or trigrams (see :mod:`memory.terms`)."""
 
     def __init__(self, lexical: Literal["bigram", "trigram"] = "bigram") -> None:
         self.lexical = lexical
 
-    def schema(self, db: Tx) -> None:
-        for statement in """
-            CREATE TABLE IF NOT EXISTS memories (
-                id INTEGER PRIMARY KEY,
-                chat TEXT NOT NULL,
-                kind TEXT NOT NULL CHECK (kind IN ('user', 'group', 'private')),
-                user_id TEXT NOT NULL,
-                user_name TEXT NOT NULL DEFAULT '',
-                text TEXT NOT NULL,
-                created TEXT NOT NULL,
-                time TEXT NOT NULL,
-                level INTEGER NOT NULL DEFAULT 0,
-                long_term INTEGER NOT NULL DEFAULT 0,
-                decayed_at TEXT,
-                vector BLOB
-            );
-            CREATE INDEX IF NOT EXISTS memories_scope ON memories (chat, user_id);
-            CREATE VIRTUAL TABLE IF NOT EXISTS memory_terms USING fts5(terms, tokenize = 'unicode61');
-            CREATE VIRTUAL TABLE IF NOT EXISTS memory_trigrams USING fts5(text, tokenize = 'trigram');
-            CREATE TABLE IF NOT EXISTS memory_dreams (
-                id INTEGER PRIMARY KEY,
-                chat TEXT NOT NULL,
-                created TEXT NOT NULL,
-                fragments INTEGER NOT NULL,
-                text TEXT NOT NULL
-            );
-            CREATE TABLE IF NOT EXISTS memory_sleeps (chat TEXT PRIMARY KEY, local_date TEXT NOT NULL);
-        """.split(";"):  # noqa: SIM905 - one schema text, read as SQL
-            if statement.strip():
-                db.execute(statement)
-        # Only the configured lexical table is kept up to date; after a switch, rebuild it.
+    def migrate(self, db: Tx) -> None:
+        """Apply every migration step and sync the lexical index (tests on a bare :class:`Tx`)."""
+        for step in MIGRATIONS:
+            step(db)
+        self.sync_index(db)
+
+    def sync_index(self, db: Tx) -> None:
+        """After a switch of ``lexical`` (or on a v0.1 file), rebuild the index it uses: run at each start."""
+        if db.dialect == "postgresql":
+            lexicon.sync(db, self.lexical)
+            return
+        # Only the configured FTS5 table is kept up to date; a count that differs means it went stale.
         table = "memory_terms" if self.lexical == "bigram" else "memory_trigrams"
         indexed = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         if indexed != db.execute("SELECT count(*) FROM memories").fetchone()[0]:
@@ -109,11 +132,18 @@ class MemoryStore:
 
     def insert(self, db: Tx, *, chat: str, kind: Kind, user_id: str, user_name: str, text: str,
                now: datetime, vector: bytes | None = None) -> int:
-        cur = db.execute(
+        values = [chat, kind, user_id, user_name, text, iso(now), iso(now), vector]
+        if db.dialect == "postgresql":
+            terms = lexicon.doc_terms(text, self.lexical)
+            mid = int(db.execute(
+                "INSERT INTO memories (chat, kind, user_id, user_name, text, created, time, level, long_term, vector,"
+                " terms, n_terms) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, ?, ?::tsvector, ?) RETURNING id",
+                [*values, lexicon.tsvector(terms), len(terms)]).fetchone()[0])
+            lexicon.added(db, len(terms))
+            return mid
+        mid = int(db.execute(
             "INSERT INTO memories (chat, kind, user_id, user_name, text, created, time, level, long_term, vector)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, ?) RETURNING id",
-            [chat, kind, user_id, user_name, text, iso(now), iso(now), vector])
-        mid = int(cur.fetchone()[0])
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, ?) RETURNING id", values).fetchone()[0])
         if self.lexical == "bigram":
             db.execute("INSERT INTO memory_terms (rowid, terms) VALUES (?, ?)", [mid, index_terms(text)])
         else:
@@ -121,8 +151,15 @@ class MemoryStore:
         return mid
 
     def delete(self, db: Tx, ids: Iterable[int]) -> int:
+        """Delete memories and their index entries; how many existed."""
         gone = 0
         for mid in ids:
+            if db.dialect == "postgresql":
+                row = db.execute("DELETE FROM memories WHERE id = ? RETURNING n_terms", [mid]).fetchone()
+                if row is not None:
+                    lexicon.removed(db, int(row[0]))
+                    gone += 1
+                continue
             gone += db.execute("DELETE FROM memories WHERE id = ?", [mid]).rowcount
             db.execute("DELETE FROM memory_terms WHERE rowid = ?", [mid])
             db.execute("DELETE FROM memory_trigrams WHERE rowid = ?", [mid])
@@ -137,6 +174,8 @@ class MemoryStore:
     def lexical_search(self, db: Tx, chat: str, user_id: str, query: str,
                        limit: int) -> list[int]:
         """Ids of visible matches, best BM25 first."""
+        if db.dialect == "postgresql":
+            return lexicon.search(db, chat, user_id, query, limit, self.lexical)
         if self.lexical == "bigram":
             table, match = "memory_terms", fts_query(query)
         else:
@@ -197,9 +236,21 @@ class MemoryStore:
         row = db.execute("SELECT local_date FROM memory_sleeps WHERE chat = ?", [chat]).fetchone()
         return str(row[0]) if row else None
 
-    def mark_slept(self, db: Tx, chat: str, local_date: str) -> None:
-        db.execute("INSERT INTO memory_sleeps (chat, local_date) VALUES (?, ?)"
-                   " ON CONFLICT (chat) DO UPDATE SET local_date = excluded.local_date", [chat, local_date])
+    def claim_night(self, db: Tx, chat: str, local_date: str) -> tuple[bool, str | None]:
+        """Take the chat's sleep for ``local_date``, unless someone took it: (taken now, the night before)."""
+        before = self.slept_on(db, chat)
+        row = db.execute("INSERT INTO memory_sleeps (chat, local_date) VALUES (?, ?) ON CONFLICT (chat) DO UPDATE"
+                         " SET local_date = excluded.local_date WHERE memory_sleeps.local_date <> excluded.local_date"
+                         " RETURNING chat", [chat, local_date]).fetchone()
+        return row is not None, before
+
+    def release_night(self, db: Tx, chat: str, local_date: str, before: str | None) -> None:
+        """Undo :meth:`claim_night` (the sleep failed)."""
+        if before is None:
+            db.execute("DELETE FROM memory_sleeps WHERE chat = ? AND local_date = ?", [chat, local_date])
+        else:
+            db.execute("UPDATE memory_sleeps SET local_date = ? WHERE chat = ? AND local_date = ?",
+                       [before, chat, local_date])
 
     def add_dream(self, db: Tx, chat: str, now: datetime, fragments: int, text: str) -> int:
         cur = db.execute("INSERT INTO memory_dreams (chat, created, fragments, text) VALUES (?, ?, ?, ?) RETURNING id",

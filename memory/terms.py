@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["fts_query", "index_terms", "query_terms", "term_set", "trigram_query"]
+__all__ = ["fts_query", "index_terms", "query_terms", "term_set", "text_trigrams", "trigram_query", "trigram_terms"]
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 _RUN = re.compile(rf"[{_CJK}]+|[^\W_]+", re.UNICODE)
@@ -69,14 +69,25 @@ def fts_query(text: str) -> str | None:
     return " OR ".join(_quote(t) for t in terms) if terms else None
 
 
-def trigram_query(text: str, limit: int = 48) -> str | None:
-    """For the trigram tokenizer: any 3-character window of the question's runs."""
+def trigram_terms(text: str, limit: int = 48) -> list[str]:
+    """Distinct 3-character windows of the question's runs (what the trigram search looks for)."""
     grams: dict[str, None] = {}
     for run in _runs(text):
         for i in range(max(len(run) - 2, 0)):
             grams.setdefault(run[i:i + 3])
-    picked = list(grams)[:limit]
+    return list(grams)[:limit]
+
+
+def trigram_query(text: str, limit: int = 48) -> str | None:
+    """For the trigram tokenizer: any 3-character window of the question's runs."""
+    picked = trigram_terms(text, limit)
     return " OR ".join(_quote(g) for g in picked) if picked else None
+
+
+def text_trigrams(text: str) -> list[str]:
+    """Every 3-character window of the lowercased text, spaces included (as SQLite's trigram tokenizer)."""
+    lowered = text.lower()
+    return [lowered[i:i + 3] for i in range(len(lowered) - 2)]
 
 
 def term_set(text: str) -> set[str]:

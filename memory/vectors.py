@@ -8,17 +8,22 @@ ranks by cosine similarity.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import openai
 
-__all__ = ["EmbeddingClient", "EmbeddingError", "VectorIndex", "from_blob", "to_blob"]
+from robot import Engine, Tx
+
+__all__ = ["CHANNEL", "EmbeddingClient", "EmbeddingError", "VectorIndex", "from_blob", "to_blob"]
 
 log = logging.getLogger(__name__)
 Vector = npt.NDArray[np.float32]
+CHANNEL = "memory"
+"""Notifications of a chat's memories changing: ``"<origin> <chat key>"``."""
 
 
 class EmbeddingError(Exception):
@@ -68,11 +73,30 @@ class _ChatMatrix:
 
 
 class VectorIndex:
-    """Per-chat matrices of normalised vectors; ``load`` rows, ``search`` by cosine."""
+    """Per-chat matrices of normalised vectors; ``load`` rows, ``search`` by cosine.
+
+    Each process keeps its own: a write announces the chat (:meth:`announce`), and every other process
+    following the database (:meth:`follow`) drops its copy of that chat's matrix.
+    """
 
     def __init__(self) -> None:
         self._chats: dict[str, _ChatMatrix] = {}
         self._stamps: dict[str, int] = {}
+        self.origin = uuid.uuid4().hex  # this index's own announcements need no reload
+
+    def follow(self, db: Engine) -> None:
+        """Drop a chat's matrix when another process announces a change to it."""
+        db.subscribe(CHANNEL, self._heard)
+
+    def _heard(self, payload: str) -> None:
+        origin, _, chat = payload.partition(" ")
+        if origin != self.origin:
+            self.drop(chat)
+
+    def announce(self, db: Tx, chats: Iterable[str]) -> None:
+        """Tell the other processes (after ``db`` commits) that these chats' memories changed."""
+        for chat in sorted(set(chats)):
+            db.notify(CHANNEL, f"{self.origin} {chat}")
 
     def stamp(self, chat: str) -> int:
         """Changes whenever the chat's vectors change; pass it to :meth:`load`."""

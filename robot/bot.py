@@ -103,7 +103,7 @@ class Bot:
                                    command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
-                                  clock=self.clock)
+                                  clock=self.clock, leases=self.leases.leases)
         self.model = model if model is not None else self._default_model()
         in_memory = str(getattr(self.db, "path", "")) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).

@@ -28,6 +28,7 @@ from robot.config import ConfigError, Settings, check_tables, load_settings
 from robot.doctor_storage import storage_checks
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.redact import redact_url
+from robot.runtime import tune_gc
 from robot.template import render_template
 
 __all__ = ["builtin_template", "main"]
@@ -107,6 +108,7 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await bot.start()
+    tune_gc()  # a long-running process: see robot.runtime
     for channel in bot.channels.values():
         where = channel.location()
         log.info("channel %s ready%s", channel.platform, f" at {redact_url(where)}" if where else "")

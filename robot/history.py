@@ -39,6 +39,16 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
     )
 
 
+_COLUMNS = "chat, user_id, name, text, ts, from_bot, message_id"
+
+
+def _entry_of(row: tuple[object, ...]) -> HistoryEntry:
+    """An entry from a row of ``_COLUMNS`` (a tuple: no dict per row on the hot path)."""
+    chat, user_id, name, text, ts, from_bot, message_id = row
+    return HistoryEntry(chat=str(chat), user_id=str(user_id), name=str(name), text=str(text), at=parse_iso(str(ts)),
+                        from_bot=bool(from_bot), message_id=str(message_id or ""))
+
+
 class HistoryStore:
     """Reads and writes the ``history`` table, indexed by (chat, time)."""
 
@@ -117,24 +127,31 @@ class HistoryStore:
         same second recorded before it count too: platforms stamp whole seconds, and what was said
         a moment before someone @-s the bot is the context they mean.
         """
+        return await self.db.run(lambda db: self.recent_sync(db, chat, limit, before=before,
+                                                             before_message=before_message))
+
+    @staticmethod
+    def recent_sync(db: Tx, chat: ChatRef, limit: int = 50, *, before: datetime | None = None,
+                    before_message: str = "") -> list[HistoryEntry]:
+        """:meth:`recent` inside a caller's unit of work (the pipeline reads it with the message's record)."""
         cutoff = iso(before) if before else "9999"
 
-        def work(db: Tx) -> list[HistoryEntry]:
-            if before_message and before:
-                rows = db.execute_returning_dicts(
-                    "SELECT * FROM history WHERE chat = ? AND (ts < ? OR (ts = ? AND id < COALESCE("
-                    "(SELECT MIN(id) FROM history WHERE chat = ? AND message_id = ? AND from_bot = 0), -1))) "
-                    "ORDER BY ts DESC, id DESC LIMIT ?",
-                    [chat.key, cutoff, cutoff, chat.key, before_message, limit],
-                )
-            else:
-                rows = db.execute_returning_dicts(
-                    "SELECT * FROM history WHERE chat = ? AND ts < ? ORDER BY ts DESC, id DESC LIMIT ?",
-                    [chat.key, cutoff, limit],
-                )
-            return [_entry(r) for r in reversed(rows)]
+        # Both queries walk the (chat, ts) index down from the cutoff: a read costs the rows it
+        # returns, not the chat's length (this runs for every message the model answers).
+        if before_message and before:
+            rows = db.execute(
+                f"SELECT {_COLUMNS} FROM history WHERE chat = ? AND ts <= ? AND (ts < ? OR id < COALESCE("
+                "(SELECT MIN(id) FROM history WHERE chat = ? AND ts = ? AND message_id = ? AND from_bot = 0), "
+                "-1)) ORDER BY ts DESC, id DESC LIMIT ?",
+                [chat.key, cutoff, cutoff, chat.key, cutoff, before_message, limit],
+            ).fetchall()
+        else:
+            rows = db.execute(
+                f"SELECT {_COLUMNS} FROM history WHERE chat = ? AND ts < ? ORDER BY ts DESC, id DESC LIMIT ?",
+                [chat.key, cutoff, limit],
+            ).fetchall()
+        return [_entry_of(row) for row in reversed(rows)]
 
-        return await self.db.run(work)
 
     async def since(self, chat: ChatRef, start: datetime, *, end: datetime | None = None,
                     limit: int = 100_000) -> list[HistoryEntry]:

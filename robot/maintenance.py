@@ -31,6 +31,7 @@ async def housekeep(bot: Bot) -> None:
             await bot.outbox.prune(bot.clock(), keep=min(timedelta(days=7), timedelta(days=hist.retention_days)),
                                    max_rows=hist.max_messages)
             await bot.approvals.store.prune(bot.clock() - timedelta(days=hist.retention_days))
+            await bot.budget.prune()
         except Exception:
             log.exception("housekeeping failed")
         await asyncio.sleep(3600)

@@ -23,9 +23,11 @@ from robot.commands import (
     parse_command,
     refusal,
 )
+from robot.history import HistoryEntry
 from robot.hooks import RunExtras
 from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
+from robot.storage import Tx
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -39,6 +41,7 @@ NO_LLM_REPLY = (
     "管理员可在 qunbot.toml 的 [llm] 中设置 model、base_url、api_key，"
     "或设置环境变量 QUNBOT_LLM__MODEL 和 OPENAI_API_KEY 后重启。"
 )
+_CONTEXT = 40  # history messages offered to the model (within its token window)
 _AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
 RATE_NOTICE = "你发得有点快，请 {seconds} 秒后再找我（在那之前我不会回复你）。"
 _APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
@@ -125,10 +128,21 @@ class Pipeline:
         if ident in self._handling:
             log.info("%s message %s redelivered while being handled: ignored", *ident)
             return
+        ignored = self.ignored(message.chat)  # not answered, so not recorded either
+        # A message the model will answer has its history window read in the same unit of work as
+        # its record: one round trip to the database fewer per message.
+        early = not ignored and self._for_model(message)
+        context: list[list[HistoryEntry]] = []  # set when the window was read (a redelivery is not recorded again)
+
+        def record(db: Tx) -> None:
+            if not ignored:
+                bot.history.record_sync(db, message)
+                if early:
+                    context[:] = [bot.history.recent_sync(db, message.chat, _CONTEXT, before=message.timestamp,
+                                                          before_message=message.message_id)]
+
         try:
-            ignored = self.ignored(message.chat)  # not answered, so not recorded either
-            fresh: bool | None = await bot.dedupe.receive(
-                *ident, bot.clock(), lambda db: None if ignored else bot.history.record_sync(db, message))
+            fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), record)
         except Exception:  # the database is failing: still answer (the reply may be all that works)
             log.exception("storing %s message %s failed; answering it anyway", *ident)
             fresh = None
@@ -137,7 +151,7 @@ class Pipeline:
             return
         self._handling.add(ident)
         try:
-            await self._handle(message)
+            await self._handle(message, context[0] if fresh and context else None)
         finally:
             self._handling.discard(ident)
         if fresh:
@@ -146,7 +160,14 @@ class Pipeline:
             except Exception:
                 log.exception("marking %s message %s handled failed", *ident)
 
-    async def _handle(self, message: Message) -> None:
+    def _for_model(self, message: Message) -> bool:
+        """Whether the model is likely to answer ``message`` (addressed, not a command; no database)."""
+        if self.bot.router is None or message.from_bot:
+            return False
+        answer, _, text = self.gate(message)
+        return answer and parse_command(text) is None
+
+    async def _handle(self, message: Message, context: list[HistoryEntry] | None = None) -> None:
         bot = self.bot
         if self.ignored(message.chat):
             return
@@ -188,7 +209,7 @@ class Pipeline:
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         else:
-            await self.run_llm(message, caller, text)
+            await self.run_llm(message, caller, text, context)
 
     async def run_command(self, caller: Caller, name: str, rest: str) -> str:
         bot = self.bot
@@ -255,12 +276,15 @@ class Pipeline:
         await channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
                                            "tokens": 0, "model_calls": 0})
 
-    async def run_llm(self, message: Message, caller: Caller, text: str) -> None:
+    async def run_llm(self, message: Message, caller: Caller, text: str,
+                      history: list[HistoryEntry] | None = None) -> None:
+        """Answer with the model; ``history``: the chat's window before ``message`` if already read."""
         bot = self.bot
         assert bot.router is not None
         channel = bot.channels.get(message.platform)
-        history = await bot.history.recent(message.chat, 40, before=message.timestamp,
-                                           before_message=message.message_id)
+        if history is None:
+            history = await bot.history.recent(message.chat, _CONTEXT, before=message.timestamp,
+                                               before_message=message.message_id)
         streaming = channel is not None and channel.capabilities.streaming and bot.settings.llm.stream
 
         async def on_text(delta: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import json
@@ -35,6 +36,15 @@ def call(name: str, arguments: dict[str, Any] | str | None = None, *more: tuple[
     return ModelResponse(tool_calls=calls, finish_reason="tool_calls")
 
 
+def _snapshot(request: ModelRequest) -> ModelRequest:
+    """A deep copy of ``request`` (later turns must not change what was recorded), without copying
+    strings: ``deepcopy`` of a long conversation dominated benchmarks that use this model."""
+    messages = [{k: copy.deepcopy(v) if isinstance(v, list | dict) else v for k, v in m.items()}
+                for m in request.messages]
+    # Tool definitions are built afresh for each run and never changed: a list copy is a snapshot.
+    return request.model_copy(update={"messages": messages, "tools": list(request.tools)})
+
+
 @dataclass
 class ScriptedModel:
     """Answers from a list of turns, or from a function of the request; records every request.
@@ -48,7 +58,7 @@ class ScriptedModel:
     _position: int = 0
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
-        self.requests.append(request.model_copy(deep=True))
+        self.requests.append(_snapshot(request))
         if callable(self.script):
             turn = self.script(request)
             if inspect.isawaitable(turn):

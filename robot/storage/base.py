@@ -38,7 +38,11 @@ def iso(moment: datetime) -> str:
 
 
 def parse_iso(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    """:func:`iso`'s text back to an aware UTC datetime; any other shape is a ``ValueError``."""
+    # fromisoformat is ~50x faster than strptime: history windows parse thousands of these a second.
+    if len(text) != 27 or text[10] != "T" or text[19] != "." or text[-1] != "Z":
+        raise ValueError(f"not a stored timestamp: {text!r}")
+    return datetime.fromisoformat(text)
 
 
 class StorageError(OSError):

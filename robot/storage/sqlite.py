@@ -1,8 +1,8 @@
 """The embedded engine: one SQLite file, WAL, one thread that owns the connection, commits grouped.
 
 Every unit of work (``await db.run(fn)`` / ``db.transaction(fn)``) is queued to that thread. The
-thread takes whatever is queued, runs each unit in its own savepoint inside one transaction and
-commits once: a unit that fails rolls back alone, and no unit's caller resumes before the commit
+thread takes whatever is queued, runs each unit in its own savepoint (taken at its first write)
+inside one transaction and commits once: a unit that fails rolls back alone, and no unit's caller resumes before the commit
 holds its rows. Under load this turns hundreds of commits a second into a few, without a timer
 that would delay a lone write. ``bench/bench_scale.py`` measures it.
 """
@@ -18,7 +18,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,17 +36,29 @@ class SQLiteTx:
 
     dialect: Dialect = "sqlite"
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, guarded: bool = False) -> None:
         self.conn = conn
         self.notes: list[tuple[str, str]] = []
+        #: In a group: the unit's savepoint is opened before its first write, so a read-only unit
+        #: costs no savepoint statements (each statement hands the GIL to the event loop and back).
+        self.guarded = guarded
+        self.saved = False
+
+    def _before(self, sql: str) -> None:
+        if self.guarded and not self.saved and sql.lstrip()[:6].upper() != "SELECT":
+            self.conn.execute("SAVEPOINT unit")
+            self.saved = True
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        self._before(sql)
         return self.conn.execute(sql, tuple(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._before(sql)
         self.conn.executemany(sql, [tuple(r) for r in rows])
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        self._before(sql)
         cur = self.conn.execute(sql, tuple(params))
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -62,7 +74,21 @@ class _Job:
     fn: Callable[[SQLiteTx], Any]
     durable: bool = False
     raw: bool = False  # outside any transaction (open, close, checkpoint)
-    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    #: A blocking caller's future (``run_sync``); None for an async caller, who has ``waiter``.
+    future: concurrent.futures.Future[Any] | None = None
+    #: An async caller's future: settled on its loop together with the rest of the group (one wake-up).
+    waiter: asyncio.Future[Any] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+    def start(self) -> bool:
+        """False when the caller gave up before the unit started (a cancelled task): skip it."""
+        if self.waiter is not None:
+            return not self.waiter.cancelled()  # cancelled later: it runs, its outcome is dropped
+        assert self.future is not None
+        return self.future.set_running_or_notify_cancel()
 
 
 class SQLiteDatabase(Engine):
@@ -83,9 +109,49 @@ class SQLiteDatabase(Engine):
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._settled: list[_Job] = []  # finished units whose async callers are not yet told (thread only)
+        self._notes: list[tuple[str, str]] = []  # notifications committed, not yet delivered (thread only)
         self.commits = 0  # transactions committed (each may hold many units of work): for the bench
 
     # -- the writer thread -----------------------------------------------------------------------
+
+    def _settle(self, job: _Job, result: Any = None, error: BaseException | None = None) -> None:
+        """Finish ``job`` (thread side): its async caller hears at :meth:`_wake`, once per group."""
+        job.done, job.result, job.error = True, result, error
+        if job.waiter is not None:
+            self._settled.append(job)
+        elif job.future is not None:
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+
+    def _wake(self) -> None:
+        """Hand the finished units' outcomes and their notifications to the loops, one call each:
+        a wake-up per unit (a pipe write each) costs more than a small unit of work itself."""
+        settled, notes, self._settled, self._notes = self._settled, self._notes, [], []
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        for job in settled:
+            assert job.loop is not None
+            by_loop.setdefault(job.loop, []).append(job)
+        if notes and self._loop is not None:
+            by_loop.setdefault(self._loop, [])
+        for loop, jobs in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(self._resume, jobs, notes if loop is self._loop else [])
+
+    def _resume(self, jobs: list[_Job], notes: list[tuple[str, str]]) -> None:
+        """On the loop: pass each outcome to its waiter (unless cancelled meanwhile), then notify."""
+        for job in jobs:
+            waiter = job.waiter
+            if waiter is None or waiter.done():
+                continue
+            if job.error is not None:
+                waiter.set_exception(job.error)
+            else:
+                waiter.set_result(job.result)
+        for channel, payload in notes:
+            self._deliver(channel, payload)
 
     def _start_thread(self) -> None:
         if self._thread is None:
@@ -124,7 +190,7 @@ class SQLiteDatabase(Engine):
                 group.append(more)
             pending: list[_Job] = []
             for item in group:
-                if not item.future.set_running_or_notify_cancel():
+                if not item.start():
                     continue  # its caller gave up before it started (a cancelled task): like an executor
                 if item.raw:
                     self._commit(pending)
@@ -133,14 +199,15 @@ class SQLiteDatabase(Engine):
                 else:
                     pending.append(item)
             self._commit(pending)
+            self._wake()
 
     def _raw(self, job: _Job) -> None:
         try:
             result = job.fn(SQLiteTx(self._connect()))
         except BaseException as exc:
-            job.future.set_exception(exc)
+            self._settle(job, error=exc)
         else:
-            job.future.set_result(result)
+            self._settle(job, result)
 
     def _commit(self, group: list[_Job]) -> None:
         """Run ``group`` in one transaction, each unit in a savepoint, and commit once."""
@@ -154,7 +221,7 @@ class SQLiteDatabase(Engine):
             conn = self._connect()
         except Exception as exc:
             for job in group:
-                job.future.set_exception(exc)
+                self._settle(job, error=exc)
             return []
         durable = any(job.durable for job in group)
         outcomes: list[tuple[_Job, Any, BaseException | None, list[tuple[str, str]]]] = []
@@ -164,8 +231,7 @@ class SQLiteDatabase(Engine):
                 conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
             for index, job in enumerate(group):
-                tx = SQLiteTx(conn)
-                conn.execute("SAVEPOINT unit")
+                tx = SQLiteTx(conn, guarded=True)
                 try:
                     result = job.fn(tx)
                 except BaseException as exc:
@@ -178,11 +244,12 @@ class SQLiteDatabase(Engine):
                     lost = sqlite3.OperationalError("the database rolled the transaction back "
                                                     "(disk full or I/O error); nothing was saved")
                     for done, _, error, _ in outcomes:
-                        done.future.set_exception(error if error is not None else lost)
+                        self._settle(done, error=error if error is not None else lost)
                     return group[index + 1:]
-                if outcomes[-1][2] is not None:
-                    conn.execute("ROLLBACK TO unit")
-                conn.execute("RELEASE unit")
+                if tx.saved:  # it wrote: keep or undo just its own writes
+                    if outcomes[-1][2] is not None:
+                        conn.execute("ROLLBACK TO unit")
+                    conn.execute("RELEASE unit")
             conn.execute("COMMIT")
             self.commits += 1
         except BaseException as exc:
@@ -190,29 +257,35 @@ class SQLiteDatabase(Engine):
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             for job in group:
-                if not job.future.done():
-                    job.future.set_exception(exc)
+                if not job.done:
+                    self._settle(job, error=exc)
             return rest
         finally:
             if durable:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("PRAGMA synchronous=NORMAL")
         for job, result, error, notes in outcomes:
-            if error is not None:
-                job.future.set_exception(error)
-            else:
-                job.future.set_result(result)
-            if notes and self._loop is not None and not self._loop.is_closed():
-                for channel, payload in notes:
-                    self._loop.call_soon_threadsafe(self._deliver, channel, payload)
+            self._settle(job, result, error)
+            self._notes.extend(notes)
         return rest
 
     def _submit(self, fn: Callable[[SQLiteTx], Any], *, durable: bool = False,
                 raw: bool = False) -> concurrent.futures.Future[Any]:
         self._start_thread()
-        job = _Job(fn, durable=durable, raw=raw)
+        job = _Job(fn, durable=durable, raw=raw, future=concurrent.futures.Future())
         self._queue.put(job)
+        assert job.future is not None
         return job.future
+
+    async def _call(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False, raw: bool = False) -> T:
+        """Queue ``fn`` and await its outcome without a thread-to-loop wake-up of its own."""
+        self._start_thread()
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, durable=durable, raw=raw, waiter=loop.create_future(), loop=loop)
+        self._queue.put(job)
+        assert job.waiter is not None
+        result: T = await job.waiter
+        return result
 
     # -- the engine ----------------------------------------------------------------------------
 
@@ -228,20 +301,19 @@ class SQLiteDatabase(Engine):
                     raise
                 tx.execute("COMMIT")
 
-        await asyncio.wrap_future(self._submit(work, raw=True))
+        await self._call(work, raw=True)
 
     async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
-            await asyncio.wrap_future(self._submit(lambda tx: None, raw=True))
+            await self._call(lambda tx: None, raw=True)
             await self._apply(dict(self._migrations))
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the database {self.where}: {exc}") from exc
         self.opened = True
 
     async def run(self, fn: Callable[[SQLiteTx], T]) -> T:
-        result: T = await asyncio.wrap_future(self._submit(fn))
-        return result
+        return await self._call(fn)
 
     async def transaction(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False) -> T:
         """Run ``fn(tx)`` in one transaction on the database thread.
@@ -250,8 +322,7 @@ class SQLiteDatabase(Engine):
         returns, for rows a user is told about; otherwise (``NORMAL``, WAL) a power loss may drop
         the last commits, though never corrupt the file. ``bench/bench_durability.py`` measures both.
         """
-        result: T = await asyncio.wrap_future(self._submit(fn, durable=durable))
-        return result
+        return await self._call(fn, durable=durable)
 
     def run_sync(self, fn: Callable[[SQLiteTx], T]) -> T:
         result: T = self._submit(fn).result()
@@ -259,8 +330,7 @@ class SQLiteDatabase(Engine):
 
     async def run_raw(self, fn: Callable[[SQLiteTx], T]) -> T:
         """Run ``fn`` on the writer thread outside any transaction (VACUUM, a backup, a pragma)."""
-        result: T = await asyncio.wrap_future(self._submit(fn, raw=True))
-        return result
+        return await self._call(fn, raw=True)
 
     async def checkpoint(self) -> None:
         """Copy the WAL into the database and truncate it to zero bytes (after a forget: no old copies)."""
@@ -276,7 +346,7 @@ class SQLiteDatabase(Engine):
                 self._conn.close()
                 self._conn = None
 
-        await asyncio.wrap_future(self._submit(shut, raw=True))
+        await self._call(shut, raw=True)
         self._queue.put(None)
         thread, self._thread = self._thread, None
         await asyncio.to_thread(thread.join)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import memory
 import summary
+from robot import Tx
 from robot.bot import Bot
 from robot.config import Settings
+from robot.storage.sqlite import SQLiteTx
 from robot.testing import MemoryChannel
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -23,6 +28,23 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def raw_tx(request: pytest.FixtureRequest) -> Iterator[Tx]:
+    """A bare transaction (no engine) on each kind of database, the memory schema applied; rolled back after."""
+    if request.param == "sqlite":
+        conn = sqlite3.connect(":memory:")
+        yield SQLiteTx(conn)
+        conn.close()
+        return
+    import psycopg
+
+    from robot.storage.postgres import PostgresTx
+
+    with psycopg.connect(request.getfixturevalue("pg_url")) as pg:
+        yield PostgresTx(pg)
+        pg.rollback()
 
 
 @asynccontextmanager

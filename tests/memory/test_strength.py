@@ -1,9 +1,8 @@
-"""The strength rules, one by one, and a 60-day simulation of level trajectories in a real store."""
+"""The strength rules, one by one, and a 60-day simulation of level trajectories in a real store (both engines)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +10,7 @@ from hypothesis import strategies as st
 
 from function_calls import Caller
 from memory import MemoryService, MemorySettings, Rules, Strength
-from robot import Database
+from robot import Engine
 
 T0 = datetime(2026, 1, 1, 8, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -58,7 +57,7 @@ class Clock:
         return self.now
 
 
-async def test_sixty_days_of_recalls_and_sleeps(tmp_path: Path) -> None:
+async def test_sixty_days_of_recalls_and_sleeps(engine: Engine) -> None:
     """Four memories driven through the real store for 60 days; every row checked after every event.
 
     The oracle applies :class:`Rules` to the events (recall: top-1 recalled, other matches missed;
@@ -71,10 +70,10 @@ async def test_sixty_days_of_recalls_and_sleeps(tmp_path: Path) -> None:
     * "sleepy": never matched -> deleted by the first night's sleep, and dreamt of.
     """
     clock = Clock()
-    db = Database(tmp_path / "m.sqlite3")
+    db = engine
     service = MemoryService(db, MemorySettings(top_n=1, sleep_sample=100), clock=clock)
-    db.migrate("memory", [service.store.schema])
     await db.open()
+    await service.prepare()
     me = Caller(platform="t", user_id="u1", chat_id="u1", chat_kind="private")
     texts = {"cramming": "每天的站会在九点", "fading": "站会以前在十点", "spaced": "猫的名字叫年糕",
              "sleepy": "阳台的花要浇水"}
@@ -149,12 +148,12 @@ async def test_sixty_days_of_recalls_and_sleeps(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("idle_hours", [0.5, 2])
-async def test_sleep_weakens_only_the_idle(tmp_path: Path, idle_hours: float) -> None:
+async def test_sleep_weakens_only_the_idle(engine: Engine, idle_hours: float) -> None:
     clock = Clock()
-    db = Database(tmp_path / "m.sqlite3")
+    db = engine
     service = MemoryService(db, MemorySettings(sleep_sample=10), clock=clock)
-    db.migrate("memory", [service.store.schema])
     await db.open()
+    await service.prepare()
     me = Caller(platform="t", user_id="u1", chat_id="g", chat_kind="group")
     row = await service.remember(me, "年会在三亚", "group")
     clock.now = T0 + timedelta(hours=idle_hours)

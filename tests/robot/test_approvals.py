@@ -352,10 +352,7 @@ async def test_a_resumed_run_refuses_when_the_budget_cannot_be_read(make_bot: An
     code = code_in((await ch.wait_sent(2))[0].text)
     calls = len(model.requests)
 
-    async def broken(scopes: list[str]) -> dict[str, int]:
-        raise RuntimeError("database is locked")
-
-    monkeypatch.setattr(bot.budget, "_used_many", broken)
+    await bot.db.run(lambda tx: tx.execute("DROP TABLE usage_daily"))  # the budget cannot be read
     await ch.inject(f"/approve {code}", user=ADMIN)
     await bot.approvals.idle()
     sent = await ch.wait_sent(4)

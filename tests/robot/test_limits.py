@@ -260,10 +260,7 @@ async def test_a_budget_store_that_cannot_be_read_refuses(make_bot: Any) -> None
     model = ScriptedModel(lambda req: text("answer"))
     bot, ch = await make_bot(model)
 
-    async def broken(scopes: list[str]) -> dict[str, int]:
-        raise RuntimeError("disk on fire")
-
-    bot.budget._used_many = broken  # type: ignore[method-assign]
+    await bot.db.run(lambda tx: tx.execute("DROP TABLE usage_daily"))  # the budget cannot be read
     await ch.inject("hello?", at_bot=True)
     (sent,) = await ch.wait_sent(1)
     assert sent.text == "暂时无法核对 AI 用量，请稍后再试。" and model.requests == []

@@ -215,6 +215,22 @@ async def test_the_model_sees_this_chats_recent_history_only(make_bot: Any) -> N
     assert {"role": "assistant", "content": "re: which fruits?"} in model.requests[1].messages
 
 
+async def test_a_message_left_unanswered_by_a_crash_gets_its_context_on_redelivery(make_bot: Any) -> None:
+    # The window is read with the message's record; a redelivery of a recorded but unanswered
+    # message is not recorded again, so its window must still be read.
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    await ch.inject("the meeting moved to 3pm", user="u2")
+    asking = Message(chat=G1, sender=Sender(user_id="u1"), message_id="cut", text="when is it?",
+                     timestamp=datetime.now(UTC), mentions_bot=True)
+    assert await bot.dedupe.receive("memory", "cut", bot.clock(), lambda db: bot.history.record_sync(db, asking))
+    await ch.deliver(asking)  # the process died before answering; the platform delivers it again
+    await ch.wait_sent(1)
+    seen = contents(model.requests[0])
+    assert any("moved to 3pm" in c for c in seen)
+    assert seen[-1] == "when is it?" and sum("when is it?" in c for c in seen) == 1
+
+
 async def test_the_history_window_is_token_bounded(make_bot: Any) -> None:
     model = echo_model()
     _bot, ch = await make_bot(model, llm={"history_tokens": 120})

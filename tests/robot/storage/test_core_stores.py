@@ -177,3 +177,14 @@ async def test_pending_and_doctor_read_the_configured_database(kind: str, tmp_pa
     assert await maintenance.pending(settings, False) == 0
     assert "admin approval" in capsys.readouterr().out
     assert await maintenance.undelivered(settings) == [{"chat": G1.key, "error": "blocked"}]
+
+
+def test_backup_refuses_postgresql_and_names_pg_dump_without_the_password(tmp_path: Path, capsys: Any) -> None:
+    from robot import maintenance
+
+    settings = Settings.model_validate({"bot": {"data_dir": str(tmp_path / "data")},
+                                        "storage": {"url": "postgresql://qun:s3cret-pw@db.example/qunbot"}})
+    assert maintenance.backup(settings, str(tmp_path / "copy.sqlite3"), False) == 2
+    err = capsys.readouterr().err
+    assert "pg_dump" in err and "s3cret-pw" not in err
+    assert not (tmp_path / "copy.sqlite3").exists()

@@ -114,3 +114,33 @@ async def test_a_dead_predecessors_message_is_taken_over_and_a_handled_one_never
         assert owners == [{"message_id": "closed", "owner": "old-process"}, {"message_id": "open", "owner": "me"}]
     finally:
         await engine.close()
+
+
+async def test_a_v01_sqlite_file_keeps_its_dedupe_rows_and_budgets(tmp_path: Any) -> None:
+    import sqlite3
+    from zoneinfo import ZoneInfo
+
+    from function_calls import Caller
+    from robot.budgets import DailyBudget
+    from robot.storage import SQLiteDatabase
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as conn:  # as v0.1 left them: no schema_version, no handled/owner/held
+        conn.execute("CREATE TABLE seen (platform TEXT NOT NULL, message_id TEXT NOT NULL, seen_at TEXT NOT NULL, "
+                     "PRIMARY KEY (platform, message_id))")
+        conn.execute("INSERT INTO seen VALUES ('onebot', 'old', '2026-03-01T08:00:00.000000Z')")
+        conn.execute("CREATE TABLE usage_daily (day TEXT NOT NULL, scope TEXT NOT NULL, tokens INTEGER NOT NULL, "
+                     "PRIMARY KEY (day, scope))")
+        conn.execute("INSERT INTO usage_daily VALUES ('2026-03-01', 'user:memory:u1', 900)")
+    conn.close()
+    db = SQLiteDatabase(path)
+    dedupe = DedupeStore(db)
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=1000, chat_tokens=None, clock=lambda: T0)
+    await db.open()
+    try:
+        assert not await dedupe.receive("onebot", "old", T0, lambda tx: None)  # handled before the upgrade
+        assert await dedupe.receive("onebot", "new", T0, lambda tx: None)
+        who = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+        assert await budget.remaining(who) == 100  # today's spending survived
+    finally:
+        await db.close()

@@ -1,0 +1,185 @@
+"""Scale benchmark: messages through the whole pipeline per engine; prints figures, asserts nothing.
+
+Run: ``.venv/bin/python bench/bench_scale.py [--engine sqlite] [--messages 5000] [--chats 50] [--users 1000]``
+
+Messages section (:func:`run_messages`): ``--messages`` group messages from ``--users`` people over
+``--chats`` chats, all delivered at once through the real ``Bot.handle`` (dedupe + history in one
+unit of work, gate, rate limit, history window, route, budget, tool, outbox, send) to a
+``MemoryChannel`` that acknowledges every send, until every reply is delivered.
+
+- model path: each message @-s the bot; the model is an in-process :class:`ScriptedModel`
+  (``function_calls.testing``, no HTTP; it forgets each request once answered) that answers every request with one call of the ``note``
+  action tool, whose reply ends the run: one model turn, one tool call, one reply per message;
+- ``/command`` path: the same messages as ``/n ...``: the same tool, no model.
+
+Printed per path: messages/s (first delivery to last acknowledged send), commits per message
+(``db.commits``: transactions the engine committed, each may hold many units of work; SQLite
+only) and p50/p99 latency of a message (its delivery to its reply's send).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
+from function_calls.model import TextCallback
+from function_calls.testing import ScriptedModel, call
+from robot.bot import Bot
+from robot.channels.base import SendReceipt
+from robot.config import Settings
+from robot.message import ChatRef, OutgoingMessage
+from robot.plugin import Plugin
+from robot.runtime import tune_gc
+from robot.testing import MemoryChannel
+
+__all__ = ["main", "run_messages"]
+
+
+class NoteArgs(BaseModel):
+    text: str = Field(description="what to note")
+
+
+@tool_function(aliases=["n"])
+async def note(ctx: ToolContext[object], args: NoteArgs) -> ToolResult:
+    """Take a note."""
+    return ToolResult.reply(f"noted: {args.text}")
+
+
+class TimedChannel(MemoryChannel):
+    """A memory channel that acknowledges every send and notes when it happened.
+
+    Trace events are counted, not kept: a record growing with every message would make Python's
+    full garbage-collection passes, and so the figures, grow with the run (a bot keeps no such record).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent_at: list[float] = []
+        self.traces = 0
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        receipt = await super().send(message)
+        self.sent_at.append(time.perf_counter())
+        return receipt
+
+    async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
+        self.traces += 1
+
+
+class ForgetfulModel(ScriptedModel):
+    """:class:`ScriptedModel` that drops each recorded request once answered (see :class:`TimedChannel`)."""
+
+    answered: int = 0
+
+    async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
+        try:
+            return await super().complete(request, on_text=on_text)
+        finally:
+            self.answered += 1
+            self.requests.clear()
+
+
+def _settings(data_dir: Path, engine_url: str | None) -> Settings:
+    big = 10**9
+    return Settings(bot={"data_dir": data_dir}, storage={"url": engine_url or ""}, limits={
+        "user_burst": big, "user_per_minute": big, "chat_burst": big, "chat_per_minute": big,
+        "command_burst": big, "command_per_minute": big, "user_daily_tokens": None, "chat_daily_tokens": None})
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
+                       path: Literal["model", "command"] = "model", chats: int = 50, users: int = 1000,
+                       gc_tuned: bool = True) -> dict[str, Any]:
+    """Push ``n`` messages through one bot and wait for every reply; returns the figures.
+
+    ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
+    = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel) or "command"
+    (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does. Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
+    engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
+    model_requests.
+    """
+    if processes != 1:
+        raise ValueError("run_messages measures one process; several processes are not built yet")
+    with tempfile.TemporaryDirectory() as tmp:
+        channel = TimedChannel()
+        model = ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
+        bot = Bot(_settings(Path(tmp), engine_url), model=model if path == "model" else None,
+                  channels=[channel], plugins=[Plugin("bench", Toolset("bench", [note]))])
+        await bot.start()
+        if gc_tuned:
+            tune_gc()
+        try:
+            groups = [ChatRef(platform="memory", chat_id=f"g{i}", kind="group") for i in range(chats)]
+            say = "记一下 第{i}条" if path == "model" else "/n 第{i}条"
+            begun: dict[str, float] = {}
+
+            async def one(i: int) -> None:
+                chat = groups[i % chats]
+                begun[f"memory:{chat.chat_id}:bench-{i}:0"] = time.perf_counter()
+                await channel.inject(say.format(i=i), chat=chat, user=f"u{i % users}", at_bot=path == "model",
+                                     message_id=f"bench-{i}")
+
+            commits_before = getattr(bot.db, "commits", None)
+            start, cpu = time.perf_counter(), time.process_time()
+            await asyncio.gather(*(one(i) for i in range(n)))
+            await channel.wait_sent(n, timeout=600)
+            seconds = channel.sent_at[-1] - start
+            cpu = time.process_time() - cpu
+            commits_after = getattr(bot.db, "commits", None)
+            latencies = [at - begun[m.key] for m, at in zip(channel.sent, channel.sent_at, strict=True)]
+        finally:
+            await bot.stop()
+    commits = (None if commits_before is None or commits_after is None
+               else (commits_after - commits_before) / n)
+    return {"engine": bot.db.dialect, "path": path, "messages": n, "sent": len(channel.sent),
+            "seconds": seconds, "msgs_per_s": len(channel.sent) / seconds, "commits_per_msg": commits,
+            "p50_ms": _percentile(latencies, 0.5) * 1000, "p99_ms": _percentile(latencies, 0.99) * 1000,
+            "cpu_ms_per_msg": cpu * 1000 / n, "model_requests": model.answered}
+
+
+def _line(result: dict[str, Any]) -> str:
+    commits = result["commits_per_msg"]
+    return (f"   {result['path']:<7} {result['sent']:>6} replies in {result['seconds']:6.2f} s = "
+            f"{result['msgs_per_s']:7,.0f} msg/s; commits/msg {'n/a' if commits is None else f'{commits:.3f}'}; "
+            f"latency p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms; "
+            f"CPU {result['cpu_ms_per_msg']:.2f} ms/msg")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    n = args.messages
+    if args.engine == "sqlite":
+        print(f"SQLite, one process: {n} messages over {args.chats} group chats from {args.users} people, "
+              f"delivered at once (model: in-process ScriptedModel, one `note` call per message; "
+              f"gc {'as Python sets it' if args.default_gc else 'tuned as qunbot run does'})")
+        for path in ("model", "command"):
+            print(_line(await run_messages(None, n, path=path, chats=args.chats, users=args.users,
+                                           gc_tuned=not args.default_gc)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=["sqlite"], default="sqlite")
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--chats", type=int, default=50)
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--default-gc", action="store_true",
+                        help="leave Python's garbage collector as it is (qunbot run tunes it: robot.runtime)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""Daily LLM token budgets (per user, per chat, bot-wide), atomic across processes.
+
+A spend reserves its estimated cost before the model is called and settles after. The
+reservation is one transaction of guarded UPDATEs in the database (``held = held + n WHERE
+tokens + held + n <= cap``, per capped scope): concurrent spends in any number of processes see
+each other's holds, and a day's budget is never overspent by reservations. Every hold is also
+written under the process's lease holder id (``budget_holds``): the holds of a process that died
+mid-call are released when a reservation would otherwise be refused (its owner no longer renews
+its lease; on SQLite any other holder is this process's dead predecessor), and a day's holds
+count only that day. Without any cap configured the database is not touched per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from function_calls import Caller, Usage
+from robot.storage import Engine, Tx
+from robot.storage.leases import Leases
+
+__all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS usage_daily (day TEXT NOT NULL, scope TEXT NOT NULL, "
+    "tokens INTEGER NOT NULL, PRIMARY KEY (day, scope))",
+    "ALTER TABLE usage_daily ADD COLUMN held BIGINT NOT NULL DEFAULT 0; "
+    "CREATE TABLE budget_holds (day TEXT NOT NULL, scope TEXT NOT NULL, holder TEXT NOT NULL, "
+    "tokens BIGINT NOT NULL, PRIMARY KEY (day, scope, holder))",
+]
+
+
+class BudgetExceeded(Exception):
+    """A spend that does not fit in what is left of a daily budget (or a budget that cannot be read)."""
+
+    def __init__(self, scope: str, left: int, needed: int) -> None:
+        super().__init__(f"{scope}: {left} tokens left today, {needed} needed")
+        self.scope = scope
+        self.left = left
+        self.needed = needed
+
+    @property
+    def user_message(self) -> str:
+        """What the person is told (Chinese, no internals)."""
+        if self.scope == "store":
+            return "暂时无法核对 AI 用量，请稍后再试。"
+        if self.scope == "bot":
+            return "机器人今天的 AI 用量已达上限，明天再来吧。"
+        if self.scope.startswith("chat:"):
+            return "本聊天今天的 AI 用量已达上限，明天再来吧。"
+        return "今天的 AI 用量已达上限，明天再来吧。"
+
+
+@dataclass(eq=False)
+class Reservation:
+    """Tokens held against some budgets for one spend; see :meth:`DailyBudget.reserve`."""
+
+    budget: DailyBudget
+    scopes: tuple[str, ...]  # the capped scopes it holds tokens in
+    held: int
+    parent: Reservation | None = None
+    #: Spent (reported by :meth:`spend`) but not yet recorded in the store.
+    unsettled: int = 0
+    closed: bool = False
+    day: str = ""
+    #: The part of ``held`` written in the database (the rest: spending beyond the estimate, held
+    #: in this process only until it is recorded).
+    stored: int = 0
+    #: Charged inside it (:meth:`DailyBudget.charge`), by the charged caller's scopes: recorded
+    #: when it closes, in the transaction that releases its hold (held until then).
+    charged: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    def owed(self) -> int:
+        return self.unsettled + sum(self.charged.values())
+
+    def spend(self, tokens: int | Usage) -> None:
+        """Report tokens this spend has used; they stay held until someone records them.
+
+        A spend larger than its estimate holds the difference too, so later requests see it.
+        """
+        amount = tokens.total_tokens if isinstance(tokens, Usage) else tokens
+        self.unsettled += max(0, amount)
+        self._cover()
+
+    def _cover(self) -> None:
+        if self.owed() > self.held:
+            self.budget._hold(self.scopes, self.owed() - self.held)
+            self.held = self.owed()
+
+    def _drop(self, tokens: int) -> int:
+        """Stop holding ``tokens`` (recorded, or released): the in-process part first; returns how
+        much of the stored hold the database must release."""
+        tokens = min(max(tokens, 0), self.held)
+        extra = min(tokens, self.held - self.stored)
+        self.budget._hold(self.scopes, -extra)
+        self.held -= tokens
+        self.stored -= tokens - extra
+        return tokens - extra
+
+
+_active: ContextVar[Reservation | None] = ContextVar("qunbot_reservation", default=None)
+
+
+class DailyBudget:
+    """Per-user, per-chat and bot-wide daily token budgets; the invoke loop's :class:`BudgetHook`.
+
+    Use :meth:`reserve` around every spend. Inside a reservation :meth:`remaining` leaves out the
+    caller's own hold (the loop sizes its run by it) and :meth:`charge` settles it.
+    """
+
+    def __init__(self, db: Engine, zone: ZoneInfo, *, user_tokens: int | None, chat_tokens: int | None,
+                 bot_tokens: int | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 leases: Leases | None = None) -> None:
+        self.db = db
+        self.zone = zone
+        self.user_tokens = user_tokens
+        self.chat_tokens = chat_tokens
+        self.bot_tokens = bot_tokens
+        self.clock = clock
+        self.leases = leases if leases is not None else Leases(db)
+        self._held: dict[str, int] = {}  # spending beyond estimates, held in this process only
+        db.migrate("budgets", SCHEMA)
+
+    @property
+    def capped(self) -> bool:
+        return any(cap is not None for cap in (self.user_tokens, self.chat_tokens, self.bot_tokens))
+
+    def _day(self) -> str:
+        return self.clock().astimezone(self.zone).strftime("%Y-%m-%d")
+
+    @staticmethod
+    def _scopes(caller: Caller) -> tuple[str, str, str]:
+        return f"user:{caller.qualified_user}", f"chat:{caller.platform}:{caller.chat_kind}:{caller.chat_id}", "bot"
+
+    def _capped(self, caller: Caller) -> dict[str, int]:
+        caps = (self.user_tokens, self.chat_tokens, self.bot_tokens)
+        return {scope: cap for scope, cap in zip(self._scopes(caller), caps, strict=True) if cap is not None}
+
+    def _hold(self, scopes: tuple[str, ...], tokens: int) -> None:
+        for scope in scopes:
+            self._held[scope] = self._held.get(scope, 0) + tokens
+            if self._held[scope] <= 0:
+                del self._held[scope]
+
+    # -- in the database ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _rows(db: Tx, day: str, scopes: list[str]) -> dict[str, int]:
+        """Recorded plus held tokens per scope (0 for a scope with no row)."""
+        marks = ",".join("?" * len(scopes))
+        rows = db.execute(f"SELECT scope, tokens + held FROM usage_daily WHERE day = ? AND scope IN ({marks})",
+                          [day, *scopes]).fetchall()
+        found = {str(scope): int(total) for scope, total in rows}
+        return {scope: found.get(scope, 0) for scope in scopes}
+
+    def _left(self, caps: dict[str, int], taken: dict[str, int], mine: int = 0) -> tuple[str, int]:
+        """The tightest scope and what is left of it."""
+        return min(((scope, cap - taken[scope] - self._held.get(scope, 0) + mine) for scope, cap in caps.items()),
+                   key=lambda item: item[1])
+
+    def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int, need: int) -> int:
+        """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold.
+
+        Statements on the shared rows (a chat's, the bot's) come last: PostgreSQL holds their row
+        locks until the commit, and other processes wait on them.
+        """
+        scopes = list(caps)
+        for reaped in (False, True):
+            hold = tokens
+            if need < tokens:  # "what is left, if at least need": size the hold first, the rows locked
+                db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, 0) "
+                               "ON CONFLICT (day, scope) DO NOTHING", [[day, scope] for scope in scopes])
+                if db.dialect == "postgresql":  # in _take's order: two reservations never wait on each other
+                    for scope in scopes:
+                        db.execute("SELECT 1 FROM usage_daily WHERE day = ? AND scope = ? FOR UPDATE", [day, scope])
+                hold = max(0, min(tokens, self._left(caps, self._rows(db, day, scopes))[1]))
+            if hold >= need:
+                db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
+                           + ", ".join("(?, ?, ?, ?)" for _ in scopes)
+                           + " ON CONFLICT (day, scope, holder) DO UPDATE SET tokens = budget_holds.tokens + "
+                           "excluded.tokens", [v for s in scopes for v in (day, s, self.leases.holder, hold)])
+                if self._take(db, day, caps, hold):
+                    return hold
+                db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
+                           f"({','.join('?' * len(scopes))})", [hold, day, self.leases.holder, *scopes])
+            if reaped or not self._reap(db, day):
+                scope, left = self._left(caps, self._rows(db, day, scopes))
+                raise BudgetExceeded(scope, max(0, left), need)
+        raise AssertionError("unreachable")
+
+    def _take(self, db: Tx, day: str, caps: dict[str, int], hold: int) -> bool:
+        """The checked UPDATEs (an upsert: the day's first spend creates the row): every scope takes
+        ``hold`` or none does."""
+        for index, (scope, cap) in enumerate(caps.items()):
+            over = hold + self._held.get(scope, 0)
+            if over > cap or not db.execute(
+                    "INSERT INTO usage_daily (day, scope, tokens, held) VALUES (?, ?, 0, ?) ON CONFLICT (day, scope) "
+                    "DO UPDATE SET held = usage_daily.held + excluded.held "
+                    "WHERE usage_daily.tokens + usage_daily.held + ? <= ?", [day, scope, hold, over, cap]).rowcount:
+                for earlier in list(caps)[:index]:  # undo this attempt's holds before a retry or refusal
+                    db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
+                               [hold, day, earlier])
+                return False
+        return True
+
+    def _reap(self, db: Tx, day: str) -> bool:
+        """Release the holds of dead processes (and of past days); whether any were released."""
+        db.execute("DELETE FROM budget_holds WHERE day < ?", [day])
+        dead = [str(r[0]) for r in db.execute("SELECT DISTINCT holder FROM budget_holds WHERE day = ?",
+                                              [day]).fetchall()
+                if not self.leases.alive_sync(db, str(r[0]))]
+        for holder in dead:
+            for scope, tokens in db.execute("SELECT scope, tokens FROM budget_holds WHERE day = ? AND holder = ?",
+                                            [day, holder]).fetchall():
+                db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [tokens, day, scope])
+            db.execute("DELETE FROM budget_holds WHERE day = ? AND holder = ?", [day, holder])
+            log.info("budgets: released the holds of %s (no longer running)", holder)
+        return bool(dead)
+
+    def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
+                     release: int) -> None:
+        """Record tokens (per scopes) and release ``release`` of ``res``'s stored hold, together."""
+        day = self._day()
+        freed = set(res.scopes) if res is not None and release else set()
+        if freed:
+            assert res is not None
+            # Only what is still recorded as ours: had this process stalled past its lease, another
+            # one may have released its holds already (releasing twice would raise the cap).
+            freed = {str(r[0]) for r in db.execute(
+                "UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
+                f"({','.join('?' * len(freed))}) RETURNING scope",
+                [release, res.day, self.leases.holder, *sorted(freed)]).fetchall()}
+            if res.day != day:  # held yesterday, settled today
+                for scope in sorted(freed):
+                    db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
+                               [release, res.day, scope])
+                freed = set()
+        for scopes, spent in records.items():
+            for scope in scopes:
+                db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) ON CONFLICT (day, scope) "
+                           "DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, held = usage_daily.held - ?",
+                           [day, scope, spent, release if scope in freed else 0])
+                freed.discard(scope)
+        for scope in sorted(freed):
+            db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])
+
+    async def prune(self) -> int:
+        """Drop spent holds and those of past days (housekeeping); returns how many rows went."""
+        day = self._day()
+        return await self.db.run(lambda db: db.execute(
+            "DELETE FROM budget_holds WHERE tokens <= 0 OR day < ?", [day]).rowcount)
+
+    # -- the interface -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reserve(self, caller: Caller, tokens: int, *, at_least: int | None = None) -> AsyncIterator[Reservation]:
+        """Hold ``tokens`` against the caller's budgets for the ``async with`` block, or refuse.
+
+        With ``at_least``, hold what is left (up to ``tokens``) as long as that is ``at_least``.
+        Raises :class:`BudgetExceeded` when the spend cannot fit, or when the store cannot be
+        read (a budget that cannot be checked refuses). Report spending with
+        :meth:`Reservation.spend`; on exit, unrecorded spending passes to the enclosing
+        reservation (whose owner records it, e.g. the invoke loop), or is recorded here.
+        """
+        tokens = max(0, tokens)
+        parent = _active.get()
+        caps, day, hold = self._capped(caller), self._day(), tokens
+        if tokens > 0 and caps:  # an empty reservation only collects what nested spends report
+            need = tokens if at_least is None else min(tokens, max(at_least, 1))
+            try:
+                hold = await self.db.transaction(lambda db: self._reserve_sync(db, day, caps, tokens, need))
+            except BudgetExceeded:
+                raise
+            except Exception as exc:
+                raise BudgetExceeded("store", 0, tokens) from exc
+        stored = hold if tokens > 0 and caps else 0
+        reservation = Reservation(self, tuple(caps), hold, parent, day=day, stored=stored)
+        token = _active.set(reservation)
+        try:
+            yield reservation
+        finally:
+            _active.reset(token)
+            await self._close(reservation, caller)
+
+    async def _close(self, res: Reservation, caller: Caller) -> None:
+        spent, res.closed = res.unsettled, True
+        to_parent = bool(spent) and res.parent is not None and not res.parent.closed
+        records = {k: v for k, v in res.charged.items() if v} if self.capped else {}
+        if spent and not to_parent and self.capped:
+            key = self._scopes(caller)
+            records[key] = records.get(key, 0) + spent
+        release = res._drop(res.held)
+        if to_parent:
+            assert res.parent is not None
+            res.parent.spend(spent)  # the enclosing spend records it with its own usage
+        res.unsettled, res.charged = 0, {}
+        if records or release:
+            try:
+                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release))
+            except Exception:
+                log.exception("budget store failed to record %s tokens (releasing %s)", sum(records.values()),
+                              release)
+
+    async def used(self, scope: str) -> int:
+        """Tokens recorded today for ``scope`` (``user:<platform>:<id>``, ``chat:...``, ``bot``)."""
+        day = self._day()
+
+        def work(db: Tx) -> int:
+            row = db.execute("SELECT tokens FROM usage_daily WHERE day = ? AND scope = ?", [day, scope]).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self.db.run(work)
+
+    async def remaining(self, caller: Caller) -> int | None:
+        """Tokens left today after every other spend's hold (this task's own hold counts as left)."""
+        caps = self._capped(caller)
+        if not caps:
+            return None
+        day = self._day()
+        mine: dict[str, int] = {}
+        res = _active.get()
+        while res is not None:
+            if res.budget is self and res.day == day:  # a hold counts on the day it was taken
+                for scope in res.scopes:  # what it was charged is spent, not left
+                    mine[scope] = mine.get(scope, 0) + res.held - sum(res.charged.values())
+            res = res.parent
+        taken = await self.db.run(lambda db: self._rows(db, day, list(caps)))
+        left = min(cap - taken[s] - self._held.get(s, 0) + mine.get(s, 0) for s, cap in caps.items())
+        return max(0, left)
+
+    async def charge(self, caller: Caller, usage: Usage) -> None:
+        """Record spent tokens; inside a reservation they are recorded when it closes (held till then)."""
+        res = _active.get()
+        res = res if res is not None and res.budget is self and not res.closed else None
+        if not self.capped and res is None:
+            return  # nothing is checked against it: no database write per call
+        spent = usage.total_tokens
+        if res is not None:  # recorded when the reservation closes, held until then: no write now
+            res.unsettled -= min(spent, res.unsettled)
+            key = self._scopes(caller)
+            res.charged[key] = res.charged.get(key, 0) + max(0, spent)
+            res._cover()
+            return
+        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0))

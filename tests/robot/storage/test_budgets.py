@@ -1,0 +1,154 @@
+"""Daily budgets in the database, on SQLite and a real PostgreSQL: reservations from several
+processes never exceed a cap, and a dead process's holds do not leak."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from function_calls import Caller, Usage
+from robot.budgets import BudgetExceeded, DailyBudget
+from robot.storage import Engine
+from robot.storage.leases import PROCESS_PREFIX, Leases
+from robot.storage.postgres import PostgresDatabase
+
+WHO = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def budget_for(db: Engine, holder: str, clock: list[datetime] | None = None, **caps: int | None) -> DailyBudget:
+    moment = clock or [T0]
+    return DailyBudget(db, ZoneInfo("UTC"), user_tokens=caps.get("user", 1000), chat_tokens=caps.get("chat"),
+                       bot_tokens=caps.get("bot"), clock=lambda: moment[0], leases=Leases(db, holder=holder))
+
+
+async def test_two_processes_racing_for_one_budget_never_exceed_its_cap(pg_url: str) -> None:
+    engines = [PostgresDatabase(pg_url, max_size=4), PostgresDatabase(pg_url, max_size=4)]
+    budgets = [budget_for(db, f"host:{n}:p", chat=1500) for n, db in enumerate(engines)]
+    for db in engines:
+        await db.open()
+    for budget in budgets:  # both alive (their LeaseKeepers renew this): neither releases the other's holds
+        assert await budget.leases.acquire(PROCESS_PREFIX + budget.leases.holder)
+    try:
+        release = asyncio.Event()
+        tried: list[int] = []
+
+        async def take(budget: DailyBudget, tokens: int, at_least: int | None = None) -> None:
+            try:
+                async with budget.reserve(WHO, tokens, at_least=at_least) as hold:
+                    tried.append(hold.held)
+                    await release.wait()  # every admitted spend holds at once
+            except BudgetExceeded as exc:
+                assert exc.scope == "user:memory:u1" and exc.user_message == "今天的 AI 用量已达上限，明天再来吧。"
+                tried.append(0)
+
+        first = [asyncio.create_task(take(budgets[i % 2], 70 + i % 3)) for i in range(40)]
+        while len(tried) < 40:
+            await asyncio.sleep(0.01)
+        got = sum(tried)
+        assert 1000 - 72 < got <= 1000  # the cap is filled, never exceeded
+        assert await budgets[0].remaining(WHO) == 1000 - got
+        tried.clear()
+        rest = [asyncio.create_task(take(budgets[i % 2], 500, at_least=1)) for i in range(4)]
+        while len(tried) < 4:
+            await asyncio.sleep(0.01)
+        assert sum(tried) == 1000 - got  # "what is left" was shared, not given twice
+        release.set()
+        await asyncio.gather(*first, *rest)
+        assert await budgets[1].remaining(WHO) == 1000  # all released on exit, nothing was spent
+    finally:
+        for db in engines:
+            await db.close()
+
+
+async def test_holds_settle_to_what_was_spent_and_a_new_day_starts_empty(engine: Engine) -> None:
+    clock = [T0]
+    budget = budget_for(engine, "me", clock, chat=5000)
+    await engine.open()
+    try:
+        async with budget.reserve(WHO, 600) as hold:
+            assert await budget.remaining(WHO) == 1000  # its own hold counts as left inside
+            await budget.charge(WHO, Usage(prompt_tokens=200))
+            assert await budget.remaining(WHO) == 800  # what it was charged is spent, the rest still its own
+            assert await budget.used("user:memory:u1") == 0  # recorded when it closes: one write per call
+            hold.spend(100)
+        assert await budget.used("user:memory:u1") == 300 and await budget.used("chat:memory:group:g1") == 300
+        assert await budget.remaining(WHO) == 700
+        try:
+            async with budget.reserve(WHO, 800):
+                raise AssertionError("800 does not fit in 700")
+        except BudgetExceeded as exc:
+            assert (exc.left, exc.needed) == (700, 800)
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(budget.reserve(WHO, 650))  # held over midnight...
+            clock[0] += timedelta(days=1)
+            assert await budget.remaining(WHO) == 1000  # ...counts on its own day only
+            await budget.charge(WHO, Usage(prompt_tokens=50))
+        assert await budget.used("user:memory:u1") == 50
+        clock[0] -= timedelta(days=1)
+        assert await budget.remaining(WHO) == 700  # yesterday: its hold was released
+        assert await budget.prune() == 2  # housekeeping: the spent holds (user and chat) go
+        assert await engine.run(lambda tx: tx.query("SELECT * FROM budget_holds")) == []
+    finally:
+        await engine.close()
+
+
+async def test_the_holds_of_a_process_that_died_are_released_when_they_would_refuse(engine: Engine) -> None:
+    dead = budget_for(engine, "host:9:dead")
+    alive = budget_for(engine, "host:1:me")
+    await engine.open()
+    try:
+        if isinstance(engine, PostgresDatabase):  # on SQLite another holder is a dead predecessor at once
+            assert await dead.leases.acquire(PROCESS_PREFIX + "host:9:dead")
+            await alive.leases.acquire(PROCESS_PREFIX + "host:1:me")
+        crashed = dead.reserve(WHO, 900)
+        await asyncio.create_task(crashed.__aenter__())  # killed mid-call: never settles
+        if isinstance(engine, PostgresDatabase):
+            try:
+                async with alive.reserve(WHO, 500):
+                    raise AssertionError("the living process's hold must still count")
+            except BudgetExceeded as exc:
+                assert exc.left == 100
+            await dead.leases.release([PROCESS_PREFIX + "host:9:dead"])  # it stops renewing: dead
+        assert await alive.remaining(WHO) == 100  # still counted until someone needs the room
+        async with alive.reserve(WHO, 500) as hold:
+            assert hold.held == 500
+        assert await alive.remaining(WHO) == 1000
+    finally:
+        await engine.close()
+
+
+async def test_without_caps_nothing_is_written(engine: Engine) -> None:
+    budget = budget_for(engine, "me", user=None)
+    await engine.open()
+    try:
+        async with budget.reserve(WHO, 10**6) as hold:
+            await budget.charge(WHO, Usage(prompt_tokens=10**9))
+            hold.spend(10)
+        assert await budget.remaining(WHO) is None
+        rows = await engine.run(lambda tx: tx.query("SELECT * FROM usage_daily"))
+        assert rows == []
+    finally:
+        await engine.close()
+
+
+async def test_holds_released_by_another_process_are_not_released_twice(pg_url: str) -> None:
+    # A process stalled past its lease: another released its holds; when it wakes and settles,
+    # the budget must not grow by what it releases again.
+    engines = [PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)]
+    stalled, other = budget_for(engines[0], "host:1:stalled"), budget_for(engines[1], "host:2:other")
+    for db in engines:
+        await db.open()
+    try:
+        await other.leases.acquire(PROCESS_PREFIX + "host:2:other")
+        async with stalled.reserve(WHO, 600):  # its process lease is not renewed: it counts as dead
+            async with other.reserve(WHO, 800):  # refused at first: releases the stalled one's hold
+                pass
+            async with other.reserve(WHO, 700) as second:
+                assert second.held == 700
+        assert await other.remaining(WHO) == 1000  # not 1600
+    finally:
+        for db in engines:
+            await db.close()
