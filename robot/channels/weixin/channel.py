@@ -202,7 +202,6 @@ class WeixinChannel(Channel):
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self, acc: _Account) -> None:
         acc.poller = asyncio.current_task()  # run by serve_account: while this process holds the account
-        acc.tokens.update(await self.state.load_context_tokens(acc.bot_id))  # taken over: the last holder's
         with contextlib.suppress(WeixinError):
             await acc.api.notify(start=True)
         buf = await self.state.load_cursor(acc.bot_id)
@@ -327,7 +326,8 @@ class WeixinChannel(Channel):
             raise ChannelUnavailable("no weixin account is logged in (run `qunbot login weixin`)")
         acc = self._account_for(message.chat)
         await self._stop_typing(acc, message.chat)
-        token = acc.tokens.get(message.chat.chat_id) or self._forgotten_token(acc, message.chat.chat_id)
+        token = acc.tokens.get(message.chat.chat_id) or self._forgotten_token(acc, message.chat.chat_id) \
+            or await self.state.context_token(acc.bot_id, message.chat.chat_id)  # learned by the last holder
         if not token:
             raise SendRejected(
                 f"no context_token for {message.chat.chat_id} on weixin account {acc.bot_id}: WeChat lets a bot "
