@@ -352,9 +352,13 @@ class ReminderService:
 
         try:
             stored = await self.store.db.transaction(work, durable=self.store.durable)
-        except sqlite3.Error as exc:  # locked past the busy timeout, disk full, I/O error
-            log.warning("reminders: cannot store a reminder: %s", exc)
-            raise ReminderError(f"the reminder could not be saved ({exc}); nothing was stored, try again later",
+        except ReminderError:
+            raise
+        except Exception as exc:  # locked past the busy timeout, disk full, I/O error, PostgreSQL unreachable
+            # SQLite's reasons are plain; another engine's may name its server, so only the kind is shown.
+            why = str(exc) if isinstance(exc, sqlite3.Error) else type(exc).__name__
+            log.warning("reminders: cannot store a reminder: %s", why)
+            raise ReminderError(f"the reminder could not be saved ({why}); nothing was stored, try again later",
                                 user_message="暂时无法保存，请稍后再试。") from None
         if confirm is not None and caller.message_id:
             self.bot.outbox.notify(chat.platform)

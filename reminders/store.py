@@ -24,7 +24,9 @@ from reminders.settings import ReminderSettings
 from robot import ChatRef, Engine, Tx, iso
 
 __all__ = [
+    "CHANNEL",
     "MIN_SHORT_ID",
+    "SCHEMA",
     "LimitError",
     "Mode",
     "Reminder",
@@ -32,7 +34,10 @@ __all__ = [
     "ReminderStore",
     "Status",
     "new_id",
+    "note_armed",
+    "note_gone",
     "parse_instant",
+    "parse_note",
 ]
 
 Mode = Literal["text", "prompt", "command"]
@@ -41,6 +46,9 @@ MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 _COLUMNS = ("id", "owner", "owner_name", "chat", "type", "wall", "zone", "weekday", "content", "mode",
             "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported", "account", "source")
+CHANNEL = "reminders"
+"""Notification channel: a reminder was added or changed (``arm``) or deleted (``drop``), in any process."""
+_DROP_CHUNK = 100  # ids per notification: PostgreSQL caps a payload at 8000 bytes
 _INSERT = f"INSERT INTO reminders ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -137,6 +145,29 @@ class Reminder:
         )
 
 
+def note_armed(db: Tx, reminder: Reminder) -> None:
+    """Tell every process (after commit) to give ``reminder`` its timer job at its next fire."""
+    if reminder.status == "active" and reminder.next_fire is not None:
+        db.notify(CHANNEL, f"arm {reminder.id} {iso(reminder.next_fire)} {reminder.zone}")
+
+
+def note_gone(db: Tx, ids: list[str]) -> None:
+    """Tell every process (after commit) to drop these reminders' timer jobs."""
+    for start in range(0, len(ids), _DROP_CHUNK):
+        db.notify(CHANNEL, "drop " + ",".join(ids[start:start + _DROP_CHUNK]))
+
+
+def parse_note(payload: str) -> tuple[str, str, datetime, str] | tuple[str, list[str]]:
+    """``("arm", id, next fire, zone)`` or ``("drop", ids)``; ValueError for anything else."""
+    kind, _, rest = payload.partition(" ")
+    if kind == "arm":
+        rid, at, zone = rest.split(" ")
+        return "arm", rid, datetime.fromisoformat(at), zone
+    if kind == "drop":
+        return "drop", [rid for rid in rest.split(",") if rid]
+    raise ValueError(f"not a reminders notification: {payload[:80]!r}")
+
+
 def _rows(db: Tx, sql: str, params: list[Any]) -> list[Reminder]:
     return [Reminder.from_row(r) for r in db.execute_returning_dicts(sql, params)]
 
@@ -160,22 +191,26 @@ class ReminderStore:
 
     @staticmethod
     def schema(db: Tx) -> None:
-        """Idempotent schema step for ``bot.db.migrate``."""
+        """Migration step 1 (``SCHEMA``): idempotent, since v0.1 SQLite files have the table but no version."""
+        # PostgreSQL compares text by the database's locale; ids and UTC instants must sort bytewise.
+        c = ' COLLATE "C"' if db.dialect == "postgresql" else ""
         db.execute(
-            "CREATE TABLE IF NOT EXISTS reminders (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+            f"CREATE TABLE IF NOT EXISTS reminders (id TEXT{c} PRIMARY KEY, owner TEXT NOT NULL, "
             "owner_name TEXT NOT NULL, chat TEXT NOT NULL, type TEXT NOT NULL, wall TEXT NOT NULL, "
             "zone TEXT NOT NULL, weekday INTEGER, content TEXT NOT NULL, mode TEXT NOT NULL DEFAULT 'text', "
-            "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, next_fire TEXT, last_fired TEXT, "
-            "status TEXT NOT NULL, failure_reported INTEGER NOT NULL DEFAULT 0)"
+            f"created_at TEXT{c} NOT NULL, updated_at TEXT{c} NOT NULL, next_fire TEXT{c}, last_fired TEXT, "
+            "status TEXT NOT NULL, failure_reported INTEGER NOT NULL DEFAULT 0, "
+            "account TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '')"
         )
+        if db.dialect == "sqlite":  # a file from before accounts or request digests lacks the columns
+            have = {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}
+            for column in ("account", "source"):
+                if column not in have:
+                    db.execute(f"ALTER TABLE reminders ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
         db.execute("CREATE INDEX IF NOT EXISTS reminders_due ON reminders (status, next_fire)")
         db.execute("CREATE INDEX IF NOT EXISTS reminders_owner ON reminders (owner, status, next_fire)")
         db.execute("CREATE INDEX IF NOT EXISTS reminders_chat ON reminders (chat, status, next_fire)")
         db.execute("CREATE INDEX IF NOT EXISTS reminders_created ON reminders (owner, created_at)")
-        if "account" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
-            db.execute("ALTER TABLE reminders ADD COLUMN account TEXT NOT NULL DEFAULT ''")
-        if "source" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
-            db.execute("ALTER TABLE reminders ADD COLUMN source TEXT NOT NULL DEFAULT ''")
         db.execute("CREATE UNIQUE INDEX IF NOT EXISTS reminders_source ON reminders (source) WHERE source != ''")
 
     # --- synchronous helpers (database thread) -----------------------------------------------
@@ -192,6 +227,11 @@ class ReminderStore:
         Returns the stored reminder: the one made earlier by the same request (same ``source``),
         if any, else ``reminder``.
         """
+        if db.dialect == "postgresql":
+            # Other processes create too: the counts below hold only while nobody else adds for this
+            # person or chat, so take their locks (sorted: two creates never wait on each other in a cycle).
+            for key in sorted({f"reminders:{reminder.owner}", f"reminders:{reminder.chat}"}):
+                db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", [key])
         if reminder.source:
             earlier = _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])
             if earlier:
@@ -217,19 +257,37 @@ class ReminderStore:
                              f"{limits.create_per_10min}); try again later",
                              user_message=f"你在 10 分钟内已经设置了 {recent} 个提醒（上限 "
                              f"{limits.create_per_10min} 个），请稍后再试。")
-        db.execute(_INSERT, list(reminder.row()))
+        if reminder.source:
+            # The same request in another process, committed since the look-up above: keep theirs.
+            added = db.execute(_INSERT + " ON CONFLICT (source) WHERE source != '' DO NOTHING", list(reminder.row()))
+            if added.rowcount != 1:
+                return _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])[0]
+        else:
+            db.execute(_INSERT, list(reminder.row()))
         return reminder
 
     @staticmethod
-    def get_sync(db: Tx, reminder_id: str) -> Reminder | None:
-        found = _rows(db, "SELECT * FROM reminders WHERE id = ?", [reminder_id])
+    def get_sync(db: Tx, reminder_id: str, *, lock: bool = False) -> Reminder | None:
+        """One reminder; ``lock``: hold its row until the transaction ends (PostgreSQL; SQLite has one writer)."""
+        sql = "SELECT * FROM reminders WHERE id = ?"
+        if lock and db.dialect == "postgresql":
+            sql += " FOR UPDATE"
+        found = _rows(db, sql, [reminder_id])
         return found[0] if found else None
 
     @staticmethod
-    def due_sync(db: Tx, now: datetime, mode: Mode, limit: int) -> list[Reminder]:
-        """Active reminders of ``mode`` due at ``now``, oldest first."""
-        return _rows(db, "SELECT * FROM reminders WHERE status = 'active' AND next_fire <= ? AND mode = ? "
-                         "ORDER BY next_fire, id LIMIT ?", [iso(now), mode, limit])
+    def due_sync(db: Tx, now: datetime, mode: Mode, limit: int, *, claim: bool = False) -> list[Reminder]:
+        """Active reminders of ``mode`` due at ``now``, oldest first.
+
+        ``claim``: on PostgreSQL, lock the rows until the transaction ends and skip those another
+        process has locked (it is firing them): each due occurrence goes to exactly one process.
+        SQLite has one writer, so its transaction already holds them all.
+        """
+        sql = ("SELECT * FROM reminders WHERE status = 'active' AND next_fire <= ? AND mode = ? "
+               "ORDER BY next_fire, id LIMIT ?")
+        if claim and db.dialect == "postgresql":
+            sql += " FOR UPDATE SKIP LOCKED"
+        return _rows(db, sql, [iso(now), mode, limit])
 
     @staticmethod
     def save_sync(db: Tx, r: Reminder) -> None:
@@ -293,9 +351,14 @@ class ReminderStore:
 
     async def delete(self, reminder_id: str, now: datetime) -> bool:
         """Mark an active reminder deleted; False when it was not active (already fired or gone)."""
-        return bool(await self.db.transaction(lambda db: db.execute(
-            "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
-            "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount, durable=self.durable))
+        def work(db: Tx) -> bool:
+            done = db.execute("UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
+                              "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount == 1
+            if done:
+                note_gone(db, [reminder_id])
+            return done
+
+        return await self.db.transaction(work, durable=self.durable)
 
     async def move_chat(self, old: str, new: str) -> int:
         """A chat got a new id: its reminders now live there."""
@@ -313,6 +376,7 @@ class ReminderStore:
             ids = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where}", params).fetchall()]
             db.execute(f"UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? WHERE {where}",
                        [iso(now), *params])
+            note_gone(db, ids)
             return ids
 
         return await self.db.transaction(work, durable=self.durable)
@@ -322,6 +386,8 @@ class ReminderStore:
         chat of ``platform`` when ``chats`` is None; returns the ids that were still active."""
         where = "owner = ?"
         params: list[object] = [owner]
+        if chats is not None and not chats:
+            return []  # no chat named: nothing to erase (and ``IN ()`` is not SQL PostgreSQL accepts)
         if chats is None:
             where += " AND substr(chat, 1, ?) = ?"
             params.extend([len(platform) + 1, f"{platform}:"])
@@ -333,6 +399,7 @@ class ReminderStore:
             active = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where} AND status = 'active'",
                                                params).fetchall()]
             db.execute(f"DELETE FROM reminders WHERE {where}", params)
+            note_gone(db, active)
             return active
 
         return await self.db.transaction(work, durable=self.durable)
@@ -356,3 +423,7 @@ class ReminderStore:
         """Forget finished (done, missed, deleted, broken) reminders last changed before ``before``."""
         return await self.db.run(lambda db: db.execute(
             "DELETE FROM reminders WHERE status != 'active' AND updated_at < ?", [iso(before)]).rowcount)
+
+
+SCHEMA = [ReminderStore.schema]
+"""The ``reminders`` component's migration steps (``bot.db.ensure("reminders", SCHEMA)``): append, never edit."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,9 +15,9 @@ import pytest
 
 import reminders
 from reminders.settings import ReminderSettings
-from reminders.store import LimitError, Reminder, ReminderStore, new_id
+from reminders.store import CHANNEL, SCHEMA, LimitError, Reminder, ReminderStore, new_id, parse_note
 from robot.config import ConfigError, Settings
-from robot.store import Database
+from robot.store import Database, Engine, Tx
 
 NOW = datetime(2030, 1, 7, 1, 0, tzinfo=UTC)
 GROUP = "memory:group:g1"
@@ -29,12 +31,12 @@ def make(rid: str | None = None, *, owner: str = "memory:u1", chat: str = GROUP,
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReminderStore]:
-    db = Database(tmp_path / "r.sqlite3")
-    db.migrate("reminders", [ReminderStore.schema])
-    await db.open()
-    yield ReminderStore(db)
-    await db.close()
+async def store(engine: Engine) -> AsyncIterator[ReminderStore]:
+    """The store on each engine (SQLite, and a fresh database of the real PostgreSQL)."""
+    engine.migrate("reminders", SCHEMA)
+    await engine.open()
+    yield ReminderStore(engine)
+    await engine.close()
 
 
 @pytest.mark.parametrize("name", ["reminders", "reminders.store", "reminders.service", "reminders.tools",
@@ -217,11 +219,85 @@ async def test_a_database_from_before_accounts_gains_the_column(tmp_path: Path) 
         "INSERT INTO reminders VALUES ('a1b2c3d4', 'memory:u1', 'u1', 'memory:group:g1', 'daily', '09:00:00', "
         "'Asia/Shanghai', NULL, '喝水', 'text', '2030-01-07T01:00:00.000000Z', '2030-01-07T01:00:00.000000Z', "
         "'2030-01-07T02:00:00.000000Z', NULL, 'active', 0)"))
-    await db.ensure("reminders", [ReminderStore.schema])
-    await db.ensure("reminders", [ReminderStore.schema])  # idempotent
+    await db.ensure("reminders", SCHEMA)
+    await db.ensure("reminders", SCHEMA)  # idempotent
     store = ReminderStore(db)
     (old_row,) = await store.for_chat(GROUP)
     assert old_row.account == "" and old_row.content == "喝水"
     await store.create(make(rid="f" * 32).evolve(account="10002"), ReminderSettings(), NOW)
     assert (await store.get("f" * 32)).account == "10002"  # type: ignore[union-attr]
     await db.close()
+
+
+# --- the contract on both engines: races, the claim, notifications -------------------------------
+async def test_concurrent_creates_cannot_overrun_the_limits(store: ReminderStore) -> None:
+    # On PostgreSQL the creates run at once on several connections (as from several processes).
+    limits = ReminderSettings(max_per_user=3, max_per_chat=100, create_per_10min=100)
+    results = await asyncio.gather(*(store.create(make(), limits, NOW) for _ in range(8)), return_exceptions=True)
+    assert sum(isinstance(r, Reminder) for r in results) == 3
+    assert all(isinstance(r, LimitError) for r in results if not isinstance(r, Reminder))
+    assert len(await store.for_owner("memory:u1")) == 3
+
+
+async def test_the_same_request_twice_stores_one_reminder(store: ReminderStore) -> None:
+    first, again = make().evolve(source="req-1"), make().evolve(source="req-1")
+    stored = await asyncio.gather(store.create(first, ReminderSettings(), NOW),
+                                  store.create(again, ReminderSettings(), NOW))
+    assert stored[0].id == stored[1].id and len(await store.for_chat(GROUP)) == 1
+
+
+async def test_a_claimed_occurrence_is_skipped_by_a_second_claim(store: ReminderStore) -> None:
+    due = [make(next_fire=NOW - timedelta(seconds=s)) for s in (3, 2, 1)]
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, due))
+    if store.db.dialect == "sqlite":  # one writer: a pass's transaction holds every due row
+        assert [r.id for r in await store.db.run(lambda db: ReminderStore.due_sync(
+            db, NOW, "text", 10, claim=True))] == [r.id for r in due]
+        return
+    held = threading.Event()
+    release = threading.Event()
+
+    def first(db: Tx) -> list[str]:
+        mine = [r.id for r in ReminderStore.due_sync(db, NOW, "text", 2, claim=True)]
+        held.set()
+        release.wait(10)
+        return mine
+
+    task = asyncio.ensure_future(store.db.transaction(first))
+    await asyncio.to_thread(held.wait, 10)
+    other = await store.db.transaction(lambda db: [r.id for r in ReminderStore.due_sync(db, NOW, "text", 10,
+                                                                                          claim=True)])
+    release.set()
+    assert await task == [due[0].id, due[1].id]
+    assert other == [due[2].id]  # the first two are being fired elsewhere: not waited for, not doubled
+
+
+async def test_deletions_are_announced_to_every_process(store: ReminderStore) -> None:
+    heard: list[str] = []
+    got = asyncio.Event()
+
+    def listener(payload: str) -> None:
+        heard.append(payload)
+        got.set()
+
+    store.db.subscribe(CHANNEL, listener)
+    a, b, c = make(), make(), make()
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [a, b, c]))
+    assert await store.delete(a.id, NOW)
+    assert sorted(await store.delete_chat(GROUP, NOW)) == sorted([b.id, c.id])
+    assert not await store.delete(a.id, NOW)  # nothing deleted: nothing announced
+    async with asyncio.timeout(10):
+        while len(heard) < 2:
+            got.clear()
+            await got.wait()
+    assert parse_note(heard[0]) == ("drop", [a.id])
+    assert parse_note(heard[1])[0] == "drop" and sorted(parse_note(heard[1])[1]) == sorted([b.id, c.id])
+    with pytest.raises(ValueError):
+        parse_note("launch everything")
+
+
+async def test_erasing_with_no_chat_named_erases_nothing(store: ReminderStore) -> None:
+    mine = make()
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [mine]))
+    assert await store.erase_owner("memory:u1", [], "memory") == []
+    assert await store.erase_owner("memory:u1", None, "memory") == [mine.id]
+    assert await store.get(mine.id) is None
