@@ -34,9 +34,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.schedulers.base import STATE_RUNNING
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -46,6 +44,7 @@ from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
+from reminders.timer import CHANNEL, Timer, note_armed, parse_note
 from robot import ChatRef, ForgetRequest, OutgoingMessage, Tx, reply_key
 
 if TYPE_CHECKING:
@@ -90,10 +89,21 @@ class ReminderService:
         self._prompts: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Semaphore(settings.prompt_concurrency)  # model runs at once, not tasks
         self._crash_at = os.environ.get(CRASH_ENV, "")
+        self._listening = False
+        self.timer = Timer(scheduler, self.clock, horizon, self.kick)
+        #: Due rows claimed per firing transaction.
+        self.batch = _BATCH
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the timer, fire (or report) what fell due while the bot was down, arm the window."""
+        """Start the timer, fire (or report) what fell due while the bot was down, arm the window.
+
+        Every process sharing the database hears of reminders added or deleted elsewhere (the
+        ``reminders`` notification channel) and arms or drops its own timer job at once.
+        """
+        if not self._listening:
+            self.store.db.subscribe(CHANNEL, self._on_note)
+            self._listening = True
         if self.scheduler is not None:
             if not self.scheduler.running:
                 self.scheduler.start()
@@ -117,52 +127,24 @@ class ReminderService:
 
     # --- the timer -------------------------------------------------------------------------
     def _arm_now(self, items: Sequence[tuple[str, datetime, str]]) -> int:
-        scheduler = self.scheduler
-        if scheduler is None:
-            return 0
-        now = self.clock()
-        limit = now + self.horizon
-        if any(at <= now for _, at, _ in items):
-            # Already due (created while the DB thread was busy past its time, say): no job would
-            # ever fire it, so a pass does, now.
-            self.kick()
-        armed = 0
-        paused = scheduler.state == STATE_RUNNING  # paused, an add does not wake the scheduler each time
-        if paused:
-            scheduler.pause()
-        try:
-            for rid, at, zone in items:
-                if at > limit or at <= now:  # far away: the refill arms it; due: a pass fires it
-                    continue
-                job = scheduler.get_job(f"rem:{rid}")
-                if job is not None and job.next_run_time == at:
-                    continue
-                try:
-                    tz = ZoneInfo(zone)
-                except (ZoneInfoNotFoundError, ValueError, OSError):  # a corrupted row: its pass marks it broken
-                    tz = ZoneInfo("UTC")
-                scheduler.add_job(self._on_timer, DateTrigger(run_date=at.astimezone(tz), timezone=tz), args=(rid,),
-                                  id=f"rem:{rid}", replace_existing=True, misfire_grace_time=None, coalesce=True)
-                armed += 1
-        finally:
-            if paused:
-                scheduler.resume()
-        return armed
+        return self.timer.arm(items)
 
     def arm(self, reminder: Reminder) -> None:
-        """Give a reminder its timer job (if it is due within the horizon)."""
+        """Wake up for a reminder (if it is due within the horizon)."""
         if reminder.next_fire is not None and reminder.status == "active":
             self._arm_now([(reminder.id, reminder.next_fire, reminder.zone)])
 
     def disarm(self, reminder_id: str) -> None:
-        if self.scheduler is not None:
-            with contextlib.suppress(JobLookupError):
-                self.scheduler.remove_job(f"rem:{reminder_id}")
+        self.timer.disarm(reminder_id)
+
+    def armed_at(self, reminder_id: str) -> datetime | None:
+        """When this process's timer wakes up for the reminder (None: it does not)."""
+        return self.timer.armed_at(reminder_id)
 
     async def arm_window(self) -> int:
-        """Arm jobs for the active reminders due within the horizon (at most ``max_armed``, soonest
+        """Wake up for the active reminders due within the horizon (at most ``max_armed``, soonest
         first; a ``rem:refill-next`` job at the last one's instant arms the next ones). Returns how
-        many jobs were added."""
+        many reminders were newly armed."""
         if self.scheduler is None:
             return 0
         now = self.clock()
@@ -188,8 +170,16 @@ class ReminderService:
             log.exception("reminders: re-arming the timer failed")
         self.kick()  # safety net: anything due without a job fires now
 
-    async def _on_timer(self, reminder_id: str) -> None:
-        self.kick()
+    def _on_note(self, payload: str) -> None:
+        """A reminder was added (``arm``) or deleted (``drop``) by this process or another one."""
+        try:
+            arm, drop = parse_note(payload)
+        except ValueError:
+            log.warning("reminders: ignoring a malformed notification %.100r", payload)
+            return
+        self._arm_now(arm)
+        for rid in drop:
+            self.disarm(rid)
 
     def kick(self) -> None:
         """Request a pass; passes requested while one runs coalesce into one more."""
@@ -232,7 +222,7 @@ class ReminderService:
                 if applied and self._crash_at == "after_commit":
                     os.kill(os.getpid(), signal.SIGKILL)
                 self._after_commit(applied, report)
-                if len(applied) < _BATCH:
+                if len(applied) < self.batch:
                     break
             prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
                                                           *self.store.due_sync(db, now, "command", 10_000)])
@@ -253,7 +243,8 @@ class ReminderService:
         self._arm_now([(r.id, r.next_fire, r.zone) for r, _, _ in applied if r.next_fire is not None])
 
     def _text_batch(self, db: Tx, now: datetime) -> list[tuple[Reminder, Outcome, str | None]]:
-        applied = [self._apply_sync(db, r, now) for r in self.store.due_sync(db, now, "text", _BATCH)]
+        # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
+        applied = [self._apply_sync(db, r, now) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
         if applied and self._crash_at == "before_commit":
             os.kill(os.getpid(), signal.SIGKILL)
         return applied
@@ -296,7 +287,7 @@ class ReminderService:
                         answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
         def commit(db: Tx) -> tuple[Reminder, Outcome, str | None] | None:
-            current = self.store.get_sync(db, r.id)
+            current = self.store.get_sync(db, r.id, lock=True)  # another process may be committing it
             if current is None or current.status != "active" or current.next_fire != planned:
                 return None  # deleted or changed while the model ran: no ghost message
             return self._apply_sync(db, current, now, answer=answer, failed=answer is None)
@@ -342,6 +333,8 @@ class ReminderService:
 
         def work(db: Tx) -> Reminder:
             stored = self.store.create_sync(db, reminder, self.settings, now)
+            if stored.status == "active":  # every process wakes up for it
+                note_armed(db, stored.id, stored.next_fire, stored.zone)
             if confirm is not None and caller.message_id:
                 short = self.store.short_ids_sync(db, [stored.id])[stored.id]
                 self.bot.outbox.enqueue_sync(db, OutgoingMessage(

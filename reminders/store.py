@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 from reminders.schedule import Kind, Schedule
 from reminders.settings import ReminderSettings
+from reminders.timer import note_gone
 from robot import ChatRef, Engine, Tx, iso
 
 __all__ = [
-    "CHANNEL",
     "MIN_SHORT_ID",
     "SCHEMA",
     "LimitError",
@@ -34,10 +34,7 @@ __all__ = [
     "ReminderStore",
     "Status",
     "new_id",
-    "note_armed",
-    "note_gone",
     "parse_instant",
-    "parse_note",
 ]
 
 Mode = Literal["text", "prompt", "command"]
@@ -46,9 +43,6 @@ MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 _COLUMNS = ("id", "owner", "owner_name", "chat", "type", "wall", "zone", "weekday", "content", "mode",
             "created_at", "updated_at", "next_fire", "last_fired", "status", "failure_reported", "account", "source")
-CHANNEL = "reminders"
-"""Notification channel: a reminder was added or changed (``arm``) or deleted (``drop``), in any process."""
-_DROP_CHUNK = 100  # ids per notification: PostgreSQL caps a payload at 8000 bytes
 _INSERT = f"INSERT INTO reminders ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -143,29 +137,6 @@ class Reminder:
             failure_reported=bool(row["failure_reported"]), account=row.get("account") or "",
             source=row.get("source") or "",
         )
-
-
-def note_armed(db: Tx, reminder: Reminder) -> None:
-    """Tell every process (after commit) to give ``reminder`` its timer job at its next fire."""
-    if reminder.status == "active" and reminder.next_fire is not None:
-        db.notify(CHANNEL, f"arm {reminder.id} {iso(reminder.next_fire)} {reminder.zone}")
-
-
-def note_gone(db: Tx, ids: list[str]) -> None:
-    """Tell every process (after commit) to drop these reminders' timer jobs."""
-    for start in range(0, len(ids), _DROP_CHUNK):
-        db.notify(CHANNEL, "drop " + ",".join(ids[start:start + _DROP_CHUNK]))
-
-
-def parse_note(payload: str) -> tuple[str, str, datetime, str] | tuple[str, list[str]]:
-    """``("arm", id, next fire, zone)`` or ``("drop", ids)``; ValueError for anything else."""
-    kind, _, rest = payload.partition(" ")
-    if kind == "arm":
-        rid, at, zone = rest.split(" ")
-        return "arm", rid, datetime.fromisoformat(at), zone
-    if kind == "drop":
-        return "drop", [rid for rid in rest.split(",") if rid]
-    raise ValueError(f"not a reminders notification: {payload[:80]!r}")
 
 
 def _rows(db: Tx, sql: str, params: list[Any]) -> list[Reminder]:

@@ -15,9 +15,10 @@ import pytest
 
 import reminders
 from reminders.settings import ReminderSettings
-from reminders.store import CHANNEL, SCHEMA, LimitError, Reminder, ReminderStore, new_id, parse_note
+from reminders.store import SCHEMA, LimitError, Reminder, ReminderStore, new_id
+from reminders.timer import CHANNEL, parse_note
 from robot.config import ConfigError, Settings
-from robot.store import Database, Engine, Tx
+from robot.store import Database, Engine, Tx, iso
 
 NOW = datetime(2030, 1, 7, 1, 0, tzinfo=UTC)
 GROUP = "memory:group:g1"
@@ -40,7 +41,7 @@ async def store(engine: Engine) -> AsyncIterator[ReminderStore]:
 
 
 @pytest.mark.parametrize("name", ["reminders", "reminders.store", "reminders.service", "reminders.tools",
-                                  "reminders.settings", "reminders.schedule"])
+                                  "reminders.settings", "reminders.schedule", "reminders.timer"])
 def test_exports_are_complete(name: str) -> None:
     module = importlib.import_module(name)
     assert len(set(module.__all__)) == len(module.__all__)
@@ -189,19 +190,24 @@ async def test_timer_jobs_are_armed_from_the_table_within_the_horizon(store: Rem
                                   max_armed=3)
         assert await service.arm_window() == 3
         jobs = {job.id: job for job in scheduler.get_jobs()}
-        assert set(jobs) == {f"rem:{r.id}" for r in soon} | {"rem:refill-next"}
-        first = jobs[f"rem:{soon[0].id}"]
+        assert set(jobs) == {f"rem:at:{iso(r.next_fire)}" for r in soon if r.next_fire} | {"rem:refill-next"}
+        assert all(service.armed_at(r.id) == r.next_fire for r in soon)
+        first = jobs[f"rem:at:{iso(NOW + timedelta(minutes=1))}"]
         assert first.next_run_time == soon[0].next_fire and first.misfire_grace_time is None and first.coalesce
-        assert first.trigger.run_date.tzinfo == ZoneInfo("Asia/Shanghai")
         assert jobs["rem:refill-next"].next_run_time == soon[2].next_fire  # arms the next ones then
         assert await service.arm_window() == 0  # idempotent
         service.max_armed = 10
         assert await service.arm_window() == 1  # Berlin; `far` is beyond the horizon, `due` is for a pass
-        assert scheduler.get_job(f"rem:{berlin.id}").trigger.run_date.tzinfo == ZoneInfo("Europe/Berlin")
-        assert scheduler.get_job(f"rem:{far.id}") is None and scheduler.get_job(f"rem:{due.id}") is None
+        assert service.armed_at(berlin.id) == berlin.next_fire
+        assert service.armed_at(far.id) is None and service.armed_at(due.id) is None
+        same = make(next_fire=soon[0].next_fire)  # a second reminder at the same instant shares its job
+        service.arm(same)
+        assert len(scheduler.get_jobs()) == 5 and service.armed_at(same.id) == soon[0].next_fire
         service.disarm(soon[0].id)
         service.disarm(soon[0].id)  # already gone: fine
-        assert scheduler.get_job(f"rem:{soon[0].id}") is None
+        assert service.armed_at(soon[0].id) is None and scheduler.get_job(first.id) is not None  # `same` needs it
+        service.disarm(same.id)
+        assert scheduler.get_job(first.id) is None and len(scheduler.get_jobs()) == 4
     finally:
         scheduler.shutdown(wait=False)
 
@@ -289,8 +295,8 @@ async def test_deletions_are_announced_to_every_process(store: ReminderStore) ->
         while len(heard) < 2:
             got.clear()
             await got.wait()
-    assert parse_note(heard[0]) == ("drop", [a.id])
-    assert parse_note(heard[1])[0] == "drop" and sorted(parse_note(heard[1])[1]) == sorted([b.id, c.id])
+    assert parse_note(heard[0]) == ([], [a.id])
+    assert parse_note(heard[1])[0] == [] and sorted(parse_note(heard[1])[1]) == sorted([b.id, c.id])
     with pytest.raises(ValueError):
         parse_note("launch everything")
 
