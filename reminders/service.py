@@ -39,7 +39,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
-from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local
+from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local, merge
 from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
@@ -59,7 +59,7 @@ CRASH_ENV = "QUNBOT_REMINDERS_CRASH_AT"
 RETRY_BASE_S = 0.25
 """A failed firing pass is retried after this, doubling up to ``RETRY_MAX_S``."""
 RETRY_MAX_S = 2.0
-_BATCH = 200
+_BATCH = 1000
 _KEEP_FINISHED = timedelta(days=30)
 class ReminderService:
     """Creates, deletes and fires reminders for one bot. ``scheduler=None``: no timer (tests drive passes)."""
@@ -238,25 +238,38 @@ class ReminderService:
     def _after_commit(self, applied: list[tuple[Reminder, Outcome, str | None]], report: FireReport) -> None:
         for platform in {r.chat.split(":", 1)[0] for r, _, key in applied if key is not None}:
             self.bot.outbox.notify(platform)
+        counted: set[str] = set()
         for _, outcome, key in applied:
-            report.add(outcome, key)
+            report.add(outcome, None if key in counted else key)  # a shared message counts once
+            if key is not None:
+                counted.add(key)
         self._arm_now([(r.id, r.next_fire, r.zone) for r, _, _ in applied if r.next_fire is not None])
 
     def _text_batch(self, db: Tx, now: datetime) -> list[tuple[Reminder, Outcome, str | None]]:
+        """Fire up to ``batch`` due text reminders in the caller's transaction, a chat's together."""
         # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
-        applied = [self._apply_sync(db, r, now) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
-        if applied and self._crash_at == "before_commit":
+        fired = [(r, *self._compose(r, now)) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
+        messages, keys = merge(fired, now)
+        for message in messages:
+            self.bot.outbox.enqueue_sync(db, message)
+        if fired:
+            self.store.save_sync(db, *[after for _, after, _, _ in fired])
+        if fired and self._crash_at == "before_commit":
             os.kill(os.getpid(), signal.SIGKILL)
-        return applied
+        return [(after, outcome, key) for (_, after, outcome, _), key in zip(fired, keys, strict=True)]
+
+    def _compose(self, r: Reminder, now: datetime, *, answer: str | None = None,
+                 failed: bool = False) -> tuple[Reminder, Outcome, OutgoingMessage | None]:
+        try:
+            return compose(r, now, self.grace, answer=answer, failed=failed)
+        except Exception:  # one corrupted row must not block every other reminder
+            log.exception("reminders: %s cannot be fired; marking it broken", r.id)
+            return r.evolve(status="broken", next_fire=None, updated_at=now), "broken", None
 
     def _apply_sync(self, db: Tx, r: Reminder, now: datetime, *, answer: str | None = None,
                     failed: bool = False) -> tuple[Reminder, Outcome, str | None]:
         """Commit one due reminder's message and new state (caller's transaction)."""
-        try:
-            after, outcome, message = compose(r, now, self.grace, answer=answer, failed=failed)
-        except Exception:  # one corrupted row must not block every other reminder
-            log.exception("reminders: %s cannot be fired; marking it broken", r.id)
-            after, outcome, message = r.evolve(status="broken", next_fire=None, updated_at=now), "broken", None
+        after, outcome, message = self._compose(r, now, answer=answer, failed=failed)
         if message is not None:
             self.bot.outbox.enqueue_sync(db, message)
         self.store.save_sync(db, after)

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from reminders.schedule import Kind, Schedule
+from reminders.schema import SCHEMA, schema_v1
 from reminders.settings import ReminderSettings
 from reminders.timer import note_gone
 from robot import ChatRef, Engine, Tx, iso
@@ -64,6 +65,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+@functools.lru_cache(maxsize=8192)  # rows fired together share their instants
 def parse_instant(text: str | None) -> datetime | None:
     """Stored UTC text -> aware datetime (``fromisoformat`` is ~30x faster than ``strptime``)."""
     return None if text is None else datetime.fromisoformat(text)
@@ -72,6 +74,11 @@ def parse_instant(text: str | None) -> datetime | None:
 @functools.lru_cache(maxsize=4096)
 def _schedule(kind: Kind, wall: str, zone: str, weekday: int | None) -> Schedule:
     return Schedule(kind, wall, zone, weekday)
+
+
+@functools.lru_cache(maxsize=4096)  # ChatRef is frozen: reminders of one chat can share it
+def _chat_ref(chat: str, account: str) -> ChatRef:
+    return ChatRef.from_key(chat, account)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +114,7 @@ class Reminder:
 
     @property
     def chat_ref(self) -> ChatRef:
-        return ChatRef.from_key(self.chat, self.account)
+        return _chat_ref(self.chat, self.account)
 
     @property
     def owner_id(self) -> str:
@@ -160,29 +167,7 @@ class ReminderStore:
         #: Creations and deletions (what a user is told about) are synced to disk before the answer.
         self.durable = durable
 
-    @staticmethod
-    def schema(db: Tx) -> None:
-        """Migration step 1 (``SCHEMA``): idempotent, since v0.1 SQLite files have the table but no version."""
-        # PostgreSQL compares text by the database's locale; ids and UTC instants must sort bytewise.
-        c = ' COLLATE "C"' if db.dialect == "postgresql" else ""
-        db.execute(
-            f"CREATE TABLE IF NOT EXISTS reminders (id TEXT{c} PRIMARY KEY, owner TEXT NOT NULL, "
-            "owner_name TEXT NOT NULL, chat TEXT NOT NULL, type TEXT NOT NULL, wall TEXT NOT NULL, "
-            "zone TEXT NOT NULL, weekday INTEGER, content TEXT NOT NULL, mode TEXT NOT NULL DEFAULT 'text', "
-            f"created_at TEXT{c} NOT NULL, updated_at TEXT{c} NOT NULL, next_fire TEXT{c}, last_fired TEXT, "
-            "status TEXT NOT NULL, failure_reported INTEGER NOT NULL DEFAULT 0, "
-            "account TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '')"
-        )
-        if db.dialect == "sqlite":  # a file from before accounts or request digests lacks the columns
-            have = {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}
-            for column in ("account", "source"):
-                if column not in have:
-                    db.execute(f"ALTER TABLE reminders ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_due ON reminders (status, next_fire)")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_owner ON reminders (owner, status, next_fire)")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_chat ON reminders (chat, status, next_fire)")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_created ON reminders (owner, created_at)")
-        db.execute("CREATE UNIQUE INDEX IF NOT EXISTS reminders_source ON reminders (source) WHERE source != ''")
+    schema = staticmethod(schema_v1)
 
     # --- synchronous helpers (database thread) -----------------------------------------------
     @staticmethod
@@ -254,20 +239,21 @@ class ReminderStore:
         process has locked (it is firing them): each due occurrence goes to exactly one process.
         SQLite has one writer, so its transaction already holds them all.
         """
-        sql = ("SELECT * FROM reminders WHERE status = 'active' AND next_fire <= ? AND mode = ? "
-               "ORDER BY next_fire, id LIMIT ?")
+        sql = ("SELECT * FROM reminders WHERE status = 'active' AND mode = ? AND next_fire <= ? "
+               "ORDER BY next_fire, chat, id LIMIT ?")
         if claim and db.dialect == "postgresql":
             sql += " FOR UPDATE SKIP LOCKED"
-        return _rows(db, sql, [iso(now), mode, limit])
+        return _rows(db, sql, [mode, iso(now), limit])
 
     @staticmethod
-    def save_sync(db: Tx, r: Reminder) -> None:
-        """Write a reminder's mutable state back."""
-        db.execute(
+    def save_sync(db: Tx, *reminders: Reminder) -> None:
+        """Write reminders' mutable state back."""
+        text = functools.lru_cache(maxsize=None)(lambda at: None if at is None else iso(at))  # shared instants
+        db.executemany(
             "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ? "
             "WHERE id = ?",
-            [None if r.next_fire is None else iso(r.next_fire), None if r.last_fired is None else iso(r.last_fired),
-             r.status, int(r.failure_reported), iso(r.updated_at), r.id],
+            [[text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported), text(r.updated_at), r.id]
+             for r in reminders],
         )
 
     @staticmethod
@@ -394,7 +380,3 @@ class ReminderStore:
         """Forget finished (done, missed, deleted, broken) reminders last changed before ``before``."""
         return await self.db.run(lambda db: db.execute(
             "DELETE FROM reminders WHERE status != 'active' AND updated_at < ?", [iso(before)]).rowcount)
-
-
-SCHEMA = [ReminderStore.schema]
-"""The ``reminders`` component's migration steps (``bot.db.ensure("reminders", SCHEMA)``): append, never edit."""

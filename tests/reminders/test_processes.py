@@ -9,6 +9,7 @@ two rows instead of being absorbed by the real outbox's idempotent insert.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -80,7 +81,9 @@ def due_rows(count: int) -> list[Reminder]:
 
 
 async def fired(service: ReminderService) -> list[str]:
-    return await service.store.db.run(lambda db: [r[0] for r in db.execute("SELECT key FROM fired").fetchall()])
+    """The contents of every reminder in every message queued (a chat's reminders share messages)."""
+    texts = await service.store.db.run(lambda db: [r[0] for r in db.execute("SELECT text FROM fired").fetchall()])
+    return [item for text in texts for item in re.findall(r"提醒 \d+|交周报", text)]
 
 
 async def test_every_due_reminder_fires_exactly_once_across_processes(processes: list[ReminderService]) -> None:
@@ -89,8 +92,8 @@ async def test_every_due_reminder_fires_exactly_once_across_processes(processes:
     for service in processes:
         service.batch = 25  # many small claims, so the three passes really interleave
     reports = await asyncio.gather(*(s.fire_due(NOW) for s in processes for _ in range(2)))
-    keys = await fired(processes[0])
-    assert len(keys) == 600 and len(set(keys)) == 600  # none lost, none doubled
+    contents = await fired(processes[0])
+    assert len(contents) == 600 and len(set(contents)) == 600  # none lost, none doubled
     assert sum(r.delivered for r in reports) == 600
     assert sum(1 for r in reports if r.delivered) >= 2  # the work was shared, not done by one process
     assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, NOW, "text", 10))
