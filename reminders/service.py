@@ -1,23 +1,25 @@
 """Firing reminders: APScheduler wakes the bot, the ``reminders`` table decides what is due.
 
 A *pass* (:meth:`ReminderService.fire_due`) takes every active reminder due at ``now`` and, per
-batch of rows, commits the reminder's new state (done, or its next occurrence) together with
-its outbox row in one transaction. The outbox key ``rem:<id>:<occurrence>`` makes a refire of
-the same occurrence a no-op, so a crash anywhere neither loses nor duplicates a reminder.
-Deleted reminders never fire: the pass selects ``status = 'active'`` inside the transaction.
+batch of up to ``batch`` rows (a chat's together), commits their new state (done, or the next
+occurrence) together with their outbox rows in one transaction; on-time reminders of one chat due
+at the same instant share a message (:func:`reminders.firing.merge`). The outbox key
+``rem:<id>:<occurrence>`` makes a refire of the same occurrence a no-op, so a crash anywhere
+neither loses nor duplicates a reminder. Deleted reminders never fire: the pass selects
+``status = 'active'`` inside the transaction. On PostgreSQL, where several processes fire, a
+pass claims its rows with ``FOR UPDATE SKIP LOCKED``: each occurrence is fired by one process.
 
-APScheduler (``AsyncIOScheduler``, in-memory jobstore) holds one ``DateTrigger`` job
-``rem:<id>`` per reminder due within ``horizon`` (at most ``max_armed``, soonest first); a
-``rem:refill`` job re-arms the window every ``horizon / 2``. Keeping far-away reminders out of
-APScheduler (about 1 KB per job) keeps start-up with 100k stored reminders fast and small. Any
-job firing triggers one coalesced pass, so reminders due in the same second fire in a handful
-of transactions, however many there are.
+The timer (:mod:`reminders.timer`) holds one APScheduler job per distinct instant due within
+``horizon`` (at most ``max_armed`` reminders, soonest first); a ``rem:refill`` job re-arms the
+window every ``horizon / 2``. Creations and deletions are announced on the ``reminders``
+notification channel, so every process arms or drops its own timer at once.
 
 Command-mode reminders (a stored ``/command`` such as a daily ``/summary``) take the prompts'
 path, run through ``bot.call_tool`` as their owner. Prompt-mode reminders run the model
-(``bot.run_scheduled``, in the reminder's stored zone) outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
-same way after re-checking that the row is still active and unchanged. A run that stopped early,
-or whose every tool call failed, counts as failed: the owner hears about it once, not daily.
+(``bot.run_scheduled``, in the reminder's stored zone) outside any transaction, at most
+``prompt_concurrency`` at a time, then commit the answer after re-checking (row locked) that the
+row is still active and unchanged. A run that stopped early, or whose every tool call failed,
+counts as failed: the owner hears about it once, not daily.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
-from reminders.timer import CHANNEL, Timer, note_armed, parse_note
+from reminders.timer import CHANNEL, Timer, note_armed
 from robot import ChatRef, ForgetRequest, OutgoingMessage, Tx, reply_key
 
 if TYPE_CHECKING:
@@ -90,6 +92,7 @@ class ReminderService:
         self._running = asyncio.Semaphore(settings.prompt_concurrency)  # model runs at once, not tasks
         self._crash_at = os.environ.get(CRASH_ENV, "")
         self._listening = False
+        self._recheck: asyncio.TimerHandle | None = None
         self.timer = Timer(scheduler, self.clock, horizon, self.kick)
         #: Due rows claimed per firing transaction.
         self.batch = _BATCH
@@ -102,7 +105,7 @@ class ReminderService:
         ``reminders`` notification channel) and arms or drops its own timer job at once.
         """
         if not self._listening:
-            self.store.db.subscribe(CHANNEL, self._on_note)
+            self.store.db.subscribe(CHANNEL, self.timer.on_note)
             self._listening = True
         if self.scheduler is not None:
             if not self.scheduler.running:
@@ -117,6 +120,8 @@ class ReminderService:
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
             await asyncio.sleep(0)  # AsyncIOScheduler shuts down in a loop callback
+        if self._recheck is not None:
+            self._recheck.cancel()
         if self._pass is not None and not self._pass.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._pass), 2.0)
@@ -170,16 +175,9 @@ class ReminderService:
             log.exception("reminders: re-arming the timer failed")
         self.kick()  # safety net: anything due without a job fires now
 
-    def _on_note(self, payload: str) -> None:
-        """A reminder was added (``arm``) or deleted (``drop``) by this process or another one."""
-        try:
-            arm, drop = parse_note(payload)
-        except ValueError:
-            log.warning("reminders: ignoring a malformed notification %.100r", payload)
-            return
-        self._arm_now(arm)
-        for rid in drop:
-            self.disarm(rid)
+    def _look_again(self) -> None:
+        self._recheck = None
+        self.kick()
 
     def kick(self) -> None:
         """Request a pass; passes requested while one runs coalesce into one more."""
@@ -224,6 +222,11 @@ class ReminderService:
                 self._after_commit(applied, report)
                 if len(applied) < self.batch:
                     break
+            if self._recheck is None and self.store.db.dialect == "postgresql" and await self.store.db.run(
+                    lambda db: bool(self.store.due_sync(db, now, "text", 1))):
+                # Due rows another process has claimed (SKIP LOCKED passed them over): should it die
+                # before committing, they are due again and no timer of ours would wake up for them.
+                self._recheck = asyncio.get_running_loop().call_later(RETRY_MAX_S, self._look_again)
             prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
                                                           *self.store.due_sync(db, now, "command", 10_000)])
             started: list[asyncio.Task[None]] = []

@@ -10,6 +10,7 @@ first pass could even start).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +21,7 @@ from apscheduler.triggers.date import DateTrigger
 
 from robot import Tx, iso
 
+log = logging.getLogger(__name__)
 __all__ = ["CHANNEL", "Timer", "note_armed", "note_gone", "parse_note"]
 
 CHANNEL = "reminders"
@@ -61,6 +63,17 @@ class Timer:
         self.wake = wake  # requests a firing pass
         self._at: dict[datetime, set[str]] = {}
         self._of: dict[str, datetime] = {}
+
+    def on_note(self, payload: str) -> None:
+        """A reminder was added (``arm``) or deleted (``drop``), by this process or another one."""
+        try:
+            arm, drop = parse_note(payload)
+        except ValueError:
+            log.warning("reminders: ignoring a malformed notification %.100r", payload)
+            return
+        self.arm(arm)
+        for rid in drop:
+            self.disarm(rid)
 
     def armed_at(self, reminder_id: str) -> datetime | None:
         return self._of.get(reminder_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -118,3 +119,27 @@ async def test_a_deletion_in_one_process_stops_the_firing_in_the_others(
         report = await service.fire_due(NOW + timedelta(minutes=30))
         assert report.delivered == 0
     assert await fired(a) == []
+
+
+async def test_rows_claimed_by_a_process_that_dies_mid_firing_are_fired_by_another(
+        processes: list[ReminderService]) -> None:
+    a, b, _ = processes
+    await a.store.db.run(lambda db: ReminderStore.insert_sync(db, due_rows(3)))
+    held, release = threading.Event(), threading.Event()
+
+    def dies_before_commit(db: Tx) -> None:
+        assert len(ReminderStore.due_sync(db, NOW, "text", 10, claim=True)) == 3
+        held.set()
+        release.wait(10)
+        raise RuntimeError("killed")  # its transaction rolls back, as a SIGKILLed process's does
+
+    dying = asyncio.ensure_future(a.store.db.transaction(dies_before_commit))
+    await asyncio.to_thread(held.wait, 10)
+    assert (await b.fire_due(NOW)).delivered == 0  # claimed elsewhere: skipped, not waited for
+    release.set()
+    with pytest.raises(RuntimeError):
+        await dying
+    async with asyncio.timeout(15):  # b looks again by itself: nobody will wake it for these rows
+        while len(await fired(b)) < 3:
+            await asyncio.sleep(0.1)
+    assert sorted(await fired(b)) == ["提醒 0", "提醒 1", "提醒 2"]
