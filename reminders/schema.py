@@ -42,4 +42,6 @@ SCHEMA: list[Callable[[Tx], None] | str] = [
     # 2: a firing pass reads due rows in this order (chat by chat, so one chat's reminders share a
     # message); without it, every batch sorts all the rows due at that instant.
     "CREATE INDEX IF NOT EXISTS reminders_firing ON reminders (status, mode, next_fire, chat, id)",
+    # 3: which process runs a scheduled prompt's model, until when (several processes share the table).
+    "ALTER TABLE reminders ADD COLUMN run_by TEXT NOT NULL DEFAULT ''; ALTER TABLE reminders ADD COLUMN run_until TEXT",
 ]

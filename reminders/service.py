@@ -63,6 +63,7 @@ RETRY_BASE_S = 0.25
 RETRY_MAX_S = 2.0
 _BATCH = 1000
 _KEEP_FINISHED = timedelta(days=30)
+_RUN_LEASE = timedelta(minutes=15)  # a process that dies running a prompt's model leaves it to another then
 class ReminderService:
     """Creates, deletes and fires reminders for one bot. ``scheduler=None``: no timer (tests drive passes)."""
 
@@ -93,6 +94,7 @@ class ReminderService:
         self._crash_at = os.environ.get(CRASH_ENV, "")
         self._listening = False
         self._recheck: asyncio.TimerHandle | None = None
+        self._holder = os.urandom(8).hex()  # this service's name in prompt-run claims
         self.timer = Timer(scheduler, self.clock, horizon, self.kick)
         #: Due rows claimed per firing transaction.
         self.batch = _BATCH
@@ -296,11 +298,14 @@ class ReminderService:
             latest, zone = planned, None  # a corrupted row: the commit below marks it broken
         if zone is not None and now - latest <= self.grace:  # run the model only for what will be delivered
             async with self._running:
-                if await self._still_due(r.id, planned):
-                    if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
-                        answer = await run_command(self.bot, r, self.settings.command_tools, zone)
-                    else:
-                        answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
+                # Still due (a queued run may wait a while; deleted meanwhile, it is skipped) and ours:
+                # of several processes, only the one holding the claim runs the model.
+                if not await self.store.claim_run(r.id, planned, self._holder, self.clock(), _RUN_LEASE):
+                    return
+                if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
+                    answer = await run_command(self.bot, r, self.settings.command_tools, zone)
+                else:
+                    answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
         def commit(db: Tx) -> tuple[Reminder, Outcome, str | None] | None:
             current = self.store.get_sync(db, r.id, lock=True)  # another process may be committing it
@@ -316,11 +321,6 @@ class ReminderService:
             return
         if applied is not None:
             self._after_commit([applied], report)
-
-    async def _still_due(self, reminder_id: str, planned: datetime) -> bool:
-        # A queued prompt may wait a while for its turn: skip the model for one deleted meanwhile.
-        current = await self.store.get(reminder_id)
-        return current is not None and current.status == "active" and current.next_fire == planned
 
     # --- requests from tools ---------------------------------------------------------------
     async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode, *,

@@ -250,11 +250,20 @@ class ReminderStore:
         """Write reminders' mutable state back."""
         text = functools.lru_cache(maxsize=None)(lambda at: None if at is None else iso(at))  # shared instants
         db.executemany(
-            "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ? "
-            "WHERE id = ?",
+            "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ?, "
+            "run_until = NULL WHERE id = ?",
             [[text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported), text(r.updated_at), r.id]
              for r in reminders],
         )
+
+    async def claim_run(self, reminder_id: str, planned: datetime, holder: str, now: datetime,
+                        lease: timedelta) -> bool:
+        """Take the right to run a due prompt's model (its occurrence ``planned``) until ``now + lease``:
+        False when it is no longer due so, or another holder's claim has not expired."""
+        return bool(await self.db.transaction(lambda db: db.execute(
+            "UPDATE reminders SET run_by = ?, run_until = ? WHERE id = ? AND status = 'active' AND next_fire = ? "
+            "AND (run_until IS NULL OR run_until < ? OR run_by = ?)",
+            [holder, iso(now + lease), reminder_id, iso(planned), iso(now), holder]).rowcount))
 
     @staticmethod
     def short_ids_sync(db: Tx, ids: list[str]) -> dict[str, str]:

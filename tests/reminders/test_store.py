@@ -307,3 +307,19 @@ async def test_erasing_with_no_chat_named_erases_nothing(store: ReminderStore) -
     assert await store.erase_owner("memory:u1", [], "memory") == []
     assert await store.erase_owner("memory:u1", None, "memory") == [mine.id]
     assert await store.get(mine.id) is None
+
+
+async def test_one_holder_runs_a_due_prompt_until_its_claim_expires(store: ReminderStore) -> None:
+    lease = timedelta(minutes=15)
+    prompt, other = make(next_fire=NOW).evolve(mode="prompt"), make(next_fire=NOW).evolve(mode="prompt")
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [prompt, other]))
+    assert await store.claim_run(prompt.id, NOW, "p1", NOW, lease)
+    assert not await store.claim_run(prompt.id, NOW, "p2", NOW + timedelta(minutes=1), lease)
+    assert await store.claim_run(prompt.id, NOW, "p1", NOW + timedelta(minutes=1), lease)  # its own retry
+    assert await store.claim_run(prompt.id, NOW, "p2", NOW + timedelta(minutes=17), lease)  # p1 died
+    assert not await store.claim_run(prompt.id, NOW - timedelta(days=1), "p3", NOW + timedelta(hours=1), lease)
+    done = prompt.evolve(next_fire=NOW + timedelta(days=1), last_fired=NOW)
+    await store.db.run(lambda db: ReminderStore.save_sync(db, done))  # fired: the claim goes with it
+    assert await store.claim_run(prompt.id, NOW + timedelta(days=1), "p3", NOW + timedelta(days=1), lease)
+    wins = await asyncio.gather(*(store.claim_run(other.id, NOW, f"q{i}", NOW, lease) for i in range(6)))
+    assert sum(wins) == 1  # at once, from several connections: one runs the model
