@@ -1,7 +1,7 @@
 """Reminders benchmark: lateness under a burst, loss/duplication, start-up time and memory.
 
     .venv/bin/python bench/bench_reminders.py [--count 10000] [--spread 60 0] [--stored 100000] [--prompts 2000]
-                                              [--pg-services 1 3]
+                                              [--pg-services 1 3] [--merge-chat 0 1]
 
 1. ``--count`` daily reminders due within one minute (whole seconds spread over ``--spread``
    seconds; ``0`` puts them all on the same second, the worst case) on one bot with the real
@@ -16,8 +16,9 @@
    services claiming due rows with ``SKIP LOCKED``. Until the outbox runs on PostgreSQL this
    measures due -> firing committed (reminder advanced and its outbox row written), not the send.
 
-A chat's on-time reminders due together share one message (``reminders.firing.merge``), so a send
-is counted once for every reminder it carries; lost and doubled are counted per reminder.
+With ``[reminders] merge_chat`` a chat's on-time reminders due together share one message
+(``reminders.firing.merge``; by default only one person's do, and every bench row has its own
+owner): a send counts for every reminder it carries; lost and doubled are counted per reminder.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import statistics
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -86,9 +88,9 @@ def make_rows(dues: list[datetime], mode: Literal["text", "prompt"] = "text") ->
             for i, due in enumerate(dues)]
 
 
-def settings(data: Path) -> Settings:
+def settings(data: Path, merge_chat: bool = False) -> Settings:
     return Settings(bot={"data_dir": data, "timezone": ZONE},
-                    reminders={"max_per_user": 10**6, "max_per_chat": 10**6})
+                    reminders={"max_per_user": 10**6, "max_per_chat": 10**6, "merge_chat": merge_chat})
 
 
 def pct(values: list[float], q: float) -> float:
@@ -96,10 +98,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def burst(count: int, spread: int) -> None:
+async def burst(count: int, spread: int, merge_chat: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ch = RecordingChannel()
-        bot = Bot(settings(Path(tmp)), channels=[ch], plugins=[reminders.plugin])
+        bot = Bot(settings(Path(tmp), merge_chat), channels=[ch], plugins=[reminders.plugin])
         await bot.start()
         deps = bot.deps_for(reminders.reminder_set)
         assert isinstance(deps, ReminderDeps)
@@ -123,11 +125,11 @@ async def burst(count: int, spread: int) -> None:
     label = "same second" if spread == 0 else f"spread over {spread} s"
     print(f"[burst] {count} reminders due within one minute ({label}); {armed} reminders armed, "
           f"{jobs} timer jobs")
-    summary("[burst] SQLite, lateness due->send()", expected, ch.calls)
+    summary(f"[burst] SQLite, merge_chat={str(merge_chat).lower()}, lateness due->send()", expected, ch.calls)
     print(f"[burst] RSS: +{after_arm - before:.1f} MB after storing and arming, +{peak - before:.1f} MB at the end")
 
 
-def summary(label: str, expected: dict[str, datetime | None], calls: list[tuple[str, datetime]]) -> None:
+def summary(label: str, expected: Mapping[str, datetime | None], calls: list[tuple[str, datetime]]) -> None:
     seen = collections.Counter(key for key, _ in calls)
     late_ms = [(at - due).total_seconds() * 1000 for key, at in calls if (due := expected.get(key)) is not None]
     lost = sum(1 for key in expected if key not in seen)
@@ -167,7 +169,7 @@ class Host:
         self.outbox = CommitClock()
 
 
-async def burst_pg(count: int, services: int) -> None:
+async def burst_pg(count: int, services: int, merge_chat: bool) -> None:
     """The same-second burst on a throwaway PostgreSQL, ``services`` ReminderServices (own engine,
     pool and timer each; one Python process) claiming with SKIP LOCKED. Lateness: due -> the firing
     transaction (reminder advanced, outbox row written) committed."""
@@ -182,7 +184,8 @@ async def burst_pg(count: int, services: int) -> None:
                                         "text TEXT NOT NULL, created_at TEXT NOT NULL)"])
             await db.open()
             host = Host()
-            service = ReminderService(ReminderStore(db), host, ReminderSettings(),  # type: ignore[arg-type]
+            service = ReminderService(ReminderStore(db), host,  # type: ignore[arg-type]
+                                      ReminderSettings(merge_chat=merge_chat),
                                       scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
             await service.start()
             running.append(service)
@@ -202,7 +205,8 @@ async def burst_pg(count: int, services: int) -> None:
             await service.store.db.close()
     calls = [call for h in hosts for call in h.outbox.calls]
     shares = "/".join(str(len({k for k, _ in h.outbox.calls})) for h in hosts)
-    summary(f"[burst] PostgreSQL, {services} service(s) (fired {shares}), lateness due->commit", expected, calls)
+    summary(f"[burst] PostgreSQL, {services} service(s) (fired {shares}), merge_chat={str(merge_chat).lower()}, "
+            "lateness due->commit", expected, calls)
 
 
 async def startup(stored: int, window: int) -> None:
@@ -279,15 +283,19 @@ async def main() -> None:
     parser.add_argument("--model-ms", type=float, default=20.0, help="the fake model's answer time")
     parser.add_argument("--pg-services", type=int, nargs="*", default=[1, 3],
                         help="same-second burst on PostgreSQL with this many services, one run each")
+    parser.add_argument("--merge-chat", type=int, nargs="+", default=[0, 1], choices=[0, 1],
+                        help="[reminders] merge_chat for the bursts (the rows have one owner each: 0 = a send each)")
     args = parser.parse_args()
     random.seed(7)
     if args.prompts:
         await prompts(args.prompts, args.model_ms)
     await startup(args.stored, args.window)
-    for spread in args.spread:
-        await burst(args.count, spread)
-    for services in args.pg_services:
-        await burst_pg(args.count, services)
+    for merge_chat in args.merge_chat:
+        for spread in args.spread:
+            await burst(args.count, spread, bool(merge_chat))
+    for merge_chat in args.merge_chat:
+        for services in args.pg_services:
+            await burst_pg(args.count, services, bool(merge_chat))
 
 
 if __name__ == "__main__":

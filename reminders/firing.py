@@ -103,28 +103,30 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
 
 
 def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, OutgoingMessage | None]],
-          now: datetime) -> tuple[list[OutgoingMessage], list[str | None]]:
+          now: datetime, *, across_owners: bool = False) -> tuple[list[OutgoingMessage], list[str | None]]:
     """The messages for reminders fired together ``(before, after, outcome, own message)``, and the
     key of the message each one went out in.
 
-    On-time text reminders of one chat due at the same instant share one message (at most
-    ``MERGE_MAX``, owners mentioned): a group where twenty people want "09:00 standup" gets one
-    message, not twenty, and the platform's rate limit is spent once. Late, missed or failed
-    ones, and scheduled prompts, keep their own message.
+    On-time text reminders of one person in one chat due at the same instant share one message
+    (at most ``MERGE_MAX``); ``across_owners`` (``[reminders] merge_chat``), those of everyone in
+    the chat do (owners mentioned): twenty people's "09:00 standup" is one send, not twenty, but
+    the history records one message mentioning several people, which ``/forget me`` removes only
+    for the first. Late, missed or failed ones, and scheduled prompts, keep their own message.
     """
     messages: list[OutgoingMessage] = []
     keys: list[str | None] = [None] * len(fired)
-    groups: dict[tuple[str, str, datetime], list[int]] = {}
+    groups: dict[tuple[str, str, str, datetime], list[int]] = {}
     for index, (before, after, outcome, message) in enumerate(fired):
         if message is None:
             continue
         if (before.mode == "text" and outcome == "delivered" and after.last_fired is not None
                 and now - after.last_fired <= ON_TIME):
-            groups.setdefault((before.chat, before.account, after.last_fired), []).append(index)
+            owner = "" if across_owners else before.owner
+            groups.setdefault((before.chat, before.account, owner, after.last_fired), []).append(index)
         else:
             messages.append(message)
             keys[index] = message.key
-    for (_, _, at), members in groups.items():
+    for (_, _, _, at), members in groups.items():
         for start in range(0, len(members), MERGE_MAX):
             part = members[start:start + MERGE_MAX]
             single = fired[part[0]][3]

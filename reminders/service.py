@@ -254,7 +254,7 @@ class ReminderService:
         """Fire up to ``batch`` due text reminders in the caller's transaction, a chat's together."""
         # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
         fired = [(r, *self._compose(r, now)) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
-        messages, keys = merge(fired, now)
+        messages, keys = merge(fired, now, across_owners=self.settings.merge_chat)
         for message in messages:
             self.bot.outbox.enqueue_sync(db, message)
         if fired:

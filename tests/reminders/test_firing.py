@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from pydantic import BaseModel
 
 import reminders
@@ -165,16 +166,17 @@ async def test_refiring_an_occurrence_is_idempotent(rig_factory: Factory) -> Non
     assert await rig.texts() == ["⏰ 提醒：交周报"]
 
 
-async def test_many_due_together_fire_in_batches_each_exactly_once(rig_factory: Factory) -> None:
+@pytest.mark.parametrize("merge_chat", [False, True])
+async def test_many_due_together_fire_in_batches_each_exactly_once(rig_factory: Factory, merge_chat: bool) -> None:
     now = at(SH, "2030-01-07 08:00")
-    rig = await rig_factory(now - timedelta(hours=1))
+    rig = await rig_factory(now - timedelta(hours=1), cfg={"merge_chat": merge_chat})
     rows = [Reminder(id=new_id(), owner=f"memory:u{i % 40}", owner_name="x", chat=f"memory:group:g{i % 30}",
                      type="daily", wall="08:00:00", zone=SH, weekday=None, content=f"#{i}", mode="text",
                      created_at=now, updated_at=now, next_fire=now) for i in range(1201)]
     await rig.bot.db.run(lambda db: ReminderStore.insert_sync(db, rows))
     assert await rig.fire(now) == 1201
     await rig.bot.outbox.flush()
-    # A chat's reminders due together share messages (at most MERGE_MAX each), owners mentioned.
+    # A person's (merge_chat: a chat's) reminders due together share messages (at most MERGE_MAX each).
     lines: list[str] = []
     for sent in rig.ch.sent:
         if sent.text.startswith("⏰ 提醒："):  # alone in its chat at a batch's edge
@@ -186,8 +188,11 @@ async def test_many_due_together_fire_in_batches_each_exactly_once(rig_factory: 
         lines += items
         owners = {rows[int(item[1:])].owner_id for item in items}
         assert set(sent.mention) == owners and len(sent.mention) == len(owners)
+        assert merge_chat or len(owners) == 1  # by default a message is about one person (/forget me takes it)
     assert sorted(lines) == sorted(f"#{i}" for i in range(1201))  # each exactly once
-    assert len(rig.ch.sent) <= 30 + 2  # 30 chats of about 40: one message each, and a chat cut by a batch's edge
+    # 30 chats of about 40 reminders from 4 people each: a message per chat (merge_chat) or per person
+    # there, plus one where a batch's edge cuts a chat.
+    assert len(rig.ch.sent) <= (30 if merge_chat else 120) + 2
     assert await rig.fire(now + timedelta(seconds=1)) == 0
 
 
