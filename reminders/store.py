@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -168,6 +169,11 @@ class ReminderStore:
         self.durable = durable
 
     schema = staticmethod(schema_v1)
+
+    @staticmethod
+    def migrations() -> list[Callable[[Tx], None] | str]:
+        """The ``reminders`` component's steps: ``db.migrate("reminders", ReminderStore.migrations())``."""
+        return list(SCHEMA)
 
     # --- synchronous helpers (database thread) -----------------------------------------------
     @staticmethod

@@ -18,6 +18,7 @@ from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, LimitError, Reminder, ReminderStore, new_id
 from reminders.timer import CHANNEL, parse_note
 from robot.config import ConfigError, Settings
+from robot.storage.postgres import PostgresDatabase
 from robot.store import Database, Engine, Tx, iso
 
 NOW = datetime(2030, 1, 7, 1, 0, tzinfo=UTC)
@@ -210,6 +211,23 @@ async def test_timer_jobs_are_armed_from_the_table_within_the_horizon(store: Rem
         assert scheduler.get_job(first.id) is None and len(scheduler.get_jobs()) == 4
     finally:
         scheduler.shutdown(wait=False)
+
+
+async def test_a_database_at_an_earlier_schema_version_is_brought_up_to_date(engine: Engine) -> None:
+    engine.migrate("reminders", ReminderStore.migrations()[:1])  # the first release of these steps
+    await engine.open()
+    await engine.run(lambda db: ReminderStore.insert_sync(db, [make("a" * 32)]))
+    await engine.close()
+    again = (PostgresDatabase(engine.url, max_size=4) if isinstance(engine, PostgresDatabase)
+             else Database(engine.path))  # type: ignore[attr-defined]
+    again.migrate("reminders", ReminderStore.migrations())
+    await again.open()
+    try:
+        store = ReminderStore(again)
+        assert await store.claim_run("a" * 32, NOW + timedelta(hours=1), "p1", NOW, timedelta(minutes=5))
+        assert [r.id for r in await store.for_chat(GROUP)] == ["a" * 32]
+    finally:
+        await again.close()
 
 
 async def test_a_database_from_before_accounts_gains_the_column(tmp_path: Path) -> None:
