@@ -23,7 +23,7 @@ from function_calls.testing import ScriptedModel, text
 from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
-from reminders.store import ReminderStore
+from reminders.store import SCHEMA, ReminderStore
 from tests.reminders.conftest import ALICE, SH, Clock, Launch
 
 T0 = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)
@@ -43,7 +43,7 @@ async def build(launch: Launch) -> AsyncIterator[Build]:
 
     async def make(now: datetime = T0, *, start: bool = True, model: Any = None) -> tuple[ReminderService, Any, Clock]:
         bot, ch, clock = await launch(now, model=model)
-        await bot.db.ensure("reminders", [ReminderStore.schema])
+        await bot.db.ensure("reminders", SCHEMA)
         settings = bot.settings.section("reminders", ReminderSettings)
         service = ReminderService(ReminderStore(bot.db), bot, settings,
                                   scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
