@@ -170,8 +170,9 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def side_by_side(messages: int, reminders: int) -> None:
     """SQLite/1 process, PostgreSQL/1 and PostgreSQL/3 processes, one after the other in this run."""
-    from robot.storage.pgtesting import PgCluster
     from scale_procs import run_processes
+
+    from robot.storage.pgtesting import PgCluster
 
     print(f"\nSide by side: {messages} @-messages (model path) from the start, and {reminders} reminders due in "
           "one second a second later, all sent through real bots in separate processes (reminders plugin, "

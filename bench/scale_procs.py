@@ -77,6 +77,7 @@ def _worker(url: str, data_dir: str, index: int, share: int, chats: int, ready: 
 async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
                 sent: Any, out: Any) -> None:
     import bench_scale as bs  # the bench's tool, model and channel
+
     from function_calls import Toolset
     from function_calls.testing import call
     from robot.bot import Bot
