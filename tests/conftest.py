@@ -78,3 +78,9 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "sqlite":
         return SQLiteDatabase(tmp_path / "qunbot.sqlite3")
     return PostgresDatabase(request.getfixturevalue("pg_url"), max_size=4)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The multi-process SIGKILL test (about two and a half minutes of mostly waiting) goes first, so
+    that with ``-n 2`` one worker runs it while the other runs everything else."""
+    items.sort(key=lambda item: 0 if "tests/scale/" in item.nodeid or item.nodeid.startswith("scale/") else 1)
