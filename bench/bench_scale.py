@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from bench_robot import note  # the same one-tool bot as bench_robot: an action tool with the alias /n
 
-from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
+from function_calls import ModelRequest, ModelResponse, Toolset
 from function_calls.model import TextCallback
 from function_calls.testing import ScriptedModel, call
 from robot.bot import Bot
@@ -41,16 +41,6 @@ from robot.runtime import tune_gc
 from robot.testing import MemoryChannel
 
 __all__ = ["main", "run_messages"]
-
-
-class NoteArgs(BaseModel):
-    text: str = Field(description="what to note")
-
-
-@tool_function(aliases=["n"])
-async def note(ctx: ToolContext[object], args: NoteArgs) -> ToolResult:
-    """Take a note."""
-    return ToolResult.reply(f"noted: {args.text}")
 
 
 class TimedChannel(MemoryChannel):
