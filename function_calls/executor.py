@@ -178,7 +178,8 @@ class CallExecutor:
         try:
             ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
                               tool_call_id=call.id, clock=self.clock)
-            result = await asyncio.wait_for(tool.invoke(ctx, args), timeout=tool.timeout_s)
+            async with asyncio.timeout(tool.timeout_s):  # wait_for made a task per call (3.11); this does not
+                result = await tool.invoke(ctx, args)
         except ToolError as exc:
             result = ToolResult.error(exc.message)
         except TimeoutError:
