@@ -1,6 +1,7 @@
 """Reminders benchmark: lateness under a burst, loss/duplication, start-up time and memory.
 
     .venv/bin/python bench/bench_reminders.py [--count 10000] [--spread 60 0] [--stored 100000] [--prompts 2000]
+                                              [--pg-services 1 3] [--merge-chat 0 1]
 
 1. ``--count`` daily reminders due within one minute (whole seconds spread over ``--spread``
    seconds; ``0`` puts them all on the same second, the worst case) on one bot with the real
@@ -11,6 +12,13 @@
 3. ``--prompts`` prompt-mode reminders due at once, answered by a fake model that takes
    ``--model-ms``: how many model runs overlap (bounded by ``[reminders] prompt_concurrency``)
    and how long the queue takes to drain.
+4. The same-second burst on PostgreSQL (a throwaway ``PgCluster``) with ``--pg-services`` reminder
+   services claiming due rows with ``SKIP LOCKED``. Until the outbox runs on PostgreSQL this
+   measures due -> firing committed (reminder advanced and its outbox row written), not the send.
+
+With ``[reminders] merge_chat`` a chat's on-time reminders due together share one message
+(``reminders.firing.merge``; by default only one person's do, and every bench row has its own
+owner): a send counts for every reminder it carries; lost and doubled are counted per reminder.
 """
 
 from __future__ import annotations
@@ -20,26 +28,34 @@ import asyncio
 import collections
 import gc
 import random
+import re
 import statistics
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
 import psutil  # type: ignore[import-untyped]
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 import reminders
 from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import ScriptedModel, text
-from reminders.store import Reminder, ReminderStore, new_id
+from reminders.service import ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
 from reminders.tools import ReminderDeps
 from robot.bot import Bot
 from robot.channels.base import SendReceipt
 from robot.config import Settings
 from robot.message import OutgoingMessage
+from robot.storage import Tx, iso
+from robot.storage.pgtesting import PgCluster
+from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
 
 ZONE = "Asia/Shanghai"
@@ -53,7 +69,9 @@ class RecordingChannel(MemoryChannel):
         self.calls: list[tuple[str, datetime]] = []
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:
-        self.calls.append((message.key, datetime.now(UTC)))
+        at = datetime.now(UTC)
+        # A chat's reminders due together share a message: one entry per reminder in it ("提醒 <n>").
+        self.calls.extend((number, at) for number in re.findall(r"提醒 (\d+)", message.text))
         return SendReceipt(platform_message_id=None)
 
 
@@ -70,9 +88,9 @@ def make_rows(dues: list[datetime], mode: Literal["text", "prompt"] = "text") ->
             for i, due in enumerate(dues)]
 
 
-def settings(data: Path) -> Settings:
+def settings(data: Path, merge_chat: bool = False) -> Settings:
     return Settings(bot={"data_dir": data, "timezone": ZONE},
-                    reminders={"max_per_user": 10**6, "max_per_chat": 10**6})
+                    reminders={"max_per_user": 10**6, "max_per_chat": 10**6, "merge_chat": merge_chat})
 
 
 def pct(values: list[float], q: float) -> float:
@@ -80,10 +98,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def burst(count: int, spread: int) -> None:
+async def burst(count: int, spread: int, merge_chat: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ch = RecordingChannel()
-        bot = Bot(settings(Path(tmp)), channels=[ch], plugins=[reminders.plugin])
+        bot = Bot(settings(Path(tmp), merge_chat), channels=[ch], plugins=[reminders.plugin])
         await bot.start()
         deps = bot.deps_for(reminders.reminder_set)
         assert isinstance(deps, ReminderDeps)
@@ -94,25 +112,101 @@ async def burst(count: int, spread: int) -> None:
         before = rss_mb()
         await bot.db.run(lambda db: ReminderStore.insert_sync(db, rows))
         armed = await deps.service.arm_window()
+        assert deps.service.scheduler is not None
+        jobs = len(deps.service.scheduler.get_jobs())
         after_arm = rss_mb()
-        expected = {f"rem:{r.id}:{r.next_fire.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}": r.next_fire
-                    for r in rows if r.next_fire is not None}
+        expected = {r.content.split()[1]: r.next_fire for r in rows if r.next_fire is not None}
         deadline = max(dues) + timedelta(seconds=60)
         while len(ch.calls) < count and datetime.now(UTC) < deadline:
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # anything sent twice would show up now
         peak = rss_mb()
         await bot.stop()
-    seen = collections.Counter(key for key, _ in ch.calls)
-    late_ms = [(at - expected[key]).total_seconds() * 1000 for key, at in ch.calls if key in expected]
+    label = "same second" if spread == 0 else f"spread over {spread} s"
+    print(f"[burst] {count} reminders due within one minute ({label}); {armed} reminders armed, "
+          f"{jobs} timer jobs")
+    summary(f"[burst] SQLite, merge_chat={str(merge_chat).lower()}, lateness due->send()", expected, ch.calls)
+    print(f"[burst] RSS: +{after_arm - before:.1f} MB after storing and arming, +{peak - before:.1f} MB at the end")
+
+
+def summary(label: str, expected: Mapping[str, datetime | None], calls: list[tuple[str, datetime]]) -> None:
+    seen = collections.Counter(key for key, _ in calls)
+    late_ms = [(at - due).total_seconds() * 1000 for key, at in calls if (due := expected.get(key)) is not None]
     lost = sum(1 for key in expected if key not in seen)
     dup = sum(n - 1 for n in seen.values() if n > 1)
-    label = "same second" if spread == 0 else f"spread over {spread} s"
-    print(f"[burst] {count} reminders due within one minute ({label}); {armed} timer jobs armed")
-    print(f"[burst] lateness due->send(): p50 {statistics.median(late_ms):.1f} ms, p99 {pct(late_ms, 0.99):.1f} ms, "
-          f"max {max(late_ms):.1f} ms, min {min(late_ms):.1f} ms")
-    print(f"[burst] lost {lost}, duplicated {dup}, sent {len(ch.calls)}")
-    print(f"[burst] RSS: +{after_arm - before:.1f} MB after storing and arming, +{peak - before:.1f} MB at the end")
+    if late_ms:
+        print(f"{label}: p50 {statistics.median(late_ms):.1f} ms, p99 {pct(late_ms, 0.99):.1f} ms, "
+              f"max {max(late_ms):.1f} ms; lost {lost}, doubled {dup}")
+    else:
+        print(f"{label}: nothing arrived; lost {lost}")
+
+
+class CommitClock:
+    """The outbox as reminders see it, on PostgreSQL: a row per message in a table like the outbox's,
+    and the instant each firing transaction committed (``notify`` is called right after the commit)."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+        self.calls: list[tuple[str, datetime]] = []
+
+    def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
+        added = db.execute("INSERT INTO bench_outbox (key, chat, text, created_at) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (key) DO NOTHING", [message.key, message.chat.key, message.text,
+                                                            iso(datetime.now(UTC))]).rowcount == 1
+        if added:
+            self.pending.extend(re.findall(r"提醒 (\d+)", message.text))
+        return added
+
+    def notify(self, platform: str) -> None:
+        at = datetime.now(UTC)
+        self.calls.extend((number, at) for number in self.pending)
+        self.pending.clear()
+
+
+class Host:
+    def __init__(self) -> None:
+        self.clock = lambda: datetime.now(UTC)
+        self.outbox = CommitClock()
+
+
+async def burst_pg(count: int, services: int, merge_chat: bool) -> None:
+    """The same-second burst on a throwaway PostgreSQL, ``services`` ReminderServices (own engine,
+    pool and timer each; one Python process) claiming with SKIP LOCKED. Lateness: due -> the firing
+    transaction (reminder advanced, outbox row written) committed."""
+    with PgCluster() as pg:
+        url = pg.create_database()
+        running: list[ReminderService] = []
+        hosts: list[Host] = []
+        for _ in range(services):
+            db = PostgresDatabase(url, max_size=4)
+            db.migrate("reminders", SCHEMA)
+            db.migrate("bench_outbox", ["CREATE TABLE bench_outbox (key TEXT PRIMARY KEY, chat TEXT NOT NULL, "
+                                        "text TEXT NOT NULL, created_at TEXT NOT NULL)"])
+            await db.open()
+            host = Host()
+            service = ReminderService(ReminderStore(db), host,  # type: ignore[arg-type]
+                                      ReminderSettings(merge_chat=merge_chat),
+                                      scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
+            await service.start()
+            running.append(service)
+            hosts.append(host)
+        start = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+        rows = make_rows([start] * count)
+        await running[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+        for service in running:
+            await service.arm_window()
+        expected = {r.content.split()[1]: r.next_fire for r in rows}
+        deadline = start + timedelta(seconds=60)
+        while sum(len(h.outbox.calls) for h in hosts) < count and datetime.now(UTC) < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        for service in running:
+            await service.stop()
+            await service.store.db.close()
+    calls = [call for h in hosts for call in h.outbox.calls]
+    shares = "/".join(str(len({k for k, _ in h.outbox.calls})) for h in hosts)
+    summary(f"[burst] PostgreSQL, {services} service(s) (fired {shares}), merge_chat={str(merge_chat).lower()}, "
+            "lateness due->commit", expected, calls)
 
 
 async def startup(stored: int, window: int) -> None:
@@ -187,13 +281,21 @@ async def main() -> None:
     parser.add_argument("--window", type=int, default=86_400, help="seconds the stored reminders spread over")
     parser.add_argument("--prompts", type=int, default=2_000, help="prompt reminders due at once (0 = skip)")
     parser.add_argument("--model-ms", type=float, default=20.0, help="the fake model's answer time")
+    parser.add_argument("--pg-services", type=int, nargs="*", default=[1, 3],
+                        help="same-second burst on PostgreSQL with this many services, one run each")
+    parser.add_argument("--merge-chat", type=int, nargs="+", default=[0, 1], choices=[0, 1],
+                        help="[reminders] merge_chat for the bursts (the rows have one owner each: 0 = a send each)")
     args = parser.parse_args()
     random.seed(7)
     if args.prompts:
         await prompts(args.prompts, args.model_ms)
     await startup(args.stored, args.window)
-    for spread in args.spread:
-        await burst(args.count, spread)
+    for merge_chat in args.merge_chat:
+        for spread in args.spread:
+            await burst(args.count, spread, bool(merge_chat))
+    for merge_chat in args.merge_chat:
+        for services in args.pg_services:
+            await burst_pg(args.count, services, bool(merge_chat))
 
 
 if __name__ == "__main__":

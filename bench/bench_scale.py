@@ -172,10 +172,33 @@ async def main_async(args: argparse.Namespace) -> None:
                                            gc_tuned=not args.default_gc, caps=not args.no_caps)))
 
 
+def side_by_side(messages: int, reminders: int) -> None:
+    """SQLite/1 process, PostgreSQL/1 and PostgreSQL/3 processes, one after the other in this run."""
+    from scale_procs import run_processes
+
+    from robot.storage.pgtesting import PgCluster
+
+    print(f"\nSide by side: {messages} @-messages (model path) from the start, and {reminders} reminders due in "
+          "one second a second later, all sent through real bots in separate processes (reminders plugin, "
+          "scripted in-process model, acknowledging channel)")
+    print(f"   {'engine':<22} {'msg/s':>7} {'last reply':>10} {'reminder lateness p50/p99/max':>31} {'lost':>5} "
+          f"{'doubled':>7}")
+    with PgCluster() as pg:
+        for label, url, procs in (("SQLite, 1 process", "", 1), ("PostgreSQL, 1 process", pg.create_database(), 1),
+                                  ("PostgreSQL, 3 processes", pg.create_database(), 3)):
+            f = run_processes(url, procs, messages, reminders)
+            print(f"   {label:<22} {f.msgs_per_s:7,.0f} {f.msg_p99:9.2f}s {f.rem_p50:9.2f}s /{f.rem_p99:6.2f}s /"
+                  f"{f.rem_max:6.2f}s {f.lost:5d} {f.doubled:7d}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=["sqlite"], default="sqlite")
     parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--side-by-side", action=argparse.BooleanOptionalAction, default=True,
+                        help="also SQLite/PostgreSQL/3 processes in separate processes (starts a throwaway cluster)")
+    parser.add_argument("--scale-messages", type=int, default=3000, help="messages in the side-by-side section")
+    parser.add_argument("--reminders", type=int, default=10_000, help="same-second reminders in the side-by-side section")
     parser.add_argument("--chats", type=int, default=50)
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--default-gc", action="store_true",
@@ -185,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main_async(args))
+    if args.side_by_side:
+        side_by_side(args.scale_messages, args.reminders)
 
 
 if __name__ == "__main__":

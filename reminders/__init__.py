@@ -17,7 +17,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from reminders.commands import REMIND_SYNTAX
 from reminders.service import FireReport, ReminderService
 from reminders.settings import ReminderSettings
-from reminders.store import LimitError, Reminder, ReminderError, ReminderStore
+from reminders.store import SCHEMA, LimitError, Reminder, ReminderError, ReminderStore
 from reminders.tools import (
     DeleteArgs,
     ReminderArgs,
@@ -60,7 +60,7 @@ async def setup(bot: Bot) -> ReminderDeps:
     quiet = logging.getLogger("apscheduler")
     if quiet.level == logging.NOTSET:  # APScheduler logs every job at INFO; keep an explicit setting
         quiet.setLevel(logging.WARNING)
-    await bot.db.ensure("reminders", [ReminderStore.schema])
+    await bot.db.ensure("reminders", SCHEMA)
     scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"),
                                  job_defaults={"misfire_grace_time": None, "coalesce": True})
     service = ReminderService(ReminderStore(bot.db, durable=settings.durable_writes), bot, settings,

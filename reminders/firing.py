@@ -5,6 +5,8 @@ Pure functions of a stored reminder and ``now``; :mod:`reminders.service` commit
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -12,15 +14,20 @@ from zoneinfo import ZoneInfo
 
 from reminders.schedule import MISSED_FIRES_CAP, Schedule, next_fire
 from reminders.store import Reminder
-from robot import OutgoingMessage, iso
+from robot import OutgoingMessage
+from robot import iso as _iso
 
-__all__ = ["ON_TIME", "FireReport", "Outcome", "catch_up", "compose", "format_local"]
+__all__ = ["MERGE_MAX", "ON_TIME", "FireReport", "Outcome", "catch_up", "compose", "format_local", "merge"]
 
 ON_TIME = timedelta(seconds=60)
 """Up to this late a reminder counts as on time: no late note, and never "missed"."""
 Outcome = Literal["delivered", "missed", "failed", "broken"]
+iso = functools.lru_cache(maxsize=4096)(_iso)  # a burst formats the same few instants thousands of times
+MERGE_MAX = 50
+"""At most this many on-time reminders of one chat, due at the same instant, share one message."""
 
 
+@functools.lru_cache(maxsize=4096)
 def format_local(instant: datetime, zone: str, *, seconds: bool = False) -> str:
     """An instant as local wall time, e.g. ``2026-11-21 08:00``."""
     return instant.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
@@ -42,6 +49,7 @@ class FireReport:
             self.keys.append(key)
 
 
+@functools.lru_cache(maxsize=4096)  # a burst is mostly the same schedule ("daily 09:00") many times
 def catch_up(schedule: Schedule, planned: datetime, now: datetime) -> tuple[datetime, int, datetime | None]:
     """(latest occurrence <= now, how many occurred since ``planned`` inclusive, next one after now)."""
     latest, count = planned, 1
@@ -92,3 +100,48 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
     chat = r.chat_ref
     mention = (r.owner_id,) if chat.kind == "group" else ()
     return after, outcome, OutgoingMessage(key=key, chat=chat, text=text, mention=mention)
+
+
+def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, OutgoingMessage | None]],
+          now: datetime, *, across_owners: bool = False) -> tuple[list[OutgoingMessage], list[str | None]]:
+    """The messages for reminders fired together ``(before, after, outcome, own message)``, and the
+    key of the message each one went out in.
+
+    On-time text reminders of one person in one chat due at the same instant share one message
+    (at most ``MERGE_MAX``); ``across_owners`` (``[reminders] merge_chat``), those of everyone in
+    the chat do (owners mentioned): twenty people's "09:00 standup" is one send, not twenty, but
+    the history records one message mentioning several people, which ``/forget me`` removes only
+    for the first. Late, missed or failed ones, and scheduled prompts, keep their own message.
+    """
+    messages: list[OutgoingMessage] = []
+    keys: list[str | None] = [None] * len(fired)
+    groups: dict[tuple[str, str, str, datetime], list[int]] = {}
+    for index, (before, after, outcome, message) in enumerate(fired):
+        if message is None:
+            continue
+        if (before.mode == "text" and outcome == "delivered" and after.last_fired is not None
+                and now - after.last_fired <= ON_TIME):
+            owner = "" if across_owners else before.owner
+            groups.setdefault((before.chat, before.account, owner, after.last_fired), []).append(index)
+        else:
+            messages.append(message)
+            keys[index] = message.key
+    for (_, _, _, at), members in groups.items():
+        for start in range(0, len(members), MERGE_MAX):
+            part = members[start:start + MERGE_MAX]
+            single = fired[part[0]][3]
+            if len(part) == 1 and single is not None:
+                messages.append(single)
+                keys[part[0]] = single.key
+                continue
+            rs = [fired[i][0] for i in part]
+            chat = rs[0].chat_ref
+            group = chat.kind == "group"
+            lines = [f"· {r.owner_name}：{r.content}" if group else f"· {r.content}" for r in rs]
+            merged = OutgoingMessage(key=f"rem:{rs[0].id}:{iso(at)}:+{len(rs) - 1}", chat=chat,
+                                     text=f"⏰ 提醒（{len(rs)} 条）：\n" + "\n".join(lines),
+                                     mention=tuple(dict.fromkeys(r.owner_id for r in rs)) if group else ())
+            messages.append(merged)
+            for i in part:
+                keys[i] = merged.key
+    return messages, keys

@@ -1,23 +1,25 @@
 """Firing reminders: APScheduler wakes the bot, the ``reminders`` table decides what is due.
 
 A *pass* (:meth:`ReminderService.fire_due`) takes every active reminder due at ``now`` and, per
-batch of rows, commits the reminder's new state (done, or its next occurrence) together with
-its outbox row in one transaction. The outbox key ``rem:<id>:<occurrence>`` makes a refire of
-the same occurrence a no-op, so a crash anywhere neither loses nor duplicates a reminder.
-Deleted reminders never fire: the pass selects ``status = 'active'`` inside the transaction.
+batch of up to ``batch`` rows (a chat's together), commits their new state (done, or the next
+occurrence) together with their outbox rows in one transaction; on-time reminders of one chat due
+at the same instant share a message (:func:`reminders.firing.merge`). The outbox key
+``rem:<id>:<occurrence>`` makes a refire of the same occurrence a no-op, so a crash anywhere
+neither loses nor duplicates a reminder. Deleted reminders never fire: the pass selects
+``status = 'active'`` inside the transaction. On PostgreSQL, where several processes fire, a
+pass claims its rows with ``FOR UPDATE SKIP LOCKED``: each occurrence is fired by one process.
 
-APScheduler (``AsyncIOScheduler``, in-memory jobstore) holds one ``DateTrigger`` job
-``rem:<id>`` per reminder due within ``horizon`` (at most ``max_armed``, soonest first); a
-``rem:refill`` job re-arms the window every ``horizon / 2``. Keeping far-away reminders out of
-APScheduler (about 1 KB per job) keeps start-up with 100k stored reminders fast and small. Any
-job firing triggers one coalesced pass, so reminders due in the same second fire in a handful
-of transactions, however many there are.
+The timer (:mod:`reminders.timer`) holds one APScheduler job per distinct instant due within
+``horizon`` (at most ``max_armed`` reminders, soonest first); a ``rem:refill`` job re-arms the
+window every ``horizon / 2``. Creations and deletions are announced on the ``reminders``
+notification channel, so every process arms or drops its own timer at once.
 
 Command-mode reminders (a stored ``/command`` such as a daily ``/summary``) take the prompts'
 path, run through ``bot.call_tool`` as their owner. Prompt-mode reminders run the model
-(``bot.run_scheduled``, in the reminder's stored zone) outside any transaction, at most ``prompt_concurrency`` at a time, then commit the answer the
-same way after re-checking that the row is still active and unchanged. A run that stopped early,
-or whose every tool call failed, counts as failed: the owner hears about it once, not daily.
+(``bot.run_scheduled``, in the reminder's stored zone) outside any transaction, at most
+``prompt_concurrency`` at a time, then commit the answer after re-checking (row locked) that the
+row is still active and unchanged. A run that stopped early, or whose every tool call failed,
+counts as failed: the owner hears about it once, not daily.
 """
 
 from __future__ import annotations
@@ -34,18 +36,17 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.schedulers.base import STATE_RUNNING
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
-from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local
+from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local, merge
 from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
+from reminders.timer import CHANNEL, Timer, note_armed
 from robot import ChatRef, ForgetRequest, OutgoingMessage, Tx, reply_key
 
 if TYPE_CHECKING:
@@ -60,8 +61,9 @@ CRASH_ENV = "QUNBOT_REMINDERS_CRASH_AT"
 RETRY_BASE_S = 0.25
 """A failed firing pass is retried after this, doubling up to ``RETRY_MAX_S``."""
 RETRY_MAX_S = 2.0
-_BATCH = 200
+_BATCH = 1000
 _KEEP_FINISHED = timedelta(days=30)
+_RUN_LEASE = timedelta(minutes=15)  # a process that dies running a prompt's model leaves it to another then
 class ReminderService:
     """Creates, deletes and fires reminders for one bot. ``scheduler=None``: no timer (tests drive passes)."""
 
@@ -90,10 +92,23 @@ class ReminderService:
         self._prompts: dict[str, asyncio.Task[None]] = {}
         self._running = asyncio.Semaphore(settings.prompt_concurrency)  # model runs at once, not tasks
         self._crash_at = os.environ.get(CRASH_ENV, "")
+        self._listening = False
+        self._recheck: asyncio.TimerHandle | None = None
+        self._holder = os.urandom(8).hex()  # this service's name in prompt-run claims
+        self.timer = Timer(scheduler, self.clock, horizon, self.kick)
+        #: Due rows claimed per firing transaction.
+        self.batch = _BATCH
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the timer, fire (or report) what fell due while the bot was down, arm the window."""
+        """Start the timer, fire (or report) what fell due while the bot was down, arm the window.
+
+        Every process sharing the database hears of reminders added or deleted elsewhere (the
+        ``reminders`` notification channel) and arms or drops its own timer job at once.
+        """
+        if not self._listening:
+            self.store.db.subscribe(CHANNEL, self.timer.on_note)
+            self._listening = True
         if self.scheduler is not None:
             if not self.scheduler.running:
                 self.scheduler.start()
@@ -107,6 +122,8 @@ class ReminderService:
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
             await asyncio.sleep(0)  # AsyncIOScheduler shuts down in a loop callback
+        if self._recheck is not None:
+            self._recheck.cancel()
         if self._pass is not None and not self._pass.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._pass), 2.0)
@@ -117,52 +134,24 @@ class ReminderService:
 
     # --- the timer -------------------------------------------------------------------------
     def _arm_now(self, items: Sequence[tuple[str, datetime, str]]) -> int:
-        scheduler = self.scheduler
-        if scheduler is None:
-            return 0
-        now = self.clock()
-        limit = now + self.horizon
-        if any(at <= now for _, at, _ in items):
-            # Already due (created while the DB thread was busy past its time, say): no job would
-            # ever fire it, so a pass does, now.
-            self.kick()
-        armed = 0
-        paused = scheduler.state == STATE_RUNNING  # paused, an add does not wake the scheduler each time
-        if paused:
-            scheduler.pause()
-        try:
-            for rid, at, zone in items:
-                if at > limit or at <= now:  # far away: the refill arms it; due: a pass fires it
-                    continue
-                job = scheduler.get_job(f"rem:{rid}")
-                if job is not None and job.next_run_time == at:
-                    continue
-                try:
-                    tz = ZoneInfo(zone)
-                except (ZoneInfoNotFoundError, ValueError, OSError):  # a corrupted row: its pass marks it broken
-                    tz = ZoneInfo("UTC")
-                scheduler.add_job(self._on_timer, DateTrigger(run_date=at.astimezone(tz), timezone=tz), args=(rid,),
-                                  id=f"rem:{rid}", replace_existing=True, misfire_grace_time=None, coalesce=True)
-                armed += 1
-        finally:
-            if paused:
-                scheduler.resume()
-        return armed
+        return self.timer.arm(items)
 
     def arm(self, reminder: Reminder) -> None:
-        """Give a reminder its timer job (if it is due within the horizon)."""
+        """Wake up for a reminder (if it is due within the horizon)."""
         if reminder.next_fire is not None and reminder.status == "active":
             self._arm_now([(reminder.id, reminder.next_fire, reminder.zone)])
 
     def disarm(self, reminder_id: str) -> None:
-        if self.scheduler is not None:
-            with contextlib.suppress(JobLookupError):
-                self.scheduler.remove_job(f"rem:{reminder_id}")
+        self.timer.disarm(reminder_id)
+
+    def armed_at(self, reminder_id: str) -> datetime | None:
+        """When this process's timer wakes up for the reminder (None: it does not)."""
+        return self.timer.armed_at(reminder_id)
 
     async def arm_window(self) -> int:
-        """Arm jobs for the active reminders due within the horizon (at most ``max_armed``, soonest
+        """Wake up for the active reminders due within the horizon (at most ``max_armed``, soonest
         first; a ``rem:refill-next`` job at the last one's instant arms the next ones). Returns how
-        many jobs were added."""
+        many reminders were newly armed."""
         if self.scheduler is None:
             return 0
         now = self.clock()
@@ -188,7 +177,8 @@ class ReminderService:
             log.exception("reminders: re-arming the timer failed")
         self.kick()  # safety net: anything due without a job fires now
 
-    async def _on_timer(self, reminder_id: str) -> None:
+    def _look_again(self) -> None:
+        self._recheck = None
         self.kick()
 
     def kick(self) -> None:
@@ -232,8 +222,13 @@ class ReminderService:
                 if applied and self._crash_at == "after_commit":
                     os.kill(os.getpid(), signal.SIGKILL)
                 self._after_commit(applied, report)
-                if len(applied) < _BATCH:
+                if len(applied) < self.batch:
                     break
+            if self._recheck is None and self.store.db.dialect == "postgresql" and await self.store.db.run(
+                    lambda db: bool(self.store.due_sync(db, now, "text", 1))):
+                # Due rows another process has claimed (SKIP LOCKED passed them over): should it die
+                # before committing, they are due again and no timer of ours would wake up for them.
+                self._recheck = asyncio.get_running_loop().call_later(RETRY_MAX_S, self._look_again)
             prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
                                                           *self.store.due_sync(db, now, "command", 10_000)])
             started: list[asyncio.Task[None]] = []
@@ -248,24 +243,38 @@ class ReminderService:
     def _after_commit(self, applied: list[tuple[Reminder, Outcome, str | None]], report: FireReport) -> None:
         for platform in {r.chat.split(":", 1)[0] for r, _, key in applied if key is not None}:
             self.bot.outbox.notify(platform)
+        counted: set[str] = set()
         for _, outcome, key in applied:
-            report.add(outcome, key)
+            report.add(outcome, None if key in counted else key)  # a shared message counts once
+            if key is not None:
+                counted.add(key)
         self._arm_now([(r.id, r.next_fire, r.zone) for r, _, _ in applied if r.next_fire is not None])
 
     def _text_batch(self, db: Tx, now: datetime) -> list[tuple[Reminder, Outcome, str | None]]:
-        applied = [self._apply_sync(db, r, now) for r in self.store.due_sync(db, now, "text", _BATCH)]
-        if applied and self._crash_at == "before_commit":
+        """Fire up to ``batch`` due text reminders in the caller's transaction, a chat's together."""
+        # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
+        fired = [(r, *self._compose(r, now)) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
+        messages, keys = merge(fired, now, across_owners=self.settings.merge_chat)
+        for message in messages:
+            self.bot.outbox.enqueue_sync(db, message)
+        if fired:
+            self.store.save_sync(db, *[after for _, after, _, _ in fired])
+        if fired and self._crash_at == "before_commit":
             os.kill(os.getpid(), signal.SIGKILL)
-        return applied
+        return [(after, outcome, key) for (_, after, outcome, _), key in zip(fired, keys, strict=True)]
+
+    def _compose(self, r: Reminder, now: datetime, *, answer: str | None = None,
+                 failed: bool = False) -> tuple[Reminder, Outcome, OutgoingMessage | None]:
+        try:
+            return compose(r, now, self.grace, answer=answer, failed=failed)
+        except Exception:  # one corrupted row must not block every other reminder
+            log.exception("reminders: %s cannot be fired; marking it broken", r.id)
+            return r.evolve(status="broken", next_fire=None, updated_at=now), "broken", None
 
     def _apply_sync(self, db: Tx, r: Reminder, now: datetime, *, answer: str | None = None,
                     failed: bool = False) -> tuple[Reminder, Outcome, str | None]:
         """Commit one due reminder's message and new state (caller's transaction)."""
-        try:
-            after, outcome, message = compose(r, now, self.grace, answer=answer, failed=failed)
-        except Exception:  # one corrupted row must not block every other reminder
-            log.exception("reminders: %s cannot be fired; marking it broken", r.id)
-            after, outcome, message = r.evolve(status="broken", next_fire=None, updated_at=now), "broken", None
+        after, outcome, message = self._compose(r, now, answer=answer, failed=failed)
         if message is not None:
             self.bot.outbox.enqueue_sync(db, message)
         self.store.save_sync(db, after)
@@ -289,14 +298,17 @@ class ReminderService:
             latest, zone = planned, None  # a corrupted row: the commit below marks it broken
         if zone is not None and now - latest <= self.grace:  # run the model only for what will be delivered
             async with self._running:
-                if await self._still_due(r.id, planned):
-                    if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
-                        answer = await run_command(self.bot, r, self.settings.command_tools, zone)
-                    else:
-                        answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
+                # Still due (a queued run may wait a while; deleted meanwhile, it is skipped) and ours:
+                # of several processes, only the one holding the claim runs the model.
+                if not await self.store.claim_run(r.id, planned, self._holder, self.clock(), _RUN_LEASE):
+                    return
+                if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
+                    answer = await run_command(self.bot, r, self.settings.command_tools, zone)
+                else:
+                    answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
 
         def commit(db: Tx) -> tuple[Reminder, Outcome, str | None] | None:
-            current = self.store.get_sync(db, r.id)
+            current = self.store.get_sync(db, r.id, lock=True)  # another process may be committing it
             if current is None or current.status != "active" or current.next_fire != planned:
                 return None  # deleted or changed while the model ran: no ghost message
             return self._apply_sync(db, current, now, answer=answer, failed=answer is None)
@@ -309,11 +321,6 @@ class ReminderService:
             return
         if applied is not None:
             self._after_commit([applied], report)
-
-    async def _still_due(self, reminder_id: str, planned: datetime) -> bool:
-        # A queued prompt may wait a while for its turn: skip the model for one deleted meanwhile.
-        current = await self.store.get(reminder_id)
-        return current is not None and current.status == "active" and current.next_fire == planned
 
     # --- requests from tools ---------------------------------------------------------------
     async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode, *,
@@ -342,6 +349,8 @@ class ReminderService:
 
         def work(db: Tx) -> Reminder:
             stored = self.store.create_sync(db, reminder, self.settings, now)
+            if stored.status == "active":  # every process wakes up for it
+                note_armed(db, stored.id, stored.next_fire, stored.zone)
             if confirm is not None and caller.message_id:
                 short = self.store.short_ids_sync(db, [stored.id])[stored.id]
                 self.bot.outbox.enqueue_sync(db, OutgoingMessage(
@@ -352,9 +361,13 @@ class ReminderService:
 
         try:
             stored = await self.store.db.transaction(work, durable=self.store.durable)
-        except sqlite3.Error as exc:  # locked past the busy timeout, disk full, I/O error
-            log.warning("reminders: cannot store a reminder: %s", exc)
-            raise ReminderError(f"the reminder could not be saved ({exc}); nothing was stored, try again later",
+        except ReminderError:
+            raise
+        except Exception as exc:  # locked past the busy timeout, disk full, I/O error, PostgreSQL unreachable
+            # SQLite's reasons are plain; another engine's may name its server, so only the kind is shown.
+            why = str(exc) if isinstance(exc, sqlite3.Error) else type(exc).__name__
+            log.warning("reminders: cannot store a reminder: %s", why)
+            raise ReminderError(f"the reminder could not be saved ({why}); nothing was stored, try again later",
                                 user_message="暂时无法保存，请稍后再试。") from None
         if confirm is not None and caller.message_id:
             self.bot.outbox.notify(chat.platform)

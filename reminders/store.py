@@ -15,16 +15,20 @@ from __future__ import annotations
 import functools
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from reminders.schedule import Kind, Schedule
+from reminders.schema import SCHEMA, schema_v1
 from reminders.settings import ReminderSettings
+from reminders.timer import note_gone
 from robot import ChatRef, Engine, Tx, iso
 
 __all__ = [
     "MIN_SHORT_ID",
+    "SCHEMA",
     "LimitError",
     "Mode",
     "Reminder",
@@ -62,6 +66,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+@functools.lru_cache(maxsize=8192)  # rows fired together share their instants
 def parse_instant(text: str | None) -> datetime | None:
     """Stored UTC text -> aware datetime (``fromisoformat`` is ~30x faster than ``strptime``)."""
     return None if text is None else datetime.fromisoformat(text)
@@ -70,6 +75,11 @@ def parse_instant(text: str | None) -> datetime | None:
 @functools.lru_cache(maxsize=4096)
 def _schedule(kind: Kind, wall: str, zone: str, weekday: int | None) -> Schedule:
     return Schedule(kind, wall, zone, weekday)
+
+
+@functools.lru_cache(maxsize=4096)  # ChatRef is frozen: reminders of one chat can share it
+def _chat_ref(chat: str, account: str) -> ChatRef:
+    return ChatRef.from_key(chat, account)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +115,7 @@ class Reminder:
 
     @property
     def chat_ref(self) -> ChatRef:
-        return ChatRef.from_key(self.chat, self.account)
+        return _chat_ref(self.chat, self.account)
 
     @property
     def owner_id(self) -> str:
@@ -158,25 +168,12 @@ class ReminderStore:
         #: Creations and deletions (what a user is told about) are synced to disk before the answer.
         self.durable = durable
 
+    schema = staticmethod(schema_v1)
+
     @staticmethod
-    def schema(db: Tx) -> None:
-        """Idempotent schema step for ``bot.db.migrate``."""
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS reminders (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
-            "owner_name TEXT NOT NULL, chat TEXT NOT NULL, type TEXT NOT NULL, wall TEXT NOT NULL, "
-            "zone TEXT NOT NULL, weekday INTEGER, content TEXT NOT NULL, mode TEXT NOT NULL DEFAULT 'text', "
-            "created_at TEXT NOT NULL, updated_at TEXT NOT NULL, next_fire TEXT, last_fired TEXT, "
-            "status TEXT NOT NULL, failure_reported INTEGER NOT NULL DEFAULT 0)"
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_due ON reminders (status, next_fire)")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_owner ON reminders (owner, status, next_fire)")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_chat ON reminders (chat, status, next_fire)")
-        db.execute("CREATE INDEX IF NOT EXISTS reminders_created ON reminders (owner, created_at)")
-        if "account" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
-            db.execute("ALTER TABLE reminders ADD COLUMN account TEXT NOT NULL DEFAULT ''")
-        if "source" not in {row[1] for row in db.execute("PRAGMA table_info(reminders)").fetchall()}:
-            db.execute("ALTER TABLE reminders ADD COLUMN source TEXT NOT NULL DEFAULT ''")
-        db.execute("CREATE UNIQUE INDEX IF NOT EXISTS reminders_source ON reminders (source) WHERE source != ''")
+    def migrations() -> list[Callable[[Tx], None] | str]:
+        """The ``reminders`` component's steps: ``db.migrate("reminders", ReminderStore.migrations())``."""
+        return list(SCHEMA)
 
     # --- synchronous helpers (database thread) -----------------------------------------------
     @staticmethod
@@ -192,6 +189,11 @@ class ReminderStore:
         Returns the stored reminder: the one made earlier by the same request (same ``source``),
         if any, else ``reminder``.
         """
+        if db.dialect == "postgresql":
+            # Other processes create too: the counts below hold only while nobody else adds for this
+            # person or chat, so take their locks (sorted: two creates never wait on each other in a cycle).
+            for key in sorted({f"reminders:{reminder.owner}", f"reminders:{reminder.chat}"}):
+                db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", [key])
         if reminder.source:
             earlier = _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])
             if earlier:
@@ -217,29 +219,57 @@ class ReminderStore:
                              f"{limits.create_per_10min}); try again later",
                              user_message=f"你在 10 分钟内已经设置了 {recent} 个提醒（上限 "
                              f"{limits.create_per_10min} 个），请稍后再试。")
-        db.execute(_INSERT, list(reminder.row()))
+        if reminder.source:
+            # The same request in another process, committed since the look-up above: keep theirs.
+            added = db.execute(_INSERT + " ON CONFLICT (source) WHERE source != '' DO NOTHING", list(reminder.row()))
+            if added.rowcount != 1:
+                return _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])[0]
+        else:
+            db.execute(_INSERT, list(reminder.row()))
         return reminder
 
     @staticmethod
-    def get_sync(db: Tx, reminder_id: str) -> Reminder | None:
-        found = _rows(db, "SELECT * FROM reminders WHERE id = ?", [reminder_id])
+    def get_sync(db: Tx, reminder_id: str, *, lock: bool = False) -> Reminder | None:
+        """One reminder; ``lock``: hold its row until the transaction ends (PostgreSQL; SQLite has one writer)."""
+        sql = "SELECT * FROM reminders WHERE id = ?"
+        if lock and db.dialect == "postgresql":
+            sql += " FOR UPDATE"
+        found = _rows(db, sql, [reminder_id])
         return found[0] if found else None
 
     @staticmethod
-    def due_sync(db: Tx, now: datetime, mode: Mode, limit: int) -> list[Reminder]:
-        """Active reminders of ``mode`` due at ``now``, oldest first."""
-        return _rows(db, "SELECT * FROM reminders WHERE status = 'active' AND next_fire <= ? AND mode = ? "
-                         "ORDER BY next_fire, id LIMIT ?", [iso(now), mode, limit])
+    def due_sync(db: Tx, now: datetime, mode: Mode, limit: int, *, claim: bool = False) -> list[Reminder]:
+        """Active reminders of ``mode`` due at ``now``, oldest first.
+
+        ``claim``: on PostgreSQL, lock the rows until the transaction ends and skip those another
+        process has locked (it is firing them): each due occurrence goes to exactly one process.
+        SQLite has one writer, so its transaction already holds them all.
+        """
+        sql = ("SELECT * FROM reminders WHERE status = 'active' AND mode = ? AND next_fire <= ? "
+               "ORDER BY next_fire, chat, id LIMIT ?")
+        if claim and db.dialect == "postgresql":
+            sql += " FOR UPDATE SKIP LOCKED"
+        return _rows(db, sql, [mode, iso(now), limit])
 
     @staticmethod
-    def save_sync(db: Tx, r: Reminder) -> None:
-        """Write a reminder's mutable state back."""
-        db.execute(
-            "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ? "
-            "WHERE id = ?",
-            [None if r.next_fire is None else iso(r.next_fire), None if r.last_fired is None else iso(r.last_fired),
-             r.status, int(r.failure_reported), iso(r.updated_at), r.id],
+    def save_sync(db: Tx, *reminders: Reminder) -> None:
+        """Write reminders' mutable state back."""
+        text = functools.lru_cache(maxsize=None)(lambda at: None if at is None else iso(at))  # shared instants
+        db.executemany(
+            "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ?, "
+            "run_until = NULL WHERE id = ?",
+            [[text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported), text(r.updated_at), r.id]
+             for r in reminders],
         )
+
+    async def claim_run(self, reminder_id: str, planned: datetime, holder: str, now: datetime,
+                        lease: timedelta) -> bool:
+        """Take the right to run a due prompt's model (its occurrence ``planned``) until ``now + lease``:
+        False when it is no longer due so, or another holder's claim has not expired."""
+        return bool(await self.db.transaction(lambda db: db.execute(
+            "UPDATE reminders SET run_by = ?, run_until = ? WHERE id = ? AND status = 'active' AND next_fire = ? "
+            "AND (run_until IS NULL OR run_until < ? OR run_by = ?)",
+            [holder, iso(now + lease), reminder_id, iso(planned), iso(now), holder]).rowcount))
 
     @staticmethod
     def short_ids_sync(db: Tx, ids: list[str]) -> dict[str, str]:
@@ -293,9 +323,14 @@ class ReminderStore:
 
     async def delete(self, reminder_id: str, now: datetime) -> bool:
         """Mark an active reminder deleted; False when it was not active (already fired or gone)."""
-        return bool(await self.db.transaction(lambda db: db.execute(
-            "UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
-            "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount, durable=self.durable))
+        def work(db: Tx) -> bool:
+            done = db.execute("UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? "
+                              "WHERE id = ? AND status = 'active'", [iso(now), reminder_id]).rowcount == 1
+            if done:
+                note_gone(db, [reminder_id])
+            return done
+
+        return await self.db.transaction(work, durable=self.durable)
 
     async def move_chat(self, old: str, new: str) -> int:
         """A chat got a new id: its reminders now live there."""
@@ -313,6 +348,7 @@ class ReminderStore:
             ids = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where}", params).fetchall()]
             db.execute(f"UPDATE reminders SET status = 'deleted', next_fire = NULL, updated_at = ? WHERE {where}",
                        [iso(now), *params])
+            note_gone(db, ids)
             return ids
 
         return await self.db.transaction(work, durable=self.durable)
@@ -322,6 +358,8 @@ class ReminderStore:
         chat of ``platform`` when ``chats`` is None; returns the ids that were still active."""
         where = "owner = ?"
         params: list[object] = [owner]
+        if chats is not None and not chats:
+            return []  # no chat named: nothing to erase (and ``IN ()`` is not SQL PostgreSQL accepts)
         if chats is None:
             where += " AND substr(chat, 1, ?) = ?"
             params.extend([len(platform) + 1, f"{platform}:"])
@@ -333,6 +371,7 @@ class ReminderStore:
             active = [r[0] for r in db.execute(f"SELECT id FROM reminders WHERE {where} AND status = 'active'",
                                                params).fetchall()]
             db.execute(f"DELETE FROM reminders WHERE {where}", params)
+            note_gone(db, active)
             return active
 
         return await self.db.transaction(work, durable=self.durable)

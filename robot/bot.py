@@ -96,7 +96,8 @@ class Bot:
         self.leases = LeaseKeeper(Leases(self.db, ttl_s=settings.storage.lease_s, clock=self.clock))
         self.dedupe = DedupeStore(self.db, leases=self.leases.leases)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
-                             max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts)
+                             max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts,
+                             leases=self.leases)
         lim = settings.limits
         self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
                                    command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
@@ -338,6 +339,7 @@ class Bot:
             self._plugins_ready.set()
             for channel in self.channels.values():
                 self.outbox.register(channel)
+                channel.attach_leases(self.leases)
                 channel.bind(self.handle)
                 channel.bind_moves(self.move_chat)
                 channel.attach_panels(self.panels)

@@ -25,6 +25,7 @@ from robot import maintenance
 from robot.bot import Bot
 from robot.channels.base import Channel, ChannelError
 from robot.config import ConfigError, Settings, check_tables, load_settings
+from robot.doctor_storage import storage_checks
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.redact import redact_url
 from robot.runtime import tune_gc
@@ -260,6 +261,8 @@ async def _doctor(settings: Settings, source: Path | None) -> int:
         report(False, "plugins", str(exc))
     except Exception as exc:  # a plugin's setup failed: the report goes on with the next check
         report(False, "plugins", f"setup failed: {type(exc).__name__}: {str(exc)[:200]}")
+    for check in await storage_checks(settings):
+        report(*check)
     failed = await maintenance.undelivered(settings)
     if failed:
         newest = failed[0]

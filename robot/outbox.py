@@ -36,41 +36,20 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from robot.channels.base import Channel, ChannelUnavailable, SendFailed, SendRejected
+from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
+from robot.outbox_store import SCHEMA, OutboxRows, Scope, claim_sync, release_sync, split_text
 from robot.storage import Tx
+from robot.storage.leases import LeaseKeeper, process_id
 from robot.store import Engine, iso, parse_iso
 
 __all__ = ["Outbox", "split_text"]
 
 log = logging.getLogger(__name__)
-_BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
 
 
-def split_text(text: str, limit: int) -> list[str]:
-    """Split ``text`` into parts of at most ``limit`` characters, at the most natural break."""
-    if limit <= 0:
-        raise ValueError("limit must be positive")
-    parts: list[str] = []
-    rest = text
-    while len(rest) > limit:
-        window = rest[:limit]
-        cut = 0
-        for mark in _BREAKS:
-            pos = window.rfind(mark)
-            if pos >= limit // 2:
-                cut = pos + len(mark)
-                break
-        cut = cut or limit
-        parts.append(rest[:cut].rstrip())
-        rest = rest[cut:].lstrip()
-    if rest or not parts:
-        parts.append(rest)
-    return parts
-
-
-class Outbox:
+class Outbox(OutboxRows):
     """Durable, idempotent, per-channel delivery."""
 
     def __init__(
@@ -85,6 +64,8 @@ class Outbox:
         max_in_flight: int = 4,
         max_attempts: int = 6,
         park_s: float = 2.0,
+        leases: LeaseKeeper | None = None,
+        claim_s: float = 60.0,
     ) -> None:
         self.db = db
         self.bot_id = bot_id
@@ -95,6 +76,10 @@ class Outbox:
         self.max_in_flight = max_in_flight
         self.max_attempts = max_attempts
         self.park_s = park_s
+        #: Which accounts this process holds: it sends only their rows (see :meth:`scope`).
+        self.leases = leases
+        self.claim_s = claim_s
+        self._scopes: dict[str, Scope] = {}
         self._channels: dict[str, Channel] = {}
         #: Per channel: chats parked after ChannelUnavailable, with the monotonic time they may retry.
         self._parked: dict[str, dict[str, float]] = {}
@@ -103,22 +88,8 @@ class Outbox:
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._stopping = False
-        db.migrate("outbox", [self._schema])
-
-    @staticmethod
-    def _schema(db: Tx) -> None:
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS outbox (key TEXT PRIMARY KEY, platform TEXT NOT NULL, chat TEXT NOT NULL, "
-            "text TEXT NOT NULL, mention TEXT NOT NULL DEFAULT '[]', reply_to TEXT, status TEXT NOT NULL, "
-            "attempts INTEGER NOT NULL DEFAULT 0, parts_sent INTEGER NOT NULL DEFAULT 0, next_at TEXT NOT NULL, "
-            "created_at TEXT NOT NULL, sent_at TEXT, error TEXT, receipt TEXT)"
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS outbox_due ON outbox (platform, status, next_at)")
-        db.execute("CREATE INDEX IF NOT EXISTS outbox_receipt ON outbox (chat, receipt)")
-        db.execute("CREATE INDEX IF NOT EXISTS outbox_chat ON outbox (chat, status, next_at)")
-        # The account a row leaves through (ChatRef.account); databases from before it get "".
-        if "account" not in {row[1] for row in db.execute("PRAGMA table_info(outbox)").fetchall()}:
-            db.execute("ALTER TABLE outbox ADD COLUMN account TEXT NOT NULL DEFAULT ''")
+        db.migrate("outbox", SCHEMA)
+        db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds
 
     def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -127,17 +98,46 @@ class Outbox:
         """
         now = message.created_at or self.clock()
         cur = db.execute(
-            "INSERT OR IGNORE INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, "
-            "created_at) VALUES (?,?,?,?,?,?,?, 'pending', ?, ?)",
+            "INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, "
+            "created_at) VALUES (?,?,?,?,?,?,?, 'pending', ?, ?) ON CONFLICT (key) DO NOTHING",
             [message.key, message.chat.platform, message.chat.key, message.chat.account, message.text,
              json.dumps(list(message.mention)), message.reply_to, iso(now), iso(now)],
         )
         if cur.rowcount != 1:
             return False
+        db.notify("outbox", message.chat.platform)
         HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
                                  reply_to=message.reply_to,
                                  to_user=message.about or (message.mention[0] if message.mention else None))
         return True
+
+    @property
+    def holder(self) -> str:
+        """This process's id in claims (its lease holder id)."""
+        return self.leases.leases.holder if self.leases is not None else process_id()
+
+    def _alive(self, tx: Tx, holder: str) -> bool:
+        if self.leases is not None:
+            return self.leases.leases.alive_sync(tx, holder)
+        return holder == self.holder
+
+    def scope(self, platform: str) -> Scope:
+        """The rows of ``platform`` this process may send now.
+
+        A channel without per-account connections (web, WeCom) sends every row of its platform.
+        One with them (``Channel.account_leases``: Telegram, Weixin, OneBot) sends the rows of the
+        accounts whose lease ``account:<platform>:<account>`` this process holds; a row naming no
+        account goes with the channel's :meth:`~Channel.default_account` (its only account), and
+        when it has none, with any account held, on SQLite only (one process: nobody else could).
+        """
+        channel = self._channels.get(platform)
+        if channel is None or not channel.account_leases or self.leases is None:
+            return Scope()
+        prefix = ACCOUNT_LEASE.format(platform=platform, account="")
+        held = tuple(sorted(n[len(prefix):] for n in self.leases.held if n.startswith(prefix)))
+        default = channel.default_account()
+        empty = default in held if default else bool(held) and not self.leases.leases.exclusive
+        return Scope(held, empty)
 
     def notify(self, platform: str) -> None:
         """Wake the platform's worker after a commit made outside :meth:`enqueue`."""
@@ -184,82 +184,55 @@ class Outbox:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
-
-    async def pending(self, platform: str | None = None) -> int:
-        sql = "SELECT count(*) FROM outbox WHERE status = 'pending'" + (" AND platform = ?" if platform else "")
-        return int(await self.db.run(lambda db: db.execute(sql, [platform] if platform else []).fetchone()[0]))
+        with contextlib.suppress(Exception):  # what this process had claimed, another may send at once
+            await self.db.run(lambda db: release_sync(db, self.holder))
 
     async def flush(self) -> None:
-        """Wait until no message that is due now remains pending on a registered channel."""
-        platforms = list(self._channels)
-        marks = ",".join("?" * len(platforms))
-        while platforms:
+        """Wait until no message that is due now remains pending that this process may send."""
+        while True:
             now = iso(self.clock())
-            params = [now, *platforms]
-            due = await self.db.run(lambda db, p=params: db.execute(  # type: ignore[misc]
-                f"SELECT count(*) FROM outbox WHERE status='pending' AND next_at <= ? AND platform IN ({marks})",
-                p).fetchone()[0])
+            terms, params = [], [now]
+            for platform in self._channels:
+                scope = self.scope(platform)
+                if not scope.nothing:
+                    where, more = scope.sql()
+                    terms.append(f"(platform = ? AND {where})")
+                    params += [platform, *more]
+            if not terms:
+                return
+            sql = f"SELECT count(*) FROM outbox WHERE status='pending' AND next_at <= ? AND ({' OR '.join(terms)})"
+            due = await self.db.run(lambda db, q=sql, p=params: db.execute(q, p).fetchone()[0])  # type: ignore[misc]
             if not due:
                 return
             await asyncio.sleep(0.02)
 
-    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7), max_rows: int | None = None) -> int:
-        """Forget delivered and failed messages older than ``keep`` (and beyond ``max_rows`` per chat).
-
-        Their text is gone already (see :meth:`_mark`); what remains (key, receipt, status) only
-        lets a reply to the bot be recognised.
-        """
-        cutoff = iso(now - keep)
-
-        def work(db: Tx) -> int:
-            removed = int(db.execute(
-                "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount)
-            if max_rows is not None:
-                removed += int(db.execute(
-                    "DELETE FROM outbox WHERE rowid IN (SELECT rowid FROM (SELECT rowid, ROW_NUMBER() OVER "
-                    "(PARTITION BY chat ORDER BY created_at DESC, rowid DESC) AS n FROM outbox "
-                    "WHERE status IN ('sent', 'failed')) WHERE n > ?)", [max_rows]).rowcount)
-            return removed
-
-        return await self.db.run(work)
-
-    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
-        """Queued and sent rows of ``old`` now belong to ``new`` (replies and reply lookups follow)."""
-        return await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
-
-    async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
-        """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
-        return bool(await self.db.run(lambda db: db.execute(
-            "SELECT 1 FROM outbox WHERE chat = ? AND receipt = ? LIMIT 1", [chat.key, platform_message_id]
-        ).fetchone()))
-
-    async def rows(self, status: str | None = None) -> list[dict[str, object]]:
-        """Outbox rows for inspection (tests, ``qunbot doctor``)."""
-        where, params = ("WHERE status = ?", [status]) if status else ("", [])
-        return await self.db.run(
-            lambda db: db.execute_returning_dicts(f"SELECT * FROM outbox {where} ORDER BY created_at, rowid", params))
-
     async def _due_chats(self, platform: str, busy: set[str]) -> tuple[list[str], float | None]:
-        """Chats with a row due now (not ``busy``), and seconds until the next row is due."""
+        """Chats with a row due now (not ``busy``) in this process's scope, and seconds until the next row is due."""
         now = iso(self.clock())
+        scope = self.scope(platform)
+        if scope.nothing:
+            return [], None
+        where, params = scope.sql()
 
         def work(db: Tx) -> tuple[list[str], float | None]:
             chats = [str(r[0]) for r in db.execute(
-                "SELECT DISTINCT chat FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
-                "LIMIT 2000", [platform, now]).fetchall() if str(r[0]) not in busy]
-            nxt = db.execute("SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending' "
-                             "AND next_at > ?", [platform, now]).fetchone()[0]
+                f"SELECT DISTINCT chat FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
+                f"AND {where} LIMIT 2000", [platform, now, *params]).fetchall() if str(r[0]) not in busy]
+            nxt = db.execute(f"SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending' "
+                             f"AND next_at > ? AND {where}", [platform, now, *params]).fetchone()[0]
             wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())
             return chats, wait
 
         return await self.db.run(work)
 
-    async def _chat_rows(self, platform: str, chat: str) -> list[dict[str, object]]:
-        """The chat's pending rows in order; a row waiting out a retry holds back the later ones."""
-        return await self.db.run(lambda db: db.execute_returning_dicts(
-            "SELECT * FROM outbox WHERE platform = ? AND chat = ? AND status = 'pending' "
-            "ORDER BY created_at, rowid LIMIT 64", [platform, chat]))
+    async def _claim(self, platform: str, chat: str) -> tuple[list[dict[str, object]], bool]:
+        """Claim the chat's pending rows in order (see :func:`robot.outbox_store.claim_sync`)."""
+        scope, now = self.scope(platform), self.clock()
+        if scope.nothing:
+            return [], False
+        until = iso(now + timedelta(seconds=self.claim_s))
+        return await self.db.run(lambda db: claim_sync(db, platform, chat, scope, self.holder, iso(now), until,
+                                                       self._alive))
 
     async def _worker(self, platform: str, channel: Channel) -> None:
         wake = self._wake[platform]
@@ -269,6 +242,7 @@ class Outbox:
         try:
             while not self._stopping:
                 wake.clear()
+                await self._rescope(platform)
                 try:
                     chats, wait = await self._due_chats(platform, set(lanes))
                 except Exception:
@@ -292,6 +266,18 @@ class Outbox:
                 lane.cancel()
             await asyncio.gather(*lanes.values(), return_exceptions=True)
 
+    async def _rescope(self, platform: str) -> None:
+        """An account was lost: give up this process's claims on its rows, so that its new holder sends them."""
+        scope, before = self.scope(platform), self._scopes.get(platform)
+        if scope == before:
+            return
+        try:
+            if before is not None:
+                await self.db.run(lambda db: release_sync(db, self.holder, platform, keep=scope))
+            self._scopes[platform] = scope
+        except Exception:
+            log.exception("outbox %s: releasing claims failed", platform)
+
     @staticmethod
     def _lane_done(lanes: dict[str, asyncio.Task[None]], chat: str, wake: asyncio.Event, _task: object) -> None:
         lanes.pop(chat, None)
@@ -301,12 +287,16 @@ class Outbox:
         """Send one chat's due rows in order until none is left, one waits out a retry, or the channel is down."""
         try:
             while not self._stopping:
-                rows = await self._chat_rows(platform, chat)
+                rows, blocked = await self._claim(platform, chat)
+                if blocked and not rows:  # another living process is sending this chat
+                    self._parked[platform][chat] = time.monotonic() + self.park_s
                 if not rows:
                     return
                 for row in rows:
                     if parse_iso(str(row["next_at"])) > self.clock():
                         return  # waiting out a retry: later rows of this chat wait too (order)
+                    if not self.scope(platform).covers(str(row.get("account") or "")):
+                        return  # the account was lost meanwhile: its new holder sends the rest
                     connects = self._connects.get(platform, 0)
                     async with sem:
                         outcome = await self._send_row(channel, row)
@@ -370,12 +360,6 @@ class Outbox:
                   chat.key, key, error[:300])
         await self._mark(key, "failed", error=error[:500])
         return "failed"
-
-    async def failures(self, since: datetime) -> list[dict[str, object]]:
-        """Messages that could not be delivered since ``since`` (newest first), for ``qunbot doctor``."""
-        return await self.db.run(lambda db: db.execute_returning_dicts(
-            "SELECT key, chat, error, sent_at FROM outbox WHERE status = 'failed' AND sent_at >= ? "
-            "ORDER BY sent_at DESC LIMIT 50", [iso(since)]))
 
     async def _set_parts(self, key: str, parts: int) -> None:
         await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))

@@ -86,6 +86,10 @@ NOT_RUN = {
                            "tests/robot/channels/weixin/test_weixin_login.py",
     "systemctl enable --now qunbot": "root and a running systemd (its ExecStart is run below)",
     "docker compose -f deploy/compose.yaml up -d": "a Docker daemon (the image's CMD is run below)",
+    "createuser --pwprompt qunbot": "the owner's PostgreSQL server (tests/scale runs three `qunbot run` "
+                                    "processes on a throwaway cluster)",
+    "createdb --owner qunbot qunbot": "the owner's PostgreSQL server (see above)",
+    ".venv/bin/pip install '.[postgresql]'": "installs from the network; .ci/run installs the extra with .[test]",
 }
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import aiohttp
@@ -32,8 +33,10 @@ from robot.message import ChatRef, Message, OutgoingMessage
 if TYPE_CHECKING:
     from robot.channels.state_store import ChannelState
     from robot.privacy import Forgetter
+    from robot.storage.leases import LeaseKeeper
 
 __all__ = [
+    "ACCOUNT_LEASE",
     "Capabilities",
     "Channel",
     "ChannelError",
@@ -58,6 +61,8 @@ ChatHistory = Callable[[ChatRef, int], Awaitable[list[HistoryEntry]]]
 
 
 log = logging.getLogger(__name__)
+#: The lease a process holds while it serves an account's connection (and sends its outbox rows).
+ACCOUNT_LEASE = "account:{platform}:{account}"
 
 
 class ChannelError(Exception):
@@ -119,12 +124,22 @@ class Channel(abc.ABC):
 
     platform: str = "abstract"
     capabilities: Capabilities = Capabilities()
+    #: Whether the platform's connection is per account (Telegram polling, the Weixin long poll,
+    #: OneBot sockets): then one process at a time serves an account, the holder of its lease
+    #: (:data:`ACCOUNT_LEASE`), and only it sends the account's outbox rows.
+    account_leases: bool = False
+    #: This process's leases, once the bot attached them (:meth:`attach_leases`); None: serve anyway.
+    leases: LeaseKeeper | None = None
 
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
         self._on_moved: ChatMoved | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._connect_listeners: list[Callable[[], None]] = []
+        #: Per account: the task serving it (a poll loop) while this process holds its lease.
+        self._serving: dict[str, asyncio.Task[None] | None] = {}
+        self._serving_over = False
+        self._connected_accounts: set[str] = set()
 
     def on_connect(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever the platform (re)connects (the outbox wakes on it)."""
@@ -137,6 +152,80 @@ class Channel(abc.ABC):
                 listener()
             except Exception:
                 log.exception("%s: a connect listener failed", self.platform)
+
+    def attach_leases(self, leases: LeaseKeeper) -> None:
+        """The bot's leases: a channel with :attr:`account_leases` serves an account only while it holds it."""
+        self.leases = leases
+
+    def lease_name(self, account: str) -> str:
+        return ACCOUNT_LEASE.format(platform=self.platform, account=account)
+
+    def default_account(self) -> str | None:
+        """The account an outbox row that names none leaves through (the channel's only one), if any."""
+        return None
+
+    async def serve_account(self, account: str, serve: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+        """Serve ``account`` (run ``serve()``, say its poll loop) while this process holds its lease;
+        at once when no leases are attached. A lost lease cancels ``serve``; retaking it starts it again."""
+        self._serving_over = False
+        if self.leases is None:
+            self._account_held(account, serve, True)
+        else:
+            await self.leases.want(self.lease_name(account), functools.partial(self._account_held, account, serve))
+
+    def _account_held(self, account: str, serve: Callable[[], Coroutine[Any, Any, None]] | None, held: bool) -> None:
+        if self._serving_over:
+            return
+        task = self._serving.get(account)
+        if held:
+            if task is None or task.done():
+                self._serving[account] = None if serve is None else asyncio.create_task(
+                    serve(), name=f"{self.platform}-serve-{account}")
+            self.announce_connected()  # the outbox may send the account's rows now
+        elif account in self._serving:
+            log.warning("%s: another process serves account %s now; this one stops serving it", self.platform, account)
+            if task is not None:
+                task.cancel()
+            del self._serving[account]
+
+    def serve_accounts_soon(self, accounts: Iterable[str]) -> None:
+        """Serve exactly ``accounts`` (those whose connection is open here: OneBot sockets), in the background:
+        a newly connected one's lease is wanted, a disconnected one's is given up at once."""
+        now = {a for a in accounts if a}
+        if now == self._connected_accounts or self._serving_over:
+            return
+        gone, new = self._connected_accounts - now, now - self._connected_accounts
+        self._connected_accounts = now
+        task = asyncio.create_task(self._reserve(gone, new), name=f"{self.platform}-accounts")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _reserve(self, gone: set[str], new: set[str]) -> None:
+        try:
+            for account in sorted(gone):
+                # Many processes: another may have the account's socket now, so the lease goes at once.
+                # One (SQLite): it stays, and the account's rows wait here, parked, for the reconnect.
+                if self.leases is not None and self.leases.leases.exclusive:
+                    self._serving.pop(account, None)
+                    await self.leases.drop(self.lease_name(account))
+            for account in sorted(new):
+                await self.serve_account(account)
+        except Exception:
+            log.exception("%s: taking or giving up account leases failed", self.platform)
+
+    @property
+    def served(self) -> frozenset[str]:
+        """The accounts this process serves now (holds the lease of)."""
+        return frozenset(self._serving)
+
+    async def stop_serving(self) -> None:
+        """For :meth:`stop`: end every account's :meth:`serve_account` task (leases stay the bot's to release)."""
+        self._serving_over = True
+        tasks = [t for t in self._serving.values() if t is not None]
+        self._serving.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""

@@ -136,6 +136,13 @@ class LeaseKeeper:
             await self._round()
         return name in self.held
 
+    async def drop(self, name: str) -> None:
+        """Stop wanting ``name`` and give it up at once (its connection closed here)."""
+        self.wanted.pop(name, None)
+        if name in self.held:
+            self.held.discard(name)
+            await self.leases.release([name])
+
     async def _round(self) -> None:
         names = [self.process_lease, *self.wanted]
         now_held = await self.leases.renew(names)

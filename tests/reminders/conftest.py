@@ -19,7 +19,7 @@ from function_calls import Caller, ChatModel
 from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
-from reminders.store import Reminder, ReminderStore
+from reminders.store import SCHEMA, Reminder, ReminderStore
 from reminders.tools import ReminderDeps
 from robot.bot import Bot
 from robot.config import Settings
@@ -168,7 +168,7 @@ def rig_factory(launch: Launch) -> RigFactory:
                    cfg: dict[str, Any] | None = None, plugins: Sequence[Plugin[Any]] = (),
                    **bot_section: Any) -> Rig:
         bot, ch, clock = await launch(now, model=model, plugins=plugins, cfg=cfg, **bot_section)
-        await bot.db.ensure("reminders", [ReminderStore.schema])
+        await bot.db.ensure("reminders", SCHEMA)
         settings = bot.settings.section("reminders", ReminderSettings)
         service = ReminderService(ReminderStore(bot.db), bot, settings)
         return Rig(bot, ch, service, clock)

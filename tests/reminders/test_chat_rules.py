@@ -60,9 +60,9 @@ async def test_unremind_all_by_a_group_admin_or_bot_admin_clears_the_chat_and_no
     await chat.say("/remind daily 08:00 别的群", chat="g2")
     [soon] = [r for r in await chat.deps.store.for_chat(G1) if r.content == "开会"]
     scheduler = chat.deps.service.scheduler
-    assert scheduler is not None and scheduler.get_job(f"rem:{soon.id}") is not None
+    assert scheduler is not None and chat.deps.service.armed_at(soon.id) is not None
     assert await chat.say("/unremind all", user=user, role=role) == "已删除本群的全部 2 个提醒。"
-    assert await chat.active() == [] and scheduler.get_job(f"rem:{soon.id}") is None
+    assert await chat.active() == [] and chat.deps.service.armed_at(soon.id) is None
     before = len(chat.ch.sent)
     chat.clock.now = datetime(2030, 1, 8, 0, 0, tzinfo=UTC)  # 08:00 the next day in Shanghai
     report = await chat.deps.service.fire_due()

@@ -23,7 +23,7 @@ from function_calls.testing import ScriptedModel, text
 from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
-from reminders.store import ReminderStore
+from reminders.store import SCHEMA, ReminderStore
 from tests.reminders.conftest import ALICE, SH, Clock, Launch
 
 T0 = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)
@@ -43,7 +43,7 @@ async def build(launch: Launch) -> AsyncIterator[Build]:
 
     async def make(now: datetime = T0, *, start: bool = True, model: Any = None) -> tuple[ReminderService, Any, Clock]:
         bot, ch, clock = await launch(now, model=model)
-        await bot.db.ensure("reminders", [ReminderStore.schema])
+        await bot.db.ensure("reminders", SCHEMA)
         settings = bot.settings.section("reminders", ReminderSettings)
         service = ReminderService(ReminderStore(bot.db), bot, settings,
                                   scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
@@ -194,7 +194,7 @@ async def test_creating_and_deleting_a_reminder_commits_with_a_disk_sync_unless_
             full = sql.upper().endswith("FULL")
         elif full and sql.lstrip().upper().startswith(("INSERT", "UPDATE")):
             synced.append(sql.split("(")[0].split(" SET")[0].strip())
-    expected = ["INSERT INTO reminders", "INSERT OR IGNORE INTO outbox", "INSERT INTO history",
+    expected = ["INSERT INTO reminders", "INSERT INTO outbox", "INSERT INTO history",
                 "UPDATE reminders"] if durable else []
     assert synced == expected
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from pydantic import BaseModel
 
 import reminders
@@ -22,6 +23,7 @@ from function_calls import (
     tool_function,
 )
 from function_calls.testing import ScriptedModel, text
+from reminders.firing import MERGE_MAX
 from reminders.store import Reminder, ReminderStore, new_id
 from robot.bot import Bot
 from robot.config import Settings
@@ -164,17 +166,47 @@ async def test_refiring_an_occurrence_is_idempotent(rig_factory: Factory) -> Non
     assert await rig.texts() == ["⏰ 提醒：交周报"]
 
 
-async def test_many_due_together_fire_in_batches_each_exactly_once(rig_factory: Factory) -> None:
+@pytest.mark.parametrize("merge_chat", [False, True])
+async def test_many_due_together_fire_in_batches_each_exactly_once(rig_factory: Factory, merge_chat: bool) -> None:
     now = at(SH, "2030-01-07 08:00")
-    rig = await rig_factory(now - timedelta(hours=1))
+    rig = await rig_factory(now - timedelta(hours=1), cfg={"merge_chat": merge_chat})
     rows = [Reminder(id=new_id(), owner=f"memory:u{i % 40}", owner_name="x", chat=f"memory:group:g{i % 30}",
                      type="daily", wall="08:00:00", zone=SH, weekday=None, content=f"#{i}", mode="text",
                      created_at=now, updated_at=now, next_fire=now) for i in range(1201)]
     await rig.bot.db.run(lambda db: ReminderStore.insert_sync(db, rows))
     assert await rig.fire(now) == 1201
-    texts = await rig.texts()
-    assert sorted(texts) == sorted(f"⏰ 提醒：#{i}" for i in range(1201))
+    await rig.bot.outbox.flush()
+    # A person's (merge_chat: a chat's) reminders due together share messages (at most MERGE_MAX each).
+    lines: list[str] = []
+    for sent in rig.ch.sent:
+        if sent.text.startswith("⏰ 提醒："):  # alone in its chat at a batch's edge
+            items = [sent.text.removeprefix("⏰ 提醒：")]
+        else:
+            head, *items = sent.text.split("\n")
+            assert head == f"⏰ 提醒（{len(items)} 条）：" and 2 <= len(items) <= MERGE_MAX
+            items = [item.removeprefix("· x：") for item in items]
+        lines += items
+        owners = {rows[int(item[1:])].owner_id for item in items}
+        assert set(sent.mention) == owners and len(sent.mention) == len(owners)
+        assert merge_chat or len(owners) == 1  # by default a message is about one person (/forget me takes it)
+    assert sorted(lines) == sorted(f"#{i}" for i in range(1201))  # each exactly once
+    # 30 chats of about 40 reminders from 4 people each: a message per chat (merge_chat) or per person
+    # there, plus one where a batch's edge cuts a chat.
+    assert len(rig.ch.sent) <= (30 if merge_chat else 120) + 2
     assert await rig.fire(now + timedelta(seconds=1)) == 0
+
+
+async def test_a_lone_or_late_reminder_keeps_its_own_message(rig_factory: Factory) -> None:
+    now = at(SH, "2030-01-07 08:00")
+    rig = await rig_factory(now - timedelta(hours=1))
+    base = Reminder(id=new_id(), owner="memory:u1", owner_name="Alice", chat="memory:group:g1", type="daily",
+                    wall="08:00:00", zone=SH, weekday=None, content="早会", mode="text", created_at=now,
+                    updated_at=now, next_fire=now)
+    late = base.evolve(id=new_id(), wall="07:55:00", content="迟到的", next_fire=now - timedelta(minutes=5))
+    other = base.evolve(id=new_id(), chat="memory:group:g2", content="别的群")
+    await rig.bot.db.run(lambda db: ReminderStore.insert_sync(db, [base, late, other]))
+    assert await rig.fire(now) == 3
+    assert sorted(await rig.texts()) == ["⏰ 提醒：别的群", "⏰ 提醒：早会", "⏰ 提醒：迟到的\n（迟到提醒：原定 2030-01-07 07:55）"]
 
 
 async def test_a_corrupted_row_does_not_block_the_others(rig_factory: Factory) -> None:

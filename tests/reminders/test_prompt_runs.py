@@ -29,7 +29,7 @@ from reminders.prompts import run_failure
 from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
-from reminders.store import ReminderStore
+from reminders.store import SCHEMA, ReminderStore
 from robot.plugin import Plugin
 
 SH, BERLIN = "Asia/Shanghai", "Europe/Berlin"
@@ -178,7 +178,7 @@ async def test_a_prompt_that_reaches_a_confirm_tool_asks_in_its_chat_and_answers
     bot, ch, clock = await launch(at(SH, "2030-01-07 07:00"), model=ScriptedModel(door_then_answer),
                                   plugins=[Plugin("door", Toolset("door", [open_door]))],
                                   cfg={"prompt_tools": ["open_door"]}, timezone=SH, admins=["memory:boss"])
-    await bot.db.ensure("reminders", [ReminderStore.schema])
+    await bot.db.ensure("reminders", SCHEMA)
     service = ReminderService(ReminderStore(bot.db), bot, bot.settings.section("reminders", ReminderSettings))
     alice = Caller(platform="memory", user_id="alice", user_name="Alice", chat_id="g1", chat_kind="group")
     await service.create(alice, parse_schedule("daily", "08:00", SH, None), "开门", "prompt")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,9 +15,11 @@ import pytest
 
 import reminders
 from reminders.settings import ReminderSettings
-from reminders.store import LimitError, Reminder, ReminderStore, new_id
+from reminders.store import SCHEMA, LimitError, Reminder, ReminderStore, new_id
+from reminders.timer import CHANNEL, parse_note
 from robot.config import ConfigError, Settings
-from robot.store import Database
+from robot.storage.postgres import PostgresDatabase
+from robot.store import Database, Engine, Tx, iso
 
 NOW = datetime(2030, 1, 7, 1, 0, tzinfo=UTC)
 GROUP = "memory:group:g1"
@@ -29,16 +33,16 @@ def make(rid: str | None = None, *, owner: str = "memory:u1", chat: str = GROUP,
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ReminderStore]:
-    db = Database(tmp_path / "r.sqlite3")
-    db.migrate("reminders", [ReminderStore.schema])
-    await db.open()
-    yield ReminderStore(db)
-    await db.close()
+async def store(engine: Engine) -> AsyncIterator[ReminderStore]:
+    """The store on each engine (SQLite, and a fresh database of the real PostgreSQL)."""
+    engine.migrate("reminders", SCHEMA)
+    await engine.open()
+    yield ReminderStore(engine)
+    await engine.close()
 
 
 @pytest.mark.parametrize("name", ["reminders", "reminders.store", "reminders.service", "reminders.tools",
-                                  "reminders.settings", "reminders.schedule"])
+                                  "reminders.settings", "reminders.schedule", "reminders.timer"])
 def test_exports_are_complete(name: str) -> None:
     module = importlib.import_module(name)
     assert len(set(module.__all__)) == len(module.__all__)
@@ -187,21 +191,43 @@ async def test_timer_jobs_are_armed_from_the_table_within_the_horizon(store: Rem
                                   max_armed=3)
         assert await service.arm_window() == 3
         jobs = {job.id: job for job in scheduler.get_jobs()}
-        assert set(jobs) == {f"rem:{r.id}" for r in soon} | {"rem:refill-next"}
-        first = jobs[f"rem:{soon[0].id}"]
+        assert set(jobs) == {f"rem:at:{iso(r.next_fire)}" for r in soon if r.next_fire} | {"rem:refill-next"}
+        assert all(service.armed_at(r.id) == r.next_fire for r in soon)
+        first = jobs[f"rem:at:{iso(NOW + timedelta(minutes=1))}"]
         assert first.next_run_time == soon[0].next_fire and first.misfire_grace_time is None and first.coalesce
-        assert first.trigger.run_date.tzinfo == ZoneInfo("Asia/Shanghai")
         assert jobs["rem:refill-next"].next_run_time == soon[2].next_fire  # arms the next ones then
         assert await service.arm_window() == 0  # idempotent
         service.max_armed = 10
         assert await service.arm_window() == 1  # Berlin; `far` is beyond the horizon, `due` is for a pass
-        assert scheduler.get_job(f"rem:{berlin.id}").trigger.run_date.tzinfo == ZoneInfo("Europe/Berlin")
-        assert scheduler.get_job(f"rem:{far.id}") is None and scheduler.get_job(f"rem:{due.id}") is None
+        assert service.armed_at(berlin.id) == berlin.next_fire
+        assert service.armed_at(far.id) is None and service.armed_at(due.id) is None
+        same = make(next_fire=soon[0].next_fire)  # a second reminder at the same instant shares its job
+        service.arm(same)
+        assert len(scheduler.get_jobs()) == 5 and service.armed_at(same.id) == soon[0].next_fire
         service.disarm(soon[0].id)
         service.disarm(soon[0].id)  # already gone: fine
-        assert scheduler.get_job(f"rem:{soon[0].id}") is None
+        assert service.armed_at(soon[0].id) is None and scheduler.get_job(first.id) is not None  # `same` needs it
+        service.disarm(same.id)
+        assert scheduler.get_job(first.id) is None and len(scheduler.get_jobs()) == 4
     finally:
         scheduler.shutdown(wait=False)
+
+
+async def test_a_database_at_an_earlier_schema_version_is_brought_up_to_date(engine: Engine) -> None:
+    engine.migrate("reminders", ReminderStore.migrations()[:1])  # the first release of these steps
+    await engine.open()
+    await engine.run(lambda db: ReminderStore.insert_sync(db, [make("a" * 32)]))
+    await engine.close()
+    again = (PostgresDatabase(engine.url, max_size=4) if isinstance(engine, PostgresDatabase)
+             else Database(engine.path))  # type: ignore[attr-defined]
+    again.migrate("reminders", ReminderStore.migrations())
+    await again.open()
+    try:
+        store = ReminderStore(again)
+        assert await store.claim_run("a" * 32, NOW + timedelta(hours=1), "p1", NOW, timedelta(minutes=5))
+        assert [r.id for r in await store.for_chat(GROUP)] == ["a" * 32]
+    finally:
+        await again.close()
 
 
 async def test_a_database_from_before_accounts_gains_the_column(tmp_path: Path) -> None:
@@ -217,11 +243,101 @@ async def test_a_database_from_before_accounts_gains_the_column(tmp_path: Path) 
         "INSERT INTO reminders VALUES ('a1b2c3d4', 'memory:u1', 'u1', 'memory:group:g1', 'daily', '09:00:00', "
         "'Asia/Shanghai', NULL, '喝水', 'text', '2030-01-07T01:00:00.000000Z', '2030-01-07T01:00:00.000000Z', "
         "'2030-01-07T02:00:00.000000Z', NULL, 'active', 0)"))
-    await db.ensure("reminders", [ReminderStore.schema])
-    await db.ensure("reminders", [ReminderStore.schema])  # idempotent
+    await db.ensure("reminders", SCHEMA)
+    await db.ensure("reminders", SCHEMA)  # idempotent
     store = ReminderStore(db)
     (old_row,) = await store.for_chat(GROUP)
     assert old_row.account == "" and old_row.content == "喝水"
     await store.create(make(rid="f" * 32).evolve(account="10002"), ReminderSettings(), NOW)
     assert (await store.get("f" * 32)).account == "10002"  # type: ignore[union-attr]
     await db.close()
+
+
+# --- the contract on both engines: races, the claim, notifications -------------------------------
+async def test_concurrent_creates_cannot_overrun_the_limits(store: ReminderStore) -> None:
+    # On PostgreSQL the creates run at once on several connections (as from several processes).
+    limits = ReminderSettings(max_per_user=3, max_per_chat=100, create_per_10min=100)
+    results = await asyncio.gather(*(store.create(make(), limits, NOW) for _ in range(8)), return_exceptions=True)
+    assert sum(isinstance(r, Reminder) for r in results) == 3
+    assert all(isinstance(r, LimitError) for r in results if not isinstance(r, Reminder))
+    assert len(await store.for_owner("memory:u1")) == 3
+
+
+async def test_the_same_request_twice_stores_one_reminder(store: ReminderStore) -> None:
+    first, again = make().evolve(source="req-1"), make().evolve(source="req-1")
+    stored = await asyncio.gather(store.create(first, ReminderSettings(), NOW),
+                                  store.create(again, ReminderSettings(), NOW))
+    assert stored[0].id == stored[1].id and len(await store.for_chat(GROUP)) == 1
+
+
+async def test_a_claimed_occurrence_is_skipped_by_a_second_claim(store: ReminderStore) -> None:
+    due = [make(next_fire=NOW - timedelta(seconds=s)) for s in (3, 2, 1)]
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, due))
+    if store.db.dialect == "sqlite":  # one writer: a pass's transaction holds every due row
+        assert [r.id for r in await store.db.run(lambda db: ReminderStore.due_sync(
+            db, NOW, "text", 10, claim=True))] == [r.id for r in due]
+        return
+    held = threading.Event()
+    release = threading.Event()
+
+    def first(db: Tx) -> list[str]:
+        mine = [r.id for r in ReminderStore.due_sync(db, NOW, "text", 2, claim=True)]
+        held.set()
+        release.wait(10)
+        return mine
+
+    task = asyncio.ensure_future(store.db.transaction(first))
+    await asyncio.to_thread(held.wait, 10)
+    other = await store.db.transaction(lambda db: [r.id for r in ReminderStore.due_sync(db, NOW, "text", 10,
+                                                                                          claim=True)])
+    release.set()
+    assert await task == [due[0].id, due[1].id]
+    assert other == [due[2].id]  # the first two are being fired elsewhere: not waited for, not doubled
+
+
+async def test_deletions_are_announced_to_every_process(store: ReminderStore) -> None:
+    heard: list[str] = []
+    got = asyncio.Event()
+
+    def listener(payload: str) -> None:
+        heard.append(payload)
+        got.set()
+
+    store.db.subscribe(CHANNEL, listener)
+    a, b, c = make(), make(), make()
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [a, b, c]))
+    assert await store.delete(a.id, NOW)
+    assert sorted(await store.delete_chat(GROUP, NOW)) == sorted([b.id, c.id])
+    assert not await store.delete(a.id, NOW)  # nothing deleted: nothing announced
+    async with asyncio.timeout(10):
+        while len(heard) < 2:
+            got.clear()
+            await got.wait()
+    assert parse_note(heard[0]) == ([], [a.id])
+    assert parse_note(heard[1])[0] == [] and sorted(parse_note(heard[1])[1]) == sorted([b.id, c.id])
+    with pytest.raises(ValueError):
+        parse_note("launch everything")
+
+
+async def test_erasing_with_no_chat_named_erases_nothing(store: ReminderStore) -> None:
+    mine = make()
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [mine]))
+    assert await store.erase_owner("memory:u1", [], "memory") == []
+    assert await store.erase_owner("memory:u1", None, "memory") == [mine.id]
+    assert await store.get(mine.id) is None
+
+
+async def test_one_holder_runs_a_due_prompt_until_its_claim_expires(store: ReminderStore) -> None:
+    lease = timedelta(minutes=15)
+    prompt, other = make(next_fire=NOW).evolve(mode="prompt"), make(next_fire=NOW).evolve(mode="prompt")
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [prompt, other]))
+    assert await store.claim_run(prompt.id, NOW, "p1", NOW, lease)
+    assert not await store.claim_run(prompt.id, NOW, "p2", NOW + timedelta(minutes=1), lease)
+    assert await store.claim_run(prompt.id, NOW, "p1", NOW + timedelta(minutes=1), lease)  # its own retry
+    assert await store.claim_run(prompt.id, NOW, "p2", NOW + timedelta(minutes=17), lease)  # p1 died
+    assert not await store.claim_run(prompt.id, NOW - timedelta(days=1), "p3", NOW + timedelta(hours=1), lease)
+    done = prompt.evolve(next_fire=NOW + timedelta(days=1), last_fired=NOW)
+    await store.db.run(lambda db: ReminderStore.save_sync(db, done))  # fired: the claim goes with it
+    assert await store.claim_run(prompt.id, NOW + timedelta(days=1), "p3", NOW + timedelta(days=1), lease)
+    wins = await asyncio.gather(*(store.claim_run(other.id, NOW, f"q{i}", NOW, lease) for i in range(6)))
+    assert sum(wins) == 1  # at once, from several connections: one runs the model

@@ -14,6 +14,7 @@ import reminders
 import reminders.service
 from function_calls import ArgumentError
 from function_calls.testing import ScriptedModel, call, text
+from robot import iso
 
 # ``start`` and ``Chat`` live in conftest.py: the clock starts at Monday 2030-01-07 12:00 in Asia/Shanghai.
 Start = Callable[..., Awaitable[Any]]
@@ -209,9 +210,11 @@ async def test_a_new_reminder_gets_its_timer_job_and_deleting_removes_it(start: 
     soon = short_id(await chat.say('/remind once "2030-01-07 12:30" 开会'))
     later = short_id(await chat.say("/remind daily 08:00 喝水"))  # tomorrow: beyond the 1 h horizon
     [first] = await chat.deps.store.match(soon, owner=None)
-    job = scheduler.get_job(f"rem:{first.id}")
+    service = chat.deps.service
+    assert first.next_fire is not None and service.armed_at(first.id) == first.next_fire
+    job = scheduler.get_job(f"rem:at:{iso(first.next_fire)}")
     assert job is not None and job.next_run_time == first.next_fire
     [second] = await chat.deps.store.match(later, owner=None)
-    assert scheduler.get_job(f"rem:{second.id}") is None
+    assert service.armed_at(second.id) is None
     await chat.say(f"/unremind {soon}")
-    assert scheduler.get_job(f"rem:{first.id}") is None
+    assert service.armed_at(first.id) is None and scheduler.get_jobs() == [scheduler.get_job("rem:refill")]

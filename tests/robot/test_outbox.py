@@ -16,6 +16,8 @@ from robot.channels.base import ChannelUnavailable, SendFailed, SendReceipt, Sen
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox, split_text
+from robot.storage import Engine
+from robot.storage.postgres import PostgresDatabase
 from robot.store import Database
 from robot.testing import MemoryChannel
 
@@ -43,15 +45,20 @@ class PickyChannel(MemoryChannel):
 
 
 class Rig:
-    """An outbox on a database file, restartable like a bot process."""
+    """An outbox on a database (a file, or a PostgreSQL URL), restartable like a bot process."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.db: Database | None = None
+    def __init__(self, where: Path | str) -> None:
+        self.where = where
+        self.db: Engine | None = None
         self.outbox: Outbox | None = None
 
+    def engine(self) -> Engine:
+        if isinstance(self.where, str):
+            return PostgresDatabase(self.where, max_size=4)
+        return Database(self.where)
+
     async def up(self, channel: MemoryChannel, *, start: bool = True, **options: Any) -> Outbox:
-        self.db = Database(self.path)
+        self.db = self.engine()
         self.outbox = Outbox(self.db, bot_name="qunbot", retry_base_s=0.02, retry_max_s=0.1, **options)
         HistoryStore(self.db)
         await self.db.open()
@@ -67,9 +74,10 @@ class Rig:
         self.outbox = self.db = None
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path / "out.sqlite3")
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
+    """An outbox rig on each engine: the outbox's storage behaves the same on both."""
+    r = Rig(tmp_path / "out.sqlite3" if request.param == "sqlite" else str(request.getfixturevalue("pg_url")))
     yield r
     if r.outbox is not None:
         await r.down()
@@ -331,11 +339,11 @@ async def test_rows_store_mentions_as_json(rig: Rig) -> None:
     assert await outbox.pending("memory") == 1 and await outbox.pending("other") == 0
 
 
-async def test_old_delivered_messages_are_pruned_but_pending_ones_never(tmp_path: Path) -> None:
+async def test_old_delivered_messages_are_pruned_but_pending_ones_never(engine: Engine) -> None:
     from datetime import timedelta
 
     now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
-    db = Database(tmp_path / "o.sqlite3")
+    db = engine
     HistoryStore(db)  # the outbox records the bot's replies in history
     outbox = Outbox(db, clock=lambda: now)
     await db.open()

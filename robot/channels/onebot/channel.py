@@ -76,6 +76,7 @@ class OneBotChannel(Channel):
     """A :class:`Channel` speaking OneBot v11 over WebSocket (reverse or forward)."""
 
     platform = "onebot"
+    account_leases = True  # the process an account's socket is open to serves it: see Sockets.accounts
     capabilities = Capabilities(max_text_len=4500, mentions=True)
 
     def __init__(self, settings: OneBotSettings, *, bot_name: str | None = None) -> None:
@@ -87,7 +88,7 @@ class OneBotChannel(Channel):
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
         self.online: bool | None = None
         """The account's online state from lifecycle/heartbeat events (``None``: not reported)."""
-        self._conns = Sockets()
+        self._conns = Sockets(self.serve_accounts_soon)
         self._actions = PendingActions()
         self._connected = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -364,7 +365,7 @@ class OneBotChannel(Channel):
                 log.warning("onebot: dropping an event for account %s on the socket of account %s",
                             claimed, conn.self_id)
                 return
-            conn.self_id = self.self_id = claimed
+            self.self_id = self._conns.learn(conn, claimed)
         if post_type == "meta_event":
             self._on_meta(event)
         elif post_type == "message":

@@ -94,8 +94,11 @@ def auth_rejection(request: web.Request, token: str | None) -> web.Response | No
 class Sockets:
     """The open sockets, newest last, and which one carries a given account's actions."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_accounts: Callable[[set[str]], None] = lambda accounts: None) -> None:
         self._conns: list[Connection] = []
+        #: Told the accounts with an action socket open whenever that may have changed (the channel
+        #: then holds exactly their leases: an account is served by the process its socket is open to).
+        self._on_accounts = on_accounts
 
     def all(self) -> list[Connection]:
         return list(self._conns)
@@ -106,9 +109,20 @@ class Sockets:
         ):
             log.warning("onebot: a new %s socket for account %s replaces its open one", conn.role, conn.self_id)
         self._conns.append(conn)
+        self._on_accounts(self.accounts())
 
     def remove(self, conn: Connection) -> None:
         self._conns.remove(conn)
+        self._on_accounts(self.accounts())
+
+    def learn(self, conn: Connection, self_id: str) -> str:
+        """``conn`` speaks for ``self_id`` (its events say so); returns it."""
+        conn.self_id = self_id
+        self._on_accounts(self.accounts())
+        return self_id
+
+    def accounts(self) -> set[str]:
+        return {conn.self_id for conn in self._conns if conn.carries_actions and conn.self_id}
 
     def carries_actions(self) -> bool:
         return any(conn.carries_actions for conn in self._conns)

@@ -59,6 +59,7 @@ class TelegramChannel(Channel):
     """One Telegram bot (the account is its numeric id)."""
 
     platform = "telegram"
+    account_leases = True  # getUpdates has one consumer per bot: one process polls (and sends for) it
 
     def __init__(self, settings: TelegramSettings, data_dir: Path | str = "data",
                  *, session: aiohttp.ClientSession | None = None) -> None:
@@ -95,7 +96,10 @@ class TelegramChannel(Channel):
             await self._start_webhook()
         else:
             await self.api.call("deleteWebhook", {"drop_pending_updates": False})
-            self._poller = asyncio.create_task(self._poll(), name="telegram-poll")
+        await self.serve_account(self.bot_id, self._poll if self.settings.mode == "polling" else None)
+
+    def default_account(self) -> str | None:
+        return self.bot_id or None
 
     async def _start_webhook(self) -> None:
         app = web.Application()
@@ -113,6 +117,7 @@ class TelegramChannel(Channel):
 
     async def stop(self) -> None:
         self._stopping.set()
+        await self.stop_serving()
         tasks = [t for t in (self._poller, *self._typing.values()) if t is not None]
         for task in tasks:
             task.cancel()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -74,6 +75,7 @@ class WeixinChannel(Channel):
     """Personal WeChat (iLink bot API); several accounts, each with its own poller."""
 
     platform = PLATFORM
+    account_leases = True  # one long poll per account: one process polls (and sends for) it
 
     def __init__(self, settings: WeixinSettings, data_dir: Path | str = "data",
                  *, session: aiohttp.ClientSession | None = None) -> None:
@@ -108,13 +110,8 @@ class WeixinChannel(Channel):
         if not self.accounts:
             log.error("weixin: no logged-in account in %s: run `qunbot login weixin` first", self.state.where)
         for acc in self.accounts.values():
-            await self._start_polling(acc)
+            await self.serve_account(acc.bot_id, functools.partial(self._poll, acc))
         self._watcher = asyncio.create_task(self._watch_accounts(), name="weixin-accounts")
-
-    async def _start_polling(self, acc: _Account) -> None:
-        with contextlib.suppress(WeixinError):
-            await acc.api.notify(start=True)
-        acc.poller = asyncio.create_task(self._poll(acc), name=f"weixin-poll-{acc.bot_id}")
 
     async def _watch_accounts(self) -> None:
         """Serve accounts logged in while running, and pick up renewed tokens."""
@@ -133,7 +130,7 @@ class WeixinChannel(Channel):
                     log.warning("weixin: new account %s logged in; serving it", account.bot_id)
                     acc = self.accounts[account.bot_id] = _Account(account, self._api_for(account))
                     acc.tokens = await self.state.load_context_tokens(account.bot_id)
-                    await self._start_polling(acc)
+                    await self.serve_account(acc.bot_id, functools.partial(self._poll, acc))
                 elif account.bot_token != acc.account.bot_token:
                     acc.account, acc.api = account, self._api_for(account)
 
@@ -159,10 +156,11 @@ class WeixinChannel(Channel):
         commits = [acc.commit for acc in self.accounts.values() if acc.commit is not None]
         await asyncio.gather(*commits, return_exceptions=True)
         for acc in self.accounts.values():
-            acc.poller = acc.commit = None
-            if not acc.expired:
+            if not acc.expired and acc.bot_id in self._serving:  # not an account another process serves
                 with contextlib.suppress(WeixinError):
                     await acc.api.notify(start=False)
+            acc.poller = acc.commit = None
+        await self.stop_serving()
         self.accounts.clear()
         if self._own_session and self._session is not None:
             await self._session.close()
@@ -203,6 +201,9 @@ class WeixinChannel(Channel):
 
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self, acc: _Account) -> None:
+        acc.poller = asyncio.current_task()  # run by serve_account: while this process holds the account
+        with contextlib.suppress(WeixinError):
+            await acc.api.notify(start=True)
         buf = await self.state.load_cursor(acc.bot_id)
         timeout_ms = self.settings.poll_timeout_ms
         failures = 0
@@ -325,7 +326,8 @@ class WeixinChannel(Channel):
             raise ChannelUnavailable("no weixin account is logged in (run `qunbot login weixin`)")
         acc = self._account_for(message.chat)
         await self._stop_typing(acc, message.chat)
-        token = acc.tokens.get(message.chat.chat_id) or self._forgotten_token(acc, message.chat.chat_id)
+        token = acc.tokens.get(message.chat.chat_id) or self._forgotten_token(acc, message.chat.chat_id) \
+            or await self.state.context_token(acc.bot_id, message.chat.chat_id)  # learned by the last holder
         if not token:
             raise SendRejected(
                 f"no context_token for {message.chat.chat_id} on weixin account {acc.bot_id}: WeChat lets a bot "

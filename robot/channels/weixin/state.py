@@ -213,6 +213,10 @@ class WeixinState:
         data = await asyncio.to_thread(_read, self._file(bot_id, ".context.json")) or {}
         return {str(k): v for k, v in data.items() if isinstance(v, str) and v}
 
+    async def context_token(self, bot_id: str, chat_id: str) -> str | None:
+        """One chat's stored token: another process that served the account may have learned it."""
+        return (await self.load_context_tokens(bot_id)).get(chat_id)
+
     async def save_context_tokens(self, bot_id: str, tokens: dict[str, str]) -> None:
         """Store an account's tokens. In the database only what changed since this process last read
         or wrote them is written: a token another process deleted (``/forget me``) stays deleted."""

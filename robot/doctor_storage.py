@@ -1,0 +1,96 @@
+"""``qunbot doctor``'s storage lines: the engine, the live processes and their accounts, and the
+outbox rows waiting for an account that no process holds.
+
+It reads the database as it stands and writes nothing (no migration is applied): a table that is
+not there yet reads as empty. The URL is shown with its password redacted, and errors too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from robot.config import Settings
+from robot.outbox_store import LEASED_PLATFORMS, waiting_sync
+from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso, open_database
+from robot.storage.leases import PROCESS_PREFIX
+from robot.storage.postgres import redact_dsn
+
+__all__ = ["Check", "storage_checks"]
+
+T = TypeVar("T")
+
+
+class Check(NamedTuple):
+    """One line of the report: ``ok``/``FAIL``, what, and the detail."""
+
+    ok: bool
+    what: str
+    detail: str
+
+
+async def _read(db: Engine, fn: Callable[[Tx], T], empty: T) -> T:
+    """``fn``'s rows, or ``empty`` when its table does not exist yet (a database no bot has used)."""
+    try:
+        return await db.run(fn)
+    except StorageError:
+        raise
+    except Exception as exc:
+        if "no such table" in str(exc) or "does not exist" in str(exc):
+            return empty
+        raise
+
+
+async def storage_checks(settings: Settings, now: datetime | None = None) -> list[Check]:
+    """The storage engine, each live process with the accounts it holds, and the rows no process can send."""
+    url = settings.storage.url.get_secret_value().strip()
+    try:
+        db = open_database(url, settings.bot.data_dir)
+    except StorageError as exc:
+        return [Check(False, "storage", str(exc))]
+    if isinstance(db, SQLiteDatabase):
+        where = f"SQLite {db.where}"
+        if not await asyncio.to_thread(Path(db.path).is_file):
+            return [Check(True, "storage", f"{where} (not created yet: no process has run)")]
+    else:
+        where = f"PostgreSQL {redact_dsn(url)}"
+    stamp = iso(now or datetime.now(UTC))
+    try:
+        await db.open()
+        try:
+            none: list[dict[str, Any]] = []
+            leases = await _read(db, lambda tx: tx.query(
+                "SELECT name, holder FROM leases WHERE expires_at >= ? ORDER BY name", [stamp]), none)
+            held = [str(r["name"]) for r in leases if not str(r["name"]).startswith(PROCESS_PREFIX)]
+            waiting = await _read(db, lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held), none)
+        finally:
+            await db.close()
+    except Exception as exc:  # unreachable, refused, newer than this code: the reason, never the password
+        reason = str(exc).replace(url, redact_dsn(url)) if url else str(exc)
+        return [Check(False, "storage", f"{where}: {redact_dsn(reason)[:300]}")]
+    checks = [Check(True, "storage", where)]
+    checks += _processes(leases)
+    for row in waiting:
+        account = f"account {row['account']}" if row["account"] else "its default account"
+        checks.append(Check(False, "outbox", f"{row['n']} message(s) for {row['platform']} wait for {account}, "
+                                             f"which no running process holds (oldest queued {row['oldest'][:19]})"))
+    return checks
+
+
+def _processes(leases: list[dict[str, Any]]) -> list[Check]:
+    alive = sorted(str(r["holder"]) for r in leases if str(r["name"]) == PROCESS_PREFIX + str(r["holder"]))
+    accounts: dict[str, list[str]] = {}
+    for row in leases:
+        name = str(row["name"])
+        if not name.startswith(PROCESS_PREFIX):
+            accounts.setdefault(str(row["holder"]), []).append(name.removeprefix("account:"))
+    if not alive and not accounts:
+        return [Check(True, "processes", "none running now")]
+    lines = [Check(True, "processes", f"{len(alive)} running")]
+    for holder in sorted(set(alive) | set(accounts)):
+        held = ", ".join(accounts.get(holder, [])) or "no account"
+        lines.append(Check(True, f"process {holder}", f"holds {held}"))
+    return lines

@@ -1,0 +1,216 @@
+"""The outbox's table, its migrations and its claims (SQL that runs on SQLite and PostgreSQL), and
+how a long text is split into parts.
+
+A row is sent by one process: the one that claims it (``claimed_by`` = its lease holder id,
+``claimed_until``). A claim by a dead process (its ``process:`` lease expired) or an expired
+claim is free again, so a killed process's rows are taken over. Claims are taken a chat at a
+time, in the chat's order, by :func:`claim_sync`; on PostgreSQL the rows are locked while they
+are claimed (``FOR UPDATE``: a concurrent claimer waits milliseconds and then sees the claim;
+``SKIP LOCKED`` would let it send a chat's later rows before its earlier ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from robot.message import ChatRef
+from robot.storage import Engine, Step, Tx, iso
+
+__all__ = ["LEASED_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by", "release_sync", "split_text", "waiting_sync"]
+_BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """Split ``text`` into parts of at most ``limit`` characters, at the most natural break."""
+    if limit <= 0:
+        raise ValueError("limit must be positive")
+    parts: list[str] = []
+    rest = text
+    while len(rest) > limit:
+        window = rest[:limit]
+        cut = 0
+        for mark in _BREAKS:
+            pos = window.rfind(mark)
+            if pos >= limit // 2:
+                cut = pos + len(mark)
+                break
+        cut = cut or limit
+        parts.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if rest or not parts:
+        parts.append(rest)
+    return parts
+
+
+#: The platforms whose channels serve an account from one process at a time (``Channel.account_leases``).
+LEASED_PLATFORMS = ("onebot", "telegram", "weixin")
+
+
+def _v1(tx: Tx) -> None:
+    """The v0.1 table (idempotent: SQLite files from v0.1 have it, without a version row)."""
+    seq = "" if tx.dialect == "sqlite" else "seq BIGINT GENERATED ALWAYS AS IDENTITY, "  # SQLite orders by rowid
+    tx.execute(
+        f"CREATE TABLE IF NOT EXISTS outbox (key TEXT PRIMARY KEY, {seq}platform TEXT NOT NULL, chat TEXT NOT NULL, "
+        "text TEXT NOT NULL, mention TEXT NOT NULL DEFAULT '[]', reply_to TEXT, status TEXT NOT NULL, "
+        "attempts INTEGER NOT NULL DEFAULT 0, parts_sent INTEGER NOT NULL DEFAULT 0, next_at TEXT NOT NULL, "
+        "created_at TEXT NOT NULL, sent_at TEXT, error TEXT, receipt TEXT, account TEXT NOT NULL DEFAULT '')")
+    tx.execute("CREATE INDEX IF NOT EXISTS outbox_due ON outbox (platform, status, next_at)")
+    tx.execute("CREATE INDEX IF NOT EXISTS outbox_receipt ON outbox (chat, receipt)")
+    tx.execute("CREATE INDEX IF NOT EXISTS outbox_chat ON outbox (chat, status, next_at)")
+    # The account a row leaves through (ChatRef.account); files from before it get "".
+    if tx.dialect == "sqlite" and "account" not in {r[1] for r in tx.execute("PRAGMA table_info(outbox)").fetchall()}:
+        tx.execute("ALTER TABLE outbox ADD COLUMN account TEXT NOT NULL DEFAULT ''")
+
+
+SCHEMA: list[Step] = [
+    _v1,
+    # Which process is sending a row, until when (many processes, one database).
+    "ALTER TABLE outbox ADD COLUMN claimed_by TEXT; ALTER TABLE outbox ADD COLUMN claimed_until TEXT; "
+    "CREATE INDEX IF NOT EXISTS outbox_account ON outbox (platform, account, status)",
+]
+
+
+def order_by(tx: Tx, desc: bool = False) -> str:
+    """A chat's rows in the order they were queued (ties on ``created_at``: insertion order)."""
+    way = " DESC" if desc else ""
+    return f"created_at{way}, {'rowid' if tx.dialect == 'sqlite' else 'seq'}{way}"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The rows of a platform this process may send: all (``accounts`` None), or those of the
+    accounts it holds, plus the rows naming no account when ``empty``."""
+
+    accounts: tuple[str, ...] | None = None
+    empty: bool = False
+
+    @property
+    def nothing(self) -> bool:
+        return self.accounts is not None and not self.accounts and not self.empty
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """A condition on ``account`` and its parameters."""
+        if self.accounts is None:
+            return "1 = 1", []
+        terms = [f"account IN ({', '.join('?' for _ in self.accounts)})"] if self.accounts else []
+        if self.empty:
+            terms.append("account = ''")
+        return "(" + " OR ".join(terms or ["1 = 0"]) + ")", list(self.accounts)
+
+    def covers(self, account: str) -> bool:
+        if self.accounts is None:
+            return True
+        return account in self.accounts if account else self.empty
+
+
+def claim_sync(tx: Tx, platform: str, chat: str, scope: Scope, holder: str, now: str, until: str,
+               alive: Callable[[Tx, str], bool], limit: int = 32) -> tuple[list[dict[str, Any]], bool]:
+    """Claim the chat's first pending rows in ``scope`` for ``holder``, in order: (rows, blocked).
+
+    Claiming stops at the first row another living process holds an unexpired claim on
+    (``blocked``): the rest of the chat waits for it, so the chat's order holds across processes.
+    """
+    where, params = scope.sql()
+    lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
+    rows = tx.query(f"SELECT * FROM outbox WHERE platform = ? AND chat = ? AND status = 'pending' AND {where} "
+                    f"ORDER BY {order_by(tx)} LIMIT ?{lock}", [platform, chat, *params, limit])
+    mine: list[dict[str, Any]] = []
+    blocked = False
+    for row in rows:
+        by = row.get("claimed_by")
+        if by and by != holder and str(row.get("claimed_until") or "") >= now and alive(tx, str(by)):
+            blocked = True
+            break
+        mine.append(row)
+    if mine:
+        keys = [str(r["key"]) for r in mine]
+        tx.execute(f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE key IN ({', '.join('?' for _ in keys)})",
+                   [holder, until, *keys])
+    return mine, blocked
+
+
+def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope | None = None) -> int:
+    """Give up ``holder``'s claims on pending rows (of ``platform``, outside ``keep``): others may send them now."""
+    sql, params = "UPDATE outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = ? " \
+                  "AND status = 'pending'", [holder]
+    if platform is not None:
+        sql, params = sql + " AND platform = ?", [*params, platform]
+    if keep is not None:
+        where, more = keep.sql()
+        sql, params = sql + f" AND NOT {where}", [*params, *more]
+    return int(tx.execute(sql, params).rowcount)
+
+
+def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str]) -> list[dict[str, Any]]:
+    """Pending rows of the ``leased`` platforms whose account no process holds (``held``: live
+    lease names ``account:<platform>:<account>``): per platform and account, how many, since when.
+
+    A row naming no account counts as waiting when no process holds any account of its platform.
+    """
+    if not leased:
+        return []
+    marks = ", ".join("?" for _ in leased)
+    groups = tx.query(f"SELECT platform, account, count(*) AS n, min(created_at) AS oldest FROM outbox "
+                      f"WHERE status = 'pending' AND platform IN ({marks}) GROUP BY platform, account "
+                      "ORDER BY platform, account", list(leased))
+    names = set(held)
+    platforms = {name.split(":", 2)[1] for name in names if name.count(":") >= 2}
+    return [g for g in groups
+            if (f"account:{g['platform']}:{g['account']}" not in names if g["account"]
+                else g["platform"] not in platforms)]
+
+
+class OutboxRows:
+    """The outbox's queries that send nothing: inspection, pruning, moves (a base of :class:`robot.outbox.Outbox`)."""
+
+    db: Engine
+
+    async def pending(self, platform: str | None = None) -> int:
+        sql = "SELECT count(*) FROM outbox WHERE status = 'pending'" + (" AND platform = ?" if platform else "")
+        return int(await self.db.run(lambda db: db.execute(sql, [platform] if platform else []).fetchone()[0]))
+
+    async def prune(self, now: datetime, keep: timedelta = timedelta(days=7), max_rows: int | None = None) -> int:
+        """Forget delivered and failed messages older than ``keep`` (and beyond ``max_rows`` per chat).
+
+        Their text is gone already (see :meth:`_mark`); what remains (key, receipt, status) only
+        lets a reply to the bot be recognised.
+        """
+        cutoff = iso(now - keep)
+
+        def work(db: Tx) -> int:
+            removed = int(db.execute(
+                "DELETE FROM outbox WHERE status IN ('sent', 'failed') AND created_at < ?", [cutoff]).rowcount)
+            if max_rows is not None:
+                removed += int(db.execute(
+                    "DELETE FROM outbox WHERE key IN (SELECT key FROM (SELECT key, ROW_NUMBER() OVER "
+                    f"(PARTITION BY chat ORDER BY {order_by(db, desc=True)}) AS n FROM outbox "
+                    "WHERE status IN ('sent', 'failed')) AS ranked WHERE n > ?)", [max_rows]).rowcount)
+            return removed
+
+        return await self.db.run(work)
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
+        """Queued and sent rows of ``old`` now belong to ``new`` (replies and reply lookups follow)."""
+        return await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+
+    async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
+        """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
+        return bool(await self.db.run(lambda db: db.execute(
+            "SELECT 1 FROM outbox WHERE chat = ? AND receipt = ? LIMIT 1", [chat.key, platform_message_id]
+        ).fetchone()))
+
+    async def rows(self, status: str | None = None) -> list[dict[str, object]]:
+        """Outbox rows for inspection (tests, ``qunbot doctor``)."""
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        return await self.db.run(
+            lambda db: db.query(f"SELECT * FROM outbox {where} ORDER BY {order_by(db)}", params))
+
+    async def failures(self, since: datetime) -> list[dict[str, object]]:
+        """Messages that could not be delivered since ``since`` (newest first), for ``qunbot doctor``."""
+        return await self.db.run(lambda db: db.query(
+            "SELECT key, chat, error, sent_at FROM outbox WHERE status = 'failed' AND sent_at >= ? "
+            "ORDER BY sent_at DESC LIMIT 50", [iso(since)]))

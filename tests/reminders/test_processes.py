@@ -1,0 +1,145 @@
+"""Several processes on one PostgreSQL: every due reminder fires exactly once in total, and a
+deletion in one process stops the firing in every other.
+
+Each "process" is its own engine (its own pool and LISTEN connection) and ReminderService on the
+same database URL. Their outbox is a table with no unique key, so a doubled firing would show as
+two rows instead of being absorbed by the real outbox's idempotent insert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from function_calls import Caller
+from reminders.schedule import parse_schedule
+from reminders.service import ReminderService
+from reminders.settings import ReminderSettings
+from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
+from robot import OutgoingMessage, Tx
+from robot.storage.postgres import PostgresDatabase
+
+NOW = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)
+SH = "Asia/Shanghai"
+
+
+class CountingOutbox:
+    """What reminders use of the outbox, writing to ``fired`` (no unique key: doubles stay visible)."""
+
+    def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
+        db.execute("INSERT INTO fired (key, chat, text) VALUES (?, ?, ?)", [message.key, message.chat.key,
+                                                                           message.text])
+        return True
+
+    def notify(self, platform: str) -> None:
+        pass
+
+
+class Host:
+    """The part of a Bot a ReminderService uses to fire text reminders."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self.clock = clock
+        self.outbox = CountingOutbox()
+
+
+FIRED = ["CREATE TABLE fired (n {id}, key TEXT NOT NULL, chat TEXT NOT NULL, text TEXT NOT NULL)"]
+
+
+@pytest.fixture
+async def processes(pg_url: str) -> AsyncIterator[list[ReminderService]]:
+    """Three services, each on its own engine and timer, sharing one PostgreSQL database."""
+    services: list[ReminderService] = []
+    for _ in range(3):
+        db = PostgresDatabase(pg_url, max_size=3)
+        db.migrate("reminders", SCHEMA)
+        db.migrate("fired", FIRED)
+        await db.open()
+        scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"))
+        scheduler.start(paused=True)  # jobs are only looked at: the instants are in 2030
+        service = ReminderService(ReminderStore(db), Host(lambda: NOW), ReminderSettings(),  # type: ignore[arg-type]
+                                  scheduler=scheduler)
+        await service.start()
+        services.append(service)
+    yield services
+    for service in services:
+        await service.stop()
+        await service.store.db.close()
+
+
+def due_rows(count: int) -> list[Reminder]:
+    return [Reminder(id=new_id(), owner=f"memory:u{i}", owner_name=f"u{i}", chat=f"memory:group:g{i % 7}",
+                     type="once", wall="2030-01-07 11:59:59", zone=SH, weekday=None, content=f"提醒 {i}",
+                     mode="text", created_at=NOW, updated_at=NOW, next_fire=NOW - timedelta(seconds=1))
+            for i in range(count)]
+
+
+async def fired(service: ReminderService) -> list[str]:
+    """The contents of every reminder in every message queued (a chat's reminders share messages)."""
+    texts = await service.store.db.run(lambda db: [r[0] for r in db.execute("SELECT text FROM fired").fetchall()])
+    return [item for text in texts for item in re.findall(r"提醒 \d+|交周报", text)]
+
+
+async def test_every_due_reminder_fires_exactly_once_across_processes(processes: list[ReminderService]) -> None:
+    rows = due_rows(600)
+    await processes[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+    for service in processes:
+        service.batch = 25  # many small claims, so the three passes really interleave
+    reports = await asyncio.gather(*(s.fire_due(NOW) for s in processes for _ in range(2)))
+    contents = await fired(processes[0])
+    assert len(contents) == 600 and len(set(contents)) == 600  # none lost, none doubled
+    assert sum(r.delivered for r in reports) == 600
+    assert sum(1 for r in reports if r.delivered) >= 2  # the work was shared, not done by one process
+    assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, NOW, "text", 10))
+
+
+async def test_a_deletion_in_one_process_stops_the_firing_in_the_others(
+        processes: list[ReminderService]) -> None:
+    a, b, c = processes
+    caller = Caller(platform="memory", user_id="u1", user_name="Alice", chat_id="g1", chat_kind="group")
+    made = await a.create(caller, parse_schedule("once", "2030-01-07 12:30", SH, None), "交周报", "text")
+    assert made.next_fire == NOW + timedelta(minutes=30)
+
+    async def until(check: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10):
+            while not check():
+                await asyncio.sleep(0.02)
+
+    await until(lambda: all(s.armed_at(made.id) == made.next_fire for s in processes))  # heard by everyone
+    assert await b.delete(made.id)
+    await until(lambda: all(s.armed_at(made.id) is None for s in processes))
+    for service in (a, c):  # their timers would have woken them at 12:30: nothing is left to fire
+        report = await service.fire_due(NOW + timedelta(minutes=30))
+        assert report.delivered == 0
+    assert await fired(a) == []
+
+
+async def test_rows_claimed_by_a_process_that_dies_mid_firing_are_fired_by_another(
+        processes: list[ReminderService]) -> None:
+    a, b, _ = processes
+    await a.store.db.run(lambda db: ReminderStore.insert_sync(db, due_rows(3)))
+    held, release = threading.Event(), threading.Event()
+
+    def dies_before_commit(db: Tx) -> None:
+        assert len(ReminderStore.due_sync(db, NOW, "text", 10, claim=True)) == 3
+        held.set()
+        release.wait(10)
+        raise RuntimeError("killed")  # its transaction rolls back, as a SIGKILLed process's does
+
+    dying = asyncio.ensure_future(a.store.db.transaction(dies_before_commit))
+    await asyncio.to_thread(held.wait, 10)
+    assert (await b.fire_due(NOW)).delivered == 0  # claimed elsewhere: skipped, not waited for
+    release.set()
+    with pytest.raises(RuntimeError):
+        await dying
+    async with asyncio.timeout(15):  # b looks again by itself: nobody will wake it for these rows
+        while len(await fired(b)) < 3:
+            await asyncio.sleep(0.1)
+    assert sorted(await fired(b)) == ["提醒 0", "提醒 1", "提醒 2"]

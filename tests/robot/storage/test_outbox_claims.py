@@ -1,0 +1,77 @@
+"""Outbox claims on both engines: one process sends a row; a dead or expired claim is free again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from robot.history import HistoryStore
+from robot.message import ChatRef, OutgoingMessage
+from robot.outbox import Outbox
+from robot.outbox_store import Scope, claim_sync, release_sync, waiting_sync
+from robot.storage import Engine, Tx, iso
+from robot.storage.leases import Leases
+
+NOW = datetime.now(UTC)
+ALL = Scope()
+G1 = ChatRef(platform="telegram", chat_id="g1", kind="group", account="111")
+
+
+async def setup(engine: Engine) -> tuple[Outbox, Leases, Leases]:
+    HistoryStore(engine)
+    outbox = Outbox(engine)
+    a, b = Leases(engine, ttl_s=30, holder="A"), Leases(engine, ttl_s=30, holder="B")
+    await engine.open()
+    assert await a.acquire("process:A") and await b.acquire("process:B")
+    return outbox, a, b
+
+
+async def claim(engine: Engine, leases: Leases, scope: Scope = ALL, until_s: float = 60) -> tuple[list[str], bool]:
+    rows, blocked = await engine.run(lambda tx: claim_sync(
+        tx, "telegram", G1.key, scope, leases.holder, iso(NOW), iso(NOW + timedelta(seconds=until_s)),
+        leases.alive_sync))
+    return [str(r["key"]) for r in rows], blocked
+
+
+async def test_a_living_processs_claim_holds_and_a_dead_ones_is_taken_over(engine: Engine) -> None:
+    outbox, a, b = await setup(engine)
+    try:
+        await outbox.enqueue(*(OutgoingMessage(key=f"k{i}", chat=G1, text=f"#{i}") for i in range(3)))
+        assert await claim(engine, a) == (["k0", "k1", "k2"], False)
+        if engine.dialect == "postgresql":  # A is alive: B waits, and the chat's order with it
+            assert await claim(engine, b) == ([], True)
+
+            def a_dies(tx: Tx) -> None:
+                tx.execute("UPDATE leases SET expires_at = ? WHERE name = 'process:A'", [iso(NOW - timedelta(1))])
+
+            await engine.run(a_dies)
+        # On SQLite another holder is this process's dead predecessor: free at once.
+        assert await claim(engine, b) == (["k0", "k1", "k2"], False)
+        assert {r["claimed_by"] for r in await outbox.rows()} == {"B"}
+        # An expired claim is free even though its holder lives.
+        assert await claim(engine, b, until_s=-1) == (["k0", "k1", "k2"], False)
+        assert (await claim(engine, a))[0] == ["k0", "k1", "k2"]
+        # Given up claims are anyone's at once.
+        assert await engine.run(lambda tx: release_sync(tx, "A")) == 3
+        assert {r["claimed_by"] for r in await outbox.rows()} == {None}
+    finally:
+        await engine.close()
+
+
+async def test_a_process_claims_only_the_accounts_it_holds(engine: Engine) -> None:
+    outbox, a, _ = await setup(engine)
+    try:
+        other = G1.model_copy(update={"account": "222"})
+        nobody = G1.model_copy(update={"account": ""})
+        await outbox.enqueue(OutgoingMessage(key="mine", chat=G1, text="1"),
+                             OutgoingMessage(key="theirs", chat=other, text="2"),
+                             OutgoingMessage(key="unnamed", chat=nobody, text="3"))
+        assert await claim(engine, a, Scope(("111",))) == (["mine"], False)
+        assert await claim(engine, a, Scope(("111",), empty=True)) == (["mine", "unnamed"], False)
+        assert await claim(engine, a, Scope(())) == ([], False)
+        # Nobody holds account 222: its row waits, and is reported; 111 is held.
+        waiting = await engine.run(lambda tx: waiting_sync(tx, ["telegram"], ["account:telegram:111"]))
+        assert [(w["platform"], w["account"], w["n"]) for w in waiting] == [("telegram", "222", 1)]
+        waiting = await engine.run(lambda tx: waiting_sync(tx, ["telegram"], []))
+        assert [(w["account"], w["n"]) for w in waiting] == [("", 1), ("111", 1), ("222", 1)]
+    finally:
+        await engine.close()

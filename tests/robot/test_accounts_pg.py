@@ -1,0 +1,171 @@
+"""Two bot processes on one PostgreSQL (two Bots, each with its own engine and lease holder id):
+one serves the Telegram bot at a time, every outbox row goes out once, and when the holder dies
+the other takes the bot over after the lease expires and sends what waited."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from robot.bot import Bot
+from robot.channels.telegram import TelegramChannel, TelegramSettings
+from robot.channels.telegram.testing import FakeBotAPI
+from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
+from robot.channels.weixin.testing import FakeILinkServer
+from robot.message import ChatRef, Message
+from robot.storage.leases import LeaseKeeper, Leases
+from robot.storage.postgres import PostgresDatabase
+from tests.robot.conftest import BotFactory, eventually
+
+BOT_ID = "123456"
+WX_BOT, BOB = "b0f1@im.bot", "o9cq8bob@im.wechat"
+ALICE = ChatRef(platform="telegram", chat_id="777", kind="private", account=BOT_ID)
+
+
+async def process(make_bot: BotFactory, fake: FakeBotAPI, pg_url: str, folder: Path, holder: str) -> Bot:
+    tg = TelegramSettings(enabled=True, token=fake.token, api_base=fake.url, poll_timeout_s=1,
+                          state_dir=folder / "tg", retry_delay_s=0.05, backoff_max_s=0.1)
+    bot, _ = await make_bot(channel=TelegramChannel(tg), plugins=[], data_dir=folder, start=False,
+                            storage={"url": pg_url, "lease_s": 3})
+    bot.leases.leases.holder = holder  # two "processes" in one test process
+    await bot.start()
+    return bot
+
+
+async def die(bot: Bot) -> None:
+    """Stop like a killed process: its leases are not given up (they expire), it sends nothing more."""
+    keeper = bot.leases
+    assert keeper._task is not None
+    keeper._task.cancel()
+    keeper._task, keeper.held = None, set()
+    await bot.stop(flush_timeout_s=0)
+
+
+def sent(fake: FakeBotAPI) -> Counter[str]:
+    return Counter(m.text for m in fake.sent)
+
+
+async def test_one_process_serves_an_account_and_the_other_takes_over_when_it_dies(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    async with FakeBotAPI(f"{BOT_ID}:TEST-token") as fake:
+        a = await process(make_bot, fake, pg_url, tmp_path / "a", "proc-a")
+        b = await process(make_bot, fake, pg_url, tmp_path / "b", "proc-b")
+        tg_a, tg_b = a.channels["telegram"], b.channels["telegram"]
+        assert tg_a.served == {BOT_ID} and tg_b.served == frozenset()  # only A polls
+        holders = await b.leases.leases.holders("account:")
+        assert holders == {f"account:telegram:{BOT_ID}": "proc-a"}
+
+        # Rows queued by either process leave through A, the holder, each once.
+        for i in range(10):
+            await b.send(ALICE, f"from b {i}", key=f"b{i}")
+            await a.send(ALICE, f"from a {i}", key=f"a{i}")
+        await eventually(lambda: len(fake.sent) >= 20, timeout=10)
+        assert tg_b.served == frozenset()
+
+        async def all_marked_sent() -> bool:  # the fake has them; A's commit marking them sent may trail
+            return await a.outbox.pending() == 0
+
+        await eventually(all_marked_sent, timeout=10)
+
+        # A dies holding the bot: B's rows wait until the lease expires, then B polls and sends them.
+        await die(a)
+        polls = len(fake.offsets)
+        for i in range(10):
+            await b.send(ALICE, f"after {i}", key=f"after{i}")
+        await eventually(lambda: tg_b.served == {BOT_ID}, timeout=10)
+        await eventually(lambda: len(fake.sent) >= 30, timeout=10)
+        await eventually(lambda: len(fake.offsets) > polls, timeout=10)  # B polls now
+
+        counts = sent(fake)
+        expected = {f"from {p} {i}" for p in "ab" for i in range(10)} | {f"after {i}" for i in range(10)}
+        assert set(counts) == expected and set(counts.values()) == {1}  # all out, none twice
+        rows: list[dict[str, Any]] = await b.outbox.rows()
+        assert len(rows) == 30 and {r["status"] for r in rows} == {"sent"}
+        senders = Counter(str(r["claimed_by"]) for r in rows)
+        assert senders == {"proc-a": 20, "proc-b": 10}  # before its death A sent all; B only after
+
+
+async def weixin_process(make_bot: BotFactory, pg_url: str, folder: Path, state: Path, holder: str) -> Bot:
+    wx = WeixinSettings(enabled=True, state_dir=state, retry_delay_s=0.05, backoff_max_s=0.1, typing=False)
+    bot, _ = await make_bot(channel=WeixinChannel(wx, folder), plugins=[], data_dir=folder, start=False,
+                            storage={"url": pg_url, "lease_s": 3})
+    bot.leases.leases.holder = holder
+    await bot.start()
+    return bot
+
+
+async def test_a_weixin_account_is_long_polled_by_one_process_and_taken_over_with_its_tokens(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    async with FakeILinkServer(hold_s=0.2) as fake:
+        fake.add_bot("wx-token", WX_BOT)
+
+        def ours() -> list[str]:  # the bot's own answers (no model here) aside
+            return [m.text for m in fake.sent if m.text in ("one", "two")]
+
+        state = tmp_path / "wx"  # the login file, imported into the database by the first process
+        WeixinState(state).save_account_sync(WeixinAccount(bot_id=WX_BOT, bot_token=SecretStr("wx-token"),
+                                                           base_url=fake.url, saved_at=datetime.now(UTC)))
+        a = await weixin_process(make_bot, pg_url, tmp_path / "a", state, "proc-a")
+        (tmp_path / "b").mkdir()  # every process sharing the database has the same secret.key
+        shutil.copy2(tmp_path / "a" / "secret.key", tmp_path / "b" / "secret.key")
+        b = await weixin_process(make_bot, pg_url, tmp_path / "b", state, "proc-b")
+        assert a.channels["weixin"].served == {WX_BOT} and b.channels["weixin"].served == frozenset()
+        fake.inject("wx-token", BOB, text="你好")  # only A polls: it learns Bob's context token
+        chat = ChatRef(platform="weixin", chat_id=BOB, kind="private", account=WX_BOT)
+        await eventually(lambda: has_said(a, chat), timeout=10)
+        await b.send(chat, "one", key="one")
+        await eventually(lambda: ours() == ["one"], timeout=10)
+
+        await die(a)
+        await b.send(chat, "two", key="two")
+        await eventually(lambda: b.channels["weixin"].served == {WX_BOT}, timeout=10)
+        await eventually(lambda: ours() == ["one", "two"], timeout=10)
+        fake.inject("wx-token", BOB, text="还在吗")  # B long-polls now
+        await eventually(lambda: has_said(b, chat, "还在吗"), timeout=10)
+        assert ours() == ["one", "two"]
+        assert Counter(str(r["claimed_by"]) for r in await b.outbox.rows() if r["key"] in ("one", "two")) == {
+            "proc-a": 1, "proc-b": 1}
+
+
+async def has_said(bot: Bot, chat: ChatRef, text: str = "你好") -> bool:
+    return any(e.text == text for e in await bot.history.recent(chat, 10))
+
+
+async def test_a_lost_lease_stops_polling_and_retaking_it_resumes(pg_url: str, tmp_path: Path) -> None:
+    db = PostgresDatabase(pg_url, max_size=2)
+    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+    other = Leases(db, ttl_s=3, holder="proc-b")
+    await db.open()
+    await keeper.start()
+    name = f"account:telegram:{BOT_ID}"
+    try:
+        async with FakeBotAPI(f"{BOT_ID}:TEST-token") as fake:
+            channel = TelegramChannel(TelegramSettings(enabled=True, token=fake.token, api_base=fake.url,
+                                                       poll_timeout_s=1, state_dir=tmp_path / "tg"))
+            channel.attach_leases(keeper)
+
+            async def sink(message: Message) -> None:
+                return None
+
+            channel.bind(sink)
+            await channel.start()
+            try:
+                assert channel.served == {BOT_ID}
+                # Another process took it (this one had stalled past the TTL): the next renewal loses it.
+                await db.run(lambda tx: tx.execute("UPDATE leases SET holder = 'proc-b' WHERE name = ?", [name]))
+                await eventually(lambda: channel.served == frozenset(), timeout=10)
+                assert not keeper.holds(name)
+                await other.release([name])  # the other one stops cleanly: this one takes the bot back
+                await eventually(lambda: channel.served == {BOT_ID}, timeout=10)
+                polls = len(fake.offsets)
+                await eventually(lambda: len(fake.offsets) > polls, timeout=10)
+            finally:
+                await channel.stop()
+    finally:
+        await keeper.stop()
+        await db.close()

@@ -1,0 +1,76 @@
+"""``qunbot doctor`` on storage: the engine (password redacted), the live processes and their
+accounts, and the outbox rows waiting for an account no process holds; on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from robot.channels.onebot import OneBotChannel
+from robot.channels.telegram import TelegramChannel
+from robot.channels.web import WebChannel
+from robot.channels.weixin import WeixinChannel
+from robot.cli import main
+from robot.config import Settings
+from robot.doctor_storage import storage_checks
+from robot.history import HistoryStore
+from robot.message import ChatRef, OutgoingMessage
+from robot.outbox import Outbox
+from robot.outbox_store import LEASED_PLATFORMS
+from robot.storage import Engine, SQLiteDatabase
+from robot.storage.leases import Leases
+
+HOLDER = "host-a:4242:abcd1234"
+
+
+def row(key: str, platform: str, account: str) -> OutgoingMessage:
+    return OutgoingMessage(key=key, chat=ChatRef(platform=platform, chat_id="g", kind="group", account=account),
+                           text=key)
+
+
+async def test_doctor_shows_the_engine_the_processes_and_the_rows_no_process_can_send(
+        engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    HistoryStore(engine)
+    outbox = Outbox(engine)
+    leases = Leases(engine, ttl_s=600, holder=HOLDER)
+    await engine.open()
+    try:
+        assert await leases.acquire(f"process:{HOLDER}") and await leases.acquire("account:telegram:111")
+        await outbox.enqueue(row("held", "telegram", "111"), row("orphan1", "telegram", "222"),
+                             row("orphan2", "telegram", "222"), row("unnamed", "onebot", ""),
+                             row("web", "web", ""))
+    finally:
+        await engine.close()
+    if isinstance(engine, SQLiteDatabase):
+        storage, shown = "", f"SQLite {engine.where}"
+    else:
+        storage, shown = f'[storage]\nurl = "{engine.url}"\n', "PostgreSQL postgresql://"
+    config = tmp_path / "qunbot.toml"
+    config.write_text(f'[bot]\ndata_dir = "{tmp_path}"\n{storage}', encoding="utf-8")
+    await asyncio.to_thread(main, ["--config", str(config), "doctor"])
+    report = capsys.readouterr().out
+    assert f"ok  storage: {shown}" in report
+    assert "ok  processes: 1 running" in report
+    assert f"ok  process {HOLDER}: holds telegram:111" in report
+    assert "FAIL outbox: 2 message(s) for telegram wait for account 222, which no running process holds" in report
+    assert "FAIL outbox: 1 message(s) for onebot wait for its default account" in report
+    assert "account 111" not in report and "for web" not in report  # held, and not per account
+
+
+async def test_doctor_never_shows_the_database_password() -> None:
+    settings = Settings(storage={"url": "postgresql://qun:s3cret-pw@127.0.0.1:1/qunbot"})
+    (check,) = await storage_checks(settings)
+    assert not check.ok and check.what == "storage"
+    assert "s3cret-pw" not in check.detail and "qun:***@127.0.0.1:1/qunbot" in check.detail
+
+
+async def test_doctor_on_a_database_no_process_has_used(tmp_path: Path) -> None:
+    (check,) = await storage_checks(Settings(bot={"data_dir": tmp_path}))
+    assert check.ok and "not created yet" in check.detail
+
+
+def test_the_doctor_knows_which_channels_hold_account_leases() -> None:
+    leased = {c.platform for c in (OneBotChannel, TelegramChannel, WeixinChannel, WebChannel) if c.account_leases}
+    assert leased == set(LEASED_PLATFORMS)
