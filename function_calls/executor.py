@@ -187,7 +187,9 @@ class CallExecutor:
         except Exception as exc:  # a tool bug must not take its siblings or the run down
             log.exception("tool %s failed", tool.name)
             result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
-        result = result.model_copy(update={"content": _sendable(result.content)})
+        sendable = _sendable(result.content)
+        if sendable is not result.content:  # a copy only when something was replaced
+            result = result.model_copy(update={"content": sendable})
         rkey = result_key(result.content, result.data, tool.hash_exclude)
         signal = self.detector.record(tool.name, akey, rkey)
         note = ""
