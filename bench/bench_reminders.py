@@ -16,9 +16,9 @@
    services claiming due rows with ``SKIP LOCKED``. Until the outbox runs on PostgreSQL this
    measures due -> firing committed (reminder advanced and its outbox row written), not the send.
 
-With ``[reminders] merge_chat`` a chat's on-time reminders due together share one message
-(``reminders.firing.merge``; by default only one person's do, and every bench row has its own
-owner): a send counts for every reminder it carries; lost and doubled are counted per reminder.
+With ``[reminders] merge_chat`` (the default) a chat's on-time reminders due together share one message
+(``reminders.firing.merge``; with it off only one person's do, and every bench row has its own owner):
+a send counts for every reminder it carries; lost and doubled are counted per reminder.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
         async def send(self, message: OutgoingMessage) -> Any:
             receipt = await super().send(message)
             times.append((message.text, time.time()))
-            with sent.get_lock():
-                sent.value += 1
+            with sent.get_lock():  # replies and reminders carried (one message may carry several)
+                sent.value += len(_contents(message.text)) or 1
             return receipt
 
     model = bs.ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))

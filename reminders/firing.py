@@ -108,10 +108,10 @@ def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, OutgoingMessage | N
     key of the message each one went out in.
 
     On-time text reminders of one person in one chat due at the same instant share one message
-    (at most ``MERGE_MAX``); ``across_owners`` (``[reminders] merge_chat``), those of everyone in
-    the chat do (owners mentioned): twenty people's "09:00 standup" is one send, not twenty, but
-    the history records one message mentioning several people, which ``/forget me`` removes only
-    for the first. Late, missed or failed ones, and scheduled prompts, keep their own message.
+    (at most ``MERGE_MAX``); ``across_owners`` (``[reminders] merge_chat``, the default), those of
+    everyone in the chat do (owners mentioned): twenty people's "09:00 standup" is one send, not
+    twenty; the history records every person it mentions, so ``/forget me`` by any of them removes
+    it. Late, missed or failed ones, and scheduled prompts, keep their own message.
     """
     messages: list[OutgoingMessage] = []
     keys: list[str | None] = [None] * len(fired)

@@ -41,9 +41,9 @@ class ReminderSettings(BaseModel):
         8, ge=1, description="scheduled prompts that may run the model at the same time; the rest wait their turn"
     )
     merge_chat: bool = Field(
-        False, description="true: a group's on-time reminders of different people due together share one message "
-        "(a same-second burst needs far fewer sends), but /forget me then clears such a message from the history "
-        "only for the first person it mentions; false: only one person's reminders due together share a message"
+        True, description="true: a group's on-time reminders of different people due together share one message "
+        "mentioning each of them (a same-second burst needs far fewer sends; /forget me by any of them removes it "
+        "from the history); false: only one person's reminders due together share a message"
     )
 
     @model_validator(mode="before")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from pydantic import ConfigDict
@@ -13,7 +14,7 @@ from robot.storage import Tx
 from robot.storage.base import render_step
 from robot.store import Engine, iso, parse_iso
 
-__all__ = ["HistoryEntry", "HistoryStore"]
+__all__ = ["TO_USER", "HistoryEntry", "HistoryStore"]
 
 
 class HistoryEntry(HistoryTurn):
@@ -35,6 +36,15 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
         at=parse_iso(str(row["ts"])), from_bot=bool(row["from_bot"]), message_id=str(row["message_id"] or ""),
     )
 
+
+#: Step 2: every person a bot message addresses when it addresses several (a reminder message shared
+#: by the people of a chat): ``to_user`` holds one only, and ``/forget me`` of any must take it.
+ADDRESSEES = ("CREATE TABLE IF NOT EXISTS history_to (user_id TEXT NOT NULL, history_id BIGINT NOT NULL, "
+              "PRIMARY KEY (user_id, history_id)); "
+              "CREATE INDEX IF NOT EXISTS history_to_history ON history_to (history_id)")
+#: The bot messages of a chat addressed to a person (``?`` = chat, the person twice).
+TO_USER = ("chat = ? AND from_bot = 1 AND (to_user = ? OR id IN "
+           "(SELECT history_id FROM history_to WHERE user_id = ?))")
 
 _COLUMNS = "chat, user_id, name, text, ts, from_bot, message_id"
 
@@ -85,7 +95,7 @@ class HistoryStore:
         self.max_messages = max_messages
         self.max_age = max_age
         self.max_text_chars = max_text_chars
-        db.migrate("history", [self._schema])
+        db.migrate("history", [self._schema, ADDRESSEES])
 
     @staticmethod
     def _schema(db: Tx) -> None:
@@ -113,13 +123,32 @@ class HistoryStore:
     @staticmethod
     def insert_sync(db: Tx, chat: ChatRef, user_id: str, name: str, text: str,
                     at: datetime, *, from_bot: bool = False, message_id: str = "", reply_to: str | None = None,
-                    to_user: str | None = None, role: str = "") -> None:
-        """Insert inside a caller's transaction (the outbox records the bot's replies this way)."""
-        db.execute(
-            "INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user, role) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
-            [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to, to_user, role],
-        )
+                    to_user: str | None = None, role: str = "", to_users: Sequence[str] = ()) -> None:
+        """Insert inside a caller's transaction (the outbox records the bot's replies this way).
+
+        ``to_users``: everyone a bot message addresses; when that is more than ``to_user``, each is
+        recorded in ``history_to`` (same transaction) so that any one's ``/forget me`` takes it.
+        """
+        others = [u for u in dict.fromkeys(to_users) if u != to_user]
+        sql = ("INSERT INTO history (chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user, role) "
+               "VALUES (?,?,?,?,?,?,?,?,?,?)")
+        params = [chat.key, user_id, name, text, iso(at), int(from_bot), message_id, reply_to, to_user, role]
+        if not others:  # the common case (one person answered): no id needed, no extra row
+            db.execute(sql, params)
+            return
+        row = db.execute(sql + " RETURNING id", params).fetchone()
+        assert row is not None
+        db.executemany("INSERT INTO history_to (user_id, history_id) VALUES (?, ?) "
+                       "ON CONFLICT (user_id, history_id) DO NOTHING", [[u, row[0]] for u in others])
+
+    @staticmethod
+    def prune_addressees_sync(db: Tx) -> int:
+        """Drop the ``history_to`` rows of messages no longer stored (they name people); returns how many.
+
+        Run after deleting history rows: SQLite may reuse a deleted row's id.
+        """
+        return db.execute("DELETE FROM history_to WHERE NOT EXISTS "
+                          "(SELECT 1 FROM history WHERE history.id = history_to.history_id)").rowcount
 
     def cut(self, text: str) -> str:
         """``text`` as stored: at most ``max_text_chars``, a longer one cut with a note saying so."""
@@ -218,6 +247,8 @@ class HistoryStore:
                 "(PARTITION BY chat ORDER BY ts DESC, id DESC) AS n FROM history) AS ranked WHERE n > ?)",
                 [self.max_messages],
             ).rowcount
+            if removed:
+                self.prune_addressees_sync(db)
             return removed
 
         return await self.db.run(work)

@@ -108,7 +108,8 @@ class Outbox(OutboxRows):
         db.notify("outbox", message.chat.platform)
         HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
                                  reply_to=message.reply_to,
-                                 to_user=message.about or (message.mention[0] if message.mention else None))
+                                 to_user=message.about or (message.mention[0] if message.mention else None),
+                                 to_users=(message.about,) if message.about else message.mention)
         return True
 
     @property

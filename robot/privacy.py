@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, Field
 
 from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
+from robot.history import TO_USER, HistoryStore
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
 from robot.snapshots import notice_key, notice_prefix
@@ -126,10 +127,8 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
             db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND status != 'pending'", [key])
             continue
         # Bot messages addressed to them (@ them: answers, their reminders firing) go with their messages.
-        replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND to_user = ?",
-                              [key, request.user_id]).rowcount
-        db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND mention = ? AND status != 'pending'",
-                   [key, json.dumps([request.user_id])])
+        replies += db.execute(f"DELETE FROM history WHERE {TO_USER}", [key, request.user_id, request.user_id]).rowcount
+        _blank_mentioning(db, key, request.user_id)
         for start in range(0, len(ids), 500):
             batch = ids[start:start + 500]
             marks = ",".join("?" * len(batch))
@@ -137,7 +136,19 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
                                   [key, *batch]).rowcount
             db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND reply_to IN ({marks}) "
                        "AND status != 'pending'", [key, *batch])
+    HistoryStore.prune_addressees_sync(db)
     return messages, replies
+
+
+def _blank_mentioning(db: Tx, chat: str, user_id: str) -> None:
+    """Clear the text of the chat's unsent-for-good outbox rows that @ the person (alone or with others:
+    a reminder message shared by a chat's people)."""
+    rows = db.execute("SELECT key, mention FROM outbox WHERE chat = ? AND status != 'pending' AND text != '' "
+                      "AND mention != '[]'", [chat]).fetchall()
+    keys = [str(k) for k, mention in rows if user_id in json.loads(str(mention))]
+    for start in range(0, len(keys), 500):
+        batch = keys[start:start + 500]
+        db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE key IN ({','.join('?' * len(batch))})", batch)
 
 
 def bytewise(db: Tx) -> str:
@@ -150,8 +161,9 @@ def traces_sync(db: Tx, platform: str, user_id: str) -> tuple[ChatRef, ...]:
     """Every chat on ``platform`` holding a trace of the person, and their private chat."""
     prefix = f"{platform}:"
     rows = db.execute("SELECT DISTINCT chat FROM history WHERE substr(chat, 1, ?) = ? AND "
-                      "((user_id = ? AND from_bot = 0) OR (from_bot = 1 AND to_user = ?))",
-                      [len(prefix), prefix, user_id, user_id]).fetchall()
+                      "((user_id = ? AND from_bot = 0) OR (from_bot = 1 AND (to_user = ? OR id IN "
+                      "(SELECT history_id FROM history_to WHERE user_id = ?))))",
+                      [len(prefix), prefix, user_id, user_id, user_id]).fetchall()
     own = f"{platform}:private:{user_id}"
     # Another person's private chat is theirs (an approver's notice about this person is found by
     # forget_sync from the chat the request came from): never take it whole.

@@ -102,9 +102,12 @@ class PostgresDatabase(Engine):
             raise StorageError("[storage] url names PostgreSQL, but psycopg is not installed: "
                                "pip install 'qunbot[postgresql]'") from exc
         self._threads = concurrent.futures.ThreadPoolExecutor(self.max_size, thread_name_prefix="qunbot-pg")
+        # Like SQLite's synchronous=NORMAL, a unit's commit does not wait for the WAL flush: a
+        # server crash may drop the last milliseconds of such commits, never corrupt or half-apply
+        # them. A durable unit (rows a user is told about) turns it back on for itself.
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                                    check=ConnectionPool.check_connection, name="qunbot",
-                                    kwargs={"autocommit": False})
+                                    name="qunbot", reconnect_timeout=60,
+                                    kwargs={"autocommit": True, "options": "-c synchronous_commit=off"})
         try:
             # One plain connection first: a wrong host or password fails now, with the server's reason.
             await self._call(lambda: psycopg.connect(self.url, connect_timeout=10).close())
@@ -129,17 +132,24 @@ class PostgresDatabase(Engine):
         import psycopg
 
         for attempt in range(_RETRIES):
+            started = False
             try:
                 with self._pool.connection() as conn, conn.transaction():
-                    if not durable:
-                        # Like SQLite's synchronous=NORMAL: a server crash may drop the last
-                        # milliseconds of such commits, never corrupt or half-apply them.
-                        conn.execute("SET LOCAL synchronous_commit TO OFF")
+                    started = True
+                    if durable:
+                        conn.execute("SET LOCAL synchronous_commit TO ON")
                     return fn(PostgresTx(conn))
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
                 if attempt == _RETRIES - 1:
                     raise
                 log.debug("storage: retrying a unit of work after a serialization failure")
+            except psycopg.OperationalError:
+                # A pooled connection the server dropped (a restart, an idle timeout) fails at its
+                # BEGIN, before the unit did anything: the pool discards it and another is tried.
+                # Past BEGIN the outcome of a commit may be unknown, so that error goes up.
+                if started or attempt == _RETRIES - 1:
+                    raise
+                log.info("storage: a pooled connection to %s was closed; retrying on another", self.where)
         raise AssertionError("unreachable")
 
     async def run(self, fn: Callable[[PostgresTx], T]) -> T:

@@ -188,7 +188,7 @@ async def test_many_due_together_fire_in_batches_each_exactly_once(rig_factory: 
         lines += items
         owners = {rows[int(item[1:])].owner_id for item in items}
         assert set(sent.mention) == owners and len(sent.mention) == len(owners)
-        assert merge_chat or len(owners) == 1  # by default a message is about one person (/forget me takes it)
+        assert merge_chat or len(owners) == 1  # merge_chat off: a message is about one person
     assert sorted(lines) == sorted(f"#{i}" for i in range(1201))  # each exactly once
     # 30 chats of about 40 reminders from 4 people each: a message per chat (merge_chat) or per person
     # there, plus one where a batch's edge cuts a chat.

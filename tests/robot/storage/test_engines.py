@@ -133,3 +133,22 @@ def _reopen(engine: Engine) -> Engine:
     from robot.storage import SQLiteDatabase
 
     return SQLiteDatabase(engine.where)
+
+
+async def test_pooled_connections_the_server_dropped_are_replaced_without_an_error(pg_url: str) -> None:
+    import psycopg
+
+    db = PostgresDatabase(pg_url, max_size=2)
+    db.migrate("t", SCHEMA)
+    await db.open()
+    try:
+        await asyncio.gather(*(db.run(lambda tx: tx.execute("SELECT 1").fetchone()) for _ in range(4)))
+        # An administrator (or an idle timeout, or a failover) closes every session of the bot's pool.
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                          "AND datname = current_database() AND query NOT LIKE 'LISTEN%'")
+        await asyncio.sleep(0.2)
+        added = await db.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('after') RETURNING v").fetchone()[0])
+        assert added == "after"
+    finally:
+        await db.close()

@@ -1,0 +1,106 @@
+"""A bot message addressed to several people (a reminder message shared by a chat) is theirs each:
+``/forget me`` by any of them removes it, on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from robot.history import HistoryStore
+from robot.message import ChatRef, OutgoingMessage
+from robot.outbox import Outbox
+from robot.privacy import ForgetRequest, forget_sync, traces_sync
+from robot.snapshots import SnapshotStore
+from robot.storage import Engine, SQLiteDatabase, Tx
+from robot.storage.postgres import PostgresDatabase
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+
+
+def twin(engine: Engine) -> Engine:
+    """Another engine on the same database (a previous release's process)."""
+    if isinstance(engine, SQLiteDatabase):
+        return SQLiteDatabase(engine.path)
+    assert isinstance(engine, PostgresDatabase)
+    return PostgresDatabase(engine.url, max_size=2)
+
+
+async def test_forget_me_by_the_second_person_of_a_shared_message_removes_it(engine: Engine) -> None:
+    history = HistoryStore(engine)
+    SnapshotStore(engine).secret = b"k" * 32
+    outbox = Outbox(engine, clock=lambda: T0)
+    await engine.open()
+    try:
+        shared = OutgoingMessage(key="rem:1:+2", chat=G1, text="⏰ 提醒（3 条）：Ann Bob Cat", mention=("u1", "u2", "u3"))
+        alone = OutgoingMessage(key="rem:9", chat=G1, text="⏰ 提醒：Dan's own", mention=("u4",))
+
+        def fill(tx: Tx) -> None:
+            assert outbox.enqueue_sync(tx, shared) and outbox.enqueue_sync(tx, alone)
+            # The shared message failed for good: its row keeps the text until someone forgets.
+            tx.execute("UPDATE outbox SET status = 'failed' WHERE key = ?", [shared.key])
+
+        await engine.run(fill)
+        chats = await engine.run(lambda tx: traces_sync(tx, "memory", "u2"))
+        assert G1.key in {c.key for c in chats}  # /forget me all finds the chat through the shared message
+        request = ForgetRequest("memory", "u2", (G1,))
+        assert await engine.transaction(lambda tx: forget_sync(tx, request)) == (0, 1)
+        assert [e.text for e in await history.recent(G1)] == ["⏰ 提醒：Dan's own"]
+        rows = await engine.run(lambda tx: {r["key"]: (r["text"], json.loads(r["mention"]))
+                                            for r in tx.query("SELECT key, text, mention FROM outbox")})
+        assert rows[shared.key] == ("", [])
+        assert rows[alone.key] == (alone.text, ["u4"])  # pending, and someone else's
+        # Nothing names them any more: the side rows went with the message.
+        left = await engine.run(lambda tx: tx.query("SELECT user_id FROM history_to"))
+        assert left == []
+        # The other people of the shared message find nothing left either.
+        for person in ("u1", "u3"):
+            again = ForgetRequest("memory", person, (G1,))
+            assert await engine.transaction(lambda tx, r=again: forget_sync(tx, r)) == (0, 0)
+    finally:
+        await engine.close()
+
+
+async def test_retention_drops_the_addressees_with_their_message(engine: Engine) -> None:
+    history = HistoryStore(engine, max_messages=1)
+    await engine.open()
+    try:
+        def fill(tx: Tx) -> None:
+            HistoryStore.insert_sync(tx, G1, "bot", "bot", "old shared", T0, from_bot=True, to_user="u1",
+                                     to_users=("u1", "u2"))
+            HistoryStore.insert_sync(tx, G1, "u5", "Eve", "newer", T0.replace(minute=5))
+
+        await engine.run(fill)
+        assert await engine.run(lambda tx: tx.query("SELECT user_id FROM history_to")) == [{"user_id": "u2"}]
+        assert await history.apply_retention(T0.replace(minute=6)) == 1
+        assert await engine.run(lambda tx: tx.query("SELECT user_id FROM history_to")) == []
+        assert [e.text for e in await history.recent(G1)] == ["newer"]
+    finally:
+        await engine.close()
+
+
+async def test_a_history_at_schema_version_1_gains_the_addressees_table(engine: Engine) -> None:
+    old = twin(engine)
+    old.migrate("history", [HistoryStore._schema])  # what the previous release registered
+    await old.open()
+    try:
+        await old.run(lambda tx: HistoryStore.insert_sync(tx, G1, "bot", "bot", "before", T0, from_bot=True,
+                                                          to_user="u1"))
+    finally:
+        await old.close()
+    history = HistoryStore(engine)
+    SnapshotStore(engine).secret = b"k" * 32
+    Outbox(engine)  # /forget me touches their tables too
+    await engine.open()
+    try:
+        version = await engine.run(lambda tx: tx.execute(
+            "SELECT version FROM schema_version WHERE component = 'history'").fetchone())
+        assert version is not None and version[0] == 2
+        await engine.run(lambda tx: HistoryStore.insert_sync(tx, G1, "bot", "bot", "after", T0, from_bot=True,
+                                                             to_user="u1", to_users=("u1", "u2")))
+        assert [e.text for e in await history.recent(G1)] == ["before", "after"]
+        request = ForgetRequest("memory", "u2", (G1,))
+        assert await engine.transaction(lambda tx: forget_sync(tx, request)) == (0, 1)
+        assert [e.text for e in await history.recent(G1)] == ["before"]
+    finally:
+        await engine.close()
