@@ -77,11 +77,13 @@ class ForgetfulModel(ScriptedModel):
             self.requests.clear()
 
 
-def _settings(data_dir: Path, engine_url: str | None) -> Settings:
+def _settings(data_dir: Path, engine_url: str | None, *, caps: bool = True) -> Settings:
     big = 10**9
-    return Settings(bot={"data_dir": data_dir}, storage={"url": engine_url or ""}, limits={
-        "user_burst": big, "user_per_minute": big, "chat_burst": big, "chat_per_minute": big,
-        "command_burst": big, "command_per_minute": big, "user_daily_tokens": None, "chat_daily_tokens": None})
+    limits: dict[str, object] = {"user_burst": big, "user_per_minute": big, "chat_burst": big, "chat_per_minute": big,
+                                 "command_burst": big, "command_per_minute": big}
+    if not caps:  # the defaults cap tokens per user and per chat (what users run): reserved in the database
+        limits.update(user_daily_tokens=None, chat_daily_tokens=None)
+    return Settings(bot={"data_dir": data_dir}, storage={"url": engine_url or ""}, limits=limits)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -91,12 +93,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
                        path: Literal["model", "command"] = "model", chats: int = 50, users: int = 1000,
-                       gc_tuned: bool = True) -> dict[str, Any]:
+                       gc_tuned: bool = True, caps: bool = True) -> dict[str, Any]:
     """Push ``n`` messages through one bot and wait for every reply; returns the figures.
 
     ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
     = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel) or "command"
-    (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does. Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
+    (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
+    ``caps``: keep the default daily token caps (per user, per chat: reserved in the database). Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
     model_requests.
     """
@@ -105,7 +108,7 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     with tempfile.TemporaryDirectory() as tmp:
         channel = TimedChannel()
         model = ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
-        bot = Bot(_settings(Path(tmp), engine_url), model=model if path == "model" else None,
+        bot = Bot(_settings(Path(tmp), engine_url, caps=caps), model=model if path == "model" else None,
                   channels=[channel], plugins=[Plugin("bench", Toolset("bench", [note]))])
         await bot.start()
         if gc_tuned:
@@ -152,10 +155,11 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.engine == "sqlite":
         print(f"SQLite, one process: {n} messages over {args.chats} group chats from {args.users} people, "
               f"delivered at once (model: in-process ScriptedModel, one `note` call per message; "
-              f"gc {'as Python sets it' if args.default_gc else 'tuned as qunbot run does'})")
+              f"gc {'as Python sets it' if args.default_gc else 'tuned as qunbot run does'}; daily token caps "
+              f"{'off' if args.no_caps else 'as by default'})")
         for path in ("model", "command"):
             print(_line(await run_messages(None, n, path=path, chats=args.chats, users=args.users,
-                                           gc_tuned=not args.default_gc)))
+                                           gc_tuned=not args.default_gc, caps=not args.no_caps)))
 
 
 def side_by_side(messages: int, reminders: int) -> None:
@@ -192,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--default-gc", action="store_true",
                         help="leave Python's garbage collector as it is (qunbot run tunes it: robot.runtime)")
+    parser.add_argument("--no-caps", action="store_true",
+                        help="turn the default daily token caps off (no budget reservation in the database)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main_async(args))

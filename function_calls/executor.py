@@ -178,7 +178,8 @@ class CallExecutor:
         try:
             ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
                               tool_call_id=call.id, clock=self.clock)
-            result = await asyncio.wait_for(tool.invoke(ctx, args), timeout=tool.timeout_s)
+            async with asyncio.timeout(tool.timeout_s):  # wait_for made a task per call (3.11); this does not
+                result = await tool.invoke(ctx, args)
         except ToolError as exc:
             result = ToolResult.error(exc.message)
         except TimeoutError:
@@ -186,7 +187,9 @@ class CallExecutor:
         except Exception as exc:  # a tool bug must not take its siblings or the run down
             log.exception("tool %s failed", tool.name)
             result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
-        result = result.model_copy(update={"content": _sendable(result.content)})
+        sendable = _sendable(result.content)
+        if sendable is not result.content:  # a copy only when something was replaced
+            result = result.model_copy(update={"content": sendable})
         rkey = result_key(result.content, result.data, tool.hash_exclude)
         signal = self.detector.record(tool.name, akey, rkey)
         note = ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -113,7 +114,7 @@ class Runner:
             if stop is not None:
                 return stop
         defs = [t.definition(strict=self.strict_tools) for t in env.tools]  # the same every turn of a run
-        defs_tokens = estimate_messages((), defs)
+        defs_tokens = sum(_definition_tokens(t, self.strict_tools) for t in env.tools)
         while True:
             why = ""
             if state.iterations >= self.limits.max_iterations:
@@ -248,6 +249,17 @@ def _wait_text(seconds: float | None) -> str:
     if seconds < 5400:
         return f"约 {round(seconds / 60)} 分钟"
     return f"约 {round(seconds / 3600)} 小时"
+
+
+_DEFINITION_TOKENS: weakref.WeakKeyDictionary[Tool, dict[bool, int]] = weakref.WeakKeyDictionary()
+
+
+def _definition_tokens(tool: Tool, strict: bool) -> int:
+    """A tool's definition in tokens, counted once per tool (it was a JSON dump per tool and run)."""
+    counts = _DEFINITION_TOKENS.setdefault(tool, {})
+    if strict not in counts:
+        counts[strict] = estimate_messages((), [tool.definition(strict=strict)])
+    return counts[strict]
 
 
 def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]]) -> ModelRequest:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -71,6 +71,10 @@ class FunctionCallRouter:
     bot_name: str = "qunbot"
     persona: str = "你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。"
     history_tokens: int = 1500
+    #: id(turn) -> (turn, zone, content, tokens): a turn already shown (the same object, kept alive
+    #: here so its id is not reused) is not formatted and counted again for the next message.
+    _shown: dict[int, tuple[HistoryTurn, str, str, int]] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False)
 
     def system_prompt(self, caller: Caller, zone: ZoneInfo, now: datetime) -> str:
         local = now.astimezone(zone)
@@ -87,20 +91,31 @@ class FunctionCallRouter:
         """The newest history that fits ``history_tokens``, oldest first."""
         picked: list[dict[str, Any]] = []
         used = 0
+        shown = self._shown
+        if len(shown) > 20_000:  # a bound, not a policy: histories are read again within seconds or never
+            shown.clear()
         for turn in reversed(history):
-            if turn.from_bot:
-                message = {"role": "assistant", "content": turn.text}
+            known = shown.get(id(turn))
+            if known is not None and known[0] is turn and known[1] == zone.key:
+                content, cost = known[2], known[3]
             else:
-                stamp = turn.at.astimezone(zone).strftime("%H:%M")
-                speaker = f"{_fold_name(turn.name)}(id:{_fold_name(turn.user_id, 64)})"
-                message = {"role": "user", "content": f"[{stamp}] {speaker}: {_fold_text(turn.text)}"}
-            cost = estimate_tokens(str(message["content"])) + 4
+                content = self._content(turn, zone)
+                cost = estimate_tokens(content) + 4
+                shown[id(turn)] = (turn, zone.key, content, cost)
             if used + cost > self.history_tokens:
                 break
             used += cost
-            picked.append(message)
+            picked.append({"role": "assistant" if turn.from_bot else "user", "content": content})
         picked.reverse()
         return picked
+
+    @staticmethod
+    def _content(turn: HistoryTurn, zone: ZoneInfo) -> str:
+        if turn.from_bot:
+            return turn.text
+        stamp = turn.at.astimezone(zone).strftime("%H:%M")
+        speaker = f"{_fold_name(turn.name)}(id:{_fold_name(turn.user_id, 64)})"
+        return f"[{stamp}] {speaker}: {_fold_text(turn.text)}"
 
     async def chat(
         self,

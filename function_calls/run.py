@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import random
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any
@@ -54,18 +54,21 @@ class ToolTrace(BaseModel):
 class RunState(BaseModel):
     """Everything needed to resume a run; serialise with ``model_dump_json()``."""
 
-    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # Factories, not mutable defaults (pydantic deep-copies those for every run). The id names a
+    # run in logs and keys, it is no secret: the random module's 48 bits (uuid4 read the OS's
+    # random source, which lets go of the GIL, on every run).
+    run_id: str = Field(default_factory=lambda: f"{random.getrandbits(48):012x}")
     messages: list[dict[str, Any]]
     iterations: int = 0
     tool_calls: int = 0
     api_retries: int = 0
     retry_wait_s: float = 0.0
-    arg_failures: dict[str, int] = {}
-    usage: Usage = Usage()
-    pending: list[ToolCall] = []
-    user_messages: list[str] = []
-    trace: list[ToolTrace] = []
-    loop: dict[str, Any] = {}
+    arg_failures: dict[str, int] = Field(default_factory=dict)
+    usage: Usage = Field(default_factory=Usage)
+    pending: list[ToolCall] = Field(default_factory=list)
+    user_messages: list[str] = Field(default_factory=list)
+    trace: list[ToolTrace] = Field(default_factory=list)
+    loop: dict[str, Any] = Field(default_factory=dict)
 
 
 class RunResult(BaseModel):
@@ -73,10 +76,10 @@ class RunResult(BaseModel):
 
     stop: StopReason
     text: str = ""
-    replies: list[str] = []
+    replies: list[str] = Field(default_factory=list)
     detail: str = ""
-    usage: Usage = Usage()
-    trace: list[ToolTrace] = []
+    usage: Usage = Field(default_factory=Usage)
+    trace: list[ToolTrace] = Field(default_factory=list)
     state: RunState
 
     @property

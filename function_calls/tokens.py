@@ -22,13 +22,24 @@ _MESSAGE_OVERHEAD = 4
 _WIDE = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020000-\U0010ffff]+")
 
 
+_counted: dict[str, int] = {}
+
+
 def estimate_tokens(text: str) -> int:
     """Approximate token count of ``text``."""
     if text.isascii():  # no wide character possible: skip the scan
         return (len(text) + 3) // 4
+    # A run counts its history window several times (the window, each turn's guard) and the next
+    # message's run the same turns again: the scan is remembered (a string keeps its hash).
+    known = _counted.get(text)
+    if known is not None:
+        return known
     wide = sum(map(len, _WIDE.findall(text)))
     narrow = len(text) - wide
-    return wide + (narrow + 3) // 4
+    if len(_counted) >= 20_000:  # a bound, not a policy
+        _counted.clear()
+    tokens = _counted[text] = wide + (narrow + 3) // 4
+    return tokens
 
 
 def estimate_messages(messages: Iterable[Mapping[str, Any]], tools: Iterable[Mapping[str, Any]] = ()) -> int:

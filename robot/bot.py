@@ -304,7 +304,8 @@ class Bot:
         ctx: ToolContext[Any] = ToolContext(deps=self.deps_for(tool), caller=caller, zone=zone, clock=self.clock,
                                             run_id=run_id, tool_call_id=call_id, via=via)
         async with self.budget.reserve(caller, 0):
-            result = await asyncio.wait_for(tool.invoke(ctx, args), tool.timeout_s)
+            async with asyncio.timeout(tool.timeout_s):  # no task per command (wait_for made one before 3.12)
+                result = await tool.invoke(ctx, args)
             if result.usage is not None and result.usage.requests:
                 await self.budget.charge(caller, result.usage)
         return result

@@ -76,6 +76,10 @@ class Reservation:
     #: Charged inside it (:meth:`DailyBudget.charge`), by the charged caller's scopes: recorded
     #: when it closes, in the transaction that releases its hold (held until then).
     charged: dict[tuple[str, ...], int] = field(default_factory=dict)
+    #: Recorded plus held tokens per scope as its own transaction left them (its hold included), when
+    #: it read them: :meth:`DailyBudget.remaining` inside it answers from these (no read per run)
+    #: until a reservation nested in it settles. None: read the database.
+    taken: dict[str, int] | None = None
 
     def owed(self) -> int:
         return self.unsettled + sum(self.charged.values())
@@ -165,29 +169,33 @@ class DailyBudget:
         return min(((scope, cap - taken[scope] - self._held.get(scope, 0) + mine) for scope, cap in caps.items()),
                    key=lambda item: item[1])
 
-    def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int, need: int) -> int:
-        """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold.
+    def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int,
+                      need: int) -> tuple[int, dict[str, int] | None]:
+        """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold
+        and, when it read them, the scopes' recorded plus held tokens with this hold.
 
         Statements on the shared rows (a chat's, the bot's) come last: PostgreSQL holds their row
         locks until the commit, and other processes wait on them.
         """
         scopes = list(caps)
         for reaped in (False, True):
-            hold = tokens
+            hold, taken = tokens, None
             if need < tokens:  # "what is left, if at least need": size the hold first, the rows locked
-                db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, 0) "
-                               "ON CONFLICT (day, scope) DO NOTHING", [[day, scope] for scope in scopes])
                 if db.dialect == "postgresql":  # in _take's order: two reservations never wait on each other
+                    # (SQLite's one writer holds the whole database: no rows to create and lock first)
+                    db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, 0) "
+                                   "ON CONFLICT (day, scope) DO NOTHING", [[day, scope] for scope in scopes])
                     for scope in scopes:
                         db.execute("SELECT 1 FROM usage_daily WHERE day = ? AND scope = ? FOR UPDATE", [day, scope])
-                hold = max(0, min(tokens, self._left(caps, self._rows(db, day, scopes))[1]))
+                taken = self._rows(db, day, scopes)
+                hold = max(0, min(tokens, self._left(caps, taken)[1]))
             if hold >= need:
                 db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
                            + ", ".join("(?, ?, ?, ?)" for _ in scopes)
                            + " ON CONFLICT (day, scope, holder) DO UPDATE SET tokens = budget_holds.tokens + "
                            "excluded.tokens", [v for s in scopes for v in (day, s, self.leases.holder, hold)])
                 if self._take(db, day, caps, hold):
-                    return hold
+                    return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
                 db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
                            f"({','.join('?' * len(scopes))})", [hold, day, self.leases.holder, *scopes])
             if reaped or not self._reap(db, day):
@@ -242,12 +250,19 @@ class DailyBudget:
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
                                [release, res.day, scope])
                 freed = set()
+        spent_in: dict[str, int] = {}  # per scope, in the order given (a caller's shared rows last)
         for scopes, spent in records.items():
             for scope in scopes:
-                db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, ?) ON CONFLICT (day, scope) "
-                           "DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, held = usage_daily.held - ?",
-                           [day, scope, spent, release if scope in freed else 0])
-                freed.discard(scope)
+                spent_in[scope] = spent_in.get(scope, 0) + spent
+        if spent_in:  # one statement for every scope (a row once: PostgreSQL refuses it twice)
+            gone = sorted(freed & set(spent_in)) or [""]
+            db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES "
+                       + ", ".join("(?, ?, ?)" for _ in spent_in)
+                       + " ON CONFLICT (day, scope) DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, "
+                       f"held = usage_daily.held - CASE WHEN usage_daily.scope IN ({','.join('?' * len(gone))}) "
+                       "THEN ? ELSE 0 END",
+                       [*(v for scope, spent in spent_in.items() for v in (day, scope, spent)), *gone, release])
+            freed -= set(spent_in)
         for scope in sorted(freed):
             db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])
 
@@ -275,13 +290,15 @@ class DailyBudget:
         if tokens > 0 and caps:  # an empty reservation only collects what nested spends report
             need = tokens if at_least is None else min(tokens, max(at_least, 1))
             try:
-                hold = await self.db.transaction(lambda db: self._reserve_sync(db, day, caps, tokens, need))
+                hold, taken = await self.db.transaction(lambda db: self._reserve_sync(db, day, caps, tokens, need))
             except BudgetExceeded:
                 raise
             except Exception as exc:
                 raise BudgetExceeded("store", 0, tokens) from exc
+        else:
+            taken = None
         stored = hold if tokens > 0 and caps else 0
-        reservation = Reservation(self, tuple(caps), hold, parent, day=day, stored=stored)
+        reservation = Reservation(self, tuple(caps), hold, parent, day=day, stored=stored, taken=taken)
         token = _active.set(reservation)
         try:
             yield reservation
@@ -302,6 +319,10 @@ class DailyBudget:
             res.parent.spend(spent)  # the enclosing spend records it with its own usage
         res.unsettled, res.charged = 0, {}
         if records or release:
+            outer = res.parent
+            while outer is not None:  # what they read is no longer what the database holds
+                outer.taken = None
+                outer = outer.parent
             try:
                 await self.db.transaction(lambda db: self._settle_sync(db, records, res, release))
             except Exception:
@@ -331,7 +352,14 @@ class DailyBudget:
                 for scope in res.scopes:  # what it was charged is spent, not left
                     mine[scope] = mine.get(scope, 0) + res.held - sum(res.charged.values())
             res = res.parent
-        taken = await self.db.run(lambda db: self._rows(db, day, list(caps)))
+        inner = _active.get()
+        if (inner is not None and inner.budget is self and inner.taken is not None and inner.day == day
+                and not inner.closed and inner.scopes == tuple(caps)):
+            # Inside a reservation that read its rows: the run is sized by what it holds (others'
+            # holds since cannot take that), so its own transaction's figures answer.
+            taken = inner.taken
+        else:
+            taken = await self.db.run(lambda db: self._rows(db, day, list(caps)))
         left = min(cap - taken[s] - self._held.get(s, 0) + mine.get(s, 0) for s, cap in caps.items())
         return max(0, left)
 

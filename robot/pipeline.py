@@ -73,6 +73,8 @@ class Pipeline:
     def __init__(self, bot: Bot) -> None:
         self.bot = bot
         self._handling: set[tuple[str, str]] = set()  # (platform, message id) being answered right now
+        #: New messages being answered, not yet marked handled: their reply's unit of work marks them.
+        self._unmarked: set[tuple[str, str]] = set()
 
     def _name_prefix(self, text: str) -> str | None:
         """The text after the bot's name when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
@@ -150,11 +152,15 @@ class Pipeline:
             log.info("duplicate %s message %s ignored", *ident)
             return
         self._handling.add(ident)
+        if fresh:
+            self._unmarked.add(ident)
         try:
             await self._handle(message, context[0] if fresh and context else None)
+            unmarked = ident in self._unmarked
         finally:
             self._handling.discard(ident)
-        if fresh:
+            self._unmarked.discard(ident)
+        if fresh and unmarked:  # answered without a reply (or its enqueue failed): marked on its own
             try:
                 await bot.dedupe.done(*ident)
             except Exception:
@@ -354,8 +360,23 @@ class Pipeline:
         ]
         if not out:
             return
+        bot, ident = self.bot, (message.platform, message.message_id)
+        mark = ident in self._unmarked
+
+        def enqueue(db: Tx) -> None:
+            # The message is marked handled in the unit that queues its reply (one unit fewer per
+            # message): once the reply is durable a redelivery has nothing left to do.
+            for item in out:
+                bot.outbox.enqueue_sync(db, item)
+            if mark:
+                bot.dedupe.done_sync(db, *ident)
+
         try:
-            await self.bot.outbox.enqueue(*out)
+            await bot.db.transaction(enqueue)
+            if mark:
+                self._unmarked.discard(ident)
+            for platform in {item.chat.platform for item in out}:
+                bot.outbox.notify(platform)
         except Exception:
             # The database cannot take the reply (disk full, locked): say it now rather than never.
             log.exception("queueing the reply to %s message %s failed; sending it directly",

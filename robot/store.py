@@ -90,8 +90,12 @@ class DedupeStore:
 
     async def done(self, platform: str, message_id: str) -> None:
         """Mark a received message handled: from now on its redeliveries are ignored."""
-        await self.db.run(lambda db: db.execute("UPDATE seen SET handled = 1 WHERE platform = ? AND message_id = ?",
-                                                [platform, message_id]))
+        await self.db.run(lambda db: self.done_sync(db, platform, message_id))
+
+    @staticmethod
+    def done_sync(db: Tx, platform: str, message_id: str) -> None:
+        """:meth:`done` inside a caller's unit of work (the pipeline marks it with the reply's enqueue)."""
+        db.execute("UPDATE seen SET handled = 1 WHERE platform = ? AND message_id = ?", [platform, message_id])
 
     async def prune(self, now: datetime) -> int:
         cutoff = iso(now - self.keep)

@@ -114,6 +114,33 @@ async def test_a_failing_call_does_not_cancel_its_siblings_and_hides_internals()
     assert second == "work 7 done"
 
 
+async def test_a_call_past_its_timeout_is_stopped_and_told_while_its_sibling_finishes() -> None:
+    gauge, stopped = Gauge(), asyncio.Event()
+
+    async def slow() -> str:
+        """Never finishes in time."""
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return "late"
+
+    for turn in (call("slow", {}), call("slow", {}, ("work", {"n": 3, "delay": 0.01}))):  # alone, then with another
+        stopped.clear()
+        tools = Toolset("s", [work_tool(gauge), tool_function(timeout_s=0.05)(slow)])
+        result = await Runner(ScriptedModel([turn, text("sorry")])).run(USER, tools)
+        assert result.stop is StopReason.COMPLETED and result.text == "sorry"
+        contents = [m["content"] for m in tool_messages(result.messages)]
+        assert contents[0] == "`slow` timed out after 0.05s." and contents[1:] in ([], ["work 3 done"])
+        assert stopped.is_set()
+
+
+async def test_each_run_has_its_own_id() -> None:
+    ids = {(await Runner(ScriptedModel([text("hi")])).run(USER, Toolset("s", []))).state.run_id for _ in range(20)}
+    assert len(ids) == 20 and all(len(i) == 12 and int(i, 16) >= 0 for i in ids)
+
+
 async def test_results_come_back_in_call_order_whatever_finishes_first() -> None:
     gauge = Gauge()
     turn = calls("work", *[{"n": i, "delay": 0.01 * (4 - i)} for i in range(4)])

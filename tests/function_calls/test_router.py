@@ -107,6 +107,22 @@ def test_window_marks_bot_turns_and_stamps_user_turns_in_the_zone() -> None:
     assert router(ScriptedModel(), history_tokens=1).window(turns, SHANGHAI) == []
 
 
+def test_a_text_counted_again_counts_the_same() -> None:
+    # Counts are remembered per text: a wide text, then others, then it again.
+    assert [estimate_tokens(t) for t in ("中文abcd", "中文abcdefgh", "中文abcd", "英文")] == [3, 4, 3, 2]
+
+
+def test_the_same_turns_shown_again_are_stamped_in_each_call_zone() -> None:
+    # A router remembers how it showed a turn (the next message shows the same ones): per zone.
+    turns, one = history(3), router(ScriptedModel())
+    first = one.window(turns, SHANGHAI)
+    assert one.window(turns, SHANGHAI) == first
+    elsewhere = one.window(turns, ZoneInfo("America/Los_Angeles"))
+    assert elsewhere[0]["content"].startswith("[17:27] user0(id:u0)")
+    assert one.window(turns, SHANGHAI) == first
+    assert one.window(history(3), SHANGHAI) == first  # equal turns, other objects: shown alike
+
+
 async def test_chat_sends_system_history_and_user_text_and_shows_failures() -> None:
     model = ScriptedModel([text("你好")])
     result = await router(model).chat("@小Q 在吗", caller=GROUP, tools=Toolset("s"), history=history(2),

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,8 @@ async def _worker(mode: str, data_dir: Path, out: Path, when: str) -> None:
     from robot.bot import Bot
     from robot.channels.base import SendReceipt
     from robot.config import Settings
-    from robot.message import OutgoingMessage
-    from robot.outbox import Outbox
+    from robot.message import Message, OutgoingMessage
+    from robot.pipeline import Pipeline
     from robot.testing import MemoryChannel
 
     class FileChannel(MemoryChannel):
@@ -46,14 +47,14 @@ async def _worker(mode: str, data_dir: Path, out: Path, when: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     if mode == "kill_before_reply":  # the reminder is committed; the pipeline is about to queue the reply
-        real_enqueue = Outbox.enqueue
+        real_reply = Pipeline.reply
 
-        async def enqueue(self: Outbox, *messages: OutgoingMessage) -> int:
-            if any(MESSAGE_ID in m.key for m in messages):
+        async def reply(self: Pipeline, message: Message, texts: Sequence[str]) -> None:
+            if message.message_id == MESSAGE_ID:
                 die()
-            return await real_enqueue(self, *messages)
+            await real_reply(self, message, texts)
 
-        Outbox.enqueue = enqueue  # type: ignore[method-assign]
+        Pipeline.reply = reply  # type: ignore[method-assign]
     ch = FileChannel()
     bot = Bot(Settings(bot={"data_dir": data_dir, "timezone": "Asia/Shanghai"}), channels=[ch],
               plugins=[reminders.plugin])

@@ -252,3 +252,24 @@ def test_a_tool_named_like_a_core_command_is_refused_at_start(tmp_path: Path) ->
     with pytest.raises(ToolDefinitionError, match="pending"):
         Bot(Settings(bot={"data_dir": tmp_path}), model=None, channels=[],
             plugins=[Plugin("clash", Toolset("clash", [my_pending]))])
+
+
+async def test_a_command_past_its_tools_timeout_is_told_so_and_the_tool_stopped(make_bot: Any) -> None:
+    import asyncio
+
+    stopped: list[bool] = []
+
+    @tool_function(timeout_s=0.05)
+    async def slow(ctx: ToolContext[object]) -> ToolResult:
+        """Never finishes in time."""
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.append(True)
+            raise
+        return ToolResult(content="late")
+
+    _bot, ch = await make_bot(None, plugins=[Plugin("slow", Toolset("slow", [slow]))])
+    await ch.inject("/slow")
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "/slow 执行超时（0.05 秒），请稍后再试。" and stopped == [True]

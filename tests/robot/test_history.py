@@ -67,6 +67,23 @@ async def test_entry_keeps_sender_and_becomes_a_history_turn(store: HistoryStore
     assert first.turn().name == "小明" and first.turn().text == "hi"
 
 
+async def test_a_window_read_again_shows_rows_changed_or_deleted_since(store: HistoryStore) -> None:
+    # Windows are kept between reads (the next message reads the same rows): what another process
+    # changed or deleted in between must show, never what was kept.
+    for i in range(3):
+        await store.record(msg(f"g1 #{i}", i, user=f"u{i}"))
+    first = await store.recent(G1)
+    assert [e.text for e in first] == ["g1 #0", "g1 #1", "g1 #2"]
+    await store.db.run(lambda db: db.execute("UPDATE history SET text = ? WHERE message_id = ?", ["edited", "g1-1"]))
+    await store.db.run(lambda db: db.execute("DELETE FROM history WHERE message_id = ?", ["g1-0"]))
+    again = await store.recent(G1)
+    assert [(e.text, e.user_id) for e in again] == [("edited", "u1"), ("g1 #2", "u2")]
+    assert again[1] is first[2]  # unchanged rows are not built again
+    await store.db.run(lambda db: db.execute("UPDATE history SET chat = ? WHERE chat = ?", [G2.key, G1.key]))
+    assert await store.recent(G1) == []
+    assert [(e.chat, e.text) for e in await store.recent(G2)] == [(G2.key, "edited"), (G2.key, "g1 #2")]
+
+
 async def test_a_sender_without_a_name_is_stored_under_the_id(store: HistoryStore) -> None:
     await store.record(msg("x", 0, user="20003"))
     (entry,) = await store.recent(G1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -229,6 +230,45 @@ async def test_a_message_left_unanswered_by_a_crash_gets_its_context_on_redelive
     seen = contents(model.requests[0])
     assert any("moved to 3pm" in c for c in seen)
     assert seen[-1] == "when is it?" and sum("when is it?" in c for c in seen) == 1
+
+
+async def test_a_message_whose_reply_is_queued_is_handled_even_if_what_follows_fails(make_bot: Any) -> None:
+    # The reply's unit of work marks the message handled: a failure after it (announcing approvals)
+    # must not make the redelivery run the model (and its tools) again.
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    announce, failures = bot.approvals.announce, []
+
+    async def failing_once() -> None:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("announcing failed")
+        await announce()
+
+    bot.approvals.announce = failing_once
+    await ch.inject("hello", at_bot=True, message_id="m1")
+    await ch.wait_sent(1)
+    assert failures and await bot.db.run(lambda db: db.query("SELECT handled FROM seen WHERE message_id = 'm1'")) == [
+        {"handled": 1}]
+    await ch.inject("hello", at_bot=True, message_id="m1")
+    await ch.inject("/help", message_id="m2")  # a command's reply marks it too
+    await ch.wait_sent(2)
+    assert len(model.requests) == 1 and ch.sent[0].text == "re: hello"
+    assert await bot.db.run(lambda db: db.query("SELECT message_id, handled FROM seen ORDER BY message_id")) == [
+        {"message_id": "m1", "handled": 1}, {"message_id": "m2", "handled": 1}]
+
+
+async def test_a_message_answered_without_a_reply_is_marked_handled_too(make_bot: Any) -> None:
+    model = ScriptedModel(lambda req: text("   "))  # nothing to send
+    bot, ch = await make_bot(model)
+    await ch.inject("chatting", message_id="c1")  # not addressed: recorded, not answered
+    await ch.inject("hi", at_bot=True, message_id="c2")
+    for _ in range(100):
+        rows = await bot.db.run(lambda db: db.query("SELECT message_id, handled FROM seen ORDER BY message_id"))
+        if all(r["handled"] for r in rows):
+            break
+        await asyncio.sleep(0.01)
+    assert rows == [{"message_id": "c1", "handled": 1}, {"message_id": "c2", "handled": 1}]
 
 
 async def test_the_history_window_is_token_bounded(make_bot: Any) -> None:

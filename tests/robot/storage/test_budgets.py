@@ -95,6 +95,34 @@ async def test_holds_settle_to_what_was_spent_and_a_new_day_starts_empty(engine:
         await engine.close()
 
 
+async def test_inside_a_reservation_what_is_left_is_right_without_reading_again(engine: Engine) -> None:
+    # A run's reservation (at_least) read its rows; remaining() inside it answers from them until a
+    # nested spend settles, and one statement records every scope of every caller charged.
+    budget = budget_for(engine, "me", chat=5000)
+    other = Caller(platform="memory", user_id="u2", chat_id="g1", chat_kind="group")
+    await engine.open()
+    try:
+        async with budget.reserve(WHO, 600, at_least=1) as hold:
+            assert hold.held == 600 and await budget.remaining(WHO) == 1000
+            await budget.charge(WHO, Usage(prompt_tokens=200))
+            assert await budget.remaining(WHO) == 800
+            async with budget.reserve(WHO, 0):  # a tool's own spending, recorded when it closes
+                await budget.charge(other, Usage(prompt_tokens=50))
+                await budget.charge(WHO, Usage(prompt_tokens=30))
+            assert await budget.remaining(WHO) == 770  # read again: the nested spend is recorded
+            assert await budget.remaining(other) == 950
+        assert [await budget.used(s) for s in ("user:memory:u1", "user:memory:u2", "chat:memory:group:g1", "bot")] \
+            == [230, 50, 280, 280]
+        assert await budget.remaining(WHO) == 770
+        held = await engine.run(lambda tx: tx.query("SELECT scope, held FROM usage_daily ORDER BY scope"))
+        assert {r["scope"]: r["held"] for r in held} == {"bot": 0, "chat:memory:group:g1": 0, "user:memory:u1": 0,
+                                                          "user:memory:u2": 0}
+        async with budget.reserve(WHO, 2000, at_least=1) as hold:  # what is left, and no more
+            assert hold.held == 770 and await budget.remaining(WHO) == 770
+    finally:
+        await engine.close()
+
+
 async def test_the_holds_of_a_process_that_died_are_released_when_they_would_refuse(engine: Engine) -> None:
     dead = budget_for(engine, "host:9:dead")
     alive = budget_for(engine, "host:1:me")
