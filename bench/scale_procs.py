@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import re
 import tempfile
 import time
 from collections import Counter
@@ -20,10 +21,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
+
+from bench_scale import _percentile
 
 __all__ = ["Figures", "run_processes", "seed_reminders"]
 
 ZONE = "Asia/Shanghai"
+_REMINDER = re.compile(r"rem-\d{5}")  # a seeded reminder's content
 
 
 @dataclass
@@ -60,7 +65,7 @@ async def seed_reminders(url: str, data_dir: Path, count: int, due: datetime) ->
     db.migrate("reminders", ReminderStore.migrations())
     await db.open()
     now = datetime.now(UTC)
-    local = due.astimezone(__import__("zoneinfo").ZoneInfo(ZONE))
+    local = due.astimezone(ZoneInfo(ZONE))
     rows = [Reminder(id=new_id(), owner=f"memory:p{i % 2000}", owner_name=f"p{i % 2000}",
                      chat=f"memory:group:r{i % 500}", type="once", wall=local.strftime("%Y-%m-%d %H:%M:%S"),
                      zone=ZONE, weekday=None, content=f"rem-{i:05d}", mode="text", created_at=now, updated_at=now,
@@ -158,16 +163,11 @@ def run_processes(url: str, processes: int, messages: int, reminders: int, *, ch
     return Figures(
         messages=n, msgs_per_s=n / (msg_times[-1] - begun) if n else 0.0,
         msg_p50=(msg_times[n // 2] - begun) if n else 0.0, msg_p99=(msg_times[int(n * 0.99)] - begun) if n else 0.0,
-        reminders=len(fired), rem_p50=_pct(lateness, 0.5), rem_p99=_pct(lateness, 0.99),
+        reminders=len(fired), rem_p50=_percentile(lateness, 0.5) if lateness else 0.0,
+        rem_p99=_percentile(lateness, 0.99) if lateness else 0.0,
         rem_max=lateness[-1] if lateness else 0.0, lost=reminders - len(fired),
         doubled=sum(v - 1 for v in fired.values() if v > 1))
 
 
 def _contents(text: str) -> list[str]:
-    import re
-
-    return re.findall(r"rem-\d{5}", text)
-
-
-def _pct(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+    return _REMINDER.findall(text)
