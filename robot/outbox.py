@@ -1,7 +1,7 @@
-"""The durable outbox: every outgoing message is committed to SQLite before it is sent.
+"""The durable outbox: every outgoing message is committed to the database before it is sent.
 
-Each chat is a lane of its own: a worker per channel starts a lane for every chat with due rows,
-and the lane sends that chat's rows in order. Lanes never wait for each other, so one slow or
+Each chat is a lane of its own: a worker per channel starts a lane for every chat with due rows
+(a queued row names its chat), and the lane sends that chat's rows in order. Lanes never wait for each other, so one slow or
 failing chat delays no other; at most ``max_in_flight`` sends are awaiting the platform at once
 per channel, which bounds the duplicates a crash can cause (below).
 
@@ -14,8 +14,7 @@ Failures are classified (see :mod:`robot.channels.base`):
   ``max_attempts`` times in all, then marked failed;
 - :class:`SendRejected` (final): marked failed at once.
 
-A failed row is logged at ERROR once and counted by ``qunbot doctor``. Backoff is not carried
-across a restart: pending rows are due again at start.
+A failed row is logged at ERROR once and counted by ``qunbot doctor``. Pending rows are due again at start.
 
 Long texts go out in parts within the channel's limit; ``parts_sent`` is committed after each
 part, so a restart resumes at the first unsent part and never repeats one. The duplicate window:
@@ -86,6 +85,9 @@ class Outbox(OutboxRows):
         #: Per channel: how many times it (re)connected; a lane parks only if none happened during its send.
         self._connects: dict[str, int] = {}
         self._wake: dict[str, asyncio.Event] = {}
+        #: Per channel, chats with a row queued since their lane looked; channels to look at every row.
+        self._hints: dict[str, set[str]] = {}
+        self._scan: set[str] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._stopping = False
         db.migrate("outbox", SCHEMA)
@@ -105,7 +107,7 @@ class Outbox(OutboxRows):
         )
         if cur.rowcount != 1:
             return False
-        db.notify("outbox", message.chat.platform)
+        db.notify("outbox", "\t".join((message.chat.platform, message.chat.key, message.chat.account)))
         HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
                                  reply_to=message.reply_to,
                                  to_user=message.about or (message.mention[0] if message.mention else None),
@@ -140,8 +142,18 @@ class Outbox(OutboxRows):
         empty = default in held if default else bool(held) and not self.leases.leases.exclusive
         return Scope(held, empty)
 
-    def notify(self, platform: str) -> None:
-        """Wake the platform's worker after a commit made outside :meth:`enqueue`."""
+    def notify(self, platform: str, chat: str = "", account: str = "") -> None:
+        """Wake the platform's worker after a commit: for ``chat`` only, or to look for every due row.
+
+        A queued row names its chat (``platform<TAB>chat<TAB>account`` from any process): only that
+        lane starts, where reading every due row cost a read per row, growing with the chats waiting.
+        """
+        if "\t" in platform:
+            platform, chat, account = [*platform.split("\t"), "", ""][:3]
+        if not chat:
+            self._scan.add(platform)
+        elif self.scope(platform).covers(account):  # another process's account: its holder sends it
+            self._hints.setdefault(platform, set()).add(chat)
         event = self._wake.get(platform)
         if event is not None:
             event.set()
@@ -149,8 +161,8 @@ class Outbox(OutboxRows):
     async def enqueue(self, *messages: OutgoingMessage) -> int:
         """Commit messages (one transaction) and wake their workers; returns how many were new."""
         added = await self.db.transaction(lambda db: sum(self.enqueue_sync(db, m) for m in messages))
-        for platform in {m.chat.platform for m in messages}:
-            self.notify(platform)
+        for m in messages:
+            self.notify(m.chat.platform, m.chat.key, m.chat.account)
         return added
 
     def register(self, channel: Channel) -> None:
@@ -236,32 +248,41 @@ class Outbox(OutboxRows):
                                                        self._alive))
 
     async def _worker(self, platform: str, channel: Channel) -> None:
-        wake = self._wake[platform]
-        parked = self._parked[platform]
-        lanes: dict[str, asyncio.Task[None]] = {}
+        wake, parked, hints = self._wake[platform], self._parked[platform], self._hints.setdefault(platform, set())
+        lanes: dict[str, asyncio.Task[bool]] = {}
         sem = asyncio.Semaphore(self.max_in_flight)
+        self._scan.add(platform)  # rows left from before the start
+        deadline = 0.0  # (monotonic) when the next row waiting out a retry is due
         try:
             while not self._stopping:
                 wake.clear()
                 await self._rescope(platform)
-                try:
-                    chats, wait = await self._due_chats(platform, set(lanes))
-                except Exception:
-                    log.exception("outbox %s: reading due rows failed", platform)
-                    chats, wait = [], 1.0
+                chats: list[str] = []
+                if platform in self._scan or time.monotonic() >= deadline:
+                    self._scan.discard(platform)
+                    try:
+                        chats, wait = await self._due_chats(platform, set(lanes))
+                    except Exception:
+                        log.exception("outbox %s: reading due rows failed", platform)
+                        chats, wait = [], 1.0
+                    deadline = time.monotonic() + min(wait if wait is not None else 5.0, 5.0)
+                fresh = [chat for chat in hints if chat not in lanes]  # a busy chat waits for its lane's end
+                hints.difference_update(fresh)
                 clock = time.monotonic()
-                for chat in chats:
-                    if parked.get(chat, 0.0) > clock:
+                for chat in dict.fromkeys([*chats, *fresh]):
+                    if parked.get(chat, 0.0) > clock or chat in lanes:
                         continue
                     parked.pop(chat, None)
                     lane = asyncio.create_task(self._lane(platform, channel, chat, sem), name=f"outbox-{chat}")
                     lanes[chat] = lane
-                    lane.add_done_callback(functools.partial(self._lane_done, lanes, chat, wake))
-                timeout = min(wait if wait is not None else 5.0, 5.0)
+                    lane.add_done_callback(functools.partial(self._lane_done, lanes, platform, chat, wake))
+                timeout = max(0.0, deadline - clock)
                 if parked:
                     timeout = min(timeout, max(0.01, min(parked.values()) - clock))
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(wake.wait(), timeout=timeout)
+                except TimeoutError:
+                    self._scan.add(platform)  # a retry or a parked chat is due
         finally:
             for lane in list(lanes.values()):
                 lane.cancel()
@@ -279,25 +300,27 @@ class Outbox(OutboxRows):
         except Exception:
             log.exception("outbox %s: releasing claims failed", platform)
 
-    @staticmethod
-    def _lane_done(lanes: dict[str, asyncio.Task[None]], chat: str, wake: asyncio.Event, _task: object) -> None:
+    def _lane_done(self, lanes: dict[str, asyncio.Task[bool]], platform: str, chat: str, wake: asyncio.Event,
+                   task: asyncio.Task[bool]) -> None:
         lanes.pop(chat, None)
-        wake.set()  # the chat may have new rows, or a retry due
+        if task.cancelled() or not task.result():  # a retry or park is due later: the worker looks again
+            self._scan.add(platform)
+        wake.set()
 
-    async def _lane(self, platform: str, channel: Channel, chat: str, sem: asyncio.Semaphore) -> None:
-        """Send one chat's due rows in order until none is left, one waits out a retry, or the channel is down."""
+    async def _lane(self, platform: str, channel: Channel, chat: str, sem: asyncio.Semaphore) -> bool:
+        """Send one chat's due rows in order: True when none is left, False when one waits (retry, park)."""
         try:
             while not self._stopping:
                 rows, blocked = await self._claim(platform, chat)
                 if blocked and not rows:  # another living process is sending this chat
                     self._parked[platform][chat] = time.monotonic() + self.park_s
                 if not rows:
-                    return
+                    return not blocked
                 for row in rows:
                     if parse_iso(str(row["next_at"])) > self.clock():
-                        return  # waiting out a retry: later rows of this chat wait too (order)
+                        return False  # waiting out a retry: later rows of this chat wait too (order)
                     if not self.scope(platform).covers(str(row.get("account") or "")):
-                        return  # the account was lost meanwhile: its new holder sends the rest
+                        return False  # the account was lost meanwhile: its new holder sends the rest
                     connects = self._connects.get(platform, 0)
                     async with sem:
                         outcome = await self._send_row(channel, row)
@@ -305,11 +328,12 @@ class Outbox(OutboxRows):
                         if self._connects.get(platform, 0) != connects:
                             break  # it reconnected while this send failed: try again now, not after park_s
                         self._parked[platform][chat] = time.monotonic() + self.park_s
-                        return
+                        return False
                     if outcome == "retry":
-                        return
+                        return False
         except Exception:
             log.exception("outbox %s: lane failed; it restarts on the next round", chat)
+        return False
 
     async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:
         """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""

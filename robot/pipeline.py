@@ -375,8 +375,8 @@ class Pipeline:
             await bot.db.transaction(enqueue)
             if mark:
                 self._unmarked.discard(ident)
-            for platform in {item.chat.platform for item in out}:
-                bot.outbox.notify(platform)
+            for item in out:
+                bot.outbox.notify(item.chat.platform, item.chat.key, item.chat.account)
         except Exception:
             # The database cannot take the reply (disk full, locked): say it now rather than never.
             log.exception("queueing the reply to %s message %s failed; sending it directly",
