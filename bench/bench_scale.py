@@ -65,16 +65,16 @@ class TimedChannel(MemoryChannel):
 
 
 class ForgetfulModel(ScriptedModel):
-    """:class:`ScriptedModel` that drops each recorded request once answered (see :class:`TimedChannel`)."""
+    """:class:`ScriptedModel` that records no request, and counts them (see :class:`TimedChannel`)."""
 
     answered: int = 0
+    record: bool = False
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
         try:
             return await super().complete(request, on_text=on_text)
         finally:
             self.answered += 1
-            self.requests.clear()
 
 
 def _settings(data_dir: Path, engine_url: str | None, *, caps: bool = True) -> Settings:

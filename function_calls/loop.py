@@ -113,7 +113,7 @@ class Runner:
             stop = await self._run_calls(env, calls, resume=True)
             if stop is not None:
                 return stop
-        defs = [t.definition(strict=self.strict_tools) for t in env.tools]  # the same every turn of a run
+        defs = [_definition(t, self.strict_tools) for t in env.tools]  # the same every turn and run
         defs_tokens = sum(_definition_tokens(t, self.strict_tools) for t in env.tools)
         while True:
             why = ""
@@ -252,6 +252,15 @@ def _wait_text(seconds: float | None) -> str:
 
 
 _DEFINITION_TOKENS: weakref.WeakKeyDictionary[Tool, dict[bool, int]] = weakref.WeakKeyDictionary()
+_DEFINITIONS: weakref.WeakKeyDictionary[Tool, dict[bool, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _definition(tool: Tool, strict: bool) -> dict[str, Any]:
+    """A tool's definition, built once per tool (requests only read it)."""
+    built = _DEFINITIONS.setdefault(tool, {})
+    if strict not in built:
+        built[strict] = tool.definition(strict=strict)
+    return built[strict]
 
 
 def _definition_tokens(tool: Tool, strict: bool) -> int:

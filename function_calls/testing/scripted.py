@@ -45,9 +45,25 @@ def _snapshot(request: ModelRequest) -> ModelRequest:
     return request.model_copy(update={"messages": messages, "tools": list(request.tools)})
 
 
+_TOOL_TOKENS: dict[int, tuple[dict[str, Any], int]] = {}
+
+
+def _tool_tokens(tool: dict[str, Any]) -> int:
+    """A tool definition's tokens, counted once per definition object (tools keep theirs)."""
+    known = _TOOL_TOKENS.get(id(tool))
+    if known is not None and known[0] is tool:
+        return known[1]
+    if len(_TOOL_TOKENS) > 10_000:  # a bound, not a policy
+        _TOOL_TOKENS.clear()
+    tokens = estimate_messages((), [tool])
+    _TOOL_TOKENS[id(tool)] = (tool, tokens)  # the definition kept alive here: its id is not reused
+    return tokens
+
+
 @dataclass
 class ScriptedModel:
-    """Answers from a list of turns, or from a function of the request; records every request.
+    """Answers from a list of turns, or from a function of the request; records every request
+    (unless ``record`` is False: a benchmark's millions of requests would be its memory).
 
     Usage is estimated from the request and the answer, so budget logic sees realistic numbers.
     """
@@ -55,10 +71,12 @@ class ScriptedModel:
     script: Sequence[Turn] | Script = ()
     name: str = "scripted"
     requests: list[ModelRequest] = field(default_factory=list)
+    record: bool = True
     _position: int = 0
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
-        self.requests.append(_snapshot(request))
+        if self.record:
+            self.requests.append(_snapshot(request))
         if callable(self.script):
             turn = self.script(request)
             if inspect.isawaitable(turn):
@@ -75,6 +93,6 @@ class ScriptedModel:
         if turn.usage.requests:
             return turn
         completion = estimate_tokens(turn.text) + sum(estimate_tokens(c.arguments) + 8 for c in turn.tool_calls)
-        usage = Usage(prompt_tokens=estimate_messages(request.messages, request.tools),
+        usage = Usage(prompt_tokens=estimate_messages(request.messages) + sum(map(_tool_tokens, request.tools)),
                       completion_tokens=completion, requests=1)
         return turn.model_copy(update={"usage": usage})
