@@ -191,7 +191,7 @@ def side_by_side(messages: int, reminders: int) -> None:
 
             for label, procs in (("procrastinate, 1 process", 1), ("procrastinate, 3 processes", 3)):
                 q = run_procrastinate(pg.create_database(), procs, reminders)
-                print(f"   {label:<24} {'n/a':>7} {'n/a':>10}   {q.rem_p50:10.2f}s / {q.rem_p99:6.2f}s / "
+                print(f"   {label:<26}{'n/a':>6} {'n/a':>10}   {q.rem_p50:10.2f}s / {q.rem_p99:6.2f}s / "
                       f"{q.rem_max:6.2f}s {q.lost:5d} {q.doubled:7d}")
             print(f"   (procrastinate: one job per reminder, each INSERTs one outbox-like row; lateness = that row's "
                   f"time - due; workers: concurrency {CONCURRENCY} per process, polling every {POLL_S} s)")
