@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import tempfile
 import time
@@ -182,6 +183,18 @@ def side_by_side(messages: int, reminders: int) -> None:
             r = run_processes(url(), procs, 0, reminders)
             print(f"   {label:<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
                   f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        # The same firing load through procrastinate (issue #11's alternative): bench_procrastinate.py.
+        if importlib.util.find_spec("procrastinate") is None:
+            print("   procrastinate: not installed; `pip install -e '.[bench]'` measures the same firing load through it")
+        elif reminders:
+            from bench_procrastinate import CONCURRENCY, POLL_S, run_procrastinate
+
+            for label, procs in (("procrastinate, 1 process", 1), ("procrastinate, 3 processes", 3)):
+                q = run_procrastinate(pg.create_database(), procs, reminders)
+                print(f"   {label:<26}{'n/a':>6} {'n/a':>10}   {q.rem_p50:10.2f}s / {q.rem_p99:6.2f}s / "
+                      f"{q.rem_max:6.2f}s {q.lost:5d} {q.doubled:7d}")
+            print(f"   (procrastinate: one job per reminder, each INSERTs one outbox-like row; lateness = that row's "
+                  f"time - due; workers: concurrency {CONCURRENCY} per process, polling every {POLL_S} s)")
 
 
 def main(argv: list[str] | None = None) -> None:
