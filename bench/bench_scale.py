@@ -25,6 +25,7 @@ import importlib.util
 import logging
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +66,7 @@ class TimedChannel(MemoryChannel):
         self.traces += 1
 
 
+@dataclass
 class ForgetfulModel(ScriptedModel):
     """:class:`ScriptedModel` that records no request, and counts them (see :class:`TimedChannel`)."""
 

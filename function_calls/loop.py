@@ -77,9 +77,9 @@ class Runner:
         caller = caller or Caller()
         if isinstance(messages, RunState):
             state = messages
-        else:  # the messages copied, not validated: with a long history window validation was a hot spot
+        else:  # the list copied, not validated: with a long history window validation was a hot spot
             state = RunState(messages=[])
-            state.messages = [dict(m) for m in messages]
+            state.messages = list(messages)  # the loop never changes a message, it appends or replaces
         detector = LoopDetector.restore(self.loop_config, state.loop) if state.loop else LoopDetector(self.loop_config)
         offered = tools.filter(lambda t: t.allowed_for(caller))
         env = CallExecutor(offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state,
@@ -272,10 +272,9 @@ def _definition_tokens(tool: Tool, strict: bool) -> int:
 
 
 def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]]) -> ModelRequest:
-    """The turn's request: a snapshot of the messages (each dict copied, as validation would), unvalidated."""
-    request = ModelRequest(messages=[], tools=defs, tool_choice="auto" if defs else None)
-    request.messages = [dict(m) for m in messages]
-    return request
+    """The turn's request: a snapshot of the message list (a model reads the messages, never changes them)."""
+    return ModelRequest.model_construct(messages=list(messages), tools=defs, tool_choice="auto" if defs else None,
+                                        max_tokens=None)
 
 
 def _assistant_message(response: ModelResponse) -> dict[str, Any]:

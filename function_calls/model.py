@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import openai
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls.errors import ModelAPIError
 from function_calls.provider_errors import classify_status, translate_error
@@ -67,7 +67,7 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
+        return Usage.model_construct(  # sums of validated ints: nothing to check again
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             requests=self.requests + other.requests,
@@ -79,7 +79,7 @@ class ModelRequest(BaseModel):
     """What one model turn is asked: OpenAI-format messages and tool definitions."""
 
     messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = Field(default_factory=list)  # factories: a default is deep-copied per use
     tool_choice: Literal["auto", "none", "required"] | None = None
     max_tokens: int | None = None
 
@@ -88,8 +88,8 @@ class ModelResponse(BaseModel):
     """One assistant turn: its text, its tool calls, and what it cost."""
 
     text: str = ""
-    tool_calls: list[ToolCall] = []
-    usage: Usage = Usage()
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
     #: The model's thinking (``reasoning_content``), kept so it can be sent back when the provider needs it.
     reasoning: str = ""
@@ -97,7 +97,8 @@ class ModelResponse(BaseModel):
 
 @runtime_checkable
 class ChatModel(Protocol):
-    """Anything that can answer a :class:`ModelRequest`; ``on_text`` receives streamed text."""
+    """Anything that can answer a :class:`ModelRequest` (read only: a model never changes it); ``on_text``
+    receives streamed text."""
 
     name: str
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
@@ -130,6 +130,7 @@ class DailyBudget:
         self.clock = clock
         self.leases = leases if leases is not None else Leases(db)
         self._held: dict[str, int] = {}  # spending beyond estimates, held in this process only
+        self._day_span = (datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC), "")  # empty
         db.migrate("budgets", SCHEMA)
 
     @property
@@ -137,7 +138,16 @@ class DailyBudget:
         return any(cap is not None for cap in (self.user_tokens, self.chat_tokens, self.bot_tokens))
 
     def _day(self) -> str:
-        return self.clock().astimezone(self.zone).strftime("%Y-%m-%d")
+        now = self.clock()
+        start, end, day = self._day_span
+        if start <= now < end:  # several times per message: the zone conversion was a hot spot
+            return day
+        # Zone offsets and their changes fall on quarter hours: within a quarter hour of UTC the
+        # local date is one.
+        utc = now.astimezone(UTC)
+        start = utc.replace(minute=utc.minute - utc.minute % 15, second=0, microsecond=0)
+        self._day_span = (start, start + timedelta(minutes=15), now.astimezone(self.zone).strftime("%Y-%m-%d"))
+        return self._day_span[2]
 
     @staticmethod
     def _scopes(caller: Caller) -> tuple[str, str, str]:

@@ -180,3 +180,29 @@ async def test_holds_released_by_another_process_are_not_released_twice(pg_url: 
     finally:
         for db in engines:
             await db.close()
+
+
+async def test_a_budget_day_turns_at_local_midnight_in_odd_offsets_and_daylight_saving(engine: Engine) -> None:
+    # Kathmandu is UTC+05:45 (its midnight is 18:15 UTC); New York changed to daylight time on
+    # 2026-03-08, so its midnights that week are 05:00 and then 04:00 UTC.
+    moment = [T0]
+    cases = [(DailyBudget(engine, ZoneInfo(zone), user_tokens=1000, chat_tokens=None, bot_tokens=None,
+                          clock=lambda: moment[0], leases=Leases(engine, holder="host:1:p")), zone, last, first)
+             for zone, last, first in (
+                 ("Asia/Kathmandu", datetime(2026, 3, 1, 18, 14, 59, tzinfo=UTC), datetime(2026, 3, 1, 18, 15, tzinfo=UTC)),
+                 ("America/New_York", datetime(2026, 3, 9, 3, 59, 59, tzinfo=UTC), datetime(2026, 3, 9, 4, tzinfo=UTC)))]
+    await engine.open()
+    try:
+        for budget, zone, before_midnight, after_midnight in cases:
+            who = WHO.model_copy(update={"user_id": zone})
+            moment[0] = before_midnight - timedelta(minutes=20)  # the day is read (and kept) well before midnight
+            async with budget.reserve(who, 10):
+                await budget.charge(who, Usage(prompt_tokens=900, requests=1))
+            moment[0] = before_midnight
+            assert await budget.remaining(who) == 100, zone  # still the same local day, one second before
+            moment[0] = after_midnight
+            assert await budget.remaining(who) == 1000, zone  # a new day: nothing spent yet
+            moment[0] = before_midnight  # a clock set back: yesterday's spending shows again
+            assert await budget.remaining(who) == 100, zone
+    finally:
+        await engine.close()
