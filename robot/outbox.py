@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 class Outbox(OutboxRows):
     """Durable, idempotent, per-channel delivery."""
+    look_s = 5.0  #: seconds between the worker's reads of every due row while no lane needs one
 
     def __init__(
         self,
@@ -107,7 +108,7 @@ class Outbox(OutboxRows):
         )
         if cur.rowcount != 1:
             return False
-        db.notify("outbox", "\t".join((message.chat.platform, message.chat.key, message.chat.account)))
+        db.notify("outbox", json.dumps([message.chat.platform, message.chat.key, message.chat.account]))
         HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
                                  reply_to=message.reply_to,
                                  to_user=message.about or (message.mention[0] if message.mention else None),
@@ -120,9 +121,7 @@ class Outbox(OutboxRows):
         return self.leases.leases.holder if self.leases is not None else process_id()
 
     def _alive(self, tx: Tx, holder: str) -> bool:
-        if self.leases is not None:
-            return self.leases.leases.alive_sync(tx, holder)
-        return holder == self.holder
+        return self.leases.leases.alive_sync(tx, holder) if self.leases is not None else holder == self.holder
 
     def scope(self, platform: str) -> Scope:
         """The rows of ``platform`` this process may send now.
@@ -145,11 +144,11 @@ class Outbox(OutboxRows):
     def notify(self, platform: str, chat: str = "", account: str = "") -> None:
         """Wake the platform's worker after a commit: for ``chat`` only, or to look for every due row.
 
-        A queued row names its chat (``platform<TAB>chat<TAB>account`` from any process): only that
+        A queued row names its chat (``["platform", "chat", "account"]`` from any process): only that
         lane starts, where reading every due row cost a read per row, growing with the chats waiting.
         """
-        if "\t" in platform:
-            platform, chat, account = [*platform.split("\t"), "", ""][:3]
+        if platform.startswith("["):  # a notification: no platform name starts so
+            platform, chat, account = (str(part) for part in json.loads(platform))
         if not chat:
             self._scan.add(platform)
         elif self.scope(platform).covers(account):  # another process's account: its holder sends it
@@ -265,7 +264,7 @@ class Outbox(OutboxRows):
                     except Exception:
                         log.exception("outbox %s: reading due rows failed", platform)
                         chats, wait = [], 1.0
-                    deadline = time.monotonic() + min(wait if wait is not None else 5.0, 5.0)
+                    deadline = time.monotonic() + min(wait if wait is not None else self.look_s, self.look_s)
                 fresh = [chat for chat in hints if chat not in lanes]  # a busy chat waits for its lane's end
                 hints.difference_update(fresh)
                 clock = time.monotonic()

@@ -434,3 +434,22 @@ async def test_a_reconnect_during_a_failed_send_is_not_missed(rig: Rig) -> None:
     await outbox.enqueue(out("k1", "hello"))
     await ch.wait_sent(1, timeout=5)
     assert ch.tries == 2
+
+
+async def test_a_queued_row_goes_out_on_its_notice_alone_even_when_another_process_queued_it(rig: Rig) -> None:
+    """The worker reads every due row only now and then; the notice of a queued row names its chat
+    (whatever its id holds), so the row goes out at once, from this process or, on PostgreSQL, another."""
+    odd = ChatRef(platform="memory", chat_id='g\t"1",[2]', kind="group")
+    ch = MemoryChannel()
+    outbox = await rig.up(ch, start=False)
+    outbox.look_s = 3600.0  # no look at every due row after the first: only the notices start lanes
+    await outbox.start()
+    await outbox.enqueue(out("k1", "an odd chat id", chat=odd))
+    await ch.wait_sent(1, timeout=10)
+    assert ch.sent[0].chat == odd
+    if isinstance(rig.where, str):  # PostgreSQL: a process that does not send this channel's rows queues one
+        other = Rig(rig.where)
+        await (await other.up(MemoryChannel(), start=False)).enqueue(out("k2", "from another process", chat=odd))
+        await other.down()
+        await ch.wait_sent(2, timeout=10)
+        assert [m.text for m in ch.sent] == ["an odd chat id", "from another process"]
