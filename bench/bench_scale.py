@@ -104,7 +104,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
     ``caps``: keep the default daily token caps (per user, per chat: reserved in the database). Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
-    model_requests.
+    loop_cpu_ms_per_msg (the event loop's thread), writer_cpu_ms_per_msg (SQLite's writer thread; None
+    on PostgreSQL), model_requests.
     """
     if processes != 1:
         raise ValueError("run_messages measures one process; several processes are not built yet")
@@ -128,11 +129,14 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
                                      message_id=f"bench-{i}")
 
             commits_before = getattr(bot.db, "commits", None)
-            start, cpu = time.perf_counter(), time.process_time()
+            writer = getattr(bot.db, "thread_cpu_s", None)
+            start, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
             await asyncio.gather(*(one(i) for i in range(n)))
             await channel.wait_sent(n, timeout=600)
             seconds = channel.sent_at[-1] - start
-            cpu = time.process_time() - cpu
+            cpu, loop_cpu = time.process_time() - cpu, time.thread_time() - loop_cpu
+            await asyncio.sleep(0.05)  # the writer's last group notes its CPU time after waking us
+            writer = None if writer is None else getattr(bot.db, "thread_cpu_s", 0.0) - writer
             commits_after = getattr(bot.db, "commits", None)
             latencies = [at - begun[m.key] for m, at in zip(channel.sent, channel.sent_at, strict=True)]
         finally:
@@ -142,7 +146,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     return {"engine": bot.db.dialect, "path": path, "messages": n, "sent": len(channel.sent),
             "seconds": seconds, "msgs_per_s": len(channel.sent) / seconds, "commits_per_msg": commits,
             "p50_ms": _percentile(latencies, 0.5) * 1000, "p99_ms": _percentile(latencies, 0.99) * 1000,
-            "cpu_ms_per_msg": cpu * 1000 / n, "model_requests": model.answered}
+            "cpu_ms_per_msg": cpu * 1000 / n, "loop_cpu_ms_per_msg": loop_cpu * 1000 / n,
+            "writer_cpu_ms_per_msg": None if writer is None else writer * 1000 / n, "model_requests": model.answered}
 
 
 def _line(result: dict[str, Any]) -> str:
@@ -150,7 +155,9 @@ def _line(result: dict[str, Any]) -> str:
     return (f"   {result['path']:<7} {result['sent']:>6} replies in {result['seconds']:6.2f} s = "
             f"{result['msgs_per_s']:7,.0f} msg/s; commits/msg {'n/a' if commits is None else f'{commits:.3f}'}; "
             f"latency p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms; "
-            f"CPU {result['cpu_ms_per_msg']:.2f} ms/msg")
+            f"CPU {result['cpu_ms_per_msg']:.2f} ms/msg (event loop {result['loop_cpu_ms_per_msg']:.2f}"
+            + ("" if result["writer_cpu_ms_per_msg"] is None else f", SQLite writer {result['writer_cpu_ms_per_msg']:.2f}")
+            + ")")
 
 
 async def main_async(args: argparse.Namespace) -> None:

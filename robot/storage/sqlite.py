@@ -17,6 +17,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ class SQLiteDatabase(Engine):
         self._settled: list[_Job] = []  # finished units whose async callers are not yet told (thread only)
         self._notes: list[tuple[str, str]] = []  # notifications committed, not yet delivered (thread only)
         self.commits = 0  # transactions committed (each may hold many units of work): for the bench
+        self.thread_cpu_s = 0.0  # the writer thread's CPU time so far (at its last group): for the bench
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -200,6 +202,7 @@ class SQLiteDatabase(Engine):
                     pending.append(item)
             self._commit(pending)
             self._wake()
+            self.thread_cpu_s = time.thread_time()
 
     def _raw(self, job: _Job) -> None:
         try:
