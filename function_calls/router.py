@@ -76,6 +76,10 @@ class FunctionCallRouter:
     _shown: dict[int, tuple[HistoryTurn, str, str, int]] = field(default_factory=dict, init=False, repr=False,
                                                                 compare=False)
 
+    def forget_shown(self) -> None:
+        """Drop the formatted turns kept for the next message (after a /forget: no copy stays)."""
+        self._shown.clear()
+
     def system_prompt(self, caller: Caller, zone: ZoneInfo, now: datetime) -> str:
         local = now.astimezone(zone)
         where = "群聊" if caller.chat_kind == "group" else "私聊"

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["estimate_messages", "estimate_tokens"]
+__all__ = ["estimate_messages", "estimate_tokens", "forget_texts"]
 
 _MESSAGE_OVERHEAD = 4
 
@@ -40,6 +40,11 @@ def estimate_tokens(text: str) -> int:
         _counted.clear()
     tokens = _counted[text] = wide + (narrow + 3) // 4
     return tokens
+
+
+def forget_texts() -> None:
+    """Drop the remembered counts, and with them the texts they are keyed by (after a /forget)."""
+    _counted.clear()
 
 
 def estimate_messages(messages: Iterable[Mapping[str, Any]], tools: Iterable[Mapping[str, Any]] = ()) -> int:

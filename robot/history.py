@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from pydantic import ConfigDict
@@ -14,7 +14,7 @@ from robot.storage import Tx
 from robot.storage.base import render_step
 from robot.store import Engine, iso, parse_iso
 
-__all__ = ["TO_USER", "HistoryEntry", "HistoryStore"]
+__all__ = ["TO_USER", "HistoryEntry", "HistoryStore", "drop_windows"]
 
 
 class HistoryEntry(HistoryTurn):
@@ -77,6 +77,13 @@ def _entries(chat: str, rows: list[tuple[object, ...]]) -> list[HistoryEntry]:
         if len(_windows) > _MAX_WINDOWS:
             del _windows[next(iter(_windows))]
     return out
+
+
+def drop_windows(chats: Iterable[str]) -> None:
+    """Forget the kept windows of ``chats`` (keys), so no copy of a deleted message stays in memory."""
+    with _windows_lock:
+        for chat in chats:
+            _windows.pop(chat, None)
 
 
 def _entry_of(row: tuple[object, ...]) -> HistoryEntry:
@@ -230,8 +237,7 @@ class HistoryStore:
 
     async def forget_user(self, chat: ChatRef, user_id: str) -> int:
         """Delete one person's stored messages in one chat; returns how many."""
-        with _windows_lock:
-            _windows.pop(chat.key, None)
+        drop_windows([chat.key])
         return await self.db.run(lambda db: db.execute(
             "DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0", [chat.key, user_id]
         ).rowcount)

@@ -23,8 +23,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
-from robot.history import TO_USER, HistoryStore
+from function_calls import FunctionCallRouter, ToolContext, ToolError, ToolResult, Toolset, tool_function
+from function_calls.tokens import forget_texts
+from robot.history import TO_USER, HistoryStore, drop_windows
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
 from robot.snapshots import notice_key, notice_prefix
@@ -177,10 +178,12 @@ class ForgetHost(Protocol):
     db: Engine
     forgetters: list[Forgetter]
     forget_hooks: list[ForgetHook]
+    router: FunctionCallRouter | None
 
 
 async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetReport:
-    """Run the core forget and every plugin's :class:`Forgetter`, then leave no copy in the WAL."""
+    """Run the core forget and every plugin's :class:`Forgetter`, then leave no copy in the WAL or
+    the caches of the next message's context."""
     messages, replies = await bot.db.transaction(lambda db: forget_sync(db, request))
     counts = [("条消息", messages), ("条机器人回复", replies)]
     failed: list[str] = []
@@ -191,6 +194,11 @@ async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetRe
             log.exception("forget: %s failed", forgetter.name)
             failed.append(forgetter.name)
     await bot.db.checkpoint()
+    # Nor in memory: what was kept to format and count the next message's context.
+    drop_windows(chat.key for chat in request.chats)
+    forget_texts()
+    if bot.router is not None:
+        bot.router.forget_shown()
     if failed:  # never claim a deletion that did not happen
         raise ToolError(f"forgetting failed in {', '.join(failed)}",
                         user_message="删除时出错了，部分记录可能还在，请稍后再发送一次 /forget me。")

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import reminders
-from function_calls import ModelRequest, ModelResponse
+from function_calls import ModelRequest, ModelResponse, tokens
 from function_calls.testing import ScriptedModel, call, text
-from robot import ForgetRequest, Forgetter
+from robot import ForgetRequest, Forgetter, history
 from robot.cli import main
 from robot.message import ChatRef
 from robot.plugin import Plugin
@@ -34,6 +34,12 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+def in_memory(bot: Any) -> str:
+    """What the process keeps between messages to build the model's context (windows, formatted
+    turns, token counts keyed by their text)."""
+    return repr(history._windows) + repr(bot.router._shown) + repr(list(tokens._counted))
+
+
 def on_disk(data_dir: Path) -> bytes:
     return b"".join(p.read_bytes() for p in data_dir.iterdir() if p.name.startswith("qunbot.sqlite3"))
 
@@ -47,7 +53,10 @@ async def test_forget_me_leaves_no_copy_in_the_database_file_or_the_wal(make_bot
     await ch.inject("/remind daily 08:00 给 " + SECRET + " 打电话")
     await ch.inject("别人的话 keep-me", user="u2")
     await ch.inject(f"另一个群 {SECRET}-elsewhere", chat=G2)
-    await ch.wait_sent(2)
+    await ch.inject("刚才说了什么？", user="u2", at_bot=True)  # the model's context now shows the secret
+    await ch.wait_sent(3)
+    assert SECRET_ZH in in_memory(bot)  # kept for the next message's context: the test can see it
+
     async def delivered() -> bool:
         return await bot.outbox.pending() == 0
 
@@ -57,8 +66,9 @@ async def test_forget_me_leaves_no_copy_in_the_database_file_or_the_wal(make_bot
     assert SECRET.encode() in on_disk(data)  # recorded (history, reminder): the test can see it
 
     await ch.inject("/forget me")
-    sent = await ch.wait_sent(3)
+    sent = await ch.wait_sent(4)
     assert sent[-1].text == "已删除你在本群的记录：3 条消息、2 条机器人回复、1 个提醒（已取消）。"
+    assert SECRET_ZH not in in_memory(bot)  # nor in what the process keeps for the next message
     raw = on_disk(data)
     assert SECRET.encode() + b" " not in raw and SECRET_ZH.encode() not in raw  # nothing of g1 left
     assert f"{SECRET}-elsewhere".encode() in raw and b"keep-me" in raw  # another chat, another person
