@@ -1,4 +1,4 @@
-"""The ``qunbot`` command: run, chat, tools, init, doctor, backup, pending."""
+"""The ``qunbot`` command: run, chat, tools, init, doctor, backup, pending, copy-db, login."""
 
 from __future__ import annotations
 
@@ -79,14 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", parents=[common], help="check the config, the LLM endpoint and each channel",
                    description="Check the config, the plugins, the LLM endpoint and each channel's port.")
-    backup = sub.add_parser("backup", parents=[common], help="copy the SQLite database while the bot runs",
-                            description="Copy the bot's SQLite database to a file with SQLite's online backup "
-                                        "API: safe while the bot is running.")
-    backup.add_argument("target", help="the backup file to write (e.g. backups/qunbot-2026-11-23.sqlite3)")
-    backup.add_argument("--force", action="store_true", help="overwrite an existing file")
-    pending = sub.add_parser("pending", parents=[common], help="list runs waiting for an approval or an answer",
-                             description="List the paused runs (snapshots) waiting for an approval or an answer.")
-    pending.add_argument("--all", action="store_true", help="every snapshot, not only the pending ones")
+    maintenance.add_parsers(sub, common)  # backup, pending, copy-db
     login = sub.add_parser("login", help="log a bot account in by QR code (personal WeChat)")
     login.add_argument("platform", choices=["weixin"], help="weixin: personal WeChat (iLink bot API)")
     return parser
@@ -371,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(maintenance.pending(settings, args.all))
         if command == "backup":
             return maintenance.backup(settings, args.target, args.force)
+        if command == "copy-db":
+            return asyncio.run(maintenance.copy_db(settings, args.to))
         if command == "login":
             return asyncio.run(_login_weixin(settings))
         if command == "chat":

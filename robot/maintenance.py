@@ -1,7 +1,8 @@
-"""``qunbot backup`` and ``qunbot pending``: commands that read or copy the bot's database."""
+"""``qunbot backup``, ``pending`` and ``copy-db``: commands that read or copy the bot's database."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import sqlite3
@@ -10,15 +11,35 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import SecretStr
+
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
 from robot.storage import SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
+from robot.storage.copy import CopyError, copy_sync, occupied_sync, sqlite_tables
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["backup", "housekeep", "pending", "undelivered"]
+__all__ = ["add_parsers", "backup", "copy_db", "housekeep", "pending", "undelivered"]
 log = logging.getLogger(__name__)
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """The subcommands of this module, on ``qunbot``'s parser."""
+    backup = sub.add_parser("backup", parents=[common], help="copy the SQLite database while the bot runs",
+                            description="Copy the bot's SQLite database to a file with SQLite's online backup "
+                                        "API: safe while the bot is running.")
+    backup.add_argument("target", help="the backup file to write (e.g. backups/qunbot-2026-11-23.sqlite3)")
+    backup.add_argument("--force", action="store_true", help="overwrite an existing file")
+    pending = sub.add_parser("pending", parents=[common], help="list runs waiting for an approval or an answer",
+                             description="List the paused runs (snapshots) waiting for an approval or an answer.")
+    pending.add_argument("--all", action="store_true", help="every snapshot, not only the pending ones")
+    copy = sub.add_parser("copy-db", parents=[common], help="copy the SQLite database into an empty PostgreSQL one",
+                          description="Scale out: copy the bot's SQLite database (history, reminders, memories, "
+                                      "the outbox, channel logins...) into an empty PostgreSQL database, in one "
+                                      "transaction. Stop the bot first.")
+    copy.add_argument("--to", required=True, metavar="URL", help="postgresql://user:password@host:5432/dbname")
 
 
 async def housekeep(bot: Bot) -> None:
@@ -127,3 +148,65 @@ async def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]
         log.debug("undelivered: cannot read the outbox", exc_info=True)
         return []
     return [{"chat": str(chat), "error": str(error)[:200]} for chat, error in rows]
+
+
+async def copy_db(settings: Settings, to_url: str) -> int:
+    """``qunbot copy-db --to URL``: the bot's SQLite database into an empty PostgreSQL database.
+
+    Both get this code's schema first (a bot without channels starts and stops on each), then
+    :func:`robot.storage.copy.copy_sync` copies every table in one transaction.
+    """
+    from robot.bot import Bot
+    from robot.storage.postgres import PostgresDatabase, redact_dsn
+
+    url, to_url = settings.storage.url.get_secret_value().strip(), to_url.strip()
+    source = open_database(url, settings.bot.data_dir) if not url.startswith("postgres") else None
+    if not isinstance(source, SQLiteDatabase):
+        print("error: copy-db copies the embedded SQLite database; [storage] url already names PostgreSQL",
+              file=sys.stderr)
+        return 2
+    if not to_url.startswith(("postgresql://", "postgres://")):
+        print("error: --to must be a postgresql://user:password@host:5432/dbname URL", file=sys.stderr)
+        return 2
+    if not await asyncio.to_thread(Path(source.path).is_file):
+        print(f"error: no database at {source.path} (is [bot] data_dir right?)", file=sys.stderr)
+        return 2
+    shown = redact_dsn(to_url)
+    tables = await asyncio.to_thread(sqlite_tables, source.path)
+    target = settings.model_copy(update={"storage": settings.storage.model_copy(update={"url": SecretStr(to_url)})})
+    try:
+        probe = PostgresDatabase(to_url, max_size=1)  # fail closed before any bot starts on someone's data
+        await probe.open()
+        try:
+            busy = await probe.run(lambda tx: occupied_sync(tx, tables))
+        finally:
+            await probe.close()
+        if busy:
+            raise CopyError(f"the target database already holds data (in {', '.join(busy[:5])}): "
+                            "copy into an empty database")
+        for each in (settings, target):
+            bot = Bot(each, channels=[])
+            await bot.start()
+            if each is settings:
+                await bot.stop()
+                continue
+            try:
+                report = await bot.db.transaction(lambda tx: copy_sync(tx, source.path), durable=True)
+            finally:
+                await bot.stop()
+    except CopyError as exc:
+        print(f"error: {exc}; nothing was copied", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the server unreachable, a refused login, a value PostgreSQL rejects
+        log.debug("copy-db failed", exc_info=True)
+        print(f"error: copying to {shown} failed, nothing was copied: {redact_dsn(str(exc))[:500]}", file=sys.stderr)
+        return 1
+    print(f"copied {sum(report.rows.values())} rows of {len(report.rows)} tables from {source.path} to {shown}")
+    for table, rows in sorted(report.rows.items()):
+        print(f"  {table}: {rows}")
+    if report.rebuilt:
+        print(f"rebuilt at the next start: {', '.join(report.rebuilt)}")
+    print("next: set [storage] url to it in every process's config, copy "
+          f"{settings.bot.data_dir / 'secret.key'} into each process's data_dir, and start them (README: Scale out). "
+          "The SQLite file stays as it is: keep it as a backup.")
+    return 0

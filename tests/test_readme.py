@@ -66,7 +66,8 @@ def test_readme_links_stay_inside_the_repository() -> None:
 
 # --- every command the README shows is run (issue 10) -------------------------------------------
 
-_SUBCOMMANDS = ("run", "chat", "tools", "init", "doctor", "backup", "pending")
+_SUBCOMMANDS = ("run", "chat", "tools", "init", "doctor", "backup", "pending", "copy-db")
+README_DB = "postgresql://qunbot:PASSWORD@db.internal:5432/qunbot"  # Scale out's database: a throwaway one here
 #: Commands the README shows that a test cannot run, each with the reason. A new command in the
 #: README must be run by test_every_qunbot_command_in_the_readme_runs or listed here.
 NOT_RUN = {
@@ -202,8 +203,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def test_every_qunbot_command_in_the_readme_runs(tmp_path: Path) -> None:
-    """Each command the README shows, in its order, in a sandbox where /srv/qunbot is a temp folder."""
+async def test_every_qunbot_command_in_the_readme_runs(tmp_path: Path, pg_url: str) -> None:
+    """Each command the README shows, in its order, in a sandbox where /srv/qunbot is a temp folder
+    (and the owner's PostgreSQL database is a throwaway one)."""
     work, srv = tmp_path / "work", tmp_path / "srv" / "qunbot"
     work.mkdir()
     srv.mkdir(parents=True)
@@ -230,7 +232,7 @@ async def test_every_qunbot_command_in_the_readme_runs(tmp_path: Path) -> None:
     ran: set[tuple[str, ...]] = set()
     plan = []
     for argv, extra in commands:
-        argv = [a.replace("/srv/qunbot", str(srv)) for a in argv]
+        argv = [pg_url if a == README_DB else a.replace("/srv/qunbot", str(srv)) for a in argv]
         if tuple(argv) in ran and not extra:
             continue  # shown twice, run once (a second `init` would refuse to overwrite, as it should)
         ran.add(tuple(argv))
