@@ -1,9 +1,9 @@
 """The durable outbox: every outgoing message is committed to the database before it is sent.
 
 Each chat is a lane of its own: a worker per channel starts a lane for every chat with due rows
-(a queued row names its chat), and the lane sends that chat's rows in order. Lanes never wait for each other, so one slow or
-failing chat delays no other; at most ``max_in_flight`` sends are awaiting the platform at once
-per channel, which bounds the duplicates a crash can cause (below).
+(a queued row names its chat), and the lane sends that chat's rows in order. Lanes never wait for
+each other, so one slow or failing chat delays no other; at most ``max_in_flight`` sends are
+awaiting the platform at once per channel, which bounds the duplicates a crash can cause (below).
 
 Failures are classified (see :mod:`robot.channels.base`):
 
@@ -14,7 +14,8 @@ Failures are classified (see :mod:`robot.channels.base`):
   ``max_attempts`` times in all, then marked failed;
 - :class:`SendRejected` (final): marked failed at once.
 
-A failed row is logged at ERROR once and counted by ``qunbot doctor``. Pending rows are due again at start.
+A failed row is logged at ERROR once and counted by ``qunbot doctor``. Backoff is not carried
+across a restart: pending rows are due again at start.
 
 Long texts go out in parts within the channel's limit; ``parts_sent`` is committed after each
 part, so a restart resumes at the first unsent part and never repeats one. The duplicate window:
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 class Outbox(OutboxRows):
     """Durable, idempotent, per-channel delivery."""
+
     look_s = 5.0  #: seconds between the worker's reads of every due row while no lane needs one
 
     def __init__(
