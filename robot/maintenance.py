@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
 from robot.storage import SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
-from robot.storage.copy import CopyError, copy_sync, occupied_sync, sqlite_tables
+from robot.storage.copy import CopyError, copy_sync, living_processes, occupied_sync, sqlite_tables
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -170,6 +170,11 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         return 2
     if not await asyncio.to_thread(Path(source.path).is_file):
         print(f"error: no database at {source.path} (is [bot] data_dir right?)", file=sys.stderr)
+        return 2
+    running = await asyncio.to_thread(living_processes, source.path, iso(datetime.now(UTC)))
+    if running:  # its later writes would be lost, and a second bot on the file would fire its reminders too
+        print(f"error: a bot is running on {source.path} ({', '.join(running)}): stop it, then copy (one "
+              f"that was killed counts as running for [storage] lease_s seconds)", file=sys.stderr)
         return 2
     shown = redact_dsn(to_url)
     tables = await asyncio.to_thread(sqlite_tables, source.path)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from robot.storage.base import Tx
 
-__all__ = ["SKIPPED", "CopyError", "CopyReport", "copy_sync", "occupied_sync", "sqlite_tables"]
+__all__ = ["SKIPPED", "CopyError", "CopyReport", "copy_sync", "living_processes", "occupied_sync", "sqlite_tables"]
 
 _VERSIONS = "schema_version"
 SKIPPED = frozenset({_VERSIONS, "leases"})
@@ -41,6 +41,18 @@ def sqlite_tables(path: str) -> dict[str, list[str]]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return _sqlite_tables(conn)
+    finally:
+        conn.close()
+
+
+def living_processes(path: str, now: str) -> list[str]:
+    """The qunbot processes whose lease on the SQLite file is still renewed at ``now`` (a running bot)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'leases'").fetchone() is None:
+            return []
+        return [str(r[0]) for r in conn.execute(
+            "SELECT holder FROM leases WHERE name LIKE 'process:%' AND expires_at >= ?", [now])]
     finally:
         conn.close()
 

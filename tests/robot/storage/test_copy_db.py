@@ -49,6 +49,8 @@ async def test_a_sqlite_bot_moves_to_postgresql_with_everything_it_kept(tmp_path
         ch.down = True  # a reply that could not go out yet: it waits in the outbox
         await ch.inject("/help", user="u3")
         assert await bot.outbox.pending() == 1
+        assert await maintenance.copy_db(settings_for(data), pg_url) == 2  # while it runs: refused
+        assert "a bot is running on" in capsys.readouterr().err
     finally:
         await bot.stop(flush_timeout_s=0.1)
 
