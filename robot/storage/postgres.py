@@ -46,8 +46,22 @@ def redact_dsn(url: str) -> str:
     return re.sub(r"(password=)[^&\s]*", r"\1***", shown, flags=re.IGNORECASE)
 
 
+def _clean(value: Any) -> Any:
+    """PostgreSQL's text cannot hold NUL (0x00), which chat text and model output may carry: it
+    becomes U+FFFD, in writes and lookups alike, rather than failing the whole unit of work."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _params(params: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(_clean(p) for p in params)
+
+
 class PostgresTx:
-    """A :class:`~robot.storage.base.Tx` over one pooled psycopg connection."""
+    """A :class:`~robot.storage.base.Tx` over one pooled psycopg connection (text without NUL: :func:`_clean`)."""
 
     dialect: Dialect = "postgresql"
 
@@ -55,17 +69,17 @@ class PostgresTx:
         self.conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.conn.execute(_translate(sql), tuple(params))
+        return self.conn.execute(_translate(sql), _params(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self.conn.cursor() as cur:
-            cur.executemany(_translate(sql), [tuple(r) for r in rows])
+            cur.executemany(_translate(sql), [_params(r) for r in rows])
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row
 
         with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(_translate(sql), tuple(params))
+            cur.execute(_translate(sql), _params(params))
             return list(cur.fetchall()) if cur.description else []
 
     execute_returning_dicts = query

@@ -152,3 +152,17 @@ async def test_pooled_connections_the_server_dropped_are_replaced_without_an_err
         assert added == "after"
     finally:
         await db.close()
+
+
+async def test_text_with_a_nul_character_is_stored_and_found_on_both_engines(engine: Engine) -> None:
+    # A peer's message or a model's answer may carry NUL (0x00); PostgreSQL's text cannot hold it.
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    try:
+        await engine.run(lambda tx: tx.executemany("INSERT INTO t (v) VALUES (?)", [["a\x00b"], ["c\x00"]]))
+        await engine.run(lambda tx: tx.execute("UPDATE t SET n = 1 WHERE v = ?", ["a\x00b"]))  # found again
+        rows = await engine.run(lambda tx: tx.query("SELECT v, n FROM t WHERE v = ?", ["a\x00b"]))
+        kept = "a\x00b" if engine.dialect == "sqlite" else "a\ufffdb"  # PostgreSQL: the replacement character
+        assert rows == [{"v": kept, "n": 1}]
+    finally:
+        await engine.close()
