@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from function_calls import Caller
+from robot.storage.base import mend_text
 
 __all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender"]
 
 ChatKind = Literal["group", "private"]
+#: Text as UTF-8 can carry it: a peer's lone surrogate (half an emoji) becomes U+FFFD at the boundary,
+#: so the database, the model's request and the platform's send all take it.
+Text = Annotated[str, AfterValidator(mend_text)]
 Role = Literal["owner", "admin", "member"]
 
 
@@ -55,7 +59,7 @@ class Sender(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     user_id: str
-    name: str = ""
+    name: Text = ""
     role: Role = "member"
     #: An anonymous group member (QQ 匿名): ``user_id`` keys the anonymous identity, it is nobody's
     #: account, so it is never @-ed and owns nothing that outlives the conversation (reminders).
@@ -70,7 +74,7 @@ class Message(BaseModel):
     chat: ChatRef
     sender: Sender
     message_id: str
-    text: str = Field(description="plain text with the mentions of the bot stripped")
+    text: Text = Field(description="plain text with the mentions of the bot stripped")
     timestamp: AwareDatetime
     mentions: tuple[str, ...] = ()
     mentions_bot: bool = False
@@ -96,7 +100,7 @@ class OutgoingMessage(BaseModel):
 
     key: str
     chat: ChatRef
-    text: str
+    text: Text
     mention: tuple[str, ...] = Field(default=(), description="user ids to @ (groups only)")
     reply_to: str | None = None
     #: The user id a message is about when it @s others (an approver's notice quoting a request):

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, mend_text
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
@@ -48,9 +48,10 @@ def redact_dsn(url: str) -> str:
 
 def _clean(value: Any) -> Any:
     """PostgreSQL's text cannot hold NUL (0x00), which chat text and model output may carry: it
-    becomes U+FFFD, in writes and lookups alike, rather than failing the whole unit of work."""
+    becomes U+FFFD, in writes and lookups alike, rather than failing the whole unit of work (and so
+    does a lone surrogate, which UTF-8 cannot carry: :func:`mend_text`)."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+        return mend_text(value.replace("\x00", "\ufffd") if "\x00" in value else value)
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value

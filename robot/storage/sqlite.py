@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, mend_params
 
 __all__ = ["SQLiteDatabase", "SQLiteTx"]
 
@@ -52,15 +52,18 @@ class SQLiteTx:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         self._before(sql)
-        return self.conn.execute(sql, tuple(params))
+        try:
+            return self.conn.execute(sql, tuple(params))
+        except UnicodeEncodeError:  # a lone surrogate: binding failed before the statement ran
+            return self.conn.execute(sql, mend_params(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        self._before(sql)
-        self.conn.executemany(sql, [tuple(r) for r in rows])
+        self._before(sql)  # mended up front: rows before a failing one would already be written
+        self.conn.executemany(sql, [mend_params(r) for r in rows])
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         self._before(sql)
-        cur = self.conn.execute(sql, tuple(params))
+        cur = self.conn.execute(sql, mend_params(params))
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 

@@ -85,6 +85,19 @@ async def test_every_message_is_recorded_including_the_bots_replies(make_bot: An
         ("u2", "just chatting", False), ("u1", "question", False), ("bot", "re: question", True)]
 
 
+async def test_half_an_emoji_from_a_peer_is_recorded_and_answered(make_bot: Any,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # A peer's JSON may carry a lone "\\ud83d" (an emoji cut in half): UTF-8 cannot hold it, so the
+    # record, the model's request and the reply all failed; it is U+FFFD from the boundary on.
+    bot, ch = await make_bot(echo_model())
+    await ch.inject("好的\ud83d", user="u2", name="小\udc00明", at_bot=True)
+    (reply,) = await ch.wait_sent(1)
+    assert reply.text == "re: 好的\ufffd"
+    entries = await bot.history.recent(G1)
+    assert [(e.name, e.text) for e in entries] == [("小\ufffd明", "好的\ufffd"), ("qunbot", "re: 好的\ufffd")]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
 async def test_messages_from_the_bot_itself_are_recorded_not_answered(make_bot: Any) -> None:
     model = echo_model()
     bot, ch = await make_bot(model)

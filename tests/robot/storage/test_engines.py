@@ -166,3 +166,16 @@ async def test_text_with_a_nul_character_is_stored_and_found_on_both_engines(eng
         assert rows == [{"v": kept, "n": 1}]
     finally:
         await engine.close()
+
+
+async def test_text_with_a_lone_surrogate_is_stored_on_both_engines(engine: Engine) -> None:
+    # Half an emoji ("\\ud83d" in a peer's JSON) cannot be UTF-8: it becomes U+FFFD instead of failing.
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    try:
+        await engine.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES (?)", ["hi \ud83d"]))
+        await engine.run(lambda tx: tx.executemany("INSERT INTO t (v) VALUES (?)", [["ok"], ["\udc00 there"]]))
+        rows = await engine.run(lambda tx: tx.query("SELECT v FROM t ORDER BY id"))
+        assert [r["v"] for r in rows] == ["hi \ufffd", "ok", "\ufffd there"]
+    finally:
+        await engine.close()
