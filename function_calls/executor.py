@@ -20,6 +20,7 @@ from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolError
 from function_calls.guards import Limits, LoopDetector, LoopLevel, args_key, result_key
 from function_calls.model import ToolCall
+from function_calls.problems import mend_text
 from function_calls.run import Approver, EventCallback, RunState, StopReason, ToolTrace
 from function_calls.tool import Tool, Toolset
 
@@ -29,15 +30,6 @@ log = logging.getLogger(__name__)
 
 #: What the model hears for a ``confirm`` tool while no approver is wired (it relays it to the user).
 NO_APPROVALS = "「{name}」需要管理员批准才能执行，但审批功能尚未启用，所以没有执行。请如实告诉用户。"
-
-
-def _sendable(text: str) -> str:
-    """Text safe to send as UTF-8: a tool's lone surrogate must not break the next request."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a lone half -> U+FFFD
-    return text
 
 
 @dataclass
@@ -187,7 +179,7 @@ class CallExecutor:
         except Exception as exc:  # a tool bug must not take its siblings or the run down
             log.exception("tool %s failed", tool.name)
             result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")
-        sendable = _sendable(result.content)
+        sendable = mend_text(result.content)  # a tool's lone surrogate must not break the next request
         if sendable is not result.content:  # a copy only when something was replaced
             result = result.model_copy(update={"content": sendable})
         rkey = result_key(result.content, result.data, tool.hash_exclude)

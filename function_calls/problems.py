@@ -8,7 +8,7 @@ from typing import Any
 
 from function_calls.errors import FieldProblem
 
-__all__ = ["field_path", "schema_problems", "short_value"]
+__all__ = ["field_path", "mend_text", "schema_problems", "short_value"]
 
 _MAX_VALUE_CHARS = 80
 _MAX_MESSAGE_CHARS = 160
@@ -20,6 +20,16 @@ def field_path(parts: Iterable[Any]) -> str:
     for part in parts:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def mend_text(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (half an emoji, which a peer, a model or a
+    tool may send as a JSON ``\\ud83d`` escape) becomes U+FFFD; any other text is returned as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def short_value(value: Any) -> str:

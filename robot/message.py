@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from function_calls import Caller
-from robot.storage.base import mend_text
+from function_calls.problems import mend_text
 
 __all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender"]
 

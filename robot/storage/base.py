@@ -18,22 +18,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
 
-__all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "mend_text",
-           "parse_iso", "utcnow"]
+from function_calls.problems import mend_text
+
+__all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "parse_iso",
+           "utcnow"]
 
 T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
 log = logging.getLogger(__name__)
-
-
-def mend_text(text: str) -> str:
-    """``text`` as UTF-8 can carry it: a lone surrogate (half an emoji, which a peer or a model may
-    send as a JSON ``\\ud83d`` escape) becomes U+FFFD; any other text is returned as it is."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
 
 
 def mend_params(params: Sequence[Any]) -> tuple[Any, ...]:

@@ -18,7 +18,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, mend_text
+from function_calls.problems import mend_text
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
