@@ -189,16 +189,15 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         if busy:
             raise CopyError(f"the target database already holds data (in {', '.join(busy[:5])}): "
                             "copy into an empty database")
-        for each in (settings, target):
-            bot = Bot(each, channels=[])
-            await bot.start()
-            if each is settings:
-                await bot.stop()
-                continue
-            try:
-                report = await bot.db.transaction(lambda tx: copy_sync(tx, source.path), durable=True)
-            finally:
-                await bot.stop()
+        old = Bot(settings, channels=[])  # a start applies this code's schema: the source's first
+        await old.start()
+        await old.stop()
+        new = Bot(target, channels=[])
+        await new.start()
+        try:
+            report = await new.db.transaction(lambda tx: copy_sync(tx, source.path), durable=True)
+        finally:
+            await new.stop()
     except CopyError as exc:
         print(f"error: {exc}; nothing was copied", file=sys.stderr)
         return 2
