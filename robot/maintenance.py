@@ -16,7 +16,14 @@ from pydantic import SecretStr
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
 from robot.storage import SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
-from robot.storage.copy import CopyError, copy_sync, living_processes, occupied_sync, sqlite_tables
+from robot.storage.copy import (
+    CopyError,
+    copy_sync,
+    living_processes,
+    occupied_error,
+    occupied_sync,
+    sqlite_tables,
+)
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -187,8 +194,7 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         finally:
             await probe.close()
         if busy:
-            raise CopyError(f"the target database already holds data (in {', '.join(busy[:5])}): "
-                            "copy into an empty database")
+            raise occupied_error(busy)
         old = Bot(settings, channels=[])  # a start applies this code's schema: the source's first
         await old.start()
         await old.stop()
@@ -212,5 +218,5 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         print(f"rebuilt at the next start: {', '.join(report.rebuilt)}")
     print("next: set [storage] url to it in every process's config, copy "
           f"{settings.bot.data_dir / 'secret.key'} into each process's data_dir, and start them (README: Scale out). "
-          "The SQLite file stays as it is: keep it as a backup.")
+          "Keep the SQLite file as a backup.")
     return 0

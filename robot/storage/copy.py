@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from robot.storage.base import Tx
 
-__all__ = ["SKIPPED", "CopyError", "CopyReport", "copy_sync", "living_processes", "occupied_sync", "sqlite_tables"]
+__all__ = ["SKIPPED", "CopyError", "CopyReport", "copy_sync", "living_processes", "occupied_error", "occupied_sync",
+           "sqlite_tables"]
 
 _VERSIONS = "schema_version"
 SKIPPED = frozenset({_VERSIONS, "leases"})
@@ -63,6 +64,11 @@ def occupied_sync(tx: Tx, source_tables: dict[str, list[str]]) -> list[str]:
     return [t for t in common if tx.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone() is not None]
 
 
+def occupied_error(busy: list[str]) -> CopyError:
+    """The refusal for a target whose ``busy`` tables already hold rows."""
+    return CopyError(f"the target database already holds data (in {', '.join(busy[:5])}): copy into an empty database")
+
+
 def _sqlite_tables(conn: sqlite3.Connection) -> dict[str, list[str]]:
     names = [str(r[0]) for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
@@ -97,8 +103,7 @@ def copy_sync(tx: Tx, source: str) -> CopyReport:
         common = sorted(t for t in target_tables if t in source_tables and t not in SKIPPED)
         busy = occupied_sync(tx, source_tables)
         if busy:
-            raise CopyError(f"the target database already holds data (in {', '.join(busy[:5])}): "
-                            "copy into an empty database")
+            raise occupied_error(busy)
         report = CopyReport()
         for table in common:
             columns = [c for c in target_tables[table] if c in source_tables[table]]
