@@ -37,9 +37,13 @@ class CopyReport:
     rebuilt: list[str] = field(default_factory=list)
 
 
+def _read_only(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+
 def sqlite_tables(path: str) -> dict[str, list[str]]:
     """The SQLite file's tables and their columns (read only)."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = _read_only(path)
     try:
         return _sqlite_tables(conn)
     finally:
@@ -48,7 +52,7 @@ def sqlite_tables(path: str) -> dict[str, list[str]]:
 
 def living_processes(path: str, now: str) -> list[str]:
     """The qunbot processes whose lease on the SQLite file is still renewed at ``now`` (a running bot)."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = _read_only(path)
     try:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'leases'").fetchone() is None:
             return []
@@ -92,7 +96,7 @@ def copy_sync(tx: Tx, source: str) -> CopyReport:
     """Copy the SQLite file ``source`` into the PostgreSQL database of ``tx`` (see the module)."""
     if tx.dialect != "postgresql":
         raise CopyError("the target must be a PostgreSQL database")
-    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    conn = _read_only(source)
     try:
         theirs = {str(c): int(v) for c, v in tx.execute(f"SELECT component, version FROM {_VERSIONS}").fetchall()}
         ours = _versions_sqlite(conn)

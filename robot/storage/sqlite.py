@@ -52,6 +52,9 @@ class SQLiteTx:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         self._before(sql)
+        return self._bind(sql, params)
+
+    def _bind(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
         try:
             return self.conn.execute(sql, tuple(params))
         except UnicodeEncodeError:  # a lone surrogate: binding failed before the statement ran
@@ -63,7 +66,7 @@ class SQLiteTx:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         self._before(sql)
-        cur = self.conn.execute(sql, mend_params(params))
+        cur = self._bind(sql, params)
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
