@@ -105,7 +105,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     ``caps``: keep the default daily token caps (per user, per chat: reserved in the database). Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
     loop_cpu_ms_per_msg (the event loop's thread), writer_cpu_ms_per_msg (SQLite's writer thread; None
-    on PostgreSQL), model_requests.
+    on PostgreSQL), writer_busy_ms_per_msg (the writer's wall time on groups: its CPU plus its waits
+    for the interpreter lock; None on PostgreSQL), model_requests.
     """
     if processes != 1:
         raise ValueError("run_messages measures one process; several processes are not built yet")
@@ -129,7 +130,7 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
                                      message_id=f"bench-{i}")
 
             commits_before = getattr(bot.db, "commits", None)
-            writer = getattr(bot.db, "thread_cpu_s", None)
+            writer, busy = getattr(bot.db, "thread_cpu_s", None), getattr(bot.db, "thread_busy_s", None)
             start, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
             await asyncio.gather(*(one(i) for i in range(n)))
             await channel.wait_sent(n, timeout=600)
@@ -137,6 +138,7 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
             cpu, loop_cpu = time.process_time() - cpu, time.thread_time() - loop_cpu
             await asyncio.sleep(0.05)  # the writer's last group notes its CPU time after waking us
             writer = None if writer is None else getattr(bot.db, "thread_cpu_s", 0.0) - writer
+            busy = None if busy is None else getattr(bot.db, "thread_busy_s", 0.0) - busy
             commits_after = getattr(bot.db, "commits", None)
             latencies = [at - begun[m.key] for m, at in zip(channel.sent, channel.sent_at, strict=True)]
         finally:
@@ -147,7 +149,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
             "seconds": seconds, "msgs_per_s": len(channel.sent) / seconds, "commits_per_msg": commits,
             "p50_ms": _percentile(latencies, 0.5) * 1000, "p99_ms": _percentile(latencies, 0.99) * 1000,
             "cpu_ms_per_msg": cpu * 1000 / n, "loop_cpu_ms_per_msg": loop_cpu * 1000 / n,
-            "writer_cpu_ms_per_msg": None if writer is None else writer * 1000 / n, "model_requests": model.answered}
+            "writer_cpu_ms_per_msg": None if writer is None else writer * 1000 / n,
+            "writer_busy_ms_per_msg": None if busy is None else busy * 1000 / n, "model_requests": model.answered}
 
 
 def _line(result: dict[str, Any]) -> str:
@@ -157,7 +160,9 @@ def _line(result: dict[str, Any]) -> str:
             f"latency p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms; "
             f"CPU {result['cpu_ms_per_msg']:.2f} ms/msg (event loop {result['loop_cpu_ms_per_msg']:.2f}"
             + ("" if result["writer_cpu_ms_per_msg"] is None else f", SQLite writer {result['writer_cpu_ms_per_msg']:.2f}")
-            + ")")
+            + ")" + ("" if result["writer_busy_ms_per_msg"] is None else
+                     f"; the writer was busy {result['writer_busy_ms_per_msg']:.2f} ms/msg; the event loop's CPU "
+                     f"alone caps this path at {1 / result['loop_cpu_ms_per_msg'] * 1000:,.0f} msg/s"))
 
 
 async def main_async(args: argparse.Namespace) -> None:

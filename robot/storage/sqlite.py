@@ -120,6 +120,7 @@ class SQLiteDatabase(Engine):
         self._notes: list[tuple[str, str]] = []  # notifications committed, not yet delivered (thread only)
         self.commits = 0  # transactions committed (each may hold many units of work): for the bench
         self.thread_cpu_s = 0.0  # the writer thread's CPU time so far (at its last group): for the bench
+        self.thread_busy_s = 0.0  # wall time the writer spent on groups (CPU plus waits for the GIL): for the bench
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class SQLiteDatabase(Engine):
             job = self._queue.get()
             if job is None:
                 return
-            group = [job]
+            group, began = [job], time.perf_counter()
             while len(group) < _MAX_GROUP:
                 try:
                     more = self._queue.get_nowait()
@@ -209,6 +210,7 @@ class SQLiteDatabase(Engine):
             self._commit(pending)
             self._wake()
             self.thread_cpu_s = time.thread_time()
+            self.thread_busy_s += time.perf_counter() - began
 
     def _raw(self, job: _Job) -> None:
         try:
