@@ -96,13 +96,15 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
                        path: Literal["model", "command"] = "model", chats: int = 50, users: int = 1000,
-                       gc_tuned: bool = True, caps: bool = True) -> dict[str, Any]:
+                       gc_tuned: bool = True, caps: bool = True, savepoints: bool = False) -> dict[str, Any]:
     """Push ``n`` messages through one bot and wait for every reply; returns the figures.
 
     ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
     = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel) or "command"
     (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
-    ``caps``: keep the default daily token caps (per user, per chat: reserved in the database). Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
+    ``caps``: keep the default daily token caps (per user, per chat: reserved in the database).
+    ``savepoints``: SQLite takes a savepoint per unit in every group, as before the first pass went
+    without them (``SQLiteDatabase.optimistic``), for the comparison. Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
     loop_cpu_ms_per_msg (the event loop's thread), writer_cpu_ms_per_msg (SQLite's writer thread; None
     on PostgreSQL), writer_busy_ms_per_msg (the writer's wall time on groups: its CPU plus its waits
@@ -116,6 +118,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
         bot = Bot(_settings(Path(tmp), engine_url, caps=caps), model=model if path == "model" else None,
                   channels=[channel], plugins=[Plugin("bench", Toolset("bench", [note]))])
         await bot.start()
+        if savepoints and hasattr(bot.db, "optimistic"):
+            bot.db.optimistic = False
         if gc_tuned:
             tune_gc()
         try:
@@ -172,9 +176,12 @@ async def main_async(args: argparse.Namespace) -> None:
               f"delivered at once (model: in-process ScriptedModel, one `note` call per message; "
               f"gc {'as Python sets it' if args.default_gc else 'tuned as qunbot run does'}; daily token caps "
               f"{'off' if args.no_caps else 'as by default'})")
-        for path in ("model", "command"):
-            print(_line(await run_messages(None, n, path=path, chats=args.chats, users=args.users,
-                                           gc_tuned=not args.default_gc, caps=not args.no_caps)))
+        for path, savepoints in (("model", False), ("command", False), ("model", True), ("command", True)):
+            if savepoints and not args.compare_savepoints:
+                continue
+            result = await run_messages(None, n, path=path, chats=args.chats, users=args.users,
+                                        gc_tuned=not args.default_gc, caps=not args.no_caps, savepoints=savepoints)
+            print(_line(result) + ("  <- a savepoint per unit in every group" if savepoints else ""))
 
 
 def side_by_side(messages: int, reminders: int) -> None:
@@ -223,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--default-gc", action="store_true",
                         help="leave Python's garbage collector as it is (qunbot run tunes it: robot.runtime)")
+    parser.add_argument("--compare-savepoints", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run both paths with a savepoint per unit in every group (SQLite's old way)")
     parser.add_argument("--no-caps", action="store_true",
                         help="turn the default daily token caps off (no budget reservation in the database)")
     args = parser.parse_args(argv)

@@ -1,10 +1,16 @@
 """The embedded engine: one SQLite file, WAL, one thread that owns the connection, commits grouped.
 
 Every unit of work (``await db.run(fn)`` / ``db.transaction(fn)``) is queued to that thread. The
-thread takes whatever is queued, runs each unit in its own savepoint (taken at its first write)
-inside one transaction and commits once: a unit that fails rolls back alone, and no unit's caller resumes before the commit
-holds its rows. Under load this turns hundreds of commits a second into a few, without a timer
-that would delay a lone write. ``bench/bench_scale.py`` measures it.
+thread takes whatever is queued, runs the units one after another inside one transaction and
+commits once: no unit's caller resumes before the commit holds its rows. Under load this turns
+hundreds of commits a second into a few, without a timer that would delay a lone write.
+``bench/bench_scale.py`` measures it.
+
+A unit that fails rolls back alone. Should one fail after writing, the transaction is rolled back
+and the whole group runs again, each unit in a savepoint taken at its first write (units are pure
+functions of the database: PostgreSQL re-runs them too). The first pass takes no savepoints
+because every statement hands the interpreter lock to the busy event loop and has to win it back
+(``bench/bench_gil.py``): two statements per unit saved are worth more than their SQL.
 """
 
 from __future__ import annotations
@@ -40,15 +46,20 @@ class SQLiteTx:
     def __init__(self, conn: sqlite3.Connection, *, guarded: bool = False) -> None:
         self.conn = conn
         self.notes: list[tuple[str, str]] = []
-        #: In a group: the unit's savepoint is opened before its first write, so a read-only unit
-        #: costs no savepoint statements (each statement hands the GIL to the event loop and back).
+        #: In a group's second pass: the unit's savepoint is opened before its first write, so a
+        #: read-only unit costs no savepoint statements.
         self.guarded = guarded
         self.saved = False
+        #: Whether the unit ran (or tried) a statement that is not a SELECT: a failing unit that
+        #: wrote nothing needs nothing undone (SQLite backs out a failed statement by itself).
+        self.wrote = False
 
     def _before(self, sql: str) -> None:
-        if self.guarded and not self.saved and sql.lstrip()[:6].upper() != "SELECT":
-            self.conn.execute("SAVEPOINT unit")
-            self.saved = True
+        if not self.wrote and sql.lstrip()[:6].upper() != "SELECT":
+            self.wrote = True
+            if self.guarded:
+                self.conn.execute("SAVEPOINT unit")
+                self.saved = True
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         self._before(sql)
@@ -120,6 +131,8 @@ class SQLiteDatabase(Engine):
         self._notes: list[tuple[str, str]] = []  # notifications committed, not yet delivered (thread only)
         self.commits = 0  # transactions committed (each may hold many units of work): for the bench
         self.thread_cpu_s = 0.0  # the writer thread's CPU time so far (at its last group): for the bench
+        #: First pass of a group without savepoints (see the module's docstring); False: always with them.
+        self.optimistic = True
         self.thread_busy_s = 0.0  # wall time the writer spent on groups (CPU plus waits for the GIL): for the bench
 
     # -- the writer thread -----------------------------------------------------------------------
@@ -221,19 +234,23 @@ class SQLiteDatabase(Engine):
             self._settle(job, result)
 
     def _commit(self, group: list[_Job]) -> None:
-        """Run ``group`` in one transaction, each unit in a savepoint, and commit once."""
+        """Run ``group`` in one transaction and commit once (again with savepoints if a unit that
+        wrote failed)."""
+        guarded = not self.optimistic
         while group:
-            group = self._commit_some(group)
+            group, again = self._commit_some(group, guarded)
+            guarded = guarded or again
 
-    def _commit_some(self, group: list[_Job]) -> list[_Job]:
+    def _commit_some(self, group: list[_Job], guarded: bool) -> tuple[list[_Job], bool]:
         """Commit a prefix of ``group``; return the units still to run (after SQLite itself rolled
-        the transaction back mid-group: a full disk, an I/O error)."""
+        the transaction back mid-group: a full disk, an I/O error), and whether they must run with
+        savepoints (a unit failed after writing in a pass without them: nothing was committed)."""
         try:
             conn = self._connect()
         except Exception as exc:
             for job in group:
                 self._settle(job, error=exc)
-            return []
+            return [], False
         durable = any(job.durable for job in group)
         outcomes: list[tuple[_Job, Any, BaseException | None, list[tuple[str, str]]]] = []
         rest: list[_Job] = []
@@ -242,13 +259,16 @@ class SQLiteDatabase(Engine):
                 conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
             for index, job in enumerate(group):
-                tx = SQLiteTx(conn, guarded=True)
+                tx = SQLiteTx(conn, guarded=guarded)
                 try:
                     result = job.fn(tx)
                 except BaseException as exc:
                     outcomes.append((job, None, exc, []))
                 else:
                     outcomes.append((job, result, None, tx.notes))
+                if not guarded and tx.wrote and outcomes[-1][2] is not None and conn.in_transaction:
+                    conn.execute("ROLLBACK")  # its writes cannot be undone alone: the group runs again
+                    return group, True
                 if not conn.in_transaction:
                     # SQLite rolled everything back (SQLITE_FULL, IOERR...), even if the unit caught
                     # the error: every unit so far is undone, so each one's caller hears so.
@@ -256,7 +276,7 @@ class SQLiteDatabase(Engine):
                                                     "(disk full or I/O error); nothing was saved")
                     for done, _, error, _ in outcomes:
                         self._settle(done, error=error if error is not None else lost)
-                    return group[index + 1:]
+                    return group[index + 1:], guarded
                 if tx.saved:  # it wrote: keep or undo just its own writes
                     if outcomes[-1][2] is not None:
                         conn.execute("ROLLBACK TO unit")
@@ -270,7 +290,7 @@ class SQLiteDatabase(Engine):
             for job in group:
                 if not job.done:
                     self._settle(job, error=exc)
-            return rest
+            return rest, False
         finally:
             if durable:
                 with contextlib.suppress(sqlite3.Error):
@@ -278,7 +298,7 @@ class SQLiteDatabase(Engine):
         for job, result, error, notes in outcomes:
             self._settle(job, result, error)
             self._notes.extend(notes)
-        return rest
+        return rest, False
 
     def _submit(self, fn: Callable[[SQLiteTx], Any], *, durable: bool = False,
                 raw: bool = False) -> concurrent.futures.Future[Any]:

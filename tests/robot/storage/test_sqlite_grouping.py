@@ -114,3 +114,41 @@ async def test_a_unit_that_read_then_wrote_then_failed_undoes_only_its_own_write
         assert rows == ["after", "before"]
     finally:
         await db.close()
+
+
+async def test_a_failure_after_writes_reruns_the_group_and_nothing_lands_or_is_heard_twice(tmp_path: Path) -> None:
+    db = await _opened(tmp_path)
+    try:
+        heard: list[str] = []
+        db.subscribe("t", heard.append)
+        gate = threading.Event()
+        busy = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
+        await asyncio.sleep(0.05)
+
+        def unit(i: int) -> Callable[[Tx], int]:
+            def work(tx: Tx) -> int:
+                tx.execute("INSERT INTO t (v) VALUES (?)", [f"v{i}"])
+                tx.notify("t", f"v{i}")
+                if i in (7, 19):  # wrote, then failed: its rows must go, everyone else's stay once
+                    tx.execute("INSERT INTO t (v) VALUES (?)", [f"w{i}"])
+                    raise RuntimeError(f"unit {i} fails after writing")
+                # a read of what this unit wrote: the same answer in a second run
+                return int(tx.execute("SELECT count(*) FROM t WHERE v = ?", [f"v{i}"]).fetchone()[0])
+            return work
+
+        calls = [asyncio.ensure_future(db.run(unit(i))) for i in range(25)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await busy
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for i, result in enumerate(results):
+            if i in (7, 19):
+                assert isinstance(result, RuntimeError) and str(result) == f"unit {i} fails after writing"
+            else:
+                assert result == 1
+        rows = await db.run(lambda tx: [r[0] for r in tx.execute("SELECT v FROM t ORDER BY v").fetchall()])
+        assert rows == sorted(f"v{i}" for i in range(25) if i not in (7, 19))
+        await asyncio.sleep(0.05)
+        assert sorted(heard) == rows  # the rolled-back pass's notifications are dropped with it
+    finally:
+        await db.close()
