@@ -14,7 +14,11 @@ unit of work, gate, rate limit, history window, route, budget, tool, outbox, sen
 
 Printed per path: messages/s (first delivery to last acknowledged send), commits per message
 (``db.commits``: transactions the engine committed, each may hold many units of work; SQLite
-only) and p50/p99 latency of a message (its delivery to its reply's send).
+only), p50/p99 latency of a message (its delivery to its reply's send), CPU per message (the
+event loop's and SQLite's writer thread's), the writer's busy time (its CPU plus its waits for the
+interpreter lock: ``bench_gil.py``) and the ceiling the event loop's own CPU puts on the path.
+With ``--compare-savepoints`` (the default) both paths run again with a savepoint per unit in
+every group, SQLite's way before its first pass went without them.
 """
 
 from __future__ import annotations
