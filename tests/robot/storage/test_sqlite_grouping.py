@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,18 @@ async def _opened(tmp_path: Path) -> SQLiteDatabase:
     db.migrate("t", SCHEMA)
     await db.open()
     return db
+
+
+async def _as_one_group(db: SQLiteDatabase, units: list[Callable[[Tx], Any]]) -> list[Any]:
+    """Run ``units`` as one group (queued while the writer is held busy); their outcomes, errors included."""
+    gate = threading.Event()
+    busy = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
+    await asyncio.sleep(0.05)
+    calls = [asyncio.ensure_future(db.run(unit)) for unit in units]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await busy
+    return await asyncio.gather(*calls, return_exceptions=True)
 
 
 async def test_a_caller_that_gave_up_before_its_turn_never_writes(tmp_path: Path) -> None:
@@ -121,9 +134,6 @@ async def test_a_failure_after_writes_reruns_the_group_and_nothing_lands_or_is_h
     try:
         heard: list[str] = []
         db.subscribe("t", heard.append)
-        gate = threading.Event()
-        busy = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
-        await asyncio.sleep(0.05)
 
         def unit(i: int) -> Callable[[Tx], int]:
             def work(tx: Tx) -> int:
@@ -136,11 +146,7 @@ async def test_a_failure_after_writes_reruns_the_group_and_nothing_lands_or_is_h
                 return int(tx.execute("SELECT count(*) FROM t WHERE v = ?", [f"v{i}"]).fetchone()[0])
             return work
 
-        calls = [asyncio.ensure_future(db.run(unit(i))) for i in range(25)]
-        await asyncio.sleep(0.05)
-        gate.set()
-        await busy
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        results = await _as_one_group(db, [unit(i) for i in range(25)])
         for i, result in enumerate(results):
             if i in (7, 19):
                 assert isinstance(result, RuntimeError) and str(result) == f"unit {i} fails after writing"
