@@ -70,7 +70,13 @@ class Cursor(Protocol):
 
 
 class Tx(Protocol):
-    """One transaction (or, for :meth:`Engine.run`, one unit of work that commits as a whole)."""
+    """One transaction (or, for :meth:`Engine.run`, one unit of work that commits as a whole).
+
+    A unit of work must be a pure function of the database: an engine may run it again after
+    rolling an earlier run back (SQLite re-runs a group in which a unit failed after writing,
+    PostgreSQL a unit that hit a serialization failure). Python side effects belong after the
+    ``await``, not inside the unit.
+    """
 
     dialect: Dialect
 
