@@ -108,7 +108,9 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
     ``caps``: keep the default daily token caps (per user, per chat: reserved in the database).
     ``savepoints``: SQLite takes a savepoint per unit in every group, as before the first pass went
-    without them (``SQLiteDatabase.optimistic``), for the comparison. Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
+    without them (``SQLiteDatabase.optimistic``), for the comparison.
+
+    Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
     loop_cpu_ms_per_msg (the event loop's thread), writer_cpu_ms_per_msg (SQLite's writer thread; None
     on PostgreSQL), writer_busy_ms_per_msg (the writer's wall time on groups: its CPU plus its waits
