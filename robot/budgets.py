@@ -166,11 +166,14 @@ class DailyBudget:
     # -- in the database ---------------------------------------------------------------------------
 
     @staticmethod
-    def _rows(db: Tx, day: str, scopes: list[str]) -> dict[str, int]:
-        """Recorded plus held tokens per scope (0 for a scope with no row)."""
+    def _rows(db: Tx, day: str, scopes: list[str], *, lock: bool = False) -> dict[str, int]:
+        """Recorded plus held tokens per scope (0 for a scope with no row); ``lock``: the rows locked
+        (PostgreSQL) in the order of ``scopes``, as :meth:`_take` writes them."""
         marks = ",".join("?" * len(scopes))
-        rows = db.execute(f"SELECT scope, tokens + held FROM usage_daily WHERE day = ? AND scope IN ({marks})",
-                          [day, *scopes]).fetchall()
+        order = (" ORDER BY CASE scope " + " ".join(f"WHEN ? THEN {i}" for i in range(len(scopes)))
+                 + " END FOR UPDATE") if lock else ""
+        rows = db.execute(f"SELECT scope, tokens + held FROM usage_daily WHERE day = ? AND scope IN ({marks}){order}",
+                          [day, *scopes, *(scopes if lock else ())]).fetchall()
         found = {str(scope): int(total) for scope, total in rows}
         return {scope: found.get(scope, 0) for scope in scopes}
 
@@ -191,13 +194,12 @@ class DailyBudget:
         for reaped in (False, True):
             hold, taken = tokens, None
             if need < tokens:  # "what is left, if at least need": size the hold first, the rows locked
-                if db.dialect == "postgresql":  # in _take's order: two reservations never wait on each other
-                    # (SQLite's one writer holds the whole database: no rows to create and lock first)
-                    db.executemany("INSERT INTO usage_daily (day, scope, tokens) VALUES (?, ?, 0) "
-                                   "ON CONFLICT (day, scope) DO NOTHING", [[day, scope] for scope in scopes])
-                    for scope in scopes:
-                        db.execute("SELECT 1 FROM usage_daily WHERE day = ? AND scope = ? FOR UPDATE", [day, scope])
-                taken = self._rows(db, day, scopes)
+                locked = db.dialect == "postgresql"  # in _take's order: two reservations never deadlock
+                if locked:  # (SQLite's one writer holds the whole database: no rows to create and lock first)
+                    db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES "
+                               + ", ".join("(?, ?, 0)" for _ in scopes) + " ON CONFLICT (day, scope) DO NOTHING",
+                               [v for scope in scopes for v in (day, scope)])
+                taken = self._rows(db, day, scopes, lock=locked)  # one statement reads and locks them
                 hold = max(0, min(tokens, self._left(caps, taken)[1]))
             if hold >= need:
                 db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
