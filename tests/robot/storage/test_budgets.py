@@ -206,3 +206,27 @@ async def test_a_budget_day_turns_at_local_midnight_in_odd_offsets_and_daylight_
             assert await budget.remaining(who) == 100, zone
     finally:
         await engine.close()
+
+
+async def test_a_hold_refused_by_one_scope_is_undone_in_the_others_before_the_retry(engine: Engine) -> None:
+    # u2's first attempt fits their own budget but not the chat's (a dead process holds most of it):
+    # their hold must be undone before the dead holds are released and the retry takes both, or u2
+    # would carry the hold twice for the rest of the day.
+    dead = budget_for(engine, "host:9:dead", chat=100)
+    alive = budget_for(engine, "host:1:me", chat=100)
+    other = WHO.model_copy(update={"user_id": "u2"})
+    await engine.open()
+    try:
+        if isinstance(engine, PostgresDatabase):  # on SQLite another holder is a dead predecessor at once
+            assert await dead.leases.acquire(PROCESS_PREFIX + "host:9:dead")
+            await dead.leases.release([PROCESS_PREFIX + "host:9:dead"])
+        crashed = dead.reserve(WHO, 80)
+        await asyncio.create_task(crashed.__aenter__())  # killed mid-call: never settles
+        async with alive.reserve(other, 50) as hold:
+            assert hold.held == 50
+            held = await engine.run(lambda tx: tx.query("SELECT scope, held FROM usage_daily ORDER BY scope"))
+            assert {r["scope"]: r["held"] for r in held} == {"chat:memory:group:g1": 50, "user:memory:u1": 0,
+                                                               "user:memory:u2": 50}
+        assert await alive.remaining(other) == 100
+    finally:
+        await engine.close()
