@@ -60,9 +60,6 @@ async def test_a_group_of_units_wakes_each_caller_with_its_own_outcome_and_commi
     try:
         heard: list[str] = []
         db.subscribe("t", heard.append)
-        gate = threading.Event()
-        busy = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
-        await asyncio.sleep(0.05)
 
         def unit(i: int) -> Callable[[Tx], int]:
             def work(tx: Tx) -> int:
@@ -74,11 +71,7 @@ async def test_a_group_of_units_wakes_each_caller_with_its_own_outcome_and_commi
             return work
 
         before = db.commits
-        calls = [asyncio.ensure_future(db.run(unit(i))) for i in range(30)]
-        await asyncio.sleep(0.05)
-        gate.set()
-        await busy
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        results = await _as_one_group(db, [unit(i) for i in range(30)])
         for i, result in enumerate(results):
             if i % 3 == 0:
                 assert isinstance(result, ValueError) and str(result) == f"unit {i} refuses"
@@ -101,10 +94,6 @@ def test_only_stored_timestamps_parse() -> None:
 async def test_a_unit_that_read_then_wrote_then_failed_undoes_only_its_own_writes(tmp_path: Path) -> None:
     db = await _opened(tmp_path)
     try:
-        gate = threading.Event()
-        busy = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
-        await asyncio.sleep(0.05)
-
         def read_write_fail(tx: Tx) -> None:
             tx.execute("SELECT count(*) FROM t").fetchone()  # no savepoint yet: reads change nothing
             tx.execute("INSERT INTO t (v) VALUES ('undone')")
@@ -114,14 +103,9 @@ async def test_a_unit_that_read_then_wrote_then_failed_undoes_only_its_own_write
             tx.query("SELECT v FROM t")
             raise RuntimeError("after a read")
 
-        units = [asyncio.ensure_future(db.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('before')"))),
-                 asyncio.ensure_future(db.run(read_write_fail)),
-                 asyncio.ensure_future(db.run(read_only_fail)),
-                 asyncio.ensure_future(db.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('after')")))]
-        await asyncio.sleep(0.05)
-        gate.set()
-        await busy
-        outcomes = await asyncio.gather(*units, return_exceptions=True)
+        outcomes = await _as_one_group(db, [lambda tx: tx.execute("INSERT INTO t (v) VALUES ('before')"),
+                                            read_write_fail, read_only_fail,
+                                            lambda tx: tx.execute("INSERT INTO t (v) VALUES ('after')")])
         assert [type(o).__name__ for o in outcomes[1:3]] == ["RuntimeError", "RuntimeError"]
         rows = await db.run(lambda tx: sorted(r[0] for r in tx.execute("SELECT v FROM t").fetchall()))
         assert rows == ["after", "before"]
