@@ -80,6 +80,50 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     return PostgresDatabase(request.getfixturevalue("pg_url"), max_size=4)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--rehearse-units", action="store_true",
+                     help="run every test with each unit of work run twice, the first run rolled back")
+
+
+# -- Rehearsal: units of work must be pure functions of the database -----------------------------------
+# Both engines may run a unit again (SQLite re-runs a group one of whose units failed after writing,
+# PostgreSQL retries a serialization failure). The tests of these modules run twice, the second time
+# with every unit rehearsed (Engine.rehearse: run, rolled back, run again): a unit with a Python side
+# effect (a counter, a list, a send) shows up as a doubled outcome there. Tests whose bots run in
+# other processes are left out (the rehearsal does not reach them); ``--rehearse-units`` rehearses
+# the whole suite.
+_REHEARSED = ("robot/storage/", "reminders/", "memory/", "summary/", "robot/test_approvals.py",
+              "robot/test_approvals_crash.py", "robot/test_outbox.py", "robot/test_pipeline.py",
+              "robot/test_privacy.py", "robot/test_store.py", "robot/test_history.py")
+_NOT_REHEARSED = ("reminders/test_crash.py", "reminders/test_crash_create.py", "reminders/test_processes.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--rehearse-units"):
+        from robot.storage.base import Engine
+
+        Engine.rehearse = True
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    where = metafunc.definition.path.relative_to(REPO / "tests").as_posix()
+    if (not metafunc.config.getoption("--rehearse-units") and where.startswith(_REHEARSED)
+            and not where.startswith(_NOT_REHEARSED) and metafunc.definition.get_closest_marker("unrehearsed") is None):
+        metafunc.parametrize("_rehearsal", [False, True], indirect=True, ids=["once", "rehearsed"])
+
+
+@pytest.fixture(autouse=True)
+def _rehearsal(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every unit of work rehearsed in this test (see above), unless the test is marked ``unrehearsed``:
+    it counts the statements run, scripts the values a unit draws, or times one process against another."""
+    from robot.storage.base import Engine
+
+    if request.node.get_closest_marker("unrehearsed") is not None:
+        monkeypatch.setattr(Engine, "rehearse", False)
+    elif getattr(request, "param", False):
+        monkeypatch.setattr(Engine, "rehearse", True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-process SIGKILL test (about two and a half minutes of mostly waiting) goes first, so
     that with ``-n 2`` one worker runs it while the other runs everything else."""

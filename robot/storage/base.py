@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from function_calls.problems import mend_text
 
 __all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "parse_iso",
-           "utcnow"]
+           "unit_error", "utcnow"]
 
 T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
@@ -32,6 +32,17 @@ def mend_params(params: Sequence[Any]) -> tuple[Any, ...]:
     """Parameters with every text (also inside a list) passed through :func:`mend_text`."""
     return tuple(mend_text(p) if isinstance(p, str) else list(mend_params(p)) if isinstance(p, list) else p
                  for p in params)
+
+
+def unit_error(exc: BaseException) -> BaseException:
+    """What a unit's caller is given for ``exc``: a StopIteration (a stray ``next()`` on an empty
+    result) cannot be set on an asyncio future, and the caller would wait for ever; it becomes a
+    RuntimeError caused by it."""
+    if isinstance(exc, StopIteration):
+        error = RuntimeError("a unit of work raised StopIteration (next() on an exhausted iterator?)")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 def utcnow() -> datetime:
@@ -124,6 +135,11 @@ class Engine:
 
     dialect: Dialect
     where: str  # the database for messages (a file path, or host/dbname: never a password)
+    #: Run every unit of work twice, the first run rolled back (tests: ``pytest --rehearse-units``).
+    #: Both engines may run a unit again (SQLite re-runs a group one of whose units failed after
+    #: writing, PostgreSQL retries a serialization failure), so a unit must be a pure function of
+    #: the database; with this on, a Python side effect of a unit shows as a doubled outcome.
+    rehearse: bool = False
 
     def __init__(self) -> None:
         self._migrations: dict[str, list[Step]] = {}

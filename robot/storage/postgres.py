@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from function_calls.problems import mend_text
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, unit_error
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
@@ -60,6 +60,10 @@ def _clean(value: Any) -> Any:
 
 def _params(params: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(_clean(p) for p in params)
+
+
+class _Rehearsed(Exception):
+    """The first run of a unit under :attr:`~robot.storage.base.Engine.rehearse`: roll it back."""
 
 
 class PostgresTx:
@@ -147,32 +151,45 @@ class PostgresDatabase(Engine):
     def _work(self, fn: Callable[[PostgresTx], T], durable: bool) -> T:
         import psycopg
 
-        for attempt in range(_RETRIES):
+        rehearsing = self.rehearse
+        last = _RETRIES - 1 + rehearsing
+        for attempt in range(last + 1):
             started = False
             try:
                 with self._pool.connection() as conn, conn.transaction():
                     started = True
                     if durable:
                         conn.execute("SET LOCAL synchronous_commit TO ON")
-                    return fn(PostgresTx(conn))
+                    result = fn(PostgresTx(conn))
+                    if rehearsing:
+                        raise _Rehearsed  # rolls the first run back: the unit runs again
+                    return result
+            except _Rehearsed:
+                rehearsing = False
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
-                if attempt == _RETRIES - 1:
+                if attempt == last:
                     raise
                 log.debug("storage: retrying a unit of work after a serialization failure")
             except psycopg.OperationalError:
                 # A pooled connection the server dropped (a restart, an idle timeout) fails at its
                 # BEGIN, before the unit did anything: the pool discards it and another is tried.
                 # Past BEGIN the outcome of a commit may be unknown, so that error goes up.
-                if started or attempt == _RETRIES - 1:
+                if started or attempt == last:
                     raise
                 log.info("storage: a pooled connection to %s was closed; retrying on another", self.where)
         raise AssertionError("unreachable")
 
+    def _unit(self, fn: Callable[[PostgresTx], T], durable: bool) -> T:
+        try:
+            return self._work(fn, durable)
+        except StopIteration as exc:  # cannot cross into the caller's asyncio future
+            raise unit_error(exc) from exc
+
     async def run(self, fn: Callable[[PostgresTx], T]) -> T:
-        return await self._call(lambda: self._work(fn, False))
+        return await self._call(lambda: self._unit(fn, False))
 
     async def transaction(self, fn: Callable[[PostgresTx], T], *, durable: bool = False) -> T:
-        return await self._call(lambda: self._work(fn, durable))
+        return await self._call(lambda: self._unit(fn, durable))
 
     def run_sync(self, fn: Callable[[PostgresTx], T]) -> T:
         return self._work(fn, True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, mend_params
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, mend_params, unit_error
 
 __all__ = ["SQLiteDatabase", "SQLiteTx"]
 
@@ -139,12 +139,12 @@ class SQLiteDatabase(Engine):
 
     def _settle(self, job: _Job, result: Any = None, error: BaseException | None = None) -> None:
         """Finish ``job`` (thread side): its async caller hears at :meth:`_wake`, once per group."""
-        job.done, job.result, job.error = True, result, error
+        job.done, job.result, job.error = True, result, None if error is None else unit_error(error)
         if job.waiter is not None:
             self._settled.append(job)
         elif job.future is not None:
-            if error is not None:
-                job.future.set_exception(error)
+            if job.error is not None:
+                job.future.set_exception(job.error)
             else:
                 job.future.set_result(result)
 
@@ -281,6 +281,9 @@ class SQLiteDatabase(Engine):
                     if outcomes[-1][2] is not None:
                         conn.execute("ROLLBACK TO unit")
                     conn.execute("RELEASE unit")
+            if self.rehearse and not guarded:
+                conn.execute("ROLLBACK")
+                return group, True
             conn.execute("COMMIT")
             self.commits += 1
         except BaseException as exc:

@@ -37,6 +37,7 @@ def snapshot_row(**extra: Any) -> dict[str, Any]:
             "created_at": T0.isoformat(), "expires_at": (T0 + timedelta(hours=1)).isoformat(), **extra}
 
 
+@pytest.mark.unrehearsed(reason="scripts the codes drawn inside the unit")
 async def test_paused_runs_get_unique_codes_and_one_transition_wins(engine: Engine, monkeypatch: Any) -> None:
     store = SnapshotStore(engine)
     store.secret = b"k" * 32

@@ -26,7 +26,9 @@ class Process:
         self.db = PostgresDatabase(url, max_size=4)
         self.leases = Leases(self.db, holder=name)
         self.dedupe = DedupeStore(self.db, leases=self.leases)
-        self.recorded: list[str] = []
+        self.name = name
+        self.db.migrate("test_recorded", ["CREATE TABLE IF NOT EXISTS recorded (process TEXT NOT NULL, "
+                                          "message_id TEXT NOT NULL)"])
 
     async def start(self) -> None:
         await self.db.open()
@@ -37,10 +39,16 @@ class Process:
         await self.leases.release([PROCESS_PREFIX + self.leases.holder])
 
     async def receive(self, message_id: str) -> bool:
-        def record(tx: Tx) -> None:
-            self.recorded.append(message_id)
+        def record(tx: Tx) -> None:  # the message's record, in the unit with its dedupe row
+            tx.execute("INSERT INTO recorded (process, message_id) VALUES (?, ?)", [self.name, message_id])
 
         return await self.dedupe.receive("onebot", message_id, T0, record)
+
+    async def recorded(self) -> list[str]:
+        """The messages this process stored (committed rows)."""
+        rows = await self.db.run(lambda tx: tx.query(
+            "SELECT message_id FROM recorded WHERE process = ? ORDER BY message_id", [self.name]))
+        return [str(r["message_id"]) for r in rows]
 
 
 @pytest.fixture
@@ -60,9 +68,10 @@ async def test_a_message_delivered_to_two_processes_at_once_is_handled_once(proc
     results = await asyncio.gather(*(p.receive(m) for i, m in enumerate(ids) for p in ((a, b), (b, a))[i % 2]))
     pairs = list(zip(results[::2], results[1::2], strict=True))
     assert all(ra != rb for ra, rb in pairs)  # every message handled, by exactly one of the two
-    assert sorted(a.recorded + b.recorded) == sorted(ids)  # and stored once with its dedupe row
+    assert sorted(await a.recorded() + await b.recorded()) == sorted(ids)  # and stored once with its dedupe row
 
 
+@pytest.mark.unrehearsed(reason="holds one process's unit open while another's waits on its row")
 async def test_a_copy_arriving_while_the_first_is_being_stored_waits_for_it_and_is_ignored(
         processes: list[Process]) -> None:
     a, b, _ = processes
@@ -79,7 +88,7 @@ async def test_a_copy_arriving_while_the_first_is_being_stored_waits_for_it_and_
     assert not second.done()
     release.set()
     assert await first is True and await second is False
-    assert b.recorded == []
+    assert await b.recorded() == []
 
 
 async def test_a_message_of_a_living_process_is_not_taken_and_one_of_a_dead_one_is_taken_once(
@@ -94,7 +103,7 @@ async def test_a_message_of_a_living_process_is_not_taken_and_one_of_a_dead_one_
     winner = b if takers[0] else c
     await winner.dedupe.done("onebot", "m1")
     assert not await a.receive("m1") and not await b.receive("m1") and not await c.receive("m1")
-    assert a.recorded == ["m1"]  # the message was stored once, by the first process
+    assert await a.recorded() == ["m1"]  # the message was stored once, by the first process
 
 
 async def test_a_dead_predecessors_message_is_taken_over_and_a_handled_one_never(engine: Engine) -> None:

@@ -30,6 +30,48 @@ async def test_a_unit_of_work_commits_whole_or_not_at_all(engine: Engine) -> Non
         await engine.close()
 
 
+async def test_a_unit_raising_stop_iteration_fails_its_caller_instead_of_hanging_it(engine: Engine) -> None:
+    # asyncio refuses StopIteration on a future: passed through, the caller would wait for ever.
+    engine.migrate("t", SCHEMA)
+    await engine.open()
+    try:
+        def first_match(tx: Tx) -> Any:
+            tx.execute("INSERT INTO t (v) VALUES (?)", ["written before the error"])
+            return next(iter(tx.query("SELECT v FROM t WHERE v = 'absent'")))
+
+        with pytest.raises(RuntimeError, match="StopIteration") as caught:
+            await asyncio.wait_for(engine.run(first_match), 10)
+        assert isinstance(caught.value.__cause__, StopIteration)
+        assert await engine.run(lambda tx: tx.query("SELECT v FROM t")) == []  # rolled back, as any failure
+        assert await engine.run(lambda tx: tx.execute("INSERT INTO t (v) VALUES ('next')").rowcount) == 1
+    finally:
+        await engine.close()
+
+
+async def test_rehearsal_runs_each_unit_twice_and_keeps_only_the_second_run(engine: Engine) -> None:
+    # What `pytest --rehearse-units` relies on: a unit's Python side effect shows up doubled, its rows do not.
+    engine.migrate("t", SCHEMA)
+    engine.rehearse = True
+    await engine.open()
+    try:
+        runs: list[str] = []
+
+        def insert(v: str) -> Any:
+            def unit(tx: Tx) -> int:
+                runs.append(v)
+                return int(tx.execute("INSERT INTO t (v) VALUES (?)", [v]).rowcount)
+            return unit
+
+        assert await asyncio.gather(*(engine.run(insert(f"r{i}")) for i in range(5))) == [1] * 5
+        assert sorted(runs) == sorted([f"r{i}" for i in range(5)] * 2)
+        rows = await engine.run(lambda tx: tx.query("SELECT v FROM t ORDER BY v"))
+        assert [r["v"] for r in rows] == [f"r{i}" for i in range(5)]
+        with pytest.raises(Exception):  # noqa: B017 - each engine's own unique-violation error
+            await engine.run(insert("r0"))
+    finally:
+        await engine.close()
+
+
 async def test_concurrent_units_each_keep_their_own_fate(engine: Engine) -> None:
     # SQLite groups concurrent units into one commit: a failing unit must still roll back alone.
     engine.migrate("t", SCHEMA)
