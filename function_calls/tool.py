@@ -138,7 +138,7 @@ class Tool:
         if inspect.iscoroutinefunction(self.handler):
             result = await self.handler(*call_args)
         else:
-            result = await asyncio.to_thread(self.handler, *call_args)
+            result = await asyncio.to_thread(_run_sync, self.handler, *call_args)
             if inspect.isawaitable(result):
                 result = await result
         if isinstance(result, str):
@@ -146,6 +146,16 @@ class Tool:
         if isinstance(result, ToolResult):
             return result
         raise ToolDefinitionError(f"tool {self.name!r} returned {type(result).__name__}, not ToolResult or str")
+
+
+def _run_sync(handler: Callable[..., Any], *args: Any) -> Any:
+    """A sync handler's call on its worker thread. A StopIteration (a ``next()`` on an empty
+    result) cannot cross into the awaiting future: the call would hang until its timeout. It
+    becomes the RuntimeError a coroutine's StopIteration becomes."""
+    try:
+        return handler(*args)
+    except StopIteration as exc:
+        raise RuntimeError("the tool's handler raised StopIteration") from exc
 
 
 def _nullable(schema: dict[str, Any], prop: str) -> bool:

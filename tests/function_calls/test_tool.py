@@ -1,5 +1,6 @@
 """@tool_function, Tool.invoke, Toolset and collect_tools."""
 
+import asyncio
 import sys
 import threading
 import types
@@ -119,6 +120,18 @@ async def test_sync_handler_runs_in_a_worker_thread() -> None:
     result = await blocking.invoke(ctx(), Args(city="Rome"))
     assert result.content == "sync Rome"
     assert threads and threads[0] != threading.get_ident()
+
+
+async def test_a_sync_handler_raising_stop_iteration_fails_at_once_like_an_async_one() -> None:
+    # asyncio refuses StopIteration on a future: passed through, the call would hang until its timeout.
+    @tool_function
+    def first_hit(a: Args) -> str:
+        """Looks a city up (finds none)."""
+        return str(next(iter([])))
+
+    with pytest.raises(RuntimeError, match="StopIteration") as caught:
+        await asyncio.wait_for(first_hit.invoke(ctx(), Args(city="Rome")), 5)
+    assert isinstance(caught.value.__cause__, StopIteration)
 
 
 async def test_str_result_becomes_tool_result_and_bad_return_is_a_definition_error() -> None:
