@@ -89,13 +89,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # Both engines may run a unit again (SQLite re-runs a group one of whose units failed after writing,
 # PostgreSQL retries a serialization failure). The tests of these modules run twice, the second time
 # with every unit rehearsed (Engine.rehearse: run, rolled back, run again): a unit with a Python side
-# effect (a counter, a list, a send) shows up as a doubled outcome there. Tests whose bots run in
-# other processes are left out (the rehearsal does not reach them); ``--rehearse-units`` rehearses
-# the whole suite.
+# effect (a counter, a list, a send) shows up as a doubled outcome there. "Processes" sharing one
+# PostgreSQL in one test process are rehearsed too; tests whose bots are real child processes are
+# left out (the rehearsal does not reach them). ``--rehearse-units`` rehearses the whole suite.
 _REHEARSED = ("robot/storage/", "reminders/", "memory/", "summary/", "robot/test_approvals.py",
               "robot/test_approvals_crash.py", "robot/test_outbox.py", "robot/test_pipeline.py",
-              "robot/test_privacy.py", "robot/test_store.py", "robot/test_history.py")
-_NOT_REHEARSED = ("reminders/test_crash.py", "reminders/test_crash_create.py", "reminders/test_processes.py")
+              "robot/test_privacy.py", "robot/test_store.py", "robot/test_history.py", "robot/test_accounts_pg.py")
+_NOT_REHEARSED = ("reminders/test_crash.py", "reminders/test_crash_create.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
