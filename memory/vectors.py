@@ -82,11 +82,14 @@ class VectorIndex:
     def __init__(self) -> None:
         self._chats: dict[str, _ChatMatrix] = {}
         self._stamps: dict[str, int] = {}
+        self._epoch = 0  # part of every stamp: drop_all changes them all
         self.origin = uuid.uuid4().hex  # this index's own announcements need no reload
 
     def follow(self, db: Engine) -> None:
-        """Drop a chat's matrix when another process announces a change to it."""
+        """Drop a chat's matrix when another process announces a change to it, and every matrix when
+        such announcements may have been missed (the database's notifications were cut for a while)."""
         db.subscribe(CHANNEL, self._heard)
+        db.after_gap(self.drop_all)
 
     def _heard(self, payload: str) -> None:
         origin, _, chat = payload.partition(" ")
@@ -100,7 +103,7 @@ class VectorIndex:
 
     def stamp(self, chat: str) -> int:
         """Changes whenever the chat's vectors change; pass it to :meth:`load`."""
-        return self._stamps.get(chat, 0)
+        return (self._epoch << 32) + self._stamps.get(chat, 0)
 
     def loaded(self, chat: str) -> bool:
         return chat in self._chats
@@ -122,8 +125,13 @@ class VectorIndex:
 
     def drop(self, chat: str) -> None:
         """Forget the chat's matrix (new vectors): the next search reloads it."""
-        self._stamps[chat] = self.stamp(chat) + 1
+        self._stamps[chat] = self._stamps.get(chat, 0) + 1
         self._chats.pop(chat, None)
+
+    def drop_all(self) -> None:
+        """Forget every chat's matrix; a load already under way (any chat's) is not cached either."""
+        self._epoch += 1
+        self._chats.clear()
 
     def discard(self, chat: str, ids: Sequence[int]) -> None:
         """Take deleted memories out of the chat's matrix without reloading it."""

@@ -104,10 +104,13 @@ class ReminderService:
         """Start the timer, fire (or report) what fell due while the bot was down, arm the window.
 
         Every process sharing the database hears of reminders added or deleted elsewhere (the
-        ``reminders`` notification channel) and arms or drops its own timer job at once.
+        ``reminders`` notification channel) and arms or drops its own timer job at once; after a
+        gap in those notifications it reads its window again.
         """
         if not self._listening:
             self.store.db.subscribe(CHANNEL, self.timer.on_note)
+            # Reminders added or moved elsewhere while notifications were cut: the window is read again.
+            self.store.db.after_gap(self._refill)
             self._listening = True
         if self.scheduler is not None:
             if not self.scheduler.running:

@@ -73,8 +73,7 @@ class Outbox(OutboxRows):
         self.bot_id = bot_id
         self.bot_name = bot_name
         self.clock = clock
-        self.retry_base_s = retry_base_s
-        self.retry_max_s = retry_max_s
+        self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.max_in_flight = max_in_flight
         self.max_attempts = max_attempts
         self.park_s = park_s
@@ -171,6 +170,7 @@ class Outbox(OutboxRows):
         self._wake.setdefault(channel.platform, asyncio.Event())
         self._parked.setdefault(channel.platform, {})
         channel.on_connect(functools.partial(self._reconnected, channel.platform))
+        self.db.after_gap(functools.partial(self.notify, channel.platform))  # rows queued elsewhere meanwhile
 
     def _reconnected(self, platform: str) -> None:
         """A channel (re)connected: what was parked for it goes now."""

@@ -144,6 +144,7 @@ class Engine:
     def __init__(self) -> None:
         self._migrations: dict[str, list[Step]] = {}
         self._listeners: dict[str, list[Listener]] = {}
+        self._gap_listeners: list[Callable[[], Awaitable[None] | None]] = []
         self.opened = False
 
     # -- migrations ----------------------------------------------------------------------------
@@ -211,15 +212,30 @@ class Engine:
         """Call ``listener(payload)`` for every :meth:`Tx.notify` on ``channel``, from any process."""
         self._listeners.setdefault(channel, []).append(listener)
 
+    def after_gap(self, listener: Callable[[], Awaitable[None] | None]) -> None:
+        """Call ``listener()`` when notifications from other processes may have been missed: PostgreSQL's
+        LISTEN connection was lost and is back (a server restart, a network cut). What was said
+        meanwhile is gone, so re-read what it would have told (a cache dropped, a timer re-armed).
+        Notifications on SQLite stay in the process and are never missed."""
+        self._gap_listeners.append(listener)
+
     def _deliver(self, channel: str, payload: str) -> None:
         for listener in list(self._listeners.get(channel, ())):
-            try:
-                result = listener(payload)
-                if result is not None:
-                    task = asyncio.ensure_future(result)
-                    task.add_done_callback(_log_failure)
-            except Exception:
-                log.exception("storage: a listener of %s failed", channel)
+            _call(f"a listener of {channel}", listener, payload)
+
+    def _gap(self) -> None:
+        for listener in list(self._gap_listeners):
+            _call("a listener of missed notifications", listener)
+
+
+def _call(what: str, listener: Callable[..., Awaitable[None] | None], *args: str) -> None:
+    try:
+        result = listener(*args)
+        if result is not None:
+            task = asyncio.ensure_future(result)
+            task.add_done_callback(_log_failure)
+    except Exception:
+        log.exception("storage: %s failed", what)
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:

@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["PgCluster", "server_binaries"]
+__all__ = ["PgCluster", "cut_listeners", "listeners", "server_binaries"]
 
 
 def server_binaries() -> Path | None:
@@ -28,6 +28,33 @@ def server_binaries() -> Path | None:
             return folder
     found = shutil.which("initdb")
     return Path(found).resolve().parent if found else None
+
+
+def listeners(url: str) -> int:
+    """How many sessions on ``url``'s database wait for notifications (each engine keeps one)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND query LIKE 'LISTEN%'").fetchone()
+        return int(row[0]) if row else 0
+
+
+def cut_listeners(url: str) -> None:
+    """End every LISTEN session on ``url``'s database, as a server restart or a network cut would,
+    and return once they are gone (notifications sent from now on reach none of them)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%' "
+            "AND pid <> pg_backend_pid()").fetchall()]
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        deadline = time.monotonic() + 10
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone() != (0,):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the LISTEN sessions did not end within 10 s")
+            time.sleep(0.02)
 
 
 def _free_port() -> int:

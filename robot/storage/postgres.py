@@ -104,10 +104,12 @@ class PostgresDatabase(Engine):
         self.url = url
         self.where = redact_dsn(url)
         self.min_size, self.max_size = min_size, max_size
+        self.listen_retry_s = 0.5  #: first wait before the LISTEN connection is tried again (doubling, up to 10 s)
         self._pool: Any = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
+        self._listen_late = False
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
@@ -143,6 +145,7 @@ class PostgresDatabase(Engine):
         self._listener = asyncio.create_task(self._listen(), name="qunbot-pg-listen")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._listening.wait(), 10)
+        self._listen_late = not self._listening.is_set()  # started without it: its first LISTEN ends a gap
 
     async def _call(self, fn: Callable[[], T]) -> T:
         assert self._threads is not None
@@ -206,13 +209,17 @@ class PostgresDatabase(Engine):
     async def _listen(self) -> None:
         import psycopg
 
-        delay = 0.5
+        failures, heard = 0, False
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {_CHANNEL}")
                     self._listening.set()
-                    delay = 0.5
+                    if heard or self._listen_late:  # back after a gap: what was said meanwhile is lost
+                        log.info("storage: listening to %s again; re-reading what may have been missed",
+                                 self.where)
+                        self._gap()
+                    heard, self._listen_late, failures = True, False, 0
                     async for note in conn.notifies():
                         try:
                             channel, payload = json.loads(note.payload)
@@ -220,13 +227,16 @@ class PostgresDatabase(Engine):
                             log.warning("storage: ignoring a malformed notification %.100r", note.payload)
                             continue
                         self._deliver(str(channel), str(payload))
+                why = "the server ended it"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("storage: the LISTEN connection to %s failed (%s); reconnecting in %.1fs",
-                            self.where, self._error(exc), delay)
+                why = str(self._error(exc))
+            delay = min(self.listen_retry_s * 2 ** failures, 10.0)
+            failures += 1
+            log.warning("storage: the LISTEN connection to %s failed (%s); reconnecting in %.1fs",
+                        self.where, why, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
 
     async def close(self) -> None:
         if self._listener is not None:

@@ -224,6 +224,41 @@ async def test_another_process_sees_new_and_deleted_vectors_at_once(pg_url: str)
             await svc.db.close()
 
 
+async def test_a_process_that_missed_a_change_while_its_notifications_were_cut_finds_it(pg_url: str) -> None:
+    """A memory saved elsewhere while this process heard nothing (a database restart, a network cut):
+    its cached vectors are dropped once it listens again, so its next recall finds the memory."""
+    from robot.storage.pgtesting import cut_listeners, listeners
+    from robot.storage.postgres import PostgresDatabase
+
+    concepts = {"allergic": "ALLERGY", "过敏": "ALLERGY", "peanuts": "PEANUT", "花生": "PEANUT", "cat": "CAT",
+                "猫": "CAT", "named": "NAME", "名字": "NAME"}
+    async with FakeEmbeddingServer(HashingModel(concepts=concepts)) as server:
+        procs: list[MemoryService] = []
+        for _ in range(2):
+            db = PostgresDatabase(pg_url, max_size=2)
+            procs.append(MemoryService(db, MemorySettings(), clock=Clock(),
+                                       embedder=EmbeddingClient("fake-embed", server.base_url, "k")))
+            await db.open()
+            db.listen_retry_s = 3.0  # a gap long enough to write into
+            await procs[-1].prepare()
+        a, b = procs
+        try:
+            await a.remember(person("u1"), "I am allergic to peanuts", "me")
+            assert texts(await b.recall(person("u1"), "花生过敏")) == ["I am allergic to peanuts"]  # b caches g1
+            await asyncio.to_thread(cut_listeners, pg_url)
+            await a.remember(person("u1"), "My cat is named Mochi", "me")
+            assert await asyncio.to_thread(listeners, pg_url) == 0  # b cannot have heard of it
+            for _ in range(2000):  # b listens again after 3 s, then drops what it cached
+                if not b.index.loaded("t:group:g1"):
+                    break
+                await asyncio.sleep(0.01)
+            assert texts(await b.recall(person("u1"), "猫的名字")) == ["My cat is named Mochi"]
+        finally:
+            for svc in procs:
+                await svc.stop()
+                await svc.db.close()
+
+
 def test_a_v01_sqlite_file_is_adopted_with_its_memories(tmp_path: Path) -> None:
     """v0.1 made the tables without a version row: step 1 keeps them and their rows."""
     path = tmp_path / "old.sqlite3"

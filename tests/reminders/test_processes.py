@@ -143,3 +143,23 @@ async def test_rows_claimed_by_a_process_that_dies_mid_firing_are_fired_by_anoth
         while len(await fired(b)) < 3:
             await asyncio.sleep(0.1)
     assert sorted(await fired(b)) == ["提醒 0", "提醒 1", "提醒 2"]
+
+
+async def test_a_reminder_added_while_a_process_heard_nothing_is_armed_there_once_it_listens_again(
+        processes: list[ReminderService], pg_url: str) -> None:
+    # The adding process may die before its reminder falls due: the others must have it armed, even
+    # if its notification was lost to a cut LISTEN connection (a database restart, a network cut).
+    from robot.storage.pgtesting import cut_listeners, listeners
+
+    a, b, c = processes
+    for service in processes:
+        assert isinstance(service.store.db, PostgresDatabase)
+        service.store.db.listen_retry_s = 3.0  # a gap long enough to write into
+    await asyncio.to_thread(cut_listeners, pg_url)
+    caller = Caller(platform="memory", user_id="u1", user_name="Alice", chat_id="g1", chat_kind="group")
+    made = await a.create(caller, parse_schedule("once", "2030-01-07 12:30", SH, None), "交周报", "text")
+    assert await asyncio.to_thread(listeners, pg_url) == 0  # its notification reached nobody
+    assert a.armed_at(made.id) == made.next_fire and b.armed_at(made.id) is None
+    async with asyncio.timeout(20):  # listening again after 3 s, each reads its window again
+        while not all(s.armed_at(made.id) == made.next_fire for s in (b, c)):
+            await asyncio.sleep(0.02)

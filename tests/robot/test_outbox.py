@@ -453,3 +453,29 @@ async def test_a_queued_row_goes_out_on_its_notice_alone_even_when_another_proce
         await other.down()
         await ch.wait_sent(2, timeout=10)
         assert [m.text for m in ch.sent] == ["an odd chat id", "from another process"]
+
+
+async def test_a_row_queued_while_the_sender_heard_nothing_goes_out_once_it_listens_again(pg_url: str) -> None:
+    """Another process queues a row while this one's notifications are cut (a database restart, a
+    network cut): the notice is lost, and the row goes out when this process listens again, not at
+    its next look at every due row."""
+    from robot.storage.pgtesting import cut_listeners, listeners
+
+    ch = MemoryChannel()
+    sender, other = Rig(pg_url), Rig(pg_url)
+    outbox = await sender.up(ch, start=False)
+    outbox.look_s = 3600.0  # no look at every due row after the first
+    await outbox.start()
+    queuer = await other.up(MemoryChannel(), start=False)
+    try:
+        for rig in (sender, other):
+            assert isinstance(rig.db, PostgresDatabase)
+            rig.db.listen_retry_s = 3.0  # a gap long enough to queue into
+        await asyncio.to_thread(cut_listeners, pg_url)
+        await queuer.enqueue(out("k1", "queued into the gap"))
+        assert await asyncio.to_thread(listeners, pg_url) == 0  # its notice reached nobody
+        await ch.wait_sent(1, timeout=20)
+        assert [m.text for m in ch.sent] == ["queued into the gap"]
+    finally:
+        await other.down()
+        await sender.down()

@@ -161,6 +161,42 @@ async def test_notifications_cross_processes_on_postgresql(pg_url: str) -> None:
         await two.close()
 
 
+async def test_a_gap_in_notifications_is_announced_once_listening_again(pg_url: str) -> None:
+    # A notification sent while the LISTEN connection is down (a server restart, a network cut) is
+    # lost for good: the engine says so once it listens again, so caches and timers re-read.
+    from robot.storage.pgtesting import cut_listeners, listeners
+
+    one, two = PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)
+    heard: list[str] = []
+    gaps: list[str] = []
+    two.subscribe("reminders", heard.append)
+    two.after_gap(lambda: gaps.append(f"after {len(heard)} heard"))
+    await one.open()
+    await two.open()
+    try:
+        two.listen_retry_s = one.listen_retry_s = 2.0  # a gap long enough to speak into
+        await one.transaction(lambda tx: tx.notify("reminders", "before"))
+        async with asyncio.timeout(10):
+            while not heard:
+                await asyncio.sleep(0.01)
+        assert gaps == []  # opening is no gap
+        await asyncio.to_thread(cut_listeners, pg_url)
+        await one.transaction(lambda tx: tx.notify("reminders", "into the gap"))
+        assert await asyncio.to_thread(listeners, pg_url) == 0  # nobody could have heard it
+        async with asyncio.timeout(20):
+            while not gaps:
+                await asyncio.sleep(0.02)
+        assert gaps == ["after 1 heard"]
+        await one.transaction(lambda tx: tx.notify("reminders", "after"))
+        async with asyncio.timeout(10):
+            while len(heard) < 2:
+                await asyncio.sleep(0.01)
+        assert heard == ["before", "after"] and gaps == ["after 1 heard"]
+    finally:
+        await one.close()
+        await two.close()
+
+
 async def test_an_unreachable_postgresql_is_one_clear_line_without_the_password() -> None:
     db = PostgresDatabase("postgresql://qunbot:hunter2-secret@127.0.0.1:1/qunbot?connect_timeout=1", max_size=1)
     with pytest.raises(StorageError) as caught:
