@@ -141,6 +141,7 @@ class Bot:
         self.panels: dict[str, PanelProvider] = {}
         #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
         self.forgetters: list[Forgetter] = []
+        privacy.follow_forgets(self)  # another process's /forget me empties this one's caches too
         #: Plugins' hooks (see :mod:`robot.hooks`): extra context before each chat run, and ``/forget <id>``.
         self.context_hooks: list[ContextHook] = []
         self.forget_hooks: list[ForgetHook] = []

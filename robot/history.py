@@ -79,10 +79,13 @@ def _entries(chat: str, rows: list[tuple[object, ...]]) -> list[HistoryEntry]:
     return out
 
 
-def drop_windows(chats: Iterable[str]) -> None:
-    """Forget the kept windows of ``chats`` (keys), so no copy of a deleted message stays in memory."""
+def drop_windows(chats: Iterable[str] | None) -> None:
+    """Forget the kept windows of ``chats`` (keys; None: every chat), so no copy of a deleted message
+    stays in memory."""
     with _windows_lock:
-        for chat in chats:
+        if chats is None:
+            _windows.clear()
+        for chat in chats or ():
             _windows.pop(chat, None)
 
 

@@ -8,6 +8,8 @@ whatever plugins registered a :class:`Forgetter` for (reminders, summaries that 
 memories). On SQLite deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`)
 and the WAL is checkpointed and truncated afterwards, so the text survives in no file; PostgreSQL
 keeps dead row versions until VACUUM and its WAL until the next checkpoints (its operator's policy).
+What a process keeps in memory for the next message's context goes too, in every process sharing
+the database (a notification; after a gap in those, each drops all of it).
 
 A person must type the command: the model is never allowed to run it (a message in the chat
 could talk it into erasing someone's data).
@@ -40,6 +42,8 @@ __all__ = [
     "ForgetRequest",
     "Forgetter",
     "bytewise",
+    "drop_caches",
+    "follow_forgets",
     "forget",
     "forget_everything",
     "forget_sync",
@@ -48,6 +52,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+FORGOTTEN = "forgotten"  #: notification channel: the chat keys whose data a /forget deleted
 
 
 @dataclass(frozen=True)
@@ -181,10 +186,34 @@ class ForgetHost(Protocol):
     router: FunctionCallRouter | None
 
 
+def drop_caches(bot: ForgetHost, chats: list[str] | None) -> None:
+    """Keep no copy in memory either: what was kept to format and count the next message's context
+    (``chats``' history windows; None: every chat's)."""
+    drop_windows(chats)
+    forget_texts()
+    if bot.router is not None:
+        bot.router.forget_shown()
+
+
+def follow_forgets(bot: ForgetHost) -> None:
+    """Drop this process's caches when another process sharing the database forgets someone, and
+    all of them when its notifications were cut for a while (one of those may have been missed)."""
+    bot.db.subscribe(FORGOTTEN, lambda payload: drop_caches(bot, None if payload == "*" else json.loads(payload)))
+    bot.db.after_gap(lambda: drop_caches(bot, None))
+
+
 async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetReport:
     """Run the core forget and every plugin's :class:`Forgetter`, then leave no copy in the WAL or
     the caches of the next message's context."""
-    messages, replies = await bot.db.transaction(lambda db: forget_sync(db, request))
+    def work(db: Tx) -> tuple[int, int]:
+        done = forget_sync(db, request)
+        keys = json.dumps([chat.key for chat in request.chats])
+        # PostgreSQL refuses a notice over 8000 bytes (and would fail the whole deletion); the engine's
+        # own JSON around it may double an escaped text's length: past 3500 it says "every chat".
+        db.notify(FORGOTTEN, keys if len(keys) < 3500 else "*")
+        return done
+
+    messages, replies = await bot.db.transaction(work)
     counts = [("条消息", messages), ("条机器人回复", replies)]
     failed: list[str] = []
     for forgetter in bot.forgetters:
@@ -194,11 +223,7 @@ async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetRe
             log.exception("forget: %s failed", forgetter.name)
             failed.append(forgetter.name)
     await bot.db.checkpoint()
-    # Nor in memory: what was kept to format and count the next message's context.
-    drop_windows(chat.key for chat in request.chats)
-    forget_texts()
-    if bot.router is not None:
-        bot.router.forget_shown()
+    drop_caches(bot, [chat.key for chat in request.chats])
     if failed:  # never claim a deletion that did not happen
         raise ToolError(f"forgetting failed in {', '.join(failed)}",
                         user_message="删除时出错了，部分记录可能还在，请稍后再发送一次 /forget me。")

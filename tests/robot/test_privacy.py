@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,44 @@ async def test_forget_me_all_cancels_the_persons_reminders_everywhere(make_bot: 
     assert [r.content for r in await deps.store.for_owner("memory:u2")] == ["别人的"]
     gone = await bot.db.run(lambda db: db.execute("SELECT count(*) FROM reminders WHERE content = '吃药'").fetchone()[0])
     assert gone == 0  # the row and its text, not just a status
+
+
+async def test_forget_me_in_one_process_empties_the_caches_of_another_on_the_same_database(
+        make_bot: Any, tmp_path: Path, pg_url: str) -> None:
+    """Two processes on one PostgreSQL: the one that answered in the chat keeps its formatted turns
+    for the next message; a /forget me handled by the other empties that cache too."""
+    from robot.storage.postgres import PostgresDatabase
+
+    _, a_ch = await make_bot(ScriptedModel(echo), data_dir=tmp_path / "a", storage={"url": pg_url})
+    b, b_ch = await make_bot(ScriptedModel(echo), data_dir=tmp_path / "b", storage={"url": pg_url})
+    assert isinstance(b.db, PostgresDatabase)
+    await b_ch.inject(f"记一下 {SECRET}", at_bot=True)
+    await b_ch.inject("刚才说了什么？", user="u2", at_bot=True)  # b's model context now shows the secret
+    async with asyncio.timeout(10):
+        while SECRET not in repr(b.router._shown):
+            await asyncio.sleep(0.02)
+    await a_ch.inject("/forget me", message_id="forget-1")
+    async with asyncio.timeout(10):
+        while SECRET in repr(b.router._shown):
+            await asyncio.sleep(0.02)
+    assert [e.text for e in await b.history.recent(G1) if not e.from_bot] == ["刚才说了什么？"]
+
+
+async def test_forget_me_all_across_hundreds_of_chats_works_on_postgresql(make_bot: Any, tmp_path: Path,
+                                                                          pg_url: str) -> None:
+    # The notice to the other processes names the chats; PostgreSQL refuses a notice over 8000 bytes,
+    # which would have failed the whole deletion: past that it says "every chat".
+    from robot import privacy
+
+    bot, ch = await make_bot(None, data_dir=tmp_path / "a", storage={"url": pg_url})
+    heard: list[str] = []
+    bot.db.subscribe(privacy.FORGOTTEN, heard.append)
+    chats = tuple(ChatRef(platform="memory", chat_id=f"group-with-a-long-id-{i:04d}", kind="group") for i in range(400))
+    await ch.inject(f"秘密 {SECRET}", chat=chats[-1])
+    report = await privacy.forget_everything(bot, ForgetRequest(platform="memory", user_id="u1", chats=chats,
+                                                                everywhere=True))
+    assert report.counts[0] == ("条消息", 1)
+    async with asyncio.timeout(10):
+        while not heard:
+            await asyncio.sleep(0.02)
+    assert heard == ["*"]
