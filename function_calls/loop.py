@@ -217,7 +217,7 @@ class Runner:
         request = ModelRequest(messages=messages, max_tokens=self.limits.final_answer_max_tokens)
         try:
             response = await self._call_model(env, request, on_text)
-            text = response.text
+            text = response.text if response.text.strip() else ""  # a blank answer is no answer
         except ModelAPIError as exc:
             log.warning("final answer after %s failed: %s", reason, exc)
             text = ""
@@ -231,9 +231,9 @@ class Runner:
                 detail: str = "") -> RunResult:
         state.loop = detector.snapshot()
         template = _STOP_TEXT.get(stop)
-        if template and not text:
+        if template and not text.strip():
             text = template.format(detail=detail)
-        replies = [*state.user_messages, *([text] if text else [])]
+        replies = [*state.user_messages, *([text] if text.strip() else [])]
         return RunResult(stop=stop, text=text, replies=replies, detail=detail, usage=state.usage,
                          trace=list(state.trace), state=state)
 
