@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
@@ -82,13 +82,13 @@ class Bot:
     ) -> None:
         self.settings = settings
         self.zone = settings.zone
-        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         check_tables(settings, [p.name for p in self.plugins])
         store = settings.storage
         self.db: Engine = (Database(database) if database else
                            open_database(store.url.get_secret_value(), settings.bot.data_dir, pool_size=store.pool_size))
+        self.clock: Callable[[], datetime] = clock or self.db.now  # the database's time: see Engine.now
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),
                                     max_text_chars=hist.max_message_chars)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -57,10 +57,10 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
             return [Check(True, "storage", f"{where} (not created yet: no process has run)")]
     else:
         where = f"PostgreSQL {redact_dsn(url)}"
-    stamp = iso(now or datetime.now(UTC))
     try:
         await db.open()
         try:
+            stamp = iso(now or db.now())  # the database's time, as the processes' leases are written in
             none: list[dict[str, Any]] = []
             leases = await _read(db, lambda tx: tx.query(
                 "SELECT name, holder FROM leases WHERE expires_at >= ? ORDER BY name", [stamp]), none)
@@ -72,6 +72,11 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
         reason = str(exc).replace(url, redact_dsn(url)) if url else str(exc)
         return [Check(False, "storage", f"{where}: {redact_dsn(reason)[:300]}")]
     checks = [Check(True, "storage", where)]
+    if db.dialect == "postgresql":  # leases and claims keep the database's time; logs keep this machine's
+        off = db.skew.total_seconds()
+        checks.append(Check(abs(off) < 2, "clock", f"this machine's clock is {abs(off):.3f} s "
+                            f"{'behind' if off >= 0 else 'ahead of'} the database's" + ("" if abs(off) < 2 else
+                            " (qunbot keeps the database's time; run NTP here so logs agree)")))
     checks += _processes(leases)
     for row in waiting:
         account = f"account {row['account']}" if row["account"] else "its default account"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from function_calls.problems import mend_text
@@ -146,6 +146,16 @@ class Engine:
         self._listeners: dict[str, list[Listener]] = {}
         self._gap_listeners: list[Callable[[], Awaitable[None] | None]] = []
         self.opened = False
+        #: This machine's clock, and the database's minus it (PostgreSQL measures it at open and every
+        #: few minutes; an SQLite file is used from one machine).
+        self.local: Callable[[], datetime] = utcnow
+        self.skew = timedelta(0)
+
+    def now(self) -> datetime:
+        """The time every process sharing the database agrees on: this machine's clock corrected by
+        :attr:`skew`. Leases, claims and due times compare instants written by several machines, and
+        one machine's clock running ahead would take a living process's accounts."""
+        return self.local() + self.skew
 
     # -- migrations ----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from robot.storage.base import Engine, Tx, iso, utcnow
+from robot.storage.base import Engine, Tx, iso
 
 __all__ = ["LeaseKeeper", "Leases", "process_id"]
 
@@ -43,11 +43,11 @@ class Leases:
     """Acquire, renew and release named leases in the bot's database."""
 
     def __init__(self, db: Engine, *, ttl_s: float = 15.0, holder: str | None = None,
-                 clock: Callable[[], datetime] = utcnow) -> None:
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.db = db
         self.ttl = timedelta(seconds=ttl_s)
         self.holder = holder or process_id()
-        self.clock = clock
+        self.clock = clock or db.now  # the database's time: every process compares the same instants
         db.migrate("leases", SCHEMA)
 
     @property

@@ -16,6 +16,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from function_calls.problems import mend_text
@@ -27,6 +28,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 _CHANNEL = "qunbot"
 _RETRIES = 5
+_SKEW_WARN = timedelta(seconds=2)
+_SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
 _sql_cache: dict[str, str] = {}
 
@@ -109,6 +112,7 @@ class PostgresDatabase(Engine):
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
+        self._clock_watch: asyncio.Task[None] | None = None
         self._listen_late = False
 
     def _error(self, exc: BaseException) -> StorageError:
@@ -135,6 +139,7 @@ class PostgresDatabase(Engine):
             await self._call(lambda: psycopg.connect(self.url, connect_timeout=10).close())
             await self._call(lambda: self._pool.open(wait=True, timeout=15))
             await self._apply(dict(self._migrations))
+            await self._check_clock()
         except StorageError:
             await self.close()
             raise
@@ -143,6 +148,7 @@ class PostgresDatabase(Engine):
             raise self._error(exc) from exc
         self.opened = True
         self._listener = asyncio.create_task(self._listen(), name="qunbot-pg-listen")
+        self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._listening.wait(), 10)
         self._listen_late = not self._listening.is_set()  # started without it: its first LISTEN ends a gap
@@ -238,12 +244,37 @@ class PostgresDatabase(Engine):
                         self.where, why, delay)
             await asyncio.sleep(delay)
 
+    async def _check_clock(self) -> None:
+        """Measure :attr:`skew` (the server's clock against the middle of the round trip)."""
+        def measure() -> timedelta:
+            with self._pool.connection() as conn:
+                before = self.local()
+                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                after = self.local()
+            return timedelta(0) if row is None else row[0] - (before + (after - before) / 2)
+
+        skew = await self._call(measure)
+        if abs(skew) > _SKEW_WARN and abs(skew - self.skew) > _SKEW_WARN / 2:
+            log.warning("storage: this machine's clock is %.1f s %s the database's; qunbot keeps time by the "
+                        "database's (run NTP on every machine)", abs(skew.total_seconds()),
+                        "behind" if skew > timedelta(0) else "ahead of")
+        self.skew = skew
+
+    async def _watch_clock(self) -> None:
+        while True:
+            await asyncio.sleep(_SKEW_EVERY_S)
+            try:
+                await self._check_clock()
+            except Exception as exc:  # the database is away: the last measure stands
+                log.debug("storage: could not read the database's clock (%s)", self._error(exc))
+
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
-            self._listener = None
+        for task in (self._listener, self._clock_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._listener = self._clock_watch = None
         if self._pool is not None:
             pool, self._pool = self._pool, None
             with contextlib.suppress(Exception):

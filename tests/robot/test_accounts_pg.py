@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +117,16 @@ async def test_a_weixin_account_is_long_polled_by_one_process_and_taken_over_wit
         assert a.channels["weixin"].served == {WX_BOT} and b.channels["weixin"].served == frozenset()
         fake.inject("wx-token", BOB, text="你好")  # only A polls: it learns Bob's context token
         chat = ChatRef(platform="weixin", chat_id=BOB, kind="private", account=WX_BOT)
-        await eventually(lambda: has_said(a, chat), timeout=10)
+        await eventually(lambda: has_said(a, chat), timeout=20)
         await b.send(chat, "one", key="one")
-        await eventually(lambda: ours() == ["one"], timeout=10)
+        await eventually(lambda: ours() == ["one"], timeout=20)
 
         await die(a)
         await b.send(chat, "two", key="two")
-        await eventually(lambda: b.channels["weixin"].served == {WX_BOT}, timeout=10)
-        await eventually(lambda: ours() == ["one", "two"], timeout=10)
+        await eventually(lambda: b.channels["weixin"].served == {WX_BOT}, timeout=20)
+        await eventually(lambda: ours() == ["one", "two"], timeout=20)
         fake.inject("wx-token", BOB, text="还在吗")  # B long-polls now
-        await eventually(lambda: has_said(b, chat, "还在吗"), timeout=10)
+        await eventually(lambda: has_said(b, chat, "还在吗"), timeout=20)
         assert ours() == ["one", "two"]
         assert Counter(str(r["claimed_by"]) for r in await b.outbox.rows() if r["key"] in ("one", "two")) == {
             "proc-a": 1, "proc-b": 1}
@@ -134,6 +134,26 @@ async def test_a_weixin_account_is_long_polled_by_one_process_and_taken_over_wit
 
 async def has_said(bot: Bot, chat: ChatRef, text: str = "你好") -> bool:
     return any(e.text == text for e in await bot.history.recent(chat, 10))
+
+
+async def test_a_process_whose_clock_runs_ahead_does_not_take_a_living_process_s_account(pg_url: str) -> None:
+    # Leases are written and compared in the database's time: a machine 40 s ahead would otherwise see
+    # every other process's lease (15 s) as long expired and poll the same account beside it.
+    honest, ahead = PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)
+    ahead.local = lambda: datetime.now(UTC) + timedelta(seconds=40)
+    a, b = Leases(honest, holder="proc-a"), Leases(ahead, holder="proc-b")
+    await honest.open()
+    await ahead.open()
+    name = f"account:telegram:{BOT_ID}"
+    try:
+        assert await a.acquire(name)
+        assert not await b.acquire(name)  # proc-a renews: its lease is alive
+        assert await b.holders("account:") == {name: "proc-a"}
+        await a.release([name])
+        assert await b.acquire(name) and not await a.acquire(name)  # and the other way round
+    finally:
+        await honest.close()
+        await ahead.close()
 
 
 async def test_a_lost_lease_stops_polling_and_retaking_it_resumes(pg_url: str, tmp_path: Path) -> None:

@@ -197,6 +197,23 @@ async def test_a_gap_in_notifications_is_announced_once_listening_again(pg_url: 
         await two.close()
 
 
+async def test_every_process_keeps_the_database_s_time_whatever_its_machine_s_clock_says(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    from datetime import UTC, datetime, timedelta
+
+    ahead = PostgresDatabase(pg_url, max_size=2)
+    ahead.local = lambda: datetime.now(UTC) + timedelta(seconds=40)  # a machine without NTP
+    with caplog.at_level(logging.WARNING, logger="robot.storage.postgres"):
+        await ahead.open()
+    try:
+        assert abs(ahead.skew + timedelta(seconds=40)) < timedelta(seconds=1)
+        assert abs(ahead.now() - datetime.now(UTC)) < timedelta(seconds=1)
+        assert "clock is 40.0 s ahead of the database's" in caplog.text
+    finally:
+        await ahead.close()
+
+
 async def test_an_unreachable_postgresql_is_one_clear_line_without_the_password() -> None:
     db = PostgresDatabase("postgresql://qunbot:hunter2-secret@127.0.0.1:1/qunbot?connect_timeout=1", max_size=1)
     with pytest.raises(StorageError) as caught:
