@@ -189,20 +189,29 @@ async def test_vectors_round_trip_and_find_a_paraphrase(engine: Engine) -> None:
             await engine.close()
 
 
-async def test_another_process_sees_new_and_deleted_vectors_at_once(pg_url: str) -> None:
-    """Each process caches a chat's vectors: a write in one makes the others reload that chat."""
+CONCEPTS = {"allergic": "ALLERGY", "过敏": "ALLERGY", "peanuts": "PEANUT", "花生": "PEANUT", "cat": "CAT",
+            "猫": "CAT", "named": "NAME", "名字": "NAME"}
+
+
+async def two_processes(pg_url: str, server: FakeEmbeddingServer, listen_retry_s: float = 0.5) -> list[MemoryService]:
+    """Two memory services, each on its own engine (pool and LISTEN connection), on one PostgreSQL."""
     from robot.storage.postgres import PostgresDatabase
 
-    concepts = {"allergic": "ALLERGY", "过敏": "ALLERGY", "peanuts": "PEANUT", "花生": "PEANUT", "cat": "CAT",
-                "猫": "CAT", "named": "NAME", "名字": "NAME"}
-    async with FakeEmbeddingServer(HashingModel(concepts=concepts)) as server:
-        procs: list[MemoryService] = []
-        for _ in range(2):
-            db = PostgresDatabase(pg_url, max_size=2)
-            procs.append(MemoryService(db, MemorySettings(), clock=Clock(),
-                                       embedder=EmbeddingClient("fake-embed", server.base_url, "k")))
-            await db.open()
-            await procs[-1].prepare()
+    procs: list[MemoryService] = []
+    for _ in range(2):
+        db = PostgresDatabase(pg_url, max_size=2)
+        procs.append(MemoryService(db, MemorySettings(), clock=Clock(),
+                                   embedder=EmbeddingClient("fake-embed", server.base_url, "k")))
+        await db.open()
+        db.listen_retry_s = listen_retry_s
+        await procs[-1].prepare()
+    return procs
+
+
+async def test_another_process_sees_new_and_deleted_vectors_at_once(pg_url: str) -> None:
+    """Each process caches a chat's vectors: a write in one makes the others reload that chat."""
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server:
+        procs = await two_processes(pg_url, server)
         a, b = procs
         peanuts = await a.remember(person("u1"), "I am allergic to peanuts", "me")
         assert texts(await b.recall(person("u1"), "花生过敏")) == ["I am allergic to peanuts"]  # b caches g1
@@ -228,19 +237,9 @@ async def test_a_process_that_missed_a_change_while_its_notifications_were_cut_f
     """A memory saved elsewhere while this process heard nothing (a database restart, a network cut):
     its cached vectors are dropped once it listens again, so its next recall finds the memory."""
     from robot.storage.pgtesting import cut_listeners, listeners
-    from robot.storage.postgres import PostgresDatabase
 
-    concepts = {"allergic": "ALLERGY", "过敏": "ALLERGY", "peanuts": "PEANUT", "花生": "PEANUT", "cat": "CAT",
-                "猫": "CAT", "named": "NAME", "名字": "NAME"}
-    async with FakeEmbeddingServer(HashingModel(concepts=concepts)) as server:
-        procs: list[MemoryService] = []
-        for _ in range(2):
-            db = PostgresDatabase(pg_url, max_size=2)
-            procs.append(MemoryService(db, MemorySettings(), clock=Clock(),
-                                       embedder=EmbeddingClient("fake-embed", server.base_url, "k")))
-            await db.open()
-            db.listen_retry_s = 3.0  # a gap long enough to write into
-            await procs[-1].prepare()
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server:
+        procs = await two_processes(pg_url, server, listen_retry_s=3.0)  # a gap long enough to write into
         a, b = procs
         try:
             await a.remember(person("u1"), "I am allergic to peanuts", "me")
