@@ -108,6 +108,7 @@ class PostgresDatabase(Engine):
         self.where = redact_dsn(url)
         self.min_size, self.max_size = min_size, max_size
         self.listen_retry_s = 0.5  #: first wait before the LISTEN connection is tried again (doubling, up to 10 s)
+        self.listen_wait_s = 10.0  #: how long open() waits for it (the bot starts without it after that)
         self._pool: Any = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -150,7 +151,7 @@ class PostgresDatabase(Engine):
         self._listener = asyncio.create_task(self._listen(), name="qunbot-pg-listen")
         self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._listening.wait(), 10)
+            await asyncio.wait_for(self._listening.wait(), self.listen_wait_s)
         self._listen_late = not self._listening.is_set()  # started without it: its first LISTEN ends a gap
 
     async def _call(self, fn: Callable[[], T]) -> T:

@@ -197,6 +197,36 @@ async def test_a_gap_in_notifications_is_announced_once_listening_again(pg_url: 
         await two.close()
 
 
+async def test_a_process_that_started_before_it_could_listen_re_reads_once_it_can(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # open() waits a while for the LISTEN connection, then goes on without it: whatever other processes
+    # announced until it is up was missed, as after any gap.
+    import psycopg
+
+    real, tries = psycopg.AsyncConnection.connect, []
+
+    async def refused_twice(*args: Any, **kwargs: Any) -> Any:
+        tries.append(1)
+        if len(tries) <= 2:
+            raise psycopg.OperationalError("connection refused (for the test)")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", refused_twice)
+    db = PostgresDatabase(pg_url, max_size=2)
+    db.listen_wait_s, db.listen_retry_s = 0.05, 0.2
+    gaps: list[int] = []
+    db.after_gap(lambda: gaps.append(len(tries)))
+    await db.open()
+    try:
+        assert gaps == []  # started without listening
+        async with asyncio.timeout(10):
+            while not gaps:
+                await asyncio.sleep(0.02)
+        assert gaps == [3]  # the third attempt listens, and says what may have been missed
+    finally:
+        await db.close()
+
+
 async def test_every_process_keeps_the_database_s_time_whatever_its_machine_s_clock_says(
         pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     import logging
