@@ -228,18 +228,25 @@ async def test_a_process_that_started_before_it_could_listen_re_reads_once_it_ca
 
 
 async def test_every_process_keeps_the_database_s_time_whatever_its_machine_s_clock_says(
-        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+        pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
     from datetime import UTC, datetime, timedelta
 
+    monkeypatch.setattr("robot.storage.postgres._SKEW_EVERY_S", 0.1)  # measured again every 0.1 s, not 5 min
+    off = [40.0]
     ahead = PostgresDatabase(pg_url, max_size=2)
-    ahead.local = lambda: datetime.now(UTC) + timedelta(seconds=40)  # a machine without NTP
+    ahead.local = lambda: datetime.now(UTC) + timedelta(seconds=off[0])  # a machine without NTP
     with caplog.at_level(logging.WARNING, logger="robot.storage.postgres"):
         await ahead.open()
     try:
         assert abs(ahead.skew + timedelta(seconds=40)) < timedelta(seconds=1)
         assert abs(ahead.now() - datetime.now(UTC)) < timedelta(seconds=1)
         assert "clock is 40.0 s ahead of the database's" in caplog.text
+        off[0] = -5.0  # someone set the machine's clock (badly): the next measure follows
+        async with asyncio.timeout(10):
+            while abs(ahead.skew - timedelta(seconds=5)) > timedelta(seconds=1):
+                await asyncio.sleep(0.02)
+        assert abs(ahead.now() - datetime.now(UTC)) < timedelta(seconds=1)
     finally:
         await ahead.close()
 
