@@ -35,7 +35,7 @@ from function_calls import (
 from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import Questions, ask_user
-from robot.channels.base import Channel, PanelProvider
+from robot.channels.base import Channel, PanelProvider, leave_taken_channels
 from robot.channels.state_store import ChannelState
 from robot.commands import (
     CommandError,
@@ -80,8 +80,7 @@ class Bot:
         clock: Callable[[], datetime] | None = None,
         database: str | None = None,
     ) -> None:
-        self.settings = settings
-        self.zone = settings.zone
+        self.settings, self.zone = settings, settings.zone
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         check_tables(settings, [p.name for p in self.plugins])
@@ -335,6 +334,7 @@ class Bot:
         self.started = True
         try:
             await self.leases.start()
+            await leave_taken_channels(self.channels, self.leases)  # web, console, WeCom: in one process
             for plugin in self.plugins:
                 if plugin.setup is not None:
                     self._deps[plugin.name] = await plugin.setup(self)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACCOUNT_LEASE",
+    "CHANNEL_LEASE",
     "Capabilities",
     "Channel",
     "ChannelError",
@@ -48,6 +49,7 @@ __all__ = [
     "SendFailed",
     "SendReceipt",
     "SendRejected",
+    "leave_taken_channels",
     "transport_failure",
 ]
 
@@ -63,6 +65,8 @@ ChatHistory = Callable[[ChatRef, int], Awaitable[list[HistoryEntry]]]
 log = logging.getLogger(__name__)
 #: The lease a process holds while it serves an account's connection (and sends its outbox rows).
 ACCOUNT_LEASE = "account:{platform}:{account}"
+#: The lease of a channel that runs in one process only (:attr:`Channel.one_process`).
+CHANNEL_LEASE = "channel:{platform}"
 
 
 class ChannelError(Exception):
@@ -128,6 +132,10 @@ class Channel(abc.ABC):
     #: OneBot sockets): then one process at a time serves an account, the holder of its lease
     #: (:data:`ACCOUNT_LEASE`), and only it sends the account's outbox rows.
     account_leases: bool = False
+    #: Whether what the channel serves lives in this process's memory (the web playground's pages,
+    #: the console, WeCom's callback streams): several processes on one database run it in one
+    #: process only, the first to take :data:`CHANNEL_LEASE` (:func:`leave_taken_channels`).
+    one_process: bool = False
     #: This process's leases, once the bot attached them (:meth:`attach_leases`); None: serve anyway.
     leases: LeaseKeeper | None = None
 
@@ -313,3 +321,18 @@ class Channel(abc.ABC):
     def attach_state(self, store: ChannelState) -> None:  # noqa: B027
         """Receive the bot's :class:`~robot.channels.state_store.ChannelState` (before :meth:`start`): a
         channel with cursors or credentials keeps them there, shared by every process on the database."""
+
+
+async def leave_taken_channels(channels: dict[str, Channel], leases: LeaseKeeper) -> None:
+    """Take the lease of each one-process channel in ``channels``; one that another living process
+    runs is removed from ``channels`` (not started here, its rows left to that process), with an
+    error in the log. Only several processes on one database can refuse: SQLite grants every lease."""
+    for platform, channel in list(channels.items()):
+        name = CHANNEL_LEASE.format(platform=platform)
+        if channel.one_process and not await leases.want(name):
+            await leases.drop(name)  # asking on would take it later, with nothing serving it here
+            holder = (await leases.leases.holders(name)).get(name, "another process")
+            log.error("%s: %s runs it already (it keeps what it serves in its own memory); this process "
+                      "leaves it off: turn it off here (QUNBOT_CHANNELS__%s__ENABLED=false)", platform, holder,
+                      platform.upper())
+            del channels[platform]

@@ -28,6 +28,7 @@ class ConsoleChannel(Channel):
     """A terminal chat with the bot."""
 
     platform = "console"
+    one_process = True  # its terminal is this process's
     capabilities = Capabilities(max_text_len=8000, streaming=True)
 
     def __init__(self, *, bot_name: str = "qunbot", group: bool = False, user: str = "me",

@@ -4,12 +4,14 @@ the other takes the bot over after the lease expires and sends what waited."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import SecretStr
 
 from robot.bot import Bot
@@ -20,6 +22,7 @@ from robot.channels.weixin.testing import FakeILinkServer
 from robot.message import ChatRef, Message
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
+from robot.testing import MemoryChannel
 from tests.robot.conftest import BotFactory, eventually
 
 BOT_ID = "123456"
@@ -189,3 +192,38 @@ async def test_a_lost_lease_stops_polling_and_retaking_it_resumes(pg_url: str, t
     finally:
         await keeper.stop()
         await db.close()
+
+
+class PlaygroundLike(MemoryChannel):
+    """A channel that keeps what it serves in its process's memory, as the web playground and WeCom do."""
+
+    one_process = True
+
+
+async def test_a_one_process_channel_runs_in_the_first_process_only_and_its_rows_leave_there(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def process(name: str) -> tuple[Bot, MemoryChannel]:
+        bot, ch = await make_bot(channel=PlaygroundLike(), plugins=[], data_dir=tmp_path / name, start=False,
+                                 storage={"url": pg_url})
+        bot.leases.leases.holder = f"proc-{name}"  # each its own process
+        await bot.start()
+        return bot, ch
+
+    chat = ChatRef(platform="memory", chat_id="g1", kind="group")
+    a, a_ch = await process("a")
+    with caplog.at_level(logging.ERROR, logger="robot.channels.base"):
+        b, b_ch = await process("b")
+    assert "memory" in a.channels and "memory" not in b.channels  # the second process leaves it off
+    assert "memory: proc-a runs it already" in caplog.text
+    assert "QUNBOT_CHANNELS__MEMORY__ENABLED=false" in caplog.text
+    await b.send(chat, "queued by b", key="b1")  # a reminder fired in b, say: it leaves through a
+    await eventually(lambda: [m.text for m in a_ch.sent] == ["queued by b"], timeout=20)
+    assert b_ch.sent == []
+    await a.stop()  # a clean stop gives the lease up: the next process to start runs the channel
+    c, _ = await process("c")
+    assert "memory" in c.channels
+
+
+async def test_on_sqlite_the_one_process_runs_every_channel(make_bot: BotFactory, tmp_path: Path) -> None:
+    bot, _ = await make_bot(channel=PlaygroundLike(), plugins=[], data_dir=tmp_path / "a")
+    assert "memory" in bot.channels and bot.leases.holds("channel:memory")

@@ -1,9 +1,9 @@
 """The web playground: a local page that simulates a group chat (and private chats) with the bot.
 
 ``GET /`` serves the page; ``/ws`` speaks the JSON protocol of :mod:`robot.channels.web.protocol`.
-Several pages may be open: every page gets every frame (people's messages, streaming deltas, the
-bot's replies, tool traces, side panels) and shows the chat it is on. Replies sent while no page
-is connected wait in a bounded per-chat transcript that each page receives on connect.
+Several pages may be open: every page gets every frame (people's messages, streaming deltas, the bot's
+replies, tool traces, side panels) and shows the chat it is on. Replies sent while no page is
+connected wait in a bounded per-chat transcript that each page receives on connect.
 
 The playground has no login: it binds 127.0.0.1 by default, and when bound to a loopback address
 it refuses requests whose ``Host`` is not loopback (DNS rebinding) and WebSockets opened from
@@ -115,13 +115,13 @@ class WebChannel(Channel):
     """The web playground channel (platform ``web``)."""
 
     platform = "web"
+    one_process = True  # its pages and their transcripts live in this process
     capabilities = Capabilities(max_text_len=MAX_TEXT, streaming=True, markdown=False)
 
     def __init__(self, settings: WebSettings, *, bot_name: str = "qunbot",
                  clock: Callable[[], datetime] | None = None) -> None:
         super().__init__()
-        self.settings = settings
-        self.bot_name = bot_name
+        self.settings, self.bot_name = settings, bot_name
         self._clock = clock or (lambda: datetime.now(UTC))
         self._mention = re.compile("@" + re.escape(bot_name), re.IGNORECASE) if bot_name else None
         self._panels: dict[str, PanelProvider] = {}

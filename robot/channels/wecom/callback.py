@@ -58,6 +58,7 @@ class WeComCallbackChannel(Channel, abc.ABC):
     """Base of the callback-driven WeCom channels; subclasses implement :meth:`handle_callback`."""
 
     platform = "wecom"
+    one_process = True  # its reply streams and response_urls live in this process
 
     def __init__(self, settings: WeComSettings, *, session: aiohttp.ClientSession | None = None) -> None:
         super().__init__()
