@@ -1,9 +1,9 @@
 """The web playground: a local page that simulates a group chat (and private chats) with the bot.
 
 ``GET /`` serves the page; ``/ws`` speaks the JSON protocol of :mod:`robot.channels.web.protocol`.
-Several pages may be open: every page gets every frame (people's messages, streaming deltas, the bot's
-replies, tool traces, side panels) and shows the chat it is on. Replies sent while no page is
-connected wait in a bounded per-chat transcript that each page receives on connect.
+Several pages may be open: every page gets every frame (people's messages, streaming deltas, the
+bot's replies, tool traces, side panels) and shows the chat it is on. Replies sent while no page
+is connected wait in a bounded per-chat transcript that each page receives on connect.
 
 The playground has no login: it binds 127.0.0.1 by default, and when bound to a loopback address
 it refuses requests whose ``Host`` is not loopback (DNS rebinding) and WebSockets opened from
