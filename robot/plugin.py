@@ -8,8 +8,10 @@ typed dependencies its tools receive as ``ctx.deps``), or just module-level tool
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -59,13 +61,27 @@ class Plugin(Generic[D]):
 
 
 _BUILTIN = {"reminders": "reminders", "search": "search", "summary": "summary", "memory": "memory", "tiers": "tiers"}
+#: Where ``robot`` and the built-in plugins are installed, side by side.
+_HOME = str(Path(__file__).resolve().parent.parent)
+
+
+def _import(module_name: str) -> Any:
+    if module_name not in _BUILTIN.values() or module_name in sys.modules:
+        return importlib.import_module(module_name)
+    # Looked up where qunbot is installed first: an editable install's finder comes after every
+    # sys.path entry, so a stray summary.py beside the config (on the path) would shadow the plugin.
+    sys.path.insert(0, _HOME)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(_HOME)
 
 
 def load_plugin(name: str) -> Plugin[Any]:
     """Import a plugin module by name (``reminders`` or a dotted path) and describe it."""
     module_name = _BUILTIN.get(name, name)
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as exc:
         raise PluginError(f"plugin {name!r}: cannot import module {module_name!r}: {exc}") from exc
     declared = getattr(module, "plugin", None)
