@@ -20,7 +20,6 @@ from function_calls import (
     FunctionCallRouter,
     Limits,
     LoopConfig,
-    OpenAIChatModel,
     Runner,
     RunResult,
     RunState,
@@ -35,7 +34,8 @@ from function_calls import (
 from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import Questions, ask_user
-from robot.channels.base import Channel, PanelProvider, leave_taken_channels
+from robot.channels.base import Channel, PanelProvider
+from robot.channels.one_process import OneProcessChannels
 from robot.channels.state_store import ChannelState
 from robot.commands import (
     CommandError,
@@ -58,7 +58,7 @@ from robot.privacy import Forgetter
 from robot.storage import Engine, open_database
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.store import Database, DedupeStore
-from robot.wiring import build_channels
+from robot.wiring import build_channels, build_model
 
 __all__ = ["Bot", "build_channels"]
 
@@ -94,6 +94,8 @@ class Bot:
         #: Which process holds what (accounts, and this process's own liveness): see robot.storage.leases.
         self.leases = LeaseKeeper(Leases(self.db, ttl_s=settings.storage.lease_s, clock=self.clock))
         self.dedupe = DedupeStore(self.db, leases=self.leases.leases)
+        #: The web playground, the console, WeCom's callback: run here only while this process holds them.
+        self.one_process = OneProcessChannels(self)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
                              max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts,
                              leases=self.leases)
@@ -103,7 +105,7 @@ class Bot:
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
                                   clock=self.clock, leases=self.leases.leases)
-        self.model = model if model is not None else self._default_model()
+        self.model = model if model is not None else build_model(settings)
         in_memory = str(getattr(self.db, "path", "")) == ":memory:"
         #: Runs paused for an approval or the user's input (snapshots in the database).
         #: Questions a running plan asked the user, answered by their next message in the chat.
@@ -154,16 +156,6 @@ class Bot:
         # Set once every plugin is set up: a plugin's start-up (reminders catching up) may call
         # another plugin's tool, which must not run before that plugin has its deps.
         self._plugins_ready = asyncio.Event()
-
-    def _default_model(self) -> ChatModel | None:
-        llm = self.settings.llm
-        if not llm.configured or llm.model is None:
-            return None
-        return OpenAIChatModel(model=llm.model, base_url=llm.base_url,
-                               api_key=llm.api_key.get_secret_value() if llm.api_key else None,
-                               temperature=llm.temperature, timeout_s=llm.timeout_s, stream=llm.stream,
-                               strict_tools=llm.strict_tools, reasoning_pass_back=llm.reasoning_pass_back,
-                               token_param=llm.token_param)
 
     # --- services plugins use -------------------------------------------------------------
     def deps_for(self, tool: Tool) -> Any:
@@ -334,20 +326,14 @@ class Bot:
         self.started = True
         try:
             await self.leases.start()
-            await leave_taken_channels(self.channels, self.leases)  # web, console, WeCom: in one process
+            await self.one_process.start()  # web, console, WeCom: in one process, the others stand by
             for plugin in self.plugins:
                 if plugin.setup is not None:
                     self._deps[plugin.name] = await plugin.setup(self)
             self._plugins_ready.set()
             for channel in self.channels.values():
                 self.outbox.register(channel)
-                channel.attach_leases(self.leases)
-                channel.bind(self.handle)
-                channel.bind_moves(self.move_chat)
-                channel.attach_panels(self.panels)
-                channel.attach_forgetters(self.forgetters)
-                channel.attach_chats(self.history.recent, self.zone_for)
-                channel.attach_state(self.channel_state)
+                self.wire(channel)
             for channel in self.channels.values():
                 await channel.start()
             # Channels first: what waited in the outbox goes out the moment they connect, not on a timer.
@@ -363,6 +349,16 @@ class Bot:
         log.info("qunbot started: channels=%s tools=%s llm=%s", list(self.channels), self.tools.names(),
                  self.model.name if self.model else None)
 
+    def wire(self, channel: Channel) -> None:
+        """Give ``channel`` the bot's sink, leases, panels, forgetters, history and state (before it starts)."""
+        channel.attach_leases(self.leases)
+        channel.bind(self.handle)
+        channel.bind_moves(self.move_chat)
+        channel.attach_panels(self.panels)
+        channel.attach_forgetters(self.forgetters)
+        channel.attach_chats(self.history.recent, self.zone_for)
+        channel.attach_state(self.channel_state)
+
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
         """Finish in-flight work, stop plugins, flush the outbox, then close channels and the store.
 
@@ -372,6 +368,7 @@ class Bot:
         if not self.started:
             return
         self.started = False
+        await self.one_process.stop()
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=flush_timeout_s)
         for plugin in self.plugins:

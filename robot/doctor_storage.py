@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from robot.config import Settings
-from robot.outbox_store import LEASED_PLATFORMS, waiting_sync
+from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS, waiting_sync
 from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso, open_database
 from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.postgres import redact_dsn
@@ -65,7 +65,8 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
             leases = await _read(db, lambda tx: tx.query(
                 "SELECT name, holder FROM leases WHERE expires_at >= ? ORDER BY name", [stamp]), none)
             held = [str(r["name"]) for r in leases if not str(r["name"]).startswith(PROCESS_PREFIX)]
-            waiting = await _read(db, lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held), none)
+            waiting = await _read(db, lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held, ONE_PROCESS_PLATFORMS),
+                                   none)
         finally:
             await db.close()
     except Exception as exc:  # unreachable, refused, newer than this code: the reason, never the password
@@ -79,9 +80,13 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
                             " (qunbot keeps the database's time; run NTP here so logs agree)")))
     checks += _processes(leases)
     for row in waiting:
-        account = f"account {row['account']}" if row["account"] else "its default account"
-        checks.append(Check(False, "outbox", f"{row['n']} message(s) for {row['platform']} wait for {account}, "
-                                             f"which no running process holds (oldest queued {row['oldest'][:19]})"))
+        if row["platform"] in ONE_PROCESS_PLATFORMS:
+            why = "the channel, which no running process runs"
+        else:
+            why = (f"account {row['account']}" if row["account"] else "its default account") + \
+                  ", which no running process holds"
+        checks.append(Check(False, "outbox", f"{row['n']} message(s) for {row['platform']} wait for {why} "
+                                             f"(oldest queued {row['oldest'][:19]})"))
     return checks
 
 

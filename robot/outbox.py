@@ -90,8 +90,8 @@ class Outbox(OutboxRows):
         #: Per channel, chats with a row queued since their lane looked; channels to look at every row.
         self._hints: dict[str, set[str]] = {}
         self._scan: set[str] = set()
-        self._workers: list[asyncio.Task[None]] = []
-        self._stopping = False
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._stopping = True  # until start()
         db.migrate("outbox", SCHEMA)
         db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds
 
@@ -166,11 +166,27 @@ class Outbox(OutboxRows):
         return added
 
     def register(self, channel: Channel) -> None:
-        self._channels[channel.platform] = channel
-        self._wake.setdefault(channel.platform, asyncio.Event())
-        self._parked.setdefault(channel.platform, {})
-        channel.on_connect(functools.partial(self._reconnected, channel.platform))
-        self.db.after_gap(functools.partial(self.notify, channel.platform))  # rows queued elsewhere meanwhile
+        """Send ``channel``'s rows from this process (at :meth:`start`, or at once once started)."""
+        platform = channel.platform
+        if platform not in self._wake:  # not again when a one-process channel comes back here
+            self._wake[platform], self._parked[platform] = asyncio.Event(), {}
+            channel.on_connect(functools.partial(self._reconnected, platform))
+            self.db.after_gap(functools.partial(self.notify, platform))  # rows queued elsewhere meanwhile
+        self._channels[platform] = channel
+        if not self._stopping and platform not in self._workers:
+            self._workers[platform] = asyncio.create_task(self._worker(platform, channel), name=f"outbox-{platform}")
+
+    async def leave(self, platform: str) -> None:
+        """Send no more of ``platform``'s rows here (its channel moved to another process); this
+        process's claims on them are given up, so that the new holder sends them at once."""
+        self._channels.pop(platform, None)
+        self._scopes.pop(platform, None)
+        task = self._workers.pop(platform, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.db.run(lambda db: release_sync(db, self.holder, platform))
 
     def _reconnected(self, platform: str) -> None:
         """A channel (re)connected: what was parked for it goes now."""
@@ -184,20 +200,18 @@ class Outbox(OutboxRows):
         now = iso(self.clock())
         await self.db.run(lambda db: db.execute(
             "UPDATE outbox SET next_at = ? WHERE status = 'pending' AND next_at > ?", [now, now]))
-        for platform, channel in self._channels.items():
-            self._workers.append(asyncio.create_task(self._worker(platform, channel), name=f"outbox-{platform}"))
+        for channel in list(self._channels.values()):
+            self.register(channel)
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
         """Give due messages up to ``flush_timeout_s`` to go out, then stop the workers."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), flush_timeout_s)
         self._stopping = True
-        for task in self._workers:
+        workers, self._workers = list(self._workers.values()), {}
+        for task in workers:
             task.cancel()
-        for task in self._workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._workers.clear()
+        await asyncio.gather(*workers, return_exceptions=True)
         with contextlib.suppress(Exception):  # what this process had claimed, another may send at once
             await self.db.run(lambda db: release_sync(db, self.holder))
 
@@ -370,31 +384,3 @@ class Outbox(OutboxRows):
             return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
         await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
         return "sent"
-
-    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None) -> str:
-        if attempts >= self.max_attempts:
-            return await self._fail(chat, key, f"gave up after {attempts} attempts: {error}")
-        delay = max(min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16)), at_least_s or 0.0)
-        log.warning("outbox %s: message %s failed (%s); retry %d in %.1fs", chat.key, key, error[:200], attempts, delay)
-        params = [attempts, iso(self.clock() + timedelta(seconds=delay)), error[:500], key]
-        await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params))
-        return "retry"
-
-    async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
-        log.error("outbox %s: message %s not delivered: %s (qunbot doctor lists such failures)",
-                  chat.key, key, error[:300])
-        await self._mark(key, "failed", error=error[:500])
-        return "failed"
-
-    async def _set_parts(self, key: str, parts: int) -> None:
-        await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
-
-    async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
-                    parts: int | None = None) -> None:
-        now = iso(self.clock())
-        # A finished row keeps key, receipt and status, never the text: the history holds the
-        # conversation (under its retention and /forget me), the outbox is no second copy.
-        await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
-            "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))

@@ -11,6 +11,7 @@ are claimed (``FOR UPDATE``: a concurrent claimer waits milliseconds and then se
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +20,9 @@ from typing import Any
 from robot.message import ChatRef
 from robot.storage import Engine, Step, Tx, iso
 
-__all__ = ["LEASED_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by", "release_sync", "split_text", "waiting_sync"]
+__all__ = ["LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by", "release_sync", "split_text", "waiting_sync"]
+#: The sending outbox's logger: its marks (retries, failures) are logged under it.
+log = logging.getLogger("robot.outbox")
 _BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
 
 
@@ -47,6 +50,8 @@ def split_text(text: str, limit: int) -> list[str]:
 
 #: The platforms whose channels serve an account from one process at a time (``Channel.account_leases``).
 LEASED_PLATFORMS = ("onebot", "telegram", "weixin")
+#: The platforms whose channel runs in one process at a time (``Channel.one_process``).
+ONE_PROCESS_PLATFORMS = ("console", "web", "wecom")
 
 
 def _v1(tx: Tx) -> None:
@@ -144,29 +149,39 @@ def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope |
     return int(tx.execute(sql, params).rowcount)
 
 
-def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str]) -> list[dict[str, Any]]:
-    """Pending rows of the ``leased`` platforms whose account no process holds (``held``: live
-    lease names ``account:<platform>:<account>``): per platform and account, how many, since when.
+def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
+                 one_process: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Pending rows no running process can send, per platform and account: how many, since when.
 
-    A row naming no account counts as waiting when no process holds any account of its platform.
+    ``held``: the live lease names. Rows of the ``leased`` platforms wait when no process holds their
+    account (``account:<platform>:<account>``); a row naming no account waits when no process holds
+    any account of its platform. Rows of the ``one_process`` platforms wait when no process runs
+    the channel (``channel:<platform>``).
     """
-    if not leased:
+    platforms = [*leased, *one_process]
+    if not platforms:
         return []
-    marks = ", ".join("?" for _ in leased)
+    marks = ", ".join("?" for _ in platforms)
     groups = tx.query(f"SELECT platform, account, count(*) AS n, min(created_at) AS oldest FROM outbox "
                       f"WHERE status = 'pending' AND platform IN ({marks}) GROUP BY platform, account "
-                      "ORDER BY platform, account", list(leased))
+                      "ORDER BY platform, account", platforms)
     names = set(held)
-    platforms = {name.split(":", 2)[1] for name in names if name.count(":") >= 2}
+    serving = {name.split(":", 2)[1] for name in names if name.startswith("account:") and name.count(":") >= 2}
     return [g for g in groups
-            if (f"account:{g['platform']}:{g['account']}" not in names if g["account"]
-                else g["platform"] not in platforms)]
+            if (f"channel:{g['platform']}" not in names if g["platform"] in one_process
+                else f"account:{g['platform']}:{g['account']}" not in names if g["account"]
+                else g["platform"] not in serving)]
 
 
 class OutboxRows:
-    """The outbox's queries that send nothing: inspection, pruning, moves (a base of :class:`robot.outbox.Outbox`)."""
+    """The outbox's queries that send nothing: inspection, pruning, moves, marks (a base of
+    :class:`robot.outbox.Outbox`)."""
 
     db: Engine
+    clock: Callable[[], datetime]
+    max_attempts: int
+    retry_base_s: float
+    retry_max_s: float
 
     async def pending(self, platform: str | None = None) -> int:
         sql = "SELECT count(*) FROM outbox WHERE status = 'pending'" + (" AND platform = ?" if platform else "")
@@ -214,3 +229,31 @@ class OutboxRows:
         return await self.db.run(lambda db: db.query(
             "SELECT key, chat, error, sent_at FROM outbox WHERE status = 'failed' AND sent_at >= ? "
             "ORDER BY sent_at DESC LIMIT 50", [iso(since)]))
+
+    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None) -> str:
+        if attempts >= self.max_attempts:
+            return await self._fail(chat, key, f"gave up after {attempts} attempts: {error}")
+        delay = max(min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16)), at_least_s or 0.0)
+        log.warning("outbox %s: message %s failed (%s); retry %d in %.1fs", chat.key, key, error[:200], attempts, delay)
+        params = [attempts, iso(self.clock() + timedelta(seconds=delay)), error[:500], key]
+        await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params))
+        return "retry"
+
+    async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
+        log.error("outbox %s: message %s not delivered: %s (qunbot doctor lists such failures)",
+                  chat.key, key, error[:300])
+        await self._mark(key, "failed", error=error[:500])
+        return "failed"
+
+    async def _set_parts(self, key: str, parts: int) -> None:
+        await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
+
+    async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
+                    parts: int | None = None) -> None:
+        now = iso(self.clock())
+        # A finished row keeps key, receipt and status, never the text: the history holds the
+        # conversation (under its retention and /forget me), the outbox is no second copy.
+        await self.db.run(lambda db: db.execute(
+            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
+            "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))

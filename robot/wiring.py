@@ -1,11 +1,12 @@
-"""Which channels a configuration opens: the built-in platforms, each imported only when enabled."""
+"""What a configuration opens: the built-in platforms (each imported only when enabled), and the model."""
 
 from __future__ import annotations
 
+from function_calls import ChatModel, OpenAIChatModel
 from robot.channels.base import Channel
 from robot.config import Settings
 
-__all__ = ["build_channels"]
+__all__ = ["build_channels", "build_model"]
 
 
 def build_channels(settings: Settings) -> list[Channel]:
@@ -50,3 +51,15 @@ def build_channels(settings: Settings) -> list[Channel]:
             # The channel's own state: where the bot attaches its database, a login lands there too.
             playground.mount("/weixin", login_app(cfg.weixin, weixin.state))
     return channels
+
+
+def build_model(settings: Settings) -> ChatModel | None:
+    """The configured OpenAI-compatible model; None when ``[llm]`` names none."""
+    llm = settings.llm
+    if not llm.configured or llm.model is None:
+        return None
+    return OpenAIChatModel(model=llm.model, base_url=llm.base_url,
+                           api_key=llm.api_key.get_secret_value() if llm.api_key else None,
+                           temperature=llm.temperature, timeout_s=llm.timeout_s, stream=llm.stream,
+                           strict_tools=llm.strict_tools, reasoning_pass_back=llm.reasoning_pass_back,
+                           token_param=llm.token_param)

@@ -49,7 +49,6 @@ __all__ = [
     "SendFailed",
     "SendReceipt",
     "SendRejected",
-    "leave_taken_channels",
     "transport_failure",
 ]
 
@@ -134,7 +133,7 @@ class Channel(abc.ABC):
     account_leases: bool = False
     #: Whether what the channel serves lives in this process's memory (the web playground's pages,
     #: the console, WeCom's callback streams): several processes on one database run it in one
-    #: process only, the first to take :data:`CHANNEL_LEASE` (:func:`leave_taken_channels`).
+    #: process only, the first to take :data:`CHANNEL_LEASE` (see :mod:`robot.channels.one_process`).
     one_process: bool = False
     #: This process's leases, once the bot attached them (:meth:`attach_leases`); None: serve anyway.
     leases: LeaseKeeper | None = None
@@ -321,18 +320,3 @@ class Channel(abc.ABC):
     def attach_state(self, store: ChannelState) -> None:  # noqa: B027
         """Receive the bot's :class:`~robot.channels.state_store.ChannelState` (before :meth:`start`): a
         channel with cursors or credentials keeps them there, shared by every process on the database."""
-
-
-async def leave_taken_channels(channels: dict[str, Channel], leases: LeaseKeeper) -> None:
-    """Take the lease of each one-process channel in ``channels``; one that another living process
-    runs is removed from ``channels`` (not started here, its rows left to that process), with an
-    error in the log. Only several processes on one database can refuse: SQLite grants every lease."""
-    for platform, channel in list(channels.items()):
-        name = CHANNEL_LEASE.format(platform=platform)
-        if channel.one_process and not await leases.want(name):
-            await leases.drop(name)  # asking on would take it later, with nothing serving it here
-            holder = (await leases.leases.holders(name)).get(name, "another process")
-            log.error("%s: %s runs it already (it keeps what it serves in its own memory); this process "
-                      "leaves it off: turn it off here (QUNBOT_CHANNELS__%s__ENABLED=false)", platform, holder,
-                      platform.upper())
-            del channels[platform]

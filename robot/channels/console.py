@@ -42,6 +42,7 @@ class ConsoleChannel(Channel):
         self.stdout = stdout or sys.stdout
         self.on_eof = on_eof
         self._reader: asyncio.Task[None] | None = None
+        self._lines: asyncio.Queue[str] | None = None
         self._streaming: dict[str, str] = {}
         self._line_open = False
         self._names: dict[str, str] = {user: user}
@@ -74,12 +75,13 @@ class ConsoleChannel(Channel):
                 if self.group else "私聊模式")
         self._write(f"qunbot console ({mode}); /help 查看命令，Ctrl-D 退出。\n")
         self._show_prompt()
-        lines: asyncio.Queue[str] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        # Not asyncio.to_thread: asyncio.run() joins the default executor at exit, and a
-        # readline() blocked on the terminal would then hang shutdown (SIGTERM, Ctrl-C).
-        threading.Thread(target=self._pump, args=(loop, lines), name="console-stdin", daemon=True).start()
-        self._reader = asyncio.create_task(self._read_loop(lines), name="console-reader")
+        if self._lines is None:  # one reader of the terminal, however often the channel restarts
+            self._lines = asyncio.Queue()
+            # Not asyncio.to_thread: asyncio.run() joins the default executor at exit, and a
+            # readline() blocked on the terminal would then hang shutdown (SIGTERM, Ctrl-C).
+            threading.Thread(target=self._pump, args=(asyncio.get_running_loop(), self._lines), name="console-stdin",
+                             daemon=True).start()
+        self._reader = asyncio.create_task(self._read_loop(self._lines), name="console-reader")
 
     async def stop(self) -> None:
         if self._reader is not None:

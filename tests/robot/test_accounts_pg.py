@@ -4,6 +4,7 @@ the other takes the bot over after the lease expires and sends what waited."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from collections import Counter
@@ -11,15 +12,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from pydantic import SecretStr
 
 from robot.bot import Bot
+from robot.channels.base import Channel, ChannelUnavailable, SendReceipt
 from robot.channels.telegram import TelegramChannel, TelegramSettings
 from robot.channels.telegram.testing import FakeBotAPI
+from robot.channels.web import WebChannel
 from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
 from robot.channels.weixin.testing import FakeILinkServer
-from robot.message import ChatRef, Message
+from robot.config import WebSettings
+from robot.message import ChatRef, Message, OutgoingMessage
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
@@ -195,33 +200,128 @@ async def test_a_lost_lease_stops_polling_and_retaking_it_resumes(pg_url: str, t
 
 
 class PlaygroundLike(MemoryChannel):
-    """A channel that keeps what it serves in its process's memory, as the web playground and WeCom do."""
+    """A channel that keeps what it serves in its process's memory, as the web playground and WeCom do:
+    it sends only while it runs (a stopped playground has no page to show a reply on)."""
 
     one_process = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = False
+        self.starts = 0
 
-async def test_a_one_process_channel_runs_in_the_first_process_only_and_its_rows_leave_there(
+    async def start(self) -> None:
+        self.running, self.starts = True, self.starts + 1
+
+    async def stop(self) -> None:
+        self.running = False
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        assert self.running, "a stopped one-process channel was asked to send"
+        return await super().send(message)
+
+
+async def one_process_bot(make_bot: BotFactory, pg_url: str, folder: Path, holder: str,
+                          channel: Channel | None = None) -> tuple[Bot, Channel]:
+    bot, ch = await make_bot(channel=channel or PlaygroundLike(), plugins=[], data_dir=folder, start=False,
+                             storage={"url": pg_url, "lease_s": 3})
+    bot.leases.leases.holder = holder  # each its own process
+    await bot.start()
+    return bot, ch
+
+
+async def test_a_one_process_channel_runs_in_one_process_and_another_takes_it_over_when_it_dies(
         make_bot: BotFactory, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    async def process(name: str) -> tuple[Bot, MemoryChannel]:
-        bot, ch = await make_bot(channel=PlaygroundLike(), plugins=[], data_dir=tmp_path / name, start=False,
-                                 storage={"url": pg_url})
-        bot.leases.leases.holder = f"proc-{name}"  # each its own process
-        await bot.start()
-        return bot, ch
-
     chat = ChatRef(platform="memory", chat_id="g1", kind="group")
-    a, a_ch = await process("a")
-    with caplog.at_level(logging.ERROR, logger="robot.channels.base"):
-        b, b_ch = await process("b")
-    assert "memory" in a.channels and "memory" not in b.channels  # the second process leaves it off
-    assert "memory: proc-a runs it already" in caplog.text
+    a, a_ch = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a")
+    with caplog.at_level(logging.WARNING, logger="robot.channels.one_process"):
+        b, b_ch = await one_process_bot(make_bot, pg_url, tmp_path / "b", "proc-b")
+    assert isinstance(a_ch, PlaygroundLike) and isinstance(b_ch, PlaygroundLike)
+    assert "memory" in a.channels and "memory" not in b.channels  # the second process stands by
+    assert a_ch.running and not b_ch.running
+    assert "memory: proc-a runs it" in caplog.text and "stands by" in caplog.text
     assert "QUNBOT_CHANNELS__MEMORY__ENABLED=false" in caplog.text
     await b.send(chat, "queued by b", key="b1")  # a reminder fired in b, say: it leaves through a
     await eventually(lambda: [m.text for m in a_ch.sent] == ["queued by b"], timeout=20)
-    assert b_ch.sent == []
-    await a.stop()  # a clean stop gives the lease up: the next process to start runs the channel
-    c, _ = await process("c")
-    assert "memory" in c.channels
+
+    # A dies: what b queues meanwhile waits, and once A's lease expires b runs the channel and sends it.
+    await die(a)
+    await b.send(chat, "queued while nobody ran it", key="b2")
+    await eventually(lambda: "memory" in b.channels, timeout=20)
+    assert b_ch.running and b_ch.starts == 1
+    await eventually(lambda: [m.text for m in b_ch.sent] == ["queued while nobody ran it"], timeout=20)
+    assert [m.text for m in a_ch.sent] == ["queued by b"]
+    assert await b.leases.leases.holders("channel:") == {"channel:memory": "proc-b"}
+
+    # B loses the lease (it stalled past the TTL and another process took it): it stops the channel
+    # at once, so that two processes never serve it, and its rows wait for the new holder.
+    with caplog.at_level(logging.ERROR, logger="robot.channels.one_process"):
+        await b.db.run(lambda tx: tx.execute("UPDATE leases SET holder = 'proc-c' WHERE name = 'channel:memory'"))
+        await eventually(lambda: "memory" not in b.channels and not b_ch.running, timeout=20)
+    assert "lost the channel's lease" in caplog.text
+    await b.send(chat, "queued while proc-c held it", key="b3")
+    await asyncio.sleep(0.5)
+    assert [m.text for m in b_ch.sent] == ["queued while nobody ran it"]
+    # proc-c stops cleanly: b takes the channel back and sends what waited, once.
+    await b.db.run(lambda tx: tx.execute("DELETE FROM leases WHERE name = 'channel:memory'"))
+    await eventually(lambda: b_ch.running and "memory" in b.channels, timeout=20)
+    await eventually(lambda: len(b_ch.sent) == 2, timeout=20)
+    assert b_ch.starts == 2
+    assert [m.text for m in b_ch.sent] == ["queued while nobody ran it", "queued while proc-c held it"]
+    await b.stop()
+    assert not b_ch.running
+
+
+async def test_the_web_playground_is_taken_over_and_serves_pages_in_its_new_process(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    def playground() -> WebChannel:
+        return WebChannel(WebSettings(enabled=True, port=0), bot_name="qunbot")
+
+    a, a_web = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a", playground())
+    b, b_web = await one_process_bot(make_bot, pg_url, tmp_path / "b", "proc-b", playground())
+    assert isinstance(a_web, WebChannel) and isinstance(b_web, WebChannel)
+    assert "web" in a.channels and "web" not in b.channels
+
+    async def chat() -> str:
+        async with aiohttp.ClientSession() as http, http.ws_connect(b_web.url + "ws") as page:
+            assert (await page.receive_json(timeout=5))["type"] == "welcome"
+            await page.send_json({"type": "send", "kind": "private", "user": {"id": "u-alice", "name": "Alice"},
+                                  "text": "/help"})
+            async with asyncio.timeout(10):
+                while (frame := await page.receive_json())["type"] != "reply":
+                    pass
+            return str(frame["text"])
+
+    await die(a)
+    await eventually(lambda: "web" in b.channels, timeout=20)
+    assert "/help" in await chat()
+    # Lost and taken back: the same playground serves again (a channel that stopped can start again).
+    await b.db.run(lambda tx: tx.execute("UPDATE leases SET holder = 'proc-c' WHERE name = 'channel:web'"))
+    await eventually(lambda: "web" not in b.channels, timeout=20)
+    await b.db.run(lambda tx: tx.execute("DELETE FROM leases WHERE name = 'channel:web'"))
+    await eventually(lambda: "web" in b.channels, timeout=20)
+    assert "/help" in await chat()
+    await b.stop()
+
+
+async def test_a_takeover_that_cannot_start_the_channel_leaves_it_to_the_other_processes(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class PortTaken(PlaygroundLike):
+        async def start(self) -> None:
+            raise ChannelUnavailable("web playground cannot listen on 127.0.0.1:8080: address in use")
+
+    a, _ = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a")
+    b, _ = await one_process_bot(make_bot, pg_url, tmp_path / "b", "proc-b", PortTaken())
+    with caplog.at_level(logging.ERROR, logger="robot.channels.one_process"):
+        await die(a)
+        await eventually(lambda: "taking the channel over failed" in caplog.text, timeout=20)
+    assert "address in use" in caplog.text and "memory" not in b.channels
+    # It holds no lease for a channel it does not run, and asks for it no more: a third process can take it.
+    assert await b.leases.leases.holders("channel:") == {}
+    c, c_ch = await one_process_bot(make_bot, pg_url, tmp_path / "c", "proc-c")
+    assert "memory" in c.channels and isinstance(c_ch, PlaygroundLike) and c_ch.running
+    await asyncio.sleep(1.5)  # a lease round or more
+    assert "channel:memory" not in b.leases.wanted
 
 
 async def test_on_sqlite_the_one_process_runs_every_channel(make_bot: BotFactory, tmp_path: Path) -> None:

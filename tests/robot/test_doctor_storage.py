@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from robot.channels.console import ConsoleChannel
 from robot.channels.onebot import OneBotChannel
 from robot.channels.telegram import TelegramChannel
 from robot.channels.web import WebChannel
+from robot.channels.wecom import WeComCallbackChannel, WeComWebhookChannel
 from robot.channels.weixin import WeixinChannel
 from robot.cli import main
 from robot.config import Settings
@@ -18,7 +20,7 @@ from robot.doctor_storage import storage_checks
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
-from robot.outbox_store import LEASED_PLATFORMS
+from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS
 from robot.storage import Engine, SQLiteDatabase
 from robot.storage.leases import Leases
 
@@ -38,9 +40,10 @@ async def test_doctor_shows_the_engine_the_processes_and_the_rows_no_process_can
     await engine.open()
     try:
         assert await leases.acquire(f"process:{HOLDER}") and await leases.acquire("account:telegram:111")
+        assert await leases.acquire("channel:web")
         await outbox.enqueue(row("held", "telegram", "111"), row("orphan1", "telegram", "222"),
                              row("orphan2", "telegram", "222"), row("unnamed", "onebot", ""),
-                             row("web", "web", ""))
+                             row("web", "web", ""), row("wecom1", "wecom", ""), row("wecom2", "wecom", ""))
     finally:
         await engine.close()
     if isinstance(engine, SQLiteDatabase):
@@ -53,10 +56,12 @@ async def test_doctor_shows_the_engine_the_processes_and_the_rows_no_process_can
     report = capsys.readouterr().out
     assert f"ok  storage: {shown}" in report
     assert "ok  processes: 1 running" in report
-    assert f"ok  process {HOLDER}: holds telegram:111" in report
+    assert f"ok  process {HOLDER}: holds telegram:111, channel:web" in report
     assert "FAIL outbox: 2 message(s) for telegram wait for account 222, which no running process holds" in report
     assert "FAIL outbox: 1 message(s) for onebot wait for its default account" in report
-    assert "account 111" not in report and "for web" not in report  # held, and not per account
+    # WeCom's callback runs in one process at a time: its rows wait for whichever process runs it.
+    assert "FAIL outbox: 2 message(s) for wecom wait for the channel, which no running process runs" in report
+    assert "account 111" not in report and "for web" not in report  # held: account and channel
     if not isinstance(engine, SQLiteDatabase):  # the machines' clocks against the database's
         assert "ok  clock: this machine's clock is 0.0" in report
 
@@ -73,6 +78,8 @@ async def test_doctor_on_a_database_no_process_has_used(tmp_path: Path) -> None:
     assert check.ok and "not created yet" in check.detail
 
 
-def test_the_doctor_knows_which_channels_hold_account_leases() -> None:
-    leased = {c.platform for c in (OneBotChannel, TelegramChannel, WeixinChannel, WebChannel) if c.account_leases}
-    assert leased == set(LEASED_PLATFORMS)
+def test_the_doctor_knows_which_channels_hold_account_leases_and_which_run_in_one_process() -> None:
+    channels = (OneBotChannel, TelegramChannel, WeixinChannel, WebChannel, ConsoleChannel, WeComCallbackChannel,
+                WeComWebhookChannel)
+    assert {c.platform for c in channels if c.account_leases} == set(LEASED_PLATFORMS)
+    assert {c.platform for c in channels if c.one_process} == set(ONE_PROCESS_PLATFORMS)

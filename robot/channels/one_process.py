@@ -1,0 +1,120 @@
+"""Channels that run in one process only (:attr:`Channel.one_process`): the web playground, the
+console and WeCom's callback keep what they serve in their process's memory (pages, the terminal,
+reply streams), so a reply must leave through the process that runs them.
+
+The first process to take the lease ``channel:<platform>`` runs the channel. Every other process
+stands by: it keeps asking for the lease, and takes the channel over (starts it, and sends the rows
+that waited for it) once the holder stops or dies and its lease expires. A process that loses the
+lease (it could not renew it in time, and another took it) stops the channel at once, so two
+processes never serve it side by side, and stands by in turn. SQLite grants every lease: its one
+process runs every channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+from robot.channels.base import CHANNEL_LEASE, Channel
+from robot.redact import redact_url
+
+if TYPE_CHECKING:
+    from robot.bot import Bot
+
+__all__ = ["OneProcessChannels"]
+
+log = logging.getLogger(__name__)
+
+
+class OneProcessChannels:
+    """Runs the bot's one-process channels while this process holds their leases (see the module)."""
+
+    def __init__(self, bot: Bot) -> None:
+        self.bot = bot
+        #: The one-process channels another process runs now: taken over when their lease falls free.
+        self.standby: dict[str, Channel] = {}
+        self._held: dict[str, bool] = {}
+        self._settling: dict[str, asyncio.Task[None]] = {}
+        self._over = False
+
+    async def start(self) -> None:
+        """Before the channels start: take each one-process channel's lease, or stand the channel by
+        (removed from ``bot.channels``, not started, its rows left to the holder)."""
+        self._over = False
+        leases = self.bot.leases
+        for platform, channel in list(self.bot.channels.items()):
+            if not channel.one_process:
+                continue
+            name = CHANNEL_LEASE.format(platform=platform)
+            if await leases.want(name, functools.partial(self._changed, platform)):
+                continue
+            del self.bot.channels[platform]
+            self.standby[platform] = channel
+            holder = (await leases.leases.holders(name)).get(name, "another process")
+            log.warning("%s: %s runs it (it keeps what it serves in its own memory); this process stands by "
+                        "and takes it over if that one stops. To run it there only, turn it off here "
+                        "(QUNBOT_CHANNELS__%s__ENABLED=false)", platform, holder, platform.upper())
+
+    async def stop(self) -> None:
+        """Take over nothing more, and let a takeover under way finish (the bot then stops the channel)."""
+        self._over = True
+        tasks = list(self._settling.values())
+        self._settling.clear()
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                await task
+
+    def _changed(self, platform: str, held: bool) -> None:
+        """The lease keeper's news; the channel follows it in a task, one change after another."""
+        self._held[platform] = held
+        task = self._settling.get(platform)
+        if not self._over and (task is None or task.done()):
+            self._settling[platform] = asyncio.create_task(self._settle(platform), name=f"qunbot-{platform}-lease")
+
+    async def _settle(self, platform: str) -> None:
+        while not self._over:
+            held, running = self._held.get(platform, False), platform in self.bot.channels
+            if held == running:
+                return
+            if held:
+                await self._take(platform)
+            else:
+                await self._leave(platform)
+
+    async def _take(self, platform: str) -> None:
+        channel = self.standby.pop(platform)
+        bot = self.bot
+        bot.wire(channel)
+        try:
+            await channel.start()
+        except Exception as exc:
+            # Holding a lease for a channel that does not run would keep every other process off it.
+            log.error("%s: taking the channel over failed (%s); this process leaves it to the others", platform, exc)
+            self.standby[platform] = channel
+            self._held[platform] = False
+            await bot.leases.drop(CHANNEL_LEASE.format(platform=platform))
+            with contextlib.suppress(Exception):
+                await channel.stop()
+            return
+        bot.channels[platform] = channel
+        bot.outbox.register(channel)  # after start: what waited for the channel goes out now
+        with contextlib.suppress(Exception):
+            await channel.publish_commands(bot.command_menu())
+        where = channel.location()
+        log.warning("%s: the process that ran it stopped; this process runs it now%s", platform,
+                    f" at {redact_url(where)}" if where else "")
+
+    async def _leave(self, platform: str) -> None:
+        channel = self.bot.channels.pop(platform)
+        self.standby[platform] = channel
+        await self.bot.outbox.leave(platform)
+        try:
+            await channel.stop()
+        except Exception:
+            log.exception("%s: stopping the channel failed", platform)
+        log.error("%s: this process lost the channel's lease (it could not renew it in time) and stopped the "
+                  "channel, so that two processes never serve it; it takes the channel back when it is free",
+                  platform)
