@@ -343,6 +343,7 @@ class Bot:
             for channel in self.channels.values():
                 await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(housekeep(self), name="qunbot-housekeeping")
+            self.one_process.started()
         except BaseException:
             await self.stop(flush_timeout_s=0)
             raise

@@ -39,11 +39,13 @@ class OneProcessChannels:
         self._held: dict[str, bool] = {}
         self._settling: dict[str, asyncio.Task[None]] = {}
         self._over = False
+        self._started = asyncio.Event()  # a takeover waits for the bot's start to finish
 
     async def start(self) -> None:
         """Before the channels start: take each one-process channel's lease, or stand the channel by
         (removed from ``bot.channels``, not started, its rows left to the holder)."""
         self._over = False
+        self._started.clear()
         leases = self.bot.leases
         for platform, channel in list(self.bot.channels.items()):
             if not channel.one_process:
@@ -58,9 +60,14 @@ class OneProcessChannels:
                         "and takes it over if that one stops. To run it there only, turn it off here "
                         "(QUNBOT_CHANNELS__%s__ENABLED=false)", platform, holder, platform.upper())
 
+    def started(self) -> None:
+        """The bot has started: channels may come and go from now on (not while it starts its channels)."""
+        self._started.set()
+
     async def stop(self) -> None:
         """Take over nothing more, and let a takeover under way finish (the bot then stops the channel)."""
         self._over = True
+        self._started.set()  # a change waiting for the start ends at once
         tasks = list(self._settling.values())
         self._settling.clear()
         for task in tasks:
@@ -75,6 +82,7 @@ class OneProcessChannels:
             self._settling[platform] = asyncio.create_task(self._settle(platform), name=f"qunbot-{platform}-lease")
 
     async def _settle(self, platform: str) -> None:
+        await self._started.wait()
         while not self._over:
             held, running = self._held.get(platform, False), platform in self.bot.channels
             if held == running:

@@ -304,6 +304,24 @@ async def test_the_web_playground_is_taken_over_and_serves_pages_in_its_new_proc
     await b.stop()
 
 
+async def test_a_lease_that_falls_free_while_the_bot_starts_is_taken_once_it_has_started(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    class SlowStart(MemoryChannel):
+        async def start(self) -> None:
+            await asyncio.sleep(4)  # past the dead holder's lease (3 s): it falls free meanwhile
+
+    a, _ = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a")
+    await die(a)
+    b, b_ch = await make_bot(channel=PlaygroundLike(), plugins=[], data_dir=tmp_path / "b", start=False,
+                             storage={"url": pg_url, "lease_s": 3})
+    b.leases.leases.holder = "proc-b"
+    b.channels["slow"] = SlowStart("slow")
+    await b.start()  # the channels start one after the other; the takeover must not join them mid-way
+    assert isinstance(b_ch, PlaygroundLike)
+    await eventually(lambda: "memory" in b.channels, timeout=20)
+    assert b_ch.running and b_ch.starts == 1
+
+
 async def test_a_takeover_that_cannot_start_the_channel_leaves_it_to_the_other_processes(
         make_bot: BotFactory, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     class PortTaken(PlaygroundLike):
