@@ -272,6 +272,7 @@ async def test_a_one_process_channel_runs_in_one_process_and_another_takes_it_ov
     assert not b_ch.running
 
 
+@pytest.mark.unrehearsed(reason="waits out a lease (seconds): the first one-process test rehearses the takeover's units")
 async def test_the_web_playground_is_taken_over_and_serves_pages_in_its_new_process(
         make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
     def playground() -> WebChannel:
@@ -304,6 +305,7 @@ async def test_the_web_playground_is_taken_over_and_serves_pages_in_its_new_proc
     await b.stop()
 
 
+@pytest.mark.unrehearsed(reason="waits out a lease (seconds): the first one-process test rehearses the takeover's units")
 async def test_a_lease_that_falls_free_while_the_bot_starts_is_taken_once_it_has_started(
         make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
     class SlowStart(MemoryChannel):
@@ -322,6 +324,7 @@ async def test_a_lease_that_falls_free_while_the_bot_starts_is_taken_once_it_has
     assert b_ch.running and b_ch.starts == 1
 
 
+@pytest.mark.unrehearsed(reason="waits out a lease (seconds): the first one-process test rehearses the takeover's units")
 async def test_a_takeover_that_cannot_start_the_channel_leaves_it_to_the_other_processes(
         make_bot: BotFactory, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     class PortTaken(PlaygroundLike):
