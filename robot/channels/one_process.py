@@ -87,10 +87,11 @@ class OneProcessChannels:
             held, running = self._held.get(platform, False), platform in self.bot.channels
             if held == running:
                 return
-            if held:
-                await self._take(platform)
-            else:
-                await self._leave(platform)
+            try:
+                await (self._take if held else self._leave)(platform)
+            except Exception:  # the lease keeper's next news tries again
+                log.exception("%s: following the channel's lease failed", platform)
+                return
 
     async def _take(self, platform: str) -> None:
         channel = self.standby.pop(platform)
@@ -112,7 +113,7 @@ class OneProcessChannels:
         with contextlib.suppress(Exception):
             await channel.publish_commands(bot.command_menu())
         where = channel.location()
-        log.warning("%s: the process that ran it stopped; this process runs it now%s", platform,
+        log.warning("%s: this process holds the channel's lease now and runs it%s", platform,
                     f" at {redact_url(where)}" if where else "")
 
     async def _leave(self, platform: str) -> None:

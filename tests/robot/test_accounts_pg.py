@@ -92,6 +92,10 @@ async def test_one_process_serves_an_account_and_the_other_takes_over_when_it_di
         counts = sent(fake)
         expected = {f"from {p} {i}" for p in "ab" for i in range(10)} | {f"after {i}" for i in range(10)}
         assert set(counts) == expected and set(counts.values()) == {1}  # all out, none twice
+        async def b_marked_all() -> bool:  # B's marks may trail the fake's receipt too
+            return await b.outbox.pending() == 0
+
+        await eventually(b_marked_all, timeout=10)
         rows: list[dict[str, Any]] = await b.outbox.rows()
         assert len(rows) == 30 and {r["status"] for r in rows} == {"sent"}
         senders = Counter(str(r["claimed_by"]) for r in rows)
@@ -129,6 +133,10 @@ async def test_a_weixin_account_is_long_polled_by_one_process_and_taken_over_wit
         await b.send(chat, "one", key="one")
         await eventually(lambda: ours() == ["one"], timeout=20)
 
+        async def all_marked_sent() -> bool:  # the fake has it; A's commit marking it sent may trail
+            return await a.outbox.pending() == 0
+
+        await eventually(all_marked_sent, timeout=20)  # (killed before it, A's row would go out again)
         await die(a)
         await b.send(chat, "two", key="two")
         await eventually(lambda: b.channels["weixin"].served == {WX_BOT}, timeout=20)
