@@ -37,7 +37,7 @@ from bench_robot import note  # the same one-tool bot as bench_robot: an action 
 
 from function_calls import ModelRequest, ModelResponse, Toolset
 from function_calls.model import TextCallback
-from function_calls.testing import ScriptedModel, call
+from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.channels.base import SendReceipt
 from robot.config import Settings
@@ -99,13 +99,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
-                       path: Literal["model", "command"] = "model", chats: int = 50, users: int = 1000,
+                       path: Literal["model", "answer", "command"] = "model", chats: int = 50, users: int = 1000,
                        gc_tuned: bool = True, caps: bool = True, savepoints: bool = False) -> dict[str, Any]:
     """Push ``n`` messages through one bot and wait for every reply; returns the figures.
 
     ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
-    = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel) or "command"
-    (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
+    = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel calling the
+    ``note`` tool), "answer" (@bot, ScriptedModel answering in text: no tool call) or "command" (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
     ``caps``: keep the default daily token caps (per user, per chat: reserved in the database).
     ``savepoints``: SQLite takes a savepoint per unit in every group, as before the first pass went
     without them (``SQLiteDatabase.optimistic``), for the comparison.
@@ -120,8 +120,9 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
         raise ValueError("run_messages measures one process; several processes are not built yet")
     with tempfile.TemporaryDirectory() as tmp:
         channel = TimedChannel()
-        model = ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
-        bot = Bot(_settings(Path(tmp), engine_url, caps=caps), model=model if path == "model" else None,
+        model = ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]})
+                               if path == "model" else text("记下了：" + str(req.messages[-1]["content"])[-40:]))
+        bot = Bot(_settings(Path(tmp), engine_url, caps=caps), model=model if path != "command" else None,
                   channels=[channel], plugins=[Plugin("bench", Toolset("bench", [note]))])
         await bot.start()
         if savepoints and hasattr(bot.db, "optimistic"):
@@ -130,13 +131,13 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
             tune_gc()
         try:
             groups = [ChatRef(platform="memory", chat_id=f"g{i}", kind="group") for i in range(chats)]
-            say = "记一下 第{i}条" if path == "model" else "/n 第{i}条"
+            say = "/n 第{i}条" if path == "command" else "记一下 第{i}条"
             begun: dict[str, float] = {}
 
             async def one(i: int) -> None:
                 chat = groups[i % chats]
                 begun[f"memory:{chat.chat_id}:bench-{i}:0"] = time.perf_counter()
-                await channel.inject(say.format(i=i), chat=chat, user=f"u{i % users}", at_bot=path == "model",
+                await channel.inject(say.format(i=i), chat=chat, user=f"u{i % users}", at_bot=path != "command",
                                      message_id=f"bench-{i}")
 
             commits_before = getattr(bot.db, "commits", None)
@@ -179,10 +180,12 @@ async def main_async(args: argparse.Namespace) -> None:
     n = args.messages
     if args.engine == "sqlite":
         print(f"SQLite, one process: {n} messages over {args.chats} group chats from {args.users} people, "
-              f"delivered at once (model: in-process ScriptedModel, one `note` call per message; "
+              f"delivered at once (model: in-process ScriptedModel, one `note` call per message; answer: the "
+              f"same model answering in text, no tool call; "
               f"gc {'as Python sets it' if args.default_gc else 'tuned as qunbot run does'}; daily token caps "
               f"{'off' if args.no_caps else 'as by default'})")
-        for path, savepoints in (("model", False), ("command", False), ("model", True), ("command", True)):
+        for path, savepoints in (("model", False), ("answer", False), ("command", False), ("model", True),
+                                 ("command", True)):
             if savepoints and not args.compare_savepoints:
                 continue
             result = await run_messages(None, n, path=path, chats=args.chats, users=args.users,

@@ -181,6 +181,7 @@ class Outbox(OutboxRows):
         process's claims on them are given up, so that the new holder sends them at once."""
         self._channels.pop(platform, None)
         self._scopes.pop(platform, None)
+        self._parked.get(platform, {}).clear()  # parked for a channel stopped here: nothing to wait out
         task = self._workers.pop(platform, None)
         if task is not None:
             task.cancel()

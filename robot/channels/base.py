@@ -133,7 +133,7 @@ class Channel(abc.ABC):
     account_leases: bool = False
     #: Whether what the channel serves lives in this process's memory (the web playground's pages,
     #: the console, WeCom's callback streams): several processes on one database run it in one
-    #: process only, the first to take :data:`CHANNEL_LEASE` (see :mod:`robot.channels.one_process`).
+    #: process at a time, the holder of :data:`CHANNEL_LEASE` (see :mod:`robot.channels.one_process`).
     one_process: bool = False
     #: This process's leases, once the bot attached them (:meth:`attach_leases`); None: serve anyway.
     leases: LeaseKeeper | None = None
