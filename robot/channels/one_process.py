@@ -6,8 +6,9 @@ The first process to take the lease ``channel:<platform>`` runs the channel. Eve
 stands by: it keeps asking for the lease, and takes the channel over (starts it, and sends the rows
 that waited for it) once the holder stops or dies and its lease expires. A process that loses the
 lease (it could not renew it in time, and another took it) stops the channel at once, so two
-processes never serve it side by side, and stands by in turn. SQLite grants every lease: its one
-process runs every channel.
+processes never serve it side by side, and stands by in turn. A process whose takeover fails (the
+channel cannot start: its port is taken) gives the lease up for the others and asks again after
+:attr:`OneProcessChannels.retry_s`. SQLite grants every lease: its one process runs every channel.
 """
 
 from __future__ import annotations
@@ -32,12 +33,17 @@ log = logging.getLogger(__name__)
 class OneProcessChannels:
     """Runs the bot's one-process channels while this process holds their leases (see the module)."""
 
+    #: Seconds before a process whose takeover failed (its start raised) asks for the lease again.
+    retry_s = 60.0
+
     def __init__(self, bot: Bot) -> None:
         self.bot = bot
         #: The one-process channels another process runs now: taken over when their lease falls free.
         self.standby: dict[str, Channel] = {}
         self._held: dict[str, bool] = {}
         self._settling: dict[str, asyncio.Task[None]] = {}
+        self._retries: dict[str, asyncio.TimerHandle] = {}
+        self._asking: set[asyncio.Task[None]] = set()
         self._over = False
         self._started = asyncio.Event()  # a takeover waits for the bot's start to finish
 
@@ -68,6 +74,13 @@ class OneProcessChannels:
         """Take over nothing more, and let a takeover under way finish (the bot then stops the channel)."""
         self._over = True
         self._started.set()  # a change waiting for the start ends at once
+        for handle in self._retries.values():
+            handle.cancel()
+        self._retries.clear()
+        asking = list(self._asking)
+        for task in asking:
+            task.cancel()
+        await asyncio.gather(*asking, return_exceptions=True)
         tasks = list(self._settling.values())
         self._settling.clear()
         for task in tasks:
@@ -101,12 +114,15 @@ class OneProcessChannels:
             await channel.start()
         except Exception as exc:
             # Holding a lease for a channel that does not run would keep every other process off it.
-            log.error("%s: taking the channel over failed (%s); this process leaves it to the others", platform, exc)
             self.standby[platform] = channel
             self._held[platform] = False
-            await bot.leases.drop(CHANNEL_LEASE.format(platform=platform))
+            with contextlib.suppress(Exception):  # unreleased, it expires after lease_s: not renewed any more
+                await bot.leases.drop(CHANNEL_LEASE.format(platform=platform))
             with contextlib.suppress(Exception):
                 await channel.stop()
+            self._retries[platform] = asyncio.get_running_loop().call_later(self.retry_s, self._ask_again, platform)
+            log.error("%s: taking the channel over failed (%s); this process leaves it to the others and asks "
+                      "again in %.0f s", platform, exc, self.retry_s)
             return
         bot.channels[platform] = channel
         bot.outbox.register(channel)  # after start: what waited for the channel goes out now
@@ -115,6 +131,19 @@ class OneProcessChannels:
         where = channel.location()
         log.warning("%s: this process holds the channel's lease now and runs it%s", platform,
                     f" at {redact_url(where)}" if where else "")
+
+    def _ask_again(self, platform: str) -> None:
+        self._retries.pop(platform, None)
+        if not self._over:
+            task = asyncio.create_task(self._want(platform), name=f"qunbot-{platform}-ask")
+            self._asking.add(task)
+            task.add_done_callback(self._asking.discard)
+
+    async def _want(self, platform: str) -> None:
+        try:  # wanted from now on, even if this first round fails: the lease keeper asks on
+            await self.bot.leases.want(CHANNEL_LEASE.format(platform=platform), functools.partial(self._changed, platform))
+        except Exception as exc:
+            log.warning("%s: asking for the channel's lease again failed (%s); the lease keeper asks on", platform, exc)
 
     async def _leave(self, platform: str) -> None:
         channel = self.bot.channels.pop(platform)

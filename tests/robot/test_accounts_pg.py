@@ -333,24 +333,33 @@ async def test_a_lease_that_falls_free_while_the_bot_starts_is_taken_once_it_has
 
 
 @pytest.mark.unrehearsed(reason="waits out a lease (seconds): the first one-process test rehearses the takeover's units")
-async def test_a_takeover_that_cannot_start_the_channel_leaves_it_to_the_other_processes(
+async def test_a_takeover_that_cannot_start_the_channel_leaves_it_to_the_others_and_asks_again_later(
         make_bot: BotFactory, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    class PortTaken(PlaygroundLike):
+    class PortTakenOnce(PlaygroundLike):
         async def start(self) -> None:
-            raise ChannelUnavailable("web playground cannot listen on 127.0.0.1:8080: address in use")
+            if not self.starts:
+                self.starts += 1
+                raise ChannelUnavailable("web playground cannot listen on 127.0.0.1:8080: address in use")
+            await super().start()
 
     a, _ = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a")
-    b, _ = await one_process_bot(make_bot, pg_url, tmp_path / "b", "proc-b", PortTaken())
+    b, b_ch = await make_bot(channel=PortTakenOnce(), plugins=[], data_dir=tmp_path / "b", start=False,
+                             storage={"url": pg_url, "lease_s": 3})
+    b.leases.leases.holder = "proc-b"
+    b.one_process.retry_s = 2.0
+    await b.start()
+    assert isinstance(b_ch, PlaygroundLike)
     with caplog.at_level(logging.ERROR, logger="robot.channels.one_process"):
         await die(a)
         await eventually(lambda: "taking the channel over failed" in caplog.text, timeout=20)
     assert "address in use" in caplog.text and "memory" not in b.channels
-    # It holds no lease for a channel it does not run, and asks for it no more: a third process can take it.
+    # It holds no lease for a channel it does not run: another process could take it meanwhile.
     assert await b.leases.leases.holders("channel:") == {}
-    c, c_ch = await one_process_bot(make_bot, pg_url, tmp_path / "c", "proc-c")
-    assert "memory" in c.channels and isinstance(c_ch, PlaygroundLike) and c_ch.running
-    await asyncio.sleep(1.5)  # a lease round or more
     assert "channel:memory" not in b.leases.wanted
+    # After retry_s it asks again, and this time the channel starts.
+    await eventually(lambda: "memory" in b.channels, timeout=20)
+    assert b_ch.running and b_ch.starts == 2
+    assert await b.leases.leases.holders("channel:") == {"channel:memory": "proc-b"}
 
 
 async def test_on_sqlite_the_one_process_runs_every_channel(make_bot: BotFactory, tmp_path: Path) -> None:
