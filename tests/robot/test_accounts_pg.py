@@ -92,6 +92,7 @@ async def test_one_process_serves_an_account_and_the_other_takes_over_when_it_di
         counts = sent(fake)
         expected = {f"from {p} {i}" for p in "ab" for i in range(10)} | {f"after {i}" for i in range(10)}
         assert set(counts) == expected and set(counts.values()) == {1}  # all out, none twice
+
         async def b_marked_all() -> bool:  # B's marks may trail the fake's receipt too
             return await b.outbox.pending() == 0
 
