@@ -92,6 +92,7 @@ class Outbox(OutboxRows):
         self._scan: set[str] = set()
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._stopping = True  # until start()
+        self._grace_s = 0.0  # while stopping: how long a send under way may take to finish
         db.migrate("outbox", SCHEMA)
         db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds
 
@@ -205,11 +206,17 @@ class Outbox(OutboxRows):
             self.register(channel)
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
-        """Give due messages up to ``flush_timeout_s`` to go out, then stop the workers."""
+        """Give due messages up to ``flush_timeout_s`` to go out, then stop the workers: a send under
+        way gets up to ``flush_timeout_s`` more to finish and be marked (0: cut off, as by a kill)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), flush_timeout_s)
-        self._stopping = True
+        self._stopping, self._grace_s = True, flush_timeout_s  # no lane takes another row
         workers, self._workers = list(self._workers.values()), {}
+        if workers and flush_timeout_s > 0:
+            # Cut off, a send may have reached the platform unmarked: the next holder would send it again.
+            for event in self._wake.values():
+                event.set()
+            await asyncio.wait(workers, timeout=flush_timeout_s)
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -299,6 +306,8 @@ class Outbox(OutboxRows):
                     await asyncio.wait_for(wake.wait(), timeout=timeout)
                 except TimeoutError:
                     self._scan.add(platform)  # a retry or a parked chat is due
+            if lanes and self._grace_s > 0:  # stopping: each lane ends after the row it is sending
+                await asyncio.wait(list(lanes.values()), timeout=self._grace_s)
         finally:
             for lane in list(lanes.values()):
                 lane.cancel()
@@ -333,6 +342,8 @@ class Outbox(OutboxRows):
                 if not rows:
                     return not blocked
                 for row in rows:
+                    if self._stopping:
+                        return False
                     if parse_iso(str(row["next_at"])) > self.clock():
                         return False  # waiting out a retry: later rows of this chat wait too (order)
                     if not self.scope(platform).covers(str(row.get("account") or "")):

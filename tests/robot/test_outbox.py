@@ -479,3 +479,40 @@ async def test_a_row_queued_while_the_sender_heard_nothing_goes_out_once_it_list
     finally:
         await other.down()
         await sender.down()
+
+
+class SlowPlatform(MemoryChannel):
+    """A platform that takes ``delay_s`` to acknowledge a send (it has the message once it answers)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.began = asyncio.Event()
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.began.set()
+        await asyncio.sleep(self.delay_s)
+        return await super().send(message)
+
+
+async def test_a_stop_lets_the_send_under_way_finish_and_be_marked_and_takes_no_further_row(rig: Rig) -> None:
+    # Cut off, the first send might have reached the platform without its mark: the next process
+    # holding the chat would send it again (a doubled message at every restart under load).
+    ch = SlowPlatform(delay_s=1.0)
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("k1", "first"), out("k2", "second"))
+    await ch.began.wait()
+    await outbox.stop(flush_timeout_s=0.8)  # shorter than the send: the flush gives up during it
+    assert [m.text for m in ch.sent] == ["first"]
+    first, second = await status_of(outbox, "k1"), await status_of(outbox, "k2")
+    assert first["status"] == "sent"
+    assert second["status"] == "pending" and second["claimed_by"] is None  # free for the next holder
+
+
+async def test_a_stop_with_no_time_cuts_the_send_off_as_a_kill_would(rig: Rig) -> None:
+    ch = SlowPlatform(delay_s=0.6)
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("k1", "first"))
+    await ch.began.wait()
+    await outbox.stop(flush_timeout_s=0)
+    assert ch.sent == [] and (await status_of(outbox, "k1"))["status"] == "pending"
