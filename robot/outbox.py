@@ -342,14 +342,14 @@ class Outbox(OutboxRows):
                 if not rows:
                     return not blocked
                 for row in rows:
-                    if self._stopping:
-                        return False
                     if parse_iso(str(row["next_at"])) > self.clock():
                         return False  # waiting out a retry: later rows of this chat wait too (order)
                     if not self.scope(platform).covers(str(row.get("account") or "")):
                         return False  # the account was lost meanwhile: its new holder sends the rest
                     connects = self._connects.get(platform, 0)
                     async with sem:
+                        if self._stopping:  # (checked once it may send: lanes wait here for each other)
+                            return False
                         outcome = await self._send_row(channel, row)
                     if outcome == "parked":
                         if self._connects.get(platform, 0) != connects:
