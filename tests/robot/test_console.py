@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -108,3 +109,24 @@ async def test_the_prompt_names_the_speaker_and_is_redrawn_below_each_reply() ->
     await ch.send(OutgoingMessage(key="k", chat=ch.chat, text="你好", mention=("小明",)))
     assert out.getvalue() == "me › \nqunbot ▸ @小明 你好\n小明 › "  # off the prompt's line, then a new prompt
     assert console()[0].prompt is False  # not a terminal: no prompt by default
+
+
+async def test_a_restarted_console_still_reads_every_line(make_bot: Any, until: Until) -> None:
+    # A standby process takes the console over, loses it and takes it back: the terminal keeps one
+    # reader. With a reader per start, the stopped one took every other line, which went nowhere.
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "r", encoding="utf-8") as stdin, os.fdopen(write_end, "w", encoding="utf-8") as typed:
+        ch = ConsoleChannel(bot_name="qunbot", group=True, stdin=stdin, stdout=io.StringIO())
+        bot, _ = await make_bot(None, channel=ch)
+        await ch.stop()
+        await ch.start()
+        for i in range(6):
+            typed.write(f"小明: 第{i}行\n")
+            typed.flush()
+
+        async def all_recorded() -> bool:
+            return len(await bot.history.recent(ch.chat)) == 6
+
+        await until(all_recorded)
+        assert [e.text for e in await bot.history.recent(ch.chat)] == [f"第{i}行" for i in range(6)]
+        await bot.stop()
