@@ -8,6 +8,7 @@ import asyncio
 import logging
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,22 @@ WX_BOT, BOB = "b0f1@im.bot", "o9cq8bob@im.wechat"
 ALICE = ChatRef(platform="telegram", chat_id="777", kind="private", account=BOT_ID)
 
 
+async def started(make_bot: BotFactory, pg_url: str, folder: Path, holder: str, channel: Channel,
+                  prepare: Callable[[Bot], None] = lambda bot: None) -> Bot:
+    """A bot "process" on the database with ``channel`` (its own engine and lease holder id, 3 s
+    leases), started after ``prepare``."""
+    bot, _ = await make_bot(channel=channel, plugins=[], data_dir=folder, start=False,
+                            storage={"url": pg_url, "lease_s": 3})
+    bot.leases.leases.holder = holder  # several "processes" in one test process
+    prepare(bot)
+    await bot.start()
+    return bot
+
+
 async def process(make_bot: BotFactory, fake: FakeBotAPI, pg_url: str, folder: Path, holder: str) -> Bot:
     tg = TelegramSettings(enabled=True, token=fake.token, api_base=fake.url, poll_timeout_s=1,
                           state_dir=folder / "tg", retry_delay_s=0.05, backoff_max_s=0.1)
-    bot, _ = await make_bot(channel=TelegramChannel(tg), plugins=[], data_dir=folder, start=False,
-                            storage={"url": pg_url, "lease_s": 3})
-    bot.leases.leases.holder = holder  # two "processes" in one test process
-    await bot.start()
-    return bot
+    return await started(make_bot, pg_url, folder, holder, TelegramChannel(tg))
 
 
 async def die(bot: Bot) -> None:
@@ -105,11 +114,7 @@ async def test_one_process_serves_an_account_and_the_other_takes_over_when_it_di
 
 async def weixin_process(make_bot: BotFactory, pg_url: str, folder: Path, state: Path, holder: str) -> Bot:
     wx = WeixinSettings(enabled=True, state_dir=state, retry_delay_s=0.05, backoff_max_s=0.1, typing=False)
-    bot, _ = await make_bot(channel=WeixinChannel(wx, folder), plugins=[], data_dir=folder, start=False,
-                            storage={"url": pg_url, "lease_s": 3})
-    bot.leases.leases.holder = holder
-    await bot.start()
-    return bot
+    return await started(make_bot, pg_url, folder, holder, WeixinChannel(wx, folder))
 
 
 async def test_a_weixin_account_is_long_polled_by_one_process_and_taken_over_with_its_tokens(
@@ -231,12 +236,10 @@ class PlaygroundLike(MemoryChannel):
 
 
 async def one_process_bot(make_bot: BotFactory, pg_url: str, folder: Path, holder: str,
-                          channel: Channel | None = None) -> tuple[Bot, Channel]:
-    bot, ch = await make_bot(channel=channel or PlaygroundLike(), plugins=[], data_dir=folder, start=False,
-                             storage={"url": pg_url, "lease_s": 3})
-    bot.leases.leases.holder = holder  # each its own process
-    await bot.start()
-    return bot, ch
+                          channel: Channel | None = None,
+                          prepare: Callable[[Bot], None] = lambda bot: None) -> tuple[Bot, Channel]:
+    ch = channel or PlaygroundLike()
+    return await started(make_bot, pg_url, folder, holder, ch, prepare), ch
 
 
 async def test_a_one_process_channel_runs_in_one_process_and_another_takes_it_over_when_it_dies(
@@ -323,11 +326,12 @@ async def test_a_lease_that_falls_free_while_the_bot_starts_is_taken_once_it_has
 
     a, _ = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a")
     await die(a)
-    b, b_ch = await make_bot(channel=PlaygroundLike(), plugins=[], data_dir=tmp_path / "b", start=False,
-                             storage={"url": pg_url, "lease_s": 3})
-    b.leases.leases.holder = "proc-b"
-    b.channels["slow"] = SlowStart("slow")
-    await b.start()  # the channels start one after the other; the takeover must not join them mid-way
+
+    def add_slow(bot: Bot) -> None:
+        bot.channels["slow"] = SlowStart("slow")
+
+    # The channels start one after the other; the takeover must not join them mid-way.
+    b, b_ch = await one_process_bot(make_bot, pg_url, tmp_path / "b", "proc-b", prepare=add_slow)
     assert isinstance(b_ch, PlaygroundLike)
     await eventually(lambda: "memory" in b.channels, timeout=20)
     assert b_ch.running and b_ch.starts == 1
@@ -344,11 +348,11 @@ async def test_a_takeover_that_cannot_start_the_channel_leaves_it_to_the_others_
             await super().start()
 
     a, _ = await one_process_bot(make_bot, pg_url, tmp_path / "a", "proc-a")
-    b, b_ch = await make_bot(channel=PortTakenOnce(), plugins=[], data_dir=tmp_path / "b", start=False,
-                             storage={"url": pg_url, "lease_s": 3})
-    b.leases.leases.holder = "proc-b"
-    b.one_process.retry_s = 2.0
-    await b.start()
+
+    def soon(bot: Bot) -> None:
+        bot.one_process.retry_s = 2.0
+
+    b, b_ch = await one_process_bot(make_bot, pg_url, tmp_path / "b", "proc-b", PortTakenOnce(), prepare=soon)
     assert isinstance(b_ch, PlaygroundLike)
     with caplog.at_level(logging.ERROR, logger="robot.channels.one_process"):
         await die(a)
