@@ -33,7 +33,7 @@ import statistics
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -156,6 +156,9 @@ class CommitClock:
         if added:
             self.pending.extend(re.findall(r"提醒 (\d+)", message.text))
         return added
+
+    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
+        return [self.enqueue_sync(db, m) for m in messages]
 
     def notify(self, platform: str) -> None:
         at = datetime.now(UTC)

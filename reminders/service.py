@@ -258,8 +258,7 @@ class ReminderService:
         # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
         fired = [(r, *self._compose(r, now)) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
         messages, keys = merge(fired, now, across_owners=self.settings.merge_chat)
-        for message in messages:
-            self.bot.outbox.enqueue_sync(db, message)
+        self.bot.outbox.enqueue_many_sync(db, messages)  # one INSERT for the batch, not one per message
         if fired:
             self.store.save_sync(db, *[after for _, after, _, _ in fired])
         if fired and self._crash_at == "before_commit":

@@ -359,8 +359,7 @@ class Approvals:
 
         def commit(db: Tx) -> None:
             # The replies and the end of the snapshot commit together: a crash re-sends neither.
-            for m in messages:
-                self.bot.outbox.enqueue_sync(db, m)
+            self.bot.outbox.enqueue_many_sync(db, messages)
             SnapshotStore.finish_sync(db, str(row["id"]))
 
         await self.bot.db.transaction(commit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from pydantic import ConfigDict
 
@@ -14,7 +15,7 @@ from robot.storage import Tx
 from robot.storage.base import render_step
 from robot.store import Engine, iso, parse_iso
 
-__all__ = ["TO_USER", "HistoryEntry", "HistoryStore", "drop_windows"]
+__all__ = ["TO_USER", "HistoryEntry", "HistoryStore", "Said", "drop_windows"]
 
 
 class HistoryEntry(HistoryTurn):
@@ -52,6 +53,8 @@ _COLUMNS = "chat, user_id, name, text, ts, from_bot, message_id"
 _windows: dict[str, dict[tuple[object, ...], HistoryEntry]] = {}
 _windows_lock = threading.Lock()
 _MAX_WINDOWS = 1024
+_ADDRESSEES_PER_INSERT = 128  # rows per INSERT into history_to (256 parameters: far below either engine's limit)
+_ROWS_PER_INSERT = 32  # rows per INSERT in insert_many_sync (352 parameters)
 
 
 def _entries(chat: str, rows: list[tuple[object, ...]]) -> list[HistoryEntry]:
@@ -87,6 +90,34 @@ def drop_windows(chats: Iterable[str] | None) -> None:
             _windows.clear()
         for chat in chats or ():
             _windows.pop(chat, None)
+
+
+class Said(NamedTuple):
+    """A message for :meth:`HistoryStore.insert_many_sync` (the arguments of :meth:`HistoryStore.insert_sync`)."""
+
+    chat: ChatRef
+    user_id: str
+    name: str
+    text: str
+    at: datetime
+    from_bot: bool = False
+    message_id: str = ""
+    reply_to: str | None = None
+    to_user: str | None = None
+    role: str = ""
+    to_users: Sequence[str] = ()
+
+
+def _address(db: Tx, pairs: Sequence[tuple[str, object]]) -> None:
+    """Record (person, history id) pairs in ``history_to``: one statement per chunk, not one per person
+    (a merged reminder names up to 50). A chunk is padded to a power of two with repeats of its last
+    pair (a repeat is a no-op here), so that a few statement shapes serve every count and the
+    engines' statement caches keep the hot path's statements."""
+    for start in range(0, len(pairs), _ADDRESSEES_PER_INSERT):
+        part = list(pairs[start:start + _ADDRESSEES_PER_INSERT])
+        part += part[-1:] * (min(_ADDRESSEES_PER_INSERT, 1 << (len(part) - 1).bit_length()) - len(part))
+        db.execute("INSERT INTO history_to (user_id, history_id) VALUES " + ",".join(["(?, ?)"] * len(part))
+                   + " ON CONFLICT (user_id, history_id) DO NOTHING", [v for pair in part for v in pair])
 
 
 def _entry_of(row: tuple[object, ...]) -> HistoryEntry:
@@ -148,8 +179,37 @@ class HistoryStore:
             return
         row = db.execute(sql + " RETURNING id", params).fetchone()
         assert row is not None
-        db.executemany("INSERT INTO history_to (user_id, history_id) VALUES (?, ?) "
-                       "ON CONFLICT (user_id, history_id) DO NOTHING", [[u, row[0]] for u in others])
+        _address(db, [(u, row[0]) for u in others])
+
+    @staticmethod
+    def insert_many_sync(db: Tx, said: Sequence[Said]) -> None:
+        """:meth:`insert_sync` for many messages, in their order, with a few statements for all of them
+        (a firing pass records hundreds: on PostgreSQL each statement is a round trip)."""
+        if len(said) < 2:
+            for s in said:
+                HistoryStore.insert_sync(db, s.chat, s.user_id, s.name, s.text, s.at, from_bot=s.from_bot,
+                                         message_id=s.message_id, reply_to=s.reply_to, to_user=s.to_user, role=s.role,
+                                         to_users=s.to_users)
+            return
+        # The ids are taken first, so that each person addressed is recorded against the right row
+        # (the order of the rows an INSERT returns is not defined on either engine).
+        if db.dialect == "postgresql":
+            ids = [int(r[0]) for r in db.execute("SELECT nextval(pg_get_serial_sequence('history', 'id')) "
+                                                  "FROM generate_series(1, ?::int)", [len(said)]).fetchall()]
+        else:  # one writer, inside its transaction: SQLite's own choice of a new rowid
+            first = int(db.execute("SELECT coalesce(max(id), 0) + 1 FROM history").fetchone()[0])
+            ids = list(range(first, first + len(said)))
+        rows = [[i, s.chat.key, s.user_id, s.name, s.text, iso(s.at), int(s.from_bot), s.message_id, s.reply_to,
+                 s.to_user, s.role] for i, s in zip(ids, said, strict=True)]
+        done = 0
+        while done < len(rows):  # chunks of power-of-two sizes: a few statement shapes serve every count
+            size = min(_ROWS_PER_INSERT, 1 << ((len(rows) - done).bit_length() - 1))
+            db.execute("INSERT INTO history (id, chat, user_id, name, text, ts, from_bot, message_id, reply_to, "
+                       "to_user, role) VALUES " + ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * size),
+                       [v for row in rows[done:done + size] for v in row])
+            done += size
+        _address(db, [(u, i) for s, i in zip(said, ids, strict=True) for u in dict.fromkeys(s.to_users)
+                      if u != s.to_user])
 
     @staticmethod
     def prune_addressees_sync(db: Tx) -> int:

@@ -37,9 +37,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
-from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
-from robot.outbox_store import SCHEMA, OutboxRows, Scope, claim_sync, release_sync, split_text
+from robot.outbox_store import (
+    SCHEMA,
+    OutboxRows,
+    Scope,
+    claim_sync,
+    release_sync,
+    split_text,
+)
 from robot.storage import Tx
 from robot.storage.leases import LeaseKeeper, process_id
 from robot.store import Engine, iso, parse_iso
@@ -96,27 +102,6 @@ class Outbox(OutboxRows):
         db.migrate("outbox", SCHEMA)
         db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds
 
-    def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
-        """Insert within the caller's transaction; False when the key was already queued (idempotent).
-
-        The bot's own reply is recorded in the chat history in the same transaction.
-        """
-        now = message.created_at or self.clock()
-        cur = db.execute(
-            "INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, "
-            "created_at) VALUES (?,?,?,?,?,?,?, 'pending', ?, ?) ON CONFLICT (key) DO NOTHING",
-            [message.key, message.chat.platform, message.chat.key, message.chat.account, message.text,
-             json.dumps(list(message.mention)), message.reply_to, iso(now), iso(now)],
-        )
-        if cur.rowcount != 1:
-            return False
-        db.notify("outbox", json.dumps([message.chat.platform, message.chat.key, message.chat.account]))
-        HistoryStore.insert_sync(db, message.chat, self.bot_id, self.bot_name, message.text, now, from_bot=True,
-                                 reply_to=message.reply_to,
-                                 to_user=message.about or (message.mention[0] if message.mention else None),
-                                 to_users=(message.about,) if message.about else message.mention)
-        return True
-
     @property
     def holder(self) -> str:
         """This process's id in claims (its lease holder id)."""
@@ -161,7 +146,7 @@ class Outbox(OutboxRows):
 
     async def enqueue(self, *messages: OutgoingMessage) -> int:
         """Commit messages (one transaction) and wake their workers; returns how many were new."""
-        added = await self.db.transaction(lambda db: sum(self.enqueue_sync(db, m) for m in messages))
+        added = await self.db.transaction(lambda db: sum(self.enqueue_many_sync(db, messages)))
         for m in messages:
             self.notify(m.chat.platform, m.chat.key, m.chat.account)
         return added

@@ -11,16 +11,19 @@ are claimed (``FOR UPDATE``: a concurrent claimer waits milliseconds and then se
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from robot.message import ChatRef
+from robot.history import HistoryStore, Said
+from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso
 
-__all__ = ["LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by", "release_sync", "split_text", "waiting_sync"]
+__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by",
+           "queue_sync", "release_sync", "split_text", "waiting_sync"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
 _BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
@@ -78,6 +81,51 @@ SCHEMA: list[Step] = [
 ]
 
 
+_QUEUE = ("INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, created_at) "
+          "VALUES ")
+_QUEUED_ROW = "(?,?,?,?,?,?,?, 'pending', ?, ?)"
+_ROWS_PER_QUEUE = 64  # rows per INSERT (640 parameters: far below either engine's limit)
+
+
+def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_id: str,
+               bot_name: str) -> list[bool]:
+    """Queue ``messages`` in the caller's transaction; per message, False when its key was queued already.
+
+    Each new row wakes the senders of every process (``notify``, at the commit) and is recorded in
+    the chat's history, as the bot's message, in the same transaction. Many messages (a firing
+    pass) go in one INSERT per chunk, not one statement each: on PostgreSQL a statement is a round
+    trip; a chunk is padded to a power of two with repeats of its last row (a repeated key is a
+    no-op), so that a few statement shapes serve every count.
+    """
+    rows = [[m.key, m.chat.platform, m.chat.key, m.chat.account, m.text, json.dumps(list(m.mention)), m.reply_to,
+             iso(m.created_at or now), iso(m.created_at or now)] for m in messages]
+    new: set[str] = set()
+    if len(rows) == 1:  # a reply: the common case, no RETURNING to read
+        if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
+            new.add(messages[0].key)
+    else:
+        for start in range(0, len(rows), _ROWS_PER_QUEUE):
+            part = rows[start:start + _ROWS_PER_QUEUE]
+            part += part[-1:] * (min(_ROWS_PER_QUEUE, 1 << (len(part) - 1).bit_length()) - len(part))
+            sql = _QUEUE + ",".join([_QUEUED_ROW] * len(part)) + " ON CONFLICT (key) DO NOTHING RETURNING key"
+            new.update(str(r[0]) for r in tx.execute(sql, [v for row in part for v in row]).fetchall())
+    added: list[bool] = []
+    said: list[Said] = []
+    for message in messages:
+        if message.key not in new:  # queued before (or twice in ``messages``: the first one counts)
+            added.append(False)
+            continue
+        new.discard(message.key)
+        tx.notify("outbox", json.dumps([message.chat.platform, message.chat.key, message.chat.account]))
+        said.append(Said(message.chat, bot_id, bot_name, message.text, message.created_at or now, from_bot=True,
+                         reply_to=message.reply_to,
+                         to_user=message.about or (message.mention[0] if message.mention else None),
+                         to_users=(message.about,) if message.about else message.mention))
+        added.append(True)
+    HistoryStore.insert_many_sync(tx, said)
+    return added
+
+
 def order_by(tx: Tx, desc: bool = False) -> str:
     """A chat's rows in the order they were queued (ties on ``created_at``: insertion order)."""
     way = " DESC" if desc else ""
@@ -111,8 +159,12 @@ class Scope:
         return account in self.accounts if account else self.empty
 
 
+CLAIM_LIMIT = 32
+"""Rows of a chat one claim takes at most."""
+
+
 def claim_sync(tx: Tx, platform: str, chat: str, scope: Scope, holder: str, now: str, until: str,
-               alive: Callable[[Tx, str], bool], limit: int = 32) -> tuple[list[dict[str, Any]], bool]:
+               alive: Callable[[Tx, str], bool], limit: int = CLAIM_LIMIT) -> tuple[list[dict[str, Any]], bool]:
     """Claim the chat's first pending rows in ``scope`` for ``holder``, in order: (rows, blocked).
 
     Claiming stops at the first row another living process holds an unexpired claim on
@@ -174,14 +226,27 @@ def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
 
 
 class OutboxRows:
-    """The outbox's queries that send nothing: inspection, pruning, moves, marks (a base of
-    :class:`robot.outbox.Outbox`)."""
+    """The outbox's queries that send nothing: queueing, inspection, pruning, moves, marks (a base
+    of :class:`robot.outbox.Outbox`)."""
 
     db: Engine
     clock: Callable[[], datetime]
+    bot_id: str
+    bot_name: str
     max_attempts: int
     retry_base_s: float
     retry_max_s: float
+
+    def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
+        """Insert within the caller's transaction; False when the key was already queued (idempotent).
+
+        The bot's own reply is recorded in the chat history in the same transaction.
+        """
+        return queue_sync(db, [message], self.clock(), self.bot_id, self.bot_name)[0]
+
+    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
+        """:meth:`enqueue_sync` for many messages at once (fewer statements), in their order."""
+        return queue_sync(db, messages, self.clock(), self.bot_id, self.bot_name) if messages else []
 
     async def pending(self, platform: str | None = None) -> int:
         sql = "SELECT count(*) FROM outbox WHERE status = 'pending'" + (" AND platform = ?" if platform else "")

@@ -366,8 +366,7 @@ class Pipeline:
         def enqueue(db: Tx) -> None:
             # The message is marked handled in the unit that queues its reply (one unit fewer per
             # message): once the reply is durable a redelivery has nothing left to do.
-            for item in out:
-                bot.outbox.enqueue_sync(db, item)
+            bot.outbox.enqueue_many_sync(db, out)
             if mark:
                 bot.dedupe.done_sync(db, *ident)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -37,6 +37,9 @@ class CountingOutbox:
         db.execute("INSERT INTO fired (key, chat, text) VALUES (?, ?, ?)", [message.key, message.chat.key,
                                                                            message.text])
         return True
+
+    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
+        return [self.enqueue_sync(db, m) for m in messages]
 
     def notify(self, platform: str) -> None:
         pass

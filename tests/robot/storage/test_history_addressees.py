@@ -104,3 +104,36 @@ async def test_a_history_at_schema_version_1_gains_the_addressees_table(engine: 
         assert [e.text for e in await history.recent(G1)] == ["before"]
     finally:
         await engine.close()
+
+
+async def test_many_messages_queued_at_once_keep_their_order_and_each_its_own_addressees(engine: Engine) -> None:
+    """A firing pass queues hundreds of messages with a few statements: each row must still name the
+    people of its own message (``/forget me`` removes the right one), in the order they were queued."""
+    history = HistoryStore(engine)
+    SnapshotStore(engine).secret = b"k" * 32  # /forget me touches its table too
+    outbox = Outbox(engine, clock=lambda: T0)
+    await engine.open()
+    try:
+        before = OutgoingMessage(key="rem:old", chat=G1, text="queued earlier", mention=("u0",))
+        await engine.run(lambda tx: outbox.enqueue_sync(tx, before))
+        batch = [OutgoingMessage(key=f"rem:{i}", chat=G1, text=f"message {i}",
+                                 mention=tuple(f"p{i}-{j}" for j in range(i % 5 + 1))) for i in range(40)]
+        batch.insert(7, before)  # queued before: not again
+        batch.insert(20, batch[3])  # twice in the batch: the first counts
+        added = await engine.run(lambda tx: outbox.enqueue_many_sync(tx, batch))
+        assert added == [m.key != "rem:old" and i != 20 for i, m in enumerate(batch)]
+        expected = ["queued earlier", *(f"message {i}" for i in range(40))]
+        assert [str(r["text"]) for r in await outbox.rows("pending")] == expected
+        assert [e.text for e in await history.recent(G1, limit=100)] == expected
+        named = await engine.run(lambda tx: {(str(r["text"]), str(r["user_id"])) for r in tx.query(
+            "SELECT h.text, t.user_id FROM history_to t JOIN history h ON h.id = t.history_id")})
+        assert named == {(f"message {i}", f"p{i}-{j}") for i in range(40) for j in range(1, i % 5 + 1)}
+        # The one-at-a-time path still finds free ids after a batch took its own.
+        await engine.run(lambda tx: outbox.enqueue_sync(tx, OutgoingMessage(key="rem:late", chat=G1, text="late",
+                                                                             mention=("a", "b"))))
+        request = ForgetRequest("memory", "p33-3", (G1,))
+        assert await engine.transaction(lambda tx: forget_sync(tx, request)) == (0, 1)
+        texts = [e.text for e in await history.recent(G1, limit=100)]
+        assert "message 33" not in texts and texts[-1] == "late" and len(texts) == 41
+    finally:
+        await engine.close()
