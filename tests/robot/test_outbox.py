@@ -455,6 +455,40 @@ async def test_a_queued_row_goes_out_on_its_notice_alone_even_when_another_proce
         assert [m.text for m in ch.sent] == ["an odd chat id", "from another process"]
 
 
+class HoldsFirstSend(MemoryChannel):
+    """Holds its first send until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding, self.release = asyncio.Event(), asyncio.Event()
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        if not self.holding.is_set():
+            self.holding.set()
+            await self.release.wait()
+        return await super().send(message)
+
+
+async def test_a_row_queued_while_its_chat_is_sending_goes_out_on_its_notice(rig: Rig) -> None:
+    """A lane that claimed every due row of its chat ends after sending them, without claiming again:
+    a row queued meanwhile (here, or on PostgreSQL by another process) goes out on its notice, at once."""
+    ch = HoldsFirstSend()
+    outbox = await rig.up(ch, start=False)
+    outbox.look_s = 3600.0  # no look at every due row after the first: only the notices start lanes
+    await outbox.start()
+    await outbox.enqueue(out("k1", "first"))
+    await asyncio.wait_for(ch.holding.wait(), 10)  # k1 claimed (alone) and being sent
+    other = Rig(rig.where) if isinstance(rig.where, str) else None
+    if other is not None:
+        await (await other.up(MemoryChannel(), start=False)).enqueue(out("k2", "second"))
+        await other.down()
+    else:
+        await outbox.enqueue(out("k2", "second"))
+    ch.release.set()
+    await ch.wait_sent(2, timeout=10)
+    assert [m.text for m in ch.sent] == ["first", "second"]
+
+
 async def test_a_row_queued_while_the_sender_heard_nothing_goes_out_once_it_listens_again(pg_url: str) -> None:
     """Another process queues a row while this one's notifications are cut (a database restart, a
     network cut): the notice is lost, and the row goes out when this process listens again, not at
