@@ -137,3 +137,56 @@ async def test_many_messages_queued_at_once_keep_their_order_and_each_its_own_ad
         assert "message 33" not in texts and texts[-1] == "late" and len(texts) == 41
     finally:
         await engine.close()
+
+
+def test_any_batch_queues_like_one_message_at_a_time() -> None:
+    """Property: whatever the batch (sizes across the chunk bounds, keys queued before or repeated,
+    addressee lists of any length), queueing it at once leaves the same rows, the same flags and
+    the same people per message as queueing its messages one by one."""
+    import sqlite3
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from robot.history import ADDRESSEES
+    from robot.outbox_store import SCHEMA, queue_sync
+    from robot.storage.base import render_step
+    from robot.storage.sqlite import SQLiteTx
+
+    def fresh() -> SQLiteTx:
+        tx = SQLiteTx(sqlite3.connect(":memory:"))
+        for step in [*SCHEMA, HistoryStore._schema, ADDRESSEES]:
+            if callable(step):
+                step(tx)
+            else:
+                for statement in render_step(step, "sqlite").split(";"):
+                    tx.execute(statement)
+        return tx
+
+    def state(tx: SQLiteTx) -> tuple[object, ...]:
+        rows = tx.query("SELECT key, text, mention FROM outbox ORDER BY created_at, rowid")
+        said = tx.query("SELECT text, to_user FROM history ORDER BY ts, id")
+        named = {(r["text"], r["user_id"]) for r in tx.query(
+            "SELECT h.text, t.user_id FROM history_to t JOIN history h ON h.id = t.history_id")}
+        return rows, said, named
+
+    def sized(n: int, of: st.SearchStrategy[object]) -> st.SearchStrategy[list[object]]:
+        return st.lists(of, min_size=n, max_size=n)  # lengths drawn evenly, not mostly short ones
+
+    people = st.integers(0, 140).flatmap(lambda n: sized(n, st.integers(0, 200)))
+    message = st.builds(lambda k, who: OutgoingMessage(key=f"k{k}", chat=G1, text=f"text of k{k}",
+                                                       mention=tuple(f"p{p}" for p in who)),
+                        st.integers(0, 150), people)
+
+    @settings(max_examples=60, deadline=None)
+    @given(earlier=st.lists(message, max_size=5), batch=st.integers(0, 140).flatmap(lambda n: sized(n, message)))
+    def check(earlier: list[OutgoingMessage], batch: list[OutgoingMessage]) -> None:
+        one, many = fresh(), fresh()
+        for tx in (one, many):
+            for m in earlier:
+                queue_sync(tx, [m], T0, "bot", "qunbot")
+        flags_one = [queue_sync(one, [m], T0, "bot", "qunbot")[0] for m in batch]
+        assert queue_sync(many, batch, T0, "bot", "qunbot") == flags_one
+        assert state(many) == state(one)
+
+    check()
