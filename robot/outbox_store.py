@@ -22,8 +22,8 @@ from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso
 
-__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync", "order_by",
-           "queue_sync", "release_sync", "split_text", "waiting_sync"]
+__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync",
+           "order_by", "queue_sync", "release_sync", "split_text", "waiting_sync"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
 _BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
