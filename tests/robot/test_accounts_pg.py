@@ -256,6 +256,11 @@ async def test_a_one_process_channel_runs_in_one_process_and_another_takes_it_ov
     await b.send(chat, "queued by b", key="b1")  # a reminder fired in b, say: it leaves through a
     await eventually(lambda: [m.text for m in a_ch.sent] == ["queued by b"], timeout=20)
 
+    async def a_marked_it_sent() -> bool:  # the channel has it; A's commit marking it sent may trail
+        return await a.outbox.pending() == 0
+
+    await eventually(a_marked_it_sent, timeout=20)  # (killed before it, the row would go out again from b)
+
     # A dies: what b queues meanwhile waits, and once A's lease expires b runs the channel and sends it.
     await die(a)
     await b.send(chat, "queued while nobody ran it", key="b2")
