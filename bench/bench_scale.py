@@ -105,7 +105,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
 
     ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
     = that database, which should be empty). ``path``: "model" (@bot, ScriptedModel calling the
-    ``note`` tool), "answer" (@bot, ScriptedModel answering in text: no tool call) or "command" (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
+    ``note`` tool), "answer" (@bot, ScriptedModel answering in text: no tool call) or "command"
+    (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
     ``caps``: keep the default daily token caps (per user, per chat: reserved in the database).
     ``savepoints``: SQLite takes a savepoint per unit in every group, as before the first pass went
     without them (``SQLiteDatabase.optimistic``), for the comparison.

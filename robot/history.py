@@ -12,7 +12,7 @@ from pydantic import ConfigDict
 from function_calls import HistoryTurn
 from robot.message import ChatRef, Message
 from robot.storage import Tx
-from robot.storage.base import render_step
+from robot.storage.base import padded, render_step
 from robot.store import Engine, iso, parse_iso
 
 __all__ = ["TO_USER", "HistoryEntry", "HistoryStore", "Said", "drop_windows"]
@@ -109,13 +109,10 @@ class Said(NamedTuple):
 
 
 def _address(db: Tx, pairs: Sequence[tuple[str, object]]) -> None:
-    """Record (person, history id) pairs in ``history_to``: one statement per chunk, not one per person
-    (a merged reminder names up to 50). A chunk is padded to a power of two with repeats of its last
-    pair (a repeat is a no-op here), so that a few statement shapes serve every count and the
-    engines' statement caches keep the hot path's statements."""
+    """Record (person, history id) pairs in ``history_to``: one statement per chunk (:func:`padded`),
+    not one per person (a merged reminder names up to 50)."""
     for start in range(0, len(pairs), _ADDRESSEES_PER_INSERT):
-        part = list(pairs[start:start + _ADDRESSEES_PER_INSERT])
-        part += part[-1:] * (min(_ADDRESSEES_PER_INSERT, 1 << (len(part) - 1).bit_length()) - len(part))
+        part = padded(pairs[start:start + _ADDRESSEES_PER_INSERT], _ADDRESSEES_PER_INSERT)
         db.execute("INSERT INTO history_to (user_id, history_id) VALUES " + ",".join(["(?, ?)"] * len(part))
                    + " ON CONFLICT (user_id, history_id) DO NOTHING", [v for pair in part for v in pair])
 

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso
+from robot.storage.base import padded
 
 __all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync",
            "order_by", "queue_sync", "release_sync", "split_text", "waiting_sync"]
@@ -93,20 +95,18 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
 
     Each new row wakes the senders of every process (``notify``, at the commit) and is recorded in
     the chat's history, as the bot's message, in the same transaction. Many messages (a firing
-    pass) go in one INSERT per chunk, not one statement each: on PostgreSQL a statement is a round
-    trip; a chunk is padded to a power of two with repeats of its last row (a repeated key is a
-    no-op), so that a few statement shapes serve every count.
+    pass) go in one INSERT per chunk (:func:`~robot.storage.base.padded`), not one statement each:
+    on PostgreSQL a statement is a round trip.
     """
     rows = [[m.key, m.chat.platform, m.chat.key, m.chat.account, m.text, json.dumps(list(m.mention)), m.reply_to,
-             iso(m.created_at or now), iso(m.created_at or now)] for m in messages]
+             *[iso(m.created_at or now)] * 2] for m in messages]  # next_at, created_at
     new: set[str] = set()
     if len(rows) == 1:  # a reply: the common case, no RETURNING to read
         if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
             new.add(messages[0].key)
     else:
         for start in range(0, len(rows), _ROWS_PER_QUEUE):
-            part = rows[start:start + _ROWS_PER_QUEUE]
-            part += part[-1:] * (min(_ROWS_PER_QUEUE, 1 << (len(part) - 1).bit_length()) - len(part))
+            part = padded(rows[start:start + _ROWS_PER_QUEUE], _ROWS_PER_QUEUE)
             sql = _QUEUE + ",".join([_QUEUED_ROW] * len(part)) + " ON CONFLICT (key) DO NOTHING RETURNING key"
             new.update(str(r[0]) for r in tx.execute(sql, [v for row in part for v in row]).fetchall())
     added: list[bool] = []
@@ -220,8 +220,8 @@ def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
     names = set(held)
     serving = {name.split(":", 2)[1] for name in names if name.startswith("account:") and name.count(":") >= 2}
     return [g for g in groups
-            if (f"channel:{g['platform']}" not in names if g["platform"] in one_process
-                else f"account:{g['platform']}:{g['account']}" not in names if g["account"]
+            if (CHANNEL_LEASE.format(platform=g["platform"]) not in names if g["platform"] in one_process
+                else ACCOUNT_LEASE.format(platform=g["platform"], account=g["account"]) not in names if g["account"]
                 else g["platform"] not in serving)]
 
 

@@ -122,6 +122,14 @@ _TYPES: dict[Dialect, dict[str, str]] = {
 }
 
 
+def padded(rows: Sequence[T], most: int) -> list[T]:
+    """``rows`` (at most ``most``) padded to a power of two with repeats of the last one, for an INSERT
+    whose repeated row is a no-op (``ON CONFLICT … DO NOTHING``): a few statement shapes serve every
+    count, so the engines' statement caches keep the hot path's statements."""
+    out = list(rows)
+    return out + out[-1:] * (min(most, 1 << (len(out) - 1).bit_length()) - len(out))
+
+
 def render_step(sql: str, dialect: Dialect) -> str:
     """A migration's SQL with ``{id}``/``{real}``/``{blob}`` written in ``dialect``."""
     out = sql
