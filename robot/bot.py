@@ -86,7 +86,8 @@ class Bot:
         check_tables(settings, [p.name for p in self.plugins])
         store = settings.storage
         self.db: Engine = (Database(database) if database else
-                           open_database(store.url.get_secret_value(), settings.bot.data_dir, pool_size=store.pool_size))
+                           open_database(store.url.get_secret_value(), settings.bot.data_dir, pool_size=store.pool_size,
+                                         stall_s=store.lease_s))
         self.clock: Callable[[], datetime] = clock or self.db.now  # the database's time: see Engine.now
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),

@@ -163,7 +163,8 @@ class StorageSection(_Section):
                            "data_dir; postgresql://user:password@host:5432/db for several processes (see Scale out)")
     pool_size: int = Field(8, ge=1, le=100, description="PostgreSQL connections per process")
     lease_s: float = Field(15.0, ge=3, le=600, description="PostgreSQL: a process that stops renewing its accounts' "
-                           "leases for this long (killed, cut off) loses them to another process")
+                           "leases for this long (killed, cut off) loses them to another process (it stops serving "
+                           "them itself a little before); the server ends its transactions left idle this long")
 
 
 class OutboxSection(_Section):

@@ -18,8 +18,9 @@ __all__ = ["Cursor", "Dialect", "Engine", "SQLiteDatabase", "Step", "StorageErro
 SQLITE_FILE = "qunbot.sqlite3"
 
 
-def open_database(url: str, data_dir: Path, *, pool_size: int = 8) -> Engine:
-    """The engine ``url`` names (not yet opened): see the module's docstring."""
+def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: float | None = None) -> Engine:
+    """The engine ``url`` names (not yet opened): see the module's docstring. ``stall_s``: see
+    :class:`~robot.storage.postgres.PostgresDatabase`."""
     url = url.strip()
     if not url:
         return SQLiteDatabase(data_dir / SQLITE_FILE)
@@ -29,6 +30,6 @@ def open_database(url: str, data_dir: Path, *, pool_size: int = 8) -> Engine:
     if url.startswith(("postgresql://", "postgres://")):
         from robot.storage.postgres import PostgresDatabase
 
-        return PostgresDatabase(url, max_size=pool_size)
+        return PostgresDatabase(url, max_size=pool_size, stall_s=stall_s)
     raise StorageError("[storage] url must be empty, sqlite:///path or postgresql://..., not "
                        f"{url.split(':', 1)[0]!r}")

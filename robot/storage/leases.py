@@ -121,6 +121,12 @@ class LeaseKeeper:
         self.wanted: dict[str, Callable[[bool], object] | None] = {}
         self.held: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        ttl = leases.ttl.total_seconds()
+        # A renewal writes an expiry of (when it ran) + ttl, and it ran after this process sent it:
+        # the leases are surely still ours until (when the round began) + ttl. The margin covers
+        # the stop of what they guard and the processes' clocks (kept to the database's).
+        self.trust_s = max(ttl / 2, ttl - max(0.5, ttl / 10))
+        self._until = 0.0  #: the loop's time until which the held leases are surely ours
 
     @property
     def process_lease(self) -> str:
@@ -145,7 +151,23 @@ class LeaseKeeper:
 
     async def _round(self) -> None:
         names = [self.process_lease, *self.wanted]
-        now_held = await self.leases.renew(names)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        if self.leases.exclusive:
+            # Fail closed on time: a renewal the database has not answered (cut off, stalled, every
+            # connection busy) by the time the held leases may expire counts as a failure, so the
+            # channels stop before another process may take their accounts over. A late answer is
+            # not trusted either: what it renewed may expire soon after.
+            limit = began + self.trust_s
+            if self.held:
+                limit = min(limit, self._until)
+            try:
+                now_held = await asyncio.wait_for(self.leases.renew(names), max(0.0, limit - began))
+            except TimeoutError:
+                raise TimeoutError(f"the database did not answer within {limit - began:.1f} s, before this "
+                                   "process's leases may expire") from None
+        else:  # one process per file: nobody else can take a lease, so a slow renewal loses nothing
+            now_held = await self.leases.renew(names)
         for name, on_change in list(self.wanted.items()):
             was, now = name in self.held, name in now_held
             if was != now:
@@ -156,6 +178,7 @@ class LeaseKeeper:
                     except Exception:
                         log.exception("lease %s: the change handler failed", name)
         self.held = now_held
+        self._until = began + self.trust_s
 
     async def start(self) -> None:
         await self._round()
@@ -163,8 +186,12 @@ class LeaseKeeper:
 
     async def _loop(self) -> None:
         period = max(self.leases.ttl.total_seconds() / 3, 0.2)
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(period)
+            # Not past the time the held leases are surely ours (after a slow round): a round then
+            # renews them or, unanswered, gives them up on time.
+            wait = min(period, self._until - loop.time()) if self.held and self.leases.exclusive else period
+            await asyncio.sleep(max(0.0, wait))
             try:
                 await self._round()
             except Exception as exc:

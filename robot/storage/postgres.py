@@ -113,11 +113,13 @@ class PostgresDatabase(Engine):
 
     dialect: Dialect = "postgresql"
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, stall_s: float | None = None) -> None:
+        """``stall_s``: the server ends a transaction of this process's that stays idle this long."""
         super().__init__()
         self.url = url
         self.where = redact_dsn(url)
         self.min_size, self.max_size = min_size, max_size
+        self.stall_s = stall_s
         self.listen_retry_s = 0.5  #: first wait before the LISTEN connection is tried again (doubling, up to 10 s)
         self.listen_wait_s = 10.0  #: how long open() waits for it (the bot starts without it after that)
         self._pool: Any = None
@@ -143,9 +145,15 @@ class PostgresDatabase(Engine):
         # Like SQLite's synchronous=NORMAL, a unit's commit does not wait for the WAL flush: a
         # server crash may drop the last milliseconds of such commits, never corrupt or half-apply
         # them. A durable unit (rows a user is told about) turns it back on for itself.
+        options = "-c synchronous_commit=off"
+        if self.stall_s is not None:
+            # A unit never waits inside its transaction, so one left idle is a frozen or cut-off
+            # process's: the server ends it, and its row locks (a budget, a reminder, a lease) with
+            # it, instead of holding every other process up until TCP notices, hours later.
+            options += f" -c idle_in_transaction_session_timeout={max(1, round(self.stall_s * 1000))}"
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
                                     name="qunbot", reconnect_timeout=60,
-                                    kwargs={"autocommit": True, "options": "-c synchronous_commit=off"})
+                                    kwargs={"autocommit": True, "options": options})
         try:
             # One plain connection first: a wrong host or password fails now, with the server's reason.
             await self._call(lambda: psycopg.connect(self.url, connect_timeout=10).close())

@@ -1,0 +1,249 @@
+"""A process cut off from PostgreSQL, or frozen in the middle of a transaction, fails closed: it
+stops serving its accounts before another process may take them over, and its open transaction
+does not hold the other processes up for longer than its lease.
+
+Real parts: a throwaway PostgreSQL server, a loopback TCP relay that stops relaying without closing
+anything (as a cut network does: nothing arrives, nothing is refused), a real process stopped with
+SIGSTOP, and Telegram's Bot API faked on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from function_calls import Caller
+from robot.budgets import DailyBudget
+from robot.channels.telegram import TelegramChannel, TelegramSettings
+from robot.channels.telegram.testing import FakeBotAPI
+from robot.storage import SQLiteDatabase
+from robot.storage.leases import PROCESS_PREFIX, LeaseKeeper, Leases
+from robot.storage.postgres import PostgresDatabase
+from tests.robot.conftest import BotFactory, eventually
+
+pytestmark = pytest.mark.unrehearsed  # times one process against another
+
+BOT_ID = "123456"
+ACCOUNT = f"account:telegram:{BOT_ID}"
+
+
+class Relay:
+    """A loopback TCP relay to ``port`` that can stop relaying (:meth:`cut`) with every connection open."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.port = 0
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Relay:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:  # the stuck clients hear a reset now, and give their threads back
+            writer.transport.abort()
+        await self._server.wait_closed()
+
+    def url(self, url: str) -> str:
+        return url.replace(f":{self.target}/", f":{self.port}/")
+
+    def cut(self) -> None:
+        self.flowing.clear()
+
+    def mend(self) -> None:
+        self.flowing.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.CancelledError, OSError):  # ends with the relay or the test's loop
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+            self._writers += [writer, up_writer]
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+                                 return_exceptions=True)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            await self.flowing.wait()  # cut: the bytes go nowhere, and nobody is told
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+
+def telegram(fake: FakeBotAPI, folder: Path) -> TelegramChannel:
+    return TelegramChannel(TelegramSettings(enabled=True, token=fake.token, api_base=fake.url, poll_timeout_s=1,
+                                            state_dir=folder / "tg", retry_delay_s=0.05, backoff_max_s=0.1))
+
+
+async def test_a_process_cut_off_from_the_database_stops_polling_before_another_takes_its_account_over(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    port = urlsplit(pg_url).port
+    assert port is not None
+    async with Relay(port) as relay, FakeBotAPI(f"{BOT_ID}:TEST-token") as fake:
+        tg_a, tg_b = telegram(fake, tmp_path / "a"), telegram(fake, tmp_path / "b")
+        a, _ = await make_bot(channel=tg_a, plugins=[], data_dir=tmp_path / "a", start=False,
+                              storage={"url": relay.url(pg_url), "lease_s": 3})
+        b, _ = await make_bot(channel=tg_b, plugins=[], data_dir=tmp_path / "b", start=False,
+                              storage={"url": pg_url, "lease_s": 3})
+        a.leases.leases.holder, b.leases.leases.holder = "proc-a", "proc-b"  # two "processes" in one
+        await a.start()
+        await b.start()
+        assert tg_a.served == {BOT_ID} and tg_b.served == frozenset()
+        polls = len(fake.offsets)
+        await eventually(lambda: len(fake.offsets) > polls, timeout=10)
+
+        # A's network to the database goes silent. Its Telegram connection still works, so only
+        # its leases can stop it: B takes the account once A's lease expires (3 s after A's last
+        # renewal), and A must have stopped polling by then, though its renewal never failed.
+        relay.cut()
+        cut_at = time.monotonic()
+        while not tg_b.served:  # both change on this loop: each sample sees one moment
+            assert time.monotonic() - cut_at < 20, "B never took the account over"
+            await asyncio.sleep(0.005)
+        assert tg_a.served == frozenset(), "A still polled the account when B took it over"
+        assert time.monotonic() - cut_at < 10
+        polls = len(fake.offsets)
+        await eventually(lambda: len(fake.offsets) > polls + 2, timeout=10)  # B polls it now
+        assert tg_a.served == frozenset()
+        assert await b.leases.leases.holders("account:") == {ACCOUNT: "proc-b"}
+
+        # The network comes back: A's late answers change nothing, B keeps the account.
+        relay.mend()
+        await asyncio.sleep(2)
+        assert tg_a.served == frozenset() and tg_b.served == {BOT_ID}
+        assert await a.leases.leases.holders("account:") == {ACCOUNT: "proc-b"}
+        await a.stop(flush_timeout_s=0)
+        await b.stop(flush_timeout_s=0)
+
+
+async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_unanswered(
+        pg_url: str) -> None:
+    port = urlsplit(pg_url).port
+    assert port is not None
+    async with Relay(port) as relay:
+        db = PostgresDatabase(relay.url(pg_url), max_size=2)
+        keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+        await db.open()
+        changes: list[tuple[bool, float]] = []
+        await keeper.start()
+        try:
+            assert await keeper.want(ACCOUNT, lambda held: changes.append((held, time.monotonic())))
+            await asyncio.sleep(1.2)  # a renewal round or so
+            relay.cut()
+            cut_at = time.monotonic()
+            await eventually(lambda: bool(changes) and not changes[-1][0], timeout=10)
+            lost_after = changes[-1][1] - cut_at
+            # Given up 2.5 s after the last renewal began (the cut came after it): before the 3 s
+            # lease could expire, and not at the first sign of slowness either.
+            assert 0.3 < lost_after < 3.0, lost_after
+            assert not keeper.holds(ACCOUNT) and keeper.held == set()
+        finally:
+            keeper._task and keeper._task.cancel()
+    await db.close()
+
+
+async def test_on_sqlite_a_slow_renewal_stops_nothing(tmp_path: Path) -> None:
+    """One process per file: nobody can take a lease over, so a busy writer (a backup, a VACUUM)
+    longer than the lease must not stop the channels."""
+    db = SQLiteDatabase(tmp_path / "qunbot.sqlite3")
+    keeper = LeaseKeeper(Leases(db, ttl_s=1, holder="me"))
+    await db.open()
+    changes: list[bool] = []
+    await keeper.start()
+    try:
+        assert await keeper.want(ACCOUNT, changes.append)
+        await db.run_raw(lambda tx: time.sleep(1.5))  # the writer thread is busy past the lease
+        await asyncio.sleep(0.8)  # rounds after it
+        assert changes == [True] and keeper.holds(ACCOUNT)
+    finally:
+        await keeper.stop()
+        await db.close()
+
+
+FROZEN = textwrap.dedent("""
+    import asyncio, sys
+    from zoneinfo import ZoneInfo
+    from function_calls import Caller
+    from robot.budgets import DailyBudget
+    from robot.storage.leases import Leases
+    from robot.storage.postgres import PostgresDatabase
+
+    class Freezes(PostgresDatabase):
+        async def transaction(self, fn, *, durable=False):
+            def then_freeze(tx):
+                result = fn(tx)
+                print("holding", flush=True)  # the test stops this process now (SIGSTOP)
+                sys.stdin.readline()  # and lets it go on after SIGCONT with a line
+                return result
+            return await super().transaction(then_freeze, durable=durable)
+
+    async def main():
+        db = Freezes(sys.argv[1], max_size=1, stall_s=float(sys.argv[2]))
+        budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=None, chat_tokens=None, bot_tokens=10_000,
+                             leases=Leases(db, holder="frozen"))
+        await db.open()
+        who = Caller(platform="memory", user_id="u9", chat_id="g9", chat_kind="group")
+        async with budget.reserve(who, 4000, at_least=1):
+            print("never", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+async def test_a_frozen_process_s_transaction_holds_the_shared_budget_no_longer_than_its_lease(
+        pg_url: str) -> None:
+    db = PostgresDatabase(pg_url, max_size=2, stall_s=3)
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=None, chat_tokens=None, bot_tokens=10_000,
+                         leases=Leases(db, holder="alive"))
+    await db.open()  # the budget's tables exist before the other process reserves
+    await budget.leases.acquire(PROCESS_PREFIX + "alive")
+    frozen = subprocess.Popen([sys.executable, "-c", FROZEN, pg_url, "2"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert frozen.stdout is not None and frozen.stdin is not None
+        line = await asyncio.wait_for(asyncio.to_thread(frozen.stdout.readline), 30)
+        assert line.strip() == "holding", frozen.stderr.read() if frozen.stderr else line
+        os.kill(frozen.pid, signal.SIGSTOP)
+        await eventually(lambda: _stopped(frozen.pid), timeout=5)
+        # It holds the bot-wide row locked, and will never commit nor close its connection. A
+        # reservation here waits for it only until the server ends its idle transaction (2 s).
+        who = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+        began = time.monotonic()
+        async with asyncio.timeout(30):
+            async with budget.reserve(who, 10_000, at_least=1) as hold:
+                waited = time.monotonic() - began
+                assert hold.held == 10_000  # the frozen process's hold was rolled back: all of it is left
+        assert 1.0 < waited < 15, waited
+        rows = await db.run(lambda tx: tx.execute("SELECT holder, tokens FROM budget_holds").fetchall())
+        assert all(str(holder) != "frozen" for holder, _ in rows)
+        # Thawed, the process finds its transaction gone; nothing it did is kept.
+        os.kill(frozen.pid, signal.SIGCONT)
+        _, err = await asyncio.to_thread(frozen.communicate, "go on\n", timeout=30)
+        assert frozen.returncode != 0 and "idle-in-transaction timeout" in err, err[-2000:]
+        assert await budget.remaining(who) == 10_000
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            frozen.kill()
+        await asyncio.to_thread(frozen.wait)
+        await db.close()
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
