@@ -206,8 +206,10 @@ class Outbox(OutboxRows):
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-        with contextlib.suppress(Exception):  # what this process had claimed, another may send at once
-            await self.db.run(lambda db: release_sync(db, self.holder))
+        # What this process had claimed, another may send at once (else once this process's lease
+        # expires): worth a moment, not a stop that waits for a database that is down.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.db.run(lambda db: release_sync(db, self.holder)), max(flush_timeout_s, 1.0))
 
     async def flush(self) -> None:
         """Wait until no message that is due now remains pending that this process may send."""

@@ -209,6 +209,6 @@ class LeaseKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(Exception):
-            await self.leases.release(self.held)
+        with contextlib.suppress(Exception):  # else they expire: a stop does not wait for a database that is down
+            await asyncio.wait_for(self.leases.release(self.held), min(5.0, self.trust_s))
         self.held = set()

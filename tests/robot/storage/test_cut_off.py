@@ -57,6 +57,10 @@ class Relay:
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        await self.down()
+
+    async def down(self) -> None:
+        """As a database that went down: every connection reset, new ones refused."""
         assert self._server is not None
         self._server.close()
         for writer in self._writers:  # the stuck clients hear a reset now, and give their threads back
@@ -131,6 +135,20 @@ async def test_a_process_cut_off_from_the_database_stops_polling_before_another_
         assert await a.leases.leases.holders("account:") == {ACCOUNT: "proc-b"}
         await a.stop(flush_timeout_s=0)
         await b.stop(flush_timeout_s=0)
+
+
+async def test_a_process_stops_within_seconds_while_the_database_is_down(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    port = urlsplit(pg_url).port
+    assert port is not None
+    async with Relay(port) as relay:
+        bot, _ = await make_bot(plugins=[], storage={"url": relay.url(pg_url), "lease_s": 3})
+        await relay.down()
+        began = time.monotonic()
+        # The outbox's flush and its workers get their second each; giving up its claims and
+        # leases (an optimisation: they expire anyway) may not wait out the pool's reconnects.
+        await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
+        assert time.monotonic() - began < 10
 
 
 async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_unanswered(
