@@ -98,6 +98,7 @@ class Outbox(OutboxRows):
         self._hints: dict[str, set[str]] = {}
         self._scan: set[str] = set()
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._releases: set[asyncio.Task[None]] = set()  # of channels left: see leave()
         self._stopping = True  # until start()
         self._grace_s = 0.0  # while stopping: how long a send under way may take to finish
         db.migrate("outbox", SCHEMA)
@@ -165,7 +166,8 @@ class Outbox(OutboxRows):
 
     async def leave(self, platform: str) -> None:
         """Send no more of ``platform``'s rows here (its channel moved to another process); this
-        process's claims on them are given up, so that the new holder sends them at once."""
+        process's claims on them are given up, so that the new holder sends them at once. That
+        goes on in the background: the caller stops the channel next, even with the database away."""
         self._channels.pop(platform, None)
         self._scopes.pop(platform, None)
         self._parked.get(platform, {}).clear()  # parked for a channel stopped here: nothing to wait out
@@ -173,6 +175,11 @@ class Outbox(OutboxRows):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        release = asyncio.create_task(self._release(platform))
+        self._releases.add(release)
+        release.add_done_callback(self._releases.discard)
+
+    async def _release(self, platform: str) -> None:
         with contextlib.suppress(Exception):
             await self.db.run(lambda db: release_sync(db, self.holder, platform))
 
@@ -203,9 +210,9 @@ class Outbox(OutboxRows):
             for event in self._wake.values():
                 event.set()
             await asyncio.wait(workers, timeout=flush_timeout_s)
-        for task in workers:
+        for task in [*workers, *self._releases]:  # (stop's own release below covers a left channel's)
             task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        await asyncio.gather(*workers, *self._releases, return_exceptions=True)
         # What this process had claimed, another may send at once (else once this process's lease
         # expires): worth a moment, not a stop that waits for a database that is down.
         with contextlib.suppress(Exception):

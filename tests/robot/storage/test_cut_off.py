@@ -32,6 +32,7 @@ from robot.storage import SQLiteDatabase
 from robot.storage.leases import PROCESS_PREFIX, LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
 from tests.robot.conftest import BotFactory, eventually
+from tests.robot.test_accounts_pg import PlaygroundLike
 
 pytestmark = pytest.mark.unrehearsed  # times one process against another
 
@@ -133,6 +134,31 @@ async def test_a_process_cut_off_from_the_database_stops_polling_before_another_
         await asyncio.sleep(2)
         assert tg_a.served == frozenset() and tg_b.served == {BOT_ID}
         assert await a.leases.leases.holders("account:") == {ACCOUNT: "proc-b"}
+        await a.stop(flush_timeout_s=0)
+        await b.stop(flush_timeout_s=0)
+
+
+async def test_a_one_process_channel_cut_off_from_the_database_stops_before_another_process_starts_it(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    port = urlsplit(pg_url).port
+    assert port is not None
+    async with Relay(port) as relay:
+        web_a, web_b = PlaygroundLike(), PlaygroundLike()  # keep their pages in their process's memory
+        a, _ = await make_bot(channel=web_a, plugins=[], data_dir=tmp_path / "a", start=False,
+                              storage={"url": relay.url(pg_url), "lease_s": 3})
+        b, _ = await make_bot(channel=web_b, plugins=[], data_dir=tmp_path / "b", start=False,
+                              storage={"url": pg_url, "lease_s": 3})
+        a.leases.leases.holder, b.leases.leases.holder = "proc-a", "proc-b"
+        await a.start()
+        await b.start()
+        assert web_a.running and not web_b.running  # B stands by
+        relay.cut()
+        cut_at = time.monotonic()
+        while not web_b.running:
+            assert time.monotonic() - cut_at < 20, "B never took the channel over"
+            await asyncio.sleep(0.005)
+        assert not web_a.running, "A still ran the channel when B started it"
+        relay.mend()
         await a.stop(flush_timeout_s=0)
         await b.stop(flush_timeout_s=0)
 
