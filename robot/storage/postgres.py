@@ -15,8 +15,9 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from function_calls.problems import mend_text
@@ -30,6 +31,9 @@ _CHANNEL = "qunbot"
 _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
+# Counts on through a system suspend where the platform allows (Linux), unlike the monotonic clock.
+_ticks: Callable[[], float] = (lambda: time.clock_gettime(time.CLOCK_BOOTTIME)) if hasattr(
+    time, "CLOCK_BOOTTIME") else time.monotonic
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
 _sql_cache: dict[str, str] = {}
 
@@ -128,6 +132,7 @@ class PostgresDatabase(Engine):
         self._listening = asyncio.Event()
         self._clock_watch: asyncio.Task[None] | None = None
         self._listen_late = False
+        self._anchor: tuple[datetime, float] | None = None  # the server's time at the last measure, and its tick
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
@@ -266,16 +271,29 @@ class PostgresDatabase(Engine):
                         self.where, why, delay)
             await asyncio.sleep(delay)
 
-    async def _check_clock(self) -> None:
-        """Measure :attr:`skew` (the server's clock against the middle of the round trip)."""
-        def measure() -> timedelta:
-            with self._pool.connection() as conn:
-                before = self.local()
-                row = conn.execute("SELECT clock_timestamp()").fetchone()
-                after = self.local()
-            return timedelta(0) if row is None else row[0] - (before + (after - before) / 2)
+    def now(self) -> datetime:
+        """The server's time: as measured last, plus this machine's ticks since. Its wall clock
+        stepped meanwhile (NTP, someone setting it) changes nothing, where "this clock plus the
+        last measured skew" would be off by the step for minutes: leases written early or read late."""
+        if self._anchor is None:
+            return super().now()
+        at, tick = self._anchor
+        return at + timedelta(seconds=_ticks() - tick)
 
-        skew = await self._call(measure)
+    async def _check_clock(self) -> None:
+        """Measure :attr:`skew` (the server's clock against the middle of the round trip) and anchor :meth:`now`."""
+        def measure() -> tuple[timedelta, tuple[datetime, float] | None]:
+            with self._pool.connection() as conn:
+                before, first = self.local(), _ticks()
+                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                after, last = self.local(), _ticks()
+            if row is None:
+                return timedelta(0), None
+            return row[0] - (before + (after - before) / 2), (row[0], (first + last) / 2)
+
+        skew, anchor = await self._call(measure)
+        if anchor is not None:
+            self._anchor = anchor
         if abs(skew) > _SKEW_WARN and abs(skew - self.skew) > _SKEW_WARN / 2:
             log.warning("storage: this machine's clock is %.1f s %s the database's; qunbot keeps time by the "
                         "database's (run NTP on every machine)", abs(skew.total_seconds()),

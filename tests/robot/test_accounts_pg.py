@@ -178,6 +178,31 @@ async def test_a_process_whose_clock_runs_ahead_does_not_take_a_living_process_s
         await ahead.close()
 
 
+async def test_a_clock_stepped_after_start_neither_takes_a_living_process_s_account_nor_gives_its_own_early(
+        pg_url: str) -> None:
+    # Measured at start (and every five minutes), the skew is right until the machine's clock is set:
+    # an NTP step, a VM resumed. The database's time counts on from the last measure by this machine's
+    # ticks, which no one sets.
+    honest, stepped = PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)
+    off = [0.0]
+    stepped.local = lambda: datetime.now(UTC) + timedelta(seconds=off[0])
+    a, b = Leases(honest, holder="proc-a"), Leases(stepped, holder="proc-b")
+    await honest.open()
+    await stepped.open()
+    name, other = f"account:telegram:{BOT_ID}", "account:telegram:999"
+    try:
+        assert await a.acquire(name) and await b.acquire(other)
+        off[0] = 40.0  # set 40 s ahead: A's lease (15 s) would look long expired
+        assert abs(stepped.now() - datetime.now(UTC)) < timedelta(seconds=1)
+        assert not await b.acquire(name)
+        off[0] = -40.0  # and back: B's own renewal would be written 40 s early, free for A at once
+        assert await b.acquire(other) and not await a.acquire(other)
+        assert await a.holders("account:") == {name: "proc-a", other: "proc-b"}
+    finally:
+        await honest.close()
+        await stepped.close()
+
+
 async def test_a_lost_lease_stops_polling_and_retaking_it_resumes(pg_url: str, tmp_path: Path) -> None:
     db = PostgresDatabase(pg_url, max_size=2)
     keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
