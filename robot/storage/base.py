@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
@@ -21,7 +22,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from function_calls.problems import mend_text
 
 __all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "parse_iso",
-           "unit_error", "utcnow"]
+           "ticks", "unit_error", "utcnow"]
 
 T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
@@ -47,6 +48,15 @@ def unit_error(exc: BaseException) -> BaseException:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def ticks() -> float:
+    """Seconds on a clock nobody sets that counts on through a system suspend (Linux's boot time;
+    the monotonic clock elsewhere): for "how long since", where the wall clock may be stepped."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if _BOOTTIME else time.monotonic()
+
+
+_BOOTTIME = hasattr(time, "CLOCK_BOOTTIME")
 
 
 def iso(moment: datetime) -> str:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from robot.storage.base import Engine, Tx, iso
+from robot.storage.base import Engine, Tx, iso, ticks
 
 __all__ = ["LeaseKeeper", "Leases", "process_id"]
 
@@ -126,7 +126,7 @@ class LeaseKeeper:
         # the leases are surely still ours until (when the round began) + ttl. The margin covers
         # the stop of what they guard and the processes' clocks (kept to the database's).
         self.trust_s = max(ttl / 2, ttl - max(0.5, ttl / 10))
-        self._until = 0.0  #: the loop's time until which the held leases are surely ours
+        self._until = 0.0  #: the :func:`ticks` until which the held leases are surely ours
 
     @property
     def process_lease(self) -> str:
@@ -151,8 +151,7 @@ class LeaseKeeper:
 
     async def _round(self) -> None:
         names = [self.process_lease, *self.wanted]
-        loop = asyncio.get_running_loop()
-        began = loop.time()
+        began = ticks()
         if self.leases.exclusive:
             # Fail closed on time: a renewal the database has not answered (cut off, stalled, every
             # connection busy) by the time the held leases may expire counts as a failure, so the
@@ -186,11 +185,10 @@ class LeaseKeeper:
 
     async def _loop(self) -> None:
         period = max(self.leases.ttl.total_seconds() / 3, 0.2)
-        loop = asyncio.get_running_loop()
         while True:
             # Not past the time the held leases are surely ours (after a slow round): a round then
             # renews them or, unanswered, gives them up on time.
-            wait = min(period, self._until - loop.time()) if self.held and self.leases.exclusive else period
+            wait = min(period, self._until - ticks()) if self.held and self.leases.exclusive else period
             await asyncio.sleep(max(0.0, wait))
             try:
                 await self._round()

@@ -15,13 +15,12 @@ import contextlib
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from function_calls.problems import mend_text
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, unit_error
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, ticks, unit_error
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
@@ -31,9 +30,6 @@ _CHANNEL = "qunbot"
 _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
-# Counts on through a system suspend where the platform allows (Linux), unlike the monotonic clock.
-_ticks: Callable[[], float] = (lambda: time.clock_gettime(time.CLOCK_BOOTTIME)) if hasattr(
-    time, "CLOCK_BOOTTIME") else time.monotonic
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
 _sql_cache: dict[str, str] = {}
 
@@ -272,21 +268,22 @@ class PostgresDatabase(Engine):
             await asyncio.sleep(delay)
 
     def now(self) -> datetime:
-        """The server's time: as measured last, plus this machine's ticks since. Its wall clock
-        stepped meanwhile (NTP, someone setting it) changes nothing, where "this clock plus the
-        last measured skew" would be off by the step for minutes: leases written early or read late."""
+        """The server's time: as read last, plus this machine's :func:`ticks` since. A step of this
+        machine's wall clock in between (NTP, someone setting it) changes nothing; "this clock plus
+        the last skew" would be off by the step until the next reading: leases written early, or
+        read as expired."""
         if self._anchor is None:
             return super().now()
         at, tick = self._anchor
-        return at + timedelta(seconds=_ticks() - tick)
+        return at + timedelta(seconds=ticks() - tick)
 
     async def _check_clock(self) -> None:
         """Measure :attr:`skew` (the server's clock against the middle of the round trip) and anchor :meth:`now`."""
         def measure() -> tuple[timedelta, tuple[datetime, float] | None]:
             with self._pool.connection() as conn:
-                before, first = self.local(), _ticks()
+                before, first = self.local(), ticks()
                 row = conn.execute("SELECT clock_timestamp()").fetchone()
-                after, last = self.local(), _ticks()
+                after, last = self.local(), ticks()
             if row is None:
                 return timedelta(0), None
             return row[0] - (before + (after - before) / 2), (row[0], (first + last) / 2)

@@ -1,10 +1,11 @@
 """A process cut off from PostgreSQL, or frozen in the middle of a transaction, fails closed: it
-stops serving its accounts before another process may take them over, and its open transaction
-does not hold the other processes up for longer than its lease.
+stops serving its accounts and one-process channels before another process may take them over,
+its open transaction does not hold the other processes up for longer than its lease, and with the
+database down it still stops within seconds.
 
 Real parts: a throwaway PostgreSQL server, a loopback TCP relay that stops relaying without closing
-anything (as a cut network does: nothing arrives, nothing is refused), a real process stopped with
-SIGSTOP, and Telegram's Bot API faked on loopback.
+anything (as a cut network does: nothing arrives, nothing is refused) or goes down, a real process
+stopped with SIGSTOP, and Telegram's Bot API faked on loopback.
 """
 
 from __future__ import annotations
@@ -196,10 +197,11 @@ async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_u
             lost_after = changes[-1][1] - cut_at
             # Given up 2.5 s after the last renewal began (the cut came after it): before the 3 s
             # lease could expire, and not at the first sign of slowness either.
-            assert 0.3 < lost_after < 3.0, lost_after
+            assert 1.0 < lost_after < 3.0, lost_after
             assert not keeper.holds(ACCOUNT) and keeper.held == set()
         finally:
-            keeper._task and keeper._task.cancel()
+            if keeper._task is not None:  # stop() would release through the relay
+                keeper._task.cancel()
     await db.close()
 
 
