@@ -15,7 +15,8 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+import socket
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -129,6 +130,7 @@ class PostgresDatabase(Engine):
         self._clock_watch: asyncio.Task[None] | None = None
         self._listen_late = False
         self._anchor: tuple[datetime, float] | None = None  # the server's time at the last measure, and its tick
+        self._busy: set[Any] = set()  # connections a unit is using now: see close()
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
@@ -184,9 +186,11 @@ class PostgresDatabase(Engine):
         rehearsing = self.rehearse
         last = _RETRIES - 1 + rehearsing
         for attempt in range(last + 1):
-            started = False
+            started, pool = False, self._pool
+            if pool is None:  # closed meanwhile (a unit retried after its connection was cut)
+                raise StorageError(f"the database {self.where} is closed")
             try:
-                with self._pool.connection() as conn, conn.transaction():
+                with pool.connection() as conn, self._using(conn), conn.transaction():
                     started = True
                     if durable:
                         conn.execute("SET LOCAL synchronous_commit TO ON")
@@ -210,6 +214,14 @@ class PostgresDatabase(Engine):
                     raise
                 log.info("storage: a pooled connection to %s was closed; retrying on another", self.where)
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _using(self, conn: Any) -> Iterator[None]:
+        self._busy.add(conn)
+        try:
+            yield
+        finally:
+            self._busy.discard(conn)
 
     def _unit(self, fn: Callable[[PostgresTx], T], durable: bool) -> T:
         try:
@@ -316,7 +328,22 @@ class PostgresDatabase(Engine):
             pool, self._pool = self._pool, None
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(pool.close)
+            await self._cut_stuck()
         if self._threads is not None:
             self._threads.shutdown(wait=False)
             self._threads = None
         self.opened = False
+
+    async def _cut_stuck(self, grace_s: float = 2.0) -> None:
+        """Shut the connections units still wait on (a database that does not answer, the network to
+        it silent) once the pool is closed: their threads end with an error instead of keeping the
+        process from exiting (Python waits for them) until TCP gives up, up to a quarter of an hour."""
+        for _ in range(round(grace_s / 0.05)):  # units finishing normally first
+            if not self._busy:
+                return
+            await asyncio.sleep(0.05)
+        for conn in list(self._busy):
+            log.warning("storage: %s does not answer; closing a connection a unit still waits on", self.where)
+            with contextlib.suppress(Exception), socket.fromfd(conn.pgconn.socket, socket.AF_INET,
+                                                               socket.SOCK_STREAM) as twin:
+                twin.shutdown(socket.SHUT_RDWR)  # on the connection itself, which the twin shares

@@ -23,13 +23,14 @@ from types import TracebackType
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 
 from function_calls import Caller
 from robot.budgets import DailyBudget
 from robot.channels.telegram import TelegramChannel, TelegramSettings
 from robot.channels.telegram.testing import FakeBotAPI
-from robot.storage import SQLiteDatabase
+from robot.storage import SQLiteDatabase, StorageError
 from robot.storage.leases import PROCESS_PREFIX, LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
 from tests.robot.conftest import BotFactory, eventually
@@ -176,6 +177,26 @@ async def test_a_process_stops_within_seconds_while_the_database_is_down(
         # leases (an optimisation: they expire anyway) may not wait out the pool's reconnects.
         await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
         assert time.monotonic() - began < 10
+
+
+async def test_a_process_cut_off_from_the_database_stops_and_leaves_no_thread_waiting_on_it(
+        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
+    port = urlsplit(pg_url).port
+    assert port is not None
+    async with Relay(port) as relay:
+        bot, _ = await make_bot(plugins=[], storage={"url": relay.url(pg_url), "lease_s": 3})
+        assert isinstance(bot.db, PostgresDatabase) and bot.db._threads is not None
+        relay.cut()
+        stuck = asyncio.create_task(bot.db.run(lambda tx: tx.execute("SELECT 1").fetchone()))
+        await asyncio.sleep(0.5)
+        assert not stuck.done()
+        threads = set(bot.db._threads._threads)  # type: ignore[attr-defined]
+        await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
+        # Python waits for these at exit: none may wait on the silent database (TCP would give up
+        # after a quarter of an hour), while the relay still holds every connection open.
+        await eventually(lambda: not any(thread.is_alive() for thread in threads), timeout=10)
+        with pytest.raises((psycopg.OperationalError, StorageError)):  # the unit fails, and says so
+            await stuck
 
 
 async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_unanswered(
