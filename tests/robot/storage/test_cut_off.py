@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -27,7 +28,9 @@ import psycopg
 import pytest
 
 from function_calls import Caller
+from robot.bot import Bot
 from robot.budgets import DailyBudget
+from robot.channels.base import Channel
 from robot.channels.telegram import TelegramChannel, TelegramSettings
 from robot.channels.telegram.testing import FakeBotAPI
 from robot.storage import SQLiteDatabase, StorageError
@@ -94,24 +97,47 @@ class Relay:
         writer.close()
 
 
+@pytest.fixture
+async def relay(pg_url: str) -> AsyncIterator[Relay]:
+    """A relay to the test's PostgreSQL server (use ``relay.url(pg_url)``)."""
+    port = urlsplit(pg_url).port
+    assert port is not None
+    async with Relay(port) as running:
+        yield running
+
+
 def telegram(fake: FakeBotAPI, folder: Path) -> TelegramChannel:
     return TelegramChannel(TelegramSettings(enabled=True, token=fake.token, api_base=fake.url, poll_timeout_s=1,
                                             state_dir=folder / "tg", retry_delay_s=0.05, backoff_max_s=0.1))
 
 
+async def two_processes(make_bot: BotFactory, pg_url: str, relay: Relay, folder: Path, channel_a: Channel,
+                        channel_b: Channel) -> tuple[Bot, Bot]:
+    """Bot "processes" A (reaching the database through ``relay``) and B (directly), 3 s leases,
+    started in that order."""
+    a, _ = await make_bot(channel=channel_a, plugins=[], data_dir=folder / "a", start=False,
+                          storage={"url": relay.url(pg_url), "lease_s": 3})
+    b, _ = await make_bot(channel=channel_b, plugins=[], data_dir=folder / "b", start=False,
+                          storage={"url": pg_url, "lease_s": 3})
+    a.leases.leases.holder, b.leases.leases.holder = "proc-a", "proc-b"  # two processes in one
+    await a.start()
+    await b.start()
+    return a, b
+
+
+async def first(condition: Callable[[], object], what: str) -> None:
+    """Sample ``condition`` every few ms until it holds: the test looks at the moment it did."""
+    began = time.monotonic()
+    while not condition():
+        assert time.monotonic() - began < 20, what
+        await asyncio.sleep(0.005)
+
+
 async def test_a_process_cut_off_from_the_database_stops_polling_before_another_takes_its_account_over(
-        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
-    port = urlsplit(pg_url).port
-    assert port is not None
-    async with Relay(port) as relay, FakeBotAPI(f"{BOT_ID}:TEST-token") as fake:
+        make_bot: BotFactory, pg_url: str, relay: Relay, tmp_path: Path) -> None:
+    async with FakeBotAPI(f"{BOT_ID}:TEST-token") as fake:
         tg_a, tg_b = telegram(fake, tmp_path / "a"), telegram(fake, tmp_path / "b")
-        a, _ = await make_bot(channel=tg_a, plugins=[], data_dir=tmp_path / "a", start=False,
-                              storage={"url": relay.url(pg_url), "lease_s": 3})
-        b, _ = await make_bot(channel=tg_b, plugins=[], data_dir=tmp_path / "b", start=False,
-                              storage={"url": pg_url, "lease_s": 3})
-        a.leases.leases.holder, b.leases.leases.holder = "proc-a", "proc-b"  # two "processes" in one
-        await a.start()
-        await b.start()
+        a, b = await two_processes(make_bot, pg_url, relay, tmp_path, tg_a, tg_b)
         assert tg_a.served == {BOT_ID} and tg_b.served == frozenset()
         polls = len(fake.offsets)
         await eventually(lambda: len(fake.offsets) > polls, timeout=10)
@@ -121,9 +147,7 @@ async def test_a_process_cut_off_from_the_database_stops_polling_before_another_
         # renewal), and A must have stopped polling by then, though its renewal never failed.
         relay.cut()
         cut_at = time.monotonic()
-        while not tg_b.served:  # both change on this loop: each sample sees one moment
-            assert time.monotonic() - cut_at < 20, "B never took the account over"
-            await asyncio.sleep(0.005)
+        await first(lambda: tg_b.served, "B never took the account over")  # both change on this loop
         assert tg_a.served == frozenset(), "A still polled the account when B took it over"
         assert time.monotonic() - cut_at < 10
         polls = len(fake.offsets)
@@ -141,89 +165,69 @@ async def test_a_process_cut_off_from_the_database_stops_polling_before_another_
 
 
 async def test_a_one_process_channel_cut_off_from_the_database_stops_before_another_process_starts_it(
-        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
-    port = urlsplit(pg_url).port
-    assert port is not None
-    async with Relay(port) as relay:
-        web_a, web_b = PlaygroundLike(), PlaygroundLike()  # keep their pages in their process's memory
-        a, _ = await make_bot(channel=web_a, plugins=[], data_dir=tmp_path / "a", start=False,
-                              storage={"url": relay.url(pg_url), "lease_s": 3})
-        b, _ = await make_bot(channel=web_b, plugins=[], data_dir=tmp_path / "b", start=False,
-                              storage={"url": pg_url, "lease_s": 3})
-        a.leases.leases.holder, b.leases.leases.holder = "proc-a", "proc-b"
-        await a.start()
-        await b.start()
-        assert web_a.running and not web_b.running  # B stands by
-        relay.cut()
-        cut_at = time.monotonic()
-        while not web_b.running:
-            assert time.monotonic() - cut_at < 20, "B never took the channel over"
-            await asyncio.sleep(0.005)
-        assert not web_a.running, "A still ran the channel when B started it"
-        relay.mend()
-        await a.stop(flush_timeout_s=0)
-        await b.stop(flush_timeout_s=0)
+        make_bot: BotFactory, pg_url: str, relay: Relay, tmp_path: Path) -> None:
+    web_a, web_b = PlaygroundLike(), PlaygroundLike()  # keep their pages in their process's memory
+    a, b = await two_processes(make_bot, pg_url, relay, tmp_path, web_a, web_b)
+    assert web_a.running and not web_b.running  # B stands by
+    relay.cut()
+    await first(lambda: web_b.running, "B never took the channel over")
+    assert not web_a.running, "A still ran the channel when B started it"
+    relay.mend()
+    await a.stop(flush_timeout_s=0)
+    await b.stop(flush_timeout_s=0)
 
 
 async def test_a_process_stops_within_seconds_while_the_database_is_down(
-        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
-    port = urlsplit(pg_url).port
-    assert port is not None
-    async with Relay(port) as relay:
-        bot, _ = await make_bot(plugins=[], storage={"url": relay.url(pg_url), "lease_s": 3})
-        await relay.down()
-        began = time.monotonic()
-        # The outbox's flush and its workers get their second each; giving up its claims and
-        # leases (an optimisation: they expire anyway) may not wait out the pool's reconnects.
-        await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
-        assert time.monotonic() - began < 10
+        make_bot: BotFactory, pg_url: str, relay: Relay) -> None:
+    bot, _ = await make_bot(plugins=[], storage={"url": relay.url(pg_url), "lease_s": 3})
+    await relay.down()
+    began = time.monotonic()
+    # The outbox's flush and its workers get their second each; giving up its claims and leases
+    # (an optimisation: they expire anyway) may not wait out the pool's reconnects.
+    await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
+    assert time.monotonic() - began < 10
 
 
 async def test_a_process_cut_off_from_the_database_stops_and_leaves_no_thread_waiting_on_it(
-        make_bot: BotFactory, pg_url: str, tmp_path: Path) -> None:
-    port = urlsplit(pg_url).port
-    assert port is not None
-    async with Relay(port) as relay:
-        bot, _ = await make_bot(plugins=[], storage={"url": relay.url(pg_url), "lease_s": 3})
-        assert isinstance(bot.db, PostgresDatabase) and bot.db._threads is not None
-        relay.cut()
-        stuck = asyncio.create_task(bot.db.run(lambda tx: tx.execute("SELECT 1").fetchone()))
-        await asyncio.sleep(0.5)
-        assert not stuck.done()
-        threads = set(bot.db._threads._threads)  # type: ignore[attr-defined]
-        await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
-        # Python waits for these at exit: none may wait on the silent database (TCP would give up
-        # after a quarter of an hour), while the relay still holds every connection open.
-        await eventually(lambda: not any(thread.is_alive() for thread in threads), timeout=10)
-        with pytest.raises((psycopg.OperationalError, StorageError)):  # the unit fails, and says so
-            await stuck
+        make_bot: BotFactory, pg_url: str, relay: Relay) -> None:
+    bot, _ = await make_bot(plugins=[], storage={"url": relay.url(pg_url), "lease_s": 3})
+    assert isinstance(bot.db, PostgresDatabase) and bot.db._threads is not None
+    relay.cut()
+    stuck = asyncio.create_task(bot.db.run(lambda tx: tx.execute("SELECT 1").fetchone()))
+    await asyncio.sleep(0.5)
+    assert not stuck.done()
+    threads = set(bot.db._threads._threads)  # type: ignore[attr-defined]
+    await asyncio.wait_for(bot.stop(flush_timeout_s=1), 60)
+    # Python waits for these at exit: none may wait on the silent database (TCP would give up after
+    # a quarter of an hour), while the relay still holds every connection open.
+    await eventually(lambda: not any(thread.is_alive() for thread in threads), timeout=10)
+    with pytest.raises((psycopg.OperationalError, StorageError)):  # the unit fails, and says so
+        await stuck
 
 
 async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_unanswered(
-        pg_url: str) -> None:
-    port = urlsplit(pg_url).port
-    assert port is not None
-    async with Relay(port) as relay:
-        db = PostgresDatabase(relay.url(pg_url), max_size=2)
-        keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
-        await db.open()
-        changes: list[tuple[bool, float]] = []
-        await keeper.start()
-        try:
-            assert await keeper.want(ACCOUNT, lambda held: changes.append((held, time.monotonic())))
-            await asyncio.sleep(1.2)  # a renewal round or so
-            relay.cut()
-            cut_at = time.monotonic()
-            await eventually(lambda: bool(changes) and not changes[-1][0], timeout=10)
-            lost_after = changes[-1][1] - cut_at
-            # Given up 2.5 s after the last renewal began (the cut came after it): before the 3 s
-            # lease could expire, and not at the first sign of slowness either.
-            assert 1.0 < lost_after < 3.0, lost_after
-            assert not keeper.holds(ACCOUNT) and keeper.held == set()
-        finally:
-            if keeper._task is not None:  # stop() would release through the relay
-                keeper._task.cancel()
-    await db.close()
+        pg_url: str, relay: Relay) -> None:
+    db = PostgresDatabase(relay.url(pg_url), max_size=2)
+    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+    await db.open()
+    changes: list[tuple[bool, float]] = []
+    await keeper.start()
+    try:
+        assert await keeper.want(ACCOUNT, lambda held: changes.append((held, time.monotonic())))
+        await asyncio.sleep(1.2)  # a renewal round or so
+        relay.cut()
+        cut_at = time.monotonic()
+        await eventually(lambda: bool(changes) and not changes[-1][0], timeout=10)
+        lost_after = changes[-1][1] - cut_at
+        # Given up 2.5 s after the last renewal began (the cut came after it): before the 3 s lease
+        # could expire, and not at the first sign of slowness either.
+        assert 1.0 < lost_after < 3.0, lost_after
+        assert not keeper.holds(ACCOUNT) and keeper.held == set()
+    finally:
+        if keeper._task is not None:  # stop() would release through the silent relay
+            keeper._task.cancel()
+        relay.mend()
+        await db.close()
 
 
 async def test_on_sqlite_a_slow_renewal_stops_nothing(tmp_path: Path) -> None:
