@@ -29,6 +29,8 @@ from robot.doctor_storage import storage_checks
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.redact import redact_url
 from robot.runtime import tune_gc
+from robot.storage import SQLiteDatabase
+from robot.storage.lockfile import sole_process
 from robot.template import render_template
 
 __all__ = ["builtin_template", "main"]
@@ -100,16 +102,19 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await bot.start()
-    tune_gc()  # a long-running process: see robot.runtime
-    for channel in bot.channels.values():
-        where = channel.location()
-        log.info("channel %s ready%s", channel.platform, f" at {redact_url(where)}" if where else "")
-    try:
-        await stop.wait()
-    finally:
-        log.info("shutting down: flushing the outbox")
-        await bot.stop()
+    with contextlib.ExitStack() as held:
+        if isinstance(bot.db, SQLiteDatabase) and bot.db.path != ":memory:":
+            held.enter_context(sole_process(Path(bot.db.path)))  # one bot process per SQLite file
+        await bot.start()
+        tune_gc()  # a long-running process: see robot.runtime
+        for channel in bot.channels.values():
+            where = channel.location()
+            log.info("channel %s ready%s", channel.platform, f" at {redact_url(where)}" if where else "")
+        try:
+            await stop.wait()
+        finally:
+            log.info("shutting down: flushing the outbox")
+            await bot.stop()
 
 
 async def _run(settings: Settings, channels: list[Channel] | None = None) -> None:

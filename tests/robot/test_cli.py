@@ -535,3 +535,52 @@ def test_a_file_beside_the_config_does_not_shadow_a_builtin_plugin(
     monkeypatch.delitem(sys.modules, "summary", raising=False)  # imported afresh, as in a new process
     assert main(["tools", "--config", str(cfg)]) == 0
     assert capsys.readouterr().out.startswith("summary")
+
+
+async def test_a_second_bot_process_on_the_same_sqlite_file_is_refused_until_the_first_is_gone(
+        plugin_dir: Path) -> None:
+    """Started twice by mistake (a systemd unit and a terminal), two processes would poll the same
+    accounts and send replies twice: the second one says who runs and exits; once the first is
+    killed (no clean stop, no stale lock left), a new one starts."""
+    cfg = config(plugin_dir, "[channels.console]\nenabled = true\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")])}
+
+    async def start(command: str = "run") -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "robot.cli", "--config", str(cfg), command, cwd=plugin_dir, env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+    async def ready(proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        seen = b""
+        async with asyncio.timeout(20):
+            while b"channel console ready" not in seen:
+                line = await proc.stderr.readline()
+                assert line, f"qunbot run exited early: {seen.decode()[-2000:]}"
+                seen += line
+
+    first = await start()
+    procs = [first]
+    try:
+        await ready(first)
+        for command in ("run", "chat"):
+            second = await start(command)
+            procs.append(second)
+            async with asyncio.timeout(20):
+                _, err = await second.communicate()
+            assert second.returncode == 1, err.decode()[-2000:]
+            text = err.decode()
+            assert f"another qunbot process (pid {first.pid}) runs on" in text and "Traceback" not in text
+        first.kill()  # SIGKILL: the kernel drops its lock
+        await first.wait()
+        third = await start()
+        procs.append(third)
+        await ready(third)
+        third.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert await third.wait() == 0
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
