@@ -193,9 +193,11 @@ class LeaseKeeper:
             try:
                 await self._round()
             except Exception as exc:
-                # Unable to renew: fail closed, as if every lease were lost (another process
-                # may take them once they expire), and keep trying.
                 log.warning("leases: cannot renew (%s)", exc)
+                if not self.leases.exclusive:  # one bot process per SQLite file: nobody can take them
+                    continue
+                # Fail closed, as if every lease were lost (another process may take them once they
+                # expire), and keep trying.
                 for name, on_change in self.wanted.items():
                     if name in self.held and on_change is not None:
                         on_change(False)

@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -242,6 +243,33 @@ async def test_on_sqlite_a_slow_renewal_stops_nothing(tmp_path: Path) -> None:
         assert await keeper.want(ACCOUNT, changes.append)
         await db.run_raw(lambda tx: time.sleep(1.5))  # the writer thread is busy past the lease
         await asyncio.sleep(0.8)  # rounds after it
+        assert changes == [True] and keeper.holds(ACCOUNT)
+    finally:
+        await keeper.stop()
+        await db.close()
+
+
+async def test_on_sqlite_a_failed_renewal_stops_nothing(tmp_path: Path) -> None:
+    """A disk error on one renewal must not restart the web playground: one bot process per file
+    (qunbot run holds it), so no other process can have taken the lease meanwhile."""
+    db = SQLiteDatabase(tmp_path / "qunbot.sqlite3")
+    keeper = LeaseKeeper(Leases(db, ttl_s=0.6, holder="me"))
+    await db.open()
+    changes: list[bool] = []
+    renew, failed = keeper.leases.renew, []
+
+    async def once_failing(names: Iterable[str]) -> set[str]:
+        if not failed:
+            failed.append(True)
+            raise sqlite3.OperationalError("disk I/O error")
+        return await renew(names)
+
+    await keeper.start()
+    try:
+        assert await keeper.want(ACCOUNT, changes.append)
+        keeper.leases.renew = once_failing  # type: ignore[method-assign]
+        await eventually(lambda: len(failed) == 1, timeout=5)
+        await asyncio.sleep(0.5)  # rounds after it
         assert changes == [True] and keeper.holds(ACCOUNT)
     finally:
         await keeper.stop()
