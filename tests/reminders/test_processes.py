@@ -9,7 +9,13 @@ two rows instead of being absorbed by the real outbox's idempotent insert.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -166,3 +172,51 @@ async def test_a_reminder_added_while_a_process_heard_nothing_is_armed_there_onc
     async with asyncio.timeout(20):  # listening again after 3 s, each reads its window again
         while not all(s.armed_at(made.id) == made.next_fire for s in (b, c)):
             await asyncio.sleep(0.02)
+
+
+FROZEN_FIRER = textwrap.dedent("""
+    import asyncio, sys
+    from datetime import datetime
+    from reminders.store import SCHEMA, ReminderStore
+    from robot.storage.postgres import PostgresDatabase
+
+    async def main():
+        db = PostgresDatabase(sys.argv[1], max_size=1, stall_s=2.0)  # what a bot with lease_s = 2 sets
+        db.migrate("reminders", SCHEMA)
+        await db.open()
+
+        def claims_then_freezes(tx):
+            assert len(ReminderStore.due_sync(tx, datetime.fromisoformat(sys.argv[2]), "text", 10, claim=True)) == 3
+            print("holding", flush=True)  # the test stops this process now (SIGSTOP)
+            sys.stdin.readline()
+
+        await db.transaction(claims_then_freezes)
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.unrehearsed(reason="times a frozen process's transaction against the server's timeout")
+async def test_rows_claimed_by_a_process_frozen_mid_firing_are_fired_by_another_once_its_lease_is_up(
+        processes: list[ReminderService], pg_url: str) -> None:
+    # Not killed (its connection would close and the server roll back at once) but frozen: a paused
+    # VM, a stopped process, a cut network. Its row locks go when the server ends its idle transaction.
+    a, b, _ = processes
+    await a.store.db.run(lambda db: ReminderStore.insert_sync(db, due_rows(3)))
+    frozen = subprocess.Popen([sys.executable, "-c", FROZEN_FIRER, pg_url, NOW.isoformat()], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert frozen.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(frozen.stdout.readline), 30)
+        assert line.strip() == "holding", frozen.stderr.read() if frozen.stderr else line
+        os.kill(frozen.pid, signal.SIGSTOP)
+        assert (await b.fire_due(NOW)).delivered == 0  # claimed elsewhere: skipped, not waited for
+        async with asyncio.timeout(20):  # b looks again by itself; the rows are free 2 s after the freeze
+            while len(await fired(b)) < 3:
+                await asyncio.sleep(0.1)
+        assert sorted(await fired(b)) == ["提醒 0", "提醒 1", "提醒 2"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            frozen.kill()
+        await asyncio.to_thread(frozen.wait)
+    assert sorted(await fired(a)) == ["提醒 0", "提醒 1", "提醒 2"]  # once: the frozen one never commits
