@@ -160,11 +160,12 @@ class LeaseKeeper:
             limit = began + self.trust_s
             if self.held:
                 limit = min(limit, self._until)
+            wait = max(0.0, limit - began)
             try:
-                now_held = await asyncio.wait_for(self.leases.renew(names), max(0.0, limit - began))
+                now_held = await asyncio.wait_for(self.leases.renew(names), wait)
             except TimeoutError:
-                raise TimeoutError(f"the database did not answer within {limit - began:.1f} s, before this "
-                                   "process's leases may expire") from None
+                raise TimeoutError(f"the database did not answer within {wait:.1f} s, before this process's "
+                                   "leases may expire") from None
         else:  # one process per file: nobody else can take a lease, so a slow renewal loses nothing
             now_held = await self.leases.renew(names)
         for name, on_change in list(self.wanted.items()):
