@@ -9,12 +9,7 @@ two rows instead of being absorbed by the real outbox's idempotent insert.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,6 +26,7 @@ from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
 from robot import OutgoingMessage, Tx
 from robot.storage.postgres import PostgresDatabase
+from tests.frozen import frozen_child
 
 NOW = datetime(2030, 1, 7, 4, 0, tzinfo=UTC)
 SH = "Asia/Shanghai"
@@ -203,20 +199,10 @@ async def test_rows_claimed_by_a_process_frozen_mid_firing_are_fired_by_another_
     # VM, a stopped process, a cut network. Its row locks go when the server ends its idle transaction.
     a, b, _ = processes
     await a.store.db.run(lambda db: ReminderStore.insert_sync(db, due_rows(3)))
-    frozen = subprocess.Popen([sys.executable, "-c", FROZEN_FIRER, pg_url, NOW.isoformat()], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert frozen.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(frozen.stdout.readline), 30)
-        assert line.strip() == "holding", frozen.stderr.read() if frozen.stderr else line
-        os.kill(frozen.pid, signal.SIGSTOP)
+    async with frozen_child(FROZEN_FIRER, pg_url, NOW.isoformat()):
         assert (await b.fire_due(NOW)).delivered == 0  # claimed elsewhere: skipped, not waited for
         async with asyncio.timeout(20):  # b looks again by itself; the rows are free 2 s after the freeze
             while len(await fired(b)) < 3:
                 await asyncio.sleep(0.1)
         assert sorted(await fired(b)) == ["提醒 0", "提醒 1", "提醒 2"]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            frozen.kill()
-        await asyncio.to_thread(frozen.wait)
     assert sorted(await fired(a)) == ["提醒 0", "提醒 1", "提醒 2"]  # once: the frozen one never commits

@@ -15,11 +15,9 @@ import contextlib
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -37,6 +35,7 @@ from robot.channels.telegram.testing import FakeBotAPI
 from robot.storage import SQLiteDatabase, StorageError
 from robot.storage.leases import PROCESS_PREFIX, LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
+from tests.frozen import frozen_child
 from tests.robot.conftest import BotFactory, eventually
 from tests.robot.test_accounts_pg import PlaygroundLike
 
@@ -126,14 +125,6 @@ async def two_processes(make_bot: BotFactory, pg_url: str, relay: Relay, folder:
     return a, b
 
 
-async def first(condition: Callable[[], object], what: str) -> None:
-    """Sample ``condition`` every few ms until it holds: the test looks at the moment it did."""
-    began = time.monotonic()
-    while not condition():
-        assert time.monotonic() - began < 20, what
-        await asyncio.sleep(0.005)
-
-
 async def test_a_process_cut_off_from_the_database_stops_polling_before_another_takes_its_account_over(
         make_bot: BotFactory, pg_url: str, relay: Relay, tmp_path: Path) -> None:
     async with FakeBotAPI(f"{BOT_ID}:TEST-token") as fake:
@@ -148,7 +139,7 @@ async def test_a_process_cut_off_from_the_database_stops_polling_before_another_
         # renewal), and A must have stopped polling by then, though its renewal never failed.
         relay.cut()
         cut_at = time.monotonic()
-        await first(lambda: tg_b.served, "B never took the account over")  # both change on this loop
+        await eventually(lambda: bool(tg_b.served), timeout=20)  # both change on this loop: one moment
         assert tg_a.served == frozenset(), "A still polled the account when B took it over"
         assert time.monotonic() - cut_at < 10
         polls = len(fake.offsets)
@@ -171,7 +162,7 @@ async def test_a_one_process_channel_cut_off_from_the_database_stops_before_anot
     a, b = await two_processes(make_bot, pg_url, relay, tmp_path, web_a, web_b)
     assert web_a.running and not web_b.running  # B stands by
     relay.cut()
-    await first(lambda: web_b.running, "B never took the channel over")
+    await eventually(lambda: web_b.running, timeout=20)
     assert not web_a.running, "A still ran the channel when B started it"
     relay.mend()
     await a.stop(flush_timeout_s=0)
@@ -313,36 +304,23 @@ async def test_a_frozen_process_s_transaction_holds_the_shared_budget_no_longer_
                          leases=Leases(db, holder="alive"))
     await db.open()  # the budget's tables exist before the other process reserves
     await budget.leases.acquire(PROCESS_PREFIX + "alive")
-    frozen = subprocess.Popen([sys.executable, "-c", FROZEN, pg_url, "2"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert frozen.stdout is not None and frozen.stdin is not None
-        line = await asyncio.wait_for(asyncio.to_thread(frozen.stdout.readline), 30)
-        assert line.strip() == "holding", frozen.stderr.read() if frozen.stderr else line
-        os.kill(frozen.pid, signal.SIGSTOP)
-        await eventually(lambda: _stopped(frozen.pid), timeout=5)
-        # It holds the bot-wide row locked, and will never commit nor close its connection. A
-        # reservation here waits for it only until the server ends its idle transaction (2 s).
-        who = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
-        began = time.monotonic()
-        async with asyncio.timeout(30):
-            async with budget.reserve(who, 10_000, at_least=1) as hold:
-                waited = time.monotonic() - began
-                assert hold.held == 10_000  # the frozen process's hold was rolled back: all of it is left
-        assert 1.0 < waited < 15, waited
-        rows = await db.run(lambda tx: tx.execute("SELECT holder, tokens FROM budget_holds").fetchall())
-        assert all(str(holder) != "frozen" for holder, _ in rows)
-        # Thawed, the process finds its transaction gone; nothing it did is kept.
-        os.kill(frozen.pid, signal.SIGCONT)
-        _, err = await asyncio.to_thread(frozen.communicate, "go on\n", timeout=30)
-        assert frozen.returncode != 0 and "idle-in-transaction timeout" in err, err[-2000:]
-        assert await budget.remaining(who) == 10_000
+        async with frozen_child(FROZEN, pg_url, "2") as frozen:
+            # It holds the bot-wide row locked, and will never commit nor close its connection. A
+            # reservation here waits for it only until the server ends its idle transaction (2 s).
+            who = Caller(platform="memory", user_id="u1", chat_id="g1", chat_kind="group")
+            began = time.monotonic()
+            async with asyncio.timeout(30):
+                async with budget.reserve(who, 10_000, at_least=1) as hold:
+                    waited = time.monotonic() - began
+                    assert hold.held == 10_000  # the frozen process's hold was rolled back: all of it is left
+            assert 1.0 < waited < 15, waited
+            rows = await db.run(lambda tx: tx.execute("SELECT holder, tokens FROM budget_holds").fetchall())
+            assert all(str(holder) != "frozen" for holder, _ in rows)
+            # Thawed, the process finds its transaction gone; nothing it did is kept.
+            os.kill(frozen.pid, signal.SIGCONT)
+            _, err = await asyncio.to_thread(frozen.communicate, "go on\n", timeout=30)
+            assert frozen.returncode != 0 and "idle-in-transaction timeout" in err, err[-2000:]
+            assert await budget.remaining(who) == 10_000
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            frozen.kill()
-        await asyncio.to_thread(frozen.wait)
         await db.close()
-
-
-def _stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
