@@ -37,7 +37,7 @@ from robot.storage.leases import PROCESS_PREFIX, LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
 from tests.frozen import frozen_child
 from tests.robot.conftest import BotFactory, eventually
-from tests.robot.test_accounts_pg import PlaygroundLike
+from tests.robot.test_accounts_pg import PlaygroundLike, started
 
 pytestmark = pytest.mark.unrehearsed  # times one process against another
 
@@ -115,14 +115,8 @@ async def two_processes(make_bot: BotFactory, pg_url: str, relay: Relay, folder:
                         channel_b: Channel) -> tuple[Bot, Bot]:
     """Bot "processes" A (reaching the database through ``relay``) and B (directly), 3 s leases,
     started in that order."""
-    a, _ = await make_bot(channel=channel_a, plugins=[], data_dir=folder / "a", start=False,
-                          storage={"url": relay.url(pg_url), "lease_s": 3})
-    b, _ = await make_bot(channel=channel_b, plugins=[], data_dir=folder / "b", start=False,
-                          storage={"url": pg_url, "lease_s": 3})
-    a.leases.leases.holder, b.leases.leases.holder = "proc-a", "proc-b"  # two processes in one
-    await a.start()
-    await b.start()
-    return a, b
+    a = await started(make_bot, relay.url(pg_url), folder / "a", "proc-a", channel_a)
+    return a, await started(make_bot, pg_url, folder / "b", "proc-b", channel_b)
 
 
 async def test_a_process_cut_off_from_the_database_stops_polling_before_another_takes_its_account_over(
