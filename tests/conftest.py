@@ -127,5 +127,5 @@ def _rehearsal(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-process SIGKILL test (about two and a half minutes of mostly waiting) goes first, so
-    that with ``-n 2`` one worker runs it while the other runs everything else."""
+    that with ``-n 3`` (``.ci/run``) one worker waits through it while the other two run everything else."""
     items.sort(key=lambda item: 0 if "tests/scale/" in item.nodeid or item.nodeid.startswith("scale/") else 1)
