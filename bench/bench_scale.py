@@ -46,7 +46,7 @@ from robot.plugin import Plugin
 from robot.runtime import tune_gc
 from robot.testing import MemoryChannel
 
-__all__ = ["main", "run_messages"]
+__all__ = ["main", "reference_speed", "run_messages"]
 
 
 class TimedChannel(MemoryChannel):
@@ -165,6 +165,21 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
             "writer_busy_ms_per_msg": None if busy is None else busy * 1000 / n, "model_requests": model.answered}
 
 
+def reference_speed(iterations: int = 2_000_000) -> float:
+    """Millions of iterations per second of a plain Python loop on this machine (best of three).
+
+    The figures here are CPU-bound, and shared machines differ several-fold in speed from one day to
+    the next: this figure, printed beside them, tells how fast the machine they came from ran Python.
+    """
+    best = float("inf")
+    for _ in range(3):
+        start, total = time.perf_counter(), 0
+        for i in range(iterations):
+            total += i
+        best = min(best, time.perf_counter() - start)
+    return iterations / best / 1e6
+
+
 def _line(result: dict[str, Any]) -> str:
     commits = result["commits_per_msg"]
     return (f"   {result['path']:<7} {result['sent']:>6} replies in {result['seconds']:6.2f} s = "
@@ -179,6 +194,8 @@ def _line(result: dict[str, Any]) -> str:
 
 async def main_async(args: argparse.Namespace) -> None:
     n = args.messages
+    print(f"This machine runs a plain Python loop at {reference_speed():.1f} M iterations/s: the CPU-bound "
+          "figures below scale with it")
     if args.engine == "sqlite":
         print(f"SQLite, one process: {n} messages over {args.chats} group chats from {args.users} people, "
               f"delivered at once (model: in-process ScriptedModel, one `note` call per message; answer: the "
