@@ -73,7 +73,10 @@ class Leases:
         return await self.db.run(lambda tx: self.acquire_sync(tx, name))
 
     async def renew(self, names: Iterable[str]) -> set[str]:
-        """Extend every lease in ``names`` this process still holds; returns those (the rest are lost)."""
+        """Extend every lease in ``names`` this process still holds; returns those (the rest are lost).
+
+        Ahead of the process's queued work (:meth:`Engine.run_ahead`): a backlog is no reason to give
+        accounts up while the database answers."""
         wanted = sorted(set(names))
         if not wanted:
             return set()
@@ -81,7 +84,7 @@ class Leases:
         def work(tx: Tx) -> set[str]:
             return {name for name in wanted if self.acquire_sync(tx, name)}
 
-        return await self.db.run(work)
+        return await self.db.run_ahead(work)
 
     async def release(self, names: Iterable[str]) -> None:
         """Give leases up at once (a clean stop): another process may take them without waiting."""

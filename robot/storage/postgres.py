@@ -131,6 +131,9 @@ class PostgresDatabase(Engine):
         self._listen_late = False
         self._anchor: tuple[datetime, float] | None = None  # the server's time at the last measure, and its tick
         self._busy: set[Any] = set()  # connections a unit is using now: see close()
+        self._options = ""
+        self._ahead: concurrent.futures.ThreadPoolExecutor | None = None  # run_ahead's thread, and its
+        self._own: Any = None  # connection: outside the pool, which a backlog of units may fill
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
@@ -145,6 +148,7 @@ class PostgresDatabase(Engine):
             raise StorageError("[storage] url names PostgreSQL, but psycopg is not installed: "
                                "pip install 'qunbot[postgresql]'") from exc
         self._threads = concurrent.futures.ThreadPoolExecutor(self.max_size, thread_name_prefix="qunbot-pg")
+        self._ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qunbot-pg-ahead")
         # Like SQLite's synchronous=NORMAL, a unit's commit does not wait for the WAL flush: a
         # server crash may drop the last milliseconds of such commits, never corrupt or half-apply
         # them. A durable unit (rows a user is told about) turns it back on for itself.
@@ -154,6 +158,7 @@ class PostgresDatabase(Engine):
             # process's: the server ends it, and its row locks (a budget, a reminder, a lease) with
             # it, instead of holding every other process up until TCP notices, hours later.
             options += f" -c idle_in_transaction_session_timeout={max(1, round(self.stall_s * 1000))}"
+        self._options = options
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
                                     name="qunbot", reconnect_timeout=60,
                                     kwargs={"autocommit": True, "options": options})
@@ -180,7 +185,7 @@ class PostgresDatabase(Engine):
         assert self._threads is not None
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
 
-    def _work(self, fn: Callable[[PostgresTx], T], durable: bool) -> T:
+    def _work(self, fn: Callable[[PostgresTx], T], durable: bool, ahead: bool = False) -> T:
         import psycopg
 
         rehearsing = self.rehearse
@@ -190,7 +195,8 @@ class PostgresDatabase(Engine):
             if pool is None:  # closed meanwhile (a unit retried after its connection was cut)
                 raise StorageError(f"the database {self.where} is closed")
             try:
-                with pool.connection() as conn, self._using(conn), conn.transaction():
+                with (self._own_connection() if ahead else pool.connection()) as conn, self._using(conn), \
+                        conn.transaction():
                     started = True
                     if durable:
                         conn.execute("SET LOCAL synchronous_commit TO ON")
@@ -216,6 +222,21 @@ class PostgresDatabase(Engine):
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager
+    def _own_connection(self) -> Iterator[Any]:
+        """:meth:`run_ahead`'s connection (its thread's alone): opened when needed, dropped when it fails."""
+        import psycopg
+
+        if self._own is None or self._own.closed:
+            self._own = psycopg.connect(self.url, autocommit=True, connect_timeout=10, options=self._options)
+        try:
+            yield self._own
+        except psycopg.OperationalError:
+            conn, self._own = self._own, None
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
+
+    @contextlib.contextmanager
     def _using(self, conn: Any) -> Iterator[None]:
         self._busy.add(conn)
         try:
@@ -223,9 +244,9 @@ class PostgresDatabase(Engine):
         finally:
             self._busy.discard(conn)
 
-    def _unit(self, fn: Callable[[PostgresTx], T], durable: bool) -> T:
+    def _unit(self, fn: Callable[[PostgresTx], T], durable: bool, ahead: bool = False) -> T:
         try:
-            return self._work(fn, durable)
+            return self._work(fn, durable, ahead)
         except StopIteration as exc:  # cannot cross into the caller's asyncio future
             raise unit_error(exc) from exc
 
@@ -234,6 +255,21 @@ class PostgresDatabase(Engine):
 
     async def transaction(self, fn: Callable[[PostgresTx], T], *, durable: bool = False) -> T:
         return await self._call(lambda: self._unit(fn, durable))
+
+    async def run_ahead(self, fn: Callable[[PostgresTx], T]) -> T:
+        """On a thread and a connection of its own: the units queued for the pool cannot delay it."""
+        if self._ahead is None:
+            raise StorageError(f"the database {self.where} is closed")
+        work = asyncio.get_running_loop().run_in_executor(self._ahead, lambda: self._unit(fn, False, True))
+        try:
+            return await work
+        except asyncio.CancelledError:
+            # Given up on (a renewal the database left unanswered): its connection may stay silent for
+            # as long as TCP waits, a quarter of an hour, and hold up every later call on this one thread.
+            own = self._own
+            if own is not None and own in self._busy:
+                _shut(own)
+            raise
 
     def run_sync(self, fn: Callable[[PostgresTx], T]) -> T:
         return self._work(fn, True)
@@ -329,9 +365,14 @@ class PostgresDatabase(Engine):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(pool.close)
             await self._cut_stuck()
-        if self._threads is not None:
-            self._threads.shutdown(wait=False)
-            self._threads = None
+        for threads in (self._threads, self._ahead):
+            if threads is not None:
+                threads.shutdown(wait=False)
+        self._threads = self._ahead = None
+        if self._own is not None and not self._busy:  # else _cut_stuck shut it and its thread closes it
+            own, self._own = self._own, None
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(own.close)
         self.opened = False
 
     async def _cut_stuck(self, grace_s: float = 2.0) -> None:
@@ -344,6 +385,11 @@ class PostgresDatabase(Engine):
             await asyncio.sleep(0.05)
         for conn in list(self._busy):
             log.warning("storage: %s does not answer; closing a connection a unit still waits on", self.where)
-            with contextlib.suppress(Exception), socket.fromfd(conn.pgconn.socket, socket.AF_INET,
-                                                               socket.SOCK_STREAM) as twin:
-                twin.shutdown(socket.SHUT_RDWR)  # on the connection itself, which the twin shares
+            _shut(conn)
+
+
+def _shut(conn: Any) -> None:
+    """Shut ``conn``'s socket: a thread waiting on it gets an error now instead of when TCP gives up."""
+    with contextlib.suppress(Exception), socket.fromfd(conn.pgconn.socket, socket.AF_INET,
+                                                       socket.SOCK_STREAM) as twin:
+        twin.shutdown(socket.SHUT_RDWR)  # on the connection itself, which the twin shares

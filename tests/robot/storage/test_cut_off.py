@@ -55,6 +55,8 @@ class Relay:
         self.flowing.set()
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._opened = 0  # connections relayed so far
+        self._lost_below = 0  # those numbered lower are silent for good (lose())
 
     async def __aenter__(self) -> Relay:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -82,16 +84,24 @@ class Relay:
     def mend(self) -> None:
         self.flowing.set()
 
+    def lose(self) -> None:
+        """Every connection open now goes silent for good, new ones flow: a NAT or firewall that
+        forgot them, or a peer that went away without a word."""
+        self._lost_below = self._opened
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.CancelledError, OSError):  # ends with the relay or the test's loop
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
             self._writers += [writer, up_writer]
-            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+            number, self._opened = self._opened, self._opened + 1
+            await asyncio.gather(self._pump(reader, up_writer, number), self._pump(up_reader, writer, number),
                                  return_exceptions=True)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         while data := await reader.read(65536):
             await self.flowing.wait()  # cut: the bytes go nowhere, and nobody is told
+            if number < self._lost_below:
+                continue
             writer.write(data)
             await writer.drain()
         writer.close()
@@ -213,6 +223,59 @@ async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_u
         if keeper._task is not None:  # stop() would release through the silent relay
             keeper._task.cancel()
         relay.mend()
+        await db.close()
+
+
+async def test_a_process_with_a_backlog_of_work_keeps_its_accounts(pg_url: str) -> None:
+    """A burst of messages queues far more units than the pool has connections: the renewal must
+    not wait behind them. The database answers, so the leases are this process's own and its
+    channels keep running (a renewal queued last gave them up, and Telegram polling stopped)."""
+    db = PostgresDatabase(pg_url, max_size=2)
+    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+    await db.open()
+    changes: list[bool] = []
+    await keeper.start()
+    try:
+        assert await keeper.want(ACCOUNT, changes.append)
+        began = time.monotonic()
+        # 120 units of 0.05 s on 2 connections: 3 s of queued work, and more queued as it drains.
+        backlog = [asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
+                   for _ in range(120)]
+        while time.monotonic() - began < 6:  # twice the lease
+            await asyncio.gather(*backlog[:40])
+            backlog = backlog[40:] + [asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
+                                      for _ in range(40)]
+        await asyncio.gather(*backlog)
+        assert changes == [True] and keeper.holds(ACCOUNT)
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            row = await (await conn.execute("SELECT holder, expires_at::timestamptz > now() + interval '1 second' "
+                                            "FROM leases WHERE name = %s", [ACCOUNT])).fetchone()
+        assert row == ("proc-a", True)  # renewed through the burst, not just remembered
+    finally:
+        await keeper.stop()
+        await db.close()
+
+
+async def test_a_renewal_given_up_on_does_not_hold_up_the_next_one(pg_url: str, relay: Relay) -> None:
+    """The renewal's connection goes silent for good while new ones work (a NAT that forgot it): the
+    keeper gives the leases up on time, then takes them back through a new connection, instead of
+    queueing every later renewal behind the silent one until TCP gives up on it."""
+    db = PostgresDatabase(relay.url(pg_url), max_size=2)
+    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+    await db.open()
+    changes: list[bool] = []
+    await keeper.start()
+    try:
+        assert await keeper.want(ACCOUNT, changes.append)
+        await asyncio.sleep(1.2)
+        relay.lose()
+        await eventually(lambda: changes == [True, False], timeout=10)
+        await eventually(lambda: changes == [True, False, True], timeout=10)
+        assert keeper.holds(ACCOUNT)
+    finally:
+        if keeper._task is not None:  # stop() would release through the pool's silent connections
+            keeper._task.cancel()
+        await relay.down()  # the silent connections reset: the threads waiting on them end
         await db.close()
 
 
