@@ -156,8 +156,8 @@ class LeaseKeeper:
         names = [self.process_lease, *self.wanted]
         began = ticks()
         if self.leases.exclusive:
-            # Fail closed on time: a renewal the database has not answered (cut off, stalled, every
-            # connection busy) by the time the held leases may expire counts as a failure, so the
+            # Fail closed on time: a renewal the database has not answered (cut off, stalled) by the
+            # time the held leases may expire counts as a failure, so the
             # channels stop before another process may take their accounts over. A late answer is
             # not trusted either: what it renewed may expire soon after.
             limit = began + self.trust_s
