@@ -227,7 +227,10 @@ class PostgresDatabase(Engine):
         import psycopg
 
         if self._own is None or self._own.closed:
-            self._own = psycopg.connect(self.url, autocommit=True, connect_timeout=10, options=self._options)
+            try:
+                self._own = psycopg.connect(self.url, autocommit=True, connect_timeout=10, options=self._options)
+            except psycopg.Error as exc:  # not retried: the next call tries again
+                raise self._error(exc) from exc
         try:
             yield self._own
         except psycopg.OperationalError:
@@ -369,7 +372,7 @@ class PostgresDatabase(Engine):
             if threads is not None:
                 threads.shutdown(wait=False)
         self._threads = self._ahead = None
-        if self._own is not None and not self._busy:  # else _cut_stuck shut it and its thread closes it
+        if self._own is not None and self._own not in self._busy:  # else it was shut, and its thread closes it
             own, self._own = self._own, None
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(own.close)

@@ -231,7 +231,7 @@ async def test_a_process_with_a_backlog_of_work_keeps_its_accounts(pg_url: str) 
     not wait behind them. The database answers, so the leases are this process's own and its
     channels keep running (a renewal queued last gave them up, and Telegram polling stopped)."""
     db = PostgresDatabase(pg_url, max_size=2)
-    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+    keeper = LeaseKeeper(Leases(db, ttl_s=2, holder="proc-a"))
     await db.open()
     changes: list[bool] = []
     await keeper.start()
@@ -241,7 +241,7 @@ async def test_a_process_with_a_backlog_of_work_keeps_its_accounts(pg_url: str) 
         # 120 units of 0.05 s on 2 connections: 3 s of queued work, and more queued as it drains.
         backlog = [asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
                    for _ in range(120)]
-        while time.monotonic() - began < 6:  # twice the lease
+        while time.monotonic() - began < 4:  # twice the lease
             await asyncio.gather(*backlog[:40])
             backlog = backlog[40:] + [asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
                                       for _ in range(40)]
