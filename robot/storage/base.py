@@ -237,6 +237,11 @@ class Engine:
         """Blocking variant for the CLI and start-up code, never for async code paths."""
         raise NotImplementedError
 
+    def stalled_s(self) -> float:
+        """Seconds the process's work has waited with no unit finishing (0 with none waiting): a pool
+        whose connections went silent. Lease renewals, which :meth:`run_ahead` keeps apart, stop then."""
+        return 0.0
+
     async def checkpoint(self) -> None:
         """Leave no old copy of deleted rows in logs the engine keeps (after a forget)."""
 

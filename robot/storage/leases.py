@@ -160,6 +160,12 @@ class LeaseKeeper:
             # time the held leases may expire counts as a failure, so the
             # channels stop before another process may take their accounts over. A late answer is
             # not trusted either: what it renewed may expire soon after.
+            # Renewed apart from the process's other work (run_ahead), so that a backlog of it keeps
+            # the leases; but work that no longer finishes at all (every pooled connection silent)
+            # lets them expire, for another process to serve the accounts.
+            stalled = self.leases.db.stalled_s()
+            if stalled > self.trust_s:
+                raise TimeoutError(f"none of this process's database work has finished for {stalled:.1f} s")
             limit = began + self.trust_s
             if self.held:
                 limit = min(limit, self._until)

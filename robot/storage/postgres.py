@@ -134,6 +134,8 @@ class PostgresDatabase(Engine):
         self._options = ""
         self._ahead: concurrent.futures.ThreadPoolExecutor | None = None  # run_ahead's thread, and its
         self._own: Any = None  # connection: outside the pool, which a backlog of units may fill
+        self._inflight = 0  # units awaited now
+        self._progress = 0.0  # ticks() when one last finished (or was queued with none in flight)
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
@@ -183,7 +185,17 @@ class PostgresDatabase(Engine):
 
     async def _call(self, fn: Callable[[], T]) -> T:
         assert self._threads is not None
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+        if not self._inflight:
+            self._progress = ticks()
+        self._inflight += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+        finally:
+            self._inflight -= 1
+            self._progress = ticks()
+
+    def stalled_s(self) -> float:
+        return ticks() - self._progress if self._inflight else 0.0
 
     def _work(self, fn: Callable[[PostgresTx], T], durable: bool, ahead: bool = False) -> T:
         import psycopg

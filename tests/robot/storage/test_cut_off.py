@@ -279,6 +279,39 @@ async def test_a_renewal_given_up_on_does_not_hold_up_the_next_one(pg_url: str, 
         await db.close()
 
 
+async def test_a_process_whose_work_no_longer_finishes_lets_its_accounts_go(pg_url: str, relay: Relay) -> None:
+    """Every connection goes silent for good (new ones would work): the keeper's fresh connection
+    could renew the leases forever while the process's own work hangs on its pool. It stops renewing
+    once nothing has finished for as long as it trusts a renewal, so another process takes over."""
+    db = PostgresDatabase(relay.url(pg_url), max_size=2)
+    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
+    other = PostgresDatabase(pg_url, max_size=1)
+    other_leases = Leases(other, ttl_s=3, holder="proc-b")
+    await db.open()
+    await other.open()
+    changes: list[bool] = []
+    hanging: asyncio.Future[object] | None = None
+    await keeper.start()
+    try:
+        assert await keeper.want(ACCOUNT, changes.append)
+        relay.lose()
+        hanging = asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT 1")))  # a message's unit
+        await eventually(lambda: changes == [True, False], timeout=10)
+        await eventually(lambda: other_leases.acquire(ACCOUNT), timeout=10)  # once the lease expired
+        await asyncio.sleep(1.5)  # renewal rounds: none takes it back, none gives it up twice
+        assert changes == [True, False] and not keeper.holds(ACCOUNT)
+        assert not hanging.done()  # the unit still hangs: that was no backlog
+    finally:
+        if keeper._task is not None:  # stop() would release through the pool's silent connections
+            keeper._task.cancel()
+        await relay.down()  # the silent connections reset: the threads waiting on them end
+        await db.close()  # the unit's retries give up on a closed pool
+        if hanging is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(hanging, 10)
+        await other.close()
+
+
 async def test_on_sqlite_a_slow_renewal_stops_nothing(tmp_path: Path) -> None:
     """One process per file: nobody can take a lease over, so a busy writer (a backup, a VACUUM)
     longer than the lease must not stop the channels."""
