@@ -13,6 +13,7 @@ Errors::
 from __future__ import annotations
 
 import functools
+import os
 import re
 import uuid
 from collections.abc import Callable
@@ -151,15 +152,6 @@ def _rows(db: Tx, sql: str, params: list[Any]) -> list[Reminder]:
     return [Reminder.from_row(r) for r in db.execute_returning_dicts(sql, params)]
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class ReminderStore:
     """Reads and writes the ``reminders`` table through the bot's :class:`robot.store.Database`."""
 
@@ -255,12 +247,20 @@ class ReminderStore:
     def save_sync(db: Tx, *reminders: Reminder) -> None:
         """Write reminders' mutable state back."""
         text = functools.lru_cache(maxsize=None)(lambda at: None if at is None else iso(at))  # shared instants
+        rows = {r.id: [text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported), text(r.updated_at),
+                       r.id] for r in reminders}  # by id: the last state of a reminder given twice
+        if db.dialect == "postgresql" and len(rows) > 1:
+            # One statement: a firing batch's thousand UPDATEs, even pipelined, took a quarter of its time.
+            db.execute(
+                "UPDATE reminders AS r SET next_fire = v.next_fire, last_fired = v.last_fired, status = v.status, "
+                "failure_reported = v.failure_reported, updated_at = v.updated_at, run_until = NULL "
+                "FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], ?::text[], ?::text[]) "
+                "AS v(next_fire, last_fired, status, failure_reported, updated_at, id) WHERE r.id = v.id",
+                [list(column) for column in zip(*rows.values(), strict=True)])
+            return
         db.executemany(
             "UPDATE reminders SET next_fire = ?, last_fired = ?, status = ?, failure_reported = ?, updated_at = ?, "
-            "run_until = NULL WHERE id = ?",
-            [[text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported), text(r.updated_at), r.id]
-             for r in reminders],
-        )
+            "run_until = NULL WHERE id = ?", list(rows.values()))
 
     async def claim_run(self, reminder_id: str, planned: datetime, holder: str, now: datetime,
                         lease: timedelta) -> bool:
@@ -280,7 +280,7 @@ class ReminderStore:
             for sql in ("SELECT max(id) FROM reminders WHERE id < ?", "SELECT min(id) FROM reminders WHERE id > ?"):
                 other = db.execute(sql, [rid]).fetchone()[0]
                 if other is not None:
-                    length = max(length, _common_prefix(rid, other) + 1)
+                    length = max(length, len(os.path.commonprefix([rid, other])) + 1)  # noqa: RUF071 (ids)
             out[rid] = rid[:length]
         return out
 

@@ -341,3 +341,19 @@ async def test_one_holder_runs_a_due_prompt_until_its_claim_expires(store: Remin
     assert await store.claim_run(prompt.id, NOW + timedelta(days=1), "p3", NOW + timedelta(days=1), lease)
     wins = await asyncio.gather(*(store.claim_run(other.id, NOW, f"q{i}", NOW, lease) for i in range(6)))
     assert sum(wins) == 1  # at once, from several connections: one runs the model
+
+
+async def test_saving_many_reminders_writes_each_ones_state_and_the_last_of_one_given_twice(
+        store: ReminderStore) -> None:
+    rows = [make(next_fire=NOW) for _ in range(3)]
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+    fired = rows[0].evolve(next_fire=NOW + timedelta(days=1), last_fired=NOW, failure_reported=True)
+    done = rows[1].evolve(next_fire=None, last_fired=NOW, status="done")
+    again = fired.evolve(next_fire=NOW + timedelta(days=2))
+    await store.db.run(lambda db: ReminderStore.save_sync(db, fired, done, again))  # PostgreSQL: one statement
+    got = {r.id: await store.get(r.id) for r in rows}
+    first, second, third = (got[r.id] for r in rows)
+    assert first is not None and (first.next_fire, first.last_fired, first.failure_reported) == (
+        NOW + timedelta(days=2), NOW, True)
+    assert second is not None and (second.status, second.next_fire, second.last_fired) == ("done", None, NOW)
+    assert third == rows[2]  # not named: untouched
