@@ -157,12 +157,11 @@ class LeaseKeeper:
         began = ticks()
         if self.leases.exclusive:
             # Fail closed on time: a renewal the database has not answered (cut off, stalled) by the
-            # time the held leases may expire counts as a failure, so the
-            # channels stop before another process may take their accounts over. A late answer is
-            # not trusted either: what it renewed may expire soon after.
-            # Renewed apart from the process's other work (run_ahead), so that a backlog of it keeps
-            # the leases; but work that no longer finishes at all (every pooled connection silent)
-            # lets them expire, for another process to serve the accounts.
+            # time the held leases may expire counts as a failure, so the channels stop before another
+            # process may take their accounts over. A late answer is not trusted either: what it
+            # renewed may expire soon after. Renewals run apart from the process's other work
+            # (run_ahead), so that a backlog of it keeps the leases; but work that no longer finishes
+            # at all (every pooled connection silent) lets them expire, for another process to serve.
             stalled = self.leases.db.stalled_s()
             if stalled > self.trust_s:
                 raise TimeoutError(f"none of this process's database work has finished for {stalled:.1f} s")
