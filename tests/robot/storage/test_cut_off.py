@@ -18,6 +18,7 @@ import sqlite3
 import textwrap
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -201,114 +202,113 @@ async def test_a_process_cut_off_from_the_database_stops_and_leaves_no_thread_wa
         await stuck
 
 
+@dataclass
+class Kept:
+    """A process's engine and lease keeper, and what the keeper told ``ACCOUNT``'s channel, when."""
+
+    db: PostgresDatabase
+    keeper: LeaseKeeper
+    changes: list[bool] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def told(self, held: bool) -> None:
+        self.changes.append(held)
+        self.times.append(time.monotonic())
+
+
+@contextlib.asynccontextmanager
+async def keeping(url: str, ttl_s: float) -> AsyncIterator[Kept]:
+    """A process (``proc-a``) holding ``ACCOUNT`` on ``url`` with leases of ``ttl_s``."""
+    db = PostgresDatabase(url, max_size=2)
+    kept = Kept(db, LeaseKeeper(Leases(db, ttl_s=ttl_s, holder="proc-a")))
+    await db.open()
+    await kept.keeper.start()
+    try:
+        assert await kept.keeper.want(ACCOUNT, kept.told)
+        yield kept
+    finally:
+        if kept.keeper._task is not None:  # not stop(): its release may go through a silent connection
+            kept.keeper._task.cancel()
+        await db.close()
+
+
 async def test_the_lease_keeper_gives_up_on_time_a_renewal_the_database_leaves_unanswered(
         pg_url: str, relay: Relay) -> None:
-    db = PostgresDatabase(relay.url(pg_url), max_size=2)
-    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
-    await db.open()
-    changes: list[tuple[bool, float]] = []
-    await keeper.start()
-    try:
-        assert await keeper.want(ACCOUNT, lambda held: changes.append((held, time.monotonic())))
-        await asyncio.sleep(1.2)  # a renewal round or so
-        relay.cut()
-        cut_at = time.monotonic()
-        await eventually(lambda: bool(changes) and not changes[-1][0], timeout=10)
-        lost_after = changes[-1][1] - cut_at
-        # Given up 2.5 s after the last renewal began (the cut came after it): before the 3 s lease
-        # could expire, and not at the first sign of slowness either.
-        assert 1.0 < lost_after < 3.0, lost_after
-        assert not keeper.holds(ACCOUNT) and keeper.held == set()
-    finally:
-        if keeper._task is not None:  # stop() would release through the silent relay
-            keeper._task.cancel()
-        relay.mend()
-        await db.close()
+    async with keeping(relay.url(pg_url), 3) as kept:
+        try:
+            await asyncio.sleep(1.2)  # a renewal round or so
+            relay.cut()
+            cut_at = time.monotonic()
+            await eventually(lambda: kept.changes[-1:] == [False], timeout=10)
+            lost_after = kept.times[-1] - cut_at
+            # Given up 2.5 s after the last renewal began (the cut came after it): before the 3 s lease
+            # could expire, and not at the first sign of slowness either.
+            assert 1.0 < lost_after < 3.0, lost_after
+            assert not kept.keeper.holds(ACCOUNT) and kept.keeper.held == set()
+        finally:
+            relay.mend()
 
 
 async def test_a_process_with_a_backlog_of_work_keeps_its_accounts(pg_url: str) -> None:
     """A burst of messages queues far more units than the pool has connections: the renewal must
     not wait behind them. The database answers, so the leases are this process's own and its
     channels keep running (a renewal queued last gave them up, and Telegram polling stopped)."""
-    db = PostgresDatabase(pg_url, max_size=2)
-    keeper = LeaseKeeper(Leases(db, ttl_s=2, holder="proc-a"))
-    await db.open()
-    changes: list[bool] = []
-    await keeper.start()
-    try:
-        assert await keeper.want(ACCOUNT, changes.append)
+    async with keeping(pg_url, 2) as kept:
+        def unit() -> asyncio.Future[object]:
+            return asyncio.ensure_future(kept.db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
+
         began = time.monotonic()
-        # 120 units of 0.05 s on 2 connections: 3 s of queued work, and more queued as it drains.
-        backlog = [asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
-                   for _ in range(120)]
-        while time.monotonic() - began < 4:  # twice the lease
+        backlog = [unit() for _ in range(120)]  # 0.05 s each on 2 connections: 3 s of queued work
+        while time.monotonic() - began < 4:  # twice the lease, more queued as it drains
             await asyncio.gather(*backlog[:40])
-            backlog = backlog[40:] + [asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.05)")))
-                                      for _ in range(40)]
+            backlog = backlog[40:] + [unit() for _ in range(40)]
         await asyncio.gather(*backlog)
-        assert changes == [True] and keeper.holds(ACCOUNT)
+        assert kept.changes == [True] and kept.keeper.holds(ACCOUNT)
         async with await psycopg.AsyncConnection.connect(pg_url) as conn:
             row = await (await conn.execute("SELECT holder, expires_at::timestamptz > now() + interval '1 second' "
                                             "FROM leases WHERE name = %s", [ACCOUNT])).fetchone()
         assert row == ("proc-a", True)  # renewed through the burst, not just remembered
-    finally:
-        await keeper.stop()
-        await db.close()
 
 
 async def test_a_renewal_given_up_on_does_not_hold_up_the_next_one(pg_url: str, relay: Relay) -> None:
     """The renewal's connection goes silent for good while new ones work (a NAT that forgot it): the
     keeper gives the leases up on time, then takes them back through a new connection, instead of
     queueing every later renewal behind the silent one until TCP gives up on it."""
-    db = PostgresDatabase(relay.url(pg_url), max_size=2)
-    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
-    await db.open()
-    changes: list[bool] = []
-    await keeper.start()
-    try:
-        assert await keeper.want(ACCOUNT, changes.append)
-        await asyncio.sleep(1.2)
-        relay.lose()
-        await eventually(lambda: changes == [True, False], timeout=10)
-        await eventually(lambda: changes == [True, False, True], timeout=10)
-        assert keeper.holds(ACCOUNT)
-    finally:
-        if keeper._task is not None:  # stop() would release through the pool's silent connections
-            keeper._task.cancel()
-        await relay.down()  # the silent connections reset: the threads waiting on them end
-        await db.close()
+    async with keeping(relay.url(pg_url), 3) as kept:
+        try:
+            await asyncio.sleep(1.2)
+            relay.lose()
+            await eventually(lambda: kept.changes == [True, False], timeout=10)
+            await eventually(lambda: kept.changes == [True, False, True], timeout=10)
+            assert kept.keeper.holds(ACCOUNT)
+        finally:
+            await relay.down()  # the silent connections reset: the threads waiting on them end
 
 
 async def test_a_process_whose_work_no_longer_finishes_lets_its_accounts_go(pg_url: str, relay: Relay) -> None:
     """Every connection goes silent for good (new ones would work): the keeper's fresh connection
     could renew the leases forever while the process's own work hangs on its pool. It stops renewing
     once nothing has finished for as long as it trusts a renewal, so another process takes over."""
-    db = PostgresDatabase(relay.url(pg_url), max_size=2)
-    keeper = LeaseKeeper(Leases(db, ttl_s=3, holder="proc-a"))
     other = PostgresDatabase(pg_url, max_size=1)
     other_leases = Leases(other, ttl_s=3, holder="proc-b")
-    await db.open()
     await other.open()
-    changes: list[bool] = []
     hanging: asyncio.Future[object] | None = None
-    await keeper.start()
     try:
-        assert await keeper.want(ACCOUNT, changes.append)
-        relay.lose()
-        hanging = asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT 1")))  # a message's unit
-        await eventually(lambda: changes == [True, False], timeout=10)
-        await eventually(lambda: other_leases.acquire(ACCOUNT), timeout=10)  # once the lease expired
-        await asyncio.sleep(1.5)  # renewal rounds: none takes it back, none gives it up twice
-        assert changes == [True, False] and not keeper.holds(ACCOUNT)
-        assert not hanging.done()  # the unit still hangs: that was no backlog
-    finally:
-        if keeper._task is not None:  # stop() would release through the pool's silent connections
-            keeper._task.cancel()
-        await relay.down()  # the silent connections reset: the threads waiting on them end
-        await db.close()  # the unit's retries give up on a closed pool
+        async with keeping(relay.url(pg_url), 3) as kept:
+            try:
+                relay.lose()
+                hanging = asyncio.ensure_future(kept.db.run(lambda tx: tx.execute("SELECT 1")))  # a message's unit
+                await eventually(lambda: kept.changes == [True, False], timeout=10)
+                await eventually(lambda: other_leases.acquire(ACCOUNT), timeout=10)  # once the lease expired
+                await asyncio.sleep(1.5)  # renewal rounds: none takes it back, none gives it up twice
+                assert kept.changes == [True, False] and not kept.keeper.holds(ACCOUNT)
+                assert not hanging.done()  # the unit still hangs: that was no backlog
+            finally:
+                await relay.down()  # the silent connections reset; closing the pool ends the unit's retries
         if hanging is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(hanging, 10)
+    finally:
         await other.close()
 
 
