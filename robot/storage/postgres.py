@@ -16,33 +16,21 @@ import json
 import logging
 import re
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from function_calls.problems import mend_text
 from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, ticks, unit_error
+from robot.storage.pgtx import CHANNEL, PostgresTx
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-_CHANNEL = "qunbot"
 _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
-_sql_cache: dict[str, str] = {}
-
-
-def _translate(sql: str) -> str:
-    """``?`` placeholders -> psycopg's ``%s`` (a literal ``%`` doubled first)."""
-    out = _sql_cache.get(sql)
-    if out is None:
-        out = sql.replace("%", "%%").replace("?", "%s")
-        if len(_sql_cache) < 4096:
-            _sql_cache[sql] = out
-    return out
 
 
 def redact_dsn(url: str) -> str:
@@ -51,62 +39,8 @@ def redact_dsn(url: str) -> str:
     return re.sub(r"(password=)[^&\s]*", r"\1***", shown, flags=re.IGNORECASE)
 
 
-def _clean(value: Any) -> Any:
-    """PostgreSQL's text cannot hold NUL (0x00), which chat text and model output may carry: it
-    becomes U+FFFD, in writes and lookups alike, rather than failing the whole unit of work (and so
-    does a lone surrogate, which UTF-8 cannot carry: :func:`mend_text`)."""
-    if isinstance(value, str):
-        return mend_text(value.replace("\x00", "\ufffd") if "\x00" in value else value)
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _params(params: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(_clean(p) for p in params)
-
-
 class _Rehearsed(Exception):
     """The first run of a unit under :attr:`~robot.storage.base.Engine.rehearse`: roll it back."""
-
-
-class PostgresTx:
-    """A :class:`~robot.storage.base.Tx` over one pooled psycopg connection (text without NUL: :func:`_clean`)."""
-
-    dialect: Dialect = "postgresql"
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.notes: list[str] = []  # sent by :meth:`flush` at the unit's end, in one statement
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.conn.execute(_translate(sql), _params(params))
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self.conn.cursor() as cur:
-            cur.executemany(_translate(sql), [_params(r) for r in rows])
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        from psycopg.rows import dict_row
-
-        with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(_translate(sql), _params(params))
-            return list(cur.fetchall()) if cur.description else []
-
-    execute_returning_dicts = query
-
-    def notify(self, channel: str, payload: str) -> None:
-        # PostgreSQL delivers a transaction's notifications only at its commit, so holding them until
-        # the unit's end changes nothing a listener sees, and a burst (a firing pass queues hundreds
-        # of rows) costs one statement instead of one per row.
-        self.notes.append(json.dumps([channel, payload]))
-
-    def flush(self) -> None:
-        """Send the notifications :meth:`notify` held (in the transaction, before its commit)."""
-        if self.notes:
-            notes, self.notes = self.notes, []
-            self.conn.execute("SELECT pg_notify(%s, note) FROM unnest(%s::text[]) WITH ORDINALITY AS n(note, i) "
-                              "ORDER BY i", (_CHANNEL, _clean(notes)))
 
 
 class PostgresDatabase(Engine):
@@ -305,7 +239,7 @@ class PostgresDatabase(Engine):
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {_CHANNEL}")
+                    await conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
                     if heard or self._listen_late:  # back after a gap: what was said meanwhile is lost
                         log.info("storage: listening to %s again; re-reading what may have been missed",
