@@ -65,7 +65,7 @@ class PostgresDatabase(Engine):
         self._listen_late = False
         self._anchor: tuple[datetime, float] | None = None  # the server's time at the last measure, and its tick
         self._busy: set[Any] = set()  # connections a unit is using now: see close()
-        self._options = ""
+        self._session: dict[str, Any] = {}  # every connection's settings: the pool's and run_ahead's alike
         self._ahead: concurrent.futures.ThreadPoolExecutor | None = None  # run_ahead's thread, and its
         self._own: Any = None  # connection: outside the pool, which a backlog of units may fill
         self._inflight = 0  # units awaited now
@@ -94,10 +94,9 @@ class PostgresDatabase(Engine):
             # process's: the server ends it, and its row locks (a budget, a reminder, a lease) with
             # it, instead of holding every other process up until TCP notices, hours later.
             options += f" -c idle_in_transaction_session_timeout={max(1, round(self.stall_s * 1000))}"
-        self._options = options
+        self._session = {"autocommit": True, "options": options}
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                                    name="qunbot", reconnect_timeout=60,
-                                    kwargs={"autocommit": True, "options": options})
+                                    name="qunbot", reconnect_timeout=60, kwargs=self._session)
         try:
             # One plain connection first: a wrong host or password fails now, with the server's reason.
             await self._call(lambda: psycopg.connect(self.url, connect_timeout=10).close())
@@ -174,7 +173,7 @@ class PostgresDatabase(Engine):
 
         if self._own is None or self._own.closed:
             try:
-                self._own = psycopg.connect(self.url, autocommit=True, connect_timeout=10, options=self._options)
+                self._own = psycopg.connect(self.url, connect_timeout=10, **self._session)
             except psycopg.Error as exc:  # not retried: the next call tries again
                 raise self._error(exc) from exc
         try:
