@@ -10,13 +10,13 @@ from typing import Any
 from function_calls.problems import mend_text
 from robot.storage.base import Dialect
 
-__all__ = ["CHANNEL", "PostgresTx", "clean", "translate"]
+__all__ = ["CHANNEL", "PostgresTx"]
 
 CHANNEL = "qunbot"  #: the one LISTEN/NOTIFY channel; what a notification is for travels in its payload
 _sql_cache: dict[str, str] = {}
 
 
-def translate(sql: str) -> str:
+def _translate(sql: str) -> str:
     """``?`` placeholders -> psycopg's ``%s`` (a literal ``%`` doubled first)."""
     out = _sql_cache.get(sql)
     if out is None:
@@ -26,23 +26,23 @@ def translate(sql: str) -> str:
     return out
 
 
-def clean(value: Any) -> Any:
+def _clean(value: Any) -> Any:
     """PostgreSQL's text cannot hold NUL (0x00), which chat text and model output may carry: it
     becomes U+FFFD, in writes and lookups alike, rather than failing the whole unit of work (and so
     does a lone surrogate, which UTF-8 cannot carry: :func:`mend_text`)."""
     if isinstance(value, str):
         return mend_text(value.replace("\x00", "\ufffd") if "\x00" in value else value)
     if isinstance(value, list):
-        return [clean(v) for v in value]
+        return [_clean(v) for v in value]
     return value
 
 
 def _params(params: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(clean(p) for p in params)
+    return tuple(_clean(p) for p in params)
 
 
 class PostgresTx:
-    """A :class:`~robot.storage.base.Tx` over one pooled psycopg connection (text without NUL: :func:`clean`)."""
+    """A :class:`~robot.storage.base.Tx` over one pooled psycopg connection (text without NUL: :func:`_clean`)."""
 
     dialect: Dialect = "postgresql"
 
@@ -51,17 +51,17 @@ class PostgresTx:
         self.notes: list[str] = []  # sent by :meth:`flush` at the unit's end, in one statement
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.conn.execute(translate(sql), _params(params))
+        return self.conn.execute(_translate(sql), _params(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self.conn.cursor() as cur:
-            cur.executemany(translate(sql), [_params(r) for r in rows])
+            cur.executemany(_translate(sql), [_params(r) for r in rows])
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row
 
         with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(translate(sql), _params(params))
+            cur.execute(_translate(sql), _params(params))
             return list(cur.fetchall()) if cur.description else []
 
     execute_returning_dicts = query
@@ -77,4 +77,4 @@ class PostgresTx:
         if self.notes:
             notes, self.notes = self.notes, []
             self.conn.execute("SELECT pg_notify(%s, note) FROM unnest(%s::text[]) WITH ORDINALITY AS n(note, i) "
-                              "ORDER BY i", (CHANNEL, clean(notes)))
+                              "ORDER BY i", (CHANNEL, _clean(notes)))
