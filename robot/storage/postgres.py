@@ -31,6 +31,12 @@ _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
+# libpq's TCP settings for every connection, where the URL does not set its own: a peer gone without a
+# word (a host powered off, a NAT or firewall that forgot the connection after minutes of quiet) is
+# noticed within about a minute instead of TCP's quarter of an hour, or never for an idle connection;
+# the probes every 30 s also keep such a NAT from forgetting an idle LISTEN connection.
+_TCP = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
+        "tcp_user_timeout": "60000"}
 
 
 def redact_dsn(url: str) -> str:
@@ -57,6 +63,9 @@ class PostgresDatabase(Engine):
         self.stall_s = stall_s
         self.listen_retry_s = 0.5  #: first wait before the LISTEN connection is tried again (doubling, up to 10 s)
         self.listen_wait_s = 10.0  #: how long open() waits for it (the bot starts without it after that)
+        self.listen_check_s = 30.0  #: how often the LISTEN connection is asked whether it still answers
+        self.listen_answer_s = 10.0  #: and how long it has to answer before it is given up as silent
+        self._tcp: dict[str, Any] = {}  # _TCP's settings the URL leaves to us
         self._pool: Any = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -94,12 +103,19 @@ class PostgresDatabase(Engine):
             # process's: the server ends it, and its row locks (a budget, a reminder, a lease) with
             # it, instead of holding every other process up until TCP notices, hours later.
             options += f" -c idle_in_transaction_session_timeout={max(1, round(self.stall_s * 1000))}"
-        self._session = {"autocommit": True, "options": options}
+        try:
+            from psycopg.conninfo import conninfo_to_dict
+
+            given = conninfo_to_dict(self.url)
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+        self._tcp = {key: value for key, value in _TCP.items() if key not in given}
+        self._session = {"autocommit": True, "options": options, **self._tcp}
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
                                     name="qunbot", reconnect_timeout=60, kwargs=self._session)
         try:
             # One plain connection first: a wrong host or password fails now, with the server's reason.
-            await self._call(lambda: psycopg.connect(self.url, connect_timeout=10).close())
+            await self._call(lambda: psycopg.connect(self.url, connect_timeout=10, **self._tcp).close())
             await self._call(lambda: self._pool.open(wait=True, timeout=15))
             await self._apply(dict(self._migrations))
             await self._check_clock()
@@ -237,7 +253,7 @@ class PostgresDatabase(Engine):
         failures, heard = 0, False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._tcp) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
                     if heard or self._listen_late:  # back after a gap: what was said meanwhile is lost
@@ -245,14 +261,14 @@ class PostgresDatabase(Engine):
                                  self.where)
                         self._gap()
                     heard, self._listen_late, failures = True, False, 0
-                    async for note in conn.notifies():
-                        try:
-                            channel, payload = json.loads(note.payload)
-                        except (ValueError, TypeError):
-                            log.warning("storage: ignoring a malformed notification %.100r", note.payload)
-                            continue
-                        self._deliver(str(channel), str(payload))
-                why = "the server ended it"
+                    # A connection can go silent without an error (a NAT that forgot it, a peer
+                    # gone): waiting on it alone would miss every notification from then on.
+                    while True:
+                        async for note in conn.notifies(timeout=self.listen_check_s):
+                            self._heard(note.payload)
+                        if not await _answers(conn, self.listen_answer_s):
+                            break
+                why = f"it did not answer within {self.listen_answer_s:g} s"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -262,6 +278,14 @@ class PostgresDatabase(Engine):
             log.warning("storage: the LISTEN connection to %s failed (%s); reconnecting in %.1fs",
                         self.where, why, delay)
             await asyncio.sleep(delay)
+
+    def _heard(self, payload: str) -> None:
+        try:
+            channel, text = json.loads(payload)
+        except (ValueError, TypeError):
+            log.warning("storage: ignoring a malformed notification %.100r", payload)
+            return
+        self._deliver(str(channel), str(text))
 
     def now(self) -> datetime:
         """The server's time: as read last, plus this machine's :func:`ticks` since. A step of this
@@ -334,6 +358,23 @@ class PostgresDatabase(Engine):
         for conn in list(self._busy):
             log.warning("storage: %s does not answer; closing a connection a unit still waits on", self.where)
             _shut(conn)
+
+
+async def _answers(conn: Any, within_s: float) -> bool:
+    """Whether ``conn`` answers a query within ``within_s``; if not, its socket is shut (an error
+    otherwise, such as the server having closed it, goes up)."""
+    check = asyncio.ensure_future(conn.execute("SELECT 1"))
+    try:
+        done, _ = await asyncio.wait({check}, timeout=within_s)
+    finally:
+        if not check.done():
+            # Cancelling the query instead would have psycopg ask the server to cancel it and wait.
+            _shut(conn)
+            with contextlib.suppress(Exception):
+                await check
+    if done:
+        check.result()
+    return bool(done)
 
 
 def _shut(conn: Any) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sqlite3
 import textwrap
 import time
@@ -412,5 +413,85 @@ async def test_a_frozen_process_s_transaction_holds_the_shared_budget_no_longer_
             _, err = await asyncio.to_thread(frozen.communicate, "go on\n", timeout=30)
             assert frozen.returncode != 0 and "idle-in-transaction timeout" in err, err[-2000:]
             assert await budget.remaining(who) == 10_000
+    finally:
+        await db.close()
+
+
+async def test_a_listen_connection_gone_silent_is_replaced_and_what_it_missed_is_re_read(
+        pg_url: str, relay: Relay, caplog: pytest.LogCaptureFixture) -> None:
+    # A NAT that forgot an idle LISTEN connection raises no error: without asking, the process
+    # would never hear another process's notification again (a reminder added or deleted there).
+    far, near = PostgresDatabase(relay.url(pg_url), max_size=2), PostgresDatabase(pg_url, max_size=2)
+    far.listen_check_s, far.listen_answer_s = 0.3, 2.0
+    heard: list[str] = []
+    gaps: list[list[str]] = []
+    far.subscribe("reminders", heard.append)
+    far.after_gap(lambda: gaps.append(list(heard)))
+    await far.open()
+    await near.open()
+    try:
+        await near.transaction(lambda tx: tx.notify("reminders", "before"))
+        await eventually(lambda: heard == ["before"], timeout=10)
+        await asyncio.sleep(1)  # a few checks of a connection that answers: no gap
+        assert gaps == []
+        relay.lose()
+        await near.transaction(lambda tx: tx.notify("reminders", "unheard"))
+        await eventually(lambda: bool(gaps), timeout=15)
+        assert gaps == [["before"]]  # the stores re-read what was said meanwhile
+        assert "did not answer within 2 s" in caplog.text
+        await near.transaction(lambda tx: tx.notify("reminders", "after"))
+        await eventually(lambda: "after" in heard, timeout=10)
+        assert heard == ["before", "after"] and len(gaps) == 1
+    finally:
+        await far.close()
+        await near.close()
+
+
+def _sockets_to(port: int, *, besides: frozenset[object] = frozenset()) -> list[socket.socket]:
+    """This process's TCP sockets connected to ``port`` but for those at the local addresses
+    ``besides`` (duplicates: close them)."""
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if not str(fd.readlink()).startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd.name)))
+            try:
+                if (sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] == port
+                        and sock.getsockname() not in besides):
+                    found.append(sock)
+                    continue
+            except OSError:
+                pass
+            sock.close()
+    return found
+
+
+@pytest.mark.parametrize(("query", "idle_s"), [("", 30), ("?keepalives_idle=7", 7)])
+async def test_every_connection_to_postgresql_probes_a_peer_that_went_quiet(
+        pg_url: str, query: str, idle_s: int) -> None:
+    # Keepalives on the pool's, the renewals' and the LISTEN connection alike; the URL's own win.
+    port = urlsplit(pg_url).port
+    assert port is not None
+    db = PostgresDatabase(pg_url + query, max_size=2)
+    earlier = _sockets_to(port)  # other tests' connections in this worker, if any are left
+    before = frozenset(sock.getsockname() for sock in earlier)
+    for sock in earlier:
+        sock.close()
+    await db.open()
+    try:
+        await db.run(lambda tx: tx.execute("SELECT 1"))
+        await db.run_ahead(lambda tx: tx.execute("SELECT 1"))
+        sockets = _sockets_to(port, besides=before)
+        try:
+            assert len(sockets) >= 3  # pooled, run_ahead's, LISTEN
+            for sock in sockets:
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == idle_s
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 10
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 60_000
+        finally:
+            for sock in sockets:
+                sock.close()
     finally:
         await db.close()
