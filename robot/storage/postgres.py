@@ -4,7 +4,8 @@ psycopg 3 with a connection pool. A store's unit of work is the same synchronous
 :class:`~robot.storage.base.Tx` that runs on SQLite, so both engines run one code path; here it
 runs on a worker thread holding a pooled connection, inside one transaction, and the event loop
 never waits on the network. Notifications (``tx.notify``) travel with ``pg_notify`` and reach
-every process through one async ``LISTEN`` connection that reconnects by itself.
+every process through one async ``LISTEN`` connection that is checked and reconnects by itself
+(:mod:`robot.storage.pgnet`).
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import re
-import socket
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, ticks, unit_error
-from robot.storage.pgtx import CHANNEL, PostgresTx
+from robot.storage.pgnet import Listener, Pooled, shut, tcp_settings
+from robot.storage.pgtx import PostgresTx
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
@@ -31,12 +31,6 @@ _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
-# libpq's TCP settings for every connection, where the URL does not set its own: a peer gone without a
-# word (a host powered off, a NAT or firewall that forgot the connection after minutes of quiet) is
-# noticed within about a minute instead of TCP's quarter of an hour, or never for an idle connection;
-# the probes every 30 s also keep such a NAT from forgetting an idle LISTEN connection.
-_TCP = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
-        "tcp_user_timeout": "60000"}
 
 
 def redact_dsn(url: str) -> str:
@@ -63,15 +57,14 @@ class PostgresDatabase(Engine):
         self.stall_s = stall_s
         self.listen_retry_s = 0.5  #: first wait before the LISTEN connection is tried again (doubling, up to 10 s)
         self.listen_wait_s = 10.0  #: how long open() waits for it (the bot starts without it after that)
-        self.listen_check_s = 30.0  #: how often the LISTEN connection is asked whether it still answers
-        self.listen_answer_s = 10.0  #: and how long it has to answer before it is given up as silent
-        self._tcp: dict[str, Any] = {}  # _TCP's settings the URL leaves to us
+        self.listen_check_s = 30.0  #: how often the LISTEN connection is checked (a notification sent to it)
+        self.listen_answer_s = 10.0  #: and how long that may take before the connection is replaced
+        self.tcp: dict[str, Any] = {}  #: the TCP keepalive settings the URL leaves to qunbot (pgnet.TCP)
+        self._settings: list[tuple[str, str]] = []  # set on every connection (configure)
         self._pool: Any = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self._listener: asyncio.Task[None] | None = None
-        self._listening = asyncio.Event()
+        self.listener = Listener(self, self._deliver, self._gap, self._error)
         self._clock_watch: asyncio.Task[None] | None = None
-        self._listen_late = False
         self._anchor: tuple[datetime, float] | None = None  # the server's time at the last measure, and its tick
         self._busy: set[Any] = set()  # connections a unit is using now: see close()
         self._session: dict[str, Any] = {}  # every connection's settings: the pool's and run_ahead's alike
@@ -97,25 +90,27 @@ class PostgresDatabase(Engine):
         # Like SQLite's synchronous=NORMAL, a unit's commit does not wait for the WAL flush: a
         # server crash may drop the last milliseconds of such commits, never corrupt or half-apply
         # them. A durable unit (rows a user is told about) turns it back on for itself.
-        options = "-c synchronous_commit=off"
+        self._settings = [("synchronous_commit", "off")]
         if self.stall_s is not None:
             # A unit never waits inside its transaction, so one left idle is a frozen or cut-off
             # process's: the server ends it, and its row locks (a budget, a reminder, a lease) with
             # it, instead of holding every other process up until TCP notices, hours later.
-            options += f" -c idle_in_transaction_session_timeout={max(1, round(self.stall_s * 1000))}"
+            self._settings.append(("idle_in_transaction_session_timeout", str(max(1, round(self.stall_s * 1000)))))
         try:
             from psycopg.conninfo import conninfo_to_dict
 
-            given = conninfo_to_dict(self.url)
+            self.tcp = tcp_settings(conninfo_to_dict(self.url))
         except psycopg.Error as exc:
             raise self._error(exc) from exc
-        self._tcp = {key: value for key, value in _TCP.items() if key not in given}
-        self._session = {"autocommit": True, "options": options, **self._tcp}
+        # Set once connected, not as the startup packet's options: PgBouncer refuses those.
+        self._session = {"autocommit": True, **self.tcp}
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                                    name="qunbot", reconnect_timeout=60, kwargs=self._session)
+                                    name="qunbot", reconnect_timeout=60, kwargs=self._session,
+                                    configure=self._configure)
         try:
-            # One plain connection first: a wrong host or password fails now, with the server's reason.
-            await self._call(lambda: psycopg.connect(self.url, connect_timeout=10, **self._tcp).close())
+            # One plain connection first: a wrong host or password (or a pooler refusing a
+            # setting) fails now, with the server's reason, not as a pool that never fills.
+            await self._call(self._try_connect)
             await self._call(lambda: self._pool.open(wait=True, timeout=15))
             await self._apply(dict(self._migrations))
             await self._check_clock()
@@ -125,12 +120,24 @@ class PostgresDatabase(Engine):
         except Exception as exc:
             await self.close()
             raise self._error(exc) from exc
+        try:
+            await self.listener.start(self.listen_wait_s)
+        except Pooled as exc:
+            await self.close()
+            raise StorageError(f"cannot use the database {self.where} for several processes: {exc}") from None
         self.opened = True
-        self._listener = asyncio.create_task(self._listen(), name="qunbot-pg-listen")
         self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._listening.wait(), self.listen_wait_s)
-        self._listen_late = not self._listening.is_set()  # started without it: its first LISTEN ends a gap
+
+    def _configure(self, conn: Any) -> None:
+        """The session's settings, on a new connection (the pool's, run_ahead's)."""
+        conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
+                     [v for pair in self._settings for v in pair])
+
+    def _try_connect(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, connect_timeout=10, **self._session) as conn:
+            self._configure(conn)
 
     async def _call(self, fn: Callable[[], T]) -> T:
         assert self._threads is not None
@@ -190,6 +197,7 @@ class PostgresDatabase(Engine):
         if self._own is None or self._own.closed:
             try:
                 self._own = psycopg.connect(self.url, connect_timeout=10, **self._session)
+                self._configure(self._own)
             except psycopg.Error as exc:  # not retried: the next call tries again
                 raise self._error(exc) from exc
         try:
@@ -232,7 +240,7 @@ class PostgresDatabase(Engine):
             # as long as TCP waits, a quarter of an hour, and hold up every later call on this one thread.
             own = self._own
             if own is not None and own in self._busy:
-                _shut(own)
+                shut(own)
             raise
 
     def run_sync(self, fn: Callable[[PostgresTx], T]) -> T:
@@ -246,46 +254,6 @@ class PostgresDatabase(Engine):
                 self._upgrade(tx, component, steps)
 
         await self._call(lambda: self._work(work, True))
-
-    async def _listen(self) -> None:
-        import psycopg
-
-        failures, heard = 0, False
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._tcp) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    self._listening.set()
-                    if heard or self._listen_late:  # back after a gap: what was said meanwhile is lost
-                        log.info("storage: listening to %s again; re-reading what may have been missed",
-                                 self.where)
-                        self._gap()
-                    heard, self._listen_late, failures = True, False, 0
-                    # A connection can go silent without an error (a NAT that forgot it, a peer
-                    # gone): waiting on it alone would miss every notification from then on.
-                    while True:
-                        async for note in conn.notifies(timeout=self.listen_check_s):
-                            self._heard(note.payload)
-                        if not await _answers(conn, self.listen_answer_s):
-                            break
-                why = f"it did not answer within {self.listen_answer_s:g} s"
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                why = str(self._error(exc))
-            delay = min(self.listen_retry_s * 2 ** failures, 10.0)
-            failures += 1
-            log.warning("storage: the LISTEN connection to %s failed (%s); reconnecting in %.1fs",
-                        self.where, why, delay)
-            await asyncio.sleep(delay)
-
-    def _heard(self, payload: str) -> None:
-        try:
-            channel, text = json.loads(payload)
-        except (ValueError, TypeError):
-            log.warning("storage: ignoring a malformed notification %.100r", payload)
-            return
-        self._deliver(str(channel), str(text))
 
     def now(self) -> datetime:
         """The server's time: as read last, plus this machine's :func:`ticks` since. A step of this
@@ -326,12 +294,12 @@ class PostgresDatabase(Engine):
                 log.debug("storage: could not read the database's clock (%s)", self._error(exc))
 
     async def close(self) -> None:
-        for task in (self._listener, self._clock_watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        self._listener = self._clock_watch = None
+        await self.listener.stop()
+        if self._clock_watch is not None:
+            self._clock_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._clock_watch
+        self._clock_watch = None
         if self._pool is not None:
             pool, self._pool = self._pool, None
             with contextlib.suppress(Exception):
@@ -357,28 +325,4 @@ class PostgresDatabase(Engine):
             await asyncio.sleep(0.05)
         for conn in list(self._busy):
             log.warning("storage: %s does not answer; closing a connection a unit still waits on", self.where)
-            _shut(conn)
-
-
-async def _answers(conn: Any, within_s: float) -> bool:
-    """Whether ``conn`` answers a query within ``within_s``; if not, its socket is shut (an error
-    otherwise, such as the server having closed it, goes up)."""
-    check = asyncio.ensure_future(conn.execute("SELECT 1"))
-    try:
-        done, _ = await asyncio.wait({check}, timeout=within_s)
-    finally:
-        if not check.done():
-            # Cancelling the query instead would have psycopg ask the server to cancel it and wait.
-            _shut(conn)
-            with contextlib.suppress(Exception):
-                await check
-    if done:
-        check.result()
-    return bool(done)
-
-
-def _shut(conn: Any) -> None:
-    """Shut ``conn``'s socket: a thread waiting on it gets an error now instead of when TCP gives up."""
-    with contextlib.suppress(Exception), socket.fromfd(conn.pgconn.socket, socket.AF_INET,
-                                                       socket.SOCK_STREAM) as twin:
-        twin.shutdown(socket.SHUT_RDWR)  # on the connection itself, which the twin shares
+            shut(conn)

@@ -1,0 +1,106 @@
+"""PostgreSQL through PgBouncer, as many hosts offer it: a real PgBouncer (Debian's package, installed
+by .ci/run) in front of the session's throwaway server, on loopback.
+
+In session mode qunbot works as on a direct connection: its session settings are set once connected
+(PgBouncer refuses them in the startup packet), and notifications reach every process. In
+transaction mode ``LISTEN`` cannot work (the server connection it was said on goes back to the pool),
+nor can a session setting be relied on: the process refuses to start, and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import pytest
+
+from robot.storage import StorageError
+from robot.storage.postgres import PostgresDatabase
+from tests.robot.conftest import eventually
+
+pytestmark = pytest.mark.unrehearsed  # about connections, not units of work
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def pgbouncer(url: str, mode: Literal["session", "transaction"]) -> Iterator[str]:
+    """A PgBouncer in ``mode`` in front of ``url``'s server; yields the URL through it."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    assert Path(binary).exists(), "PgBouncer not found: install Debian's pgbouncer package (.ci/run does)"
+    server = urlsplit(url)
+    folder = Path(tempfile.mkdtemp(prefix="qunbot-pgbouncer-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root
+        shutil.chown(folder, "postgres", "postgres")
+        as_user = ["-u", "postgres"]
+    port = _free_port()
+    (folder / "pgbouncer.ini").write_text(
+        f"[databases]\n* = host=127.0.0.1 port={server.port} user=postgres\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = any\n"
+        f"pool_mode = {mode}\nlogfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n")
+    process = subprocess.Popen([binary, *as_user, str(folder / "pgbouncer.ini")])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert process.poll() is None and time.monotonic() < deadline, (folder / "pgbouncer.log").read_text()
+            time.sleep(0.05)
+        yield url.replace(f":{server.port}/", f":{port}/")
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_through_pgbouncer_in_session_mode_a_process_keeps_its_settings_and_hears_the_others(
+        pg_url: str) -> None:
+    with pgbouncer(pg_url, "session") as pooled:
+        far, near = PostgresDatabase(pooled, max_size=2, stall_s=7.5), PostgresDatabase(pg_url, max_size=2)
+        far.listen_check_s, far.listen_answer_s = 0.2, 3.0
+        heard: list[str] = []
+        far.subscribe("reminders", heard.append)
+        await far.open()  # refused before: "unsupported startup parameter: options"
+        await near.open()
+        try:
+            shown = await far.run(lambda tx: tx.query(
+                "SELECT current_setting('idle_in_transaction_session_timeout') AS idle, "
+                "current_setting('synchronous_commit') AS sync"))
+            assert shown == [{"idle": "7500ms", "sync": "off"}]
+            durable = await far.transaction(lambda tx: tx.execute("SHOW synchronous_commit").fetchone()[0],
+                                            durable=True)
+            assert durable == "on"
+            await asyncio.sleep(1)  # several checks of the LISTEN connection: it keeps hearing
+            await near.transaction(lambda tx: tx.notify("reminders", "deleted 3"))
+            await eventually(lambda: heard == ["deleted 3"], timeout=10)
+        finally:
+            await far.close()
+            await near.close()
+
+
+async def test_through_pgbouncer_in_transaction_mode_a_process_refuses_to_start_and_says_why(
+        pg_url: str) -> None:
+    with pgbouncer(pg_url, "transaction") as pooled:
+        db = PostgresDatabase(pooled, max_size=2, stall_s=5)
+        db.listen_answer_s = 1.0
+        with pytest.raises(StorageError) as refused:
+            await db.open()
+        said = str(refused.value)
+        assert "connection pooler in transaction mode" in said and "session mode" in said
+        assert urlsplit(pooled).netloc.split("@")[-1] in said  # which database: host and port
+        assert not db.opened
