@@ -89,13 +89,12 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, wait_s: float) -> None:
-        """Listen, waiting up to ``wait_s`` for the connection; without it by then, go on and keep
-        trying in the background. Raises :class:`Pooled` when the server answers on it but passes
-        no notification on: a setup that would never work."""
+        """Listen, waiting up to ``wait_s`` for the connection (and then for its check); without it,
+        go on and keep trying in the background. Raises :class:`Pooled` when the server answers on
+        it but passes no notification on: a setup that would never work."""
         conn = None
         try:
-            async with asyncio.timeout(wait_s):
-                conn = await self._connect()
+            conn = await self._connect(wait_s)
         except Pooled:
             raise
         except Exception as exc:
@@ -112,17 +111,21 @@ class Listener:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    async def _connect(self) -> Any:
-        """A connection listening to every notification, checked to hear them; else an error."""
+    async def _connect(self, within_s: float | None = None) -> Any:
+        """A connection listening to every notification (connected within ``within_s``), checked to
+        hear them; else an error."""
         import psycopg
 
-        conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, **self.db.tcp)
+        conn = None
         try:
-            await conn.execute(f"LISTEN {CHANNEL}")
-            await conn.execute(f"LISTEN {self.probe_channel}")
-            await self._hears(conn)
+            async with asyncio.timeout(within_s):
+                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, **self.db.tcp)
+                await conn.execute(f"LISTEN {CHANNEL}")
+                await conn.execute(f"LISTEN {self.probe_channel}")
+            await self._hears(conn)  # bounded by listen_answer_s, whatever within_s
         except BaseException:
-            await conn.close()
+            if conn is not None:
+                await conn.close()
             raise
         return conn
 

@@ -98,6 +98,7 @@ async def test_through_pgbouncer_in_transaction_mode_a_process_refuses_to_start_
     with pgbouncer(pg_url, "transaction") as pooled:
         db = PostgresDatabase(pooled, max_size=2, stall_s=5)
         db.listen_answer_s = 1.0
+        db.listen_wait_s = 0.5  # for the connection: its check (two answers' time) comes on top
         with pytest.raises(StorageError) as refused:
             await db.open()
         said = str(refused.value)
