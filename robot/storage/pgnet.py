@@ -30,9 +30,11 @@ from robot.storage.pgtx import CHANNEL
 if TYPE_CHECKING:
     from robot.storage.postgres import PostgresDatabase
 
-__all__ = ["TCP", "Listener", "Pooled", "answers", "shut", "tcp_settings"]
+__all__ = ["LISTENER", "TCP", "Listener", "Pooled", "answers", "shut", "tcp_settings"]
 
 log = logging.getLogger("robot.storage.postgres")
+
+LISTENER = "qunbot listener"  #: the LISTEN connection's application_name (pg_stat_activity shows it)
 
 #: libpq's TCP settings for every connection, where the URL does not set its own.
 TCP = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
@@ -119,7 +121,8 @@ class Listener:
         conn = None
         try:
             async with asyncio.timeout(within_s):
-                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, **self.db.tcp)
+                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, application_name=LISTENER,
+                                                             **self.db.tcp)
                 await conn.execute(f"LISTEN {CHANNEL}")
                 await conn.execute(f"LISTEN {self.probe_channel}")
             await self._hears(conn)  # bounded by listen_answer_s, whatever within_s

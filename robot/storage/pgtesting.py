@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+from robot.storage.pgnet import LISTENER
+
 __all__ = ["PgCluster", "cut_listeners", "listeners", "server_binaries"]
 
 
@@ -36,7 +38,7 @@ def listeners(url: str) -> int:
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND query LIKE 'LISTEN%'").fetchone()
+                           "AND application_name = %s", (LISTENER,)).fetchone()
         return int(row[0]) if row else 0
 
 
@@ -47,8 +49,8 @@ def cut_listeners(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         pids = [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%' "
-            "AND pid <> pg_backend_pid()").fetchall()]
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s "
+            "AND pid <> pg_backend_pid()", (LISTENER,)).fetchall()]
         conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
         deadline = time.monotonic() + 10
         while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone() != (0,):
