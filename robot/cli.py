@@ -102,6 +102,7 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    bot.db.when_outdated(lambda _: stop.set())  # another process upgraded the schema: stop, as asked to
     with contextlib.ExitStack() as held:
         if isinstance(bot.db, SQLiteDatabase) and bot.db.path != ":memory:":
             held.enter_context(sole_process(Path(bot.db.path)))  # one bot process per SQLite file
@@ -115,6 +116,8 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
         finally:
             log.info("shutting down: flushing the outbox")
             await bot.stop()
+    if bot.db.outdated:  # for the service manager to restart it, on the new version once installed
+        raise SystemExit(f"error: stopped: {bot.db.outdated}")
 
 
 async def _run(settings: Settings, channels: list[Channel] | None = None) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -163,6 +163,9 @@ class Engine:
         self._migrations: dict[str, list[Step]] = {}
         self._listeners: dict[str, list[Listener]] = {}
         self._gap_listeners: list[Callable[[], Awaitable[None] | None]] = []
+        self._outdated_listeners: list[Callable[[str], Awaitable[None] | None]] = []
+        #: Why this process must stop, once another one upgraded the schema past this code (else "").
+        self.outdated = ""
         self.opened = False
         #: This machine's clock, and the database's minus it (PostgreSQL measures it at open and every
         #: few minutes; an SQLite file is used from one machine).
@@ -189,7 +192,8 @@ class Engine:
         if self.opened:
             await self._apply({component: list(steps)})
 
-    def _upgrade(self, tx: Tx, component: str, steps: list[Step]) -> None:
+    def _upgrade(self, tx: Tx, component: str, steps: list[Step]) -> bool:
+        """Bring ``component`` up to ``steps``; whether anything changed."""
         row = tx.execute("SELECT version FROM schema_version WHERE component = ?", [component]).fetchone()
         have = int(row[0]) if row else 0
         if have > len(steps):
@@ -207,6 +211,26 @@ class Engine:
         if len(steps) > have:
             tx.execute("INSERT INTO schema_version (component, version) VALUES (?, ?) ON CONFLICT (component) "
                        "DO UPDATE SET version = excluded.version", [component, len(steps)])
+        return len(steps) > have
+
+    def when_outdated(self, listener: Callable[[str], Awaitable[None] | None]) -> None:
+        """Call ``listener(why)`` once another process has upgraded the database's schema past what
+        this code knows (PostgreSQL: processes share it): this one should stop, and be restarted on
+        the new version, rather than go on writing rows the new schema may no longer mean."""
+        self._outdated_listeners.append(listener)
+
+    def _newer(self, versions: Iterable[tuple[object, object]]) -> None:
+        """Given the database's (component, version) rows: if one is past this code's, say so, once."""
+        for component, version in versions:
+            known = self._migrations.get(str(component))
+            if self.outdated or known is None or int(str(version)) <= len(known):
+                continue
+            self.outdated = (f"another process upgraded the database {self.where}: {str(component)!r} is at "
+                             f"schema version {version}, newer than this qunbot knows ({len(known)}); restart "
+                             "this process on the new version")
+            log.error("storage: %s", self.outdated)
+            for listener in list(self._outdated_listeners):
+                _call("a listener of schema upgrades", listener, self.outdated)
 
     async def _apply(self, migrations: dict[str, list[Step]]) -> None:
         raise NotImplementedError

@@ -31,6 +31,7 @@ _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
+_SCHEMA = "schema"  # notification channel: a process upgraded the schema (the others check it is not past theirs)
 
 
 def redact_dsn(url: str) -> str:
@@ -64,6 +65,8 @@ class PostgresDatabase(Engine):
         self._pool: Any = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.listener = Listener(self, self._deliver, self._gap, self._error)
+        self.subscribe(_SCHEMA, self._recheck_schema)
+        self.after_gap(self._recheck_schema)
         self._clock_watch: asyncio.Task[None] | None = None
         self._anchor: tuple[datetime, float] | None = None  # the server's time at the last measure, and its tick
         self._busy: set[Any] = set()  # connections a unit is using now: see close()
@@ -250,10 +253,15 @@ class PostgresDatabase(Engine):
         def work(tx: PostgresTx) -> None:
             tx.execute("SELECT pg_advisory_xact_lock(?)", [_MIGRATION_LOCK])
             tx.execute(SCHEMA_TABLE)
-            for component, steps in migrations.items():
-                self._upgrade(tx, component, steps)
+            if any([self._upgrade(tx, component, steps) for component, steps in migrations.items()]):
+                tx.notify(_SCHEMA, "upgraded")
 
         await self._call(lambda: self._work(work, True))
+
+    async def _recheck_schema(self, _payload: str = "") -> None:
+        if self.opened and not self.outdated:
+            self._newer(await self.run(lambda tx: tx.execute("SELECT component, version FROM schema_version")
+                                       .fetchall()))
 
     def now(self) -> datetime:
         """The server's time: as read last, plus this machine's :func:`ticks` since. A step of this
