@@ -127,5 +127,6 @@ def _rehearsal(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-process SIGKILL test (about two and a half minutes of mostly waiting) goes first, so
-    that with ``-n 3`` (``.ci/run``) one worker waits through it while the other two run everything else."""
+    that with ``-n 4`` (``.ci/run``) one worker waits through it while the other three run everything
+    else (on two cores: many tests wait on processes, sockets and timers)."""
     items.sort(key=lambda item: 0 if "tests/scale/" in item.nodeid or item.nodeid.startswith("scale/") else 1)
