@@ -271,6 +271,19 @@ async def test_a_process_with_a_backlog_of_work_keeps_its_accounts(pg_url: str) 
         assert row == ("proc-a", True)  # renewed through the burst, not just remembered
 
 
+async def test_a_process_whose_event_loop_froze_past_its_leases_gives_them_up_and_says_so(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The database answers at once; this process was the slow one (a paused VM, a long blocking
+    # call): by the time it renews, the leases may have been another process's for a while.
+    async with keeping(pg_url, 3) as kept:
+        await asyncio.sleep(0.2)
+        time.sleep(kept.keeper.trust_s + 0.5)  # the event loop frozen past the time they were surely ours
+        await eventually(lambda: kept.changes == [True, False], timeout=10)
+        assert "came back to renew its leases" in caplog.text
+        assert "did not answer" not in caplog.text  # not the database's fault
+        await eventually(lambda: kept.changes == [True, False, True], timeout=10)  # taken back, nobody else has it
+
+
 async def test_a_renewal_given_up_on_does_not_hold_up_the_next_one(pg_url: str, relay: Relay) -> None:
     """The renewal's connection goes silent for good while new ones work (a NAT that forgot it): the
     keeper gives the leases up on time, then takes them back through a new connection, instead of
