@@ -195,9 +195,8 @@ class Listener:
         # The server answers on it, but passes nothing on: LISTEN went to a server connection that
         # went back to a pool (PgBouncer or Supavisor in transaction mode).
         shut(conn)
-        raise Pooled(f"it answers, but a notification sent to it did not arrive within {wait_s:g} s: "
-                     "is [storage] url a connection pooler in transaction mode? Use a direct URL, or "
-                     "a pooler in session mode")
+        raise Pooled(f"it answers, but a notification sent to it did not arrive within {wait_s:g} s: a "
+                     "pooler in transaction mode? Use a direct or session-mode URL")
 
 
 class _Silent(Exception):
