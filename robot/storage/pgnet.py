@@ -121,8 +121,8 @@ class Listener:
         conn = None
         try:
             async with asyncio.timeout(within_s):
-                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, application_name=LISTENER,
-                                                             **self.db.tcp)
+                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, connect_timeout=10,
+                                                             application_name=LISTENER, **self.db.tcp)
                 await conn.execute(f"LISTEN {CHANNEL}")
                 await conn.execute(f"LISTEN {self.probe_channel}")
             await self._hears(conn)  # bounded by listen_answer_s, whatever within_s
@@ -138,7 +138,8 @@ class Listener:
             try:
                 if conn is None:
                     conn = await self._connect()
-                    log.info("storage: listening to %s again; re-reading what may have been missed", self.db.where)
+                    log.info("storage: listening to %s again; re-reading what may have been missed",
+                             self.db.where)
                     self.late, failures = False, 0
                     self.gap()
                 async with conn:

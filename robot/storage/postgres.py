@@ -31,7 +31,7 @@ _RETRIES = 5
 _SKEW_WARN = timedelta(seconds=2)
 _SKEW_EVERY_S = 300.0  # clocks drift by parts per million: a measure every few minutes is plenty
 _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrates at a time
-_SCHEMA = "schema"  # notification channel: a process upgraded the schema (the others check it is not past theirs)
+_SCHEMA = "schema"  # notification: a process upgraded the schema (the others check it is not past theirs)
 
 
 def redact_dsn(url: str) -> str:
@@ -98,7 +98,8 @@ class PostgresDatabase(Engine):
             # A unit never waits inside its transaction, so one left idle is a frozen or cut-off
             # process's: the server ends it, and its row locks (a budget, a reminder, a lease) with
             # it, instead of holding every other process up until TCP notices, hours later.
-            self._settings.append(("idle_in_transaction_session_timeout", str(max(1, round(self.stall_s * 1000)))))
+            idle_ms = max(1, round(self.stall_s * 1000))
+            self._settings.append(("idle_in_transaction_session_timeout", str(idle_ms)))
         try:
             from psycopg.conninfo import conninfo_to_dict
 
