@@ -133,6 +133,18 @@ async def make_bot(tmp_path: Path, plugin: Plugin[Any]) -> AsyncIterator[BotFact
         await bot.stop(flush_timeout_s=0.5)
 
 
+async def console_ready(proc: asyncio.subprocess.Process, timeout: float = 20.0) -> bytes:
+    """Read a ``qunbot run`` process's log (stderr) until its console channel is ready; what it said."""
+    assert proc.stderr is not None
+    seen = b""
+    async with asyncio.timeout(timeout):
+        while b"channel console ready" not in seen:
+            line = await proc.stderr.readline()
+            assert line, f"qunbot run exited early: {seen.decode()[-2000:]}"
+            seen += line
+    return seen
+
+
 async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> None:
     """Poll until ``condition`` holds (a hang guard, not a timing assertion)."""
     async with asyncio.timeout(timeout):

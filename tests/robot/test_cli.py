@@ -24,6 +24,7 @@ from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.store import Database
+from tests.robot.conftest import console_ready
 
 PLUGIN_MODULE = "qb_cli_plugin"
 PLUGIN_SOURCE = '''
@@ -550,19 +551,10 @@ async def test_a_second_bot_process_on_the_same_sqlite_file_is_refused_until_the
             sys.executable, "-m", "robot.cli", "--config", str(cfg), command, cwd=plugin_dir, env=env,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
-    async def ready(proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr is not None
-        seen = b""
-        async with asyncio.timeout(20):
-            while b"channel console ready" not in seen:
-                line = await proc.stderr.readline()
-                assert line, f"qunbot run exited early: {seen.decode()[-2000:]}"
-                seen += line
-
     first = await start()
     procs = [first]
     try:
-        await ready(first)
+        await console_ready(first)
         for command in ("run", "chat"):
             second = await start(command)
             procs.append(second)
@@ -575,7 +567,7 @@ async def test_a_second_bot_process_on_the_same_sqlite_file_is_refused_until_the
         await first.wait()
         third = await start()
         procs.append(third)
-        await ready(third)
+        await console_ready(third)
         third.send_signal(signal.SIGTERM)
         async with asyncio.timeout(10):
             assert await third.wait() == 0

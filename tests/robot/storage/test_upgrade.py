@@ -18,7 +18,7 @@ import pytest
 from robot.storage.base import StorageError
 from robot.storage.pgtesting import cut_listeners
 from robot.storage.postgres import PostgresDatabase
-from tests.robot.conftest import eventually
+from tests.robot.conftest import console_ready, eventually
 
 pytestmark = pytest.mark.unrehearsed  # about processes and schemas, not units of work
 
@@ -84,13 +84,7 @@ async def test_qunbot_run_stops_with_the_reason_when_another_process_upgrades_th
         sys.executable, "-m", "robot.cli", "--config", str(cfg), "run", cwd=tmp_path, env=dict(os.environ),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        assert proc.stderr is not None
-        seen = b""
-        async with asyncio.timeout(30):
-            while b"channel console ready" not in seen:
-                line = await proc.stderr.readline()
-                assert line, f"qunbot run exited early: {seen.decode()[-2000:]}"
-                seen += line
+        seen = await console_ready(proc, timeout=30)
         # What a newer qunbot does at its start: one more step of the history schema, announced.
         newer = PostgresDatabase(pg_url, max_size=2)
         await newer.open()
@@ -100,6 +94,7 @@ async def test_qunbot_run_stops_with_the_reason_when_another_process_upgrades_th
                 tx.notify("schema", "upgraded")))
         finally:
             await newer.close()
+        assert proc.stderr is not None
         async with asyncio.timeout(30):
             rest = await proc.stderr.read()
             assert await proc.wait() == 1
