@@ -15,11 +15,14 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
 from robot.storage.pgnet import LISTENER
 
-__all__ = ["PgCluster", "cut_listeners", "listeners", "server_binaries"]
+__all__ = ["PgCluster", "cut_listeners", "listeners", "pgbouncer", "server_binaries"]
 
 
 def server_binaries() -> Path | None:
@@ -65,6 +68,47 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _accepting(port: int, process: subprocess.Popen[bytes], log: Path, what: str, timeout_s: float) -> None:
+    """Return once ``process`` accepts TCP on ``port``; raise with the end of its ``log`` if it exits
+    or does not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} did not start: " + log.read_text()[-2000:])
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start within {timeout_s:g} s")
+
+
+@contextlib.contextmanager
+def pgbouncer(url: str, mode: Literal["session", "transaction"]) -> Iterator[str]:
+    """A PgBouncer (Debian's ``pgbouncer`` package, which ``.ci/run`` installs) in ``mode`` in front of
+    ``url``'s server, on loopback; yields the URL through it. As root it runs as ``postgres``."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        raise RuntimeError("PgBouncer not found: install Debian's pgbouncer package (.ci/run does)")
+    server = urlsplit(url)
+    folder = Path(tempfile.mkdtemp(prefix="qunbot-pgbouncer-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root
+        shutil.chown(folder, "postgres", "postgres")
+        as_user = ["-u", "postgres"]
+    port = _free_port()
+    (folder / "pgbouncer.ini").write_text(
+        f"[databases]\n* = host=127.0.0.1 port={server.port} user=postgres\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = any\n"
+        f"pool_mode = {mode}\nlogfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n")
+    process = subprocess.Popen([binary, *as_user, str(folder / "pgbouncer.ini")])
+    try:
+        _accepting(port, process, folder / "pgbouncer.log", "PgBouncer", 10)
+        yield url.replace(f":{server.port}/", f":{port}/")
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class PgCluster:
     """``with PgCluster() as pg: url = pg.create_database()``."""
 
@@ -94,15 +138,9 @@ class PgCluster:
              "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
              "-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=64MB"],
             stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("PostgreSQL did not start: " + (self.root / "server.log").read_text()[-2000:])
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
-                time.sleep(0.2)  # accepting TCP is not quite accepting logins
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("PostgreSQL did not start within 30 s")
+        _accepting(self.port, self.process, self.root / "server.log", "PostgreSQL", 30)
+        time.sleep(0.2)  # accepting TCP is not quite accepting logins
+        return self
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"

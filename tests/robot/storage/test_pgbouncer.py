@@ -10,62 +10,16 @@ nor can a session setting be relied on: the process refuses to start, and says w
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Literal
 from urllib.parse import urlsplit
 
 import pytest
 
 from robot.storage import StorageError
+from robot.storage.pgtesting import pgbouncer
 from robot.storage.postgres import PostgresDatabase
 from tests.robot.conftest import eventually
 
 pytestmark = pytest.mark.unrehearsed  # about connections, not units of work
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def pgbouncer(url: str, mode: Literal["session", "transaction"]) -> Iterator[str]:
-    """A PgBouncer in ``mode`` in front of ``url``'s server; yields the URL through it."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    assert Path(binary).exists(), "PgBouncer not found: install Debian's pgbouncer package (.ci/run does)"
-    server = urlsplit(url)
-    folder = Path(tempfile.mkdtemp(prefix="qunbot-pgbouncer-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # PgBouncer refuses to run as root
-        shutil.chown(folder, "postgres", "postgres")
-        as_user = ["-u", "postgres"]
-    port = _free_port()
-    (folder / "pgbouncer.ini").write_text(
-        f"[databases]\n* = host=127.0.0.1 port={server.port} user=postgres\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = any\n"
-        f"pool_mode = {mode}\nlogfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n")
-    process = subprocess.Popen([binary, *as_user, str(folder / "pgbouncer.ini")])
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            assert process.poll() is None and time.monotonic() < deadline, (folder / "pgbouncer.log").read_text()
-            time.sleep(0.05)
-        yield url.replace(f":{server.port}/", f":{port}/")
-    finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_through_pgbouncer_in_session_mode_a_process_keeps_its_settings_and_hears_the_others(
