@@ -168,7 +168,7 @@ class LeaseKeeper:
             limit = began + self.trust_s
             if self.held:
                 limit = min(limit, self._until)
-            wait = max(0.0, limit - began)
+            wait = limit - began
             if wait <= 0.0:  # not the database's doing: this process itself came back too late
                 raise TimeoutError(f"this process came back to renew its leases {began - limit:.1f} s after they "
                                    "may have expired (paused, or its event loop busy)")

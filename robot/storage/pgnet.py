@@ -147,9 +147,7 @@ class Listener:
                         await self._pass_on(conn, self.db.listen_check_s)
                         await self._hears(conn)
             except asyncio.CancelledError:
-                if conn is not None:
-                    await conn.close()
-                raise
+                raise  # the connection is closed by the async with (no await runs before it)
             except Exception as exc:
                 why = str(exc) if isinstance(exc, Pooled | _Silent) else str(self.error(exc))
             conn = None
