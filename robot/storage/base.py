@@ -13,6 +13,7 @@ version for a component is newer than the code.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -21,8 +22,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from function_calls.problems import mend_text
 
-__all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "parse_iso",
-           "ticks", "unit_error", "utcnow"]
+__all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "mend_rows",
+           "parse_iso", "ticks", "unit_error", "utcnow"]
 
 T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
@@ -33,6 +34,17 @@ def mend_params(params: Sequence[Any]) -> tuple[Any, ...]:
     """Parameters with every text (also inside a list) passed through :func:`mend_text`."""
     return tuple(mend_text(p) if isinstance(p, str) else list(mend_params(p)) if isinstance(p, list) else p
                  for p in params)
+
+
+def mend_rows(rows: Sequence[Sequence[Any]]) -> Sequence[Sequence[Any]]:
+    """Rows of scalars for ``executemany`` passed through :func:`mend_params`, checked in one pass:
+    rows whose texts UTF-8 can carry (nearly every batch) come back as they are, not copied. (A
+    list inside is not looked into: SQLite cannot bind one anyway.)"""
+    try:  # a surrogate never pairs up across strings: each still fails alone
+        "".join(map(str, itertools.chain.from_iterable(rows))).encode("utf-8")
+    except UnicodeEncodeError:
+        return [mend_params(r) for r in rows]
+    return rows
 
 
 def unit_error(exc: BaseException) -> BaseException:

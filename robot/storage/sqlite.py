@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, mend_params, unit_error
+from robot.storage import base
+from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, unit_error
 
 __all__ = ["SQLiteDatabase", "SQLiteTx"]
 
@@ -69,11 +70,11 @@ class SQLiteTx:
         try:
             return self.conn.execute(sql, tuple(params))
         except UnicodeEncodeError:  # a lone surrogate: binding failed before the statement ran
-            return self.conn.execute(sql, mend_params(params))
+            return self.conn.execute(sql, base.mend_params(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         self._before(sql)  # mended up front: rows before a failing one would already be written
-        self.conn.executemany(sql, [mend_params(r) for r in rows])
+        self.conn.executemany(sql, base.mend_rows(rows))
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         self._before(sql)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import threading
@@ -14,6 +15,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import reminders
+from reminders.record import COLUMNS
 from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, LimitError, Reminder, ReminderStore, new_id
 from reminders.timer import CHANNEL, parse_note
@@ -41,7 +43,7 @@ async def store(engine: Engine) -> AsyncIterator[ReminderStore]:
     await engine.close()
 
 
-@pytest.mark.parametrize("name", ["reminders", "reminders.store", "reminders.service", "reminders.tools",
+@pytest.mark.parametrize("name", ["reminders", "reminders.record", "reminders.store", "reminders.service", "reminders.tools",
                                   "reminders.settings", "reminders.schedule", "reminders.timer"])
 def test_exports_are_complete(name: str) -> None:
     module = importlib.import_module(name)
@@ -145,6 +147,23 @@ async def test_upcoming_window_is_sorted_and_excludes_inactive(store: ReminderSt
     assert [(rid, zone) for rid, _, zone in window] == [(sooner.id, "Asia/Shanghai"), (soon.id, "Asia/Shanghai")]
     assert [rid for rid, _, _ in await store.upcoming(NOW, NOW + timedelta(hours=1), 1)] == [sooner.id]
     assert await store.next_due() == due.next_fire
+
+
+async def test_the_timer_window_and_the_next_due_count_every_mode(store: ReminderStore) -> None:
+    # (Both read the firing index, which leads with the mode: a mode left out would never be armed.)
+    prompt = make(next_fire=NOW + timedelta(minutes=3)).evolve(mode="prompt")
+    command = make(next_fire=NOW + timedelta(minutes=2)).evolve(mode="command")
+    text = make(next_fire=NOW + timedelta(minutes=4))
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [prompt, command, text]))
+    window = await store.upcoming(NOW, NOW + timedelta(hours=1), 10)
+    assert [rid for rid, _, _ in window] == [command.id, prompt.id, text.id]
+    assert await store.next_due() == command.next_fire
+
+
+def test_a_reminder_is_read_back_from_its_columns_in_its_fields_order() -> None:
+    assert [f.name for f in dataclasses.fields(Reminder)] == list(COLUMNS)
+    one = make(next_fire=None).evolve(last_fired=NOW, failure_reported=True, account="bot1", source="digest")
+    assert Reminder.from_values([iso(v) if isinstance(v, datetime) else v for v in one.row()]) == one
 
 
 async def test_prune_forgets_only_old_finished_reminders(store: ReminderStore) -> None:
@@ -357,3 +376,18 @@ async def test_saving_many_reminders_writes_each_ones_state_and_the_last_of_one_
         NOW + timedelta(days=2), NOW, True)
     assert second is not None and (second.status, second.next_fire, second.last_fired) == ("done", None, NOW)
     assert third == rows[2]  # not named: untouched
+
+
+async def test_saving_a_fired_reminder_deleted_meanwhile_leaves_it_deleted(store: ReminderStore) -> None:
+    # save_sync writes rows its transaction read as active; one deleted since (by a caller that did not
+    # hold the row) must not come back, whether it would stay active or finish.
+    stays, ends = make(next_fire=NOW), make(next_fire=NOW)
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, [stays, ends]))
+    assert await store.delete(stays.id, NOW) and await store.delete(ends.id, NOW)
+    fired = stays.evolve(next_fire=NOW + timedelta(days=1), last_fired=NOW, updated_at=NOW)
+    done = ends.evolve(next_fire=None, last_fired=NOW, status="done", updated_at=NOW)
+    for saved in ([fired], [done], [fired, done]):
+        await store.db.run(lambda db, saved=saved: ReminderStore.save_sync(db, *saved))  # type: ignore[misc]
+        for r in (stays, ends):
+            got = await store.get(r.id)
+            assert got is not None and (got.status, got.next_fire) == ("deleted", None)
