@@ -41,13 +41,15 @@ from robot.message import ChatRef, OutgoingMessage
 from robot.outbox_store import (
     CLAIM_LIMIT,
     SCHEMA,
+    Claimed,
     OutboxRows,
     Scope,
-    claim_sync,
+    claim_many_sync,
     release_sync,
     split_text,
 )
 from robot.storage import Tx
+from robot.storage.batch import Batched
 from robot.storage.leases import LeaseKeeper, process_id
 from robot.store import Engine, iso, parse_iso
 
@@ -81,9 +83,7 @@ class Outbox(OutboxRows):
         self.bot_name = bot_name
         self.clock = clock
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
-        self.max_in_flight = max_in_flight
-        self.max_attempts = max_attempts
-        self.park_s = park_s
+        self.max_in_flight, self.max_attempts, self.park_s = max_in_flight, max_attempts, park_s
         #: Which accounts this process holds: it sends only their rows (see :meth:`scope`).
         self.leases = leases
         self.claim_s = claim_s
@@ -101,6 +101,9 @@ class Outbox(OutboxRows):
         self._releases: set[asyncio.Task[None]] = set()  # of channels left: see leave()
         self._stopping = True  # until start()
         self._grace_s = 0.0  # while stopping: how long a send under way may take to finish
+        self._claims: Batched[tuple[str, str, Scope, str, str], Claimed] = Batched(
+            db, lambda tx, items: claim_many_sync(tx, items, self.holder, self._alive))
+        self._marks = Batched(db, self._mark_many)
         db.migrate("outbox", SCHEMA)
         db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds
 
@@ -165,9 +168,8 @@ class Outbox(OutboxRows):
             self._workers[platform] = asyncio.create_task(self._worker(platform, channel), name=f"outbox-{platform}")
 
     async def leave(self, platform: str) -> None:
-        """Send no more of ``platform``'s rows here (its channel moved to another process); this
-        process's claims on them are given up, so that the new holder sends them at once. That
-        goes on in the background: the caller stops the channel next, even with the database away."""
+        """Send no more of ``platform``'s rows here (its channel moved to another process). This process's
+        claims on them are given up in the background (the new holder sends them at once; the caller goes on)."""
         self._channels.pop(platform, None)
         self._scopes.pop(platform, None)
         self._parked.get(platform, {}).clear()  # parked for a channel stopped here: nothing to wait out
@@ -256,14 +258,12 @@ class Outbox(OutboxRows):
 
         return await self.db.run(work)
 
-    async def _claim(self, platform: str, chat: str) -> tuple[list[dict[str, object]], bool]:
-        """Claim the chat's pending rows in order (see :func:`robot.outbox_store.claim_sync`)."""
+    async def _claim(self, platform: str, chat: str) -> Claimed:
+        """Claim the chat's pending rows in order (:func:`~robot.outbox_store.claim_sync`), with other lanes'."""
         scope, now = self.scope(platform), self.clock()
         if scope.nothing:
             return [], False
-        until = iso(now + timedelta(seconds=self.claim_s))
-        return await self.db.run(lambda db: claim_sync(db, platform, chat, scope, self.holder, iso(now), until,
-                                                       self._alive))
+        return await self._claims((platform, chat, scope, iso(now), iso(now + timedelta(seconds=self.claim_s))))
 
     async def _worker(self, platform: str, channel: Channel) -> None:
         wake, parked, hints = self._wake[platform], self._parked[platform], self._hints.setdefault(platform, set())
@@ -395,5 +395,5 @@ class Outbox(OutboxRows):
         except Exception as exc:  # a channel bug: retried like a transient failure, and logged
             log.exception("outbox %s: unexpected send failure", chat.key)
             return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
-        await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
+        await self._mark(chat, key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
         return "sent"

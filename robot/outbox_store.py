@@ -23,8 +23,9 @@ from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso
 from robot.storage.base import padded
+from robot.storage.batch import Batched
 
-__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_sync",
+__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_many_sync", "claim_sync",
            "order_by", "queue_sync", "release_sync", "split_text", "waiting_sync"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
@@ -159,12 +160,14 @@ class Scope:
         return account in self.accounts if account else self.empty
 
 
+Claimed = tuple[list[dict[str, Any]], bool]
+"""What :func:`claim_sync` returns: the rows claimed, and whether another process blocks the rest."""
 CLAIM_LIMIT = 32
 """Rows of a chat one claim takes at most."""
 
 
 def claim_sync(tx: Tx, platform: str, chat: str, scope: Scope, holder: str, now: str, until: str,
-               alive: Callable[[Tx, str], bool], limit: int = CLAIM_LIMIT) -> tuple[list[dict[str, Any]], bool]:
+               alive: Callable[[Tx, str], bool], limit: int = CLAIM_LIMIT) -> Claimed:
     """Claim the chat's first pending rows in ``scope`` for ``holder``, in order: (rows, blocked).
 
     Claiming stops at the first row another living process holds an unexpired claim on
@@ -187,6 +190,17 @@ def claim_sync(tx: Tx, platform: str, chat: str, scope: Scope, holder: str, now:
         tx.execute(f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE key IN ({', '.join('?' for _ in keys)})",
                    [holder, until, *keys])
     return mine, blocked
+
+
+def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], holder: str,
+                    alive: Callable[[Tx, str], bool]) -> list[Claimed]:
+    """:func:`claim_sync` for several ``(platform, chat, scope, now, until)`` in one transaction."""
+    claimed: dict[int, Claimed] = {}
+    # Chat by chat in one order in every process: two transactions locking rows never wait in a cycle.
+    for i in sorted(range(len(items)), key=lambda i: items[i][:2]):
+        platform, chat, scope, now, until = items[i]
+        claimed[i] = claim_sync(tx, platform, chat, scope, holder, now, until, alive)
+    return [claimed[i] for i in range(len(items))]
 
 
 def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope | None = None) -> int:
@@ -230,6 +244,7 @@ class OutboxRows:
     of :class:`robot.outbox.Outbox`)."""
 
     db: Engine
+    _marks: Batched[tuple[tuple[str, str], list[object]], None]
     clock: Callable[[], datetime]
     bot_id: str
     bot_name: str
@@ -308,17 +323,22 @@ class OutboxRows:
     async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
         log.error("outbox %s: message %s not delivered: %s (qunbot doctor lists such failures)",
                   chat.key, key, error[:300])
-        await self._mark(key, "failed", error=error[:500])
+        await self._mark(chat, key, "failed", error=error[:500])
         return "failed"
 
     async def _set_parts(self, key: str, parts: int) -> None:
         await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
 
-    async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
-                    parts: int | None = None) -> None:
-        now = iso(self.clock())
+    async def _mark(self, chat: ChatRef, key: str, status: str, *, error: str | None = None,
+                    receipt: str | None = None, parts: int | None = None) -> None:
+        """Mark a row finished; marks made together (a burst's lanes) share a transaction."""
+        await self._marks(((chat.platform, chat.key), [status, iso(self.clock()), error, receipt, parts, key]))
+
+    @staticmethod
+    def _mark_many(db: Tx, marks: list[tuple[tuple[str, str], list[object]]]) -> list[None]:
+        # Chat by chat, the order claims lock rows in (claim_many_sync): no two transactions wait in a cycle.
         # A finished row keeps key, receipt and status, never the text: the history holds the
         # conversation (under its retention and /forget me), the outbox is no second copy.
-        await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
-            "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [status, now, error, receipt, parts, key]))
+        db.executemany("UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
+                       "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [row for _, row in sorted(marks, key=lambda m: m[0])])
+        return [None] * len(marks)

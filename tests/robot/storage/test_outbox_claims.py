@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
-from robot.outbox_store import Scope, claim_sync, release_sync, waiting_sync
+from robot.outbox_store import Scope, claim_many_sync, claim_sync, release_sync, waiting_sync
 from robot.storage import Engine, Tx, iso
 from robot.storage.leases import Leases
 
@@ -53,6 +53,20 @@ async def test_a_living_processs_claim_holds_and_a_dead_ones_is_taken_over(engin
         # Given up claims are anyone's at once.
         assert await engine.run(lambda tx: release_sync(tx, "A")) == 3
         assert {r["claimed_by"] for r in await outbox.rows()} == {None}
+    finally:
+        await engine.close()
+
+
+async def test_claims_of_several_chats_in_one_transaction_answer_each_chat(engine: Engine) -> None:
+    outbox, a, _ = await setup(engine)
+    try:
+        g2 = G1.model_copy(update={"chat_id": "g2"})
+        await outbox.enqueue(OutgoingMessage(key="one", chat=G1, text="1"), OutgoingMessage(key="two", chat=g2, text="2"))
+        now, until = iso(NOW), iso(NOW + timedelta(seconds=60))
+        items = [("telegram", chat.key, ALL, now, until) for chat in (g2, G1, g2)]  # not in lock order
+        got = await engine.run(lambda tx: claim_many_sync(tx, items, a.holder, a.alive_sync))
+        assert [([str(r["key"]) for r in rows], blocked) for rows, blocked in got] == [
+            (["two"], False), (["one"], False), (["two"], False)]
     finally:
         await engine.close()
 
