@@ -12,7 +12,7 @@ from pydantic import ConfigDict
 from function_calls import HistoryTurn
 from robot.message import ChatRef, Message
 from robot.storage import Tx
-from robot.storage.base import padded, render_step
+from robot.storage.base import columns, padded, render_step, unnest
 from robot.store import Engine, iso, parse_iso
 
 __all__ = ["TO_USER", "HistoryEntry", "HistoryStore", "Said", "drop_windows"]
@@ -109,8 +109,13 @@ class Said(NamedTuple):
 
 
 def _address(db: Tx, pairs: Sequence[tuple[str, object]]) -> None:
-    """Record (person, history id) pairs in ``history_to``: one statement per chunk (:func:`padded`),
-    not one per person (a merged reminder names up to 50)."""
+    """Record (person, history id) pairs in ``history_to``: one statement per chunk (:func:`padded`;
+    PostgreSQL: one for all, :func:`unnest`), not one per person (a merged reminder names up to 50)."""
+    if db.dialect == "postgresql":
+        if pairs:
+            db.execute("INSERT INTO history_to (user_id, history_id) SELECT * FROM " + unnest("text", "bigint")
+                       + " ON CONFLICT (user_id, history_id) DO NOTHING", columns(pairs))
+        return
     for start in range(0, len(pairs), _ADDRESSEES_PER_INSERT):
         part = padded(pairs[start:start + _ADDRESSEES_PER_INSERT], _ADDRESSEES_PER_INSERT)
         db.execute("INSERT INTO history_to (user_id, history_id) VALUES " + ",".join(["(?, ?)"] * len(part))
@@ -198,7 +203,10 @@ class HistoryStore:
             ids = list(range(first, first + len(said)))
         rows = [[i, s.chat.key, s.user_id, s.name, s.text, iso(s.at), int(s.from_bot), s.message_id, s.reply_to,
                  s.to_user, s.role] for i, s in zip(ids, said, strict=True)]
-        done = 0
+        done = len(rows) if db.dialect == "postgresql" else 0
+        if done:
+            db.execute("INSERT INTO history (id, chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user, "
+                       "role) SELECT * FROM " + unnest("bigint", *["text"] * 5, "int", *["text"] * 4), columns(rows))
         while done < len(rows):  # chunks of power-of-two sizes: a few statement shapes serve every count
             size = min(_ROWS_PER_INSERT, 1 << ((len(rows) - done).bit_length() - 1))
             db.execute("INSERT INTO history (id, chat, user_id, name, text, ts, from_bot, message_id, reply_to, "

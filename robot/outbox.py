@@ -395,5 +395,5 @@ class Outbox(OutboxRows):
         except Exception as exc:  # a channel bug: retried like a transient failure, and logged
             log.exception("outbox %s: unexpected send failure", chat.key)
             return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
-        await self._mark(chat, key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
+        await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
         return "sent"

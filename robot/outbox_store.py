@@ -22,7 +22,7 @@ from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso
-from robot.storage.base import padded
+from robot.storage.base import columns, padded, unnest
 from robot.storage.batch import Batched
 
 __all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_many_sync", "claim_sync",
@@ -105,6 +105,11 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
     if len(rows) == 1:  # a reply: the common case, no RETURNING to read
         if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
             new.add(messages[0].key)
+    elif tx.dialect == "postgresql":  # rows keep their order: the chat's order (seq) is theirs
+        sql = (_QUEUE.replace("VALUES ", "") + "SELECT k, p, c, a, t, m, r, 'pending', n, cr FROM "
+               + unnest(*["text"] * 9) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, i) ORDER BY i "
+               "ON CONFLICT (key) DO NOTHING RETURNING key")
+        new.update(str(r[0]) for r in tx.execute(sql, columns(rows)).fetchall())
     else:
         for start in range(0, len(rows), _ROWS_PER_QUEUE):
             part = padded(rows[start:start + _ROWS_PER_QUEUE], _ROWS_PER_QUEUE)
@@ -173,34 +178,50 @@ def claim_sync(tx: Tx, platform: str, chat: str, scope: Scope, holder: str, now:
     Claiming stops at the first row another living process holds an unexpired claim on
     (``blocked``): the rest of the chat waits for it, so the chat's order holds across processes.
     """
-    where, params = scope.sql()
-    lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
-    rows = tx.query(f"SELECT * FROM outbox WHERE platform = ? AND chat = ? AND status = 'pending' AND {where} "
-                    f"ORDER BY {order_by(tx)} LIMIT ?{lock}", [platform, chat, *params, limit])
-    mine: list[dict[str, Any]] = []
-    blocked = False
-    for row in rows:
-        by = row.get("claimed_by")
-        if by and by != holder and str(row.get("claimed_until") or "") >= now and alive(tx, str(by)):
-            blocked = True
-            break
-        mine.append(row)
-    if mine:
-        keys = [str(r["key"]) for r in mine]
-        tx.execute(f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE key IN ({', '.join('?' for _ in keys)})",
-                   [holder, until, *keys])
-    return mine, blocked
+    return claim_many_sync(tx, [(platform, chat, scope, now, until)], holder, alive, limit)[0]
 
 
 def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], holder: str,
-                    alive: Callable[[Tx, str], bool]) -> list[Claimed]:
-    """:func:`claim_sync` for several ``(platform, chat, scope, now, until)`` in one transaction."""
-    claimed: dict[int, Claimed] = {}
-    # Chat by chat in one order in every process: two transactions locking rows never wait in a cycle.
-    for i in sorted(range(len(items)), key=lambda i: items[i][:2]):
-        platform, chat, scope, now, until = items[i]
-        claimed[i] = claim_sync(tx, platform, chat, scope, holder, now, until, alive)
-    return [claimed[i] for i in range(len(items))]
+                    alive: Callable[[Tx, str], bool], limit: int = CLAIM_LIMIT) -> list[Claimed]:
+    """:func:`claim_sync` for several ``(platform, chat, scope, now, until)``: one read and one write
+    for them all (a statement is a round trip on PostgreSQL), not two per chat."""
+    groups: dict[tuple[str, Scope], list[int]] = {}
+    for i, (platform, _, scope, _, _) in enumerate(items):
+        groups.setdefault((platform, scope), []).append(i)
+    claimed: dict[tuple[str, Scope, str], Claimed] = {}
+    lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
+    for (platform, scope), members in sorted(groups.items(), key=lambda g: (g[0][0], repr(g[0][1]))):
+        chats = sorted({items[i][1] for i in members})
+        now, until = max(items[i][3] for i in members), max(items[i][4] for i in members)
+        where, params = scope.sql()
+        # Each chat's first ``limit`` pending rows, locked chat by chat in one order in every
+        # process: two transactions never wait for each other in a cycle. (The outer status test
+        # is checked again on a row another transaction changed while this one waited for it.)
+        rows = tx.query(
+            "SELECT * FROM outbox WHERE status = 'pending' AND key IN (SELECT key FROM (SELECT key, row_number() "
+            f"OVER (PARTITION BY chat ORDER BY {order_by(tx)}) AS n FROM outbox WHERE platform = ? AND chat IN "
+            f"({', '.join('?' for _ in chats)}) AND status = 'pending' AND {where}) AS firsts WHERE n <= ?) "
+            f"ORDER BY chat, {order_by(tx)}{lock}", [platform, *chats, *params, limit])
+        per_chat: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            per_chat.setdefault(str(row["chat"]), []).append(row)
+        keys: list[str] = []
+        for chat in chats:
+            mine: list[dict[str, Any]] = []
+            blocked = False
+            for row in per_chat.get(chat, []):
+                by = row.get("claimed_by")
+                if by and by != holder and str(row.get("claimed_until") or "") >= now and alive(tx, str(by)):
+                    blocked = True
+                    break
+                mine.append(row)
+            claimed[platform, scope, chat] = mine, blocked
+            keys += [str(r["key"]) for r in mine]
+        for start in range(0, len(keys), 500):
+            part = keys[start:start + 500]
+            tx.execute(f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE key IN ({', '.join('?' for _ in part)})",
+                       [holder, until, *part])
+    return [claimed[platform, scope, chat] for platform, chat, scope, _, _ in items]
 
 
 def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope | None = None) -> int:
@@ -244,7 +265,7 @@ class OutboxRows:
     of :class:`robot.outbox.Outbox`)."""
 
     db: Engine
-    _marks: Batched[tuple[tuple[str, str], list[object]], None]
+    _marks: Batched[list[object], None]
     clock: Callable[[], datetime]
     bot_id: str
     bot_name: str
@@ -323,22 +344,31 @@ class OutboxRows:
     async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
         log.error("outbox %s: message %s not delivered: %s (qunbot doctor lists such failures)",
                   chat.key, key, error[:300])
-        await self._mark(chat, key, "failed", error=error[:500])
+        await self._mark(key, "failed", error=error[:500])
         return "failed"
 
     async def _set_parts(self, key: str, parts: int) -> None:
         await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
 
-    async def _mark(self, chat: ChatRef, key: str, status: str, *, error: str | None = None,
-                    receipt: str | None = None, parts: int | None = None) -> None:
+    async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
+                    parts: int | None = None) -> None:
         """Mark a row finished; marks made together (a burst's lanes) share a transaction."""
-        await self._marks(((chat.platform, chat.key), [status, iso(self.clock()), error, receipt, parts, key]))
+        await self._marks([status, iso(self.clock()), error, receipt, parts, key])
 
     @staticmethod
-    def _mark_many(db: Tx, marks: list[tuple[tuple[str, str], list[object]]]) -> list[None]:
-        # Chat by chat, the order claims lock rows in (claim_many_sync): no two transactions wait in a cycle.
+    def _mark_many(db: Tx, rows: list[list[object]]) -> list[None]:
         # A finished row keeps key, receipt and status, never the text: the history holds the
         # conversation (under its retention and /forget me), the outbox is no second copy.
-        db.executemany("UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', mention = '[]', "
-                       "parts_sent = coalesce(?, parts_sent) WHERE key = ?", [row for _, row in sorted(marks, key=lambda m: m[0])])
-        return [None] * len(marks)
+        if db.dialect == "postgresql" and len(rows) > 1:  # two statements, not a round trip per row
+            # Locked in the order claims lock rows (claim_many_sync): two transactions never wait in a cycle.
+            db.execute(f"SELECT 1 FROM outbox WHERE key = ANY(?) ORDER BY chat, {order_by(db)} FOR UPDATE",
+                       [[row[-1] for row in rows]])
+            db.execute("UPDATE outbox AS o SET status = v.status, sent_at = v.sent_at, error = v.error, "
+                       "receipt = v.receipt, text = '', mention = '[]', parts_sent = coalesce(v.parts, o.parts_sent) "
+                       "FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::text[]) "
+                       "AS v(status, sent_at, error, receipt, parts, key) WHERE o.key = v.key",
+                       [list(column) for column in zip(*rows, strict=True)])
+        else:
+            db.executemany("UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', "
+                           "mention = '[]', parts_sent = coalesce(?, parts_sent) WHERE key = ?", rows)
+        return [None] * len(rows)

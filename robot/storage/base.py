@@ -152,6 +152,18 @@ def padded(rows: Sequence[T], most: int) -> list[T]:
     return out + out[-1:] * (min(most, 1 << (len(out) - 1).bit_length()) - len(out))
 
 
+def unnest(*types: str) -> str:
+    """``unnest(?::text[], …)``: many rows for PostgreSQL as one array per column
+    (:func:`columns`). The statement stays short whatever their number: psycopg parses a statement
+    of more than 50 parameters again at every call, a third of a firing pass's time on the client."""
+    return "unnest(" + ", ".join(f"?::{t}[]" for t in types) + ")"
+
+
+def columns(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """``rows`` as one list per column (the parameters of :func:`unnest`)."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
 def render_step(sql: str, dialect: Dialect) -> str:
     """A migration's SQL with ``{id}``/``{real}``/``{blob}`` written in ``dialect``."""
     out = sql

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
+
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
@@ -26,7 +28,8 @@ def twin(engine: Engine) -> Engine:
     return PostgresDatabase(engine.url, max_size=2)
 
 
-async def test_forget_me_by_the_second_person_of_a_shared_message_removes_it(engine: Engine) -> None:
+@pytest.mark.parametrize("together", [False, True], ids=["queued-alone", "queued-together"])
+async def test_forget_me_by_the_second_person_of_a_shared_message_removes_it(engine: Engine, together: bool) -> None:
     history = HistoryStore(engine)
     SnapshotStore(engine).secret = b"k" * 32
     outbox = Outbox(engine, clock=lambda: T0)
@@ -36,7 +39,10 @@ async def test_forget_me_by_the_second_person_of_a_shared_message_removes_it(eng
         alone = OutgoingMessage(key="rem:9", chat=G1, text="⏰ 提醒：Dan's own", mention=("u4",))
 
         def fill(tx: Tx) -> None:
-            assert outbox.enqueue_sync(tx, shared) and outbox.enqueue_sync(tx, alone)
+            if together:  # a firing pass's way: one statement per table (PostgreSQL: arrays of rows)
+                assert outbox.enqueue_many_sync(tx, [shared, alone, shared]) == [True, True, False]
+            else:
+                assert outbox.enqueue_sync(tx, shared) and outbox.enqueue_sync(tx, alone)
             # The shared message failed for good: its row keeps the text until someone forgets.
             tx.execute("UPDATE outbox SET status = 'failed' WHERE key = ?", [shared.key])
 
