@@ -41,7 +41,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
-from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, compose, format_local, merge
+from reminders.firing import ON_TIME, Draft, FireReport, Outcome, catch_up, compose, format_local, merge
 from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
@@ -266,7 +266,7 @@ class ReminderService:
         return [(after, outcome, key) for (_, after, outcome, _), key in zip(fired, keys, strict=True)]
 
     def _compose(self, r: Reminder, now: datetime, *, answer: str | None = None,
-                 failed: bool = False) -> tuple[Reminder, Outcome, OutgoingMessage | None]:
+                 failed: bool = False) -> tuple[Reminder, Outcome, Draft | None]:
         try:
             return compose(r, now, self.grace, answer=answer, failed=failed)
         except Exception:  # one corrupted row must not block every other reminder
@@ -276,11 +276,11 @@ class ReminderService:
     def _apply_sync(self, db: Tx, r: Reminder, now: datetime, *, answer: str | None = None,
                     failed: bool = False) -> tuple[Reminder, Outcome, str | None]:
         """Commit one due reminder's message and new state (caller's transaction)."""
-        after, outcome, message = self._compose(r, now, answer=answer, failed=failed)
-        if message is not None:
-            self.bot.outbox.enqueue_sync(db, message)
+        after, outcome, draft = self._compose(r, now, answer=answer, failed=failed)
+        if draft is not None:
+            self.bot.outbox.enqueue_sync(db, draft.message())
         self.store.save_sync(db, after)
-        return after, outcome, None if message is None else message.key
+        return after, outcome, None if draft is None else draft.key
 
     def _start_prompt(self, reminder: Reminder, now: datetime, report: FireReport) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._run_prompt(reminder, now, report),
