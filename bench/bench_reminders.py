@@ -12,9 +12,9 @@
 3. ``--prompts`` prompt-mode reminders due at once, answered by a fake model that takes
    ``--model-ms``: how many model runs overlap (bounded by ``[reminders] prompt_concurrency``)
    and how long the queue takes to drain.
-4. The same-second burst on PostgreSQL (a throwaway ``PgCluster``) with ``--pg-services`` reminder
-   services claiming due rows with ``SKIP LOCKED``. Until the outbox runs on PostgreSQL this
-   measures due -> firing committed (reminder advanced and its outbox row written), not the send.
+4. The same-second burst on PostgreSQL (a throwaway ``PgCluster``) with ``--pg-services`` bots,
+   each a process of its own, claiming due rows with ``SKIP LOCKED``; due -> send() as in 1 (the
+   reminders are ``once``, over 500 chats, merged per chat as by default: ``scale_procs.py``).
 
 With ``[reminders] merge_chat`` (the default) a chat's on-time reminders due together share one message
 (``reminders.firing.merge``; with it off only one person's do, and every bench row has its own owner):
@@ -33,29 +33,24 @@ import statistics
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
 import psutil  # type: ignore[import-untyped]
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 import reminders
 from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import ScriptedModel, text
-from reminders.service import ReminderService
-from reminders.settings import ReminderSettings
-from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
+from reminders.store import Reminder, ReminderStore, new_id
 from reminders.tools import ReminderDeps
 from robot.bot import Bot
 from robot.channels.base import SendReceipt
 from robot.config import Settings
 from robot.message import OutgoingMessage
-from robot.storage import Tx, iso
 from robot.storage.pgtesting import PgCluster
-from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
 
 ZONE = "Asia/Shanghai"
@@ -141,75 +136,17 @@ def summary(label: str, expected: Mapping[str, datetime | None], calls: list[tup
         print(f"{label}: nothing arrived; lost {lost}")
 
 
-class CommitClock:
-    """The outbox as reminders see it, on PostgreSQL: a row per message in a table like the outbox's,
-    and the instant each firing transaction committed (``notify`` is called right after the commit)."""
+def burst_pg(count: int, processes: int) -> None:
+    """The same-second burst on a throwaway PostgreSQL: ``processes`` real bots, each in a process
+    of its own (``bench/scale_procs.py``: reminders plugin, the outbox, a channel that acknowledges
+    every send), claiming due rows with SKIP LOCKED. Lateness: due -> the channel's send()."""
+    from scale_procs import run_processes
 
-    def __init__(self) -> None:
-        self.pending: list[str] = []
-        self.calls: list[tuple[str, datetime]] = []
-
-    def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
-        added = db.execute("INSERT INTO bench_outbox (key, chat, text, created_at) VALUES (?, ?, ?, ?) "
-                           "ON CONFLICT (key) DO NOTHING", [message.key, message.chat.key, message.text,
-                                                            iso(datetime.now(UTC))]).rowcount == 1
-        if added:
-            self.pending.extend(re.findall(r"提醒 (\d+)", message.text))
-        return added
-
-    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
-        return [self.enqueue_sync(db, m) for m in messages]
-
-    def notify(self, platform: str) -> None:
-        at = datetime.now(UTC)
-        self.calls.extend((number, at) for number in self.pending)
-        self.pending.clear()
-
-
-class Host:
-    def __init__(self) -> None:
-        self.clock = lambda: datetime.now(UTC)
-        self.outbox = CommitClock()
-
-
-async def burst_pg(count: int, services: int, merge_chat: bool) -> None:
-    """The same-second burst on a throwaway PostgreSQL, ``services`` ReminderServices (own engine,
-    pool and timer each; one Python process) claiming with SKIP LOCKED. Lateness: due -> the firing
-    transaction (reminder advanced, outbox row written) committed."""
     with PgCluster() as pg:
-        url = pg.create_database()
-        running: list[ReminderService] = []
-        hosts: list[Host] = []
-        for _ in range(services):
-            db = PostgresDatabase(url, max_size=4)
-            db.migrate("reminders", SCHEMA)
-            db.migrate("bench_outbox", ["CREATE TABLE bench_outbox (key TEXT PRIMARY KEY, chat TEXT NOT NULL, "
-                                        "text TEXT NOT NULL, created_at TEXT NOT NULL)"])
-            await db.open()
-            host = Host()
-            service = ReminderService(ReminderStore(db), host,  # type: ignore[arg-type]
-                                      ReminderSettings(merge_chat=merge_chat),
-                                      scheduler=AsyncIOScheduler(timezone=ZoneInfo("UTC")))
-            await service.start()
-            running.append(service)
-            hosts.append(host)
-        start = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
-        rows = make_rows([start] * count)
-        await running[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
-        for service in running:
-            await service.arm_window()
-        expected = {r.content.split()[1]: r.next_fire for r in rows}
-        deadline = start + timedelta(seconds=60)
-        while sum(len(h.outbox.calls) for h in hosts) < count and datetime.now(UTC) < deadline:
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)
-        for service in running:
-            await service.stop()
-            await service.store.db.close()
-    calls = [call for h in hosts for call in h.outbox.calls]
-    shares = "/".join(str(len({k for k, _ in h.outbox.calls})) for h in hosts)
-    summary(f"[burst] PostgreSQL, {services} service(s) (fired {shares}), merge_chat={str(merge_chat).lower()}, "
-            "lateness due->commit", expected, calls)
+        f = run_processes(str(pg.create_database()), processes, 0, count)
+    print(f"[burst] PostgreSQL, {processes} process(es), merge_chat=true, lateness due->send(): "
+          f"p50 {f.rem_p50 * 1000:.1f} ms, p99 {f.rem_p99 * 1000:.1f} ms, max {f.rem_max * 1000:.1f} ms; "
+          f"lost {f.lost}, doubled {f.doubled}")
 
 
 async def startup(stored: int, window: int) -> None:
@@ -285,7 +222,7 @@ async def main() -> None:
     parser.add_argument("--prompts", type=int, default=2_000, help="prompt reminders due at once (0 = skip)")
     parser.add_argument("--model-ms", type=float, default=20.0, help="the fake model's answer time")
     parser.add_argument("--pg-services", type=int, nargs="*", default=[1, 3],
-                        help="same-second burst on PostgreSQL with this many services, one run each")
+                        help="same-second burst on PostgreSQL with this many bot processes, one run each")
     parser.add_argument("--merge-chat", type=int, nargs="+", default=[0, 1], choices=[0, 1],
                         help="[reminders] merge_chat for the bursts (the rows have one owner each: 0 = a send each)")
     args = parser.parse_args()
@@ -296,9 +233,8 @@ async def main() -> None:
     for merge_chat in args.merge_chat:
         for spread in args.spread:
             await burst(args.count, spread, bool(merge_chat))
-    for merge_chat in args.merge_chat:
-        for services in args.pg_services:
-            await burst_pg(args.count, services, bool(merge_chat))
+    for processes in args.pg_services:  # (asyncio.run inside: its own thread)
+        await asyncio.to_thread(burst_pg, args.count, processes)
 
 
 if __name__ == "__main__":
