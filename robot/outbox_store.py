@@ -105,7 +105,7 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
     if len(rows) == 1:  # a reply: the common case, no RETURNING to read
         if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
             new.add(messages[0].key)
-    elif tx.dialect == "postgresql":  # rows keep their order: the chat's order (seq) is theirs
+    elif tx.dialect == "postgresql" and rows:  # rows keep their order: the chat's order (seq) is theirs
         sql = (_QUEUE.replace("VALUES ", "") + "SELECT k, p, c, a, t, m, r, 'pending', n, cr FROM "
                + unnest(*["text"] * 9) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, i) ORDER BY i "
                "ON CONFLICT (key) DO NOTHING RETURNING key")

@@ -38,6 +38,8 @@ class Batched(Generic[A, R]):
     async def __call__(self, item: A) -> R:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
+        if self._task is not None and self._task.get_loop() is not loop:  # a bot started again in a new loop
+            self._task, self._waiting = None, []  # (the old loop's calls went with it)
         self._waiting.append((item, future))
         if self._task is None or self._task.done():
             taken: list[tuple[A, asyncio.Future[R]]] = []

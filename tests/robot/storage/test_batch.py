@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,27 @@ async def test_a_unit_returning_the_wrong_number_of_results_fails_its_calls(engi
         assert await asyncio.wait_for(asyncio.gather(batched("c"), return_exceptions=True), 5)  # not stuck
     finally:
         await engine.close()
+
+
+def test_a_batcher_used_again_from_a_new_event_loop_still_answers(tmp_path: Path) -> None:
+    # A bot stopped and started again under a new event loop keeps its stores; the old loop may have
+    # been closed with a batch still waiting to start (its task never ran, never finished).
+    from robot.storage import SQLiteDatabase
+
+    engine = SQLiteDatabase(tmp_path / "q.sqlite3")
+    engine.migrate("notes", SCHEMA)
+    batched = Batched(engine, _insert([]))
+    old = asyncio.new_event_loop()
+    queued = old.create_task(batched("n-1"))
+    old.run_until_complete(asyncio.sleep(0))  # the call is queued and its batch's task created, not run
+    old.close()
+    assert not queued.done()
+
+    async def again() -> int:
+        await engine.open()
+        try:
+            return await asyncio.wait_for(batched("n-2"), 5)
+        finally:
+            await engine.close()
+
+    assert asyncio.run(again()) == 20
