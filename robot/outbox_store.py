@@ -197,11 +197,15 @@ def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], h
         # Each chat's first ``limit`` pending rows, locked chat by chat in one order in every
         # process: two transactions never wait for each other in a cycle. (The outer status test
         # is checked again on a row another transaction changed while this one waited for it.)
-        rows = tx.query(
-            "SELECT * FROM outbox WHERE status = 'pending' AND key IN (SELECT key FROM (SELECT key, row_number() "
-            f"OVER (PARTITION BY chat ORDER BY {order_by(tx)}) AS n FROM outbox WHERE platform = ? AND chat IN "
-            f"({', '.join('?' for _ in chats)}) AND status = 'pending' AND {where}) AS firsts WHERE n <= ?) "
-            f"ORDER BY chat, {order_by(tx)}{lock}", [platform, *chats, *params, limit])
+        if len(chats) == 1:  # (the index's order and a LIMIT: a chat's long backlog is not numbered)
+            rows = tx.query(f"SELECT * FROM outbox WHERE platform = ? AND chat = ? AND status = 'pending' AND {where} "
+                            f"ORDER BY {order_by(tx)} LIMIT ?{lock}", [platform, chats[0], *params, limit])
+        else:
+            rows = tx.query(
+                "SELECT * FROM outbox WHERE status = 'pending' AND key IN (SELECT key FROM (SELECT key, row_number() "
+                f"OVER (PARTITION BY chat ORDER BY {order_by(tx)}) AS n FROM outbox WHERE platform = ? AND chat IN "
+                f"({', '.join('?' for _ in chats)}) AND status = 'pending' AND {where}) AS firsts WHERE n <= ?) "
+                f"ORDER BY chat, {order_by(tx)}{lock}", [platform, *chats, *params, limit])
         per_chat: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             per_chat.setdefault(str(row["chat"]), []).append(row)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from robot.history import HistoryStore
@@ -67,6 +68,28 @@ async def test_claims_of_several_chats_in_one_transaction_answer_each_chat(engin
         got = await engine.run(lambda tx: claim_many_sync(tx, items, a.holder, a.alive_sync))
         assert [([str(r["key"]) for r in rows], blocked) for rows, blocked in got] == [
             (["two"], False), (["one"], False), (["two"], False)]
+    finally:
+        await engine.close()
+
+
+async def test_claims_of_several_chats_keep_each_chats_order_limit_and_holder(engine: Engine) -> None:
+    outbox, a, b = await setup(engine)
+    try:
+        g2, g3 = G1.model_copy(update={"chat_id": "g2"}), G1.model_copy(update={"chat_id": "g3"})
+        await outbox.enqueue(*(OutgoingMessage(key=f"a{i:02d}", chat=G1, text="x") for i in range(40)),
+                             OutgoingMessage(key="b0", chat=g2, text="x"), OutgoingMessage(key="b1", chat=g2, text="x"))
+        now, until = iso(NOW), iso(NOW + timedelta(seconds=60))
+
+        def claims(leases: Leases, *chats: ChatRef) -> Callable[[Tx], list[tuple[list[str], bool]]]:
+            items = [("telegram", chat.key, ALL, now, until) for chat in chats]
+            return lambda tx: [([str(r["key"]) for r in rows], blocked)
+                               for rows, blocked in claim_many_sync(tx, items, leases.holder, leases.alive_sync)]
+
+        first = [f"a{i:02d}" for i in range(32)]  # at most CLAIM_LIMIT of a chat, oldest first
+        assert await engine.run(claims(a, G1, g2, g3)) == [(first, False), (["b0", "b1"], False), ([], False)]
+        if engine.dialect == "postgresql":  # A lives: B waits on both chats
+            assert await engine.run(claims(b, g2, G1)) == [([], True), ([], True)]
+        assert await engine.run(claims(a, g3, G1)) == [([], False), (first, False)]  # its own claims hold it not
     finally:
         await engine.close()
 
