@@ -24,6 +24,7 @@ from reminders.schema import SCHEMA, schema_v1
 from reminders.settings import ReminderSettings
 from reminders.timer import note_gone
 from robot import Engine, Tx, iso
+from robot.storage.base import columns, unnest
 
 __all__ = [
     "MIN_SHORT_ID",
@@ -42,7 +43,7 @@ _MODES = f"({', '.join(repr(m) for m in get_args(Mode))})"  # "mode IN" this: th
 MIN_SHORT_ID = 4
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 _INSERT = f"INSERT INTO reminders ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
-_SELECT = f"SELECT {', '.join(COLUMNS)} "
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM reminders "
 
 
 class ReminderError(Exception):
@@ -58,11 +59,10 @@ class LimitError(ReminderError):
     """Too many reminders (per person or chat) or created too quickly."""
 
 
-def _rows(db: Tx, sql: str, params: list[Any]) -> list[Reminder]:
-    """Reminders for ``SELECT * FROM reminders ...``: the columns are named (a v0.1 file's table
-    has its later columns elsewhere) and read as tuples (a burst reads thousands)."""
-    assert sql.startswith("SELECT * ")
-    return [Reminder.from_values(t) for t in db.execute(_SELECT + sql[len("SELECT * "):], params).fetchall()]
+def _rows(db: Tx, where: str, params: list[Any]) -> list[Reminder]:
+    """The reminders ``WHERE ...`` (and any ORDER BY, LIMIT, FOR UPDATE) selects: their columns named
+    (a v0.1 file's table has its later columns elsewhere), read as tuples (a burst reads thousands)."""
+    return [Reminder.from_values(t) for t in db.execute(_SELECT + where, params).fetchall()]
 
 
 class ReminderStore:
@@ -100,7 +100,7 @@ class ReminderStore:
             for key in sorted({f"reminders:{reminder.owner}", f"reminders:{reminder.chat}"}):
                 db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", [key])
         if reminder.source:
-            earlier = _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])
+            earlier = _rows(db, "WHERE source = ?", [reminder.source])
             if earlier:
                 return earlier[0]
 
@@ -128,7 +128,7 @@ class ReminderStore:
             # The same request in another process, committed since the look-up above: keep theirs.
             added = db.execute(_INSERT + " ON CONFLICT (source) WHERE source != '' DO NOTHING", list(reminder.row()))
             if added.rowcount != 1:
-                return _rows(db, "SELECT * FROM reminders WHERE source = ?", [reminder.source])[0]
+                return _rows(db, "WHERE source = ?", [reminder.source])[0]
         else:
             db.execute(_INSERT, list(reminder.row()))
         return reminder
@@ -136,7 +136,7 @@ class ReminderStore:
     @staticmethod
     def get_sync(db: Tx, reminder_id: str, *, lock: bool = False) -> Reminder | None:
         """One reminder; ``lock``: hold its row until the transaction ends (PostgreSQL; SQLite has one writer)."""
-        sql = "SELECT * FROM reminders WHERE id = ?"
+        sql = "WHERE id = ?"
         if lock and db.dialect == "postgresql":
             sql += " FOR UPDATE"
         found = _rows(db, sql, [reminder_id])
@@ -150,7 +150,7 @@ class ReminderStore:
         process has locked (it is firing them): each due occurrence goes to exactly one process.
         SQLite has one writer, so its transaction already holds them all.
         """
-        sql = ("SELECT * FROM reminders WHERE status = 'active' AND mode = ? AND next_fire <= ? "
+        sql = ("WHERE status = 'active' AND mode = ? AND next_fire <= ? "
                "ORDER BY next_fire, chat, id LIMIT ?")
         if claim and db.dialect == "postgresql":
             sql += " FOR UPDATE SKIP LOCKED"
@@ -168,9 +168,9 @@ class ReminderStore:
             db.execute(
                 "UPDATE reminders AS r SET next_fire = v.next_fire, last_fired = v.last_fired, status = v.status, "
                 "failure_reported = v.failure_reported, updated_at = v.updated_at, run_until = NULL "
-                "FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], ?::text[], ?::text[]) "
+                f"FROM {unnest('text', 'text', 'text', 'int', 'text', 'text')} "
                 "AS v(next_fire, last_fired, status, failure_reported, updated_at, id) "
-                "WHERE r.id = v.id AND r.status = 'active'", [list(column) for column in zip(*rows.values(), strict=True)])
+                "WHERE r.id = v.id AND r.status = 'active'", columns(list(rows.values())))
             return
         # One that stays active (its next occurrence) keeps its status: not setting it spares SQLite
         # an index rewrite (10,000 fired: a fifth of the save).
@@ -214,12 +214,12 @@ class ReminderStore:
     async def for_owner(self, owner: str) -> list[Reminder]:
         """The person's active reminders in every chat, soonest first."""
         return await self.db.run(lambda db: _rows(
-            db, "SELECT * FROM reminders WHERE owner = ? AND status = 'active' ORDER BY next_fire, id", [owner]))
+            db, "WHERE owner = ? AND status = 'active' ORDER BY next_fire, id", [owner]))
 
     async def for_chat(self, chat: str) -> list[Reminder]:
         """A chat's active reminders, soonest first."""
         return await self.db.run(lambda db: _rows(
-            db, "SELECT * FROM reminders WHERE chat = ? AND status = 'active' ORDER BY next_fire, id", [chat]))
+            db, "WHERE chat = ? AND status = 'active' ORDER BY next_fire, id", [chat]))
 
     async def short_ids(self, ids: list[str]) -> dict[str, str]:
         return await self.db.run(lambda db: self.short_ids_sync(db, ids))
@@ -233,7 +233,7 @@ class ReminderStore:
         if not _HEX.fullmatch(text):
             return []
         # Every id with this prefix sorts in [prefix, prefix + "g"): the primary key index serves it.
-        sql = "SELECT * FROM reminders WHERE id >= ? AND id < ? AND status = 'active'"
+        sql = "WHERE id >= ? AND id < ? AND status = 'active'"
         params: list[Any] = [text, text + "g"]
         if owner is not None:
             sql += " AND owner = ?"

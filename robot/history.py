@@ -203,16 +203,16 @@ class HistoryStore:
             ids = list(range(first, first + len(said)))
         rows = [[i, s.chat.key, s.user_id, s.name, s.text, iso(s.at), int(s.from_bot), s.message_id, s.reply_to,
                  s.to_user, s.role] for i, s in zip(ids, said, strict=True)]
-        done = len(rows) if db.dialect == "postgresql" else 0
-        if done:
-            db.execute("INSERT INTO history (id, chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user, "
-                       "role) SELECT * FROM " + unnest("bigint", *["text"] * 5, "int", *["text"] * 4), columns(rows))
-        while done < len(rows):  # chunks of power-of-two sizes: a few statement shapes serve every count
-            size = min(_ROWS_PER_INSERT, 1 << ((len(rows) - done).bit_length() - 1))
-            db.execute("INSERT INTO history (id, chat, user_id, name, text, ts, from_bot, message_id, reply_to, "
-                       "to_user, role) VALUES " + ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * size),
-                       [v for row in rows[done:done + size] for v in row])
-            done += size
+        into = "INSERT INTO history (id, chat, user_id, name, text, ts, from_bot, message_id, reply_to, to_user, role) "
+        if db.dialect == "postgresql":  # one statement, a column an array
+            db.execute(into + "SELECT * FROM " + unnest("bigint", *["text"] * 5, "int", *["text"] * 4), columns(rows))
+        else:
+            done = 0
+            while done < len(rows):  # chunks of power-of-two sizes: a few statement shapes serve every count
+                size = min(_ROWS_PER_INSERT, 1 << ((len(rows) - done).bit_length() - 1))
+                db.execute(into + "VALUES " + ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * size),
+                           [v for row in rows[done:done + size] for v in row])
+                done += size
         _address(db, [(u, i) for s, i in zip(said, ids, strict=True) for u in dict.fromkeys(s.to_users)
                       if u != s.to_user])
 

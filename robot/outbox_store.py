@@ -25,7 +25,7 @@ from robot.storage import Engine, Step, Tx, iso
 from robot.storage.base import columns, padded, unnest
 from robot.storage.batch import Batched
 
-__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "Scope", "claim_many_sync", "claim_sync",
+__all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "Claimed", "OutboxRows", "Scope", "claim_many_sync", "claim_sync",
            "order_by", "queue_sync", "release_sync", "split_text", "waiting_sync"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
@@ -84,8 +84,8 @@ SCHEMA: list[Step] = [
 ]
 
 
-_QUEUE = ("INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, created_at) "
-          "VALUES ")
+_QUEUE_INTO = "INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, created_at) "
+_QUEUE = _QUEUE_INTO + "VALUES "
 _QUEUED_ROW = "(?,?,?,?,?,?,?, 'pending', ?, ?)"
 _ROWS_PER_QUEUE = 64  # rows per INSERT (640 parameters: far below either engine's limit)
 
@@ -106,7 +106,7 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
         if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
             new.add(messages[0].key)
     elif tx.dialect == "postgresql" and rows:  # rows keep their order: the chat's order (seq) is theirs
-        sql = (_QUEUE.replace("VALUES ", "") + "SELECT k, p, c, a, t, m, r, 'pending', n, cr FROM "
+        sql = (_QUEUE_INTO + "SELECT k, p, c, a, t, m, r, 'pending', n, cr FROM "
                + unnest(*["text"] * 9) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, i) ORDER BY i "
                "ON CONFLICT (key) DO NOTHING RETURNING key")
         new.update(str(r[0]) for r in tx.execute(sql, columns(rows)).fetchall())
@@ -369,9 +369,8 @@ class OutboxRows:
                        [[row[-1] for row in rows]])
             db.execute("UPDATE outbox AS o SET status = v.status, sent_at = v.sent_at, error = v.error, "
                        "receipt = v.receipt, text = '', mention = '[]', parts_sent = coalesce(v.parts, o.parts_sent) "
-                       "FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::text[]) "
-                       "AS v(status, sent_at, error, receipt, parts, key) WHERE o.key = v.key",
-                       [list(column) for column in zip(*rows, strict=True)])
+                       f"FROM {unnest('text', 'text', 'text', 'text', 'int', 'text')} "
+                       "AS v(status, sent_at, error, receipt, parts, key) WHERE o.key = v.key", columns(rows))
         else:
             db.executemany("UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', "
                            "mention = '[]', parts_sent = coalesce(?, parts_sent) WHERE key = ?", rows)
