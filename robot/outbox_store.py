@@ -365,7 +365,7 @@ class OutboxRows:
         # conversation (under its retention and /forget me), the outbox is no second copy.
         if db.dialect == "postgresql" and len(rows) > 1:  # two statements, not a round trip per row
             # Locked in the order claims lock rows (claim_many_sync): two transactions never wait in a cycle.
-            db.execute(f"SELECT 1 FROM outbox WHERE key = ANY(?) ORDER BY chat, {order_by(db)} FOR UPDATE",
+            db.execute(f"SELECT 1 FROM outbox WHERE key = ANY(?::text[]) ORDER BY chat, {order_by(db)} FOR UPDATE",
                        [[row[-1] for row in rows]])
             db.execute("UPDATE outbox AS o SET status = v.status, sent_at = v.sent_at, error = v.error, "
                        "receipt = v.receipt, text = '', mention = '[]', parts_sent = coalesce(v.parts, o.parts_sent) "

@@ -33,8 +33,22 @@ def _clean(value: Any) -> Any:
     if isinstance(value, str):
         return mend_text(value.replace("\x00", "\ufffd") if "\x00" in value else value)
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return _array(value)
     return value
+
+
+_PLAIN = frozenset({str, int, type(None)})
+
+
+def _array(values: list[Any]) -> Any:
+    """A flat list of text, integers and NULLs as PostgreSQL's array literal, for a ``?::type[]``
+    parameter (sent untyped, the cast types it). psycopg builds an array element by element, with a
+    regex or two per element: a firing burst's thousand-row columns took 8 times as long."""
+    if not {type(v) for v in values} <= _PLAIN:  # nested, bytes, bool...: psycopg's own array
+        return [_clean(v) for v in values]
+    # Every element quoted (so "NULL" stays a text), its quotes and backslashes escaped.
+    return _clean("{" + ",".join("NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+                                 for v in values) + "}")
 
 
 def _params(params: Sequence[Any]) -> tuple[Any, ...]:

@@ -311,3 +311,37 @@ async def test_text_with_a_lone_surrogate_is_stored_on_both_engines(engine: Engi
         assert [r["v"] for r in rows] == ["hi \ufffd", "ok", "\ufffd there"]
     finally:
         await engine.close()
+
+
+def test_arrays_reach_postgresql_as_psycopg_itself_would_send_them(pg_url: str) -> None:
+    """Property: a list parameter (a burst's column for ``unnest``) arrives element for element, in
+    order, as psycopg's own array adaptation delivers it (the reference): any text, quotes,
+    backslashes, braces, commas, the word NULL, NUL characters and lone surrogates (both made
+    U+FFFD), None, integers of any size, and the empty list."""
+    import psycopg
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from robot.storage.pgtx import PostgresTx, _clean
+
+    tricky = st.sampled_from(['"', "\\", "{", "}", ",", " ", "NULL", "null", "\x00", "\ud83d", "\t\n", "提醒"])
+    anything = st.characters(codec=None, categories=None, exclude_categories=())
+    texts = st.lists(st.none() | st.text(anything) | st.lists(tricky).map("".join), max_size=40)
+    numbers = st.lists(st.none() | st.integers(-(2**63), 2**63 - 1), max_size=40)
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tx = PostgresTx(conn)
+
+        def reference(sql: str, values: list[object]) -> object:  # psycopg's own list adaptation
+            return conn.execute(sql.replace("?", "%s"), [[_clean(v) for v in values]]).fetchall()
+
+        @settings(max_examples=150, deadline=None)
+        @given(words=texts, counts=numbers)
+        def check(words: list[str | None], counts: list[int | None]) -> None:
+            sql = "SELECT v FROM unnest(?::text[]) WITH ORDINALITY AS u(v, i) ORDER BY i"
+            got = tx.execute(sql, [words]).fetchall()
+            assert got == reference(sql, words)
+            assert [v for (v,) in got] == [None if w is None else _clean(w) for w in words]
+            assert tx.execute("SELECT ?::bigint[]", [counts]).fetchone() == ((counts or []),)
+
+        check()
