@@ -21,6 +21,8 @@ Long texts go out in parts within the channel's limit; ``parts_sent`` is committ
 part, so a restart resumes at the first unsent part and never repeats one. The duplicate window:
 a crash between the platform's acknowledgement and the commit that marks a row sent resends that
 row once at the next start; at most ``max_in_flight`` rows (per channel) can be in that window.
+A database that goes away (or crashes and loses its last commits) while the process runs resends
+nothing: the keys delivered lately are remembered, and such a row is marked when it comes back.
 Platforms that take a client message id can use ``OutgoingMessage.key`` to make that resend
 idempotent.
 """
@@ -33,7 +35,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
@@ -56,6 +58,7 @@ from robot.store import Engine, iso, parse_iso
 __all__ = ["Outbox", "split_text"]
 
 log = logging.getLogger(__name__)
+_REMEMBERED = 10_000  # sends whose key a process keeps (a database loses well under a second of commits)
 
 
 class Outbox(OutboxRows):
@@ -104,6 +107,7 @@ class Outbox(OutboxRows):
         self._claims: Batched[tuple[str, str, Scope, str, str], Claimed] = Batched(
             db, lambda tx, items: claim_many_sync(tx, items, self.holder, self._alive))
         self._marks = Batched(db, self._mark_many)
+        self._delivered: dict[str, tuple[int, str | None]] = {}  # key: parts sent, receipt (see _send_row)
         db.migrate("outbox", SCHEMA)
         db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds
 
@@ -239,25 +243,6 @@ class Outbox(OutboxRows):
                 return
             await asyncio.sleep(0.02)
 
-    async def _due_chats(self, platform: str, busy: set[str]) -> tuple[list[str], float | None]:
-        """Chats with a row due now (not ``busy``) in this process's scope, and seconds until the next row is due."""
-        now = iso(self.clock())
-        scope = self.scope(platform)
-        if scope.nothing:
-            return [], None
-        where, params = scope.sql()
-
-        def work(db: Tx) -> tuple[list[str], float | None]:
-            chats = [str(r[0]) for r in db.execute(
-                f"SELECT DISTINCT chat FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
-                f"AND {where} LIMIT 2000", [platform, now, *params]).fetchall() if str(r[0]) not in busy]
-            nxt = db.execute(f"SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending' "
-                             f"AND next_at > ? AND {where}", [platform, now, *params]).fetchone()[0]
-            wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())
-            return chats, wait
-
-        return await self.db.run(work)
-
     async def _claim(self, platform: str, chat: str) -> Claimed:
         """Claim the chat's pending rows in order (:func:`~robot.outbox_store.claim_sync`), with other lanes'."""
         scope, now = self.scope(platform), self.clock()
@@ -363,37 +348,46 @@ class Outbox(OutboxRows):
             log.exception("outbox %s: lane failed; it restarts on the next round", chat)
         return False
 
+    async def _update(self, sql: str, params: Sequence[object]) -> None:
+        await self.db.run(lambda db: db.execute(sql, params))
+
     async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:
         """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""
         key = str(row["key"])
         chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
         parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
-        done = int(str(row["parts_sent"]))
         mention = tuple(json.loads(str(row["mention"])))
-        receipt = None
-        try:
-            for index in range(done, len(parts)):
-                out = OutgoingMessage(
-                    key=f"{key}#{index}" if len(parts) > 1 else key, chat=chat, text=parts[index],
-                    mention=mention if index == 0 else (), reply_to=str(row["reply_to"]) if row["reply_to"] else None,
-                )
-                receipt = await channel.send(out)
-                if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
-                    await self._set_parts(key, index + 1)
-        except SendRejected as exc:
-            return await self._fail(chat, key, f"refused: {exc}")
-        except SendFailed as exc:
-            return await self._retry(chat, key, int(str(row["attempts"])) + 1, str(exc), exc.retry_after_s)
-        except ChannelUnavailable as exc:
-            if exc.retry_after_s:  # the platform's flood wait: not a failure of this message, and uncapped
-                wait = [iso(self.clock() + timedelta(seconds=exc.retry_after_s)), str(exc)[:500], key]
-                await self.db.run(lambda db: db.execute("UPDATE outbox SET next_at = ?, error = ? WHERE key = ?", wait))
-                return "retry"
-            note = [str(exc)[:500], key]  # not connected: park, the backoff does not grow
-            await self.db.run(lambda db: db.execute("UPDATE outbox SET error = ? WHERE key = ?", note))
-            return "parked"
-        except Exception as exc:  # a channel bug: retried like a transient failure, and logged
-            log.exception("outbox %s: unexpected send failure", chat.key)
-            return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
-        await self._mark(key, "sent", receipt=receipt.platform_message_id if receipt else None, parts=len(parts))
+        # What this process delivered lately stays known after its mark: a database cut off, or one
+        # that crashed and lost its last commits (a mark, a firing: PostgreSQL commits without
+        # waiting for its log's flush), has the row claimed again; it is then marked, not resent.
+        done, receipt = self._delivered.get(key, (0, None))
+        for index in range(max(done, int(str(row["parts_sent"]))), len(parts)):
+            out = OutgoingMessage(
+                key=f"{key}#{index}" if len(parts) > 1 else key, chat=chat, text=parts[index],
+                mention=mention if index == 0 else (), reply_to=str(row["reply_to"]) if row["reply_to"] else None,
+            )
+            try:
+                sent = await channel.send(out)
+            except SendRejected as exc:
+                return await self._fail(chat, key, f"refused: {exc}")
+            except SendFailed as exc:
+                return await self._retry(chat, key, int(str(row["attempts"])) + 1, str(exc), exc.retry_after_s)
+            except ChannelUnavailable as exc:
+                if exc.retry_after_s:  # the platform's flood wait: not a failure of this message, and uncapped
+                    wait = [iso(self.clock() + timedelta(seconds=exc.retry_after_s)), str(exc)[:500], key]
+                    await self._update("UPDATE outbox SET next_at = ?, error = ? WHERE key = ?", wait)
+                    return "retry"
+                note = [str(exc)[:500], key]  # not connected: park, the backoff does not grow
+                await self._update("UPDATE outbox SET error = ? WHERE key = ?", note)
+                return "parked"
+            except Exception as exc:  # a channel bug: retried like a transient failure, and logged
+                log.exception("outbox %s: unexpected send failure", chat.key)
+                return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
+            receipt = sent.platform_message_id if sent else None
+            self._delivered[key] = (index + 1, receipt)
+            if len(self._delivered) > _REMEMBERED:
+                del self._delivered[next(iter(self._delivered))]
+            if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
+                await self._set_parts(key, index + 1)
+        await self._mark(key, "sent", receipt=receipt, parts=len(parts))
         return "sent"

@@ -21,7 +21,7 @@ from typing import Any
 from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
-from robot.storage import Engine, Step, Tx, iso
+from robot.storage import Engine, Step, Tx, iso, parse_iso
 from robot.storage.base import columns, padded, unnest
 from robot.storage.batch import Batched
 
@@ -276,6 +276,7 @@ class OutboxRows:
     max_attempts: int
     retry_base_s: float
     retry_max_s: float
+    scope: Callable[[str], Scope]
 
     def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -334,6 +335,25 @@ class OutboxRows:
         return await self.db.run(lambda db: db.query(
             "SELECT key, chat, error, sent_at FROM outbox WHERE status = 'failed' AND sent_at >= ? "
             "ORDER BY sent_at DESC LIMIT 50", [iso(since)]))
+
+    async def _due_chats(self, platform: str, busy: set[str]) -> tuple[list[str], float | None]:
+        """Chats with a row due now (not ``busy``) in this process's scope, and seconds until the next row is due."""
+        now = iso(self.clock())
+        scope = self.scope(platform)
+        if scope.nothing:
+            return [], None
+        where, params = scope.sql()
+
+        def work(db: Tx) -> tuple[list[str], float | None]:
+            chats = [str(r[0]) for r in db.execute(
+                f"SELECT DISTINCT chat FROM outbox WHERE platform = ? AND status = 'pending' AND next_at <= ? "
+                f"AND {where} LIMIT 2000", [platform, now, *params]).fetchall() if str(r[0]) not in busy]
+            nxt = db.execute(f"SELECT min(next_at) FROM outbox WHERE platform = ? AND status = 'pending' "
+                             f"AND next_at > ? AND {where}", [platform, now, *params]).fetchone()[0]
+            wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())
+            return chats, wait
+
+        return await self.db.run(work)
 
     async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None) -> str:
         if attempts >= self.max_attempts:

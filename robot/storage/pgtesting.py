@@ -132,7 +132,11 @@ class PgCluster:
             shutil.chown(self.root, "postgres", "postgres")
         self._run(str(self.bins / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
                   "--encoding=UTF8", "--locale=C", "--no-sync")
-        log = (self.root / "server.log").open("wb")
+        self._serve()
+        return self
+
+    def _serve(self) -> None:
+        log = (self.root / "server.log").open("ab")
         self.process = subprocess.Popen(
             [*self._as, str(self.bins / "postgres"), "-D", str(self.data), "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
@@ -140,7 +144,23 @@ class PgCluster:
             stdout=log, stderr=subprocess.STDOUT)
         _accepting(self.port, self.process, self.root / "server.log", "PostgreSQL", 30)
         time.sleep(0.2)  # accepting TCP is not quite accepting logins
-        return self
+
+    def crash(self) -> None:
+        """Stop the server as a crash would (an immediate shutdown: every connection cut, open
+        transactions lost, crash recovery at the next start); its data stays for :meth:`restart`."""
+        if self.process is not None and self.process.poll() is None:
+            # SIGQUIT to the postmaster itself (runuser may sit between).
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                os.kill(int((self.data / "postmaster.pid").read_text().split()[0]), signal.SIGQUIT)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def restart(self) -> None:
+        """Start the server again after :meth:`crash`, on the same port, with the same data."""
+        self._serve()
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -155,17 +175,9 @@ class PgCluster:
         return self.url(name)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            # SIGQUIT to the postmaster itself (runuser may sit between): an immediate shutdown, which
-            # waits neither for clients a test left connected nor for the shutdown checkpoint of a
-            # cluster about to be deleted.
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                os.kill(int((self.data / "postmaster.pid").read_text().split()[0]), signal.SIGQUIT)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        # An immediate shutdown, which waits neither for clients a test left connected nor for the
+        # shutdown checkpoint of a cluster about to be deleted.
+        self.crash()
         # Deleted by a process of its own that nobody waits for: a test session's few hundred databases
         # are gigabytes, whose deletion took 14 s here (at the end of a test run, on its critical path).
         with contextlib.suppress(OSError):

@@ -16,7 +16,7 @@ from robot.channels.base import ChannelUnavailable, SendFailed, SendReceipt, Sen
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox, split_text
-from robot.storage import Engine
+from robot.storage import Engine, StorageError
 from robot.storage.postgres import PostgresDatabase
 from robot.store import Database
 from robot.testing import MemoryChannel
@@ -319,6 +319,42 @@ async def test_a_restart_mid_way_resumes_at_the_first_unsent_part(rig: Rig) -> N
     sent = await ch.wait_sent(len(expected) - 2)
     await outbox.flush()
     assert [m.text for m in sent] == expected[2:]
+
+
+async def test_what_was_delivered_while_the_database_took_no_write_is_recorded_later_not_sent_again(
+        rig: Rig, until: Until, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The database goes away just after the platform took a message (its 'sent' mark fails) and
+    # just after a long text's first part (its count fails): once it is back, the rows are claimed
+    # again and recorded, but nothing the platform took is sent twice.
+    broken = {"mark": 1, "parts": 1}
+
+    def unreachable(what: str) -> None:
+        if broken[what]:
+            broken[what] -= 1
+            raise StorageError("cannot use the database: connection refused")
+
+    mark_many, set_parts = Outbox._mark_many, Outbox._set_parts
+
+    def flaky_marks(db: Any, rows: list[list[object]]) -> list[None]:
+        unreachable("mark")
+        return mark_many(db, rows)
+
+    async def flaky_parts(self: Outbox, key: str, parts: int) -> None:
+        unreachable("parts")
+        await set_parts(self, key, parts)
+
+    monkeypatch.setattr(Outbox, "_mark_many", staticmethod(flaky_marks))
+    monkeypatch.setattr(Outbox, "_set_parts", flaky_parts)
+    monkeypatch.setattr(Outbox, "look_s", 0.1)  # the failed lanes' next round comes soon
+    ch = MemoryChannel(max_text_len=50)
+    outbox = await rig.up(ch)
+    await outbox.enqueue(out("short", "hello"))
+    await until(lambda: _is(outbox, "short", "sent"))
+    await outbox.enqueue(out("long", LONG))
+    await until(lambda: _is(outbox, "long", "sent"))
+    assert broken == {"mark": 0, "parts": 0}  # both writes did fail once
+    assert [m.text for m in ch.sent] == ["hello", *split_text(LONG, 50)]  # each once, in order
+    assert (await status_of(outbox, "long"))["parts_sent"] == len(split_text(LONG, 50))
 
 
 async def test_stop_flushes_what_is_due(rig: Rig) -> None:
