@@ -154,8 +154,11 @@ class Outbox(OutboxRows):
             event.set()
 
     async def enqueue(self, *messages: OutgoingMessage) -> int:
-        """Commit messages (one transaction) and wake their workers; returns how many were new."""
-        added = await self.db.transaction(lambda db: sum(self.enqueue_many_sync(db, messages)))
+        """Commit messages (one transaction) and wake their workers; returns how many were new.
+
+        Flushed to disk first where a database crash could undo a commit: the caller queues them once."""
+        added = await self.db.transaction(lambda db: sum(self.enqueue_many_sync(db, messages)),
+                                          durable=not self.db.crash_safe)
         for m in messages:
             self.notify(m.chat.platform, m.chat.key, m.chat.account)
         return added

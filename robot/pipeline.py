@@ -371,7 +371,8 @@ class Pipeline:
                 bot.dedupe.done_sync(db, *ident)
 
         try:
-            await bot.db.transaction(enqueue)
+            # Durable where a database crash could undo the commit: nothing would queue the reply again.
+            await bot.db.transaction(enqueue, durable=not bot.db.crash_safe)
             if mark:
                 self._unmarked.discard(ident)
             for item in out:

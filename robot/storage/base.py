@@ -182,6 +182,11 @@ class Engine:
     #: writing, PostgreSQL retries a serialization failure), so a unit must be a pure function of
     #: the database; with this on, a Python side effect of a unit shows as a doubled outcome.
     rehearse: bool = False
+    #: Whether a commit survives a crash of the database's own process without ``durable``: SQLite's
+    #: does (its log is written at the commit, synced later); PostgreSQL's, made without waiting for
+    #: the log's flush, may be lost with the server's last fraction of a second. A unit whose loss
+    #: nothing would redo (a reply queued for a message handled once) passes ``durable`` when False.
+    crash_safe: bool = True
 
     def __init__(self) -> None:
         self._migrations: dict[str, list[Step]] = {}

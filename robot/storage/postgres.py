@@ -48,6 +48,7 @@ class PostgresDatabase(Engine):
     """A PostgreSQL database (``postgresql://user:pass@host/db``) shared by any number of processes."""
 
     dialect: Dialect = "postgresql"
+    crash_safe = False  # synchronous_commit is off but for durable units (see open())
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, stall_s: float | None = None) -> None:
         """``stall_s``: the server ends a transaction of this process's that stays idle this long."""
