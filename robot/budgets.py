@@ -168,12 +168,11 @@ class DailyBudget:
     @staticmethod
     def _rows(db: Tx, day: str, scopes: list[str], *, lock: bool = False) -> dict[str, int]:
         """Recorded plus held tokens per scope (0 for a scope with no row); ``lock``: the rows locked
-        (PostgreSQL) in the order of ``scopes``, as :meth:`_take` writes them."""
+        (PostgreSQL) in the scopes' order, as every unit locks them (:meth:`_settle_sync`)."""
         marks = ",".join("?" * len(scopes))
-        order = (" ORDER BY CASE scope " + " ".join(f"WHEN ? THEN {i}" for i in range(len(scopes)))
-                 + " END FOR UPDATE") if lock else ""
+        order = " ORDER BY scope FOR UPDATE" if lock else ""
         rows = db.execute(f"SELECT scope, tokens + held FROM usage_daily WHERE day = ? AND scope IN ({marks}){order}",
-                          [day, *scopes, *(scopes if lock else ())]).fetchall()
+                          [day, *scopes]).fetchall()
         found = {str(scope): int(total) for scope, total in rows}
         return {scope: found.get(scope, 0) for scope in scopes}
 
@@ -187,44 +186,42 @@ class DailyBudget:
         """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold
         and, when it read them, the scopes' recorded plus held tokens with this hold.
 
-        Statements on the shared rows (a chat's, the bot's) come last: PostgreSQL holds their row
-        locks until the commit, and other processes wait on them.
+        Every unit locks the day's rows first, in the scopes' order, then the holds (PostgreSQL holds
+        row locks until the commit): two units never wait for each other in a cycle.
         """
         scopes = list(caps)
         for reaped in (False, True):
             hold, taken = tokens, None
             if need < tokens:  # "what is left, if at least need": size the hold first, the rows locked
-                locked = db.dialect == "postgresql"  # in _take's order: two reservations never deadlock
+                locked = db.dialect == "postgresql"  # in the scopes' order: two units never deadlock
                 if locked:  # (SQLite's one writer holds the whole database: no rows to create and lock first)
                     db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES "
                                + ", ".join("(?, ?, 0)" for _ in scopes) + " ON CONFLICT (day, scope) DO NOTHING",
-                               [v for scope in scopes for v in (day, scope)])
+                               [v for scope in sorted(scopes) for v in (day, scope)])
                 taken = self._rows(db, day, scopes, lock=locked)  # one statement reads and locks them
                 hold = max(0, min(tokens, self._left(caps, taken)[1]))
-            if hold >= need:
+            if hold >= need and self._take(db, day, caps, hold):
                 db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
                            + ", ".join("(?, ?, ?, ?)" for _ in scopes)
                            + " ON CONFLICT (day, scope, holder) DO UPDATE SET tokens = budget_holds.tokens + "
-                           "excluded.tokens", [v for s in scopes for v in (day, s, self.leases.holder, hold)])
-                if self._take(db, day, caps, hold):
-                    return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
-                db.execute("UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
-                           f"({','.join('?' * len(scopes))})", [hold, day, self.leases.holder, *scopes])
+                           "excluded.tokens", [v for s in sorted(scopes) for v in (day, s, self.leases.holder, hold)])
+                return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
             if reaped or not self._reap(db, day):
                 scope, left = self._left(caps, self._rows(db, day, scopes))
                 raise BudgetExceeded(scope, max(0, left), need)
         raise AssertionError("unreachable")
 
     def _take(self, db: Tx, day: str, caps: dict[str, int], hold: int) -> bool:
-        """The checked UPDATEs (an upsert: the day's first spend creates the row): every scope takes
-        ``hold`` or none does."""
-        for index, (scope, cap) in enumerate(caps.items()):
+        """The checked UPDATEs (an upsert: the day's first spend creates the row), in the scopes' order:
+        every scope takes ``hold`` or none does."""
+        ordered = sorted(caps.items())
+        for index, (scope, cap) in enumerate(ordered):
             over = hold + self._held.get(scope, 0)
             if over > cap or not db.execute(
                     "INSERT INTO usage_daily (day, scope, tokens, held) VALUES (?, ?, 0, ?) ON CONFLICT (day, scope) "
                     "DO UPDATE SET held = usage_daily.held + excluded.held "
                     "WHERE usage_daily.tokens + usage_daily.held + ? <= ?", [day, scope, hold, over, cap]).rowcount:
-                for earlier in list(caps)[:index]:  # undo this attempt's holds before a retry or refusal
+                for earlier, _ in ordered[:index]:  # undo this attempt's holds before a retry or refusal
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
                                [hold, day, earlier])
                 return False
@@ -237,8 +234,8 @@ class DailyBudget:
                                               [day]).fetchall()
                 if not self.leases.alive_sync(db, str(r[0]))]
         for holder in dead:
-            for scope, tokens in db.execute("SELECT scope, tokens FROM budget_holds WHERE day = ? AND holder = ?",
-                                            [day, holder]).fetchall():
+            for scope, tokens in db.execute("SELECT scope, tokens FROM budget_holds WHERE day = ? AND holder = ? "
+                                            "ORDER BY scope", [day, holder]).fetchall():
                 db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [tokens, day, scope])
             db.execute("DELETE FROM budget_holds WHERE day = ? AND holder = ?", [day, holder])
             log.info("budgets: released the holds of %s (no longer running)", holder)
@@ -249,6 +246,13 @@ class DailyBudget:
         """Record tokens (per scopes) and release ``release`` of ``res``'s stored hold, together."""
         day = self._day()
         freed = set(res.scopes) if res is not None and release else set()
+        if db.dialect == "postgresql":  # the day's rows first, as a reservation locks them (see _reserve_sync)
+            rows: dict[str, set[str]] = {day: {scope for scopes in records for scope in scopes}}
+            if freed and res is not None:
+                rows.setdefault(res.day, set()).update(freed)
+            for when in sorted(rows):
+                if rows[when]:
+                    self._rows(db, when, sorted(rows[when]), lock=True)
         if freed:
             assert res is not None
             # Only what is still recorded as ours: had this process stalled past its lease, another

@@ -230,3 +230,30 @@ async def test_a_hold_refused_by_one_scope_is_undone_in_the_others_before_the_re
         assert await alive.remaining(other) == 100
     finally:
         await engine.close()
+
+
+async def test_reservations_and_settlements_of_one_chat_interleaving_never_deadlock(pg_url: str) -> None:
+    # Messages arriving all the time (not in one burst): one message's reservation and another's
+    # settlement in the same chat run at once. Both lock the day's rows, then the holds; when a
+    # settlement took the holds first, the two waited on each other (PostgreSQL's deadlock detector
+    # broke it after a second, and a settlement that failed three times left its hold for the day).
+    db = PostgresDatabase(pg_url, max_size=8)
+    budget = budget_for(db, "host:1:p", user=10**9, chat=10**9, bot=10**9)
+    await db.open()
+    assert await budget.leases.acquire(PROCESS_PREFIX + budget.leases.holder)
+    try:
+        async def message(n: int) -> None:
+            who = Caller(platform="memory", user_id=f"u{n % 7}", chat_id="g1", chat_kind="group")
+            await asyncio.sleep(n * 0.002)  # arriving one after another, overlapping
+            async with budget.reserve(who, 5000, at_least=100) as hold:
+                await asyncio.sleep(0.001 * (n % 5))
+                hold.spend(10)
+
+        await asyncio.gather(*(message(n) for n in range(400)))
+        deadlocks = await db.run(lambda tx: tx.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()[0])
+        assert deadlocks == 0
+        assert await budget.used("chat:memory:group:g1") == 4000 and await budget.used("bot") == 4000
+        assert await db.run(lambda tx: tx.execute("SELECT sum(held) FROM usage_daily").fetchone()[0]) == 0
+    finally:
+        await db.close()
