@@ -19,6 +19,11 @@ event loop's and SQLite's writer thread's), the writer's busy time (its CPU plus
 interpreter lock: ``bench_gil.py``) and the ceiling the event loop's own CPU puts on the path.
 With ``--compare-savepoints`` (the default) both paths run again with a savepoint per unit in
 every group, SQLite's way before its first pass went without them.
+
+The side-by-side section (:func:`side_by_side`) also runs the model path with messages arriving
+one after another at 200/s (:func:`paced`), in this process, on SQLite and on PostgreSQL (whose
+deadlocks it prints): there one message's budget reservation and another's settlement overlap
+all the time, which a burst delivered at once hardly shows.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import importlib.util
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -100,7 +106,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
                        path: Literal["model", "answer", "command"] = "model", chats: int = 50, users: int = 1000,
-                       gc_tuned: bool = True, caps: bool = True, savepoints: bool = False) -> dict[str, Any]:
+                       gc_tuned: bool = True, caps: bool = True, savepoints: bool = False,
+                       rate: float | None = None) -> dict[str, Any]:
     """Push ``n`` messages through one bot and wait for every reply; returns the figures.
 
     ``engine_url``: ``[storage] url`` (None or "" = SQLite in a temporary folder; ``postgresql://...``
@@ -109,7 +116,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
     (``/n``). ``gc_tuned``: apply :func:`robot.runtime.tune_gc` after start, as ``qunbot run`` does.
     ``caps``: keep the default daily token caps (per user, per chat: reserved in the database).
     ``savepoints``: SQLite takes a savepoint per unit in every group, as before the first pass went
-    without them (``SQLiteDatabase.optimistic``), for the comparison.
+    without them (``SQLiteDatabase.optimistic``), for the comparison. ``rate``: the messages arrive
+    one after another at this many per second instead of all at once (latency from each arrival).
 
     Keys: engine, path, messages, sent, seconds, msgs_per_s, commits_per_msg (None where the
     engine does not count commits), p50_ms, p99_ms, cpu_ms_per_msg (this process, all threads),
@@ -136,6 +144,8 @@ async def run_messages(engine_url: str | None, n: int, processes: int = 1, *,
             begun: dict[str, float] = {}
 
             async def one(i: int) -> None:
+                if rate:
+                    await asyncio.sleep(i / rate)
                 chat = groups[i % chats]
                 begun[f"memory:{chat.chat_id}:bench-{i}:0"] = time.perf_counter()
                 await channel.inject(say.format(i=i), chat=chat, user=f"u{i % users}", at_bot=path != "command",
@@ -211,6 +221,24 @@ async def main_async(args: argparse.Namespace) -> None:
             print(_line(result) + ("  <- a savepoint per unit in every group" if savepoints else ""))
 
 
+def paced(new_database: Callable[[], str], n: int, rate: float) -> None:
+    """Messages arriving one after another (not all at once), one process per engine: a reservation
+    and another message's settlement overlap all the time, as in a busy chat."""
+    import psycopg
+
+    print(f"   paced: {n} @-messages (model path) arriving at {rate:.0f}/s, in this process")
+    for label in ("SQLite", "PostgreSQL"):
+        url = "" if label == "SQLite" else new_database()
+        r = asyncio.run(run_messages(url, n, rate=rate))
+        deadlocks = ""
+        if url:
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
+                deadlocks = f"; deadlocks {row[0] if row else '?'}"
+        print(f"   {label:<24} {r['msgs_per_s']:7,.0f} msg/s; reply latency p50 {r['p50_ms']:,.0f} ms, "
+              f"p99 {r['p99_ms']:,.0f} ms{deadlocks}")
+
+
 def side_by_side(messages: int, reminders: int) -> None:
     """SQLite/1 process, PostgreSQL/1 and PostgreSQL/3 processes, one after the other in this run."""
     from scale_procs import run_processes
@@ -231,6 +259,7 @@ def side_by_side(messages: int, reminders: int) -> None:
             r = run_processes(url(), procs, 0, reminders)
             print(f"   {label:<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
                   f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        paced(pg.create_database, messages // 2, 200.0)  # above what one PostgreSQL process answers here
         # The same firing load through procrastinate (issue #11's alternative): bench_procrastinate.py.
         if importlib.util.find_spec("procrastinate") is None:
             print("   procrastinate: not installed; `pip install -e '.[bench]'` measures the same firing load through it")
