@@ -136,12 +136,12 @@ class PgCluster:
         return self
 
     def _serve(self) -> None:
-        log = (self.root / "server.log").open("ab")
-        self.process = subprocess.Popen(
-            [*self._as, str(self.bins / "postgres"), "-D", str(self.data), "-p", str(self.port),
-             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
-             "-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=64MB"],
-            stdout=log, stderr=subprocess.STDOUT)
+        with (self.root / "server.log").open("ab") as log:  # the server keeps its own copy
+            self.process = subprocess.Popen(
+                [*self._as, str(self.bins / "postgres"), "-D", str(self.data), "-p", str(self.port),
+                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+                 "-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=64MB"],
+                stdout=log, stderr=subprocess.STDOUT)
         _accepting(self.port, self.process, self.root / "server.log", "PostgreSQL", 30)
         time.sleep(0.2)  # accepting TCP is not quite accepting logins
 
