@@ -35,7 +35,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
@@ -202,8 +202,7 @@ class Outbox(OutboxRows):
         """Start a worker per channel; backoff from a previous run is not inherited."""
         self._stopping = False
         now = iso(self.clock())
-        await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET next_at = ? WHERE status = 'pending' AND next_at > ?", [now, now]))
+        await self._update("UPDATE outbox SET next_at = ? WHERE status = 'pending' AND next_at > ?", [now, now])
         for channel in list(self._channels.values()):
             self.register(channel)
 
@@ -350,9 +349,6 @@ class Outbox(OutboxRows):
         except Exception:
             log.exception("outbox %s: lane failed; it restarts on the next round", chat)
         return False
-
-    async def _update(self, sql: str, params: Sequence[object]) -> None:
-        await self.db.run(lambda db: db.execute(sql, params))
 
     async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:
         """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""

@@ -361,8 +361,7 @@ class OutboxRows:
         delay = max(min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16)), at_least_s or 0.0)
         log.warning("outbox %s: message %s failed (%s); retry %d in %.1fs", chat.key, key, error[:200], attempts, delay)
         params = [attempts, iso(self.clock() + timedelta(seconds=delay)), error[:500], key]
-        await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params))
+        await self._update("UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params)
         return "retry"
 
     async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
@@ -372,7 +371,11 @@ class OutboxRows:
         return "failed"
 
     async def _set_parts(self, key: str, parts: int) -> None:
-        await self.db.run(lambda db: db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key]))
+        await self._update("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key])
+
+    async def _update(self, sql: str, params: Sequence[object]) -> None:
+        """One statement in a unit of its own (a row's state as its send goes)."""
+        await self.db.run(lambda db: db.execute(sql, params))
 
     async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
                     parts: int | None = None) -> None:
