@@ -64,6 +64,16 @@ def pg_cluster() -> Iterator[Any]:
 
 
 @pytest.fixture
+def own_pg_cluster() -> Iterator[Any]:
+    """A PostgreSQL server of the test's own, for a test that crashes or reconfigures it (doing so to
+    the session's would cut every other test's connections)."""
+    from robot.storage.pgtesting import PgCluster
+
+    with PgCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
 def pg_url(pg_cluster: Any) -> str:
     """A new, empty database on the session's server: its URL."""
     return str(pg_cluster.create_database())

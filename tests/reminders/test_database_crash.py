@@ -12,7 +12,6 @@ import asyncio
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -48,14 +47,9 @@ class Recording(MemoryChannel):
         return await super().send(message)
 
 
-@pytest.fixture
-def cluster() -> Iterator[PgCluster]:
-    """A server of this test's own: crashing the session's would cut every other test's connections."""
-    with PgCluster() as pg:
-        yield pg
-
-
-async def test_reminders_fire_once_each_across_two_database_crashes(cluster: PgCluster, tmp_path: Path) -> None:
+async def test_reminders_fire_once_each_across_two_database_crashes(own_pg_cluster: PgCluster,
+                                                                     tmp_path: Path) -> None:
+    cluster = own_pg_cluster
     channel = Recording()
     settings = Settings(bot={"data_dir": tmp_path, "timezone": ZONE}, storage={"url": cluster.create_database()},
                         reminders={"max_per_user": 10**6, "max_per_chat": 10**6})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -44,13 +43,12 @@ class CrashingChannel(MemoryChannel):
 
 
 @pytest.fixture
-def cluster() -> Iterator[PgCluster]:
-    """A server of this test's own (crashing the session's would cut every other test's connections)
-    that flushes commits made without waiting only every 10 s."""
-    with PgCluster() as pg, psycopg.connect(pg.url(), autocommit=True) as conn:
+def cluster(own_pg_cluster: PgCluster) -> PgCluster:
+    """A server of this test's own that flushes commits made without waiting only every 10 s."""
+    with psycopg.connect(own_pg_cluster.url(), autocommit=True) as conn:
         conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
         conn.execute("SELECT pg_reload_conf()")
-        yield pg
+    return own_pg_cluster
 
 
 async def test_a_reply_queued_just_before_a_database_crash_is_sent_after_it(cluster: PgCluster,
