@@ -395,5 +395,6 @@ class Bot:
         close = getattr(self.model, "aclose", None)
         if close is not None:
             await close()
+        await self.budget.pending.stop()  # settlements the database refused meanwhile: one last try
         await self.leases.stop()
         await self.db.close()

@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 from function_calls import Caller, Usage
 from robot.storage import Engine, Tx
 from robot.storage.leases import Leases
+from robot.storage.pending import Pending
 
 __all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
 
@@ -131,6 +132,8 @@ class DailyBudget:
         self.leases = leases if leases is not None else Leases(db)
         self._held: dict[str, int] = {}  # spending beyond estimates, held in this process only
         self._day_span = (datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC), "")  # empty
+        #: Settlements that failed (the database unreachable), retried until they are written.
+        self.pending = Pending(db)
         db.migrate("budgets", SCHEMA)
 
     @property
@@ -242,9 +245,8 @@ class DailyBudget:
         return bool(dead)
 
     def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
-                     release: int) -> None:
-        """Record tokens (per scopes) and release ``release`` of ``res``'s stored hold, together."""
-        day = self._day()
+                     release: int, day: str) -> None:
+        """Record tokens (per scopes) on ``day`` and release ``release`` of ``res``'s stored hold, together."""
         freed = set(res.scopes) if res is not None and release else set()
         if db.dialect == "postgresql":  # the day's rows first, as a reservation locks them (see _reserve_sync)
             rows: dict[str, set[str]] = {day: {scope for scopes in records for scope in scopes}}
@@ -339,11 +341,12 @@ class DailyBudget:
             while outer is not None:  # what they read is no longer what the database holds
                 outer.taken = None
                 outer = outer.parent
+            day = self._day()
             try:
-                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release))
-            except Exception:
-                log.exception("budget store failed to record %s tokens (releasing %s)", sum(records.values()),
-                              release)
+                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release, day))
+            except Exception as exc:  # the hold stays meanwhile (fail closed), not for the rest of the day
+                self.pending.add(lambda db: self._settle_sync(db, records, res, release, day),
+                                 f"recording {sum(records.values())} tokens and releasing {release}", exc)
 
     async def used(self, scope: str) -> int:
         """Tokens recorded today for ``scope`` (``user:<platform>:<id>``, ``chat:...``, ``bot``)."""
@@ -392,4 +395,5 @@ class DailyBudget:
             res.charged[key] = res.charged.get(key, 0) + max(0, spent)
             res._cover()
             return
-        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0))
+        day = self._day()
+        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0, day))

@@ -22,8 +22,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from function_calls.problems import mend_text
 
-__all__ = ["Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params", "mend_rows",
-           "parse_iso", "ticks", "unit_error", "utcnow"]
+__all__ = ["CommitUnknown", "Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params",
+           "mend_rows", "parse_iso", "ticks", "unit_error", "utcnow"]
 
 T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
@@ -89,6 +89,11 @@ def parse_iso(text: str) -> datetime:
 class StorageError(OSError):
     """The database cannot be opened or used as it stands (unreachable, read-only, newer than this
     code): the message names the database (never its password) and the cause, for one line at start."""
+
+
+class CommitUnknown(StorageError):
+    """The connection failed while a unit committed: the unit may have been applied or not. Any
+    other error from a unit means it was not applied, so only this one forbids a blind retry."""
 
 
 class Cursor(Protocol):

@@ -19,7 +19,16 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, ticks, unit_error
+from robot.storage.base import (
+    SCHEMA_TABLE,
+    CommitUnknown,
+    Dialect,
+    Engine,
+    Step,
+    StorageError,
+    ticks,
+    unit_error,
+)
 from robot.storage.pgnet import Listener, Pooled, shut, tcp_settings
 from robot.storage.pgtx import PostgresTx
 
@@ -57,6 +66,7 @@ class PostgresDatabase(Engine):
         self.where = redact_dsn(url)
         self.min_size, self.max_size = min_size, max_size
         self.stall_s = stall_s
+        self.wait_s = 30.0  #: how long a unit waits for a connection while the server cannot be reached
         self.listen_retry_s = 0.5  #: first wait before the LISTEN connection is tried again (doubling, up to 10 s)
         self.listen_wait_s = 10.0  #: how long open() waits for it (the bot starts without it after that)
         self.listen_check_s = 30.0  #: how often the LISTEN connection is checked (a notification sent to it)
@@ -110,7 +120,7 @@ class PostgresDatabase(Engine):
         # Set once connected, not as the startup packet's options: PgBouncer refuses those.
         self._session = {"autocommit": True, **self.tcp}
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
-                                    name="qunbot", reconnect_timeout=60, kwargs=self._session,
+                                    name="qunbot", reconnect_timeout=60, timeout=self.wait_s, kwargs=self._session,
                                     configure=self._configure)
         try:
             # One plain connection first: a wrong host or password (or a pooler refusing a
@@ -160,11 +170,12 @@ class PostgresDatabase(Engine):
 
     def _work(self, fn: Callable[[PostgresTx], T], durable: bool, ahead: bool = False) -> T:
         import psycopg
+        from psycopg_pool import PoolTimeout
 
         rehearsing = self.rehearse
         last = _RETRIES - 1 + rehearsing
         for attempt in range(last + 1):
-            started, pool = False, self._pool
+            started, committing, pool = False, False, self._pool
             if pool is None:  # closed meanwhile (a unit retried after its connection was cut)
                 raise StorageError(f"the database {self.where} is closed")
             try:
@@ -178,6 +189,7 @@ class PostgresDatabase(Engine):
                     tx.flush()
                     if rehearsing:
                         raise _Rehearsed  # rolls the first run back: the unit runs again
+                    committing = True
                     return result
             except _Rehearsed:
                 rehearsing = False
@@ -185,10 +197,14 @@ class PostgresDatabase(Engine):
                 if attempt == last:
                     raise
                 log.debug("storage: retrying a unit of work after a serialization failure")
-            except psycopg.OperationalError:
+            except PoolTimeout:
+                raise  # it waited wait_s for the server already
+            except psycopg.OperationalError as exc:
                 # A pooled connection the server dropped (a restart, an idle timeout) fails at its
                 # BEGIN, before the unit did anything: the pool discards it and another is tried.
-                # Past BEGIN the outcome of a commit may be unknown, so that error goes up.
+                # Past BEGIN the error goes up; one during COMMIT leaves the outcome unknown.
+                if committing:
+                    raise CommitUnknown(f"the connection to {self.where} failed while committing") from exc
                 if started or attempt == last:
                     raise
                 log.info("storage: a pooled connection to %s was closed; retrying on another", self.where)

@@ -1,0 +1,184 @@
+"""A settlement the database cannot take (down, full, restarting) is written when it answers
+again, once: the spend is recorded and the hold released, not kept for the rest of the day."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from function_calls import Usage
+from robot.budgets import DailyBudget
+from robot.storage import Engine, Tx
+from robot.storage.base import CommitUnknown
+from robot.storage.pgtesting import PgCluster
+from robot.storage.postgres import PostgresDatabase
+from tests.robot.storage.test_budgets import WHO, budget_for
+
+pytestmark = pytest.mark.timeout(120)
+SPENT = {"user:memory:u1": (300, 0), "chat:memory:group:g1": (300, 0), "bot": (300, 0)}  # (recorded, held)
+
+
+class Outage:
+    """Wraps ``engine.transaction``: while ``down``, every unit fails before touching the database
+    (as a full disk or a refused connection does); ``unknown`` makes the next unit commit and then
+    report that its commit's outcome is unknown."""
+
+    def __init__(self, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.real = engine.transaction
+        self.down = False
+        self.unknown = False
+        self.failed = 0
+        monkeypatch.setattr(engine, "transaction", self.transaction)
+
+    async def transaction(self, fn: Callable[[Tx], Any], *, durable: bool = False) -> Any:
+        if self.down:
+            self.failed += 1
+            raise sqlite3.OperationalError("database or disk is full")
+        result = await self.real(fn, durable=durable)
+        if self.unknown:
+            self.unknown = False
+            raise CommitUnknown("the connection failed while committing")
+        return result
+
+
+async def ledger(engine: Engine) -> tuple[dict[str, tuple[int, int]], int]:
+    """(per scope: recorded tokens, held tokens), and the tokens still in ``budget_holds``."""
+    rows = await engine.run(lambda tx: tx.query("SELECT scope, tokens, held FROM usage_daily"))
+    holds = await engine.run(lambda tx: tx.query("SELECT coalesce(sum(tokens), 0) AS n FROM budget_holds"))
+    return {r["scope"]: (int(r["tokens"]), int(r["held"])) for r in rows}, int(holds[0]["n"])
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def spend_300_of_600(budget: DailyBudget, outage: Outage) -> None:
+    """A spend whose settlement the database refuses."""
+    async with budget.reserve(WHO, 600):
+        await budget.charge(WHO, Usage(prompt_tokens=300))
+        outage.down = True
+
+
+async def test_a_settlement_the_database_refused_is_written_when_it_answers(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = budget_for(engine, "host:1:me", chat=5000)
+    budget.pending.first_s, budget.pending.max_s = 0.05, 0.1
+    await engine.open()
+    outage = Outage(engine, monkeypatch)
+    try:
+        async with budget.reserve(WHO, 600):
+            await budget.charge(WHO, Usage(prompt_tokens=300))
+            outage.down = True  # the settlement at the block's end fails, and so do its first retries
+        assert len(budget.pending) == 1
+        await until(lambda: outage.failed >= 3)
+        assert await budget.remaining(WHO) == 400  # meanwhile the hold still counts: fail closed
+        outage.down = False
+        await until(lambda: not budget.pending)
+        used, holds = await ledger(engine)
+        assert used == SPENT and holds == 0
+        await asyncio.sleep(0.3)  # several retry periods: written once, not again
+        assert await ledger(engine) == (used, 0)
+        assert await budget.remaining(WHO) == 700
+    finally:
+        await budget.pending.stop()
+        await engine.close()
+
+
+async def test_stopping_writes_what_waits_or_says_what_is_lost(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    budget = budget_for(engine, "host:1:me", chat=5000)
+    budget.pending.first_s = 3600.0  # no retry by itself within the test: only the stop's
+    await engine.open()
+    outage = Outage(engine, monkeypatch)
+    try:
+        await spend_300_of_600(budget, outage)
+        outage.down = False
+        await budget.pending.stop()
+        assert await ledger(engine) == (SPENT, 0)
+        await spend_300_of_600(budget, outage)
+        with caplog.at_level(logging.ERROR, logger="robot.storage.pending"):
+            await budget.pending.stop()
+        assert not budget.pending
+        assert "stopping with 1 unwritten units, lost: recording 300 tokens and releasing 600" in caplog.text
+    finally:
+        await engine.close()
+
+
+async def test_a_settlement_that_may_have_been_written_is_not_written_twice(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    budget = budget_for(engine, "host:1:me", chat=5000)
+    budget.pending.first_s = 0.01
+    await engine.open()
+    outage = Outage(engine, monkeypatch)
+    try:
+        with caplog.at_level(logging.ERROR, logger="robot.storage.pending"):
+            async with budget.reserve(WHO, 600):
+                await budget.charge(WHO, Usage(prompt_tokens=300))
+                outage.unknown = True  # it commits, then the connection fails: the outcome is unknown
+            await asyncio.sleep(0.2)
+        assert await ledger(engine) == (SPENT, 0)  # once: a blind retry would record 600 and release twice
+        assert not budget.pending and "may or may not have been written" in caplog.text
+    finally:
+        await engine.close()
+
+
+async def test_a_settlement_during_a_postgresql_crash_is_written_after_the_restart(own_pg_cluster: PgCluster) -> None:
+    db = PostgresDatabase(own_pg_cluster.create_database(), max_size=2)
+    db.wait_s = 0.5  # a unit gives up on the unreachable server after this (30 s by default)
+    budget = budget_for(db, "host:1:me", chat=5000)
+    budget.pending.first_s, budget.pending.max_s = 0.05, 0.2
+    await db.open()
+    try:
+        async with budget.reserve(WHO, 600):
+            await budget.charge(WHO, Usage(prompt_tokens=300))
+            await asyncio.sleep(0.8)  # the reservation's commit reaches the log (flushed within 3 x 200 ms)
+            await asyncio.to_thread(own_pg_cluster.crash)
+        assert len(budget.pending) == 1  # refused: the server is gone
+        await asyncio.sleep(0.3)
+        assert len(budget.pending) == 1
+        await asyncio.to_thread(own_pg_cluster.restart)
+        await until(lambda: not budget.pending)
+        assert await ledger(db) == (SPENT, 0)
+        assert await budget.remaining(WHO) == 700
+    finally:
+        await budget.pending.stop()
+        await db.close()
+
+
+async def test_a_connection_lost_during_commit_is_reported_as_an_unknown_outcome(pg_url: str) -> None:
+    db = PostgresDatabase(pg_url, max_size=2)
+    await db.open()
+    try:
+        await db.run(lambda tx: tx.execute("CREATE TABLE t (n INTEGER)"))
+
+        def cut_at_commit(tx: Tx) -> None:
+            tx.execute("INSERT INTO t VALUES (1)")
+            pid = tx.execute("SELECT pg_backend_pid()").fetchone()[0]
+            with psycopg.connect(pg_url, autocommit=True) as other:  # this unit's session ends before COMMIT
+                other.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+
+        with pytest.raises(CommitUnknown, match="failed while committing"):
+            await db.transaction(cut_at_commit)
+
+        def cut_before(tx: Tx) -> None:
+            pid = tx.execute("SELECT pg_backend_pid()").fetchone()[0]
+            with psycopg.connect(pg_url, autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+            tx.execute("INSERT INTO t VALUES (2)")
+
+        with pytest.raises(psycopg.OperationalError) as caught:  # failed inside: surely not written
+            await db.transaction(cut_before)
+        assert not isinstance(caught.value, CommitUnknown)
+        assert await db.run(lambda tx: tx.query("SELECT n FROM t")) == []
+    finally:
+        await db.close()
