@@ -23,7 +23,7 @@ from reminders.record import COLUMNS, Mode, Reminder, Status, new_id, parse_inst
 from reminders.schema import SCHEMA, schema_v1
 from reminders.settings import ReminderSettings
 from reminders.timer import note_gone
-from robot import Engine, Tx, iso
+from robot import Engine, Tx, columns, iso, unnest
 
 __all__ = [
     "MIN_SHORT_ID",
@@ -167,9 +167,9 @@ class ReminderStore:
             db.execute(
                 "UPDATE reminders AS r SET next_fire = v.next_fire, last_fired = v.last_fired, status = v.status, "
                 "failure_reported = v.failure_reported, updated_at = v.updated_at, run_until = NULL "
-                "FROM unnest(?::text[], ?::text[], ?::text[], ?::int[], ?::text[], ?::text[]) "
+                f"FROM {unnest('text', 'text', 'text', 'int', 'text', 'text')} "
                 "AS v(next_fire, last_fired, status, failure_reported, updated_at, id) "
-                "WHERE r.id = v.id AND r.status = 'active'", [list(column) for column in zip(*rows.values(), strict=True)])
+                "WHERE r.id = v.id AND r.status = 'active'", columns(list(rows.values())))
             return
         # One that stays active (its next occurrence) keeps its status: not setting it spares SQLite
         # an index rewrite (10,000 fired: a fifth of the save).

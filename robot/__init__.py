@@ -25,6 +25,7 @@ from robot.outbox import Outbox
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.privacy import ForgetRequest, Forgetter
+from robot.storage.base import columns, unnest
 from robot.store import Database, Engine, StorageError, Tx, iso, parse_iso, utcnow
 
 __all__ = [
@@ -65,10 +66,12 @@ __all__ = [
     "Settings",
     "StorageError",
     "Tx",
+    "columns",
     "iso",
     "load_plugin",
     "load_settings",
     "parse_iso",
     "reply_key",
+    "unnest",
     "utcnow",
 ]
