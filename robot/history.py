@@ -112,9 +112,11 @@ def _address(db: Tx, pairs: Sequence[tuple[str, object]]) -> None:
     """Record (person, history id) pairs in ``history_to``: one statement per chunk (:func:`padded`;
     PostgreSQL: one for all, :func:`unnest`), not one per person (a merged reminder names up to 50)."""
     if db.dialect == "postgresql":
+        # The ids are new (a sequence's, never reused as SQLite's rowids may be) and the pairs
+        # distinct: no conflict to check for (ON CONFLICT cost a third more per row).
         if pairs:
-            db.execute("INSERT INTO history_to (user_id, history_id) SELECT * FROM " + unnest("text", "bigint")
-                       + " ON CONFLICT (user_id, history_id) DO NOTHING", columns(pairs))
+            db.execute("INSERT INTO history_to (user_id, history_id) SELECT * FROM " + unnest("text", "bigint"),
+                       columns(list(dict.fromkeys(pairs))))
         return
     for start in range(0, len(pairs), _ADDRESSEES_PER_INSERT):
         part = padded(pairs[start:start + _ADDRESSEES_PER_INSERT], _ADDRESSEES_PER_INSERT)
