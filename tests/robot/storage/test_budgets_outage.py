@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -19,7 +20,7 @@ from robot.storage import Engine, Tx
 from robot.storage.base import CommitUnknown
 from robot.storage.pgtesting import PgCluster
 from robot.storage.postgres import PostgresDatabase
-from tests.robot.storage.test_budgets import WHO, budget_for
+from tests.robot.storage.test_budgets import T0, WHO, budget_for
 
 pytestmark = pytest.mark.timeout(120)
 SPENT = {"user:memory:u1": (300, 0), "chat:memory:group:g1": (300, 0), "bot": (300, 0)}  # (recorded, held)
@@ -143,6 +144,10 @@ async def test_a_settlement_during_a_postgresql_crash_is_written_after_the_resta
             await budget.charge(WHO, Usage(prompt_tokens=300))
             await asyncio.sleep(0.8)  # the reservation's commit reaches the log (flushed within 3 x 200 ms)
             await asyncio.to_thread(own_pg_cluster.crash)
+            refused_from = time.monotonic()
+        # Refused once the pool has waited wait_s for a connection (not five times that, as a pooled
+        # connection found closed would be retried): the reply this settles is held up no longer.
+        assert time.monotonic() - refused_from < 1.5
         assert len(budget.pending) == 1  # refused: the server is gone
         await asyncio.sleep(0.3)
         assert len(budget.pending) == 1
@@ -182,3 +187,23 @@ async def test_a_connection_lost_during_commit_is_reported_as_an_unknown_outcome
         assert await db.run(lambda tx: tx.query("SELECT n FROM t")) == []
     finally:
         await db.close()
+
+
+async def test_a_settlement_retried_after_midnight_counts_on_the_day_it_was_spent(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [T0.replace(hour=23, minute=59, second=50)]
+    budget = budget_for(engine, "host:1:me", clock, chat=5000)
+    budget.pending.first_s = 3600.0
+    await engine.open()
+    outage = Outage(engine, monkeypatch)
+    try:
+        await spend_300_of_600(budget, outage)
+        clock[0] = T0 + timedelta(days=1)  # the database answers again the next day
+        outage.down = False
+        await budget.pending.stop()
+        rows = await engine.run(lambda tx: tx.query("SELECT day, scope, tokens, held FROM usage_daily"))
+        assert {(r["day"], r["scope"]): (r["tokens"], r["held"]) for r in rows} == {
+            ("2026-03-01", scope): spent for scope, spent in SPENT.items()}
+        assert await budget.remaining(WHO) == 1000  # the new day starts empty: nothing held over
+    finally:
+        await engine.close()
