@@ -55,7 +55,7 @@ from robot.outbox import Outbox
 from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
-from robot.storage import Engine, open_database
+from robot.storage import Engine, Pending, open_database
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.store import Database, DedupeStore
 from robot.wiring import build_channels, build_model
@@ -95,6 +95,7 @@ class Bot:
         #: Which process holds what (accounts, and this process's own liveness): see robot.storage.leases.
         self.leases = LeaseKeeper(Leases(self.db, ttl_s=settings.storage.lease_s, clock=self.clock))
         self.dedupe = DedupeStore(self.db, leases=self.leases.leases)
+        self.pending = Pending(self.db)  #: writes the database refused (settlements, handled marks), retried
         #: The web playground, the console, WeCom's callback: run here only while this process holds them.
         self.one_process = OneProcessChannels(self)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
@@ -105,10 +106,9 @@ class Bot:
                                    command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)
         self.budget = DailyBudget(self.db, self.zone, user_tokens=lim.user_daily_tokens,
                                   chat_tokens=lim.chat_daily_tokens, bot_tokens=lim.bot_daily_tokens,
-                                  clock=self.clock, leases=self.leases.leases)
+                                  clock=self.clock, leases=self.leases.leases, pending=self.pending)
         self.model = model if model is not None else build_model(settings)
         in_memory = str(getattr(self.db, "path", "")) == ":memory:"
-        #: Runs paused for an approval or the user's input (snapshots in the database).
         #: Questions a running plan asked the user, answered by their next message in the chat.
         self.questions = Questions()
         self.approvals = Approvals(self, settings.approvals,
@@ -395,6 +395,6 @@ class Bot:
         close = getattr(self.model, "aclose", None)
         if close is not None:
             await close()
-        await self.budget.pending.stop()  # settlements the database refused meanwhile: one last try
+        await self.pending.stop()  # what the database refused meanwhile: one last try
         await self.leases.stop()
         await self.db.close()

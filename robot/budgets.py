@@ -21,9 +21,8 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
-from robot.storage import Engine, Tx
+from robot.storage import Engine, Pending, Tx
 from robot.storage.leases import Leases
-from robot.storage.pending import Pending
 
 __all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
 
@@ -122,7 +121,7 @@ class DailyBudget:
 
     def __init__(self, db: Engine, zone: ZoneInfo, *, user_tokens: int | None, chat_tokens: int | None,
                  bot_tokens: int | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 leases: Leases | None = None) -> None:
+                 leases: Leases | None = None, pending: Pending | None = None) -> None:
         self.db = db
         self.zone = zone
         self.user_tokens = user_tokens
@@ -133,7 +132,7 @@ class DailyBudget:
         self._held: dict[str, int] = {}  # spending beyond estimates, held in this process only
         self._day_span = (datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC), "")  # empty
         #: Settlements that failed (the database unreachable), retried until they are written.
-        self.pending = Pending(db)
+        self.pending = pending if pending is not None else Pending(db)
         db.migrate("budgets", SCHEMA)
 
     @property

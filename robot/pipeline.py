@@ -163,8 +163,9 @@ class Pipeline:
         if fresh and unmarked:  # answered without a reply (or its enqueue failed): marked on its own
             try:
                 await bot.dedupe.done(*ident)
-            except Exception:
-                log.exception("marking %s message %s handled failed", *ident)
+            except Exception as exc:  # retried: a redelivery meanwhile would be answered again
+                bot.pending.add(lambda db: bot.dedupe.done_sync(db, *ident), "marking {} message {} handled"
+                                .format(*ident), exc, idempotent=True)
 
     def _for_model(self, message: Message) -> bool:
         """Whether the model is likely to answer ``message`` (addressed, not a command; no database)."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from robot.storage.base import Cursor, Dialect, Engine, Step, StorageError, Tx, iso, parse_iso, utcnow
+from robot.storage.pending import Pending
 from robot.storage.sqlite import SQLiteDatabase
 
-__all__ = ["Cursor", "Dialect", "Engine", "SQLiteDatabase", "Step", "StorageError", "Tx", "iso", "open_database",
-           "parse_iso", "utcnow"]
+__all__ = ["Cursor", "Dialect", "Engine", "Pending", "SQLiteDatabase", "Step", "StorageError", "Tx", "iso",
+           "open_database", "parse_iso", "utcnow"]
 
 SQLITE_FILE = "qunbot.sqlite3"
 

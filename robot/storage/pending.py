@@ -1,10 +1,11 @@
 """Units of work that must land eventually: retried until the database takes them.
 
-A write that only settles what already happened (tokens spent, a hold to release) cannot be
-answered with an error to anyone, and dropping it would leave the database wrong for the rest of
-the day. :class:`Pending` keeps such units in order and retries them with backoff while the
-database is unreachable. A unit whose commit may have happened (:class:`CommitUnknown`) is never
-retried: applying it twice would be worse than not at all, so it is logged instead.
+A write that only records what already happened (tokens spent and a hold to release, a message
+answered) cannot be answered with an error to anyone, and dropping it would leave the database
+wrong: a budget smaller for the rest of the day, a message answered again when redelivered. :class:`Pending` keeps such units in order and retries them with backoff while the
+database is unreachable. A unit whose commit may have happened (:class:`CommitUnknown`) is not
+retried unless it is idempotent: applying it twice would be worse than not at all, so it is
+logged instead.
 """
 
 from __future__ import annotations
@@ -29,21 +30,22 @@ class Pending:
         self.db = db
         self.first_s = first_s
         self.max_s = max_s
-        self._units: list[tuple[Callable[[Tx], Any], str]] = []
+        self._units: list[tuple[Callable[[Tx], Any], str, bool]] = []
         self._task: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._units)
 
-    def add(self, unit: Callable[[Tx], Any], what: str, error: BaseException) -> None:
-        """``unit`` failed with ``error``: retry it (``what`` names it in the log), unless it may have landed."""
-        if isinstance(error, CommitUnknown):
+    def add(self, unit: Callable[[Tx], Any], what: str, error: BaseException, *, idempotent: bool = False) -> None:
+        """``unit`` failed with ``error``: retry it (``what`` names it in the log), unless it may have
+        landed and is not ``idempotent`` (applying it twice changes nothing, as setting a flag)."""
+        if isinstance(error, CommitUnknown) and not idempotent:
             log.error("storage: %s may or may not have been written (%s); not retried, to never write it twice",
                       what, error)
             return
         log.warning("storage: %s failed (%s: %s); retrying until the database takes it", what,
                     type(error).__name__, error)
-        self._units.append((unit, what))
+        self._units.append((unit, what, idempotent))
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._retry(), name="qunbot-pending-units")
 
@@ -58,10 +60,12 @@ class Pending:
     async def flush(self) -> bool:
         """Try every waiting unit once, in order (stopping at the first failure); whether none wait."""
         while self._units:
-            unit, what = self._units[0]
+            unit, what, idempotent = self._units[0]
             try:
                 await self.db.transaction(unit, durable=not self.db.crash_safe)
             except CommitUnknown as exc:
+                if idempotent:
+                    return False
                 log.error("storage: %s may or may not have been written (%s); not retried", what, exc)
             except Exception as exc:
                 log.debug("storage: %s failed again (%s: %s)", what, type(exc).__name__, exc)
@@ -78,5 +82,5 @@ class Pending:
             self._task = None
         if self._units and not await self.flush():
             log.error("storage: stopping with %d unwritten units, lost: %s", len(self._units),
-                      "; ".join(what for _, what in self._units))
+                      "; ".join(what for _, what, _ in self._units))
             self._units.clear()

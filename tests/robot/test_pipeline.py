@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
@@ -282,6 +283,42 @@ async def test_a_message_answered_without_a_reply_is_marked_handled_too(make_bot
             break
         await asyncio.sleep(0.01)
     assert rows == [{"message_id": "c1", "handled": 1}, {"message_id": "c2", "handled": 1}]
+
+
+async def test_a_handled_mark_the_database_refused_is_retried_so_a_redelivery_is_not_run_again(
+        make_bot: Any) -> None:
+    # The database refuses the reply's unit (the reply is sent directly) and then the mark that the
+    # message was handled: the mark is retried, so the platform's redelivery does not run it again.
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    bot.pending.first_s = 0.01
+    enqueue, done, refused = bot.outbox.enqueue_many_sync, bot.dedupe.done, []
+
+    def enqueue_refused_once(db: Any, messages: Any) -> Any:
+        if "r1" not in refused:  # every run of the unit (a rehearsal runs it twice) until the mark's turn
+            refused[:] = ["reply"]
+            raise sqlite3.OperationalError("database or disk is full")
+        return enqueue(db, messages)
+
+    async def done_refused_once(platform: str, message_id: str) -> None:
+        if refused == ["reply"]:
+            refused.append(message_id)
+            raise sqlite3.OperationalError("database or disk is full")
+        await done(platform, message_id)
+
+    bot.outbox.enqueue_many_sync, bot.dedupe.done = enqueue_refused_once, done_refused_once
+    await ch.inject("hi", at_bot=True, message_id="r1")
+    await ch.wait_sent(1)
+    for _ in range(200):
+        rows = await bot.db.run(lambda db: db.query("SELECT handled FROM seen WHERE message_id = 'r1'"))
+        if rows == [{"handled": 1}]:
+            break
+        await asyncio.sleep(0.01)
+    assert refused == ["reply", "r1"] and rows == [{"handled": 1}] and not bot.pending
+    await ch.inject("hi", at_bot=True, message_id="r1")  # the platform delivers it again
+    await ch.inject("/help", message_id="r2")
+    await ch.wait_sent(2)
+    assert len(model.requests) == 1 and ch.sent[0].text == "re: hi"  # the model (and any tool) ran once
 
 
 async def test_the_history_window_is_token_bounded(make_bot: Any) -> None:
