@@ -32,6 +32,7 @@ class Pending:
         self.max_s = max_s
         self._units: list[tuple[Callable[[Tx], Any], str, bool]] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def __len__(self) -> int:
         return len(self._units)
@@ -42,6 +43,9 @@ class Pending:
         if isinstance(error, CommitUnknown) and not idempotent:
             log.error("storage: %s may or may not have been written (%s); not retried, to never write it twice",
                       what, error)
+            return
+        if self._stopped:  # the owner is closing the database: nothing would retry it
+            log.error("storage: %s failed while stopping (%s: %s); lost", what, type(error).__name__, error)
             return
         log.warning("storage: %s failed (%s: %s); retrying until the database takes it", what,
                     type(error).__name__, error)
@@ -74,7 +78,8 @@ class Pending:
         return True
 
     async def stop(self) -> None:
-        """Stop retrying after one last try; what still fails is logged as lost."""
+        """Stop retrying after one last try; what still fails (or fails from now on) is logged as lost."""
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,7 +16,7 @@ import pytest
 
 from function_calls import Usage
 from robot.budgets import DailyBudget
-from robot.storage import Engine, Tx
+from robot.storage import Engine, Pending, Tx
 from robot.storage.base import CommitUnknown
 from robot.storage.pgtesting import PgCluster
 from robot.storage.postgres import PostgresDatabase
@@ -106,11 +106,14 @@ async def test_stopping_writes_what_waits_or_says_what_is_lost(
         outage.down = False
         await budget.pending.stop()
         assert await ledger(engine) == (SPENT, 0)
+        budget.pending = Pending(engine, first_s=3600.0)  # (a bot started again)
         await spend_300_of_600(budget, outage)
         with caplog.at_level(logging.ERROR, logger="robot.storage.pending"):
             await budget.pending.stop()
-        assert not budget.pending
-        assert "stopping with 1 unwritten units, lost: recording 300 tokens and releasing 600" in caplog.text
+            assert not budget.pending
+            assert "stopping with 1 unwritten units, lost: recording 300 tokens and releasing 600" in caplog.text
+            await spend_300_of_600(budget, outage)  # after the stop: nothing would retry it
+        assert not budget.pending and "recording 300 tokens and releasing 600 failed while stopping" in caplog.text
     finally:
         await engine.close()
 
