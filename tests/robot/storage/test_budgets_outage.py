@@ -97,7 +97,7 @@ async def test_a_settlement_the_database_refused_is_written_when_it_answers(
 
 async def test_stopping_writes_what_waits_or_says_what_is_lost(
         engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    budget = budget_for(engine, "host:1:me", chat=5000)
+    budget = budget_for(engine, "host:1:me", user=5000, chat=5000)
     budget.pending.first_s = 3600.0  # no retry by itself within the test: only the stop's
     await engine.open()
     outage = Outage(engine, monkeypatch)
@@ -112,7 +112,8 @@ async def test_stopping_writes_what_waits_or_says_what_is_lost(
             await budget.pending.stop()
             assert not budget.pending
             assert "stopping with 1 unwritten units, lost: recording 300 tokens and releasing 600" in caplog.text
-            await spend_300_of_600(budget, outage)  # after the stop: nothing would retry it
+            outage.down = False
+            await spend_300_of_600(budget, outage)  # refused after the stop: nothing would retry it
         assert not budget.pending and "recording 300 tokens and releasing 600 failed while stopping" in caplog.text
     finally:
         await engine.close()
