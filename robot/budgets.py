@@ -133,6 +133,9 @@ class DailyBudget:
         self._day_span = (datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC), "")  # empty
         #: Settlements that failed (the database unreachable), retried until they are written.
         self.pending = pending if pending is not None else Pending(db)
+        # Flushed where a crash could undo a commit: an undone reservation would be released all the
+        # same (the budget grows), an undone settlement would leave its hold and not record its spend.
+        self._durable = not db.crash_safe
         db.migrate("budgets", SCHEMA)
 
     @property
@@ -164,8 +167,6 @@ class DailyBudget:
             self._held[scope] = self._held.get(scope, 0) + tokens
             if self._held[scope] <= 0:
                 del self._held[scope]
-
-    # -- in the database ---------------------------------------------------------------------------
 
     @staticmethod
     def _rows(db: Tx, day: str, scopes: list[str], *, lock: bool = False) -> dict[str, int]:
@@ -307,7 +308,8 @@ class DailyBudget:
         if tokens > 0 and caps:  # an empty reservation only collects what nested spends report
             need = tokens if at_least is None else min(tokens, max(at_least, 1))
             try:
-                hold, taken = await self.db.transaction(lambda db: self._reserve_sync(db, day, caps, tokens, need))
+                hold, taken = await self.db.transaction(lambda db: self._reserve_sync(db, day, caps, tokens, need),
+                                                        durable=self._durable)
             except BudgetExceeded:
                 raise
             except Exception as exc:
@@ -342,7 +344,8 @@ class DailyBudget:
                 outer = outer.parent
             day = self._day()
             try:
-                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release, day))
+                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release, day),
+                                          durable=self._durable)
             except Exception as exc:  # the hold stays meanwhile (fail closed), not for the rest of the day
                 self.pending.add(lambda db: self._settle_sync(db, records, res, release, day),
                                  f"recording {sum(records.values())} tokens and releasing {release}", exc)
@@ -350,12 +353,9 @@ class DailyBudget:
     async def used(self, scope: str) -> int:
         """Tokens recorded today for ``scope`` (``user:<platform>:<id>``, ``chat:...``, ``bot``)."""
         day = self._day()
-
-        def work(db: Tx) -> int:
-            row = db.execute("SELECT tokens FROM usage_daily WHERE day = ? AND scope = ?", [day, scope]).fetchone()
-            return int(row[0]) if row else 0
-
-        return await self.db.run(work)
+        row = await self.db.run(lambda db: db.execute("SELECT tokens FROM usage_daily WHERE day = ? AND scope = ?",
+                                                      [day, scope]).fetchone())
+        return int(row[0]) if row else 0
 
     async def remaining(self, caller: Caller) -> int | None:
         """Tokens left today after every other spend's hold (this task's own hold counts as left)."""
@@ -395,4 +395,5 @@ class DailyBudget:
             res._cover()
             return
         day = self._day()
-        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0, day))
+        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0, day),
+                                  durable=self._durable)
