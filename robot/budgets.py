@@ -4,16 +4,19 @@ A spend reserves its estimated cost before the model is called and settles after
 reservation is one transaction of guarded UPDATEs in the database (``held = held + n WHERE
 tokens + held + n <= cap``, per capped scope): concurrent spends in any number of processes see
 each other's holds, and a day's budget is never overspent by reservations. Every hold is also
-written under the process's lease holder id (``budget_holds``): the holds of a process that died
-mid-call are released when a reservation would otherwise be refused (its owner no longer renews
-its lease; on SQLite any other holder is this process's dead predecessor), and a day's holds
-count only that day. Without any cap configured the database is not touched per call.
+written as rows of its own in ``budget_holds`` (see :mod:`robot.budget_rows`), which its
+settlement deletes: the holds of a process that died mid-call are released when a reservation
+would otherwise be refused (its owner no longer renews its lease; on SQLite any other holder is
+this process's dead predecessor), a day's holds count only that day, and a settlement retried
+after an unknown commit is written once. Without any cap configured the database is not touched
+per call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -21,42 +24,14 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
+from robot.budget_rows import SCHEMA, BudgetExceeded, process_of
 from robot.storage import Engine, Pending, Tx
+from robot.storage.base import CommitUnknown
 from robot.storage.leases import Leases
 
 __all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
 
 log = logging.getLogger(__name__)
-
-SCHEMA = [
-    "CREATE TABLE IF NOT EXISTS usage_daily (day TEXT NOT NULL, scope TEXT NOT NULL, "
-    "tokens INTEGER NOT NULL, PRIMARY KEY (day, scope))",
-    "ALTER TABLE usage_daily ADD COLUMN held BIGINT NOT NULL DEFAULT 0; "
-    "CREATE TABLE budget_holds (day TEXT NOT NULL, scope TEXT NOT NULL, holder TEXT NOT NULL, "
-    "tokens BIGINT NOT NULL, PRIMARY KEY (day, scope, holder))",
-]
-
-
-class BudgetExceeded(Exception):
-    """A spend that does not fit in what is left of a daily budget (or a budget that cannot be read)."""
-
-    def __init__(self, scope: str, left: int, needed: int) -> None:
-        super().__init__(f"{scope}: {left} tokens left today, {needed} needed")
-        self.scope = scope
-        self.left = left
-        self.needed = needed
-
-    @property
-    def user_message(self) -> str:
-        """What the person is told (Chinese, no internals)."""
-        if self.scope == "store":
-            return "暂时无法核对 AI 用量，请稍后再试。"
-        if self.scope == "bot":
-            return "机器人今天的 AI 用量已达上限，明天再来吧。"
-        if self.scope.startswith("chat:"):
-            return "本聊天今天的 AI 用量已达上限，明天再来吧。"
-        return "今天的 AI 用量已达上限，明天再来吧。"
-
 
 @dataclass(eq=False)
 class Reservation:
@@ -80,6 +55,8 @@ class Reservation:
     #: it read them: :meth:`DailyBudget.remaining` inside it answers from these (no read per run)
     #: until a reservation nested in it settles. None: read the database.
     taken: dict[str, int] | None = None
+    #: Its rows' ``budget_holds.holder``: this process's lease holder id, "/", its own id.
+    holder: str = ""
 
     def owed(self) -> int:
         return self.unsettled + sum(self.charged.values())
@@ -184,8 +161,8 @@ class DailyBudget:
         return min(((scope, cap - taken[scope] - self._held.get(scope, 0) + mine) for scope, cap in caps.items()),
                    key=lambda item: item[1])
 
-    def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int,
-                      need: int) -> tuple[int, dict[str, int] | None]:
+    def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int, need: int,
+                      holder: str) -> tuple[int, dict[str, int] | None]:
         """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold
         and, when it read them, the scopes' recorded plus held tokens with this hold.
 
@@ -205,9 +182,7 @@ class DailyBudget:
                 hold = max(0, min(tokens, self._left(caps, taken)[1]))
             if hold >= need and self._take(db, day, caps, hold):
                 db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
-                           + ", ".join("(?, ?, ?, ?)" for _ in scopes)
-                           + " ON CONFLICT (day, scope, holder) DO UPDATE SET tokens = budget_holds.tokens + "
-                           "excluded.tokens", [v for s in sorted(scopes) for v in (day, s, self.leases.holder, hold)])
+                           + ", ".join("(?, ?, ?, ?)" for _ in scopes), [v for s in sorted(scopes) for v in (day, s, holder, hold)])
                 return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
             if reaped or not self._reap(db, day):
                 scope, left = self._left(caps, self._rows(db, day, scopes))
@@ -233,20 +208,27 @@ class DailyBudget:
     def _reap(self, db: Tx, day: str) -> bool:
         """Release the holds of dead processes (and of past days); whether any were released."""
         db.execute("DELETE FROM budget_holds WHERE day < ?", [day])
-        dead = [str(r[0]) for r in db.execute("SELECT DISTINCT holder FROM budget_holds WHERE day = ?",
-                                              [day]).fetchall()
-                if not self.leases.alive_sync(db, str(r[0]))]
-        for holder in dead:
-            for scope, tokens in db.execute("SELECT scope, tokens FROM budget_holds WHERE day = ? AND holder = ? "
-                                            "ORDER BY scope", [day, holder]).fetchall():
+        holders = [str(r[0]) for r in db.execute("SELECT DISTINCT holder FROM budget_holds WHERE day = ? AND tokens > 0",
+                                                 [day]).fetchall()]
+        gone = {p for p in {process_of(h) for h in holders} if not self.leases.alive_sync(db, p)}
+        dead = [h for h in holders if process_of(h) in gone]
+        for part in (dead[i:i + 100] for i in range(0, len(dead), 100)):
+            marks = ",".join("?" * len(part))
+            for scope, tokens in db.execute(f"SELECT scope, sum(tokens) FROM budget_holds WHERE day = ? AND holder IN "
+                                            f"({marks}) GROUP BY scope ORDER BY scope", [day, *part]).fetchall():
                 db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [tokens, day, scope])
-            db.execute("DELETE FROM budget_holds WHERE day = ? AND holder = ?", [day, holder])
-            log.info("budgets: released the holds of %s (no longer running)", holder)
+            # Kept at 0, not deleted: the settlement of a process that only stalled finds them released.
+            db.execute(f"UPDATE budget_holds SET tokens = 0 WHERE day = ? AND holder IN ({marks})", [day, *part])
+        for process in sorted(gone):
+            log.info("budgets: released the holds of %s (no longer running)", process)
         return bool(dead)
 
     def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
-                     release: int, day: str) -> None:
-        """Record tokens (per scopes) on ``day`` and release ``release`` of ``res``'s stored hold, together."""
+                     release: int, day: str, *, retry: bool = False) -> None:
+        """Record tokens (per scopes) on ``day`` and release ``res``'s stored hold (``release``), together.
+
+        ``retry``: the same settlement tried before, with an unknown outcome: if its hold's rows are
+        gone, that try was written and this one writes nothing."""
         freed = set(res.scopes) if res is not None and release else set()
         if db.dialect == "postgresql":  # the day's rows first, as a reservation locks them (see _reserve_sync)
             rows: dict[str, set[str]] = {day: {scope for scopes in records for scope in scopes}}
@@ -257,12 +239,13 @@ class DailyBudget:
                     self._rows(db, when, sorted(rows[when]), lock=True)
         if freed:
             assert res is not None
-            # Only what is still recorded as ours: had this process stalled past its lease, another
-            # one may have released its holds already (releasing twice would raise the cap).
-            freed = {str(r[0]) for r in db.execute(
-                "UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND holder = ? AND scope IN "
-                f"({','.join('?' * len(freed))}) RETURNING scope",
-                [release, res.day, self.leases.holder, *sorted(freed)]).fetchall()}
+            # Its own rows, deleted. Had this process stalled past its lease, another one released
+            # them already (their tokens 0, see _reap): releasing twice would raise the cap.
+            mine = db.execute(f"DELETE FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(freed))}) "
+                              "AND holder = ? RETURNING scope, tokens", [res.day, *sorted(freed), res.holder]).fetchall()
+            if retry and not mine:
+                return
+            freed = {str(scope) for scope, tokens in mine if tokens}
             if res.day != day:  # held yesterday, settled today
                 for scope in sorted(freed):
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
@@ -305,19 +288,24 @@ class DailyBudget:
         tokens = max(0, tokens)
         parent = _active.get()
         caps, day, hold = self._capped(caller), self._day(), tokens
+        holder = f"{self.leases.holder}/{os.urandom(6).hex()}"  # its rows in budget_holds
         if tokens > 0 and caps:  # an empty reservation only collects what nested spends report
             need = tokens if at_least is None else min(tokens, max(at_least, 1))
             try:
-                hold, taken = await self.db.transaction(lambda db: self._reserve_sync(db, day, caps, tokens, need),
-                                                        durable=self._durable)
+                hold, taken = await self.db.transaction(
+                    lambda db: self._reserve_sync(db, day, caps, tokens, need, holder), durable=self._durable)
             except BudgetExceeded:
                 raise
             except Exception as exc:
+                if isinstance(exc, CommitUnknown):  # refused, but its hold may be written: release it if so
+                    self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
+                        self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
+                        "releasing a refused reservation's hold", exc, idempotent=True)
                 raise BudgetExceeded("store", 0, tokens) from exc
         else:
             taken = None
         stored = hold if tokens > 0 and caps else 0
-        reservation = Reservation(self, tuple(caps), hold, parent, day=day, stored=stored, taken=taken)
+        reservation = Reservation(self, tuple(caps), hold, parent, day=day, stored=stored, taken=taken, holder=holder)
         token = _active.set(reservation)
         try:
             yield reservation
@@ -347,8 +335,9 @@ class DailyBudget:
                 await self.db.transaction(lambda db: self._settle_sync(db, records, res, release, day),
                                           durable=self._durable)
             except Exception as exc:  # the hold stays meanwhile (fail closed), not for the rest of the day
-                self.pending.add(lambda db: self._settle_sync(db, records, res, release, day),
-                                 f"recording {sum(records.values())} tokens and releasing {release}", exc)
+                self.pending.add(lambda db: self._settle_sync(db, records, res, release, day, retry=True),
+                                 f"recording {sum(records.values())} tokens and releasing {release}", exc,
+                                 idempotent=release > 0)  # (its hold's rows tell whether it was written)
 
     async def used(self, scope: str) -> int:
         """Tokens recorded today for ``scope`` (``user:<platform>:<id>``, ``chat:...``, ``bot``)."""

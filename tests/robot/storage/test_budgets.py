@@ -89,8 +89,8 @@ async def test_holds_settle_to_what_was_spent_and_a_new_day_starts_empty(engine:
         assert await budget.used("user:memory:u1") == 50
         clock[0] -= timedelta(days=1)
         assert await budget.remaining(WHO) == 700  # yesterday: its hold was released
-        assert await budget.prune() == 2  # housekeeping: the spent holds (user and chat) go
-        assert await engine.run(lambda tx: tx.query("SELECT * FROM budget_holds")) == []
+        assert await engine.run(lambda tx: tx.query("SELECT * FROM budget_holds")) == []  # settled: deleted
+        assert await budget.prune() == 0
     finally:
         await engine.close()
 
