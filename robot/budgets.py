@@ -182,7 +182,8 @@ class DailyBudget:
                 hold = max(0, min(tokens, self._left(caps, taken)[1]))
             if hold >= need and self._take(db, day, caps, hold):
                 db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
-                           + ", ".join("(?, ?, ?, ?)" for _ in scopes), [v for s in sorted(scopes) for v in (day, s, holder, hold)])
+                           + ", ".join("(?, ?, ?, ?)" for _ in scopes),
+                           [v for s in sorted(scopes) for v in (day, s, holder, hold)])
                 return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
             if reaped or not self._reap(db, day):
                 scope, left = self._left(caps, self._rows(db, day, scopes))
@@ -246,6 +247,7 @@ class DailyBudget:
             if retry and not mine:
                 return
             freed = {str(scope) for scope, tokens in mine if tokens}
+            release = max((int(tokens) for _, tokens in mine), default=0)  # what it holds (each scope alike)
             if res.day != day:  # held yesterday, settled today
                 for scope in sorted(freed):
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",

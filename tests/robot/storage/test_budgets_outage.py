@@ -141,8 +141,10 @@ async def test_a_settlement_whose_commit_was_unknown_is_written_exactly_once(
 
 
 @pytest.mark.parametrize("outcome", ["written", "lost"])
+@pytest.mark.parametrize("at_least", [None, 1])  # 1: "what is left": it holds 1000 of the 2000 asked
 async def test_a_reservation_whose_commit_was_unknown_is_refused_and_holds_nothing(
-        engine: Engine, monkeypatch: pytest.MonkeyPatch, outcome: Literal["written", "lost"]) -> None:
+        engine: Engine, monkeypatch: pytest.MonkeyPatch, outcome: Literal["written", "lost"],
+        at_least: int | None) -> None:
     budget = budget_for(engine, "host:1:me", chat=5000)
     budget.pending.first_s = 0.01
     await engine.open()
@@ -150,7 +152,7 @@ async def test_a_reservation_whose_commit_was_unknown_is_refused_and_holds_nothi
     try:
         outage.unknown = outcome
         with pytest.raises(BudgetExceeded) as refused:
-            async with budget.reserve(WHO, 600):
+            async with budget.reserve(WHO, 600 if at_least is None else 2000, at_least=at_least):
                 raise AssertionError("a reservation that cannot be confirmed is refused")
         assert refused.value.scope == "store"
         await until(lambda: not budget.pending)
