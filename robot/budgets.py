@@ -185,7 +185,7 @@ class DailyBudget:
                            + ", ".join("(?, ?, ?, ?)" for _ in scopes),
                            [v for s in sorted(scopes) for v in (day, s, holder, hold)])
                 return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
-            if reaped or not self._reap(db, day):
+            if reaped or not self._reap(db, day, scopes):
                 scope, left = self._left(caps, self._rows(db, day, scopes))
                 raise BudgetExceeded(scope, max(0, left), need)
         raise AssertionError("unreachable")
@@ -206,23 +206,25 @@ class DailyBudget:
                 return False
         return True
 
-    def _reap(self, db: Tx, day: str) -> bool:
-        """Release the holds of dead processes (and of past days); whether any were released."""
+    def _reap(self, db: Tx, day: str, scopes: list[str]) -> bool:
+        """Release the holds of dead processes holding in ``scopes`` (and of past days); whether any were."""
         db.execute("DELETE FROM budget_holds WHERE day < ?", [day])
-        holders = [str(r[0]) for r in db.execute("SELECT DISTINCT holder FROM budget_holds WHERE day = ? AND tokens > 0",
-                                                 [day]).fetchall()]
-        gone = {p for p in {process_of(h) for h in holders} if not self.leases.alive_sync(db, p)}
-        dead = [h for h in holders if process_of(h) in gone]
-        for part in (dead[i:i + 100] for i in range(0, len(dead), 100)):
-            marks = ",".join("?" * len(part))
-            for scope, tokens in db.execute(f"SELECT scope, sum(tokens) FROM budget_holds WHERE day = ? AND holder IN "
-                                            f"({marks}) GROUP BY scope ORDER BY scope", [day, *part]).fetchall():
-                db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [tokens, day, scope])
-            # Kept at 0, not deleted: the settlement of a process that only stalled finds them released.
-            db.execute(f"UPDATE budget_holds SET tokens = 0 WHERE day = ? AND holder IN ({marks})", [day, *part])
-        for process in sorted(gone):
-            log.info("budgets: released the holds of %s (no longer running)", process)
-        return bool(dead)
+        mine = self.leases.holder + "/"  # (alive: its own rows, thousands in a burst, are not read)
+        holders = db.execute(f"SELECT DISTINCT holder FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(scopes))}) "
+                             "AND tokens > 0 AND substr(holder, 1, ?) != ?", [day, *scopes, len(mine), mine]).fetchall()
+        gone = sorted({p for p in {process_of(str(h[0])) for h in holders} if not self.leases.alive_sync(db, p)})
+        if not gone:
+            return False
+        # Every hold of theirs, in every scope (a row or the rows of its reservations, "<process>/<id>").
+        match = "day = ? AND tokens > 0 AND (" + " OR ".join(["holder = ? OR substr(holder, 1, ?) = ?"] * len(gone)) + ")"
+        params = [day, *(v for p in gone for v in (p, len(p) + 1, p + "/"))]
+        for scope, tokens in db.execute(f"SELECT scope, sum(tokens) FROM budget_holds WHERE {match} GROUP BY scope "
+                                        "ORDER BY scope", params).fetchall():
+            db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [tokens, day, scope])
+        # Kept at 0, not deleted: the settlement of a process that only stalled finds them released.
+        db.execute(f"UPDATE budget_holds SET tokens = 0 WHERE {match}", params)
+        log.info("budgets: released the holds of %s (no longer running)", ", ".join(gone))
+        return True
 
     def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
                      release: int, day: str, *, retry: bool = False) -> None:

@@ -33,6 +33,7 @@ class Pending:
         self._units: list[tuple[Callable[[Tx], Any], str, bool]] = []
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._wake = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._units)
@@ -56,7 +57,10 @@ class Pending:
     async def _retry(self) -> None:
         delay = self.first_s
         while self._units:
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            if self._stopped:
+                return
             if await self.flush():
                 log.info("storage: the units that had failed are written")
             delay = min(self.max_s, delay * 2)
@@ -81,9 +85,10 @@ class Pending:
         """Stop retrying after one last try; what still fails (or fails from now on) is logged as lost."""
         self._stopped = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Not cancelled: a unit cut off while the database ran it could be written, and then
+            # written again by the last try below. The task ends after the try under way, if any.
+            self._wake.set()
+            await self._task
             self._task = None
         if self._units and not await self.flush():
             log.error("storage: stopping with %d unwritten units, lost: %s", len(self._units),
