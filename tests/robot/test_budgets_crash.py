@@ -20,6 +20,7 @@ from robot.config import Settings
 from robot.message import ChatRef
 from robot.storage.pgtesting import PgCluster
 from robot.testing import MemoryChannel
+from tests.robot.conftest import eventually
 
 pytestmark = pytest.mark.timeout(180)
 MESSAGES = 600
@@ -54,10 +55,7 @@ async def test_budgets_come_out_even_after_database_crashes_mid_traffic(own_pg_c
     try:
         await asyncio.gather(crashes(), *(one(i) for i in range(MESSAGES)))
         await channel.wait_sent(MESSAGES, timeout=90)
-        deadline = time.monotonic() + 60
-        while bot.pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert not bot.pending
+        await eventually(lambda: not bot.pending, timeout=60)
         holds = await bot.db.run(lambda db: db.query("SELECT scope, holder, tokens FROM budget_holds WHERE tokens != 0"))
         held = await bot.db.run(lambda db: db.query("SELECT scope, held FROM usage_daily WHERE held != 0"))
         used = await bot.db.run(lambda db: db.query("SELECT scope, tokens FROM usage_daily WHERE scope = 'bot'"))

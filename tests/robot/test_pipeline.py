@@ -286,7 +286,7 @@ async def test_a_message_answered_without_a_reply_is_marked_handled_too(make_bot
 
 
 async def test_a_handled_mark_the_database_refused_is_retried_so_a_redelivery_is_not_run_again(
-        make_bot: Any) -> None:
+        make_bot: Any, until: Any) -> None:
     # The database refuses the reply's unit (the reply is sent directly) and then the mark that the
     # message was handled: the mark is retried, so the platform's redelivery does not run it again.
     model = echo_model()
@@ -309,12 +309,13 @@ async def test_a_handled_mark_the_database_refused_is_retried_so_a_redelivery_is
     bot.outbox.enqueue_many_sync, bot.dedupe.done = enqueue_refused_once, done_refused_once
     await ch.inject("hi", at_bot=True, message_id="r1")
     await ch.wait_sent(1)
-    for _ in range(200):
-        rows = await bot.db.run(lambda db: db.query("SELECT handled FROM seen WHERE message_id = 'r1'"))
-        if rows == [{"handled": 1}]:
-            break
-        await asyncio.sleep(0.01)
-    assert refused == ["reply", "r1"] and rows == [{"handled": 1}] and not bot.pending
+
+    async def handled() -> bool:
+        return await bot.db.run(lambda db: db.query("SELECT handled FROM seen WHERE message_id = 'r1'")) == [
+            {"handled": 1}]
+
+    await until(handled)
+    assert refused == ["reply", "r1"] and not bot.pending
     await ch.inject("hi", at_bot=True, message_id="r1")  # the platform delivers it again
     await ch.inject("/help", message_id="r2")
     await ch.wait_sent(2)

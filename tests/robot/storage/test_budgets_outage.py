@@ -20,6 +20,7 @@ from robot.storage import Engine, Pending, Tx
 from robot.storage.base import CommitUnknown
 from robot.storage.pgtesting import PgCluster
 from robot.storage.postgres import PostgresDatabase
+from tests.robot.conftest import eventually
 from tests.robot.storage.test_budgets import T0, WHO, budget_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,13 +58,6 @@ async def ledger(engine: Engine) -> tuple[dict[str, tuple[int, int]], int]:
     return {r["scope"]: (int(r["tokens"]), int(r["held"])) for r in rows}, int(holds[0]["n"])
 
 
-async def until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def spend_300_of_600(budget: DailyBudget, outage: Outage) -> None:
     """A spend whose settlement the database refuses."""
     async with budget.reserve(WHO, 600):
@@ -82,10 +76,10 @@ async def test_a_settlement_the_database_refused_is_written_when_it_answers(
             await budget.charge(WHO, Usage(prompt_tokens=300))
             outage.down = True  # the settlement at the block's end fails, and so do its first retries
         assert len(budget.pending) == 1
-        await until(lambda: outage.failed >= 3)
+        await eventually(lambda: outage.failed >= 3, timeout=20)
         assert await budget.remaining(WHO) == 400  # meanwhile the hold still counts: fail closed
         outage.down = False
-        await until(lambda: not budget.pending)
+        await eventually(lambda: not budget.pending, timeout=20)
         used, holds = await ledger(engine)
         assert used == SPENT and holds == 0
         await asyncio.sleep(0.3)  # several retry periods: written once, not again
@@ -131,7 +125,7 @@ async def test_a_settlement_whose_commit_was_unknown_is_written_exactly_once(
         async with budget.reserve(WHO, 600):
             await budget.charge(WHO, Usage(prompt_tokens=300))
             outage.unknown = outcome  # the connection fails while the settlement commits
-        await until(lambda: not budget.pending)
+        await eventually(lambda: not budget.pending, timeout=20)
         # Once: written, the retry finds its hold's rows gone and writes nothing (a blind retry
         # recorded 600 and released twice); lost, the retry writes it.
         assert await ledger(engine) == (SPENT, 0)
@@ -155,7 +149,7 @@ async def test_a_reservation_whose_commit_was_unknown_is_refused_and_holds_nothi
             async with budget.reserve(WHO, 600 if at_least is None else 2000, at_least=at_least):
                 raise AssertionError("a reservation that cannot be confirmed is refused")
         assert refused.value.scope == "store"
-        await until(lambda: not budget.pending)
+        await eventually(lambda: not budget.pending, timeout=20)
         used, holds = await ledger(engine)
         assert holds == 0 and all(held == 0 for _, held in used.values())  # its hold, if written, released
         assert await budget.remaining(WHO) == 1000
@@ -182,7 +176,7 @@ async def test_a_settlement_during_a_postgresql_crash_is_written_after_the_resta
         await asyncio.sleep(0.3)
         assert len(budget.pending) == 1
         await asyncio.to_thread(own_pg_cluster.restart)
-        await until(lambda: not budget.pending)
+        await eventually(lambda: not budget.pending, timeout=20)
         assert await ledger(db) == (SPENT, 0)
         assert await budget.remaining(WHO) == 700
     finally:
