@@ -2,15 +2,16 @@
 how a long text is split into parts.
 
 A row is sent by one process: the one that claims it (``claimed_by`` = its lease holder id,
-``claimed_until``). A claim by a dead process (its ``process:`` lease expired) or an expired
-claim is free again, so a killed process's rows are taken over. Claims are taken a chat at a
-time, in the chat's order, by :func:`claim_sync`; on PostgreSQL the rows are locked while they
-are claimed (``FOR UPDATE``: a concurrent claimer waits milliseconds and then sees the claim;
-``SKIP LOCKED`` would let it send a chat's later rows before its earlier ones).
+``claimed_until``). A claim by a dead process (its ``process:`` lease expired) or an expired claim is
+free again, so a killed process's rows are taken over. A chat's rows are claimed in order
+(:func:`claim_sync`); on PostgreSQL the rows are locked while they are claimed (``FOR UPDATE``: a
+concurrent claimer waits, then sees the claim; ``SKIP LOCKED`` would let it send a chat's later rows
+before its earlier ones).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -160,9 +161,7 @@ class Scope:
         return "(" + " OR ".join(terms or ["1 = 0"]) + ")", list(self.accounts)
 
     def covers(self, account: str) -> bool:
-        if self.accounts is None:
-            return True
-        return account in self.accounts if account else self.empty
+        return self.accounts is None or (account in self.accounts if account else self.empty)
 
 
 Claimed = tuple[list[dict[str, Any]], bool]
@@ -190,6 +189,7 @@ def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], h
         groups.setdefault((platform, scope), []).append(i)
     claimed: dict[tuple[str, Scope, str], Claimed] = {}
     lock = " FOR UPDATE" if tx.dialect == "postgresql" else ""
+    living = functools.lru_cache(maxsize=None)(functools.partial(alive, tx))  # locks wait: ask once per holder
     for (platform, scope), members in sorted(groups.items(), key=lambda g: (g[0][0], repr(g[0][1]))):
         chats = sorted({items[i][1] for i in members})
         now, until = max(items[i][3] for i in members), max(items[i][4] for i in members)
@@ -215,7 +215,7 @@ def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], h
             blocked = False
             for row in per_chat.get(chat, []):
                 by = row.get("claimed_by")
-                if by and by != holder and str(row.get("claimed_until") or "") >= now and alive(tx, str(by)):
+                if by and by != holder and str(row.get("claimed_until") or "") >= now and living(str(by)):
                     blocked = True
                     break
                 mine.append(row)

@@ -67,9 +67,9 @@ class Rig:
             await self.outbox.start()
         return self.outbox
 
-    async def down(self) -> None:
+    async def down(self, flush_timeout_s: float = 0.2) -> None:
         assert self.outbox is not None and self.db is not None
-        await self.outbox.stop(flush_timeout_s=0.2)
+        await self.outbox.stop(flush_timeout_s=flush_timeout_s)
         await self.db.close()
         self.outbox = self.db = None
 
@@ -362,7 +362,7 @@ async def test_stop_flushes_what_is_due(rig: Rig) -> None:
     outbox = await rig.up(ch)
     await outbox.enqueue(*(out(f"k{i}", f"#{i}", chat=ChatRef(platform="memory", chat_id=f"c{i % 3}",
                                                                      kind="group")) for i in range(20)))
-    await rig.down()
+    await rig.down(flush_timeout_s=5.0)  # (0.2 s was too short for 20 sends under the whole suite's load)
     assert sorted(m.text for m in ch.sent) == sorted(f"#{i}" for i in range(20))
 
 
