@@ -6,7 +6,10 @@
 1. ``--count`` daily reminders due within one minute (whole seconds spread over ``--spread``
    seconds; ``0`` puts them all on the same second, the worst case) on one bot with the real
    clock, APScheduler, the outbox and a recording channel. Lateness is measured from the due
-   instant to the moment the channel's ``send()`` is called.
+   instant to the moment the channel's ``send()`` is called. The reminders are stored ``LEAD``
+   plus 4 s before they fall due, so the timer composes a busy instant's messages ahead
+   (``reminders.ahead``); the same-second burst runs again stored only 4 s before (too late for
+   that), side by side.
 2. Start-up of a bot whose database holds ``--stored`` active reminders spread over the next
    ``--window`` seconds (24 h; the timer arms only those due within its one-hour horizon).
 3. ``--prompts`` prompt-mode reminders due at once, answered by a fake model that takes
@@ -44,6 +47,7 @@ import psutil  # type: ignore[import-untyped]
 import reminders
 from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import ScriptedModel, text
+from reminders.ahead import LEAD
 from reminders.store import Reminder, ReminderStore, new_id
 from reminders.tools import ReminderDeps
 from robot.bot import Bot
@@ -93,14 +97,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def burst(count: int, spread: int, merge_chat: bool) -> None:
+async def burst(count: int, spread: int, merge_chat: bool, ahead: bool = True) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ch = RecordingChannel()
         bot = Bot(settings(Path(tmp), merge_chat), channels=[ch], plugins=[reminders.plugin])
         await bot.start()
         deps = bot.deps_for(reminders.reminder_set)
         assert isinstance(deps, ReminderDeps)
-        start = (datetime.now(UTC) + timedelta(seconds=4)).replace(microsecond=0)
+        # Stored 4 s before they fall due (time to store and arm them), or also ``LEAD`` earlier, as
+        # reminders set well ahead are: the timer then composes a busy instant's messages ahead.
+        start = (datetime.now(UTC) + timedelta(seconds=4) + (LEAD if ahead else timedelta(0))).replace(microsecond=0)
         dues = [start + timedelta(seconds=random.randrange(spread) if spread else 0) for _ in range(count)]
         rows = make_rows(dues)
         gc.collect()
@@ -117,7 +123,7 @@ async def burst(count: int, spread: int, merge_chat: bool) -> None:
         await asyncio.sleep(1.0)  # anything sent twice would show up now
         peak = rss_mb()
         await bot.stop()
-    label = "same second" if spread == 0 else f"spread over {spread} s"
+    label = ("same second" if spread == 0 else f"spread over {spread} s") + ("" if ahead else ", stored 4 s before")
     print(f"[burst] {count} reminders due within one minute ({label}); {armed} reminders armed, "
           f"{jobs} timer jobs")
     summary(f"[burst] SQLite, merge_chat={str(merge_chat).lower()}, lateness due->send()", expected, ch.calls)
@@ -233,6 +239,8 @@ async def main() -> None:
     for merge_chat in args.merge_chat:
         for spread in args.spread:
             await burst(args.count, spread, bool(merge_chat))
+            if spread == 0 and merge_chat:  # side by side: too late to be composed ahead
+                await burst(args.count, spread, bool(merge_chat), ahead=False)
     for processes in args.pg_services:  # (asyncio.run inside: its own thread)
         await asyncio.to_thread(burst_pg, args.count, processes)
 

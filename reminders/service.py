@@ -12,7 +12,9 @@ pass claims its rows with ``FOR UPDATE SKIP LOCKED``: each occurrence is fired b
 The timer (:mod:`reminders.timer`) holds one APScheduler job per distinct instant due within
 ``horizon`` (at most ``max_armed`` reminders, soonest first); a ``rem:refill`` job re-arms the
 window every ``horizon / 2``. Creations and deletions are announced on the ``reminders``
-notification channel, so every process arms or drops its own timer at once.
+notification channel, so every process arms or drops its own timer at once. An instant that many
+reminders share has its messages composed a few seconds ahead (:mod:`reminders.ahead`); its pass
+then only claims, queues and saves them (:mod:`reminders.passes`).
 
 Command-mode reminders (a stored ``/command`` such as a daily ``/summary``) take the prompts'
 path, run through ``bot.call_tool`` as their owner. Prompt-mode reminders run the model
@@ -29,7 +31,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import signal
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -41,7 +42,9 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from function_calls import Caller
-from reminders.firing import ON_TIME, Draft, FireReport, Outcome, catch_up, compose, format_local, merge
+from reminders.ahead import AT_LEAST, LEAD, Ahead
+from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, format_local
+from reminders.passes import RETRY_BASE_S, RETRY_MAX_S, Passes
 from reminders.prompts import run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
@@ -58,13 +61,12 @@ log = logging.getLogger(__name__)
 
 CRASH_ENV = "QUNBOT_REMINDERS_CRASH_AT"
 """Test-only: ``before_commit`` / ``after_commit`` SIGKILLs the process at that point of a pass."""
-RETRY_BASE_S = 0.25
-"""A failed firing pass is retried after this, doubling up to ``RETRY_MAX_S``."""
-RETRY_MAX_S = 2.0
 _BATCH = 1000
 _KEEP_FINISHED = timedelta(days=30)
 _RUN_LEASE = timedelta(minutes=15)  # a process that dies running a prompt's model leaves it to another then
-class ReminderService:
+
+
+class ReminderService(Passes):
     """Creates, deletes and fires reminders for one bot. ``scheduler=None``: no timer (tests drive passes)."""
 
     def __init__(
@@ -95,9 +97,12 @@ class ReminderService:
         self._listening = False
         self._recheck: asyncio.TimerHandle | None = None
         self._holder = os.urandom(8).hex()  # this service's name in prompt-run claims
-        self.timer = Timer(scheduler, self.clock, horizon, self.kick)
         #: Due rows claimed per firing transaction.
         self.batch = _BATCH
+        self.ahead = Ahead(store, self._compose, merge_chat=settings.merge_chat, batch=lambda: self.batch,
+                           clock=self.clock)
+        self.timer = Timer(scheduler, self.clock, horizon, self.kick, prepare=self._prepare, lead=LEAD,
+                           at_least=AT_LEAST)
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -179,108 +184,6 @@ class ReminderService:
         except Exception:
             log.exception("reminders: re-arming the timer failed")
         self.kick()  # safety net: anything due without a job fires now
-
-    def _look_again(self) -> None:
-        self._recheck = None
-        self.kick()
-
-    def kick(self) -> None:
-        """Request a pass; passes requested while one runs coalesce into one more."""
-        if self._pass is not None and not self._pass.done():
-            self._again = True
-            return
-        self._pass = asyncio.get_running_loop().create_task(self._pass_loop(), name="reminders-pass")
-
-    async def _pass_loop(self) -> None:
-        failures = 0
-        while True:
-            self._again = False
-            try:
-                await self.fire_due(self.clock(), wait_prompts=False)
-            except Exception as exc:
-                # A locked or full database is usually back in seconds: retry soon, not at the refill.
-                failures += 1
-                delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(failures - 1, 8))
-                if failures == 1:
-                    log.exception("reminders: firing pass failed; retrying every %.2g-%g s", RETRY_BASE_S,
-                                  RETRY_MAX_S)
-                else:
-                    log.warning("reminders: firing pass failed again (%s: %s)", type(exc).__name__, exc)
-                await asyncio.sleep(delay)
-                continue
-            if failures:
-                log.info("reminders: firing works again after %d failed passes", failures)
-                failures = 0
-            if not self._again:
-                return
-
-    # --- firing ----------------------------------------------------------------------------
-    async def fire_due(self, now: datetime | None = None, *, wait_prompts: bool = True) -> FireReport:
-        """Fire everything due at ``now`` (default: the clock). ``wait_prompts`` awaits prompt runs."""
-        now = now or self.clock()
-        report = FireReport()
-        async with self._lock:
-            while True:
-                applied = await self.store.db.transaction(lambda db: self._text_batch(db, now))
-                if applied and self._crash_at == "after_commit":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                self._after_commit(applied, report)
-                if len(applied) < self.batch:
-                    break
-            if self._recheck is None and self.store.db.dialect == "postgresql" and await self.store.db.run(
-                    lambda db: bool(self.store.due_sync(db, now, "text", 1))):
-                # Due rows another process has claimed (SKIP LOCKED passed them over): should it die
-                # before committing, they are due again and no timer of ours would wake up for them.
-                self._recheck = asyncio.get_running_loop().call_later(RETRY_MAX_S, self._look_again)
-            prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
-                                                          *self.store.due_sync(db, now, "command", 10_000)])
-            started: list[asyncio.Task[None]] = []
-            for reminder in prompts:
-                if reminder.id in self._prompts:
-                    continue
-                started.append(self._start_prompt(reminder, now, report))
-        if wait_prompts and started:
-            await asyncio.gather(*started, return_exceptions=True)
-        return report
-
-    def _after_commit(self, applied: list[tuple[Reminder, Outcome, str | None]], report: FireReport) -> None:
-        for platform in {r.chat.split(":", 1)[0] for r, _, key in applied if key is not None}:
-            self.bot.outbox.notify(platform)
-        counted: set[str] = set()
-        for _, outcome, key in applied:
-            report.add(outcome, None if key in counted else key)  # a shared message counts once
-            if key is not None:
-                counted.add(key)
-        self._arm_now([(r.id, r.next_fire, r.zone) for r, _, _ in applied if r.next_fire is not None])
-
-    def _text_batch(self, db: Tx, now: datetime) -> list[tuple[Reminder, Outcome, str | None]]:
-        """Fire up to ``batch`` due text reminders in the caller's transaction, a chat's together."""
-        # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
-        fired = [(r, *self._compose(r, now)) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
-        messages, keys = merge(fired, now, across_owners=self.settings.merge_chat)
-        self.bot.outbox.enqueue_many_sync(db, messages)  # one INSERT for the batch, not one per message
-        if fired:
-            self.store.save_sync(db, *[after for _, after, _, _ in fired])
-        if fired and self._crash_at == "before_commit":
-            os.kill(os.getpid(), signal.SIGKILL)
-        return [(after, outcome, key) for (_, after, outcome, _), key in zip(fired, keys, strict=True)]
-
-    def _compose(self, r: Reminder, now: datetime, *, answer: str | None = None,
-                 failed: bool = False) -> tuple[Reminder, Outcome, Draft | None]:
-        try:
-            return compose(r, now, self.grace, answer=answer, failed=failed)
-        except Exception:  # one corrupted row must not block every other reminder
-            log.exception("reminders: %s cannot be fired; marking it broken", r.id)
-            return r.evolve(status="broken", next_fire=None, updated_at=now), "broken", None
-
-    def _apply_sync(self, db: Tx, r: Reminder, now: datetime, *, answer: str | None = None,
-                    failed: bool = False) -> tuple[Reminder, Outcome, str | None]:
-        """Commit one due reminder's message and new state (caller's transaction)."""
-        after, outcome, draft = self._compose(r, now, answer=answer, failed=failed)
-        if draft is not None:
-            self.bot.outbox.enqueue_sync(db, draft.message())
-        self.store.save_sync(db, after)
-        return after, outcome, None if draft is None else draft.key
 
     def _start_prompt(self, reminder: Reminder, now: datetime, report: FireReport) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._run_prompt(reminder, now, report),

@@ -156,12 +156,45 @@ class ReminderStore:
         return _rows(db, sql, [mode, iso(now), limit])
 
     @staticmethod
-    def save_sync(db: Tx, *reminders: Reminder) -> None:
+    def due_at_sync(db: Tx, at: datetime, limit: int) -> list[Reminder]:
+        """Active text reminders due exactly at ``at``, a chat's together (what :mod:`reminders.ahead` composes)."""
+        return _rows(db, "WHERE status = 'active' AND mode = 'text' AND next_fire = ? ORDER BY chat, id LIMIT ?",
+                     [iso(at), limit])
+
+    @staticmethod
+    def claim_sync(db: Tx, ids: list[str], at: datetime) -> list[tuple[str, str]]:
+        """``(id, chat)`` of those of ``ids`` still active text reminders due exactly at ``at``; on
+        PostgreSQL they stay locked until the transaction ends, and rows another process holds are skipped."""
+        where = "AND status = 'active' AND mode = 'text' AND next_fire = ?"
+        if db.dialect == "postgresql":
+            return [(str(i), str(c)) for i, c in db.execute(
+                f"SELECT id, chat FROM reminders WHERE id = ANY(?::text[]) {where} FOR UPDATE SKIP LOCKED",
+                [ids, iso(at)]).fetchall()]
+        got: list[tuple[str, str]] = []
+        for start in range(0, len(ids), 500):  # SQLite's parameters per statement are bounded
+            part = ids[start:start + 500]
+            got.extend((str(i), str(c)) for i, c in db.execute(
+                f"SELECT id, chat FROM reminders WHERE id IN ({','.join('?' * len(part))}) {where}",
+                [*part, iso(at)]).fetchall())
+        return got
+
+    @staticmethod
+    def rows_sync(db: Tx, ids: list[str]) -> list[Reminder]:
+        """The reminders with these ids, a chat's together."""
+        found: list[Reminder] = []
+        for start in range(0, len(ids), 500):
+            part = ids[start:start + 500]
+            found.extend(_rows(db, f"WHERE id IN ({','.join('?' * len(part))})", part))
+        return sorted(found, key=lambda r: (r.chat, r.id))
+
+    @staticmethod
+    def save_sync(db: Tx, *reminders: Reminder, updated_at: datetime | None = None) -> None:
         """Write fired reminders' state back: rows this transaction read as active (and, on PostgreSQL,
-        locked). A row no longer active is left as it is: a deleted reminder never comes back."""
+        locked). A row no longer active is left as it is: a deleted reminder never comes back.
+        ``updated_at``: the time every row is written as last changed (default: each reminder's own)."""
         text = functools.lru_cache(maxsize=None)(lambda at: None if at is None else iso(at))  # shared instants
-        rows = {r.id: [text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported), text(r.updated_at),
-                       r.id] for r in reminders}  # by id: the last state of a reminder given twice
+        rows = {r.id: [text(r.next_fire), text(r.last_fired), r.status, int(r.failure_reported),
+                       text(updated_at or r.updated_at), r.id] for r in reminders}  # by id: a reminder given twice
         if db.dialect == "postgresql" and len(rows) > 1:
             # One statement: a firing batch's thousand UPDATEs, even pipelined, took a quarter of its time.
             db.execute(

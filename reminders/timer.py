@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.jobstores.base import JobLookupError
@@ -56,11 +56,17 @@ class Timer:
     """Which reminders this process will wake up for, and when (``armed_at``)."""
 
     def __init__(self, scheduler: AsyncIOScheduler | None, clock: Callable[[], datetime], horizon: timedelta,
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], *, prepare: Callable[[datetime], Awaitable[None]] | None = None,
+                 lead: timedelta = timedelta(0), at_least: int = 0) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self.horizon = horizon
         self.wake = wake  # requests a firing pass
+        # ``lead`` before an instant that ``at_least`` reminders share, ``prepare(instant)`` runs
+        # (reminders.ahead composes their messages).
+        self.prepare = prepare
+        self.lead = lead
+        self.at_least = at_least
         self._at: dict[datetime, set[str]] = {}
         self._of: dict[str, datetime] = {}
 
@@ -108,6 +114,10 @@ class Timer:
                 ids.add(rid)
                 self._of[rid] = at
                 armed += 1
+                if len(ids) == self.at_least and self.prepare is not None and at - self.lead > now:
+                    scheduler.add_job(self.prepare, DateTrigger(run_date=(at - self.lead).astimezone(UTC),
+                                                                timezone=UTC), args=(at,), id=_job_id(at, "ahead"),
+                                      replace_existing=True, misfire_grace_time=None, coalesce=True)
         finally:
             if paused:
                 scheduler.resume()
@@ -123,8 +133,9 @@ class Timer:
         if not ids:
             self._at.pop(at, None)
             if self.scheduler is not None:
-                with contextlib.suppress(JobLookupError):
-                    self.scheduler.remove_job(_job_id(at))
+                for kind in ("at", "ahead"):
+                    with contextlib.suppress(JobLookupError):
+                        self.scheduler.remove_job(_job_id(at, kind))
 
     async def _fired(self, at: datetime) -> None:
         for rid in self._at.pop(at, set()):
@@ -132,5 +143,5 @@ class Timer:
         self.wake()
 
 
-def _job_id(at: datetime) -> str:
-    return f"rem:at:{iso(at)}"
+def _job_id(at: datetime, kind: str = "at") -> str:
+    return f"rem:{kind}:{iso(at)}"

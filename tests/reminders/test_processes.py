@@ -105,6 +105,22 @@ async def test_every_due_reminder_fires_exactly_once_across_processes(processes:
     assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, NOW, "text", 10))
 
 
+async def test_a_burst_every_process_composed_ahead_fires_exactly_once(processes: list[ReminderService]) -> None:
+    due = NOW + timedelta(seconds=5)  # composed ahead at NOW
+    rows = [r.evolve(next_fire=due) for r in due_rows(900)]
+    await processes[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+    for service in processes:
+        service.batch = 40  # many batches, claimed in each process's own order
+        assert await service.ahead.prepare(due) == 900
+    assert await processes[2].delete(rows[7].id)  # after the composing: no process may send it
+    reports = await asyncio.gather(*(s.fire_due(due) for s in processes))
+    contents = await fired(processes[0])
+    assert sorted(contents) == sorted(f"提醒 {i}" for i in range(900) if i != 7)  # none lost, none doubled
+    assert sum(r.delivered for r in reports) == 899
+    assert sum(1 for r in reports if r.delivered) >= 2  # the work was shared
+    assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, due, "text", 10))
+
+
 async def test_a_deletion_in_one_process_stops_the_firing_in_the_others(
         processes: list[ReminderService]) -> None:
     a, b, c = processes
