@@ -35,25 +35,30 @@ LEAD = timedelta(seconds=5)
 """How long before a busy instant its messages are composed."""
 AT_LEAST = 100
 """An instant this many armed reminders share is composed ahead; fewer are not worth a query."""
-_MOST = 50_000  # reminders composed ahead per instant; any more fire the ordinary way
+_MOST = 20_000  # reminders composed ahead per instant (the timer's max_armed); any more fire as ever
 
-Fired = tuple[Reminder, Reminder, Outcome, Draft | None]
-"""A reminder before firing, after, how it went, and its own message (:func:`reminders.firing.compose`)."""
+Fired = tuple[Reminder, Outcome]
+"""A reminder's state after firing, and how it went."""
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """One batch composed ahead: the rows it needs, what they become, the messages they send."""
+    """One batch composed ahead: what its reminders become, and the messages they send (only what
+    the commit needs is kept: 10,000 reminders held 15.5 MB with their drafts and former states, 11.4 MB
+    without)."""
 
     at: datetime
-    rows: frozenset[tuple[str, str]]  # (id, chat)
     fired: tuple[Fired, ...]
     messages: tuple[OutgoingMessage, ...]
     keys: tuple[str | None, ...]
 
     @property
     def ids(self) -> list[str]:
-        return [before.id for before, _, _, _ in self.fired]
+        return [r.id for r, _ in self.fired]
+
+    def rows(self) -> set[tuple[str, str]]:
+        """``(id, chat)`` of the rows the batch was composed from."""
+        return {(r.id, r.chat) for r, _ in self.fired}
 
 
 class Ahead:
@@ -107,7 +112,7 @@ class Ahead:
             part = rows[start:end]
             fired = [(r, *self.compose(r, at)) for r in part]
             messages, keys = merge(fired, at, across_owners=self.merge_chat)
-            out.append(Prepared(at, frozenset((r.id, r.chat) for r in part), tuple(fired), tuple(messages),
+            out.append(Prepared(at, tuple((after, outcome) for _, after, outcome, _ in fired), tuple(messages),
                                 tuple(keys)))
             start = end
         return out

@@ -158,26 +158,29 @@ class Passes:
     def _text_batch(self, db: Tx, now: datetime) -> list[Applied]:
         """Fire up to ``batch`` due text reminders in the caller's transaction, a chat's together."""
         # claim: on PostgreSQL the rows stay locked until this commits and other processes skip them.
-        fired = [(r, *self._compose(r, now)) for r in self.store.due_sync(db, now, "text", self.batch, claim=True)]
-        return self._commit_fired(db, fired, *merge(fired, now, across_owners=self.settings.merge_chat), now)
+        return self._commit_composed(db, self.store.due_sync(db, now, "text", self.batch, claim=True), now)
 
     def _prepared_batch(self, db: Tx, part: Prepared, now: datetime) -> list[Applied]:
         """Fire a batch composed ahead, in the caller's transaction: what was prepared when every one
         of its reminders is still due, in the same chat; else the reminders claimed, composed now."""
         claimed = self.store.claim_sync(db, part.ids, part.at)
-        if len(claimed) == len(part.rows) and part.rows.issuperset(claimed):
+        if set(claimed) == part.rows():
             return self._commit_fired(db, part.fired, part.messages, part.keys, now)
-        fired = [(r, *self._compose(r, now)) for r in self.store.rows_sync(db, [rid for rid, _ in claimed])]
-        return self._commit_fired(db, fired, *merge(fired, now, across_owners=self.settings.merge_chat), now)
+        return self._commit_composed(db, self.store.rows_sync(db, [rid for rid, _ in claimed]), now)
+
+    def _commit_composed(self, db: Tx, rows: Sequence[Reminder], now: datetime) -> list[Applied]:
+        fired = [(r, *self._compose(r, now)) for r in rows]
+        messages, keys = merge(fired, now, across_owners=self.settings.merge_chat)
+        return self._commit_fired(db, [(after, outcome) for _, after, outcome, _ in fired], messages, keys, now)
 
     def _commit_fired(self, db: Tx, fired: Sequence[Fired], messages: Sequence[OutgoingMessage],
                       keys: Sequence[str | None], now: datetime) -> list[Applied]:
         self.bot.outbox.enqueue_many_sync(db, messages)  # one INSERT for the batch, not one per message
         if fired:
-            self.store.save_sync(db, *[after for _, after, _, _ in fired], updated_at=now)
+            self.store.save_sync(db, *[after for after, _ in fired], updated_at=now)
         if fired and self._crash_at == "before_commit":
             os.kill(os.getpid(), signal.SIGKILL)
-        return [(after, outcome, key) for (_, after, outcome, _), key in zip(fired, keys, strict=True)]
+        return [(after, outcome, key) for (after, outcome), key in zip(fired, keys, strict=True)]
 
     def _compose(self, r: Reminder, now: datetime, *, answer: str | None = None,
                  failed: bool = False) -> tuple[Reminder, Outcome, Draft | None]:
