@@ -105,17 +105,19 @@ class Passes:
         async with self._lock:
             await self._fire_prepared(self.ahead.take(now), now, report)
             while True:
-                applied = await self.store.db.transaction(lambda db: self._text_batch(db, now))
+                # urgent: a reminder due while a burst of messages is queued goes ahead of their units.
+                applied = await self.store.db.transaction(lambda db: self._text_batch(db, now), urgent=True)
                 self._committed(applied, report)
                 if len(applied) < self.batch:
                     break
             if self._recheck is None and self.store.db.dialect == "postgresql" and await self.store.db.run(
-                    lambda db: bool(self.store.due_sync(db, now, "text", 1))):
+                    lambda db: bool(self.store.due_sync(db, now, "text", 1)), urgent=True):
                 # Due rows another process has claimed (SKIP LOCKED passed them over): should it die
                 # before committing, they are due again and no timer of ours would wake up for them.
                 self._recheck = asyncio.get_running_loop().call_later(RETRY_MAX_S, self._look_again)
             prompts = await self.store.db.run(lambda db: [*self.store.due_sync(db, now, "prompt", 10_000),
-                                                          *self.store.due_sync(db, now, "command", 10_000)])
+                                                          *self.store.due_sync(db, now, "command", 10_000)],
+                                              urgent=True)
             started: list[asyncio.Task[None]] = []
             for reminder in prompts:
                 if reminder.id in self._prompts:
@@ -133,7 +135,7 @@ class Passes:
         async def lane() -> None:
             for part in todo:  # shared: each lane takes the next batch
                 unit = functools.partial(self._prepared_batch, part=part, now=now)
-                self._committed(await self.store.db.transaction(unit), report)
+                self._committed(await self.store.db.transaction(unit, urgent=True), report)
 
         lanes = 2 if self.store.db.dialect == "postgresql" else 1
         for failed in await asyncio.gather(*(lane() for _ in range(lanes)), return_exceptions=True):

@@ -104,9 +104,10 @@ class Outbox(OutboxRows):
         self._releases: set[asyncio.Task[None]] = set()  # of channels left: see leave()
         self._stopping = True  # until start()
         self._grace_s = 0.0  # while stopping: how long a send under way may take to finish
+        # Sending goes ahead of the units queued for incoming messages (``urgent``: see Engine.run).
         self._claims: Batched[tuple[str, str, Scope, str, str], Claimed] = Batched(
-            db, lambda tx, items: claim_many_sync(tx, items, self.holder, self._alive))
-        self._marks = Batched(db, self._mark_many)
+            db, lambda tx, items: claim_many_sync(tx, items, self.holder, self._alive), urgent=True)
+        self._marks = Batched(db, self._mark_many, urgent=True)
         self._delivered: dict[str, tuple[int, str | None]] = {}  # key: parts sent, receipt (see _send_row)
         db.migrate("outbox", SCHEMA)
         db.subscribe("outbox", self.notify)  # a row another process queued for an account this one holds

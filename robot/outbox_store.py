@@ -353,7 +353,7 @@ class OutboxRows:
             wait = None if nxt is None else max(0.0, (parse_iso(nxt) - self.clock()).total_seconds())
             return chats, wait
 
-        return await self.db.run(work)
+        return await self.db.run(work, urgent=True)
 
     async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None) -> str:
         if attempts >= self.max_attempts:
@@ -375,7 +375,7 @@ class OutboxRows:
 
     async def _update(self, sql: str, params: Sequence[object]) -> None:
         """One statement in a unit of its own (a row's state as its send goes)."""
-        await self.db.run(lambda db: db.execute(sql, params))
+        await self.db.run(lambda db: db.execute(sql, params), urgent=True)
 
     async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
                     parts: int | None = None) -> None:

@@ -277,12 +277,19 @@ class Engine:
     async def close(self) -> None:
         raise NotImplementedError
 
-    async def run(self, fn: Callable[[Tx], T]) -> T:
-        """Run ``fn(tx)`` off the event loop; its statements commit together when it returns."""
+    async def run(self, fn: Callable[[Tx], T], *, urgent: bool = False) -> T:
+        """Run ``fn(tx)`` off the event loop; its statements commit together when it returns.
+
+        ``urgent``: work whose lateness people see (reminders firing, the outbox sending) goes
+        ahead of the other work queued (a burst of messages). On PostgreSQL it has threads and
+        connections of the pool kept for it; SQLite's writer takes all the queued work in a few
+        groups, so there it waits for the group under way at most.
+        """
         raise NotImplementedError
 
-    async def transaction(self, fn: Callable[[Tx], T], *, durable: bool = False) -> T:
-        """Run ``fn(tx)`` atomically. ``durable``: on disk before this returns (rows a user is told about)."""
+    async def transaction(self, fn: Callable[[Tx], T], *, durable: bool = False, urgent: bool = False) -> T:
+        """Run ``fn(tx)`` atomically. ``durable``: on disk before this returns (rows a user is told
+        about); ``urgent``: as for :meth:`run`."""
         raise NotImplementedError
 
     async def run_ahead(self, fn: Callable[[Tx], T]) -> T:

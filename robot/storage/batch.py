@@ -30,8 +30,9 @@ class Batched(Generic[A, R]):
     batch, as it would have failed each alone: callers retry as they did.
     """
 
-    def __init__(self, db: Engine, work: Callable[[Tx, list[A]], Sequence[R]], *, limit: int = 200) -> None:
-        self.db, self.work, self.limit = db, work, limit
+    def __init__(self, db: Engine, work: Callable[[Tx, list[A]], Sequence[R]], *, limit: int = 200,
+                 urgent: bool = False) -> None:
+        self.db, self.work, self.limit, self.urgent = db, work, limit, urgent
         self._waiting: list[tuple[A, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -51,7 +52,7 @@ class Batched(Generic[A, R]):
         while self._waiting:
             taken[:], self._waiting = self._waiting[:self.limit], self._waiting[self.limit:]
             try:
-                results = await self.db.run(_unit(self.work, [item for item, _ in taken]))
+                results = await self.db.run(_unit(self.work, [item for item, _ in taken]), urgent=self.urgent)
             except Exception as exc:
                 for _, future in taken:
                     if not future.done():

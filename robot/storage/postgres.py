@@ -29,6 +29,7 @@ from robot.storage.base import (
     ticks,
     unit_error,
 )
+from robot.storage.lanes import Lanes
 from robot.storage.pgnet import Listener, Pooled, shut, tcp_settings
 from robot.storage.pgtx import PostgresTx
 
@@ -74,7 +75,7 @@ class PostgresDatabase(Engine):
         self.tcp: dict[str, Any] = {}  #: the TCP keepalive settings the URL leaves to qunbot (pgnet.TCP)
         self._settings: list[tuple[str, str]] = []  # set on every connection (configure)
         self._pool: Any = None
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: Lanes | None = None
         self.listener = Listener(self, self._deliver, self._gap, self._error)
         self.subscribe(_SCHEMA, self._recheck_schema)
         self.after_gap(self._recheck_schema)
@@ -99,7 +100,7 @@ class PostgresDatabase(Engine):
         except ImportError as exc:
             raise StorageError("[storage] url names PostgreSQL, but psycopg is not installed: "
                                "pip install 'qunbot[postgresql]'") from exc
-        self._threads = concurrent.futures.ThreadPoolExecutor(self.max_size, thread_name_prefix="qunbot-pg")
+        self._threads = Lanes(self.max_size, "qunbot-pg")  # urgent units first (robot/storage/lanes.py)
         self._ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qunbot-pg-ahead")
         # Like SQLite's synchronous=NORMAL, a unit's commit does not wait for the WAL flush: a
         # server crash may drop the last milliseconds of such commits, never corrupt or half-apply
@@ -154,13 +155,13 @@ class PostgresDatabase(Engine):
         with psycopg.connect(self.url, connect_timeout=10, **self._session) as conn:
             self._configure(conn)
 
-    async def _call(self, fn: Callable[[], T]) -> T:
+    async def _call(self, fn: Callable[[], T], urgent: bool = False) -> T:
         assert self._threads is not None
         if not self._inflight:
             self._progress = ticks()
         self._inflight += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+            return await asyncio.wrap_future(self._threads.submit(fn, urgent=urgent))
         finally:
             self._inflight -= 1
             self._progress = ticks()
@@ -243,11 +244,11 @@ class PostgresDatabase(Engine):
         except StopIteration as exc:  # cannot cross into the caller's asyncio future
             raise unit_error(exc) from exc
 
-    async def run(self, fn: Callable[[PostgresTx], T]) -> T:
-        return await self._call(lambda: self._unit(fn, False))
+    async def run(self, fn: Callable[[PostgresTx], T], *, urgent: bool = False) -> T:
+        return await self._call(lambda: self._unit(fn, False), urgent)
 
-    async def transaction(self, fn: Callable[[PostgresTx], T], *, durable: bool = False) -> T:
-        return await self._call(lambda: self._unit(fn, durable))
+    async def transaction(self, fn: Callable[[PostgresTx], T], *, durable: bool = False, urgent: bool = False) -> T:
+        return await self._call(lambda: self._unit(fn, durable), urgent)
 
     async def run_ahead(self, fn: Callable[[PostgresTx], T]) -> T:
         """On a thread and a connection of its own: the units queued for the pool cannot delay it."""
@@ -331,9 +332,10 @@ class PostgresDatabase(Engine):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(pool.close)
             await self._cut_stuck()
-        for threads in (self._threads, self._ahead):
-            if threads is not None:
-                threads.shutdown(wait=False)
+        if self._threads is not None:
+            self._threads.shutdown()
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=False)
         self._threads = self._ahead = None
         if self._own is not None and self._own not in self._busy:  # else it was shut, and its thread closes it
             own, self._own = self._own, None

@@ -347,10 +347,10 @@ class SQLiteDatabase(Engine):
             raise StorageError(f"cannot open the database {self.where}: {exc}") from exc
         self.opened = True
 
-    async def run(self, fn: Callable[[SQLiteTx], T]) -> T:
+    async def run(self, fn: Callable[[SQLiteTx], T], *, urgent: bool = False) -> T:
         return await self._call(fn)
 
-    async def transaction(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False) -> T:
+    async def transaction(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False, urgent: bool = False) -> T:
         """Run ``fn(tx)`` in one transaction on the database thread.
 
         ``durable``: the commit is synced to disk (``synchronous=FULL`` for its group) before this

@@ -12,6 +12,7 @@ import asyncio
 import re
 import textwrap
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -119,6 +120,29 @@ async def test_a_burst_every_process_composed_ahead_fires_exactly_once(processes
     assert sum(r.delivered for r in reports) == 899
     assert sum(1 for r in reports if r.delivered) >= 2  # the work was shared
     assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, due, "text", 10))
+
+
+async def test_reminders_due_behind_a_backlog_of_units_fire_before_it_is_worked_off(
+        processes: list[ReminderService]) -> None:
+    service = processes[0]
+    rows = due_rows(300)
+    await service.store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+    service.batch = 100  # three firing transactions
+    finished: set[int] = set()  # (a rehearsed unit runs twice)
+
+    def slow(i: int) -> Callable[[Tx], None]:  # a burst of messages' units, holding their connections a while
+        def unit(tx: Tx) -> None:
+            tx.execute("SELECT 1")
+            time.sleep(0.05)
+            finished.add(i)
+        return unit
+
+    backlog = [asyncio.ensure_future(service.store.db.transaction(slow(i))) for i in range(60)]  # 1 s, 3 threads
+    await asyncio.sleep(0.05)
+    report = await service.fire_due(NOW)
+    assert report.delivered == 300 and len(finished) < 45  # in order, it would have waited for all 60
+    await asyncio.gather(*backlog)
+    assert sorted(await fired(service)) == sorted(f"提醒 {i}" for i in range(300))
 
 
 async def test_a_deletion_in_one_process_stops_the_firing_in_the_others(

@@ -1,0 +1,84 @@
+"""Urgent units go ahead of a backlog: the worker threads (robot.storage.lanes) and PostgreSQL's engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from robot.storage import Tx, open_database
+from robot.storage.lanes import Lanes
+from robot.storage.postgres import PostgresDatabase
+
+
+def test_urgent_calls_go_before_the_queued_ones_and_each_kind_keeps_its_order() -> None:
+    lanes = Lanes(1, "test-lanes")
+    try:
+        gate, done = threading.Event(), []
+        first = lanes.submit(gate.wait)  # holds the only thread while the rest is queued
+
+        def note(name: str) -> Callable[[], str]:
+            return lambda: done.append(name) or name
+
+        later = [lanes.submit(note(f"n{i}")) for i in range(4)]
+        urgent = [lanes.submit(note(f"u{i}"), urgent=True) for i in range(2)]
+        gate.set()
+        assert [f.result(5) for f in [first, *urgent, *later]] == [True, "u0", "u1", "n0", "n1", "n2", "n3"]
+        assert done == ["u0", "u1", "n0", "n1", "n2", "n3"]
+    finally:
+        lanes.shutdown()
+
+
+def test_a_failing_or_abandoned_call_is_told_apart() -> None:
+    lanes = Lanes(1, "test-lanes")
+    try:
+        gate, ran = threading.Event(), []
+        lanes.submit(gate.wait)
+        abandoned = lanes.submit(lambda: ran.append("abandoned"))
+        assert abandoned.cancel()  # its caller gave up before it began: it never runs
+        failing = lanes.submit(lambda: 1 // 0)
+        gate.set()
+        try:
+            failing.result(5)
+        except ZeroDivisionError:
+            pass
+        else:
+            raise AssertionError("the call's error did not reach its caller")
+        assert lanes.submit(lambda: "after").result(5) == "after" and ran == []
+    finally:
+        lanes.shutdown()
+
+
+async def test_an_urgent_unit_overtakes_a_backlog_of_units_on_postgresql(pg_url: str) -> None:
+    db = PostgresDatabase(pg_url, max_size=2)
+    await db.open()
+    try:
+        finished: set[int] = set()  # (a rehearsed unit runs twice)
+
+        def slow(i: int) -> Callable[[Tx], None]:
+            def unit(tx: Tx) -> None:
+                tx.execute("SELECT 1")
+                time.sleep(0.05)  # a unit holding its connection: 40 of them are a second's backlog
+                finished.add(i)
+            return unit
+
+        backlog = [asyncio.ensure_future(db.transaction(slow(i))) for i in range(40)]
+        await asyncio.sleep(0.1)  # the backlog is queued and under way
+        urgent = await db.transaction(lambda tx: (len(finished), tx.execute("SELECT 1").fetchone()), urgent=True)
+        assert urgent[0] < 20  # it waited for a thread, not for the backlog (in order it would see 40)
+        await asyncio.gather(*backlog)
+        assert finished == set(range(40))
+    finally:
+        await db.close()
+
+
+async def test_sqlite_takes_urgent_units_as_any_other(tmp_path: Path) -> None:
+    db = open_database("", tmp_path)
+    await db.open()
+    try:
+        assert await db.run(lambda tx: tx.execute("SELECT 41 + 1").fetchone()[0], urgent=True) == 42
+        assert await db.transaction(lambda tx: tx.execute("SELECT 1").fetchone()[0], urgent=True) == 1
+    finally:
+        await db.close()
