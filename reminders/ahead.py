@@ -18,7 +18,6 @@ or one a batch missed, is due as ever and fired by the ordinary pass that follow
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from reminders.firing import ON_TIME, Draft, Outcome, merge
 from reminders.store import Reminder, ReminderStore
 from robot import OutgoingMessage
 
-log = logging.getLogger(__name__)
 __all__ = ["AT_LEAST", "LEAD", "Ahead", "Fired", "Prepared"]
 
 LEAD = timedelta(seconds=5)
@@ -97,9 +95,6 @@ class Ahead:
                 turn = random.randrange(len(batches)) if batches else 0
                 out.extend(batches[turn:] + batches[:turn])
         return out
-
-    def forget(self, at: datetime) -> None:
-        self._ready.pop(at, None)
 
     def _compose_all(self, rows: Sequence[Reminder], at: datetime) -> list[Prepared]:
         out: list[Prepared] = []

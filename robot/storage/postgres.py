@@ -345,8 +345,8 @@ class PostgresDatabase(Engine):
 
     async def _cut_stuck(self, grace_s: float = 2.0) -> None:
         """Shut the connections units still wait on (a database that does not answer, the network to
-        it silent) once the pool is closed: their threads end with an error instead of keeping the
-        process from exiting (Python waits for them) until TCP gives up, up to a quarter of an hour."""
+        it silent) once the pool is closed: their threads end with an error instead of waiting until
+        TCP gives up, up to a quarter of an hour (and run_ahead's thread, which Python waits for at exit)."""
         for _ in range(round(grace_s / 0.05)):  # units finishing normally first
             if not self._busy:
                 return
