@@ -10,8 +10,8 @@ slower: p99 0.8-0.95 s became 1.3-1.9 s).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -20,15 +20,20 @@ from typing import Any, TypeVar
 __all__ = ["Lanes"]
 
 T = TypeVar("T")
-_Item = tuple[int, int, Callable[[], Any] | None, "concurrent.futures.Future[Any] | None"]
+_Call = tuple[Callable[[], Any], "concurrent.futures.Future[Any]"]
 
 
 class Lanes:
     """``workers`` threads running the calls submitted, urgent ones first, each kind in order."""
 
     def __init__(self, workers: int, name: str) -> None:
-        self._queue: queue.PriorityQueue[_Item] = queue.PriorityQueue()
-        self._order = itertools.count()  # ties: in order, and never a comparison of two calls
+        # A token per call (a C queue the threads block on), the calls in two deques: a thread that
+        # takes a token runs the oldest urgent call, else the oldest other one. (A PriorityQueue
+        # costs a Python-level lock and condition per call.)
+        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._urgent: collections.deque[_Call] = collections.deque()
+        self._other: collections.deque[_Call] = collections.deque()
+        self._closed = False
         # Daemons: a call a closed engine still runs ends with its connection, not the interpreter's exit.
         self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True)
                          for i in range(workers)]
@@ -36,20 +41,25 @@ class Lanes:
             thread.start()
 
     def submit(self, fn: Callable[[], T], *, urgent: bool = False) -> concurrent.futures.Future[T]:
+        if self._closed:  # no thread would take it
+            raise RuntimeError("the engine's threads are shut down")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._queue.put((0 if urgent else 1, next(self._order), fn, future))
+        (self._urgent if urgent else self._other).append((fn, future))
+        self._tokens.put(True)
         return future
 
     def shutdown(self) -> None:
         """The threads end once every call submitted before is done."""
+        self._closed = True
         for _ in self._threads:
-            self._queue.put((2, next(self._order), None, None))
+            self._tokens.put(False)  # after every call's token: each call was taken by then
 
     def _serve(self) -> None:
-        while True:
-            _, _, fn, future = self._queue.get()
-            if fn is None or future is None:
-                return
+        while self._tokens.get():
+            try:
+                fn, future = self._urgent.popleft()
+            except IndexError:
+                fn, future = self._other.popleft()
             if not future.set_running_or_notify_cancel():  # its caller gave up before it began
                 continue
             try:

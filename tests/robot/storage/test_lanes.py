@@ -49,6 +49,12 @@ def test_a_failing_or_abandoned_call_is_told_apart() -> None:
         assert lanes.submit(lambda: "after").result(5) == "after" and ran == []
     finally:
         lanes.shutdown()
+    try:
+        lanes.submit(lambda: "late")
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("a call submitted after the shutdown was taken, and would never run")
 
 
 async def test_an_urgent_unit_overtakes_a_backlog_of_units_on_postgresql(pg_url: str) -> None:
