@@ -8,18 +8,19 @@ not there yet reads as empty. The URL is shown with its password redacted, and e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.config import Settings
-from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS, waiting_sync
+from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS
 from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso, open_database
 from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.postgres import redact_dsn
 
-__all__ = ["Check", "storage_checks"]
+__all__ = ["Check", "storage_checks", "waiting_sync"]
 
 T = TypeVar("T")
 
@@ -30,6 +31,30 @@ class Check(NamedTuple):
     ok: bool
     what: str
     detail: str
+
+
+def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
+                 one_process: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Pending rows no running process can send, per platform and account: how many, since when.
+
+    ``held``: the live lease names. Rows of the ``leased`` platforms wait when no process holds their
+    account (``account:<platform>:<account>``); a row naming no account waits when no process holds
+    any account of its platform. Rows of the ``one_process`` platforms wait when no process runs
+    the channel (``channel:<platform>``).
+    """
+    platforms = [*leased, *one_process]
+    if not platforms:
+        return []
+    marks = ", ".join("?" for _ in platforms)
+    groups = tx.query(f"SELECT platform, account, count(*) AS n, min(created_at) AS oldest FROM outbox "
+                      f"WHERE status = 'pending' AND platform IN ({marks}) GROUP BY platform, account "
+                      "ORDER BY platform, account", platforms)
+    names = set(held)
+    serving = {name.split(":", 2)[1] for name in names if name.startswith("account:") and name.count(":") >= 2}
+    return [g for g in groups
+            if (CHANNEL_LEASE.format(platform=g["platform"]) not in names if g["platform"] in one_process
+                else ACCOUNT_LEASE.format(platform=g["platform"], account=g["account"]) not in names if g["account"]
+                else g["platform"] not in serving)]
 
 
 async def _read(db: Engine, fn: Callable[[Tx], T], empty: T) -> T:

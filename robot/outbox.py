@@ -48,12 +48,12 @@ from robot.outbox_store import (
     Scope,
     claim_many_sync,
     release_sync,
-    split_text,
 )
 from robot.storage import Tx
 from robot.storage.batch import Batched
 from robot.storage.leases import LeaseKeeper, process_id
 from robot.store import Engine, iso, parse_iso
+from robot.text_parts import split_text
 
 __all__ = ["Outbox", "split_text"]
 
@@ -226,25 +226,6 @@ class Outbox(OutboxRows):
         # expires): worth a moment, not a stop that waits for a database that is down.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.db.run(lambda db: release_sync(db, self.holder)), max(flush_timeout_s, 1.0))
-
-    async def flush(self) -> None:
-        """Wait until no message that is due now remains pending that this process may send."""
-        while True:
-            now = iso(self.clock())
-            terms, params = [], [now]
-            for platform in self._channels:
-                scope = self.scope(platform)
-                if not scope.nothing:
-                    where, more = scope.sql()
-                    terms.append(f"(platform = ? AND {where})")
-                    params += [platform, *more]
-            if not terms:
-                return
-            sql = f"SELECT count(*) FROM outbox WHERE status='pending' AND next_at <= ? AND ({' OR '.join(terms)})"
-            due = await self.db.run(lambda db, q=sql, p=params: db.execute(q, p).fetchone()[0])  # type: ignore[misc]
-            if not due:
-                return
-            await asyncio.sleep(0.02)
 
     async def _claim(self, platform: str, chat: str) -> Claimed:
         """Claim the chat's pending rows in order (:func:`~robot.outbox_store.claim_sync`), with other lanes'."""

@@ -1,5 +1,4 @@
-"""The outbox's table, its migrations and its claims (SQL that runs on SQLite and PostgreSQL), and
-how a long text is split into parts.
+"""The outbox's table, its migrations and its claims (SQL that runs on SQLite and PostgreSQL).
 
 A row is sent by one process: the one that claims it (``claimed_by`` = its lease holder id,
 ``claimed_until``). A claim by a dead process (its ``process:`` lease expired) or an expired claim is
@@ -11,6 +10,7 @@ before its earlier ones).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
+from robot.channels.base import Channel
 from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso, parse_iso
@@ -27,34 +27,9 @@ from robot.storage.base import columns, padded, unnest
 from robot.storage.batch import Batched
 
 __all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "Claimed", "OutboxRows", "Scope", "claim_many_sync", "claim_sync",
-           "order_by", "queue_sync", "release_sync", "split_text", "waiting_sync"]
+           "order_by", "queue_sync", "release_sync"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
-_BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
-
-
-def split_text(text: str, limit: int) -> list[str]:
-    """Split ``text`` into parts of at most ``limit`` characters, at the most natural break."""
-    if limit <= 0:
-        raise ValueError("limit must be positive")
-    parts: list[str] = []
-    rest = text
-    while len(rest) > limit:
-        window = rest[:limit]
-        cut = 0
-        for mark in _BREAKS:
-            pos = window.rfind(mark)
-            if pos >= limit // 2:
-                cut = pos + len(mark)
-                break
-        cut = cut or limit
-        parts.append(rest[:cut].rstrip())
-        rest = rest[cut:].lstrip()
-    if rest or not parts:
-        parts.append(rest)
-    return parts
-
-
 #: The platforms whose channels serve an account from one process at a time (``Channel.account_leases``).
 LEASED_PLATFORMS = ("onebot", "telegram", "weixin")
 #: The platforms whose channel runs in one process at a time (``Channel.one_process``).
@@ -240,33 +215,9 @@ def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope |
     return int(tx.execute(sql, params).rowcount)
 
 
-def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
-                 one_process: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Pending rows no running process can send, per platform and account: how many, since when.
-
-    ``held``: the live lease names. Rows of the ``leased`` platforms wait when no process holds their
-    account (``account:<platform>:<account>``); a row naming no account waits when no process holds
-    any account of its platform. Rows of the ``one_process`` platforms wait when no process runs
-    the channel (``channel:<platform>``).
-    """
-    platforms = [*leased, *one_process]
-    if not platforms:
-        return []
-    marks = ", ".join("?" for _ in platforms)
-    groups = tx.query(f"SELECT platform, account, count(*) AS n, min(created_at) AS oldest FROM outbox "
-                      f"WHERE status = 'pending' AND platform IN ({marks}) GROUP BY platform, account "
-                      "ORDER BY platform, account", platforms)
-    names = set(held)
-    serving = {name.split(":", 2)[1] for name in names if name.startswith("account:") and name.count(":") >= 2}
-    return [g for g in groups
-            if (CHANNEL_LEASE.format(platform=g["platform"]) not in names if g["platform"] in one_process
-                else ACCOUNT_LEASE.format(platform=g["platform"], account=g["account"]) not in names if g["account"]
-                else g["platform"] not in serving)]
-
-
 class OutboxRows:
-    """The outbox's queries that send nothing: queueing, inspection, pruning, moves, marks (a base
-    of :class:`robot.outbox.Outbox`)."""
+    """The outbox's queries that send nothing: queueing, inspection (and waiting on it: :meth:`flush`),
+    pruning, moves, marks (a base of :class:`robot.outbox.Outbox`)."""
 
     db: Engine
     _marks: Batched[list[object], None]
@@ -277,6 +228,7 @@ class OutboxRows:
     retry_base_s: float
     retry_max_s: float
     scope: Callable[[str], Scope]
+    _channels: dict[str, Channel]
 
     def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -288,6 +240,25 @@ class OutboxRows:
     def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
         """:meth:`enqueue_sync` for many messages at once (fewer statements), in their order."""
         return queue_sync(db, messages, self.clock(), self.bot_id, self.bot_name) if messages else []
+
+    async def flush(self) -> None:
+        """Wait until no message that is due now remains pending that this process may send."""
+        while True:
+            now = iso(self.clock())
+            terms, params = [], [now]
+            for platform in self._channels:
+                scope = self.scope(platform)
+                if not scope.nothing:
+                    where, more = scope.sql()
+                    terms.append(f"(platform = ? AND {where})")
+                    params += [platform, *more]
+            if not terms:
+                return
+            sql = f"SELECT count(*) FROM outbox WHERE status='pending' AND next_at <= ? AND ({' OR '.join(terms)})"
+            due = await self.db.run(lambda db, q=sql, p=params: db.execute(q, p).fetchone()[0])  # type: ignore[misc]
+            if not due:
+                return
+            await asyncio.sleep(0.02)
 
     async def pending(self, platform: str | None = None) -> int:
         sql = "SELECT count(*) FROM outbox WHERE status = 'pending'" + (" AND platform = ?" if platform else "")
