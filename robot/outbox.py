@@ -117,6 +117,13 @@ class Outbox(OutboxRows):
         """This process's id in claims (its lease holder id)."""
         return self.leases.leases.holder if self.leases is not None else process_id()
 
+    def claim_for(self, message: OutgoingMessage) -> tuple[str, str] | None:
+        """This process's claim ``(holder, until)`` on ``message`` when it may send it now, else None."""
+        platform = message.chat.platform
+        if self._stopping or platform not in self._channels or not self.scope(platform).covers(message.chat.account):
+            return None
+        return self.holder, iso(self.clock() + timedelta(seconds=self.claim_s))
+
     def _alive(self, tx: Tx, holder: str) -> bool:
         return self.leases.leases.alive_sync(tx, holder) if self.leases is not None else holder == self.holder
 
@@ -145,7 +152,9 @@ class Outbox(OutboxRows):
         lane starts, where reading every due row cost a read per row, growing with the chats waiting.
         """
         if platform.startswith("["):  # a notification: no platform name starts so
-            platform, chat, account = (str(part) for part in json.loads(platform))
+            platform, chat, account, *claimed = (str(part) for part in json.loads(platform))
+            if claimed and claimed[0] != self.holder:
+                return  # queued claimed by the process that sends it (enqueue_many_sync's send_here)
         if not chat:
             self._scan.add(platform)
         elif self.scope(platform).covers(account):  # another process's account: its holder sends it

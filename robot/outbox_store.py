@@ -2,10 +2,11 @@
 
 A row is sent by one process: the one that claims it (``claimed_by`` = its lease holder id,
 ``claimed_until``). A claim by a dead process (its ``process:`` lease expired) or an expired claim is
-free again, so a killed process's rows are taken over. A chat's rows are claimed in order
-(:func:`claim_sync`); on PostgreSQL the rows are locked while they are claimed (``FOR UPDATE``: a
-concurrent claimer waits, then sees the claim; ``SKIP LOCKED`` would let it send a chat's later rows
-before its earlier ones).
+free again, so a killed process's rows are taken over. A row may be queued claimed already (a
+reminders burst is sent by the process that fired it: :func:`queue_sync`). A chat's rows are
+claimed in order (:func:`claim_sync`); on PostgreSQL the rows are locked while they are claimed
+(``FOR UPDATE``: a concurrent claimer waits, then sees the claim; ``SKIP LOCKED`` would let it send
+a chat's later rows before its earlier ones).
 """
 
 from __future__ import annotations
@@ -60,30 +61,34 @@ SCHEMA: list[Step] = [
 ]
 
 
-_QUEUE_INTO = "INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, created_at) "
+_QUEUE_INTO = ("INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, created_at, "
+               "claimed_by, claimed_until) ")
 _QUEUE = _QUEUE_INTO + "VALUES "
-_QUEUED_ROW = "(?,?,?,?,?,?,?, 'pending', ?, ?)"
-_ROWS_PER_QUEUE = 64  # rows per INSERT (640 parameters: far below either engine's limit)
+_QUEUED_ROW = "(?,?,?,?,?,?,?, 'pending', ?, ?, ?, ?)"
+_ROWS_PER_QUEUE = 64  # rows per INSERT (704 parameters: below either engine's limit)
 
 
-def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_id: str,
-               bot_name: str) -> list[bool]:
+def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_id: str, bot_name: str,
+               claims: Sequence[tuple[str, str] | None] | None = None) -> list[bool]:
     """Queue ``messages`` in the caller's transaction; per message, False when its key was queued already.
 
     Each new row wakes the senders of every process (``notify``, at the commit) and is recorded in
     the chat's history, as the bot's message, in the same transaction. Many messages (a firing
     pass) go in one INSERT per chunk (:func:`~robot.storage.base.padded`), not one statement each:
-    on PostgreSQL a statement is a round trip.
+    on PostgreSQL a statement is a round trip. ``claims``: per message, ``(holder, until)`` to queue
+    it claimed by that process (its notification names the holder: no other process wakes for it).
     """
+    claims = claims or [None] * len(messages)
     rows = [[m.key, m.chat.platform, m.chat.key, m.chat.account, m.text, json.dumps(list(m.mention)), m.reply_to,
-             *[iso(m.created_at or now)] * 2] for m in messages]  # next_at, created_at
+             *[iso(m.created_at or now)] * 2, *(claim or (None, None))]  # next_at, created_at, claim
+            for m, claim in zip(messages, claims, strict=True)]
     new: set[str] = set()
     if len(rows) == 1:  # a reply: the common case, no RETURNING to read
         if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
             new.add(messages[0].key)
     elif tx.dialect == "postgresql" and rows:  # rows keep their order: the chat's order (seq) is theirs
-        sql = (_QUEUE_INTO + "SELECT k, p, c, a, t, m, r, 'pending', n, cr FROM "
-               + unnest(*["text"] * 9) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, i) ORDER BY i "
+        sql = (_QUEUE_INTO + "SELECT k, p, c, a, t, m, r, 'pending', n, cr, cb, cu FROM "
+               + unnest(*["text"] * 11) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, cb, cu, i) ORDER BY i "
                "ON CONFLICT (key) DO NOTHING RETURNING key")
         new.update(str(r[0]) for r in tx.execute(sql, columns(rows)).fetchall())
     else:
@@ -93,12 +98,13 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
             new.update(str(r[0]) for r in tx.execute(sql, [v for row in part for v in row]).fetchall())
     added: list[bool] = []
     said: list[Said] = []
-    for message in messages:
+    for message, claim in zip(messages, claims, strict=True):
         if message.key not in new:  # queued before (or twice in ``messages``: the first one counts)
             added.append(False)
             continue
         new.discard(message.key)
-        tx.notify("outbox", json.dumps([message.chat.platform, message.chat.key, message.chat.account]))
+        chat = message.chat
+        tx.notify("outbox", json.dumps([chat.platform, chat.key, chat.account, *([claim[0]] if claim else [])]))
         said.append(Said(message.chat, bot_id, bot_name, message.text, message.created_at or now, from_bot=True,
                          reply_to=message.reply_to,
                          to_user=message.about or (message.mention[0] if message.mention else None),
@@ -229,6 +235,7 @@ class OutboxRows:
     retry_max_s: float
     scope: Callable[[str], Scope]
     _channels: dict[str, Channel]
+    claim_for: Callable[[OutgoingMessage], tuple[str, str] | None]
 
     def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -237,9 +244,16 @@ class OutboxRows:
         """
         return queue_sync(db, [message], self.clock(), self.bot_id, self.bot_name)[0]
 
-    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
-        """:meth:`enqueue_sync` for many messages at once (fewer statements), in their order."""
-        return queue_sync(db, messages, self.clock(), self.bot_id, self.bot_name) if messages else []
+    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage], *, send_here: bool = False) -> list[bool]:
+        """:meth:`enqueue_sync` for many messages at once (fewer statements), in their order.
+
+        ``send_here`` (a reminders burst): on PostgreSQL, those this process may send are queued
+        claimed by it, and no other process is woken for them. Three processes that each fired a
+        third of a burst otherwise all claimed every chat of it at once, waiting on each other's locks."""
+        if not messages:
+            return []
+        claims = [self.claim_for(m) for m in messages] if send_here and db.dialect == "postgresql" else None
+        return queue_sync(db, messages, self.clock(), self.bot_id, self.bot_name, claims)
 
     async def flush(self) -> None:
         """Wait until no message that is due now remains pending that this process may send."""

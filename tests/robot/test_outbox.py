@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from robot.channels.base import ChannelUnavailable, SendFailed, SendReceipt, Sen
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox, split_text
-from robot.storage import Engine, StorageError
+from robot.storage import Engine, StorageError, iso
 from robot.storage.postgres import PostgresDatabase
 from robot.store import Database
 from robot.testing import MemoryChannel
@@ -586,3 +586,58 @@ async def test_a_stop_with_no_time_cuts_the_send_off_as_a_kill_would(rig: Rig) -
     await ch.began.wait()
     await outbox.stop(flush_timeout_s=0)
     assert ch.sent == [] and (await status_of(outbox, "k1"))["status"] == "pending"
+
+
+async def test_rows_queued_to_be_sent_here_go_out_through_their_process_and_wait_for_it_while_it_lives(
+        pg_url: str) -> None:
+    """A reminders burst's rows (``send_here``) go out through the process that fired them: another
+    process sending the same platform neither takes them nor is woken for them. Once that process
+    is dead (its lease is up), the other sends what it left, each chat in order."""
+    from robot.storage.leases import SCHEMA as LEASES
+    from robot.storage.leases import LeaseKeeper, Leases
+
+    here, there = PickyChannel(), MemoryChannel()
+    engines: list[PostgresDatabase] = []
+    keepers: list[LeaseKeeper] = []
+    outboxes: list[Outbox] = []
+    for holder, channel in (("A", here), ("B", there)):
+        db = PostgresDatabase(pg_url, max_size=4)
+        db.migrate("leases", LEASES)
+        HistoryStore(db)
+        keeper = LeaseKeeper(Leases(db, ttl_s=30, holder=holder))
+        outbox = Outbox(db, bot_name="qunbot", leases=keeper, park_s=0.2)
+        outbox.look_s = 0.2  # B looks at every due row all the time: it still takes none of A's
+        await db.open()
+        await keeper.start()
+        outbox.register(channel)
+        await outbox.start()
+        engines.append(db)
+        keepers.append(keeper)
+        outboxes.append(outbox)
+    a, _ = outboxes
+    chats = [ChatRef(platform="memory", chat_id=f"r{i}", kind="group") for i in range(20)]
+    try:
+        burst = [out(f"b{i}", f"burst {i}", chat=chats[i]) for i in range(20)]
+        await engines[0].transaction(lambda tx: a.enqueue_many_sync(tx, burst, send_here=True))
+        await here.wait_sent(20, timeout=10)
+        await asyncio.sleep(0.5)
+        assert sorted(m.text for m in here.sent) == sorted(m.text for m in burst) and there.sent == []
+
+        here.hold = {f"late {i} {j}" for i in range(3) for j in range(2)}  # A cannot reach the platform now
+        late = [out(f"l{i}{j}", f"late {i} {j}", chat=chats[i]) for j in range(2) for i in range(3)]
+        await engines[0].transaction(lambda tx: a.enqueue_many_sync(tx, late, send_here=True))
+        await asyncio.sleep(1.0)
+        assert there.sent == []  # A lives: its rows wait for it
+
+        assert keepers[0]._task is not None
+        keepers[0]._task.cancel()  # A dies: no more renewals, and its process lease is up
+        await engines[1].run(lambda tx: tx.execute("UPDATE leases SET expires_at = ? WHERE holder = 'A'",
+                                                   [iso(datetime.now(UTC) - timedelta(seconds=1))]))
+        await there.wait_sent(6, timeout=10)
+        for i in range(3):
+            assert [m.text for m in there.sent if m.chat == chats[i]] == [f"late {i} 0", f"late {i} 1"]
+    finally:
+        for outbox, keeper, db in zip(outboxes, keepers, engines, strict=True):
+            await outbox.stop(flush_timeout_s=0.2)
+            await keeper.stop()
+            await db.close()
