@@ -6,6 +6,10 @@ the firing pass that starts at that second (bench/bench_reminders.py). The timer
 reminders due exactly then and composes their messages (off the event loop), in batches a chat's
 together. Nothing is written ahead of time.
 
+Several processes compose the same instant; each starts firing at its own share of the batches
+(its place among the living processes, read when it composes), so that they mostly claim different
+batches (see :meth:`Ahead.take`).
+
 When the instant comes, the firing pass claims each prepared batch's rows by id in its
 transaction (:meth:`reminders.store.ReminderStore.claim_sync`: still active, still due then, on
 PostgreSQL locked and skipped when another process holds them). Only when it claims exactly the
@@ -18,8 +22,9 @@ or one a batch missed, is due as ever and fired by the ordinary pass that follow
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -27,7 +32,9 @@ from reminders.firing import ON_TIME, Draft, Outcome, merge
 from reminders.store import Reminder, ReminderStore
 from robot import OutgoingMessage
 
-__all__ = ["AT_LEAST", "LEAD", "Ahead", "Fired", "Prepared"]
+__all__ = ["AT_LEAST", "LEAD", "Ahead", "Fired", "Place", "Prepared"]
+
+log = logging.getLogger("reminders.service")
 
 LEAD = timedelta(seconds=5)
 """How long before a busy instant its messages are composed."""
@@ -35,6 +42,8 @@ AT_LEAST = 100
 """An instant this many armed reminders share is composed ahead; fewer are not worth a query."""
 _MOST = 20_000  # reminders composed ahead per instant (the timer's max_armed); any more fire as ever
 
+Place = tuple[int, int]
+"""This process's index among the living processes, and how many they are."""
 Fired = tuple[Reminder, Outcome]
 """A reminder's state after firing, and how it went."""
 
@@ -64,13 +73,15 @@ class Ahead:
 
     def __init__(self, store: ReminderStore, compose: Callable[[Reminder, datetime], tuple[Reminder, Outcome,
                                                                                              Draft | None]],
-                 *, merge_chat: bool, batch: Callable[[], int], clock: Callable[[], datetime]) -> None:
+                 *, merge_chat: bool, batch: Callable[[], int], clock: Callable[[], datetime],
+                 place: Callable[[], Awaitable[Place | None]] | None = None) -> None:
         self.store = store
         self.clock = clock
         self.compose = compose
         self.merge_chat = merge_chat
         self.batch = batch  # read at each preparation: tests shrink the service's batch
-        self._ready: dict[datetime, list[Prepared]] = {}
+        self.place = place
+        self._ready: dict[datetime, tuple[list[Prepared], Place | None]] = {}
 
     async def prepare(self, at: datetime) -> int:
         """Compose the text reminders due exactly at ``at``; how many (0: too few to bother, or too late)."""
@@ -79,20 +90,30 @@ class Ahead:
         rows = await self.store.db.run(lambda db: self.store.due_at_sync(db, at, _MOST))
         if len(rows) < AT_LEAST:
             return 0
-        self._ready[at] = await asyncio.to_thread(self._compose_all, rows, at)
+        place = None
+        if self.place is not None:
+            try:
+                place = await self.place()
+            except Exception:  # (a random start instead)
+                log.warning("reminders: reading the living processes failed", exc_info=True)
+        self._ready[at] = await asyncio.to_thread(self._compose_all, rows, at), place
         return len(rows)
 
     def take(self, now: datetime) -> list[Prepared]:
         """The batches of the instants due by ``now`` (forgotten here), if they are still on time.
 
-        In an order of this process's own (a random rotation): processes firing the same instant
-        mostly claim different batches first.
+        In an order of this process's own, a rotation of them: process ``k`` of ``n`` living starts at
+        the ``k``-th of ``n`` equal shares, so that processes firing the same instant claim different
+        batches and each stops where the next one's share begins. Random starts left one process
+        a long run of batches and another a short one (and a random start is taken when the place is
+        unknown).
         """
         out: list[Prepared] = []
         for at in sorted(a for a in self._ready if a <= now):
-            batches = self._ready.pop(at)
-            if now - at <= ON_TIME:  # later, the messages need a late note: composed again by the pass
-                turn = random.randrange(len(batches)) if batches else 0
+            batches, place = self._ready.pop(at)
+            if now - at <= ON_TIME and batches:  # later, the messages need a late note: composed again
+                index, count = place or (random.randrange(len(batches)), len(batches))
+                turn = index * len(batches) // count
                 out.extend(batches[turn:] + batches[:turn])
         return out
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from reminders.ahead import Ahead, Fired, Prepared
+from reminders.ahead import Ahead, Fired, Place, Prepared
 from reminders.firing import Draft, FireReport, Outcome, compose, merge
 from reminders.settings import ReminderSettings
 from reminders.store import Reminder, ReminderStore
@@ -55,6 +55,10 @@ class Passes:
 
     def _start_prompt(self, reminder: Reminder, now: datetime, report: FireReport) -> asyncio.Task[None]:
         raise NotImplementedError
+
+    async def _place(self) -> Place:
+        """This process's place among the living processes (on PostgreSQL several fire one instant)."""
+        return await self.bot.leases.place() if self.store.db.dialect == "postgresql" else (0, 1)
 
     async def _prepare(self, at: datetime) -> None:
         """The timer's call ``LEAD`` before a busy instant: compose its messages ahead."""
@@ -129,15 +133,24 @@ class Passes:
 
     async def _fire_prepared(self, parts: list[Prepared], now: datetime, report: FireReport) -> None:
         """Fire batches composed ahead; on PostgreSQL two at a time (the server rewrites one's rows
-        while this process queues the other's)."""
+        while this process queues the other's).
+
+        On PostgreSQL a lane stops at a batch it claims nothing of: another process started its share
+        there (:meth:`Ahead.take`) and goes on from it. Trying every batch after it cost three processes
+        a transaction each, on a busy server, for each of the others' batches; what no process fired
+        (one died) the ordinary pass that follows fires."""
         todo = iter(parts)
+        several = self.store.db.dialect == "postgresql"
 
         async def lane() -> None:
             for part in todo:  # shared: each lane takes the next batch
                 unit = functools.partial(self._prepared_batch, part=part, now=now)
-                self._committed(await self.store.db.transaction(unit, urgent=True), report)
+                applied = await self.store.db.transaction(unit, urgent=True)
+                self._committed(applied, report)
+                if several and not applied:
+                    return
 
-        lanes = 2 if self.store.db.dialect == "postgresql" else 1
+        lanes = 2 if several else 1
         for failed in await asyncio.gather(*(lane() for _ in range(lanes)), return_exceptions=True):
             if isinstance(failed, BaseException):  # the other lane finished first: nothing is left half done
                 raise failed
@@ -148,8 +161,7 @@ class Passes:
         self._after_commit(applied, report)
 
     def _after_commit(self, applied: list[Applied], report: FireReport) -> None:
-        for platform in {r.chat.split(":", 1)[0] for r, _, key in applied if key is not None}:
-            self.bot.outbox.notify(platform)
+        # (each queued row woke its sender at the commit: robot.outbox_store.queue_sync)
         counted: set[str] = set()
         for _, outcome, key in applied:
             report.add(outcome, None if key in counted else key)  # a shared message counts once
@@ -166,6 +178,8 @@ class Passes:
         """Fire a batch composed ahead, in the caller's transaction: what was prepared when every one
         of its reminders is still due, in the same chat; else the reminders claimed, composed now."""
         claimed = self.store.claim_sync(db, part.ids, part.at)
+        if not claimed:  # fired, or being fired, by another process (or deleted meanwhile)
+            return []
         if set(claimed) == part.rows():
             return self._commit_fired(db, part.fired, part.messages, part.keys, now)
         return self._commit_composed(db, self.store.rows_sync(db, [rid for rid, _ in claimed]), now)
@@ -177,7 +191,8 @@ class Passes:
 
     def _commit_fired(self, db: Tx, fired: Sequence[Fired], messages: Sequence[OutgoingMessage],
                       keys: Sequence[str | None], now: datetime) -> list[Applied]:
-        self.bot.outbox.enqueue_many_sync(db, messages)  # one INSERT for the batch, not one per message
+        # One INSERT for the batch; this process sends what it fired (send_here: no other wakes for it).
+        self.bot.outbox.enqueue_many_sync(db, messages, send_here=True)
         if fired:
             self.store.save_sync(db, *[after for after, _ in fired], updated_at=now)
         if fired and self._crash_at == "before_commit":

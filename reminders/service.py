@@ -100,7 +100,7 @@ class ReminderService(Passes):
         #: Due rows claimed per firing transaction.
         self.batch = _BATCH
         self.ahead = Ahead(store, self._compose, merge_chat=settings.merge_chat, batch=lambda: self.batch,
-                           clock=self.clock)
+                           clock=self.clock, place=self._place)
         self.timer = Timer(scheduler, self.clock, horizon, self.kick, prepare=self._prepare, lead=LEAD,
                            at_least=AT_LEAST)
 

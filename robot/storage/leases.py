@@ -138,6 +138,12 @@ class LeaseKeeper:
     def holds(self, name: str) -> bool:
         return name in self.held
 
+    async def place(self) -> tuple[int, int]:
+        """This process's index among the living processes (by holder id), and how many they are."""
+        me = self.leases.holder
+        living = sorted({*(await self.leases.holders(PROCESS_PREFIX)).values(), me})
+        return living.index(me), len(living)
+
     async def want(self, name: str, on_change: Callable[[bool], object] | None = None) -> bool:
         """Ask for ``name`` now and keep asking; returns whether it is held now."""
         self.wanted[name] = on_change

@@ -26,6 +26,8 @@ from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
 from robot import OutgoingMessage, Tx
+from robot.storage.leases import SCHEMA as LEASES
+from robot.storage.leases import LeaseKeeper, Leases
 from robot.storage.postgres import PostgresDatabase
 from tests.frozen import frozen_child
 
@@ -41,19 +43,17 @@ class CountingOutbox:
                                                                            message.text])
         return True
 
-    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage]) -> list[bool]:
+    def enqueue_many_sync(self, db: Tx, messages: Sequence[OutgoingMessage], *, send_here: bool = False) -> list[bool]:
         return [self.enqueue_sync(db, m) for m in messages]
-
-    def notify(self, platform: str) -> None:
-        pass
 
 
 class Host:
-    """The part of a Bot a ReminderService uses to fire text reminders."""
+    """The part of a Bot a ReminderService uses to fire text reminders (and its place among processes)."""
 
-    def __init__(self, clock: Callable[[], datetime]) -> None:
+    def __init__(self, clock: Callable[[], datetime], leases: LeaseKeeper) -> None:
         self.clock = clock
         self.outbox = CountingOutbox()
+        self.leases = leases
 
 
 FIRED = ["CREATE TABLE fired (n {id}, key TEXT NOT NULL, chat TEXT NOT NULL, text TEXT NOT NULL)"]
@@ -63,20 +63,25 @@ FIRED = ["CREATE TABLE fired (n {id}, key TEXT NOT NULL, chat TEXT NOT NULL, tex
 async def processes(pg_url: str) -> AsyncIterator[list[ReminderService]]:
     """Three services, each on its own engine and timer, sharing one PostgreSQL database."""
     services: list[ReminderService] = []
-    for _ in range(3):
+    keepers: list[LeaseKeeper] = []
+    for k in range(3):
         db = PostgresDatabase(pg_url, max_size=3)
         db.migrate("reminders", SCHEMA)
         db.migrate("fired", FIRED)
+        db.migrate("leases", LEASES)
         await db.open()
+        keepers.append(LeaseKeeper(Leases(db, holder=f"process-{k}")))
+        await keepers[-1].start()  # its process lease: its place among the living
         scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"))
         scheduler.start(paused=True)  # jobs are only looked at: the instants are in 2030
-        service = ReminderService(ReminderStore(db), Host(lambda: NOW), ReminderSettings(),  # type: ignore[arg-type]
-                                  scheduler=scheduler)
+        service = ReminderService(ReminderStore(db), Host(lambda: NOW, keepers[-1]),  # type: ignore[arg-type]
+                                  ReminderSettings(), scheduler=scheduler)
         await service.start()
         services.append(service)
     yield services
-    for service in services:
+    for service, keeper in zip(services, keepers, strict=True):
         await service.stop()
+        await keeper.stop()
         await service.store.db.close()
 
 
@@ -120,6 +125,35 @@ async def test_a_burst_every_process_composed_ahead_fires_exactly_once(processes
     assert sum(r.delivered for r in reports) == 899
     assert sum(1 for r in reports if r.delivered) >= 2  # the work was shared
     assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, due, "text", 10))
+
+
+async def test_processes_composing_one_instant_start_firing_at_their_own_share_and_stop_at_the_next(
+        processes: list[ReminderService]) -> None:
+    due = NOW + timedelta(seconds=5)
+    rows = [r.evolve(next_fire=due) for r in due_rows(900)]
+    await processes[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
+    for service in processes:
+        service.batch = 100  # several batches (a chat's together): process k of 3 starts at the k-th third
+        assert await service.ahead.prepare(due) == 900
+    orders = [[part.ids[0] for part in service.ahead.take(due)] for service in processes]
+    n = len(orders[0])
+    assert n >= 6 and [orders[0].index(order[0]) for order in orders] == [0, n // 3, 2 * n // 3]
+    assert all(sorted(order) == sorted(orders[0]) for order in orders)
+    tried: list[list[str]] = [[], [], []]
+    for k, service in enumerate(processes):
+        assert await service.ahead.prepare(due) == 900
+
+        def claim(db: Tx, ids: list[str], at: datetime, k: int = k) -> list[tuple[str, str]]:
+            tried[k].append(ids[0])
+            return ReminderStore.claim_sync(db, ids, at)
+
+        service.store.claim_sync = claim  # type: ignore[method-assign]
+    # One after another: the first fires every batch; each of the two lanes of the others
+    # stops at the first batch it claims nothing of, instead of trying all nine.
+    reports = [await service.fire_due(due) for service in processes]
+    assert [r.delivered for r in reports] == [900, 0, 0]
+    assert len(set(tried[0])) == n and len(set(tried[1])) == len(set(tried[2])) == 2  # (units may run twice)
+    assert sorted(await fired(processes[0])) == sorted(f"提醒 {i}" for i in range(900))
 
 
 async def test_reminders_due_behind_a_backlog_of_units_fire_before_it_is_worked_off(
