@@ -118,7 +118,8 @@ class Outbox(OutboxRows):
         return self.leases.leases.holder if self.leases is not None else process_id()
 
     def claim_for(self, message: OutgoingMessage) -> tuple[str, str] | None:
-        """This process's claim ``(holder, until)`` on ``message`` when it may send it now, else None."""
+        """This process's claim ``(holder, until)`` on ``message`` when it may send it now, else None
+        (called in a unit of work, on a database thread)."""
         platform = message.chat.platform
         if self._stopping or platform not in self._channels or not self.scope(platform).covers(message.chat.account):
             return None
@@ -140,7 +141,8 @@ class Outbox(OutboxRows):
         if channel is None or not channel.account_leases or self.leases is None:
             return Scope()
         prefix = ACCOUNT_LEASE.format(platform=platform, account="")
-        held = tuple(sorted(n[len(prefix):] for n in self.leases.held if n.startswith(prefix)))
+        # A copy first (one C call): claim_for asks from a database thread while the event loop changes the set.
+        held = tuple(sorted(n[len(prefix):] for n in frozenset(self.leases.held) if n.startswith(prefix)))
         default = channel.default_account()
         empty = default in held if default else bool(held) and not self.leases.leases.exclusive
         return Scope(held, empty)

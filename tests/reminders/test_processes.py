@@ -149,7 +149,7 @@ async def test_processes_composing_one_instant_start_firing_at_their_own_share_a
 
         service.store.claim_sync = claim  # type: ignore[method-assign]
     # One after another: the first fires every batch; each of the two lanes of the others
-    # stops at the first batch it claims nothing of, instead of trying all nine.
+    # stops at the first batch it claims nothing of, instead of trying every one.
     reports = [await service.fire_due(due) for service in processes]
     assert [r.delivered for r in reports] == [900, 0, 0]
     assert len(set(tried[0])) == n and len(set(tried[1])) == len(set(tried[2])) == 2  # (units may run twice)
