@@ -20,7 +20,9 @@ interpreter lock: ``bench_gil.py``) and the ceiling the event loop's own CPU put
 With ``--compare-savepoints`` (the default) both paths run again with a savepoint per unit in
 every group, SQLite's way before its first pass went without them.
 
-The side-by-side section (:func:`side_by_side`) also runs the model path with messages arriving
+The side-by-side section (:func:`side_by_side`) also fires the reminders with three PostgreSQL
+processes and one leased account (``scale_procs.run_processes(leased=True)``: its holder alone sends,
+as with Telegram, Weixin or OneBot), and runs the model path with messages arriving
 one after another at 200/s (:func:`paced`), in this process, on SQLite and on PostgreSQL (whose
 deadlocks it prints): there one message's budget reservation and another's settlement overlap
 all the time, which a burst delivered at once hardly shows.
@@ -259,6 +261,10 @@ def side_by_side(messages: int, reminders: int) -> None:
             r = run_processes(url(), procs, 0, reminders)
             print(f"   {label:<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
                   f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        # A leased account (Telegram, Weixin, OneBot): whoever fires, its holder alone sends.
+        r = run_processes(str(pg.create_database()), 3, 0, reminders, leased=True)
+        print(f"   {'PostgreSQL, 3, 1 account':<24} {'n/a':>7} {'n/a':>10}   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
+              f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
         paced(pg.create_database, messages // 2, 200.0)  # above what one PostgreSQL process answers here
         # The same firing load through procrastinate (issue #11's alternative): bench_procrastinate.py.
         if importlib.util.find_spec("procrastinate") is None:

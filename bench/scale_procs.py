@@ -4,7 +4,9 @@ Each worker builds a whole :class:`Bot` (reminders plugin, the bench's ``note`` 
 scripted model, a channel that acknowledges every send) on the engine the URL names, waits for
 the common start signal, pushes its share of the messages through ``Bot.handle`` and reports the
 wall-clock time of every send it made. Any worker may send any row (the memory channel takes no
-account lease), so the parent counts sends over all workers: a row sent twice would show.
+account lease), so the parent counts sends over all workers: a row sent twice would show. With
+``leased=True`` the channel serves one account under its lease, as Telegram, Weixin and OneBot do:
+every row leaves through the worker holding it, whichever worker fired it.
 Reminders are written by the parent before the start, due in one second, and fired by whichever
 worker claims them.
 """
@@ -75,12 +77,12 @@ async def seed_reminders(url: str, data_dir: Path, count: int, due: datetime) ->
 
 
 def _worker(url: str, data_dir: str, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
-            sent: Any, out: Any) -> None:
-    asyncio.run(_work(url, Path(data_dir), index, share, chats, ready, go, stop, sent, out))
+            sent: Any, out: Any, leased: bool = False) -> None:
+    asyncio.run(_work(url, Path(data_dir), index, share, chats, ready, go, stop, sent, out, leased))
 
 
 async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
-                sent: Any, out: Any) -> None:
+                sent: Any, out: Any, leased: bool = False) -> None:
     import bench_scale as bs  # the bench's tool, model and channel
 
     from function_calls import Toolset
@@ -93,6 +95,11 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
     times: list[tuple[str, float]] = []
 
     class Channel(bs.TimedChannel):
+        account_leases = leased
+
+        def default_account(self) -> str | None:
+            return "bench" if leased else None
+
         async def send(self, message: OutgoingMessage) -> Any:
             receipt = await super().send(message)
             times.append((message.text, time.time()))
@@ -105,6 +112,8 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
     bot = Bot(_settings(data_dir, url), model=model, channels=[channel],
               plugins=[Plugin("bench", Toolset("bench", [bs.note])), "reminders"])
     await bot.start()
+    if leased:
+        await channel.serve_account("bench")  # one worker holds it; the others wait to take it over
     tune_gc()
     ready.release()
     while not go.is_set():
@@ -119,9 +128,11 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
     out.put((begun, times))
 
 
-def run_processes(url: str, processes: int, messages: int, reminders: int, *, chats: int = 50) -> Figures:
+def run_processes(url: str, processes: int, messages: int, reminders: int, *, chats: int = 50,
+                  leased: bool = False) -> Figures:
     """Start ``processes`` bots on ``url`` (an empty database), fire ``reminders`` due in one second
-    while ``messages`` flow, and wait for every reply and reminder to be sent."""
+    while ``messages`` flow, and wait for every reply and reminder to be sent. ``leased``: the
+    channel serves one account under its lease (its rows leave through the worker holding it)."""
     ctx = mp.get_context("spawn")
     ready, go, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
     sent, out = ctx.Value("q", 0), ctx.Queue()
@@ -133,7 +144,7 @@ def run_processes(url: str, processes: int, messages: int, reminders: int, *, ch
         if reminders:
             asyncio.run(seed_reminders(url, data / "p0", reminders, due))
         procs = [ctx.Process(target=_worker, args=(url, str(data / f"p{k}"), k, messages // processes, chats,
-                                                   ready, go, stop, sent, out)) for k in range(processes)]
+                                                   ready, go, stop, sent, out, leased)) for k in range(processes)]
         for p in procs:
             p.start()
         for _ in procs:
