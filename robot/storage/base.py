@@ -281,9 +281,10 @@ class Engine:
         """Run ``fn(tx)`` off the event loop; its statements commit together when it returns.
 
         ``urgent``: work whose lateness people see (reminders firing, the outbox sending) goes
-        ahead of the other work queued (a burst of messages). On PostgreSQL it has threads and
-        connections of the pool kept for it; SQLite's writer takes all the queued work in a few
-        groups, so there it waits for the group under way at most.
+        ahead of the other work queued (a burst of messages). On PostgreSQL the pool's threads take
+        urgent units before any other queued unit (none is kept idle for them: robot/storage/lanes.py);
+        SQLite's writer takes all the queued work in a few groups, so there it waits for the group
+        under way at most.
         """
         raise NotImplementedError
 
