@@ -8,7 +8,7 @@ and the job's new state commit in one transaction with an outbox row keyed ``res
 the report reaches the chat exactly once, after restarts too. Jobs survive a restart: the
 poller resumes them, and a job whose submission may not have reached Perplexity (a crash between
 storing and submitting) is submitted again under the same idempotency key, so no second paid run
-starts. A failed run, or one not done after ``research_timeout_min``, is reported to the asker.
+starts; one stored less than two request timeouts ago is still being submitted, and is left to it. A failed run, or one not done after ``research_timeout_min``, is reported to the asker.
 Each person may start ``research_per_user_day`` runs per day (0, the default: not offered).
 """
 
@@ -148,7 +148,10 @@ class ResearchService:
         late = self.bot.clock() - job.created_at > timedelta(minutes=self.settings.research_timeout_min)
         try:
             if job.status == "submitting":  # maybe never reached Perplexity: the idempotency key makes this safe
-                await self._submit(job)
+                # Younger than the longest a submission takes (two attempts), it is still in flight: ours or
+                # another process's. Sending it again would be a second request for nothing.
+                if self.bot.clock() - job.created_at > timedelta(seconds=2 * self.settings.timeout_s + 5):
+                    await self._submit(job)
                 return 0
             assert job.api_id is not None
             status = await self.client.research_status(job.api_id)

@@ -98,6 +98,19 @@ async def test_research_runs_in_the_background_and_the_report_arrives_once(
         await bot.stop()
 
 
+async def test_a_submission_slower_than_the_polling_is_sent_once(tmp_path: Path, server: FakePerplexityServer) -> None:
+    server.delay(0.6)  # the poller (every 0.05 s) sees the job stored as submitting a dozen times meanwhile
+    bot, ch = make_bot(tmp_path, settings_for(server))
+    await bot.start()
+    try:
+        assert (await ask(ch, "/research 固态电池")).text.startswith("🔎 深度研究已开始")
+        server.delay(0)
+        assert "小批量装车" in (await ch.wait_sent(2))[1].text
+    finally:
+        await bot.stop()
+    assert len([r for r in server.requests_to("research") if r.method == "POST"]) == 1
+
+
 async def test_a_running_research_is_delivered_after_a_restart(tmp_path: Path, server: FakePerplexityServer) -> None:
     server.research.polls = 10**6  # still running while the first bot lives
     bot, ch = make_bot(tmp_path, settings_for(server))
