@@ -4,7 +4,9 @@ Every unit of work (``await db.run(fn)`` / ``db.transaction(fn)``) is queued to 
 thread takes whatever is queued, runs the units one after another inside one transaction and
 commits once: no unit's caller resumes before the commit holds its rows. Under load this turns
 hundreds of commits a second into a few, without a timer that would delay a lone write.
-``bench/bench_scale.py`` measures it.
+``bench/bench_scale.py`` measures it. Urgent units (``urgent=True``: reminders firing, the outbox
+sending) go first, in a group of their own: a reminder due behind a burst of messages waits for
+the group under way, not for the burst's units queued before it.
 
 A unit that fails rolls back alone. Should one fail after writing, the transaction is rolled back
 and the whole group runs again, each unit in a savepoint taken at its first write (units are pure
@@ -16,6 +18,7 @@ because every statement hands the interpreter lock to the busy event loop and ha
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -37,6 +40,7 @@ __all__ = ["SQLiteDatabase", "SQLiteTx"]
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _MAX_GROUP = 512
+_URGENT = object()  # queued for an urgent unit: wakes the writer thread
 
 
 @dataclass
@@ -75,7 +79,8 @@ class SQLiteDatabase(Engine):
             if not parent.exists():
                 parent.mkdir(parents=True, mode=0o700)  # people's messages live here: the owner's eyes only
                 parent.chmod(0o700)  # mkdir's mode is cut by the umask
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()  # None: stop
+        self._urgent: collections.deque[_Job] = collections.deque()  # run before anything queued
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -148,20 +153,28 @@ class SQLiteDatabase(Engine):
         return self._conn
 
     def _serve(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            group, began = [job], time.perf_counter()
-            while len(group) < _MAX_GROUP:
+        waiting: collections.deque[_Job] = collections.deque()  # taken off the queue, not yet run
+        stopping = False
+        while waiting or self._urgent or not stopping:
+            if not waiting and not self._urgent:
+                job = self._queue.get()
+                stopping = job is None
+                if isinstance(job, _Job):
+                    waiting.append(job)
+            while not stopping:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if more is None:
-                    self._queue.put(None)  # stop after this group
-                    break
-                group.append(more)
+                stopping = more is None  # the units queued before it still run
+                if isinstance(more, _Job):
+                    waiting.append(more)
+            # Urgent units open the next group, ahead of what was queued before them.
+            group: list[_Job] = []
+            began = time.perf_counter()
+            for source in (self._urgent, waiting):
+                while source and len(group) < _MAX_GROUP:
+                    group.append(source.popleft())
             pending: list[_Job] = []
             for item in group:
                 if not item.start():
@@ -263,12 +276,17 @@ class SQLiteDatabase(Engine):
         assert job.future is not None
         return job.future
 
-    async def _call(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False, raw: bool = False) -> T:
+    async def _call(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False, raw: bool = False,
+                    urgent: bool = False) -> T:
         """Queue ``fn`` and await its outcome without a thread-to-loop wake-up of its own."""
         self._start_thread()
         loop = asyncio.get_running_loop()
         job = _Job(fn, durable=durable, raw=raw, waiter=loop.create_future(), loop=loop)
-        self._queue.put(job)
+        if urgent:
+            self._urgent.append(job)
+            self._queue.put(_URGENT)  # wakes the thread; the unit itself is taken from the deque
+        else:
+            self._queue.put(job)
         assert job.waiter is not None
         result: T = await job.waiter
         return result
@@ -299,7 +317,7 @@ class SQLiteDatabase(Engine):
         self.opened = True
 
     async def run(self, fn: Callable[[SQLiteTx], T], *, urgent: bool = False) -> T:
-        return await self._call(fn)
+        return await self._call(fn, urgent=urgent)
 
     async def transaction(self, fn: Callable[[SQLiteTx], T], *, durable: bool = False, urgent: bool = False) -> T:
         """Run ``fn(tx)`` in one transaction on the database thread.
@@ -308,7 +326,7 @@ class SQLiteDatabase(Engine):
         returns, for rows a user is told about; otherwise (``NORMAL``, WAL) a power loss may drop
         the last commits, though never corrupt the file. ``bench/bench_durability.py`` measures both.
         """
-        return await self._call(fn, durable=durable)
+        return await self._call(fn, durable=durable, urgent=urgent)
 
     def run_sync(self, fn: Callable[[SQLiteTx], T]) -> T:
         result: T = self._submit(fn).result()

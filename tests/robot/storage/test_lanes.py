@@ -1,4 +1,4 @@
-"""Urgent units go ahead of a backlog: the worker threads (robot.storage.lanes) and PostgreSQL's engine."""
+"""Urgent units go ahead of a backlog: the worker threads (robot.storage.lanes), PostgreSQL's engine and SQLite's writer."""
 
 from __future__ import annotations
 
@@ -80,11 +80,31 @@ async def test_an_urgent_unit_overtakes_a_backlog_of_units_on_postgresql(pg_url:
         await db.close()
 
 
-async def test_sqlite_takes_urgent_units_as_any_other(tmp_path: Path) -> None:
+async def test_on_sqlite_an_urgent_unit_overtakes_the_units_queued_before_it_and_each_kind_keeps_its_order(
+        tmp_path: Path) -> None:
     db = open_database("", tmp_path)
     await db.open()
     try:
-        assert await db.run(lambda tx: tx.execute("SELECT 41 + 1").fetchone()[0], urgent=True) == 42
-        assert await db.transaction(lambda tx: tx.execute("SELECT 1").fetchone()[0], urgent=True) == 1
+        gate = threading.Event()
+        finished: list[str] = []  # each unit once (a rehearsed unit runs twice)
+
+        def unit(name: str) -> Callable[[Tx], int]:
+            def run(tx: Tx) -> int:
+                if name not in finished:
+                    finished.append(name)
+                return int(tx.execute("SELECT 41 + 1").fetchone()[0])
+            return run
+
+        # The writer is held by one unit while 30 others queue up behind it, then two urgent ones: these
+        # open the next group.
+        held = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
+        await asyncio.sleep(0.05)
+        backlog = [asyncio.ensure_future(db.run(unit(f"n{i}"))) for i in range(30)]
+        urgent = [asyncio.ensure_future(db.transaction(unit(f"u{i}"), urgent=True)) for i in range(2)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        assert await asyncio.gather(held, *urgent, *backlog) == [True, *[42] * 32]
+        assert finished == ["u0", "u1", *[f"n{i}" for i in range(30)]]  # in order they would come last
+        assert await db.run(lambda tx: tx.execute("SELECT 1").fetchone()[0], urgent=True) == 1
     finally:
         await db.close()
