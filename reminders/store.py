@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, get_args
 
@@ -23,7 +23,7 @@ from reminders.record import COLUMNS, Mode, Reminder, Status, new_id, parse_inst
 from reminders.schema import SCHEMA, schema_v1
 from reminders.settings import ReminderSettings
 from reminders.timer import note_gone
-from robot import Engine, Tx, columns, iso, unnest
+from robot import Engine, Tx, columns, in_chunks, iso, unnest
 
 __all__ = [
     "MIN_SHORT_ID",
@@ -62,13 +62,6 @@ def _rows(db: Tx, where: str, params: list[Any]) -> list[Reminder]:
     """The reminders ``WHERE ...`` (and any ORDER BY, LIMIT, FOR UPDATE) selects: their columns named
     (a v0.1 file's table has its later columns elsewhere), read as tuples (a burst reads thousands)."""
     return [Reminder.from_values(t) for t in db.execute(_SELECT + where, params).fetchall()]
-
-
-def _id_chunks(ids: list[str]) -> Iterator[tuple[list[str], str]]:
-    """``ids`` 500 at a time (SQLite bounds a statement's parameters), each with its ``?`` marks."""
-    for start in range(0, len(ids), 500):
-        part = ids[start:start + 500]
-        yield part, ",".join("?" * len(part))
 
 
 class ReminderStore:
@@ -177,13 +170,13 @@ class ReminderStore:
             return [(str(i), str(c)) for i, c in db.execute(
                 f"SELECT id, chat FROM reminders WHERE id = ANY(?::text[]) {where} FOR UPDATE SKIP LOCKED",
                 [ids, iso(at)]).fetchall()]
-        return [(str(i), str(c)) for part, marks in _id_chunks(ids) for i, c in db.execute(
+        return [(str(i), str(c)) for part, marks in in_chunks(ids) for i, c in db.execute(
             f"SELECT id, chat FROM reminders WHERE id IN ({marks}) {where}", [*part, iso(at)]).fetchall()]
 
     @staticmethod
     def rows_sync(db: Tx, ids: list[str]) -> list[Reminder]:
         """The reminders with these ids, a chat's together."""
-        found = [r for part, marks in _id_chunks(ids) for r in _rows(db, f"WHERE id IN ({marks})", part)]
+        found = [r for part, marks in in_chunks(ids) for r in _rows(db, f"WHERE id IN ({marks})", part)]
         return sorted(found, key=lambda r: (r.chat, r.id))
 
     @staticmethod

@@ -25,7 +25,7 @@ from robot.outbox import Outbox
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.privacy import ForgetRequest, Forgetter
-from robot.storage.base import columns, unnest
+from robot.storage.base import columns, in_chunks, unnest
 from robot.store import Database, Engine, StorageError, Tx, iso, parse_iso, utcnow
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "StorageError",
     "Tx",
     "columns",
+    "in_chunks",
     "iso",
     "load_plugin",
     "load_settings",

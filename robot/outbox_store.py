@@ -24,7 +24,7 @@ from robot.channels.base import Channel
 from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage import Engine, Step, Tx, iso, parse_iso
-from robot.storage.base import columns, padded, unnest
+from robot.storage.base import columns, in_chunks, padded, unnest
 from robot.storage.batch import Batched
 
 __all__ = ["CLAIM_LIMIT", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "Claimed", "OutboxRows", "Scope", "claim_many_sync", "claim_sync",
@@ -202,10 +202,8 @@ def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], h
                 mine.append(row)
             claimed[platform, scope, chat] = mine, blocked
             keys += [str(r["key"]) for r in mine]
-        for start in range(0, len(keys), 500):
-            part = keys[start:start + 500]
-            tx.execute(f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE key IN ({', '.join('?' for _ in part)})",
-                       [holder, until, *part])
+        for part, marks in in_chunks(keys):
+            tx.execute(f"UPDATE outbox SET claimed_by = ?, claimed_until = ? WHERE key IN ({marks})", [holder, until, *part])
     return [claimed[platform, scope, chat] for platform, chat, scope, _, _ in items]
 
 

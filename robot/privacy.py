@@ -32,6 +32,7 @@ from robot.hooks import ForgetHook
 from robot.message import ChatRef
 from robot.snapshots import notice_key, notice_prefix
 from robot.storage import Tx
+from robot.storage.base import in_chunks
 from robot.store import Engine
 
 __all__ = [
@@ -135,9 +136,7 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
         # Bot messages addressed to them (@ them: answers, their reminders firing) go with their messages.
         replies += db.execute(f"DELETE FROM history WHERE {TO_USER}", [key, request.user_id, request.user_id]).rowcount
         _blank_mentioning(db, key, request.user_id)
-        for start in range(0, len(ids), 500):
-            batch = ids[start:start + 500]
-            marks = ",".join("?" * len(batch))
+        for batch, marks in in_chunks(ids):
             replies += db.execute(f"DELETE FROM history WHERE chat = ? AND from_bot = 1 AND reply_to IN ({marks})",
                                   [key, *batch]).rowcount
             db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND reply_to IN ({marks}) "
@@ -152,9 +151,8 @@ def _blank_mentioning(db: Tx, chat: str, user_id: str) -> None:
     rows = db.execute("SELECT key, mention FROM outbox WHERE chat = ? AND status != 'pending' AND text != '' "
                       "AND mention != '[]'", [chat]).fetchall()
     keys = [str(k) for k, mention in rows if user_id in json.loads(str(mention))]
-    for start in range(0, len(keys), 500):
-        batch = keys[start:start + 500]
-        db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE key IN ({','.join('?' * len(batch))})", batch)
+    for batch, marks in in_chunks(keys):
+        db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE key IN ({marks})", batch)
 
 
 def bytewise(db: Tx) -> str:

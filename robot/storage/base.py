@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -167,6 +167,14 @@ def unnest(*types: str) -> str:
 def columns(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
     """``rows`` as one list per column (the parameters of :func:`unnest`)."""
     return [list(column) for column in zip(*rows, strict=True)]
+
+
+def in_chunks(values: Sequence[Any], size: int = 500) -> Iterator[tuple[list[Any], str]]:
+    """``values`` ``size`` at a time, each part with its ``?`` marks for ``IN (...)``: SQLite bounds
+    a statement's parameters, and a burst or a /forget may touch thousands of rows."""
+    for start in range(0, len(values), size):
+        part = list(values[start:start + size])
+        yield part, ",".join("?" * len(part))
 
 
 def render_step(sql: str, dialect: Dialect) -> str:
