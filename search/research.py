@@ -8,7 +8,8 @@ and the job's new state commit in one transaction with an outbox row keyed ``res
 the report reaches the chat exactly once, after restarts too. Jobs survive a restart: the
 poller resumes them, and a job whose submission may not have reached Perplexity (a crash between
 storing and submitting) is submitted again under the same idempotency key, so no second paid run
-starts; one stored less than two request timeouts ago is still being submitted, and is left to it. A failed run, or one not done after ``research_timeout_min``, is reported to the asker.
+starts; one stored less than two request timeouts ago is still being submitted, and is left to it.
+A failed run, or one not done after ``research_timeout_min``, is reported to the asker.
 Each person may start ``research_per_user_day`` runs per day (0, the default: not offered).
 """
 

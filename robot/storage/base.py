@@ -291,8 +291,8 @@ class Engine:
         ``urgent``: work whose lateness people see (reminders firing, the outbox sending) goes
         ahead of the other work queued (a burst of messages). On PostgreSQL the pool's threads take
         urgent units before any other queued unit (none is kept idle for them: robot/storage/lanes.py);
-        SQLite's writer commits the urgent units in a group of their own before the rest of its queue,
-        so there one waits for the group under way at most.
+        SQLite's writer opens its next group with the urgent units, ahead of the rest of its queue,
+        so there one waits for the group under way and its own group.
         """
         raise NotImplementedError
 

@@ -5,8 +5,8 @@ thread takes whatever is queued, runs the units one after another inside one tra
 commits once: no unit's caller resumes before the commit holds its rows. Under load this turns
 hundreds of commits a second into a few, without a timer that would delay a lone write.
 ``bench/bench_scale.py`` measures it. Urgent units (``urgent=True``: reminders firing, the outbox
-sending) go first, in a group of their own: a reminder due behind a burst of messages waits for
-the group under way, not for the burst's units queued before it.
+sending) open the next group, ahead of the units queued before them: a reminder due behind a burst
+of messages waits for the group under way, not for the burst's whole queue.
 
 A unit that fails rolls back alone. Should one fail after writing, the transaction is rolled back
 and the whole group runs again, each unit in a savepoint taken at its first write (units are pure
