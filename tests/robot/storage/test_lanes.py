@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from robot.storage import Tx, open_database
+from robot.storage import SQLiteDatabase, Tx, open_database
 from robot.storage.lanes import Lanes
 from robot.storage.postgres import PostgresDatabase
 
@@ -108,3 +108,72 @@ async def test_on_sqlite_an_urgent_unit_overtakes_the_units_queued_before_it_and
         assert await db.run(lambda tx: tx.execute("SELECT 1").fetchone()[0], urgent=True) == 1
     finally:
         await db.close()
+
+
+def test_on_sqlite_any_mix_of_units_queued_behind_a_busy_writer_runs_urgent_ones_first_and_each_once(
+        tmp_path: Path) -> None:
+    """Urgent, plain, durable and raw units (some failing after a write, which makes their group run
+    again with savepoints), queued while the writer is busy: each caller gets its own outcome, only
+    the units that returned keep their row, and the urgent ones ran before the others queued with
+    them, each kind in the order it was queued."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    kinds = st.sampled_from(["urgent", "plain", "durable", "raw"])
+    loop = asyncio.new_event_loop()
+    db = SQLiteDatabase(tmp_path / "qunbot.sqlite3")
+    loop.run_until_complete(db.open())
+    loop.run_until_complete(db.run(lambda tx: tx.execute("CREATE TABLE t (name TEXT PRIMARY KEY)")))
+    try:
+        @settings(max_examples=60, deadline=None)
+        @given(units=st.lists(st.tuples(kinds, st.booleans()), min_size=1, max_size=40))
+        def check(units: list[tuple[str, bool]]) -> None:
+            began: list[str] = []  # first run of each unit (a group with a failed writer runs again)
+
+            def unit(name: str, kind: str, fails: bool) -> Callable[[Tx], str]:
+                def run(tx: Tx) -> str:
+                    if name not in began:
+                        began.append(name)
+                    if kind != "raw":
+                        tx.execute("INSERT INTO t VALUES (?)", [name])
+                    if fails:
+                        raise ValueError(name)
+                    return name
+                return run
+
+            async def scenario() -> list[object]:
+                await db.run(lambda tx: tx.execute("DELETE FROM t"))
+                gate = threading.Event()
+                held = asyncio.ensure_future(db.run(lambda tx: gate.wait(10)))
+                await asyncio.sleep(0.01)
+                calls = []
+                for i, (kind, fails) in enumerate(units):
+                    work = unit(f"{kind}{i}", kind, fails and kind != "raw")
+                    if kind == "raw":
+                        calls.append(db.run_raw(work))
+                    else:
+                        calls.append(db.transaction(work, urgent=kind == "urgent", durable=kind == "durable"))
+                futures = [asyncio.ensure_future(c) for c in calls]
+                await asyncio.sleep(0.01)
+                gate.set()
+                await held
+                return await asyncio.gather(*futures, return_exceptions=True)
+
+            outcomes = loop.run_until_complete(scenario())
+            names = [f"{kind}{i}" for i, (kind, _) in enumerate(units)]
+            failed = {f"{kind}{i}" for i, (kind, fails) in enumerate(units) if fails and kind != "raw"}
+            for name, outcome in zip(names, outcomes, strict=True):
+                if name in failed:
+                    assert isinstance(outcome, ValueError) and str(outcome) == name
+                else:
+                    assert outcome == name
+            kept = {str(r[0]) for r in loop.run_until_complete(db.run(lambda tx: tx.execute("SELECT name FROM t")
+                                                                      .fetchall()))}
+            assert kept == {n for n in names if not n.startswith("raw") and n not in failed}
+            assert began == [n for n in names if n.startswith("urgent")] + [n for n in names
+                                                                           if not n.startswith("urgent")]
+
+        check()
+    finally:
+        loop.run_until_complete(db.close())
+        loop.close()
