@@ -35,7 +35,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
@@ -117,13 +117,15 @@ class Outbox(OutboxRows):
         """This process's id in claims (its lease holder id)."""
         return self.leases.leases.holder if self.leases is not None else process_id()
 
-    def claim_for(self, message: OutgoingMessage) -> tuple[str, str] | None:
-        """This process's claim ``(holder, until)`` on ``message`` when it may send it now, else None
-        (called in a unit of work, on a database thread)."""
-        platform = message.chat.platform
-        if self._stopping or platform not in self._channels or not self.scope(platform).covers(message.chat.account):
-            return None
-        return self.holder, iso(self.clock() + timedelta(seconds=self.claim_s))
+    def claims_for(self, messages: Sequence[OutgoingMessage]) -> list[tuple[str, str] | None]:
+        """Per message, this process's claim ``(holder, until)`` when it may send it now, else None
+        (called in a unit of work, on a database thread): each platform's scope read once."""
+        if self._stopping:
+            return [None] * len(messages)
+        claim = self.holder, iso(self.clock() + timedelta(seconds=self.claim_s))
+        scopes = {p: self.scope(p) for p in {m.chat.platform for m in messages} if p in self._channels}
+        return [claim if (scope := scopes.get(m.chat.platform)) is not None and scope.covers(m.chat.account) else None
+                for m in messages]
 
     def _alive(self, tx: Tx, holder: str) -> bool:
         return self.leases.leases.alive_sync(tx, holder) if self.leases is not None else holder == self.holder
@@ -141,7 +143,7 @@ class Outbox(OutboxRows):
         if channel is None or not channel.account_leases or self.leases is None:
             return Scope()
         prefix = ACCOUNT_LEASE.format(platform=platform, account="")
-        # A copy first (one C call): claim_for asks from a database thread while the event loop changes the set.
+        # A copy first (one C call): claims_for asks from a database thread while the event loop changes the set.
         held = tuple(sorted(n[len(prefix):] for n in frozenset(self.leases.held) if n.startswith(prefix)))
         default = channel.default_account()
         empty = default in held if default else bool(held) and not self.leases.leases.exclusive

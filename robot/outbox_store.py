@@ -233,7 +233,7 @@ class OutboxRows:
     retry_max_s: float
     scope: Callable[[str], Scope]
     _channels: dict[str, Channel]
-    claim_for: Callable[[OutgoingMessage], tuple[str, str] | None]
+    claims_for: Callable[[Sequence[OutgoingMessage]], list[tuple[str, str] | None]]
 
     def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -250,7 +250,7 @@ class OutboxRows:
         third of a burst otherwise all claimed every chat of it at once, waiting on each other's locks."""
         if not messages:
             return []
-        claims = [self.claim_for(m) for m in messages] if send_here and db.dialect == "postgresql" else None
+        claims = self.claims_for(messages) if send_here and db.dialect == "postgresql" else None
         return queue_sync(db, messages, self.clock(), self.bot_id, self.bot_name, claims)
 
     async def flush(self) -> None:
