@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
@@ -32,6 +32,11 @@ from robot.storage.leases import Leases
 __all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
 
 log = logging.getLogger(__name__)
+
+
+def _day_before(day: str) -> str:
+    return (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+
 
 @dataclass(eq=False)
 class Reservation:
@@ -208,7 +213,7 @@ class DailyBudget:
 
     def _reap(self, db: Tx, day: str, scopes: list[str]) -> bool:
         """Release the holds of dead processes holding in ``scopes`` (and of past days); whether any were."""
-        db.execute("DELETE FROM budget_holds WHERE day < ?", [day])
+        db.execute("DELETE FROM budget_holds WHERE day < ?", [_day_before(day)])
         mine = self.leases.holder + "/"  # (alive: its own rows, thousands in a burst, are not read)
         holders = db.execute(f"SELECT DISTINCT holder FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(scopes))}) "
                              "AND tokens > 0 AND substr(holder, 1, ?) != ?", [day, *scopes, len(mine), mine]).fetchall()
@@ -272,10 +277,13 @@ class DailyBudget:
             db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])
 
     async def prune(self) -> int:
-        """Drop spent holds and those of past days (housekeeping); returns how many rows went."""
-        day = self._day()
-        return await self.db.run(lambda db: db.execute(
-            "DELETE FROM budget_holds WHERE tokens <= 0 OR day < ?", [day]).rowcount)
+        """Drop the holds of the days before yesterday (housekeeping); returns how many rows went.
+
+        A hold released for a dead process keeps its row (at 0) till then: a settlement of that
+        process retried after an unknown commit tells by it that it was not written, and records
+        what it spent (with the row gone, it would take itself for written and record nothing)."""
+        since = _day_before(self._day())
+        return await self.db.run(lambda db: db.execute("DELETE FROM budget_holds WHERE day < ?", [since]).rowcount)
 
     # -- the interface -------------------------------------------------------------------------
 

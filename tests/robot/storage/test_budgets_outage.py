@@ -18,6 +18,7 @@ from function_calls import Usage
 from robot.budgets import BudgetExceeded, DailyBudget
 from robot.storage import Engine, Pending, Tx
 from robot.storage.base import CommitUnknown
+from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.pgtesting import PgCluster
 from robot.storage.postgres import PostgresDatabase
 from tests.robot.conftest import eventually
@@ -229,5 +230,31 @@ async def test_a_settlement_retried_after_midnight_counts_on_the_day_it_was_spen
         assert {(r["day"], r["scope"]): (r["tokens"], r["held"]) for r in rows} == {
             ("2026-03-01", scope): spent for scope, spent in SPENT.items()}
         assert await budget.remaining(WHO) == 1000  # the new day starts empty: nothing held over
+    finally:
+        await engine.close()
+
+
+async def test_a_settlement_retried_after_its_hold_was_released_and_pruned_still_records_the_spend(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process stalls past its lease while its settlement's outcome is unknown; another one needs
+    # the room, releases its hold, and prunes. The retry must still record the 300 tokens spent.
+    stalled, other = budget_for(engine, "host:1:stalled"), budget_for(engine, "host:2:other")
+    stalled.pending.first_s = 3600.0  # retried only when it stops
+    await engine.open()
+    outage = Outage(engine, monkeypatch)
+    try:
+        if isinstance(engine, PostgresDatabase):  # on SQLite another holder is a dead predecessor at once
+            await other.leases.acquire(PROCESS_PREFIX + "host:2:other")
+        async with stalled.reserve(WHO, 600):
+            await stalled.charge(WHO, Usage(prompt_tokens=300))
+            outage.unknown = "lost"  # the connection fails while the settlement commits, unwritten
+        assert len(stalled.pending) == 1
+        async with other.reserve(WHO, 800) as second:  # 600 of 1000 held: releases the stalled hold
+            assert second.held == 800
+        await other.prune()
+        await stalled.pending.stop()
+        used, holds = await ledger(engine)
+        assert holds == 0 and used["user:memory:u1"] == (300, 0)  # recorded, and not released twice
+        assert await other.remaining(WHO) == 700
     finally:
         await engine.close()
