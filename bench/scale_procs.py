@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import re
 import tempfile
 import time
@@ -143,6 +144,10 @@ def run_processes(url: str, processes: int, messages: int, reminders: int, *, ch
         due = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=12 + 4 * processes)
         if reminders:
             asyncio.run(seed_reminders(url, data / "p0", reminders, due))
+        key = os.urandom(32)  # every process sharing the database has the same secret.key
+        for k in range(processes):
+            (data / f"p{k}").mkdir(exist_ok=True)
+            (data / f"p{k}" / "secret.key").write_bytes(key)
         procs = [ctx.Process(target=_worker, args=(url, str(data / f"p{k}"), k, messages // processes, chats,
                                                    ready, go, stop, sent, out, leased)) for k in range(processes)]
         for p in procs:

@@ -125,8 +125,7 @@ class Bot:
                             approver=self.approvals.approver, strict_tools=llm.strict_tools)
             self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
                                              history_tokens=llm.history_tokens)
-        self.channels: dict[str, Channel] = {c.platform: c for c in (channels if channels is not None
-                                                                      else build_channels(settings))}
+        self.channels = {c.platform: c for c in (build_channels(settings) if channels is None else channels)}
         merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)
@@ -326,6 +325,7 @@ class Bot:
         await self.db.open()
         self.started = True
         try:
+            await self.channel_state.check_key()  # the database's secret.key: before anything seals or signs
             await self.leases.start()
             await self.one_process.start()  # web, console, WeCom: in one process, the others stand by
             for plugin in self.plugins:

@@ -29,6 +29,7 @@ from robot.doctor_storage import storage_checks
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.redact import redact_url
 from robot.runtime import tune_gc
+from robot.secret_key import SecretKeyMismatch
 from robot.storage import SQLiteDatabase
 from robot.storage.lockfile import sole_process
 from robot.template import render_template
@@ -81,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", parents=[common], help="check the config, the LLM endpoint and each channel",
                    description="Check the config, the plugins, the LLM endpoint and each channel's port.")
-    maintenance.add_parsers(sub, common)  # backup, pending, copy-db
+    maintenance.add_parsers(sub, common)  # backup, pending, copy-db, adopt-secret
     login = sub.add_parser("login", help="log a bot account in by QR code (personal WeChat)")
     login.add_argument("platform", choices=["weixin"], help="weixin: personal WeChat (iLink bot API)")
     return parser
@@ -337,9 +338,10 @@ async def _login_weixin(settings: Settings) -> int:
     db = open_database(settings.storage.url.get_secret_value(), settings.bot.data_dir,
                        pool_size=settings.storage.pool_size)
     state = WeixinState(cfg.state_dir or settings.bot.data_dir / "weixin")
-    state.attach(ChannelState(db, settings.bot.data_dir / "secret.key"))
+    state.attach(sealed := ChannelState(db, settings.bot.data_dir / "secret.key"))
     await db.open()
     try:
+        await sealed.check_key()  # the login is sealed with it: the key every process has
         await login(cfg, state)
     except (LoginFailed, WeixinError) as exc:
         print(f"error: weixin login: {exc}", file=sys.stderr)
@@ -368,12 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tools(settings, args.json, args.strict)
         if command == "doctor":
             return asyncio.run(_doctor(settings, source))
-        if command == "pending":
-            return asyncio.run(maintenance.pending(settings, args.all))
-        if command == "backup":
-            return maintenance.backup(settings, args.target, args.force)
-        if command == "copy-db":
-            return asyncio.run(maintenance.copy_db(settings, args.to))
+        if command in maintenance.COMMANDS:
+            return maintenance.run(command, settings, args)
         if command == "login":
             return asyncio.run(_login_weixin(settings))
         if command == "chat":
@@ -384,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ConfigError, PluginError) as exc:
+    except (ConfigError, PluginError, SecretKeyMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (OSError, ChannelError) as exc:  # e.g. a channel's port is taken: a line, not a traceback

@@ -1,4 +1,4 @@
-"""``qunbot backup``, ``pending`` and ``copy-db``: commands that read or copy the bot's database."""
+"""``qunbot backup``, ``pending``, ``copy-db`` and ``adopt-secret``: commands on the bot's database."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
+from robot import secret_key
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
 from robot.storage import SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
@@ -24,12 +25,16 @@ from robot.storage.copy import (
     occupied_sync,
     sqlite_tables,
 )
+from robot.storage.leases import PROCESS_PREFIX, Leases
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["add_parsers", "backup", "copy_db", "housekeep", "pending", "undelivered"]
+__all__ = ["COMMANDS", "add_parsers", "adopt_secret", "backup", "copy_db", "housekeep", "pending", "run",
+           "undelivered"]
 log = logging.getLogger(__name__)
+
+COMMANDS = ("backup", "pending", "copy-db", "adopt-secret")  #: the subcommands this module runs
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -47,6 +52,46 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser], common
                                       "the outbox, channel logins...) into an empty PostgreSQL database, in one "
                                       "transaction. Stop the bot first.")
     copy.add_argument("--to", required=True, metavar="URL", help="postgresql://user:password@host:5432/dbname")
+    sub.add_parser("adopt-secret", parents=[common], help="make this data_dir's secret.key the database's",
+                   description="After the database's secret.key was lost or leaked: make this data_dir's "
+                               "secret.key (created if missing) the one every process must have. What the old "
+                               "key sealed (stored Weixin logins, runs waiting for an approval) can no longer be "
+                               "opened. Stop every process first.")
+
+
+def run(command: str, settings: Settings, args: argparse.Namespace) -> int:
+    """Run one of :data:`COMMANDS` with its parsed arguments; its exit status."""
+    if command == "backup":
+        return backup(settings, args.target, args.force)
+    if command == "pending":
+        return asyncio.run(pending(settings, args.all))
+    if command == "copy-db":
+        return asyncio.run(copy_db(settings, args.to))
+    return asyncio.run(adopt_secret(settings))
+
+
+async def adopt_secret(settings: Settings) -> int:
+    """``qunbot adopt-secret``: this data_dir's ``secret.key`` becomes the database's (see
+    :mod:`robot.secret_key`), unless a process is running on the database."""
+    path = settings.bot.data_dir / "secret.key"
+    db = open_database(settings.storage.url.get_secret_value(), settings.bot.data_dir)
+    db.migrate("install_secret", secret_key.SCHEMA)
+    leases = Leases(db)
+    try:
+        await db.open()
+        running = sorted((await leases.holders(PROCESS_PREFIX)).values())
+        if running:  # it would go on sealing and signing with the old key
+            print(f"error: stop every process using the database {db.where} first; still running: "
+                  f"{', '.join(running)} (one that was killed counts as running for [storage] lease_s seconds)",
+                  file=sys.stderr)
+            return 2
+        await secret_key.check_secret(db, path, adopt=True)
+    finally:
+        await db.close()
+    print(f"{path} is now the database's secret.key: copy it into every other process's data_dir. What the old "
+          "key sealed (stored Weixin logins, runs waiting for an approval) can no longer be opened: log Weixin in "
+          "again.")
+    return 0
 
 
 async def housekeep(bot: Bot) -> None:

@@ -66,7 +66,7 @@ def test_readme_links_stay_inside_the_repository() -> None:
 
 # --- every command the README shows is run (issue 10) -------------------------------------------
 
-_SUBCOMMANDS = ("run", "chat", "tools", "init", "doctor", "backup", "pending", "copy-db")
+_SUBCOMMANDS = ("run", "chat", "tools", "init", "doctor", "backup", "pending", "copy-db", "adopt-secret")
 README_DB = "postgresql://qunbot:PASSWORD@db.internal:5432/qunbot"  # Scale out's database: a throwaway one here
 #: Commands the README shows that a test cannot run, each with the reason. A new command in the
 #: README must be run by test_every_qunbot_command_in_the_readme_runs or listed here.

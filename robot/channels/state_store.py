@@ -27,6 +27,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from robot import secret_key
 from robot.storage import Engine, StorageError, Tx, iso, utcnow
 
 __all__ = ["SCHEMA", "ChannelState", "ChannelStateError"]
@@ -61,6 +62,14 @@ class ChannelState:
         self._fernet: Fernet | None = None
         self._loading = asyncio.Lock()
         db.migrate("channel_state", SCHEMA)
+        db.migrate("install_secret", secret_key.SCHEMA)
+
+    async def check_key(self) -> None:
+        """Refuse (:class:`robot.secret_key.SecretKeyMismatch`) unless the install's ``secret.key`` is
+        the one the open database was first used with (see :mod:`robot.secret_key`): before anything
+        is sealed or signed with it. Nothing to check for an in-memory bot."""
+        if self.secret_path is not None:
+            await secret_key.check_secret(self.db, self.secret_path)
 
     async def _cipher(self) -> Fernet:
         async with self._loading:

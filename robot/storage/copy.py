@@ -5,7 +5,8 @@ Both databases must already have the schema this code has (every component's mig
 have is copied row by row, inside the one PostgreSQL transaction the caller runs
 :func:`copy_sync` in: all or nothing. Left out: ``schema_version`` (the same on both by then) and
 ``leases`` (which process holds what: the old process's claims are void, and what it had claimed
-is taken over). Tables only PostgreSQL has hold figures its engine derives (the memory index's
+is taken over) and ``install_secret`` (the fingerprint of the data_dir's ``secret.key``, which the
+start on PostgreSQL records: the start on SQLite checked that it is the source's). Tables only PostgreSQL has hold figures its engine derives (the memory index's
 corpus figures): they are emptied, and their component rebuilds them at the next start. The
 identity counters go on after the copied ids.
 """
@@ -21,7 +22,7 @@ __all__ = ["SKIPPED", "CopyError", "CopyReport", "copy_sync", "living_processes"
            "sqlite_tables"]
 
 _VERSIONS = "schema_version"
-SKIPPED = frozenset({_VERSIONS, "leases"})
+SKIPPED = frozenset({_VERSIONS, "leases", "install_secret"})
 _CHUNK = 2000  # rows read and written at a time: a large history never sits in memory whole
 
 

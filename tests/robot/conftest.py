@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,6 +95,7 @@ class BotFactory(Protocol):
         plugins: list[Plugin[Any]] | None = None,
         data_dir: Path | None = None,
         start: bool = True,
+        own_key: bool = False,
         **sections: dict[str, Any],
     ) -> tuple[Bot, Any]: ...
 
@@ -102,7 +104,9 @@ class BotFactory(Protocol):
 async def make_bot(tmp_path: Path, plugin: Plugin[Any]) -> AsyncIterator[BotFactory]:
     """Build (and start) a bot on a MemoryChannel; every bot is stopped at teardown.
 
-    Rate limits are raised unless a test sets ``limits=``; the outbox retries quickly.
+    Rate limits are raised unless a test sets ``limits=``; the outbox retries quickly. Bots in other
+    data_dirs share the first one's ``secret.key``, as every process sharing a database must (an
+    owner copies it); ``own_key=True`` leaves a bot with whatever its data_dir has.
     """
     bots: list[Bot] = []
 
@@ -113,9 +117,15 @@ async def make_bot(tmp_path: Path, plugin: Plugin[Any]) -> AsyncIterator[BotFact
         plugins: list[Plugin[Any]] | None = None,
         data_dir: Path | None = None,
         start: bool = True,
+        own_key: bool = False,
         **sections: dict[str, Any],
     ) -> tuple[Bot, Any]:
         bot_section = {"data_dir": data_dir or tmp_path, **sections.pop("bot", {})}
+        key = Path(bot_section["data_dir"]) / "secret.key"
+        first = next((b.settings.bot.data_dir / "secret.key" for b in bots), None)
+        if not own_key and first is not None and first.exists() and not key.exists():
+            key.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(first, key)
         limits = sections.pop("limits", {"user_burst": 1000, "chat_burst": 1000})
         data: dict[str, Any] = {"bot": bot_section, "limits": limits, **sections}
         settings = Settings(**data)

@@ -101,6 +101,10 @@ async def test_three_processes_killed_at_random_lose_and_double_no_reminder(pg_u
         await db.run(lambda tx: ReminderStore.insert_sync(tx, rows))
 
         cfgs = [config(tmp_path / f"p{i}", pg_url, api.url) for i in range(3)]
+        key = os.urandom(32)  # every process sharing the database has the same secret.key (README: Scale out)
+        for cfg in cfgs:
+            (cfg.parent / "data").mkdir()
+            (cfg.parent / "data" / "secret.key").write_bytes(key)
         logs = [tmp_path / f"p{i}.log" for i in range(3)]
         procs = [spawn(cfgs[i], logs[i]) for i in range(3)]
         kills: list[float] = []
