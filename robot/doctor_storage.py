@@ -1,5 +1,6 @@
-"""``qunbot doctor``'s storage lines: the engine, the live processes and their accounts, and the
-outbox rows waiting for an account that no process holds.
+"""``qunbot doctor``'s storage lines: the engine, whether this data_dir's ``secret.key`` is the
+database's, the live processes and their accounts, and the outbox rows waiting for an account that
+no process holds.
 
 It reads the database as it stands and writes nothing (no migration is applied): a table that is
 not there yet reads as empty. The URL is shown with its password redacted, and errors too.
@@ -8,14 +9,17 @@ not there yet reads as empty. The URL is shown with its password redacted, and e
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+from robot import secret_key
 from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.config import Settings
 from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS
+from robot.snapshots import SnapshotError, load_secret
 from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso, open_database
 from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.postgres import redact_dsn
@@ -92,6 +96,7 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
             held = [str(r["name"]) for r in leases if not str(r["name"]).startswith(PROCESS_PREFIX)]
             waiting = await _read(db, lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held, ONE_PROCESS_PLATFORMS),
                                    none)
+            stored = await _read(db, secret_key.stored_sync, None)
         finally:
             await db.close()
     except Exception as exc:  # unreachable, refused, newer than this code: the reason, never the password
@@ -103,6 +108,7 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
         checks.append(Check(abs(off) < 2, "clock", f"this machine's clock is {abs(off):.3f} s "
                             f"{'behind' if off >= 0 else 'ahead of'} the database's" + ("" if abs(off) < 2 else
                             " (qunbot keeps the database's time; run NTP here so logs agree)")))
+    checks.append(await _key_check(settings.bot.data_dir / "secret.key", stored))
     checks += _processes(leases)
     for row in waiting:
         if row["platform"] in ONE_PROCESS_PLATFORMS:
@@ -113,6 +119,21 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
         checks.append(Check(False, "outbox", f"{row['n']} message(s) for {row['platform']} wait for {why} "
                                              f"(oldest queued {row['oldest'][:19]})"))
     return checks
+
+
+async def _key_check(path: Path, stored: str | None) -> Check:
+    """Whether ``path`` is the key the database was first used with (``stored``, its fingerprint)."""
+    if stored is None:
+        return Check(True, "secret.key", f"{path} (the database records its key at the first start)")
+    if not await asyncio.to_thread(path.is_file):
+        return Check(False, "secret.key", f"{path} does not exist: copy the database's here (from a process "
+                                          "using it, or a backup); `qunbot run` refuses to start without it")
+    try:
+        same = hmac.compare_digest(secret_key.fingerprint(await asyncio.to_thread(load_secret, path)), stored)
+    except SnapshotError as exc:
+        return Check(False, "secret.key", str(exc))
+    return Check(same, "secret.key", f"{path}: " + ("the database's" if same else "not the key the database was "
+                 "first used with: copy the right one here; `qunbot run` refuses to start with this one"))
 
 
 def _processes(leases: list[dict[str, Any]]) -> list[Check]:

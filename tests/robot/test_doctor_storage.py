@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from robot.bot import Bot
 from robot.channels.console import ConsoleChannel
 from robot.channels.onebot import OneBotChannel
 from robot.channels.telegram import TelegramChannel
@@ -16,13 +17,15 @@ from robot.channels.wecom import WeComCallbackChannel, WeComWebhookChannel
 from robot.channels.weixin import WeixinChannel
 from robot.cli import main
 from robot.config import Settings
-from robot.doctor_storage import storage_checks
+from robot.doctor_storage import Check, storage_checks
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
 from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS
 from robot.storage import Engine, SQLiteDatabase
 from robot.storage.leases import Leases
+from robot.storage.postgres import PostgresDatabase
+from robot.testing import MemoryChannel
 
 HOLDER = "host-a:4242:abcd1234"
 
@@ -83,3 +86,28 @@ def test_the_doctor_knows_which_channels_hold_account_leases_and_which_run_in_on
                 WeComWebhookChannel)
     assert {c.platform for c in channels if c.account_leases} == set(LEASED_PLATFORMS)
     assert {c.platform for c in channels if c.one_process} == set(ONE_PROCESS_PLATFORMS)
+
+
+async def test_doctor_says_whether_this_data_dirs_secret_key_is_the_databases(
+        engine: Engine, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    storage = {"url": engine.url} if isinstance(engine, PostgresDatabase) else {}
+    settings = Settings(bot={"data_dir": data}, storage=storage)
+    bot = Bot(settings, channels=[MemoryChannel()])
+    await bot.start()
+    await bot.stop()
+
+    def key_line(checks: list[Check]) -> Check:
+        (line,) = [c for c in checks if c.what == "secret.key"]
+        return line
+
+    assert key_line(await storage_checks(settings)) == Check(True, "secret.key", f"{data / 'secret.key'}: the database's")
+    original = (data / "secret.key").read_bytes()
+    (data / "secret.key").write_bytes(bytes(32))
+    replaced = key_line(await storage_checks(settings))
+    assert not replaced.ok and "not the key the database was first used with" in replaced.detail
+    (data / "secret.key").unlink()
+    missing = key_line(await storage_checks(settings))
+    assert not missing.ok and "does not exist" in missing.detail
+    assert not (data / "secret.key").exists()  # the doctor writes nothing
+    assert original.hex() not in replaced.detail + missing.detail
