@@ -55,7 +55,7 @@ from robot.outbox import Outbox
 from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
-from robot.storage import Engine, Pending, open_database
+from robot.storage import Engine, Pending
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.store import Database, DedupeStore
 from robot.wiring import build_channels, build_model
@@ -85,9 +85,7 @@ class Bot:
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
         check_tables(settings, [p.name for p in self.plugins])
         store = settings.storage
-        self.db: Engine = (Database(database) if database else
-                           open_database(store.url.get_secret_value(), settings.bot.data_dir, pool_size=store.pool_size,
-                                         stall_s=store.lease_s))
+        self.db: Engine = Database(database) if database else store.engine(settings.bot.data_dir)
         self.clock: Callable[[], datetime] = clock or self.db.now  # the database's time: see Engine.now
         hist = settings.history
         self.history = HistoryStore(self.db, max_messages=hist.max_messages, max_age=timedelta(days=hist.retention_days),

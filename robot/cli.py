@@ -332,11 +332,9 @@ async def _login_weixin(settings: Settings) -> int:
     """``qunbot login weixin``: the account lands in the bot's database, where every process sees it."""
     from robot.channels.state_store import ChannelState
     from robot.channels.weixin import LoginFailed, WeixinError, WeixinState, login
-    from robot.storage import open_database
 
     cfg = settings.channels.weixin
-    db = open_database(settings.storage.url.get_secret_value(), settings.bot.data_dir,
-                       pool_size=settings.storage.pool_size)
+    db = settings.storage.engine(settings.bot.data_dir)
     state = WeixinState(cfg.state_dir or settings.bot.data_dir / "weixin")
     state.attach(sealed := ChannelState(db, settings.bot.data_dir / "secret.key"))
     await db.open()

@@ -12,7 +12,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -22,6 +22,9 @@ from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.wecom.settings import WeComSettings
 from robot.channels.weixin.settings import WeixinSettings
+
+if TYPE_CHECKING:
+    from robot.storage import Engine
 
 __all__ = [
     "ApprovalsSection",
@@ -165,6 +168,16 @@ class StorageSection(_Section):
     lease_s: float = Field(15.0, ge=3, le=600, description="PostgreSQL: a process that stops renewing its accounts' "
                            "leases for this long (killed, cut off) loses them to another process (it stops serving "
                            "them itself a little before); the server ends its transactions left idle this long")
+    listen_url: SecretStr = Field(SecretStr(""), description="PostgreSQL: when url goes through a pooler in "
+                                  "transaction mode (PgBouncer's pool_mode = transaction, Supabase's port 6543), a "
+                                  "direct or session-mode URL of the same database for notifications (LISTEN)")
+
+    def engine(self, data_dir: Path) -> Engine:
+        """The database these settings name (not opened)."""
+        from robot.storage import open_database
+
+        return open_database(self.url.get_secret_value(), data_dir, pool_size=self.pool_size, stall_s=self.lease_s,
+                             listen_url=self.listen_url.get_secret_value())
 
 
 class OutboxSection(_Section):

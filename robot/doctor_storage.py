@@ -20,7 +20,7 @@ from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.config import Settings
 from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS
 from robot.snapshots import SnapshotError, load_secret
-from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso, open_database
+from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso
 from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.postgres import redact_dsn
 
@@ -77,7 +77,7 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
     """The storage engine, each live process with the accounts it holds, and the rows no process can send."""
     url = settings.storage.url.get_secret_value().strip()
     try:
-        db = open_database(url, settings.bot.data_dir)
+        db = settings.storage.engine(settings.bot.data_dir)
     except StorageError as exc:
         return [Check(False, "storage", str(exc))]
     if isinstance(db, SQLiteDatabase):

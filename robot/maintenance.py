@@ -74,7 +74,7 @@ async def adopt_secret(settings: Settings) -> int:
     """``qunbot adopt-secret``: this data_dir's ``secret.key`` becomes the database's (see
     :mod:`robot.secret_key`), unless a process is running on the database."""
     path = settings.bot.data_dir / "secret.key"
-    db = open_database(settings.storage.url.get_secret_value(), settings.bot.data_dir)
+    db = settings.storage.engine(settings.bot.data_dir)
     db.migrate("install_secret", secret_key.SCHEMA)
     leases = Leases(db)
     try:
@@ -112,8 +112,7 @@ async def housekeep(bot: Bot) -> None:
 
 def _engine(settings: Settings) -> Engine | None:
     """The configured database (not opened), or None for an SQLite file that does not exist yet."""
-    url = settings.storage.url.get_secret_value()
-    db = open_database(url, settings.bot.data_dir)
+    db = settings.storage.engine(settings.bot.data_dir)
     if isinstance(db, SQLiteDatabase) and not Path(db.path).is_file():
         return None
     return db

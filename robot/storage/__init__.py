@@ -19,9 +19,10 @@ __all__ = ["Cursor", "Dialect", "Engine", "Pending", "SQLiteDatabase", "Step", "
 SQLITE_FILE = "qunbot.sqlite3"
 
 
-def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: float | None = None) -> Engine:
-    """The engine ``url`` names (not yet opened): see the module's docstring. ``stall_s``: see
-    :class:`~robot.storage.postgres.PostgresDatabase`."""
+def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: float | None = None,
+                  listen_url: str = "") -> Engine:
+    """The engine ``url`` names (not yet opened): see the module's docstring. ``stall_s`` and
+    ``listen_url``: see :class:`~robot.storage.postgres.PostgresDatabase`."""
     url = url.strip()
     if not url:
         return SQLiteDatabase(data_dir / SQLITE_FILE)
@@ -31,6 +32,6 @@ def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: floa
     if url.startswith(("postgresql://", "postgres://")):
         from robot.storage.postgres import PostgresDatabase
 
-        return PostgresDatabase(url, max_size=pool_size, stall_s=stall_s)
+        return PostgresDatabase(url, max_size=pool_size, stall_s=stall_s, listen_url=listen_url.strip() or None)
     raise StorageError("[storage] url must be empty, sqlite:///path or postgresql://..., not "
                        f"{url.split(':', 1)[0]!r}")

@@ -11,7 +11,9 @@
   ``listen_check_s`` the process sends itself a notification from a pooled connection; if it has
   not come back within ``listen_answer_s``, the connection is replaced (and what may have been
   missed is read again) unless it still answers a query, which means a pooler: a process refuses
-  to start on one.
+  to start on one. With ``[storage] listen_url`` (a direct or session-mode URL), the LISTEN
+  connection uses it, and ``url`` may go through a pooler in transaction mode; a ``listen_url``
+  naming another database fails the same check.
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ class Listener:
         conn = None
         try:
             async with asyncio.timeout(within_s):
-                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True, connect_timeout=10,
-                                                             application_name=LISTENER, **self.db.tcp)
+                conn = await psycopg.AsyncConnection.connect(self.db.listen_url, autocommit=True, connect_timeout=10,
+                                                             application_name=LISTENER, **self.db.listen_tcp)
                 await conn.execute(f"LISTEN {CHANNEL}")
                 await conn.execute(f"LISTEN {self.probe_channel}")
             await self._hears(conn)  # bounded by listen_answer_s, whatever within_s
@@ -194,8 +196,10 @@ class Listener:
         # The server answers on it, but passes nothing on: LISTEN went to a server connection that
         # went back to a pool (PgBouncer or Supavisor in transaction mode).
         shut(conn)
-        raise Pooled(f"it answers, but a notification sent to it did not arrive within {wait_s:g} s: a "
-                     "pooler in transaction mode? Use a direct or session-mode URL")
+        hint = ("does [storage] listen_url name the same database as url, directly or through a pooler in "
+                "session mode?") if self.db.pooled else ("a pooler in transaction mode? Use a direct or session-mode "
+                                                         "URL, or set [storage] listen_url to one")
+        raise Pooled(f"it answers, but a notification sent to it did not arrive within {wait_s:g} s: {hint}")
 
 
 class _Silent(Exception):

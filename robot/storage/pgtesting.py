@@ -82,9 +82,10 @@ def _accepting(port: int, process: subprocess.Popen[bytes], log: Path, what: str
 
 
 @contextlib.contextmanager
-def pgbouncer(url: str, mode: Literal["session", "transaction"]) -> Iterator[str]:
+def pgbouncer(url: str, mode: Literal["session", "transaction"], server_pool: int = 20) -> Iterator[str]:
     """A PgBouncer (Debian's ``pgbouncer`` package, which ``.ci/run`` installs) in ``mode`` in front of
-    ``url``'s server, on loopback; yields the URL through it. As root it runs as ``postgres``."""
+    ``url``'s server, on loopback, with up to ``server_pool`` server connections per database; yields
+    the URL through it. As root it runs as ``postgres``."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not Path(binary).exists():
         raise RuntimeError("PgBouncer not found: install Debian's pgbouncer package (.ci/run does)")
@@ -98,7 +99,7 @@ def pgbouncer(url: str, mode: Literal["session", "transaction"]) -> Iterator[str
     (folder / "pgbouncer.ini").write_text(
         f"[databases]\n* = host=127.0.0.1 port={server.port} user=postgres\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = any\n"
-        f"pool_mode = {mode}\nlogfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n")
+        f"pool_mode = {mode}\ndefault_pool_size = {server_pool}\nlogfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n")
     process = subprocess.Popen([binary, *as_user, str(folder / "pgbouncer.ini")])
     try:
         _accepting(port, process, folder / "pgbouncer.log", "PgBouncer", 10)

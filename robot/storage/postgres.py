@@ -60,11 +60,17 @@ class PostgresDatabase(Engine):
     dialect: Dialect = "postgresql"
     crash_safe = False  # synchronous_commit is off but for durable units (see open())
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, stall_s: float | None = None) -> None:
-        """``stall_s``: the server ends a transaction of this process's that stays idle this long."""
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, stall_s: float | None = None,
+                 listen_url: str | None = None) -> None:
+        """``stall_s``: the server ends a transaction of this process's that stays idle this long.
+        ``listen_url``: the same database without a pooler in transaction mode, for ``LISTEN``; with
+        it, ``url`` may go through one (no session setting, no prepared statement is left on it)."""
         super().__init__()
         self.url = url
         self.where = redact_dsn(url)
+        self.listen_url = listen_url or url  #: the LISTEN connection's
+        #: ``url`` may go through a pooler in transaction mode: every setting is made per transaction.
+        self.pooled = self.listen_url != url
         self.min_size, self.max_size = min_size, max_size
         self.stall_s = stall_s
         self.wait_s = 30.0  #: how long a unit waits for a connection while the server cannot be reached
@@ -73,6 +79,7 @@ class PostgresDatabase(Engine):
         self.listen_check_s = 30.0  #: how often the LISTEN connection is checked (a notification sent to it)
         self.listen_answer_s = 10.0  #: and how long that may take before the connection is replaced
         self.tcp: dict[str, Any] = {}  #: the TCP keepalive settings the URL leaves to qunbot (pgnet.TCP)
+        self.listen_tcp: dict[str, Any] = {}  #: and those listen_url leaves
         self._settings: list[tuple[str, str]] = []  # set on every connection (configure)
         self._pool: Any = None
         self._threads: Lanes | None = None
@@ -116,13 +123,16 @@ class PostgresDatabase(Engine):
             from psycopg.conninfo import conninfo_to_dict
 
             self.tcp = tcp_settings(conninfo_to_dict(self.url))
+            self.listen_tcp = tcp_settings(conninfo_to_dict(self.listen_url))
         except psycopg.Error as exc:
             raise self._error(exc) from exc
-        # Set once connected, not as the startup packet's options: PgBouncer refuses those.
-        self._session = {"autocommit": True, **self.tcp}
+        # Set once connected, not as the startup packet's options: PgBouncer refuses those. Through a
+        # pooler in transaction mode each transaction may run on another server connection, which
+        # other clients share: settings are made per transaction (SET LOCAL) and nothing is prepared.
+        self._session = {"autocommit": True, **self.tcp, **({"prepare_threshold": None} if self.pooled else {})}
         self._pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size, open=False,
                                     name="qunbot", reconnect_timeout=60, timeout=self.wait_s, kwargs=self._session,
-                                    configure=self._configure)
+                                    configure=None if self.pooled else self._configure)
         try:
             # One plain connection first: a wrong host or password (or a pooler refusing a
             # setting) fails now, with the server's reason, not as a pool that never fills.
@@ -144,16 +154,18 @@ class PostgresDatabase(Engine):
         self.opened = True
         self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
 
-    def _configure(self, conn: Any) -> None:
-        """The session's settings, on a new connection (the pool's, run_ahead's)."""
-        conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
-                     [v for pair in self._settings for v in pair])
+    def _configure(self, conn: Any, durable: bool | None = None) -> None:
+        """The session's settings, on a new connection (the pool's, run_ahead's); with ``durable``, for
+        this transaction alone (:attr:`pooled`), synchronous_commit on if ``durable``."""
+        pairs = [(k, "on" if durable and k == "synchronous_commit" else v) for k, v in self._settings]
+        conn.execute("SELECT " + ", ".join(f"set_config(%s, %s, {'false' if durable is None else 'true'})"
+                                           for _ in pairs), [v for pair in pairs for v in pair])
 
     def _try_connect(self) -> None:
         import psycopg
 
         with psycopg.connect(self.url, connect_timeout=10, **self._session) as conn:
-            self._configure(conn)
+            self._configure(conn, None if not self.pooled else False)
 
     async def _call(self, fn: Callable[[], T], urgent: bool = False) -> T:
         assert self._threads is not None
@@ -183,7 +195,9 @@ class PostgresDatabase(Engine):
                 with (self._own_connection() if ahead else pool.connection()) as conn, self._using(conn), \
                         conn.transaction():
                     started = True
-                    if durable:
+                    if self.pooled:
+                        self._configure(conn, durable)
+                    elif durable:
                         conn.execute("SET LOCAL synchronous_commit TO ON")
                     tx = PostgresTx(conn)
                     result = fn(tx)
@@ -219,7 +233,8 @@ class PostgresDatabase(Engine):
         if self._own is None or self._own.closed:
             try:
                 self._own = psycopg.connect(self.url, connect_timeout=10, **self._session)
-                self._configure(self._own)
+                if not self.pooled:
+                    self._configure(self._own)
             except psycopg.Error as exc:  # not retried: the next call tries again
                 raise self._error(exc) from exc
         try:
