@@ -9,6 +9,7 @@ two rows instead of being absorbed by the real outbox's idempotent insert.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import textwrap
 import threading
@@ -28,6 +29,7 @@ from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
 from robot import OutgoingMessage, Tx
 from robot.storage.leases import SCHEMA as LEASES
 from robot.storage.leases import LeaseKeeper, Leases
+from robot.storage.pgtesting import pgbouncer
 from robot.storage.postgres import PostgresDatabase
 from tests.frozen import frozen_child
 
@@ -59,30 +61,52 @@ class Host:
 FIRED = ["CREATE TABLE fired (n {id}, key TEXT NOT NULL, chat TEXT NOT NULL, text TEXT NOT NULL)"]
 
 
-@pytest.fixture
-async def processes(pg_url: str) -> AsyncIterator[list[ReminderService]]:
+@contextlib.asynccontextmanager
+async def started(url: str, listen_url: str | None = None) -> AsyncIterator[list[ReminderService]]:
     """Three services, each on its own engine and timer, sharing one PostgreSQL database."""
     services: list[ReminderService] = []
     keepers: list[LeaseKeeper] = []
-    for k in range(3):
-        db = PostgresDatabase(pg_url, max_size=3)
-        db.migrate("reminders", SCHEMA)
-        db.migrate("fired", FIRED)
-        db.migrate("leases", LEASES)
-        await db.open()
-        keepers.append(LeaseKeeper(Leases(db, holder=f"process-{k}")))
-        await keepers[-1].start()  # its process lease: its place among the living
-        scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"))
-        scheduler.start(paused=True)  # jobs are only looked at: the instants are in 2030
-        service = ReminderService(ReminderStore(db), Host(lambda: NOW, keepers[-1]),  # type: ignore[arg-type]
-                                  ReminderSettings(), scheduler=scheduler)
-        await service.start()
-        services.append(service)
-    yield services
-    for service, keeper in zip(services, keepers, strict=True):
-        await service.stop()
-        await keeper.stop()
-        await service.store.db.close()
+    try:
+        for k in range(3):
+            db = PostgresDatabase(url, max_size=3, listen_url=listen_url)
+            db.migrate("reminders", SCHEMA)
+            db.migrate("fired", FIRED)
+            db.migrate("leases", LEASES)
+            await db.open()
+            keepers.append(LeaseKeeper(Leases(db, holder=f"process-{k}")))
+            await keepers[-1].start()  # its process lease: its place among the living
+            scheduler = AsyncIOScheduler(timezone=ZoneInfo("UTC"))
+            scheduler.start(paused=True)  # jobs are only looked at: the instants are in 2030
+            service = ReminderService(ReminderStore(db), Host(lambda: NOW, keepers[-1]),  # type: ignore[arg-type]
+                                      ReminderSettings(), scheduler=scheduler)
+            await service.start()
+            services.append(service)
+        yield services
+    finally:
+        for service, keeper in zip(services, keepers, strict=True):
+            await service.stop()
+            await keeper.stop()
+            await service.store.db.close()
+
+
+@pytest.fixture
+async def processes(pg_url: str) -> AsyncIterator[list[ReminderService]]:
+    """Three processes on the database directly."""
+    async with started(pg_url) as services:
+        yield services
+
+
+@pytest.fixture(params=["direct", "transaction pooler"])
+async def any_processes(request: pytest.FixtureRequest, pg_url: str) -> AsyncIterator[list[ReminderService]]:
+    """Three processes on the database directly, or through a PgBouncer in transaction mode (two
+    server connections for nine clients) with ``listen_url`` naming the database directly."""
+    if request.param == "direct":
+        async with started(pg_url) as services:
+            yield services
+        return
+    with pgbouncer(pg_url, "transaction", server_pool=2) as pooled:
+        async with started(pooled, listen_url=pg_url) as services:
+            yield services
 
 
 def due_rows(count: int) -> list[Reminder]:
@@ -98,7 +122,8 @@ async def fired(service: ReminderService) -> list[str]:
     return [item for text in texts for item in re.findall(r"提醒 \d+|交周报", text)]
 
 
-async def test_every_due_reminder_fires_exactly_once_across_processes(processes: list[ReminderService]) -> None:
+async def test_every_due_reminder_fires_exactly_once_across_processes(any_processes: list[ReminderService]) -> None:
+    processes = any_processes
     rows = due_rows(600)
     await processes[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
     for service in processes:
@@ -111,7 +136,8 @@ async def test_every_due_reminder_fires_exactly_once_across_processes(processes:
     assert not await processes[1].store.db.run(lambda db: ReminderStore.due_sync(db, NOW, "text", 10))
 
 
-async def test_a_burst_every_process_composed_ahead_fires_exactly_once(processes: list[ReminderService]) -> None:
+async def test_a_burst_every_process_composed_ahead_fires_exactly_once(any_processes: list[ReminderService]) -> None:
+    processes = any_processes
     due = NOW + timedelta(seconds=5)  # composed ahead at NOW
     rows = [r.evolve(next_fire=due) for r in due_rows(900)]
     await processes[0].store.db.run(lambda db: ReminderStore.insert_sync(db, rows))
@@ -180,8 +206,8 @@ async def test_reminders_due_behind_a_backlog_of_units_fire_before_it_is_worked_
 
 
 async def test_a_deletion_in_one_process_stops_the_firing_in_the_others(
-        processes: list[ReminderService]) -> None:
-    a, b, c = processes
+        any_processes: list[ReminderService]) -> None:
+    processes = a, b, c = any_processes
     caller = Caller(platform="memory", user_id="u1", user_name="Alice", chat_id="g1", chat_kind="group")
     made = await a.create(caller, parse_schedule("once", "2030-01-07 12:30", SH, None), "交周报", "text")
     assert made.next_fire == NOW + timedelta(minutes=30)
