@@ -245,7 +245,7 @@ def side_by_side(messages: int, reminders: int) -> None:
     """SQLite/1 process, PostgreSQL/1 and PostgreSQL/3 processes, one after the other in this run."""
     from scale_procs import run_processes
 
-    from robot.storage.pgtesting import PgCluster
+    from robot.storage.pgtesting import PgCluster, pgbouncer
 
     print(f"\nSide by side: {messages} @-messages (model path) delivered at once; then, on a fresh database, "
           f"{reminders} reminders due in the same second. Real bots in separate processes (reminders plugin, "
@@ -265,6 +265,13 @@ def side_by_side(messages: int, reminders: int) -> None:
         r = run_processes(str(pg.create_database()), 3, 0, reminders, leased=True)
         print(f"   {'PostgreSQL, 3, 1 account':<24} {'n/a':>7} {'n/a':>10}   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
               f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        # Through PgBouncer in transaction mode (listen_url direct): settings per transaction, nothing prepared.
+        direct = [str(pg.create_database()), str(pg.create_database())]
+        with pgbouncer(direct[0], "transaction") as m_url, pgbouncer(direct[1], "transaction") as r_url:
+            m = run_processes(m_url, 3, messages, 0, listen_url=direct[0])
+            r = run_processes(r_url, 3, 0, reminders, listen_url=direct[1])
+        print(f"   {'PG, 3, PgBouncer (txn)':<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {r.rem_p50:10.2f}s / "
+              f"{r.rem_p99:6.2f}s / {r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
         paced(pg.create_database, messages // 2, 200.0)  # above what one PostgreSQL process answers here
         # The same firing load through procrastinate (issue #11's alternative): bench_procrastinate.py.
         if importlib.util.find_spec("procrastinate") is None:

@@ -50,21 +50,22 @@ class Figures:
     doubled: int
 
 
-def _settings(data_dir: Path, url: str) -> Any:
+def _settings(data_dir: Path, url: str, listen_url: str = "") -> Any:
     from robot.config import Settings
 
     big = 10**9
-    return Settings(bot={"data_dir": data_dir, "timezone": ZONE}, storage={"url": url, "pool_size": 6},
+    return Settings(bot={"data_dir": data_dir, "timezone": ZONE},
+                    storage={"url": url, "pool_size": 6, "listen_url": listen_url},
                     limits={"user_burst": big, "user_per_minute": big, "chat_burst": big, "chat_per_minute": big},
                     reminders={"max_per_user": 10**6, "max_per_chat": 10**6})
 
 
-async def seed_reminders(url: str, data_dir: Path, count: int, due: datetime) -> None:
+async def seed_reminders(url: str, data_dir: Path, count: int, due: datetime, listen_url: str = "") -> None:
     """Write ``count`` reminders due at ``due`` (one second) over 500 memory chats, 2,000 people."""
     from reminders.store import Reminder, ReminderStore, new_id
     from robot.storage import open_database
 
-    db = open_database(url, data_dir)
+    db = open_database(url, data_dir, listen_url=listen_url)
     db.migrate("reminders", ReminderStore.migrations())
     await db.open()
     now = datetime.now(UTC)
@@ -78,12 +79,12 @@ async def seed_reminders(url: str, data_dir: Path, count: int, due: datetime) ->
 
 
 def _worker(url: str, data_dir: str, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
-            sent: Any, out: Any, leased: bool = False) -> None:
-    asyncio.run(_work(url, Path(data_dir), index, share, chats, ready, go, stop, sent, out, leased))
+            sent: Any, out: Any, leased: bool = False, listen_url: str = "") -> None:
+    asyncio.run(_work(url, Path(data_dir), index, share, chats, ready, go, stop, sent, out, leased, listen_url))
 
 
 async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
-                sent: Any, out: Any, leased: bool = False) -> None:
+                sent: Any, out: Any, leased: bool = False, listen_url: str = "") -> None:
     import bench_scale as bs  # the bench's tool, model and channel
 
     from function_calls import Toolset
@@ -110,7 +111,7 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
 
     model = bs.ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
     channel = Channel()
-    bot = Bot(_settings(data_dir, url), model=model, channels=[channel],
+    bot = Bot(_settings(data_dir, url, listen_url), model=model, channels=[channel],
               plugins=[Plugin("bench", Toolset("bench", [bs.note])), "reminders"])
     await bot.start()
     if leased:
@@ -130,10 +131,11 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
 
 
 def run_processes(url: str, processes: int, messages: int, reminders: int, *, chats: int = 50,
-                  leased: bool = False) -> Figures:
+                  leased: bool = False, listen_url: str = "") -> Figures:
     """Start ``processes`` bots on ``url`` (an empty database), fire ``reminders`` due in one second
     while ``messages`` flow, and wait for every reply and reminder to be sent. ``leased``: the
-    channel serves one account under its lease (its rows leave through the worker holding it)."""
+    channel serves one account under its lease (its rows leave through the worker holding it).
+    ``listen_url``: ``[storage] listen_url`` (``url`` then goes through a transaction-mode pooler)."""
     ctx = mp.get_context("spawn")
     ready, go, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
     sent, out = ctx.Value("q", 0), ctx.Queue()
@@ -143,13 +145,14 @@ def run_processes(url: str, processes: int, messages: int, reminders: int, *, ch
         # in one second once every worker has had time to start and arm its timer.
         due = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=12 + 4 * processes)
         if reminders:
-            asyncio.run(seed_reminders(url, data / "p0", reminders, due))
+            asyncio.run(seed_reminders(url, data / "p0", reminders, due, listen_url))
         key = os.urandom(32)  # every process sharing the database has the same secret.key
         for k in range(processes):
             (data / f"p{k}").mkdir(exist_ok=True)
             (data / f"p{k}" / "secret.key").write_bytes(key)
         procs = [ctx.Process(target=_worker, args=(url, str(data / f"p{k}"), k, messages // processes, chats,
-                                                   ready, go, stop, sent, out, leased)) for k in range(processes)]
+                                                   ready, go, stop, sent, out, leased, listen_url))
+                 for k in range(processes)]
         for p in procs:
             p.start()
         for _ in procs:
