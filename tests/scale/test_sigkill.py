@@ -1,7 +1,9 @@
 """Three qunbot processes, one PostgreSQL, SIGKILL at random: 1,000 reminders across two minutes.
 
 Each process is the real ``qunbot run`` (a subprocess) with the reminders plugin and one Telegram
-bot account served by a fake Bot API on loopback. The account is leased: one process polls and
+bot account served by a fake Bot API on loopback. One of them reaches the database through a
+PgBouncer in transaction mode (``listen_url`` direct), as on a host that offers a pooler: a kill
+there leaves its transaction to the pooler to end. The account is leased: one process polls and
 sends at a time; when it is killed another takes the account over once the lease expires. Every
 reminder must fire exactly once (one outbox row, 0 lost, 0 doubled) and reach the chat. A send
 cut by SIGKILL after the platform took it but before the row was marked sent is the one window
@@ -12,6 +14,7 @@ kill, and is counted and printed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -27,6 +30,7 @@ import pytest
 
 from reminders.store import Reminder, ReminderStore, new_id
 from robot.channels.telegram.testing import FakeBotAPI
+from robot.storage.pgtesting import pgbouncer
 from robot.storage.postgres import PostgresDatabase
 
 N = 1000
@@ -39,7 +43,7 @@ TOKEN = "424242:KILL-test-token"
 pytestmark = pytest.mark.timeout(360)
 
 
-def config(folder: Path, url: str, api: str) -> Path:
+def config(folder: Path, url: str, api: str, listen_url: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "qunbot.toml"
     path.write_text(f"""
@@ -49,6 +53,7 @@ plugins = ["reminders"]
 
 [storage]
 url = "{url}"
+listen_url = "{listen_url}"
 lease_s = {LEASE_S}
 pool_size = 4
 
@@ -91,6 +96,7 @@ def reminders(start: datetime) -> list[Reminder]:
 
 async def test_three_processes_killed_at_random_lose_and_double_no_reminder(pg_url: str, tmp_path: Path) -> None:
     async with FakeBotAPI(TOKEN, max_hold_s=0.5) as api:
+        stack = contextlib.ExitStack()  # the pooler, stopped once the processes are
         # The schema first (what the first process to start would do), then the reminders.
         db = PostgresDatabase(pg_url, max_size=2)
         db.migrate("reminders", ReminderStore.migrations())
@@ -100,7 +106,9 @@ async def test_three_processes_killed_at_random_lose_and_double_no_reminder(pg_u
         due = {r.content: r.next_fire for r in rows}
         await db.run(lambda tx: ReminderStore.insert_sync(tx, rows))
 
-        cfgs = [config(tmp_path / f"p{i}", pg_url, api.url) for i in range(3)]
+        pooler = stack.enter_context(pgbouncer(pg_url, "transaction"))
+        cfgs = [config(tmp_path / "p0", pooler, api.url, listen_url=pg_url),
+                *(config(tmp_path / f"p{i}", pg_url, api.url) for i in (1, 2))]
         key = os.urandom(32)  # every process sharing the database has the same secret.key (README: Scale out)
         for cfg in cfgs:
             (cfg.parent / "data").mkdir()
@@ -131,6 +139,7 @@ async def test_three_processes_killed_at_random_lose_and_double_no_reminder(pg_u
                     p.wait(20)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            stack.close()
 
         # A sent outbox row keeps no text (the history has it, written with the row: one per outbox row).
         fired = Counter(str(r[0]) for r in await db.run(lambda tx: tx.execute(
