@@ -5,10 +5,11 @@ reservation is one transaction of guarded UPDATEs in the database (``held = held
 tokens + held + n <= cap``, per capped scope): concurrent spends in any number of processes see
 each other's holds, and a day's budget is never overspent by reservations. Every hold is also
 written as rows of its own in ``budget_holds`` (see :mod:`robot.budget_rows`), which its
-settlement deletes: the holds of a process that died mid-call are released when a reservation
-would otherwise be refused (its owner no longer renews its lease; on SQLite any other holder is
-this process's dead predecessor), a day's holds count only that day, and a settlement retried
-after an unknown commit is written once. Without any cap configured the database is not touched
+settlement deletes: the holds of a process that died mid-call are charged as spent (what it spent
+is unknown, and a provider bills a call its caller was killed during) when a reservation would
+otherwise be refused (its owner no longer renews its lease; on SQLite any other holder is this
+process's dead predecessor), a day's holds count only that day, and a settlement retried after
+an unknown commit is written once. Without any cap configured the database is not touched
 per call.
 """
 
@@ -20,11 +21,11 @@ import os
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
-from robot.budget_rows import SCHEMA, BudgetExceeded, process_of
+from robot.budget_rows import SCHEMA, BudgetExceeded, day_before, reap_sync
 from robot.storage import Engine, Pending, Tx
 from robot.storage.base import CommitUnknown
 from robot.storage.leases import Leases
@@ -32,10 +33,6 @@ from robot.storage.leases import Leases
 __all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
 
 log = logging.getLogger(__name__)
-
-
-def _day_before(day: str) -> str:
-    return (date.fromisoformat(day) - timedelta(days=1)).isoformat()
 
 
 @dataclass(eq=False)
@@ -167,9 +164,10 @@ class DailyBudget:
                    key=lambda item: item[1])
 
     def _reserve_sync(self, db: Tx, day: str, caps: dict[str, int], tokens: int, need: int,
-                      holder: str) -> tuple[int, dict[str, int] | None]:
-        """Hold up to ``tokens`` (at least ``need``) in every capped scope, or raise; returns the hold
-        and, when it read them, the scopes' recorded plus held tokens with this hold.
+                      holder: str) -> tuple[int, dict[str, int] | None] | BudgetExceeded:
+        """Hold up to ``tokens`` (at least ``need``) in every capped scope; returns the hold and, when
+        it read them, the scopes' recorded plus held tokens with this hold; or the refusal (returned,
+        not raised: the unit commits, and the dead processes' holds it charged stay charged).
 
         Every unit locks the day's rows first, in the scopes' order, then the holds (PostgreSQL holds
         row locks until the commit): two units never wait for each other in a cycle.
@@ -190,9 +188,9 @@ class DailyBudget:
                            + ", ".join("(?, ?, ?, ?)" for _ in scopes),
                            [v for s in sorted(scopes) for v in (day, s, holder, hold)])
                 return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
-            if reaped or not self._reap(db, day, scopes):
+            if reaped or not reap_sync(db, self.leases, day, scopes):
                 scope, left = self._left(caps, self._rows(db, day, scopes))
-                raise BudgetExceeded(scope, max(0, left), need)
+                return BudgetExceeded(scope, max(0, left), need)
         raise AssertionError("unreachable")
 
     def _take(self, db: Tx, day: str, caps: dict[str, int], hold: int) -> bool:
@@ -211,26 +209,6 @@ class DailyBudget:
                 return False
         return True
 
-    def _reap(self, db: Tx, day: str, scopes: list[str]) -> bool:
-        """Release the holds of dead processes holding in ``scopes`` (and of past days); whether any were."""
-        db.execute("DELETE FROM budget_holds WHERE day < ?", [_day_before(day)])
-        mine = self.leases.holder + "/"  # (alive: its own rows, thousands in a burst, are not read)
-        holders = db.execute(f"SELECT DISTINCT holder FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(scopes))}) "
-                             "AND tokens > 0 AND substr(holder, 1, ?) != ?", [day, *scopes, len(mine), mine]).fetchall()
-        gone = sorted({p for p in {process_of(str(h[0])) for h in holders} if not self.leases.alive_sync(db, p)})
-        if not gone:
-            return False
-        # Every hold of theirs, in every scope (a row or the rows of its reservations, "<process>/<id>").
-        match = "day = ? AND tokens > 0 AND (" + " OR ".join(["holder = ? OR substr(holder, 1, ?) = ?"] * len(gone)) + ")"
-        params = [day, *(v for p in gone for v in (p, len(p) + 1, p + "/"))]
-        for scope, tokens in db.execute(f"SELECT scope, sum(tokens) FROM budget_holds WHERE {match} GROUP BY scope "
-                                        "ORDER BY scope", params).fetchall():
-            db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [tokens, day, scope])
-        # Kept at 0, not deleted: the settlement of a process that only stalled finds them released.
-        db.execute(f"UPDATE budget_holds SET tokens = 0 WHERE {match}", params)
-        log.info("budgets: released the holds of %s (no longer running)", ", ".join(gone))
-        return True
-
     def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
                      release: int, day: str, *, retry: bool = False) -> None:
         """Record tokens (per scopes) on ``day`` and release ``res``'s stored hold (``release``), together.
@@ -247,14 +225,20 @@ class DailyBudget:
                     self._rows(db, when, sorted(rows[when]), lock=True)
         if freed:
             assert res is not None
-            # Its own rows, deleted. Had this process stalled past its lease, another one released
-            # them already (their tokens 0, see _reap): releasing twice would raise the cap.
+            # Its own rows, deleted. Had this process stalled past its lease, another one charged
+            # them already (tokens 0, see reap_sync): releasing twice would raise the cap, and what was
+            # charged for them is given back, as this records what was really spent.
             mine = db.execute(f"DELETE FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(freed))}) "
-                              "AND holder = ? RETURNING scope, tokens", [res.day, *sorted(freed), res.holder]).fetchall()
+                              "AND holder = ? RETURNING scope, tokens, charged",
+                              [res.day, *sorted(freed), res.holder]).fetchall()
             if retry and not mine:
                 return
-            freed = {str(scope) for scope, tokens in mine if tokens}
-            release = max((int(tokens) for _, tokens in mine), default=0)  # what it holds (each scope alike)
+            freed = {str(scope) for scope, tokens, _ in mine if tokens}
+            release = max((int(tokens) for _, tokens, _ in mine), default=0)  # what it holds (each scope alike)
+            for scope, _, charged in mine:
+                if charged:
+                    db.execute("UPDATE usage_daily SET tokens = tokens - ? WHERE day = ? AND scope = ?",
+                               [charged, res.day, scope])
             if res.day != day:  # held yesterday, settled today
                 for scope in sorted(freed):
                     db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
@@ -279,10 +263,11 @@ class DailyBudget:
     async def prune(self) -> int:
         """Drop the holds of the days before yesterday (housekeeping); returns how many rows went.
 
-        A hold released for a dead process keeps its row (at 0) till then: a settlement of that
-        process retried after an unknown commit tells by it that it was not written, and records
-        what it spent (with the row gone, it would take itself for written and record nothing)."""
-        since = _day_before(self._day())
+        A hold charged for a dead process keeps its row (at 0 tokens) till then: should that process
+        only have stalled, its settlement (retried after an unknown commit, too) finds it, gives the
+        charge back and records what it spent (with the row gone, a retry would take itself for
+        written and record nothing)."""
+        since = day_before(self._day())
         return await self.db.run(lambda db: db.execute("DELETE FROM budget_holds WHERE day < ?", [since]).rowcount)
 
     # -- the interface -------------------------------------------------------------------------
@@ -304,16 +289,17 @@ class DailyBudget:
         if tokens > 0 and caps:  # an empty reservation only collects what nested spends report
             need = tokens if at_least is None else min(tokens, max(at_least, 1))
             try:
-                hold, taken = await self.db.transaction(
+                got = await self.db.transaction(
                     lambda db: self._reserve_sync(db, day, caps, tokens, need, holder), durable=self._durable)
-            except BudgetExceeded:
-                raise
             except Exception as exc:
                 if isinstance(exc, CommitUnknown):  # refused, but its hold may be written: release it if so
                     self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
                         self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
                         "releasing a refused reservation's hold", exc, idempotent=True)
                 raise BudgetExceeded("store", 0, tokens) from exc
+            if isinstance(got, BudgetExceeded):
+                raise got
+            hold, taken = got
         else:
             taken = None
         stored = hold if tokens > 0 and caps else 0

@@ -8,6 +8,8 @@ from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from function_calls import Caller, Usage
 from robot.budgets import BudgetExceeded, DailyBudget
 from robot.storage import Engine
@@ -123,7 +125,9 @@ async def test_inside_a_reservation_what_is_left_is_right_without_reading_again(
         await engine.close()
 
 
-async def test_the_holds_of_a_process_that_died_are_released_when_they_would_refuse(engine: Engine) -> None:
+async def test_the_holds_of_a_process_that_died_are_charged_as_spent_when_they_would_refuse(engine: Engine) -> None:
+    # What a process killed mid-call spent is unknown (the provider bills the call all the same):
+    # its hold counts as spent, not as free again.
     dead = budget_for(engine, "host:9:dead")
     alive = budget_for(engine, "host:1:me")
     await engine.open()
@@ -140,10 +144,17 @@ async def test_the_holds_of_a_process_that_died_are_released_when_they_would_ref
             except BudgetExceeded as exc:
                 assert exc.left == 100
             await dead.leases.release([PROCESS_PREFIX + "host:9:dead"])  # it stops renewing: dead
-        assert await alive.remaining(WHO) == 100  # still counted until someone needs the room
-        async with alive.reserve(WHO, 500) as hold:
-            assert hold.held == 500
-        assert await alive.remaining(WHO) == 1000
+        assert await alive.remaining(WHO) == 100  # held until someone needs the room
+        with pytest.raises(BudgetExceeded) as refused:
+            async with alive.reserve(WHO, 500):
+                raise AssertionError("a dead process's hold is not room for others")
+        assert refused.value.left == 100
+        assert await alive.used("user:memory:u1") == 900  # charged, no longer held
+        assert await engine.run(lambda tx: tx.query("SELECT tokens, charged FROM budget_holds")) == [
+            {"tokens": 0, "charged": 900}]
+        async with alive.reserve(WHO, 100) as hold:
+            assert hold.held == 100
+        assert await alive.remaining(WHO) == 100
     finally:
         await engine.close()
 
@@ -162,9 +173,9 @@ async def test_without_caps_nothing_is_written(engine: Engine) -> None:
         await engine.close()
 
 
-async def test_holds_released_by_another_process_are_not_released_twice(pg_url: str) -> None:
-    # A process stalled past its lease: another released its holds; when it wakes and settles,
-    # the budget must not grow by what it releases again.
+async def test_holds_charged_for_a_stalled_process_are_given_back_when_it_settles_once(pg_url: str) -> None:
+    # A process stalled past its lease: another charged its holds as spent; when it wakes and
+    # settles, what it really spent is recorded instead, and nothing is released twice.
     engines = [PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)]
     stalled, other = budget_for(engines[0], "host:1:stalled"), budget_for(engines[1], "host:2:other")
     for db in engines:
@@ -172,11 +183,16 @@ async def test_holds_released_by_another_process_are_not_released_twice(pg_url: 
     try:
         await other.leases.acquire(PROCESS_PREFIX + "host:2:other")
         async with stalled.reserve(WHO, 600):  # its process lease is not renewed: it counts as dead
-            async with other.reserve(WHO, 800):  # refused at first: releases the stalled one's hold
-                pass
-            async with other.reserve(WHO, 700) as second:
-                assert second.held == 700
-        assert await other.remaining(WHO) == 1000  # not 1600
+            with pytest.raises(BudgetExceeded):  # charges the stalled one's hold: still no room
+                async with other.reserve(WHO, 800):
+                    pass
+            assert await other.used("user:memory:u1") == 600
+            async with other.reserve(WHO, 300) as second:
+                assert second.held == 300
+                await other.charge(WHO, Usage(prompt_tokens=100))
+            await stalled.charge(WHO, Usage(prompt_tokens=250))  # what it really spent, recorded at its end
+        assert await other.used("user:memory:u1") == 350  # 250 + 100: the 600 charged is given back
+        assert await other.remaining(WHO) == 650  # nothing released twice
     finally:
         for db in engines:
             await db.close()
@@ -209,25 +225,29 @@ async def test_a_budget_day_turns_at_local_midnight_in_odd_offsets_and_daylight_
 
 
 async def test_a_hold_refused_by_one_scope_is_undone_in_the_others_before_the_retry(engine: Engine) -> None:
-    # u2's first attempt fits their own budget but not the chat's (a dead process holds most of it):
-    # their hold must be undone before the dead holds are released and the retry takes both, or u2
-    # would carry the hold twice for the rest of the day.
-    dead = budget_for(engine, "host:9:dead", chat=100)
-    alive = budget_for(engine, "host:1:me", chat=100)
+    # u2's attempt fits the chat's budget (taken first) but not their own (a dead process holds most
+    # of it): the chat's hold must be undone before the dead holds are charged and again after the
+    # retry (refused too: the charge leaves no more room), or the chat would carry it for the day.
+    dead = budget_for(engine, "host:9:dead", user=100, chat=1000)
+    alive = budget_for(engine, "host:1:me", user=100, chat=1000)
     other = WHO.model_copy(update={"user_id": "u2"})
     await engine.open()
     try:
         if isinstance(engine, PostgresDatabase):  # on SQLite another holder is a dead predecessor at once
             assert await dead.leases.acquire(PROCESS_PREFIX + "host:9:dead")
             await dead.leases.release([PROCESS_PREFIX + "host:9:dead"])
-        crashed = dead.reserve(WHO, 80)
+        crashed = dead.reserve(other, 60)
         await asyncio.create_task(crashed.__aenter__())  # killed mid-call: never settles
-        async with alive.reserve(other, 50) as hold:
-            assert hold.held == 50
-            held = await engine.run(lambda tx: tx.query("SELECT scope, held FROM usage_daily ORDER BY scope"))
-            assert {r["scope"]: r["held"] for r in held} == {"chat:memory:group:g1": 50, "user:memory:u1": 0,
-                                                               "user:memory:u2": 50}
-        assert await alive.remaining(other) == 100
+        with pytest.raises(BudgetExceeded) as refused:
+            async with alive.reserve(other, 50):
+                pass
+        assert (refused.value.scope, refused.value.left) == ("user:memory:u2", 40)
+        rows = await engine.run(lambda tx: tx.query("SELECT scope, tokens, held FROM usage_daily ORDER BY scope"))
+        assert {r["scope"]: (r["tokens"], r["held"]) for r in rows} == {
+            "chat:memory:group:g1": (60, 0), "user:memory:u2": (60, 0)}  # charged; nothing held
+        async with alive.reserve(other, 40) as hold:
+            assert hold.held == 40
+        assert await alive.remaining(other) == 40
     finally:
         await engine.close()
 

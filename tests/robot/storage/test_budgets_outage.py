@@ -234,10 +234,11 @@ async def test_a_settlement_retried_after_midnight_counts_on_the_day_it_was_spen
         await engine.close()
 
 
-async def test_a_settlement_retried_after_its_hold_was_released_and_pruned_still_records_the_spend(
+async def test_a_settlement_retried_after_its_hold_was_charged_and_pruned_records_the_spend_instead(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # A process stalls past its lease while its settlement's outcome is unknown; another one needs
-    # the room, releases its hold, and prunes. The retry must still record the 300 tokens spent.
+    # the room, charges its hold (600) as spent, and prunes. The retry must still record the 300
+    # tokens really spent, in place of the 600.
     stalled, other = budget_for(engine, "host:1:stalled"), budget_for(engine, "host:2:other")
     stalled.pending.first_s = 3600.0  # retried only when it stops
     await engine.open()
@@ -249,8 +250,10 @@ async def test_a_settlement_retried_after_its_hold_was_released_and_pruned_still
             await stalled.charge(WHO, Usage(prompt_tokens=300))
             outage.unknown = "lost"  # the connection fails while the settlement commits, unwritten
         assert len(stalled.pending) == 1
-        async with other.reserve(WHO, 800) as second:  # 600 of 1000 held: releases the stalled hold
-            assert second.held == 800
+        with pytest.raises(BudgetExceeded):  # 600 of 1000 held: charged, and still no room for 800
+            async with other.reserve(WHO, 800):
+                pass
+        assert (await ledger(engine))[0]["user:memory:u1"] == (600, 0)
         await other.prune()
         await stalled.pending.stop()
         used, holds = await ledger(engine)
