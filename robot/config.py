@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from robot.channels.onebot.settings import OneBotSettings
@@ -161,6 +169,9 @@ class HistorySection(_Section):
     max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
 
 
+_PG = ("postgresql://", "postgres://")
+
+
 class StorageSection(_Section):
     url: SecretStr = Field(SecretStr(""), description="empty (or sqlite:///path) for the embedded SQLite file in "
                            "data_dir; postgresql://user:password@host:5432/db for several processes (see Scale out)")
@@ -171,6 +182,14 @@ class StorageSection(_Section):
     listen_url: SecretStr = Field(SecretStr(""), description="PostgreSQL: when url goes through a pooler in "
                                   "transaction mode (PgBouncer's pool_mode = transaction, Supabase's port 6543), a "
                                   "direct or session-mode URL of the same database for notifications (LISTEN)")
+
+    @model_validator(mode="after")
+    def _listen_url_for_postgresql(self) -> StorageSection:
+        listen = self.listen_url.get_secret_value().strip()
+        if listen and not (listen.startswith(_PG) and self.url.get_secret_value().strip().startswith(_PG)):
+            raise ValueError("listen_url is for PostgreSQL: set it only with a postgresql:// url, to a "
+                             "postgresql://... URL of the same database")
+        return self
 
     def engine(self, data_dir: Path) -> Engine:
         """The database these settings name (not opened)."""

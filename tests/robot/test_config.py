@@ -112,6 +112,8 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
     ('[bot]\nadmins = ["10001"]\n', ["bot.admins", "platform-qualified"]),
     ('[channels.onebot]\nport = 70000\n', ["channels.onebot.port", "less than or equal"]),
     ("debug = true\n", ["unknown key 'debug'"]),
+    ('[storage]\nlisten_url = "postgresql://db/q"\n', ["storage", "listen_url is for PostgreSQL"]),  # SQLite
+    ('[storage]\nurl = "postgresql://pooler/q"\nlisten_url = "mysql://db/q"\n', ["listen_url is for PostgreSQL"]),
 ])
 def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml: str, needles: list[str]) -> None:
     path = write(tmp_path / "q.toml", toml)
