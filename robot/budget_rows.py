@@ -25,7 +25,7 @@ SCHEMA = [
     "ALTER TABLE usage_daily ADD COLUMN held BIGINT NOT NULL DEFAULT 0; "
     "CREATE TABLE budget_holds (day TEXT NOT NULL, scope TEXT NOT NULL, holder TEXT NOT NULL, "
     "tokens BIGINT NOT NULL, PRIMARY KEY (day, scope, holder))",
-    # What a dead process's hold was charged as spent (see DailyBudget._reap).
+    # What a dead process's hold was charged as spent (see reap_sync).
     "ALTER TABLE budget_holds ADD COLUMN charged BIGINT NOT NULL DEFAULT 0",
 ]
 
