@@ -26,6 +26,17 @@ from tests.robot.conftest import eventually
 pytestmark = pytest.mark.unrehearsed  # about connections, not units of work
 
 
+async def has_its_settings(db: PostgresDatabase) -> None:
+    """``db``'s units run with its settings (``stall_s`` 7.5): commits not waiting for the log's
+    flush, but a durable unit's; a transaction left idle ended by the server."""
+    shown = await db.run(lambda tx: tx.query(
+        "SELECT current_setting('idle_in_transaction_session_timeout') AS idle, "
+        "current_setting('synchronous_commit') AS sync"))
+    assert shown == [{"idle": "7500ms", "sync": "off"}]
+    durable = await db.transaction(lambda tx: tx.execute("SHOW synchronous_commit").fetchone()[0], durable=True)
+    assert durable == "on"
+
+
 async def test_through_pgbouncer_in_session_mode_a_process_keeps_its_settings_and_hears_the_others(
         pg_url: str) -> None:
     with pgbouncer(pg_url, "session") as pooled:
@@ -36,13 +47,7 @@ async def test_through_pgbouncer_in_session_mode_a_process_keeps_its_settings_an
         await far.open()  # refused before: "unsupported startup parameter: options"
         await near.open()
         try:
-            shown = await far.run(lambda tx: tx.query(
-                "SELECT current_setting('idle_in_transaction_session_timeout') AS idle, "
-                "current_setting('synchronous_commit') AS sync"))
-            assert shown == [{"idle": "7500ms", "sync": "off"}]
-            durable = await far.transaction(lambda tx: tx.execute("SHOW synchronous_commit").fetchone()[0],
-                                            durable=True)
-            assert durable == "on"
+            await has_its_settings(far)
             await asyncio.sleep(1)  # several checks of the LISTEN connection: it keeps hearing
             await near.transaction(lambda tx: tx.notify("reminders", "deleted 3"))
             await eventually(lambda: heard == ["deleted 3"], timeout=10)
@@ -76,13 +81,7 @@ async def test_through_pgbouncer_in_transaction_mode_with_a_listen_url_a_process
         await far.open()
         await other.open()
         try:
-            shown = await far.run(lambda tx: tx.query(
-                "SELECT current_setting('idle_in_transaction_session_timeout') AS idle, "
-                "current_setting('synchronous_commit') AS sync"))
-            assert shown == [{"idle": "7500ms", "sync": "off"}]
-            durable = await far.transaction(lambda tx: tx.execute("SHOW synchronous_commit").fetchone()[0],
-                                            durable=True)
-            assert durable == "on"
+            await has_its_settings(far)
             await far.run(lambda tx: tx.execute("CREATE TABLE n (v INTEGER)"))
 
             def add(v: int) -> int:  # the same statements again and again, on connections that move
