@@ -104,7 +104,7 @@ class Listener:
         except Exception as exc:
             why = "no answer" if isinstance(exc, TimeoutError) else str(self.error(exc))
             log.warning("storage: not listening to %s yet (%s); going on, and reading again what may have "
-                        "been missed once it listens", self.db.where, why)
+                        "been missed once it listens", self.db.listen_where, why)
         self.late = conn is None
         self._task = asyncio.create_task(self._run(conn), name="qunbot-pg-listen")
 
@@ -141,7 +141,7 @@ class Listener:
                 if conn is None:
                     conn = await self._connect()
                     log.info("storage: listening to %s again; re-reading what may have been missed",
-                             self.db.where)
+                             self.db.listen_where)
                     self.late, failures = False, 0
                     self.gap()
                 async with conn:
@@ -156,7 +156,7 @@ class Listener:
             delay = min(self.db.listen_retry_s * 2 ** failures, 10.0)
             failures += 1
             log.warning("storage: the LISTEN connection to %s failed (%s); reconnecting in %.1fs",
-                        self.db.where, why, delay)
+                        self.db.listen_where, why, delay)
             await asyncio.sleep(delay)
 
     async def _pass_on(self, conn: Any, seconds: float, *, until: str | None = None) -> bool:

@@ -69,6 +69,7 @@ class PostgresDatabase(Engine):
         self.url = url
         self.where = redact_dsn(url)
         self.listen_url = listen_url or url  #: the LISTEN connection's
+        self.listen_where = redact_dsn(self.listen_url)
         #: ``url`` may go through a pooler in transaction mode: every setting is made per transaction.
         self.pooled = self.listen_url != url
         self.min_size, self.max_size = min_size, max_size
@@ -150,7 +151,8 @@ class PostgresDatabase(Engine):
             await self.listener.start(self.listen_wait_s)
         except Pooled as exc:
             await self.close()
-            raise StorageError(f"cannot use the database {self.where} for several processes: {exc}") from None
+            raise StorageError(f"cannot use the database {self.where} for several processes (LISTEN on "
+                               f"{self.listen_where}): {exc}") from None
         self.opened = True
         self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
 

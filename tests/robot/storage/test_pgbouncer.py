@@ -109,8 +109,10 @@ async def test_through_pgbouncer_in_transaction_mode_with_a_listen_url_a_process
 
 async def test_a_listen_url_naming_another_database_is_refused(pg_url: str, pg_cluster: Any) -> None:
     with pgbouncer(pg_url, "transaction") as pooled:
-        db = PostgresDatabase(pooled, max_size=2, listen_url=pg_cluster.create_database())
+        elsewhere = pg_cluster.create_database()
+        db = PostgresDatabase(pooled, max_size=2, listen_url=elsewhere)
         db.listen_answer_s, db.listen_wait_s = 1.0, 0.5
-        with pytest.raises(StorageError, match="does \\[storage\\] listen_url name the same database as url"):
+        with pytest.raises(StorageError, match="does \\[storage\\] listen_url name the same database as url") as got:
             await db.open()
+        assert f"(LISTEN on {elsewhere})" in str(got.value)  # which connection it was
         assert not db.opened
