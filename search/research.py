@@ -8,7 +8,9 @@ and the job's new state commit in one transaction with an outbox row keyed ``res
 the report reaches the chat exactly once, after restarts too. Jobs survive a restart: the
 poller resumes them, and a job whose submission may not have reached Perplexity (a crash between
 storing and submitting) is submitted again under the same idempotency key, so no second paid run
-starts; one stored less than two request timeouts ago is still being submitted, and is left to it.
+starts: at once when the process that stored it is gone (its lease lapsed; on SQLite, any other
+process), else once it was stored two request timeouts ago (a living process is still submitting
+it, or hung). This process never sends one it is submitting itself twice.
 A failed run, or one not done after ``research_timeout_min``, is reported to the asker.
 Each person may start ``research_per_user_day`` runs per day (0, the default: not offered).
 """
@@ -41,6 +43,8 @@ _SCHEMA = (
     "account TEXT NOT NULL DEFAULT '', question TEXT NOT NULL, status TEXT NOT NULL, api_id TEXT, "
     "created_at TEXT NOT NULL, updated_at TEXT NOT NULL)"
 )
+#: The process (lease holder id) that stored and submits the job ('' before this column).
+_SUBMITTER = "ALTER TABLE research_jobs ADD COLUMN submitter TEXT NOT NULL DEFAULT ''"
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,12 @@ class ResearchJob:
     status: str
     api_id: str | None
     created_at: datetime
+    submitter: str = ""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ResearchJob:
         return cls(row["id"], row["owner"], row["chat"], row["account"], row["question"], row["status"],
-                   row["api_id"], datetime.fromisoformat(row["created_at"]))
+                   row["api_id"], datetime.fromisoformat(row["created_at"]), str(row.get("submitter") or ""))
 
 
 class ResearchService:
@@ -69,13 +74,14 @@ class ResearchService:
         self.bot, self.client, self.settings = bot, client, settings
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._submitting: set[str] = set()  # ids of the jobs this process is submitting now
 
     @property
     def offered(self) -> bool:
         return self.client.configured and self.settings.research_per_user_day > 0
 
     async def start(self) -> None:
-        await self.bot.db.ensure("research", [_SCHEMA])
+        await self.bot.db.ensure("research", [_SCHEMA, _SUBMITTER])
         if self.offered:
             self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="research-poll")
 
@@ -90,7 +96,7 @@ class ResearchService:
         now = self.bot.clock()
         chat = ChatRef.of(caller)
         job = ResearchJob(uuid.uuid4().hex, caller.qualified_user, chat.key, chat.account, question, "submitting",
-                          None, now)
+                          None, now, self.bot.leases.leases.holder)
         limit = self.settings.research_per_user_day
 
         def insert(db: Tx) -> int:
@@ -99,25 +105,44 @@ class ResearchService:
             used = int(db.execute("SELECT count(*) FROM research_jobs WHERE owner = ? AND created_at > ?",
                                   [job.owner, iso(now - timedelta(days=1))]).fetchone()[0])
             if used < limit:
-                db.execute("INSERT INTO research_jobs VALUES (?,?,?,?,?,?,?,?,?)",
-                           [job.id, job.owner, job.chat, job.account, question, "submitting", None, iso(now), iso(now)])
+                db.execute("INSERT INTO research_jobs (id, owner, chat, account, question, status, api_id, created_at, "
+                           "updated_at, submitter) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                           [job.id, job.owner, job.chat, job.account, question, "submitting", None, iso(now), iso(now),
+                            job.submitter])
             return used
 
-        if await self.bot.db.transaction(insert) >= limit:
-            raise ToolError(f"deep research limit reached ({limit} a day)",
-                            user_message=f"你今天的深度研究次数已用完（每天 {limit} 次），明天再试。")
+        self._submitting.add(job.id)  # from its insert on: the poller must not send it as well
         try:
-            await self._submit(job)
-        except SearchError as exc:
-            await self._set(job.id, "failed")
-            raise ToolError(f"deep research could not start: {exc}", user_message=f"深度研究没能开始：{exc}") from None
+            if await self.bot.db.transaction(insert) >= limit:
+                raise ToolError(f"deep research limit reached ({limit} a day)",
+                                user_message=f"你今天的深度研究次数已用完（每天 {limit} 次），明天再试。")
+            try:
+                await self._submit(job)
+            except SearchError as exc:
+                await self._set(job.id, "failed")
+                raise ToolError(f"deep research could not start: {exc}",
+                                user_message=f"深度研究没能开始：{exc}") from None
+        finally:
+            self._submitting.discard(job.id)
         return job
 
     async def _submit(self, job: ResearchJob) -> None:
-        api_id = await self.client.submit_research(job.question, key=job.id)
-        await self.bot.db.run(lambda db: db.execute(
-            "UPDATE research_jobs SET status = 'running', api_id = ?, updated_at = ? WHERE id = ? AND status = "
-            "'submitting'", [api_id, iso(self.bot.clock()), job.id]))
+        self._submitting.add(job.id)
+        try:  # in flight until it is marked running
+            api_id = await self.client.submit_research(job.question, key=job.id)
+            await self.bot.db.run(lambda db: db.execute(
+                "UPDATE research_jobs SET status = 'running', api_id = ?, updated_at = ? WHERE id = ? AND status = "
+                "'submitting'", [api_id, iso(self.bot.clock()), job.id]))
+        finally:
+            self._submitting.discard(job.id)
+
+    async def _submitting_elsewhere(self, submitter: str) -> bool:
+        """Whether the process that stored a job, another living one, may still be submitting it (what
+        this one submits is in ``_submitting``)."""
+        leases = self.bot.leases.leases
+        if not submitter or submitter == leases.holder:
+            return False
+        return await self.bot.db.run(lambda db: leases.alive_sync(db, submitter))
 
     async def _set(self, job_id: str, status: str) -> None:
         await self.bot.db.run(lambda db: db.execute("UPDATE research_jobs SET status = ?, updated_at = ? WHERE id = ?",
@@ -149,9 +174,11 @@ class ResearchService:
         late = self.bot.clock() - job.created_at > timedelta(minutes=self.settings.research_timeout_min)
         try:
             if job.status == "submitting":  # maybe never reached Perplexity: the idempotency key makes this safe
-                # Younger than the longest a submission takes (two attempts), it is still in flight: ours or
-                # another process's. Sending it again would be a second request for nothing.
-                if self.bot.clock() - job.created_at > timedelta(seconds=2 * self.settings.timeout_s + 5):
+                # In flight here, or (younger than the longest a submission takes, two attempts) in a
+                # living process: sending it again would be a second request for nothing.
+                if job.id not in self._submitting and (
+                        self.bot.clock() - job.created_at > timedelta(seconds=2 * self.settings.timeout_s + 5)
+                        or not await self._submitting_elsewhere(job.submitter)):
                     await self._submit(job)
                 return 0
             assert job.api_id is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from perplexity import AsyncPerplexity
 
 import search
+from robot import iso
 from robot.bot import Bot
 from robot.config import Settings
 from robot.message import OutgoingMessage
@@ -158,7 +160,8 @@ async def test_a_job_stored_but_maybe_not_submitted_before_a_crash_is_submitted_
     bot, ch = make_bot(tmp_path, settings_for(server))
     await bot.start()
     await bot.db.run(lambda db: db.execute(
-        "INSERT INTO research_jobs VALUES ('job1', 'memory:u1', 'memory:group:g1', '', '钠电池', 'submitting', NULL, "
+        "INSERT INTO research_jobs (id, owner, chat, account, question, status, api_id, created_at, updated_at) "
+        "VALUES ('job1', 'memory:u1', 'memory:group:g1', '', '钠电池', 'submitting', NULL, "
         "'2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')"))
     await bot.stop()
     # The crash came after Perplexity got the request: it knows the key already.
@@ -175,3 +178,23 @@ async def test_a_job_stored_but_maybe_not_submitted_before_a_crash_is_submitted_
         await bot.stop()
     assert "钠电池" in report.text and "完成" in report.text
     assert len(server.research.jobs) == 1  # the same run, not a second paid one
+
+
+async def test_a_job_its_dead_process_was_submitting_a_moment_ago_is_submitted_at_once(
+        tmp_path: Path, server: FakePerplexityServer) -> None:
+    # Stored a second ago by a process killed while submitting it: not left for two request
+    # timeouts (65 s by default), as a living process's submission in flight is.
+    server.research.polls = 0
+    bot, ch = make_bot(tmp_path, settings_for(server))
+    await bot.start()
+    stamp = iso(bot.clock() - timedelta(seconds=1))
+    try:
+        await bot.db.run(lambda db: db.execute(
+            "INSERT INTO research_jobs (id, owner, chat, account, question, status, api_id, created_at, updated_at, "
+            "submitter) VALUES ('job2', 'memory:u1', 'memory:group:g1', '', '钠电池', 'submitting', NULL, ?, ?, "
+            "'host:9:killed')", [stamp, stamp]))
+        report = (await ch.wait_sent(1, timeout=10))[0]
+    finally:
+        await bot.stop()
+    assert "钠电池" in report.text and "完成" in report.text
+    assert len([r for r in server.requests_to("research") if r.method == "POST"]) == 1
