@@ -19,6 +19,7 @@ from robot.message import ChatRef
 from robot.privacy import ForgetRequest, forget_sync, traces_sync
 from robot.snapshots import SnapshotStore, notice_key
 from robot.storage import Engine, Tx
+from robot.storage.leases import Leases
 from robot.storage.postgres import PostgresDatabase
 from search.research import ResearchService
 from summary.window import advance_mark, create_marks_table, fetch, opted_out, read_mark, set_optout
@@ -129,8 +130,10 @@ async def test_research_jobs_keep_the_daily_limit_across_processes(engine: Engin
     if isinstance(engine, PostgresDatabase):  # two processes' engines on one database
         engines.append(PostgresDatabase(engine.url, max_size=4))
     settings = SimpleNamespace(research_per_user_day=2)
-    services = [ResearchService(SimpleNamespace(db=db, clock=lambda: T0), _Client(), settings)  # type: ignore[arg-type]
-                for db in engines]
+    services = [ResearchService(SimpleNamespace(db=db, clock=lambda: T0,  # type: ignore[arg-type]
+                                                leases=SimpleNamespace(leases=Leases(db, holder=f"host:{n}:p"))),
+                                _Client(), settings)
+                for n, db in enumerate(engines)]
     for db in engines:
         await db.open()
     try:
