@@ -141,8 +141,9 @@ async def test_a_bot_wide_hourly_cap_holds_across_users_and_chats(
                           ("/search q1", {"user": "alice"}), ("/search q2", {"user": "bob", "chat": g2}),
                           ("/search q3", {"user": "carol", "chat": ChatRef(platform="memory", chat_id="g3",
                                                                          kind="group")}))
-    assert "[1]" in sent[0].text and "[1]" in sent[1].text
-    assert "本机器人的搜索次数已达上限（每小时 2 次）" in sent[2].text
+    by_chat = {m.chat.chat_id: m.text for m in sent}  # (three chats' replies go out in any order)
+    assert "[1]" in by_chat["g1"] and "[1]" in by_chat["g2"]
+    assert "本机器人的搜索次数已达上限（每小时 2 次）" in by_chat["g3"]
     assert len(perplexity.requests_to("chat")) == 2
 
 
@@ -153,8 +154,9 @@ async def test_a_chat_limit_refusal_does_not_use_up_the_users_own_searches(
                           ("/search q1", {"user": "alice"}),
                           ("/search q2", {"user": "bob"}),  # this group's one search is used
                           ("/search q3", {"user": "bob", "chat": g2}))  # bob's own one is still there
-    assert "本群的搜索次数已达上限" in sent[1].text
-    assert "[1]" in sent[2].text
+    here = [m for m in sent if m.chat != g2]  # (the two chats' replies may go out in either order)
+    assert "本群的搜索次数已达上限" in here[1].text
+    assert "[1]" in next(m for m in sent if m.chat == g2).text
     assert len(perplexity.requests_to("chat")) == 2
 
 
