@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -111,8 +112,7 @@ class ResearchService:
                             job.submitter])
             return used
 
-        self._submitting.add(job.id)  # from its insert on: the poller must not send it as well
-        try:
+        with self._sending(job.id):  # from its insert until marked running or failed: not the poller's
             if await self.bot.db.transaction(insert) >= limit:
                 raise ToolError(f"deep research limit reached ({limit} a day)",
                                 user_message=f"你今天的深度研究次数已用完（每天 {limit} 次），明天再试。")
@@ -122,19 +122,22 @@ class ResearchService:
                 await self._set(job.id, "failed")
                 raise ToolError(f"deep research could not start: {exc}",
                                 user_message=f"深度研究没能开始：{exc}") from None
-        finally:
-            self._submitting.discard(job.id)
         return job
 
-    async def _submit(self, job: ResearchJob) -> None:
-        self._submitting.add(job.id)
-        try:  # in flight until it is marked running
-            api_id = await self.client.submit_research(job.question, key=job.id)
-            await self.bot.db.run(lambda db: db.execute(
-                "UPDATE research_jobs SET status = 'running', api_id = ?, updated_at = ? WHERE id = ? AND status = "
-                "'submitting'", [api_id, iso(self.bot.clock()), job.id]))
+    @contextlib.contextmanager
+    def _sending(self, job_id: str) -> Iterator[None]:
+        """The job is being submitted by this process for the block (the poller leaves it alone)."""
+        self._submitting.add(job_id)
+        try:
+            yield
         finally:
-            self._submitting.discard(job.id)
+            self._submitting.discard(job_id)
+
+    async def _submit(self, job: ResearchJob) -> None:
+        api_id = await self.client.submit_research(job.question, key=job.id)
+        await self.bot.db.run(lambda db: db.execute(
+            "UPDATE research_jobs SET status = 'running', api_id = ?, updated_at = ? WHERE id = ? AND status = "
+            "'submitting'", [api_id, iso(self.bot.clock()), job.id]))
 
     async def _submitting_elsewhere(self, submitter: str) -> bool:
         """Whether the process that stored a job, another living one, may still be submitting it (what
@@ -179,7 +182,8 @@ class ResearchService:
                 if job.id not in self._submitting and (
                         self.bot.clock() - job.created_at > timedelta(seconds=2 * self.settings.timeout_s + 5)
                         or not await self._submitting_elsewhere(job.submitter)):
-                    await self._submit(job)
+                    with self._sending(job.id):
+                        await self._submit(job)
                 return 0
             assert job.api_id is not None
             status = await self.client.research_status(job.api_id)
