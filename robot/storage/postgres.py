@@ -156,18 +156,18 @@ class PostgresDatabase(Engine):
         self.opened = True
         self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
 
-    def _configure(self, conn: Any, durable: bool | None = None) -> None:
-        """The session's settings, on a new connection (the pool's, run_ahead's); with ``durable``, for
-        this transaction alone (:attr:`pooled`), synchronous_commit on if ``durable``."""
+    def _configure(self, conn: Any, *, local: bool = False, durable: bool = False) -> None:
+        """The session's settings, on a new connection (the pool's, run_ahead's); ``local``: for this
+        transaction alone (:attr:`pooled`), with synchronous_commit on if ``durable``."""
         pairs = [(k, "on" if durable and k == "synchronous_commit" else v) for k, v in self._settings]
-        conn.execute("SELECT " + ", ".join(f"set_config(%s, %s, {'false' if durable is None else 'true'})"
-                                           for _ in pairs), [v for pair in pairs for v in pair])
+        conn.execute("SELECT " + ", ".join(f"set_config(%s, %s, {'true' if local else 'false'})" for _ in pairs),
+                     [v for pair in pairs for v in pair])
 
     def _try_connect(self) -> None:
         import psycopg
 
         with psycopg.connect(self.url, connect_timeout=10, **self._session) as conn:
-            self._configure(conn, None if not self.pooled else False)
+            self._configure(conn, local=self.pooled)
 
     async def _call(self, fn: Callable[[], T], urgent: bool = False) -> T:
         assert self._threads is not None
@@ -198,7 +198,7 @@ class PostgresDatabase(Engine):
                         conn.transaction():
                     started = True
                     if self.pooled:
-                        self._configure(conn, durable)
+                        self._configure(conn, local=True, durable=durable)
                     elif durable:
                         conn.execute("SET LOCAL synchronous_commit TO ON")
                     tx = PostgresTx(conn)
