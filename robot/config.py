@@ -169,9 +169,6 @@ class HistorySection(_Section):
     max_message_chars: int = Field(10_000, ge=100, description="a longer message is stored cut, with a note saying so")
 
 
-_PG = ("postgresql://", "postgres://")
-
-
 class StorageSection(_Section):
     url: SecretStr = Field(SecretStr(""), description="empty (or sqlite:///path) for the embedded SQLite file in "
                            "data_dir; postgresql://user:password@host:5432/db for several processes (see Scale out)")
@@ -186,7 +183,10 @@ class StorageSection(_Section):
     @model_validator(mode="after")
     def _listen_url_for_postgresql(self) -> StorageSection:
         listen = self.listen_url.get_secret_value().strip()
-        if listen and not (listen.startswith(_PG) and self.url.get_secret_value().strip().startswith(_PG)):
+        from robot.storage import POSTGRES_SCHEMES
+
+        url = self.url.get_secret_value().strip()
+        if listen and not (listen.startswith(POSTGRES_SCHEMES) and url.startswith(POSTGRES_SCHEMES)):
             raise ValueError("listen_url is for PostgreSQL: set it only with a postgresql:// url, to a "
                              "postgresql://... URL of the same database")
         return self

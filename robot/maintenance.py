@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from robot import secret_key
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
-from robot.storage import SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
+from robot.storage import POSTGRES_SCHEMES, SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
 from robot.storage.copy import (
     CopyError,
     copy_sync,
@@ -216,7 +216,7 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         print("error: copy-db copies the embedded SQLite database; [storage] url already names PostgreSQL",
               file=sys.stderr)
         return 2
-    if not to_url.startswith(("postgresql://", "postgres://")):
+    if not to_url.startswith(POSTGRES_SCHEMES):
         print("error: --to must be a postgresql://user:password@host:5432/dbname URL", file=sys.stderr)
         return 2
     if not await asyncio.to_thread(Path(source.path).is_file):

@@ -17,6 +17,7 @@ __all__ = ["Cursor", "Dialect", "Engine", "Pending", "SQLiteDatabase", "Step", "
            "open_database", "parse_iso", "utcnow"]
 
 SQLITE_FILE = "qunbot.sqlite3"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")  #: what a PostgreSQL ``[storage] url`` starts with
 
 
 def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: float | None = None,
@@ -29,7 +30,7 @@ def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: floa
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         return SQLiteDatabase(path if path.is_absolute() else data_dir / path)
-    if url.startswith(("postgresql://", "postgres://")):
+    if url.startswith(POSTGRES_SCHEMES):
         from robot.storage.postgres import PostgresDatabase
 
         return PostgresDatabase(url, max_size=pool_size, stall_s=stall_s, listen_url=listen_url.strip() or None)
