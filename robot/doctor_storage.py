@@ -9,7 +9,6 @@ not there yet reads as empty. The URL is shown with its password redacted, and e
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -129,7 +128,7 @@ async def _key_check(path: Path, stored: str | None) -> Check:
         return Check(False, "secret.key", f"{path} does not exist: copy the database's here (from a process "
                                           "using it, or a backup); `qunbot run` refuses to start without it")
     try:
-        same = hmac.compare_digest(secret_key.fingerprint(await asyncio.to_thread(load_secret, path)), stored)
+        same = secret_key.matches(await asyncio.to_thread(load_secret, path), stored)
     except SnapshotError as exc:
         return Check(False, "secret.key", str(exc))
     return Check(same, "secret.key", f"{path}: " + ("the database's" if same else "not the key the database was "

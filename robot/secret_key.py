@@ -22,7 +22,7 @@ from pathlib import Path
 from robot.snapshots import load_secret
 from robot.storage import Engine, Tx, iso, utcnow
 
-__all__ = ["SCHEMA", "SecretKeyMismatch", "check_secret", "fingerprint", "stored_sync"]
+__all__ = ["SCHEMA", "SecretKeyMismatch", "check_secret", "fingerprint", "matches", "stored_sync"]
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS install_secret (id INTEGER PRIMARY KEY CHECK (id = 1), "
@@ -40,6 +40,11 @@ def fingerprint(secret: bytes) -> str:
     return hmac.new(secret, b"qunbot secret.key fingerprint v1", hashlib.sha256).hexdigest()
 
 
+def matches(secret: bytes, stored: str | None) -> bool:
+    """Whether ``secret`` is the key whose fingerprint the database keeps (``stored``)."""
+    return stored is not None and hmac.compare_digest(fingerprint(secret), stored)
+
+
 async def check_secret(db: Engine, path: Path, *, adopt: bool = False) -> None:
     """Refuse (:class:`SecretKeyMismatch`) unless ``path`` holds the key the (open) database ``db``
     was first used with; a database that has none yet takes this one. ``adopt``: this key becomes
@@ -50,8 +55,8 @@ async def check_secret(db: Engine, path: Path, *, adopt: bool = False) -> None:
             f"{path} does not exist, and the database {db.where} was first used with a secret.key: copy that file "
             "here (from the data_dir of a process already using this database, or a backup) and start again; if "
             "it is lost, `qunbot adopt-secret` makes a new one the database's")
-    mine = fingerprint(await asyncio.to_thread(load_secret, path))
-    now = iso(utcnow())
+    secret = await asyncio.to_thread(load_secret, path)
+    mine, now = fingerprint(secret), iso(utcnow())
 
     def record(tx: Tx) -> str | None:
         tx.execute("INSERT INTO install_secret (id, fingerprint, since) VALUES (1, ?, ?) ON CONFLICT (id) DO "
@@ -60,7 +65,7 @@ async def check_secret(db: Engine, path: Path, *, adopt: bool = False) -> None:
         return stored_sync(tx)
 
     stored = await db.transaction(record, durable=True)
-    if stored is None or not hmac.compare_digest(stored, mine):
+    if not matches(secret, stored):
         raise SecretKeyMismatch(
             f"{path} is not the secret.key the database {db.where} was first used with, so the paused runs and "
             "Weixin logins other processes sealed could not be opened here (nor what this process seals, there). "
