@@ -98,7 +98,7 @@ class Bot:
         self.one_process = OneProcessChannels(self)
         self.outbox = Outbox(self.db, bot_name=settings.bot.name, clock=self.clock,
                              max_in_flight=settings.outbox.max_in_flight, max_attempts=settings.outbox.max_attempts,
-                             leases=self.leases)
+                             leases=self.leases, priority_s=settings.outbox.burst_priority_s)
         lim = settings.limits
         self.limiter = RateLimiter(lim.user_per_minute, lim.user_burst, lim.chat_per_minute, lim.chat_burst,
                                    command_per_minute=lim.command_per_minute, command_burst=lim.command_burst)

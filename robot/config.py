@@ -156,6 +156,8 @@ class LimitsSection(_Section):
     bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
                                          "(none = off); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
+    messages_at_once: int = Field(64, ge=1, description="incoming messages that start being handled together; "
+                                  "the others wait their turn (each keeps its place for its first second only)")
     command_per_minute: float = Field(30, gt=0, description="/commands that call no model, per user per minute")
     command_burst: int = Field(20, ge=1)
     exempt_platforms: list[str] = Field(default_factory=lambda: ["console", "web"],
@@ -204,6 +206,8 @@ class OutboxSection(_Section):
                                "crash can resend at most these")
     max_attempts: int = Field(6, ge=1, le=100, description="tries of a message whose send fails for now before it "
                               "is given up (a channel that is down does not count)")
+    burst_priority_s: float = Field(2.0, ge=0, le=60, description="a burst of sends (more than 64 chats at once: "
+                                    "reminders) goes out ahead of new messages, which wait this long at most (0 = off)")
 
 
 class GateSection(_Section):

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
+from robot.admission import Crowd
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox_store import (
@@ -80,6 +81,7 @@ class Outbox(OutboxRows):
         park_s: float = 2.0,
         leases: LeaseKeeper | None = None,
         claim_s: float = 60.0,
+        priority_s: float = 0.0,
     ) -> None:
         self.db = db
         self.bot_id = bot_id
@@ -90,6 +92,7 @@ class Outbox(OutboxRows):
         #: Which accounts this process holds: it sends only their rows (see :meth:`scope`).
         self.leases = leases
         self.claim_s = claim_s
+        self.crowd = Crowd(priority_s)  #: how many chats are sending: a burst goes ahead of new messages
         self._scopes: dict[str, Scope] = {}
         self._channels: dict[str, Channel] = {}
         #: Per channel: chats parked after ChannelUnavailable, with the monotonic time they may retry.
@@ -276,6 +279,7 @@ class Outbox(OutboxRows):
                     lane = asyncio.create_task(self._lane(platform, channel, chat, sem), name=f"outbox-{chat}")
                     lanes[chat] = lane
                     lane.add_done_callback(functools.partial(self._lane_done, lanes, platform, chat, wake))
+                self.crowd.sending(platform, len(lanes))
                 timeout = max(0.0, deadline - clock)
                 if parked:
                     timeout = min(timeout, max(0.01, min(parked.values()) - clock))
@@ -305,6 +309,7 @@ class Outbox(OutboxRows):
     def _lane_done(self, lanes: dict[str, asyncio.Task[bool]], platform: str, chat: str, wake: asyncio.Event,
                    task: asyncio.Task[bool]) -> None:
         lanes.pop(chat, None)
+        self.crowd.sending(platform, len(lanes))
         if task.cancelled() or not task.result():  # a retry or park is due later: the worker looks again
             self._scan.add(platform)
         wake.set()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolError, Toolset
+from robot.admission import Admission
 from robot.commands import (
     CommandError,
     clip,
@@ -75,6 +76,7 @@ class Pipeline:
         self._handling: set[tuple[str, str]] = set()  # (platform, message id) being answered right now
         #: New messages being answered, not yet marked handled: their reply's unit of work marks them.
         self._unmarked: set[tuple[str, str]] = set()
+        self.admission = Admission(bot.settings.limits.messages_at_once, bot.outbox.crowd)
 
     def _name_prefix(self, text: str) -> str | None:
         """The text after the bot's name when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
@@ -125,7 +127,12 @@ class Pipeline:
 
     async def handle(self, message: Message) -> None:
         """Store the message with its dedupe row, answer it, then mark it handled: a crash or error
-        before the mark leaves it to the platform's redelivery (replies and reminders are keyed by it)."""
+        before the mark leaves it to the platform's redelivery (replies and reminders are keyed by it).
+        It starts in its turn (:mod:`robot.admission`)."""
+        async with self.admission.turn():
+            await self._handle_turn(message)
+
+    async def _handle_turn(self, message: Message) -> None:
         bot, ident = self.bot, (message.platform, message.message_id)
         if ident in self._handling:
             log.info("%s message %s redelivered while being handled: ignored", *ident)

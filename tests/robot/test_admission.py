@@ -1,0 +1,134 @@
+"""When incoming messages start: a bounded number at once, and a burst of sends (reminders) first."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from function_calls import ModelRequest
+from function_calls.testing import ScriptedModel, text
+from robot.admission import CLEAR, CROWD, Admission, Crowd
+from robot.channels.base import SendReceipt
+from robot.message import ChatRef, OutgoingMessage
+from robot.testing import MemoryChannel
+from tests.robot.conftest import eventually
+
+G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
+
+
+def burst(count: int) -> list[OutgoingMessage]:
+    """One message to each of ``count`` chats, as a reminder burst queues them."""
+    return [OutgoingMessage(key=f"burst-{i}", chat=ChatRef(platform="memory", chat_id=f"b{i}", kind="group"),
+                            text=f"提醒 {i}") for i in range(count)]
+
+
+class PacedChannel(MemoryChannel):
+    """Each send takes a moment; sends of texts in ``stuck`` never finish (a platform that hangs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent_at: dict[str, float] = {}
+        self.stuck = False
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        if self.stuck and message.text.startswith("提醒"):
+            await asyncio.Event().wait()
+        await asyncio.sleep(0.002)
+        self.sent_at[message.text] = time.monotonic()
+        return await super().send(message)
+
+
+def timed_model(started: list[float]) -> ScriptedModel:
+    async def answer(request: ModelRequest) -> Any:
+        started.append(time.monotonic())
+        return text("好的")
+
+    return ScriptedModel(answer)
+
+
+async def test_a_burst_of_sends_goes_out_before_messages_arriving_meanwhile_start(make_bot: Any) -> None:
+    started: list[float] = []
+    bot, channel = await make_bot(timed_model(started), channel=PacedChannel(), outbox={"burst_priority_s": 30})
+    rows = burst(CROWD * 2)
+    await bot.outbox.enqueue(*rows)
+    await eventually(lambda: bot.outbox.crowd.holding)  # the burst's lanes are open
+    asked = [asyncio.create_task(channel.inject(f"问题 {i}", chat=G1, at_bot=True, user=f"u{i}")) for i in range(5)]
+    await eventually(lambda: len(started) == 5, timeout=20)
+    await asyncio.gather(*asked)
+    out_before = sum(channel.sent_at.get(m.text, float("inf")) < min(started) for m in rows)
+    # The burst had gone out (but for the last few chats) when the first message started. Without the
+    # priority, each message reached the model at once, in the middle of the burst.
+    assert out_before >= len(rows) - CLEAR
+
+
+async def test_a_burst_that_does_not_go_out_holds_new_messages_for_its_window_once(make_bot: Any) -> None:
+    started: list[float] = []
+    channel = PacedChannel()
+    channel.stuck = True  # the platform takes the burst's sends and never answers
+    bot, _ = await make_bot(timed_model(started), channel=channel, outbox={"burst_priority_s": 0.3})
+    await bot.outbox.enqueue(*burst(CROWD * 2))
+    await eventually(lambda: bot.outbox.crowd.holding)
+    await channel.inject("第一个问题", chat=G1, at_bot=True, user="u1")  # waits out the window, then starts
+    assert len(started) == 1
+    # The backlog still stands (every send hangs), and grew by the reply's chat; but it had its window:
+    # the next message starts at once.
+    await eventually(lambda: bot.outbox.crowd._lanes.get("memory") == CROWD * 2 + 1)
+    assert not bot.outbox.crowd.holding
+    await channel.inject("第二个问题", chat=G1, at_bot=True, user="u2")
+    assert len(started) == 2 and not channel.sent_at
+
+
+async def test_a_burst_gets_no_priority_when_it_is_turned_off(make_bot: Any) -> None:
+    started: list[float] = []
+    channel = PacedChannel()
+    channel.stuck = True
+    bot, _ = await make_bot(timed_model(started), channel=channel, outbox={"burst_priority_s": 0})
+    await bot.outbox.enqueue(*burst(CROWD * 2))
+    await eventually(lambda: bot.outbox.crowd._lanes.get("memory", 0) > CROWD)
+    assert not bot.outbox.crowd.holding
+    async with asyncio.timeout(5):
+        await channel.inject("问题", chat=G1, at_bot=True)
+    assert len(started) == 1
+
+
+async def test_at_most_so_many_messages_start_together_and_each_keeps_its_place_for_a_while() -> None:
+    admission = Admission(2, Crowd(0), hold_s=30)
+    release = asyncio.Event()
+    began: list[str] = []
+
+    async def handle(name: str) -> None:
+        async with admission.turn():
+            began.append(name)
+            if name != "c":
+                await release.wait()
+
+    tasks = [asyncio.create_task(handle(name)) for name in "abc"]
+    await eventually(lambda: began == ["a", "b"])
+    await asyncio.sleep(0.05)
+    assert began == ["a", "b"]  # c waits for a place
+    release.set()
+    await asyncio.gather(*tasks)
+    assert began == ["a", "b", "c"]
+
+
+async def test_a_message_that_waits_long_gives_its_place_up() -> None:
+    # One waiting on a slow model or on a person's answer: the answer must still get in.
+    admission = Admission(1, Crowd(0), hold_s=0.05)
+    forever = asyncio.Event()
+    began: list[str] = []
+
+    async def handle(name: str, wait: bool) -> None:
+        async with admission.turn():
+            began.append(name)
+            if wait:
+                await forever.wait()
+
+    slow = asyncio.create_task(handle("slow", True))
+    await eventually(lambda: began == ["slow"])
+    await asyncio.wait_for(handle("next", False), 5)
+    await asyncio.wait_for(handle("after", False), 5)  # the given-up place is not given back twice
+    assert began == ["slow", "next", "after"]
+    slow.cancel()
+    await asyncio.gather(slow, return_exceptions=True)
+    assert admission._slots._value == 1  # the slow one's exit released nothing more than it held
