@@ -50,13 +50,16 @@ class Figures:
     doubled: int
 
 
-def _settings(data_dir: Path, url: str, listen_url: str = "") -> Any:
+def _settings(data_dir: Path, url: str, listen_url: str = "", turns: bool = True) -> Any:
     from robot.config import Settings
 
     big = 10**9
+    limits: dict[str, Any] = {"user_burst": big, "user_per_minute": big, "chat_burst": big, "chat_per_minute": big}
+    outbox: dict[str, Any] = {}
+    if not turns:  # every message starts at once, and a burst of sends gets no window (as before robot.admission)
+        limits["messages_at_once"], outbox["burst_priority_s"] = big, 0
     return Settings(bot={"data_dir": data_dir, "timezone": ZONE},
-                    storage={"url": url, "pool_size": 6, "listen_url": listen_url},
-                    limits={"user_burst": big, "user_per_minute": big, "chat_burst": big, "chat_per_minute": big},
+                    storage={"url": url, "pool_size": 6, "listen_url": listen_url}, limits=limits, outbox=outbox,
                     reminders={"max_per_user": 10**6, "max_per_chat": 10**6})
 
 
@@ -79,12 +82,12 @@ async def seed_reminders(url: str, data_dir: Path, count: int, due: datetime, li
 
 
 def _worker(url: str, data_dir: str, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
-            sent: Any, out: Any, leased: bool = False, listen_url: str = "") -> None:
-    asyncio.run(_work(url, Path(data_dir), index, share, chats, ready, go, stop, sent, out, leased, listen_url))
+            sent: Any, out: Any, leased: bool = False, listen_url: str = "", turns: bool = True) -> None:
+    asyncio.run(_work(url, Path(data_dir), index, share, chats, ready, go, stop, sent, out, leased, listen_url, turns))
 
 
 async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, ready: Any, go: Any, stop: Any,
-                sent: Any, out: Any, leased: bool = False, listen_url: str = "") -> None:
+                sent: Any, out: Any, leased: bool = False, listen_url: str = "", turns: bool = True) -> None:
     import bench_scale as bs  # the bench's tool, model and channel
 
     from function_calls import Toolset
@@ -111,7 +114,7 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
 
     model = bs.ForgetfulModel(lambda req: call("note", {"text": str(req.messages[-1]["content"])[-40:]}))
     channel = Channel()
-    bot = Bot(_settings(data_dir, url, listen_url), model=model, channels=[channel],
+    bot = Bot(_settings(data_dir, url, listen_url, turns), model=model, channels=[channel],
               plugins=[Plugin("bench", Toolset("bench", [bs.note])), "reminders"])
     await bot.start()
     if leased:
@@ -131,11 +134,13 @@ async def _work(url: str, data_dir: Path, index: int, share: int, chats: int, re
 
 
 def run_processes(url: str, processes: int, messages: int, reminders: int, *, chats: int = 50,
-                  leased: bool = False, listen_url: str = "") -> Figures:
+                  leased: bool = False, listen_url: str = "", turns: bool = True) -> Figures:
     """Start ``processes`` bots on ``url`` (an empty database), fire ``reminders`` due in one second
     while ``messages`` flow, and wait for every reply and reminder to be sent. ``leased``: the
     channel serves one account under its lease (its rows leave through the worker holding it).
-    ``listen_url``: ``[storage] listen_url`` (``url`` then goes through a transaction-mode pooler)."""
+    ``listen_url``: ``[storage] listen_url`` (``url`` then goes through a transaction-mode pooler).
+    ``turns=False``: every message starts at once and a burst of sends has no priority (see
+    :mod:`robot.admission`), for the comparison."""
     ctx = mp.get_context("spawn")
     ready, go, stop = ctx.Semaphore(0), ctx.Event(), ctx.Event()
     sent, out = ctx.Value("q", 0), ctx.Queue()
@@ -151,7 +156,7 @@ def run_processes(url: str, processes: int, messages: int, reminders: int, *, ch
             (data / f"p{k}").mkdir(exist_ok=True)
             (data / f"p{k}" / "secret.key").write_bytes(key)
         procs = [ctx.Process(target=_worker, args=(url, str(data / f"p{k}"), k, messages // processes, chats,
-                                                   ready, go, stop, sent, out, leased, listen_url))
+                                                   ready, go, stop, sent, out, leased, listen_url, turns))
                  for k in range(processes)]
         for p in procs:
             p.start()
