@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 __all__ = ["CLEAR", "CROWD", "HOLD_S", "Admission", "Crowd"]
+
+log = logging.getLogger(__name__)
 
 HOLD_S = 1.0  #: how long a message keeps its place among those starting together
 CROWD = 64  #: chats sending at once (in all channels) above which new messages wait for the burst to go out
@@ -74,12 +77,27 @@ class Admission:
     def __init__(self, at_once: int, crowd: Crowd, hold_s: float = HOLD_S) -> None:
         self.crowd, self.hold_s = crowd, hold_s
         self._slots = asyncio.Semaphore(at_once)
+        self.closed = False
+        self.turned_away = 0  #: messages that were still waiting for their turn when the bot stopped
+
+    def close(self) -> None:
+        """The bot is stopping: messages still waiting for their turn do not start (nothing of them
+        was stored; a platform that redelivers sends them again)."""
+        self.closed = True
 
     @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
+    async def turn(self) -> AsyncIterator[bool]:
         """Wait for a place among the messages starting now, and for a burst of sends to go out; then
-        hold the place for the block or :data:`HOLD_S`, whichever ends first."""
+        hold the place for the block or :data:`HOLD_S`, whichever ends first. Yields False, and the
+        message must not start, once the bot is stopping."""
         await self._slots.acquire()
+        if self.closed:
+            self._slots.release()
+            self.turned_away += 1
+            if self.turned_away == 1:
+                log.warning("stopping: messages still waiting for their turn are not handled")
+            yield False
+            return
         held = True
 
         def give_up() -> None:
@@ -92,7 +110,7 @@ class Admission:
         try:
             await self.crowd.wait()  # (the place is kept meanwhile: the burst's window is bounded)
             timer = asyncio.get_running_loop().call_later(self.hold_s, give_up)
-            yield
+            yield not self.closed
         finally:
             if timer is not None:
                 timer.cancel()

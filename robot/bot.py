@@ -321,7 +321,7 @@ class Bot:
         before the error propagates, so no socket, worker or DB thread is left behind.
         """
         await self.db.open()
-        self.started = True
+        self.started, self.pipeline.admission.closed = True, False  # (closed by a stop before)
         try:
             await self.channel_state.check_key()  # the database's secret.key: before anything seals or signs
             await self.leases.start()
@@ -371,6 +371,7 @@ class Bot:
         await self.one_process.stop()
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=flush_timeout_s)
+        self.pipeline.admission.close()  # what has not started by now would meet a closed store
         for plugin in self.plugins:
             if plugin.teardown is not None and plugin.name in self._deps:
                 try:

@@ -129,8 +129,9 @@ class Pipeline:
         """Store the message with its dedupe row, answer it, then mark it handled: a crash or error
         before the mark leaves it to the platform's redelivery (replies and reminders are keyed by it).
         It starts in its turn (:mod:`robot.admission`)."""
-        async with self.admission.turn():
-            await self._handle_turn(message)
+        async with self.admission.turn() as admitted:
+            if admitted:
+                await self._handle_turn(message)
 
     async def _handle_turn(self, message: Message) -> None:
         bot, ident = self.bot, (message.platform, message.message_id)

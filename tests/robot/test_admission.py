@@ -132,3 +132,25 @@ async def test_a_message_that_waits_long_gives_its_place_up() -> None:
     slow.cancel()
     await asyncio.gather(slow, return_exceptions=True)
     assert admission._slots._value == 1  # the slow one's exit released nothing more than it held
+
+
+async def test_messages_still_waiting_for_their_turn_when_the_bot_stops_do_not_start(make_bot: Any) -> None:
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def answer(request: ModelRequest) -> Any:
+        started.append(str(request.messages[-1]["content"]))
+        await release.wait()
+        return text("好的")
+
+    bot, channel = await make_bot(ScriptedModel(answer), limits={"user_burst": 1000, "chat_burst": 1000,
+                                                                  "messages_at_once": 1})
+    first = asyncio.create_task(channel.inject("第一个", chat=G1, at_bot=True))
+    await eventually(lambda: len(started) == 1)
+    second = asyncio.create_task(channel.inject("第二个", chat=G1, at_bot=True))
+    await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(bot.stop(flush_timeout_s=0.2))
+    await asyncio.sleep(1.2)  # the first one gives its place up after 1 s: but for the stop, the second would start
+    release.set()
+    await asyncio.gather(first, second, stopping)
+    assert started == ["第一个"] and bot.pipeline.admission.turned_away == 1
