@@ -275,11 +275,12 @@ def side_by_side(messages: int, reminders: int) -> None:
         # Both loads at once: the reminders fall due a second after the messages were delivered.
         print(f"   {messages} messages delivered, then {reminders} reminders due a second later "
               "(turns: robot.admission; off = every message starts at once, no window for the burst)")
-        for label, procs in (("SQLite, 1 process", 1), ("PostgreSQL, 1 process", 1)):
+        for label, procs in (("SQLite, 1", 1), ("PostgreSQL, 1", 1), ("PostgreSQL, 3", 3)):
             for turns in (False, True):
                 m = run_processes(url(label), procs, messages, reminders, turns=turns)
-                print(f"   {label + (', turns' if turns else ', turns off'):<31}{m.msgs_per_s:6,.0f} {m.msg_p99:9.2f}s   "
-                      f"{m.rem_p50:10.2f}s / {m.rem_p99:6.2f}s / {m.rem_max:6.2f}s {m.lost:5d} {m.doubled:7d}")
+                name = f"{label}, turns{'' if turns else ' off'}"
+                print(f"   {name:<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {m.rem_p50:10.2f}s / {m.rem_p99:6.2f}s / "
+                      f"{m.rem_max:6.2f}s {m.lost:5d} {m.doubled:7d}")
         paced(pg.create_database, messages // 2, 200.0)  # above what one PostgreSQL process answers here
         # The same firing load through procrastinate (issue #11's alternative): bench_procrastinate.py.
         if importlib.util.find_spec("procrastinate") is None:
