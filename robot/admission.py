@@ -2,13 +2,14 @@
 
 Thousands of messages delivered together (a flood, a backlog after a reconnect) all ran at once
 before: each turn of the event loop then ran a step of every one of them, and whatever else the
-loop had to do waited for those turns. The worst hit were reminders falling due meanwhile: 10,000
-of them went out 4.9 s late (p99) behind 3,000 messages, against 0.8 s alone. So:
+loop had to do waited for those turns. The worst hit were reminders falling due meanwhile: on
+SQLite 10,000 of them went out 4.9 s late (p99) behind 3,000 messages, against 0.8 s alone. So:
 
 - :meth:`Admission.turn`: at most ``at_once`` messages start together; the others wait their turn,
   in order. A message gives its place up after :data:`HOLD_S` whatever it is doing: one waiting on
-  a slow model, a long tool or a person's answer never keeps the next from starting (nor can the
-  answer it waits for be kept out).
+  a slow model, a long tool or a person's answer keeps the next waiting that long at most (and the
+  answer it waits for cannot be kept out for good); slow runs start at ``at_once`` per
+  :data:`HOLD_S`, however many are running.
 - :class:`Crowd`: when more than :data:`CROWD` chats have messages going out at once (a burst of
   reminders, say), messages wait to start until the burst has gone out (:data:`CLEAR` chats or
   fewer still sending), for at most ``priority_s`` per burst. Then they start again; a backlog that
@@ -77,13 +78,19 @@ class Admission:
     def __init__(self, at_once: int, crowd: Crowd, hold_s: float = HOLD_S) -> None:
         self.crowd, self.hold_s = crowd, hold_s
         self._slots = asyncio.Semaphore(at_once)
-        self.closed = False
+        self.closed, self._warned = False, False
         self.turned_away = 0  #: messages that were still waiting for their turn when the bot stopped
 
     def close(self) -> None:
         """The bot is stopping: messages still waiting for their turn do not start (nothing of them
         was stored; a platform that redelivers sends them again)."""
-        self.closed = True
+        self.closed, self._warned = True, False
+
+    def _turned_away(self) -> None:
+        self.turned_away += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("stopping: messages still waiting for their turn are not handled")
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[bool]:
@@ -91,13 +98,6 @@ class Admission:
         hold the place for the block or :data:`HOLD_S`, whichever ends first. Yields False, and the
         message must not start, once the bot is stopping."""
         await self._slots.acquire()
-        if self.closed:
-            self._slots.release()
-            self.turned_away += 1
-            if self.turned_away == 1:
-                log.warning("stopping: messages still waiting for their turn are not handled")
-            yield False
-            return
         held = True
 
         def give_up() -> None:
@@ -108,9 +108,14 @@ class Admission:
 
         timer: asyncio.TimerHandle | None = None
         try:
-            await self.crowd.wait()  # (the place is kept meanwhile: the burst's window is bounded)
+            if not self.closed:
+                await self.crowd.wait()  # (the place is kept meanwhile: the burst's window is bounded)
+            if self.closed:
+                self._turned_away()
+                yield False
+                return
             timer = asyncio.get_running_loop().call_later(self.hold_s, give_up)
-            yield not self.closed
+            yield True
         finally:
             if timer is not None:
                 timer.cancel()
