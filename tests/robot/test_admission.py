@@ -6,6 +6,9 @@ import asyncio
 import time
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from function_calls import ModelRequest
 from function_calls.testing import ScriptedModel, text
 from robot.admission import CLEAR, CROWD, Admission, Crowd
@@ -154,3 +157,37 @@ async def test_messages_still_waiting_for_their_turn_when_the_bot_stops_do_not_s
     release.set()
     await asyncio.gather(first, second, stopping)
     assert started == ["第一个"] and bot.pipeline.admission.turned_away == 1
+
+
+_UPDATES = st.lists(st.one_of(st.tuples(st.sampled_from(["memory", "telegram", "wecom"]), st.integers(0, 150)),
+                              st.just(("wait", 0))), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_UPDATES)
+def test_a_burst_window_opens_once_per_burst_and_closes_when_it_clears_or_expires(updates: list[tuple[str, int]]) -> None:
+    # Whatever the outbox reports, in whatever order: new messages wait only while a burst that
+    # crossed CROWD has not yet come down to CLEAR, and each burst holds them back once.
+    async def check() -> None:
+        crowd = Crowd(0.002)
+        lanes: dict[str, int] = {}
+        spent = holding = False
+        for platform, chats in updates:
+            if platform == "wait":  # past the window
+                await asyncio.sleep(0.004)
+                holding = False
+            else:
+                crowd.sending(platform, chats)
+                lanes[platform] = chats
+                total = sum(lanes.values())
+                if total <= CLEAR:
+                    spent = holding = False
+                elif total > CROWD and not spent:
+                    spent = holding = True
+            assert crowd.holding == holding, (platform, chats, lanes)
+            if holding:
+                assert sum(lanes.values()) > CLEAR
+        async with asyncio.timeout(1):
+            await crowd.wait()  # never for longer than the window
+
+    asyncio.run(check())
