@@ -197,3 +197,46 @@ async def test_an_image_only_at_reaches_the_model_as_placeholders_in_history_and
     messages = rig.server.requests[0].body["messages"]
     assert messages[-1] == {"role": "user", "content": "[图片]"}
     assert any("[文件: 周报.docx]" in str(m["content"]) for m in messages[:-1])
+
+
+async def test_a_flood_reaches_the_provider_a_few_requests_at_a_time_and_each_message_is_answered_once(
+        tmp_path: Path, until: Until) -> None:
+    # 200 @-messages pushed at once over the socket: the provider sees at most messages_at_once
+    # requests together (not 200, which a real one answers with 429s), and every one is answered.
+    at_once, count = 8, 200
+    in_flight, peak = 0, 0
+
+    async def respond(body: dict[str, Any]) -> Reply:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        return Reply("收到：" + str(body["messages"][-1]["content"]).split()[-1])
+
+    async with FakeOpenAIServer(respond) as server:
+        channel = OneBotChannel(OneBotSettings(enabled=True, port=0, action_timeout_s=5.0))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="test")
+        big = 10**6
+        settings = Settings(bot={"data_dir": tmp_path}, limits={
+            "messages_at_once": at_once, "user_burst": big, "user_per_minute": big, "chat_burst": big,
+            "chat_per_minute": big, "user_daily_tokens": None, "chat_daily_tokens": None})
+        bot = Bot(settings, model=model, channels=[channel], plugins=[])
+        bot.pipeline.admission.hold_s = 30.0  # places kept for the whole run (1 s by default), however slow this machine
+        await bot.start()
+        try:
+            async with OneBotTestPeer(self_id=10001) as peer:
+                await peer.connect(channel.url)
+                await asyncio.wait_for(channel.wait_connected(), 5)
+                for i in range(count):
+                    question = f"第{i}个问题"
+                    await peer.send_event(AT_BOT, message_id=5000 + i, raw_message=f"[CQ:at,qq=10001] {question}",
+                                          message=[{"type": "at", "data": {"qq": "10001"}},
+                                                   {"type": "text", "data": {"text": f" {question}"}}])
+                await until(lambda: sum(map(is_group_send, peer.actions)) >= count, timeout=60)
+                await asyncio.sleep(0.2)  # a doubled reply would land now
+                replies = sorted(texts(a).strip() for a in peer.actions if is_group_send(a))
+        finally:
+            await bot.stop(flush_timeout_s=0.5)
+    assert replies == sorted(f"收到：第{i}个问题" for i in range(count))
+    assert len(server.requests) == count and 1 < peak <= at_once
