@@ -13,7 +13,9 @@ SQLite 10,000 of them went out 4.9 s late (p99) behind 3,000 messages, against 0
 - :class:`Crowd`: when more than :data:`CROWD` chats have messages going out at once (a burst of
   reminders, say), messages wait to start until the burst has gone out (:data:`CLEAR` chats or
   fewer still sending), for at most ``priority_s`` per burst. Then they start again; a backlog that
-  lasts (a platform sending slowly) gets no second window until it has cleared.
+  lasts (a platform sending slowly) gets no second window until it has cleared. On PostgreSQL
+  the messages already running wait out the window too: the database's threads start no unit that
+  is not urgent meanwhile (:meth:`robot.storage.Engine.hold_ordinary`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 __all__ = ["CLEAR", "CROWD", "HOLD_S", "Admission", "Crowd"]
 
@@ -35,8 +38,10 @@ CLEAR = CROWD // 4  #: chats still sending at which a burst counts as gone out
 class Crowd:
     """Whether a burst of sends should go ahead of new messages (the outbox reports its lanes)."""
 
-    def __init__(self, priority_s: float, crowd: int = CROWD, clear: int = CLEAR) -> None:
+    def __init__(self, priority_s: float, crowd: int = CROWD, clear: int = CLEAR,
+                 hold: Callable[[float | None], None] | None = None) -> None:
         self.priority_s, self.crowd, self.clear = priority_s, crowd, clear
+        self._hold = hold  # the database's: units not urgent wait for the window too (Engine.hold_ordinary)
         self._lanes: dict[str, int] = {}
         self._clear = asyncio.Event()
         self._clear.set()
@@ -59,11 +64,15 @@ class Crowd:
             self._spent = True
             self._clear.clear()
             self._window = asyncio.get_running_loop().call_later(self.priority_s, self._open)
+            if self._hold is not None:
+                self._hold(time.monotonic() + self.priority_s)
 
     def _open(self) -> None:
         if self._window is not None:
             self._window.cancel()
             self._window = None
+            if self._hold is not None:
+                self._hold(None)
         self._clear.set()
 
     async def wait(self) -> None:

@@ -92,7 +92,7 @@ class Outbox(OutboxRows):
         #: Which accounts this process holds: it sends only their rows (see :meth:`scope`).
         self.leases = leases
         self.claim_s = claim_s
-        self.crowd = Crowd(priority_s)  #: how many chats are sending: a burst goes ahead of new messages
+        self.crowd = Crowd(priority_s, hold=db.hold_ordinary)  #: how many chats are sending: a burst goes first
         self._scopes: dict[str, Scope] = {}
         self._channels: dict[str, Channel] = {}
         #: Per channel: chats parked after ChannelUnavailable, with the monotonic time they may retry.

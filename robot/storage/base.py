@@ -285,6 +285,11 @@ class Engine:
     async def close(self) -> None:
         raise NotImplementedError
 
+    def hold_ordinary(self, until: float | None) -> None:
+        """Start no unit that is not urgent before ``until`` (``time.monotonic()``; None: start them
+        again), while a burst of sends goes out. PostgreSQL's threads wait (robot/storage/lanes.py);
+        SQLite's writer, which opens each group with the urgent units, goes on as it is."""
+
     async def run(self, fn: Callable[[Tx], T], *, urgent: bool = False) -> T:
         """Run ``fn(tx)`` off the event loop; its statements commit together when it returns.
 

@@ -180,6 +180,10 @@ class PostgresDatabase(Engine):
             self._inflight -= 1
             self._progress = ticks()
 
+    def hold_ordinary(self, until: float | None) -> None:
+        if self._threads is not None:
+            self._threads.hold(until)
+
     def stalled_s(self) -> float:
         return ticks() - self._progress if self._inflight else 0.0
 

@@ -14,6 +14,7 @@ from function_calls.testing import ScriptedModel, text
 from robot.admission import CLEAR, CROWD, Admission, Crowd
 from robot.channels.base import SendReceipt
 from robot.message import ChatRef, OutgoingMessage
+from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
 from tests.robot.conftest import eventually
 
@@ -93,6 +94,23 @@ async def test_a_burst_gets_no_priority_when_it_is_turned_off(make_bot: Any) -> 
     async with asyncio.timeout(5):
         await channel.inject("问题", chat=G1, at_bot=True)
     assert len(started) == 1
+
+
+async def test_on_postgresql_the_units_of_running_messages_wait_out_a_bursts_window(pg_url: str) -> None:
+    # Messages already running when a burst begins: their units wait, the burst's (urgent) go on.
+    db = PostgresDatabase(pg_url, max_size=2)
+    await db.open()
+    try:
+        crowd = Crowd(30, hold=db.hold_ordinary)
+        crowd.sending("memory", CROWD + 1)
+        ordinary = asyncio.ensure_future(db.run(lambda tx: tx.execute("SELECT 1").fetchone()))
+        assert await db.run(lambda tx: tx.execute("SELECT 2").fetchone(), urgent=True) == (2,)
+        await asyncio.sleep(0.05)
+        assert not ordinary.done()
+        crowd.sending("memory", CLEAR)  # the burst has gone out
+        assert await asyncio.wait_for(ordinary, 5) == (1,)
+    finally:
+        await db.close()
 
 
 async def test_at_most_so_many_messages_start_together_and_each_keeps_its_place_for_a_while() -> None:

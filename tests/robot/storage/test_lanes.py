@@ -177,3 +177,31 @@ def test_on_sqlite_any_mix_of_units_queued_behind_a_busy_writer_runs_urgent_ones
     finally:
         loop.run_until_complete(db.close())
         loop.close()
+
+
+def test_while_held_only_urgent_calls_start_and_the_rest_start_once_the_hold_ends() -> None:
+    lanes = Lanes(2, "test-lanes")
+    try:
+        lanes.hold(time.monotonic() + 30)
+        ran: list[str] = []
+        ordinary = lanes.submit(lambda: ran.append("ordinary"))
+        urgent = lanes.submit(lambda: ran.append("urgent"), urgent=True)
+        urgent.result(5)
+        time.sleep(0.05)
+        assert ran == ["urgent"] and not ordinary.done()  # a message's unit waits out the burst
+        lanes.hold(None)
+        ordinary.result(5)
+        assert ran == ["urgent", "ordinary"]
+    finally:
+        lanes.shutdown()
+
+
+def test_a_hold_ends_by_itself_at_its_deadline() -> None:
+    lanes = Lanes(1, "test-lanes")
+    try:
+        lanes.hold(time.monotonic() + 0.1)
+        started = time.monotonic()
+        lanes.submit(lambda: None).result(5)  # nobody releases it: the window's end does
+        assert time.monotonic() - started >= 0.05
+    finally:
+        lanes.shutdown()
