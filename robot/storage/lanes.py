@@ -10,7 +10,7 @@ slower: p99 0.8-0.95 s became 1.3-1.9 s).
 While a burst of sends goes out (:class:`robot.admission.Crowd`'s window, a few seconds at most),
 :meth:`Lanes.hold` keeps the threads from starting calls that are not urgent: the messages already
 running wait, and the server's time goes to the burst. Behind 3,000 messages, three processes sent
-10,000 reminders with p99 2.0-2.2 s before, 1.1-1.2 s with the hold.
+10,000 reminders with p99 2.0-3.5 s before, 0.8-1.2 s with the hold.
 """
 
 from __future__ import annotations
