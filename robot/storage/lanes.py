@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
@@ -90,11 +91,11 @@ class Lanes:
     def _next_other(self) -> _Call:
         """The oldest call not urgent, once the hold is over; an urgent call submitted meanwhile
         first. (This thread's token stands for some call still queued: it takes whichever is due.)"""
-        with self._holding:
+        with self._holding:  # (other threads pop urgent calls without it: try, never test then pop)
             while (held := self._held) is not None and (left := held - time.monotonic()) > 0:
-                if self._urgent:
+                with contextlib.suppress(IndexError):
                     return self._urgent.popleft()
                 self._holding.wait(left)
-            if self._urgent:
+            with contextlib.suppress(IndexError):
                 return self._urgent.popleft()
             return self._other.popleft()

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from robot.storage import SQLiteDatabase, Tx, open_database
 from robot.storage.lanes import Lanes
@@ -203,5 +204,34 @@ def test_a_hold_ends_by_itself_at_its_deadline() -> None:
         started = time.monotonic()
         lanes.submit(lambda: None).result(5)  # nobody releases it: the window's end does
         assert time.monotonic() - started >= 0.05
+    finally:
+        lanes.shutdown()
+
+
+def test_calls_submitted_from_many_threads_through_holds_all_run_once() -> None:
+    # Threads waiting out a hold race the others for urgent calls: none may lose a call or die.
+    lanes = Lanes(4, "test-lanes")
+    ran: list[int] = []
+    futures: list[Any] = []
+    lock = threading.Lock()
+
+    def submit(start: int) -> None:
+        for i in range(start, start + 500):
+            if i % 50 == 0:
+                lanes.hold(time.monotonic() + 0.01 if i % 100 else None)
+            future = lanes.submit(lambda i=i: ran.append(i), urgent=i % 3 == 0)  # type: ignore[misc]
+            with lock:
+                futures.append(future)
+
+    try:
+        submitters = [threading.Thread(target=submit, args=(k * 500,)) for k in range(4)]
+        for t in submitters:
+            t.start()
+        for t in submitters:
+            t.join()
+        lanes.hold(None)
+        for future in futures:
+            future.result(10)
+        assert sorted(ran) == list(range(2000))
     finally:
         lanes.shutdown()
