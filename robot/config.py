@@ -206,7 +206,7 @@ class OutboxSection(_Section):
                                "crash can resend at most these")
     max_attempts: int = Field(6, ge=1, le=100, description="tries of a message whose send fails for now before it "
                               "is given up (a channel that is down does not count)")
-    burst_priority_s: float = Field(2.0, ge=0, le=60, description="a burst of sends (more than 64 chats at once: "
+    burst_priority_s: float = Field(2.0, ge=0, le=10, description="a burst of sends (more than 64 chats at once: "
                                     "reminders) goes out ahead of new messages, which wait this long at most (0 = off)")
 
 

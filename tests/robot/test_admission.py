@@ -54,7 +54,7 @@ def timed_model(started: list[float]) -> ScriptedModel:
 
 async def test_a_burst_of_sends_goes_out_before_messages_arriving_meanwhile_start(make_bot: Any) -> None:
     started: list[float] = []
-    bot, channel = await make_bot(timed_model(started), channel=PacedChannel(), outbox={"burst_priority_s": 30})
+    bot, channel = await make_bot(timed_model(started), channel=PacedChannel(), outbox={"burst_priority_s": 10})
     rows = burst(CROWD * 2)
     await bot.outbox.enqueue(*rows)
     await eventually(lambda: bot.outbox.crowd.holding)  # the burst's lanes are open
@@ -108,6 +108,7 @@ async def test_on_postgresql_the_units_of_running_messages_wait_out_a_bursts_win
         assert await db.run(lambda tx: tx.execute("SELECT 2").fetchone(), urgent=True) == (2,)
         await asyncio.sleep(0.05)
         assert not ordinary.done()
+        assert db.stalled_s() == 0.0  # held, not stalled: the leases must not take it for a dead database
         crowd.sending("memory", CLEAR)  # the burst has gone out
         assert await asyncio.wait_for(ordinary, 5) == (1,)
     finally:
