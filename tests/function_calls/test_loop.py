@@ -143,7 +143,7 @@ async def test_each_run_has_its_own_id() -> None:
 
 async def test_results_come_back_in_call_order_whatever_finishes_first() -> None:
     gauge = Gauge()
-    turn = calls("work", *[{"n": i, "delay": 0.01 * (4 - i)} for i in range(4)])
+    turn = calls("work", *[{"n": i, "delay": 0.05 * (4 - i)} for i in range(4)])
     result = await Runner(ScriptedModel([turn, text("ok")])).run(USER, Toolset("s", [work_tool(gauge)]))
     assert [n for e, n in gauge.log if e.startswith("end")] == [3, 2, 1, 0]  # finished in reverse
     msgs = tool_messages(result.messages)
