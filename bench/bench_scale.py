@@ -241,6 +241,14 @@ def paced(new_database: Callable[[], str], n: int, rate: float) -> None:
               f"p99 {r['p99_ms']:,.0f} ms{deadlocks}")
 
 
+def _row(label: str, msgs: Any | None, rems: Any) -> None:
+    """One line of the side-by-side table: messages from ``msgs`` (n/a when None), reminders from ``rems``
+    (both ``scale_procs.Figures``; the same run when both loads ran at once)."""
+    rate, last = ("n/a", "n/a") if msgs is None else (f"{msgs.msgs_per_s:,.0f}", f"{msgs.msg_p99:.2f}s")
+    print(f"   {label:<24} {rate:>7} {last:>10}   {rems.rem_p50:10.2f}s / {rems.rem_p99:6.2f}s / "
+          f"{rems.rem_max:6.2f}s {rems.lost:5d} {rems.doubled:7d}")
+
+
 def side_by_side(messages: int, reminders: int) -> None:
     """SQLite/1 process, PostgreSQL/1 and PostgreSQL/3 processes, one after the other in this run."""
     from scale_procs import run_processes
@@ -253,34 +261,26 @@ def side_by_side(messages: int, reminders: int) -> None:
     print(f"   {'engine':<24} {'msg/s':>7} {'last reply':>10}   {'reminder lateness p50 / p99 / max':>34} {'lost':>5} "
           f"{'doubled':>7}")
     with PgCluster() as pg:
-        for label, procs in (("SQLite, 1 process", 1), ("PostgreSQL, 1 process", 1), ("PostgreSQL, 3 processes", 3)):
-            def url(label: str = label) -> str:
-                return "" if label.startswith("SQLite") else str(pg.create_database())
+        def url(label: str) -> str:
+            return "" if label.startswith("SQLite") else str(pg.create_database())
 
-            m = run_processes(url(), procs, messages, 0)
-            r = run_processes(url(), procs, 0, reminders)
-            print(f"   {label:<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
-                  f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        for label, procs in (("SQLite, 1 process", 1), ("PostgreSQL, 1 process", 1), ("PostgreSQL, 3 processes", 3)):
+            _row(label, run_processes(url(label), procs, messages, 0), run_processes(url(label), procs, 0, reminders))
         # A leased account (Telegram, Weixin, OneBot): whoever fires, its holder alone sends.
-        r = run_processes(str(pg.create_database()), 3, 0, reminders, leased=True)
-        print(f"   {'PostgreSQL, 3, 1 account':<24} {'n/a':>7} {'n/a':>10}   {r.rem_p50:10.2f}s / {r.rem_p99:6.2f}s / "
-              f"{r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        _row("PostgreSQL, 3, 1 account", None, run_processes(str(pg.create_database()), 3, 0, reminders, leased=True))
         # Through PgBouncer in transaction mode (listen_url direct): settings per transaction, nothing prepared.
         direct = [str(pg.create_database()), str(pg.create_database())]
         with pgbouncer(direct[0], "transaction") as m_url, pgbouncer(direct[1], "transaction") as r_url:
             m = run_processes(m_url, 3, messages, 0, listen_url=direct[0])
             r = run_processes(r_url, 3, 0, reminders, listen_url=direct[1])
-        print(f"   {'PG, 3, PgBouncer (txn)':<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {r.rem_p50:10.2f}s / "
-              f"{r.rem_p99:6.2f}s / {r.rem_max:6.2f}s {r.lost:5d} {r.doubled:7d}")
+        _row("PG, 3, PgBouncer (txn)", m, r)
         # Both loads at once: the reminders fall due a second after the messages were delivered.
         print(f"   {messages} messages delivered, then {reminders} reminders due a second later "
               "(turns: robot.admission; off = every message starts at once, no window for the burst)")
         for label, procs in (("SQLite, 1", 1), ("PostgreSQL, 1", 1), ("PostgreSQL, 3", 3)):
             for turns in (False, True):
                 m = run_processes(url(label), procs, messages, reminders, turns=turns)
-                name = f"{label}, turns{'' if turns else ' off'}"
-                print(f"   {name:<24} {m.msgs_per_s:7,.0f} {m.msg_p99:9.2f}s   {m.rem_p50:10.2f}s / {m.rem_p99:6.2f}s / "
-                      f"{m.rem_max:6.2f}s {m.lost:5d} {m.doubled:7d}")
+                _row(f"{label}, turns{'' if turns else ' off'}", m, m)
         paced(pg.create_database, messages // 2, 200.0)  # above what one PostgreSQL process answers here
         # The same firing load through procrastinate (issue #11's alternative): bench_procrastinate.py.
         if importlib.util.find_spec("procrastinate") is None:
