@@ -66,6 +66,11 @@ class Lanes:
             self._held = until
             self._holding.notify_all()
 
+    def holding(self) -> bool:
+        """Whether calls not urgent wait now (a hold set and not over)."""
+        held = self._held
+        return held is not None and time.monotonic() < held
+
     def shutdown(self) -> None:
         """The threads end once every call submitted before is done."""
         self._closed = True

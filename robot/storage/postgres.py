@@ -15,7 +15,6 @@ import concurrent.futures
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -96,7 +95,6 @@ class PostgresDatabase(Engine):
         self._own: Any = None  # connection: outside the pool, which a backlog of units may fill
         self._inflight = 0  # units awaited now
         self._progress = 0.0  # ticks() when one last finished (or was queued with none in flight)
-        self._held: float | None = None  # (time.monotonic()) until when units not urgent wait: hold_ordinary
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
@@ -183,14 +181,13 @@ class PostgresDatabase(Engine):
             self._progress = ticks()
 
     def hold_ordinary(self, until: float | None) -> None:
-        self._held = until
         if until is None:  # units held back were not stalled: the stall clock starts again now
             self._progress = ticks()
         if self._threads is not None:
             self._threads.hold(until)
 
     def stalled_s(self) -> float:
-        if self._held is not None and time.monotonic() < self._held:
+        if self._threads is not None and self._threads.holding():
             return 0.0  # (the leases trust this: a burst's window must not look like a dead database)
         return ticks() - self._progress if self._inflight else 0.0
 
