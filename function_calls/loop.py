@@ -166,7 +166,8 @@ class Runner:
         if stops:
             first = stops[0]
             if first.stop is StopReason.AWAITING_APPROVAL:
-                state.pending = [o.call for o in stops]
+                # only the calls waiting for a person (one that ran out of retries beside them is no request)
+                state.pending = [o.call for o in stops if o.stop is StopReason.AWAITING_APPROVAL]
             return self._finish(state, first.stop or StopReason.COMPLETED, env.detector, detail=first.detail)
         if all(not o.result.continue_ for o in outcomes):
             return self._finish(state, StopReason.ANSWERED_BY_TOOL, env.detector)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -185,11 +186,15 @@ class ToolCallAccumulator:
         return part
 
     def result(self) -> list[ToolCall]:
-        return [
-            ToolCall(id=p.id or f"call_{n}", name=p.name, arguments=p.arguments)
-            for n, p in enumerate(self.calls)
-            if p.name or p.arguments
-        ]
+        for p in self.calls:
+            p.id = p.id or _made_up_id()  # kept: a second result() names the calls alike
+        return [ToolCall(id=p.id, name=p.name, arguments=p.arguments) for p in self.calls if p.name or p.arguments]
+
+
+def _made_up_id() -> str:
+    """An id for a call the provider sent without one. Unique in the run, not ``call_<n>``: that one
+    would come back on every turn, and a verdict or result kept for one call would match the next."""
+    return f"call_{secrets.token_hex(8)}"
 
 
 class _Shower:
@@ -305,10 +310,10 @@ class OpenAIChatModel:
                 raise ModelAPIError("the model returned no choices", retryable=True)
             message = choice.message
             calls = [
-                ToolCall(id=_str_or_none(getattr(c, "id", None)) or f"call_{n}",
+                ToolCall(id=_str_or_none(getattr(c, "id", None)) or _made_up_id(),
                          name=_str_or_none(getattr(c.function, "name", None)) or "",
                          arguments=_as_text(getattr(c.function, "arguments", None)))
-                for n, c in enumerate(message.tool_calls or [])
+                for c in message.tool_calls or []
                 if getattr(c, "function", None) is not None
             ]
             text = _text_of(message.content)

@@ -104,9 +104,7 @@ class Approvals:
     async def approver(self, call: ToolCall, tool: Tool, caller: Caller) -> bool | str | None:
         """Inside a resumed run, the recorded verdict; otherwise pause (None)."""
         grant = GRANT.get()
-        if grant is not None and call.id in grant.verdicts:
-            return grant.verdicts[call.id]
-        return None
+        return None if grant is None else grant.verdicts.pop((call.id, call.name, call.arguments), None)
 
     # --- pausing ----------------------------------------------------------------------------
     async def pause(self, result: RunResult, caller: Caller, chat: ChatRef, *, tools: Iterable[str],
@@ -340,7 +338,10 @@ class Approvals:
         else:
             # Only what the paused run was offered, if still offered (a row from before: its calls' tools)
             names = set(json.loads(row["tools"]) if row.get("tools") else (c.name for c in state.pending))
-            token = GRANT.set(Grant(verdicts={c.id: verdict for c in state.pending}, answer=answer))
+            # An answer grants the questions only: a confirm call paused beside ask_user pauses anew, for
+            # its own approver (the answer, or its timeout, would otherwise run an admin's call)
+            granted = [c for c in state.pending if row["kind"] != "input" or self._asks(c)]
+            token = GRANT.set(Grant(verdicts={(c.id, c.name, c.arguments): verdict for c in granted}, answer=answer))
             try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
                 with self.bot.tool_scope(names):
                     async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
@@ -366,6 +367,10 @@ class Approvals:
         for platform in {m.chat.platform for m in messages}:
             self.bot.outbox.notify(platform)
         await self.announce()
+
+    def _asks(self, call: ToolCall) -> bool:
+        tool = self.bot.tools.get(call.name)
+        return tool is not None and tool.confirm == "input"
 
     async def _run_command(self, calls: Sequence[ToolCall], caller: Caller, chat: ChatRef) -> list[str]:
         out: list[str] = []

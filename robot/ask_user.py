@@ -28,9 +28,11 @@ class AskUserArgs(BaseModel):
 
 @dataclass(frozen=True)
 class Grant:
-    """What a resumed run may do: verdicts per pending call id, and the user's answer (input)."""
+    """What a resumed run may do: a verdict per pending call (its id, tool and arguments, used once:
+    a later call that an id-less provider or a reused id names alike is asked about anew), and the
+    user's answer (input)."""
 
-    verdicts: dict[str, bool | str] = field(default_factory=dict)
+    verdicts: dict[tuple[str, str, str], bool | str] = field(default_factory=dict)
     answer: str | None = None
 
 

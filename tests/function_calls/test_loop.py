@@ -286,6 +286,34 @@ async def test_approval_pause_serialises_and_resumes_after_a_restart() -> None:
     assert resumed.state.pending == []
 
 
+async def test_only_the_calls_waiting_for_approval_are_pending() -> None:
+    """A call that ran out of argument retries beside a paused one is reported to the model, not
+    listed for approval and not run again on resume."""
+    runs: list[str] = []
+
+    async def count(job: Job) -> str:
+        """Count."""
+        runs.append(f"count {job.n}")
+        return "counted"
+
+    tools = Toolset("s", [*confirm_tool(runs), tool_function(retries=0)(count)])
+
+    async def undecided(c: ToolCall, tool: Tool, caller: Caller) -> bool | None:
+        return None
+
+    first = await Runner(ScriptedModel([call("kick", {"n": 7}, ("count", {"n": "x"}))]),
+                         approver=undecided).run(USER, tools)
+    assert first.stop is StopReason.AWAITING_APPROVAL
+    assert [c.name for c in first.state.pending] == ["kick"] and "count" not in first.replies[0]
+
+    async def approve(c: ToolCall, tool: Tool, caller: Caller) -> bool | None:
+        return True
+
+    model = ScriptedModel([text("removed member 7")])
+    resumed = await Runner(model, approver=approve).run(first.state, tools)
+    assert resumed.stop is StopReason.COMPLETED and runs == ["kicked 7"]
+
+
 async def test_a_declined_call_is_reported_to_the_model() -> None:
     runs: list[str] = []
 

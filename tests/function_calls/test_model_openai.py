@@ -101,7 +101,12 @@ def test_accumulator_handles_an_index_reused_for_a_new_call_and_id_less_continua
     no_ids = ToolCallAccumulator()
     no_ids.feed(None, None, "solo", '{"a"')
     no_ids.feed(None, None, None, ": 2}")
-    assert no_ids.result() == [ToolCall(id="call_0", name="solo", arguments='{"a": 2}')]
+    made_up = no_ids.result()
+    assert [(c.name, c.arguments) for c in made_up] == [("solo", '{"a": 2}')]
+    assert made_up[0].id.startswith("call_") and no_ids.result() == made_up  # asked twice: the same id
+    again = ToolCallAccumulator()  # the next turn's id-less call gets another id (see test_approvals)
+    again.feed(None, None, "solo", '{"a": 2}')
+    assert again.result()[0].id != made_up[0].id
 
 
 @pytest.mark.parametrize("stream", [False, True])

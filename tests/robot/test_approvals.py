@@ -17,6 +17,7 @@ from function_calls import (
     Caller,
     ModelRequest,
     ModelResponse,
+    ToolCall,
     ToolContext,
     ToolResult,
     Toolset,
@@ -434,3 +435,55 @@ async def test_a_resumed_run_is_held_against_the_daily_budget(make_bot: Any) -> 
     await bot.outbox.flush()
     assert RUNS == []  # the day's budget is spent: the approved call waits for no model it cannot pay
     assert any("用量" in m.text and m.mention == ("u1",) for m in ch.sent)
+
+
+def same_ids(*turns: list[tuple[str, dict[str, Any]]]) -> Any:
+    """A provider that numbers its calls afresh each turn (``call_0``...), as llama.cpp and some
+    OpenAI-compatible builds do: the n-th turn makes ``turns[n]``'s calls, then it reports the results."""
+
+    def script(req: ModelRequest) -> ModelResponse:
+        done = [m for m in req.messages if m["role"] == "tool"]
+        asked = sum(1 for m in req.messages if m.get("tool_calls"))
+        if asked < len(turns):
+            return ModelResponse(tool_calls=[ToolCall(id=f"call_{i}", name=name, arguments=json.dumps(args))
+                                             for i, (name, args) in enumerate(turns[asked])], finish_reason="tool_calls")
+        return text("结果：" + " | ".join(str(m["content"]) for m in done))
+
+    return script
+
+
+@pytest.mark.parametrize("amount", [5000, 42])
+async def test_a_verdict_answers_its_own_call_once_not_a_later_call_with_the_same_id(
+        make_bot: Any, amount: int) -> None:
+    """An admin approves ``transfer(42)`` (``call_0``); the resumed run's next call is ``call_0`` again:
+    another transfer, or the very same one, waits for its own approval."""
+    bot, ch = await start_bot(make_bot, ScriptedModel(same_ids([("transfer", {"amount": 42})],
+                                                               [("transfer", {"amount": amount})])))
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    ask = next(m for m in await ch.wait_sent(2) if m.mention == ("u1",))
+    await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.wait_sent(5)
+    assert RUNS == [("transfer", 42)]
+    [again] = await bot.approvals.store.pending(bot.clock())
+    assert again["approver"] == "admin" and f"transfer(amount={amount})" in ch.sent[-2].text + ch.sent[-1].text
+
+
+async def test_an_answer_to_ask_user_does_not_approve_a_call_paused_beside_it(make_bot: Any) -> None:
+    """``ask_user`` and an admin's tool in one turn: the requester's answer (or its timeout) resumes the
+    question only; the transfer then waits for an admin."""
+    bot, ch = await start_bot(make_bot, ScriptedModel(same_ids(
+        [("ask_user", {"tip": "转给谁？", "timeout_s": 60}), ("transfer", {"amount": 1000})])))
+    await ch.inject("帮我转 1000 块", at_bot=True, user="u1")
+    assert (await ch.wait_sent(1))[0].text == "转给谁？"
+    await ch.inject("张三", user="u1")
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(3)
+    assert RUNS == []
+    ask = next(m for m in sent if "需要管理员批准" in m.text)
+    assert "transfer(amount=1000)" in ask.text and "ask_user" not in ask.text
+    await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.wait_sent(5)
+    assert RUNS == [("transfer", 1000)]
+    assert any(m.text == "结果：张三 | transferred 1000" for m in ch.sent)
