@@ -63,7 +63,8 @@ async def setup(bot: Bot) -> MemoryDeps:
 
     async def forget_me(request: ForgetRequest) -> int:  # /forget me [all]
         chats = None if request.everywhere else [c.key for c in request.chats]
-        return await service.forget_person(request.platform, request.user_id, chats)
+        return await service.forget_person(request.platform, request.user_id, chats,
+                                           dreams_in=[c.key for c in request.chats])
 
     bot.context_hooks.append(service.before_run)
     bot.forget_hooks.append(forget_one)

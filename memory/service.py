@@ -18,8 +18,9 @@ shown but not used, and those that ranked below, are not touched: a peek is neve
 
 **Sleep** (nightly per chat, at ``sleep_time`` in the chat's zone, or ``/sleep``): samples
 ``sleep_sample`` non-long-term memories, applies the miss rule, deletes those at −1, and turns
-the deleted texts into a short dream with the bot's (execute-tier) model; the dream is stored,
-and posted only when ``post_dreams`` is on. Memory text never goes into logs.
+the deleted texts the whole chat may see (not a member's own memories in a group) into a short
+dream with the bot's (execute-tier) model; the dream is stored, and posted only when
+``post_dreams`` is on. Memory text never goes into logs.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ class MemoryService:
             if row.user_id != caller.user_id and not caller.bot_admin and not (
                     row.kind == "group" and caller.is_admin):
                 return f"记忆 #{mid} 是别人保存的群记忆，只有保存者和群管理员可以删除。"
-            self.store.delete(db, [mid])
+            self.store.delete(db, [mid], scrub=True)
             self.index.announce(db, [chat])
             return f"已删除记忆 #{mid}。"
 
@@ -266,17 +267,19 @@ class MemoryService:
         """``/forget me``: every memory the caller saved in this chat, and the chat's dreams."""
         return await self.forget_person(caller.platform, caller.user_id, [ChatRef.of(caller).key])
 
-    async def forget_person(self, platform: str, user_id: str, chats: Sequence[str] | None) -> int:
-        """Every memory a person saved in ``chats`` (None: every chat on the platform), and those chats' dreams.
+    async def forget_person(self, platform: str, user_id: str, chats: Sequence[str] | None,
+                            dreams_in: Sequence[str] = ()) -> int:
+        """Every memory a person saved in ``chats`` (None: every chat on the platform), and the dreams of
+        those chats, of ``dreams_in`` (where they left a trace) and of every chat they still had a memory in.
 
-        Dreams go whole: one may quote any forgotten memory of its chat.
+        Dreams go whole: one may quote any forgotten memory of its chat, one that slept away too.
         """
 
         def work(db: Any) -> list[tuple[str, int]]:
             owned = self.store.owned_by(db, platform, user_id, chats)
-            self.store.delete(db, [mid for _, mid in owned])
+            self.store.delete(db, [mid for _, mid in owned], scrub=True)
             self.index.announce(db, {c for c, _ in owned})
-            for chat in {c for c, _ in owned} | set(chats or ()):
+            for chat in {c for c, _ in owned} | set(chats or ()) | set(dreams_in):
                 self.store.delete_dreams(db, chat)
             return owned
 
@@ -307,14 +310,15 @@ class MemoryService:
 
         sampled, weakened, dead = await self.db.transaction(work)
         self.index.discard(chat, [r.id for r in dead])
-        fragments = [r.text for r in dead]
+        # A member's own memory in a group is theirs alone: it fades without a dream the group would read
+        fragments = [r.text for r in dead if r.kind != "user"]
         dream = await self._dream(chat, fragments) if fragments else None
         if dream is not None:
             dream_id = await self.db.run(lambda db: self.store.add_dream(db, chat, now, len(fragments), dream))
             if self.settings.post_dreams and self.bot is not None:
                 await self.bot.send(ChatRef.from_key(chat), f"💤 梦境：{dream}", key=f"memory-dream:{chat}:{dream_id}")
-        log.info("memory sleep %s: sampled %d, weakened %d, deleted %d", chat, sampled, weakened, len(fragments))
-        return SleepReport(chat, sampled, weakened, len(fragments), dream)
+        log.info("memory sleep %s: sampled %d, weakened %d, deleted %d", chat, sampled, weakened, len(dead))
+        return SleepReport(chat, sampled, weakened, len(dead), dream)
 
     async def _dream(self, chat: str, fragments: Sequence[str]) -> str:
         pieces = [f[:200] for f in fragments[:20]]

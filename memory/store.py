@@ -159,8 +159,13 @@ class MemoryStore:
             db.execute("INSERT INTO memory_trigrams (rowid, text) VALUES (?, ?)", [mid, text.lower()])
         return mid
 
-    def delete(self, db: Tx, ids: Iterable[int]) -> int:
-        """Delete memories and their index entries; how many existed."""
+    def delete(self, db: Tx, ids: Iterable[int], *, scrub: bool = False) -> int:
+        """Delete memories and their index entries; how many existed.
+
+        ``scrub`` (a person's deletion): on SQLite the FTS5 index is also rewritten. Its DELETE only
+        adds a tombstone, and the old segments would keep the words in the file; ``secure_delete``
+        then zeroes the pages they leave (about 0.1 s per 50,000 memories).
+        """
         gone = 0
         for mid in ids:
             if db.dialect == "postgresql":
@@ -172,6 +177,9 @@ class MemoryStore:
             gone += db.execute("DELETE FROM memories WHERE id = ?", [mid]).rowcount
             db.execute("DELETE FROM memory_terms WHERE rowid = ?", [mid])
             db.execute("DELETE FROM memory_trigrams WHERE rowid = ?", [mid])
+        if scrub and gone and db.dialect != "postgresql":
+            for table in ("memory_terms", "memory_trigrams"):
+                db.execute(f"INSERT INTO {table} ({table}) VALUES ('optimize')")
         return gone
 
     def save_strength(self, db: Tx, changes: Iterable[tuple[int, Strength]]) -> None:

@@ -98,6 +98,23 @@ async def test_forget_me_removes_memories_with_the_history(tmp_path: Path) -> No
         assert left == 1  # no copy stays in the index either
 
 
+@pytest.mark.parametrize("how", ["/forget me", "/forget <id>"])
+async def test_a_forgotten_memorys_words_are_in_no_file(tmp_path: Path, how: str) -> None:
+    """FTS5's DELETE leaves the words in its old index segments: the file must not keep them."""
+    secret = "zanzibarpasscode"
+    async with running(tmp_path) as (bot, ch):
+        for i in range(3):
+            await ask(ch, f"/remember 别人的事 other{i}", user="u2")
+        mid = ids_in(await ask(ch, f"/remember 我的密码是 {secret}", user="u1"))[0]
+        await ask(ch, "/forget me" if how == "/forget me" else f"/forget {mid}", user="u1")
+        blocks = await bot.db.run(lambda db: db.execute("SELECT block FROM memory_terms_data").fetchall())
+        assert not any(secret.encode() in bytes(block) for (block,) in blocks)
+        if how == "/forget me":  # with the history: the whole file (its WAL checkpointed) holds no copy
+            files = b"".join(f.read_bytes() for f in tmp_path.rglob("*") if f.is_file())
+            assert secret.encode() not in files
+        assert "other1" in await ask(ch, "/recall other1", user="u2")  # the index still finds the rest
+
+
 async def test_sleep_is_for_bot_admins_and_dreams_are_stored_not_posted(tmp_path: Path) -> None:
     clock = Clock()
     async with running(tmp_path, clock=clock) as (bot, ch):
@@ -110,6 +127,35 @@ async def test_sleep_is_for_bot_admins_and_dreams_are_stored_not_posted(tmp_path
         assert len(dreams) == 1 and "浇水" in dreams[0][1]
         await asyncio.sleep(0.05)
         assert not any(m.text.startswith("💤") for m in ch.sent)
+
+
+async def test_a_members_own_memory_in_a_group_sleeps_away_without_a_dream_the_group_reads(tmp_path: Path) -> None:
+    """Only u1 may see their memory in g1: neither the /sleep reply nor the posted dream may quote it."""
+    clock = Clock()
+    async with running(tmp_path, clock=clock, memory={"post_dreams": True}) as (bot, ch):
+        await ask(ch, "/remember 我的银行卡密码是八八六六", user="u1")
+        await ask(ch, "/remember 阳台的花要浇水 group", user="u1")
+        assert "没有找到" in await ask(ch, "/recall 银行卡", user="u2")
+        clock.now = clock.now.replace(hour=20)
+        before = len(ch.sent)
+        await ch.inject("/sleep", user="boss")
+        reply, posted = sorted((m.text for m in (await ch.wait_sent(before + 2))[before:]), key=len, reverse=True)
+        assert "遗忘 2 条" in reply and "浇水" in reply and posted.startswith("💤") and "浇水" in posted
+        await asyncio.sleep(0.05)
+        assert not any("八八六六" in m.text for m in ch.sent[before:])
+        dreams = await bot.db.run(lambda db: deps(bot).service.store.dreams(db, "memory:group:g1"))
+        assert len(dreams) == 1 and "八八六六" not in dreams[0][1]
+
+
+async def test_forget_me_all_takes_the_dreams_of_memories_that_already_slept_away(tmp_path: Path) -> None:
+    clock = Clock()
+    async with running(tmp_path, clock=clock) as (bot, ch):
+        await ask(ch, "/remember 老王的手机号是一三八 group", user="u1")
+        clock.now = clock.now.replace(hour=20)
+        assert "一三八" in await ask(ch, "/sleep", user="boss")  # the memory is gone, its dream stays
+        assert "已删除" in await ask(ch, "/forget me all", user="u1", chat=ch.chat("u1", kind="private"))
+        dreams = await bot.db.run(lambda db: db.execute("SELECT text FROM memory_dreams").fetchall())
+        assert dreams == []
 
 
 async def test_nightly_sleep_runs_once_per_local_night_and_posts_dreams_when_asked(tmp_path: Path) -> None:
