@@ -187,8 +187,8 @@ class WeComAIBotChannel(WeComCallbackChannel):
     # -- sending ----------------------------------------------------------------------------
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
-        stream = self._open_stream(chat.key, None)
-        if stream is not None:
+        stream = self._open_stream(chat.key, run_id)  # the run's own bubble (run_id: the message answered)
+        if stream is not None and stream.msgid == run_id:  # never another asker's, at any age
             stream.content = _cap(stream.content + delta)
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:

@@ -149,7 +149,8 @@ class WeComCallbackChannel(Channel, abc.ABC):
         """Raise :class:`StaleTimestamp` unless the callback's timestamp is within the window."""
         try:
             sent = int(query.timestamp)
-        except ValueError:
+            float(sent)  # 400 digits parse, but overflow the clock's arithmetic below
+        except (ValueError, OverflowError):
             raise MalformedBody("timestamp is not an integer") from None
         if abs(self.clock() - sent) > self.settings.timestamp_window_s:
             raise StaleTimestamp(f"timestamp {sent} is more than {self.settings.timestamp_window_s:g}s from now")

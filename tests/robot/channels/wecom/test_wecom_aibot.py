@@ -121,7 +121,7 @@ async def test_group_text_starts_stream_and_is_delivered(
     pending = await _callback(http, bot, _refresh(stream_id))
     assert pending is not None and pending["stream"] == {"id": stream_id, "finish": False, "content": ""}
 
-    await bot.stream_delta(msg.chat, "run1", "thinking")
+    await bot.stream_delta(msg.chat, "m1", "thinking")  # run_id: the message it answers
     partial = await _callback(http, bot, _refresh(stream_id))
     assert partial is not None and partial["stream"]["content"] == "thinking"
 
@@ -174,6 +174,23 @@ async def test_replies_fill_streams_in_order(
     r2 = await _callback(http, bot, _refresh(s2["stream"]["id"]))
     assert r1 is not None and r1["stream"]["content"] == "answer one"
     assert r2 is not None and r2["stream"]["content"] == "answer two"
+
+
+async def test_streamed_pieces_fill_the_bubble_of_the_message_they_answer(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    """Two questions in one group answered at once: each run's pieces go to its own asker's bubble."""
+    s1 = await _callback(http, bot, _text("q1", "@RobotA 2+2?"))
+    s2 = await _callback(http, bot, _text("q2", "@RobotA 法国首都？"))
+    assert s1 is not None and s2 is not None
+    m1, m2 = await asyncio.wait_for(inbox.get(), 5), await asyncio.wait_for(inbox.get(), 5)
+    await bot.stream_delta(m2.chat, "q2", "巴黎")
+    await bot.stream_delta(m1.chat, "q1", "4")
+    await bot.stream_delta(m1.chat, "q3", "无主的片段")  # a run with no bubble here shows in none
+    r1 = await _callback(http, bot, _refresh(s1["stream"]["id"]))
+    r2 = await _callback(http, bot, _refresh(s2["stream"]["id"]))
+    assert r1 is not None and r1["stream"]["content"] == "4"
+    assert r2 is not None and r2["stream"]["content"] == "巴黎"
 
 
 async def test_unknown_stream_events_and_bad_input(

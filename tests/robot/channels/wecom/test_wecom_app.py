@@ -121,6 +121,18 @@ async def test_bad_signature_is_403_and_not_delivered(
     assert (await asyncio.wait_for(inbox.get(), 5)).text == "after"
 
 
+@pytest.mark.parametrize("timestamp", ["1" + "0" * 400, "9" * 5000, "1e9", ""])
+async def test_an_absurd_timestamp_is_a_clear_400_on_both_methods(
+    channel: WeComChannel, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture, timestamp: str
+) -> None:
+    params = {"msg_signature": "0" * 40, "timestamp": timestamp, "nonce": "n", "echostr": "x"}
+    async with http.get(channel.url, params=params) as resp:
+        assert resp.status == 400
+    async with http.post(channel.url, params=params, data=b"<xml><Encrypt>x</Encrypt></xml>") as resp:
+        assert resp.status == 400
+    assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records)
+
+
 async def test_duplicate_msgid_delivered_once(
     channel: WeComChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
 ) -> None:

@@ -6,6 +6,8 @@ import base64
 import importlib
 import json
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,26 @@ def test_bad_base64_and_short_ciphertext(crypto: WeComCrypto) -> None:
         crypto.decrypt_raw("not base64 !!!")
     with pytest.raises(DecryptError):
         crypto.decrypt_raw(base64.b64encode(b"short").decode())
+
+
+def test_unsigned_bodies_built_to_stall_the_envelope_search_are_refused() -> None:
+    """The search runs before the signature check: "<Encrypt>" and 200 KB of spaces (under the body
+    limit) must be refused, not searched in cubic time. A child process, so a regression hangs only it
+    (2.5 KB froze the loop for 10 s; 200 KB would run for days)."""
+    code = ("from robot.channels.wecom.crypto import MalformedBody, WeComCrypto\n"
+            "c = WeComCrypto('t', 'a' * 43, 'corp')\n"
+            "for tail in (b' ' * 200_000, b' ' * 100_000 + b'x' * 100_000, b'\\t\\n ' * 60_000 + b'</Encrypt'):\n"
+            "    try:\n        c.decrypt_xml('0' * 40, '1', 'n', b'<xml><Encrypt>' + tail)\n"
+            "    except MalformedBody as exc:\n        print('refused:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    assert done.stdout.decode().splitlines() == ["refused: XML body needs exactly one <Encrypt> element"] * 3
+
+
+def test_envelopes_with_spaces_around_the_value_still_parse(crypto: WeComCrypto) -> None:
+    value = crypto.encrypt("<xml><Content>hi</Content></xml>")
+    signature = crypto.signature("1700000000", "n", value)
+    for body in (f"<xml><Encrypt>  <![CDATA[{value}]]>\n </Encrypt></xml>", f"<xml><Encrypt>\n{value}  </Encrypt></xml>"):
+        assert "hi" in crypto.decrypt_xml(signature, "1700000000", "n", body)
 
 
 def test_receive_id_mismatch(vectors: dict[str, Any]) -> None:
