@@ -16,13 +16,21 @@ def write_private(path: Path, data: dict[str, Any], *, sync: bool = False) -> No
     The rename is atomic; fsync only where a power cut must not lose it (credentials, a spooled
     update): a cursor lost that way costs a replay, which the bot's dedupe absorbs.
     """
+    try:  # encoded before any file is made: a value JSON cannot hold leaves no temp file behind
+        raw = json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a forged update): escaped, JSON keeps what UTF-8 cannot
+        raw = json.dumps(data).encode("ascii")
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, ensure_ascii=False)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
-    tmp.replace(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        tmp.chmod(0o600)  # an existing temp file keeps its old mode through O_CREAT
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -30,7 +30,7 @@ __all__ = ["ChatMigrated", "TelegramApi", "TelegramApiError", "TelegramError", "
 
 def utf16_len(text: str) -> int:
     """Length as Telegram counts it (UTF-16 code units)."""
-    return len(text.encode("utf-16-le")) // 2
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 class TelegramError(ChannelError):

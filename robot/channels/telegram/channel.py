@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,10 +145,16 @@ class TelegramChannel(Channel):
     # --- receiving ----------------------------------------------------------------------------
     async def _poll(self) -> None:
         assert self.api is not None
-        offset = await self.state.load_offset(self.bot_id)
-        failures = 0
+        offset: int | None = None
+        failures, pause = 0, 0.0
         while not self._stopping.is_set():
+            if pause:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), pause)
+            asked, pause = time.monotonic(), 0.0
             try:
+                if offset is None:  # inside the guard: a database blip delays the poller, never ends it
+                    offset = await self.state.load_offset(self.bot_id)
                 updates = await self.api.call(
                     "getUpdates", {"offset": offset, "timeout": self.settings.poll_timeout_s,
                                    "allowed_updates": ["message", "edited_message"]},
@@ -160,11 +167,11 @@ class TelegramChannel(Channel):
                 if isinstance(exc, TooManyRequests):
                     delay = max(delay, exc.retry_after)
                 log.warning("telegram: getUpdates failed (%s); retrying in %.0f s", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                pause = delay
                 continue
             failures = 0
-            if not isinstance(updates, list) or not updates:
+            if not isinstance(updates, list) or not updates:  # answered empty at once (timeout 0, a proxy):
+                pause = self.settings.retry_delay_s if time.monotonic() - asked < 1 else 0.0  # no busy loop
                 continue
             batch = [t for t in (self._accept(u) for u in updates if isinstance(u, dict)) if t is not None]
             ids = [u["update_id"] for u in updates if isinstance(u, dict) and isinstance(u.get("update_id"), int)]
@@ -172,15 +179,14 @@ class TelegramChannel(Channel):
                 offset = max(ids) + 1
                 self._commit = asyncio.create_task(self._save_offset(self._commit, batch, offset))
 
-    async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[None]],
-                           offset: int) -> None:
+    async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[None]], at: int) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         results = await asyncio.gather(*batch, return_exceptions=True)
         if any(isinstance(r, asyncio.CancelledError) for r in results):
             return  # cut short by stop(): a restart replays this batch
         try:
-            await self.state.save_offset(self.bot_id, offset)
+            await self.state.save_offset(self.bot_id, at)
         except OSError:
             log.exception("telegram: could not save the update offset")
 
@@ -209,9 +215,7 @@ class TelegramChannel(Channel):
         except ValueError:
             log.warning("telegram: webhook body is not JSON")
             return web.Response(status=400)
-        if not isinstance(update, dict):
-            return web.Response(status=200)
-        update_id = update.get("update_id")
+        update_id = update.get("update_id") if isinstance(update, dict) else None
         if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
             log.warning("telegram: webhook update without a usable update_id skipped")
             return web.Response(status=200)

@@ -33,7 +33,7 @@ def split_utf16(text: str, limit: int = LIMIT) -> list[str]:
 def read_entities(text: str, entities: list[dict[str, Any]], username: str, bot_id: str
                   ) -> tuple[str, tuple[str, ...], bool]:
     """Strip ``@bot`` and ``/cmd@bot``; collect the other mentions. Offsets are UTF-16 units."""
-    units = text.encode("utf-16-le")
+    units = text.encode("utf-16-le", "surrogatepass")  # a lone surrogate is one unit, as Telegram counts
     cuts: list[tuple[int, int, str]] = []
     mentions: list[str] = []
     hit = False

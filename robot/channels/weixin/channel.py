@@ -40,6 +40,7 @@ from robot.channels.weixin.api import (
     WeixinMessage,
 )
 from robot.channels.weixin.convert import PLATFORM, flatten_markdown, to_message
+from robot.channels.weixin.live import FORGOTTEN_GRACE_S, LiveAccount
 from robot.channels.weixin.settings import WeixinSettings
 from robot.channels.weixin.state import WeixinAccount, WeixinState
 from robot.message import ChatRef, OutgoingMessage
@@ -48,28 +49,6 @@ from robot.privacy import ForgetRequest, Forgetter
 __all__ = ["WeixinChannel"]
 
 log = logging.getLogger(__name__)
-#: How long a forgotten private chat's token stays usable, in memory only: the reply to
-#: ``/forget me`` itself (and its outbox retries) must still go out.
-_FORGOTTEN_GRACE_S = 600.0
-
-
-class _Account:
-    """Run-time state of one account."""
-
-    def __init__(self, account: WeixinAccount, api: WeixinApi) -> None:
-        self.account = account
-        self.api = api
-        self.tokens: dict[str, str] = {}
-        #: Tokens of chats whose person said ``/forget me``: chat id -> (token, monotonic deadline); never on disk.
-        self.forgotten: dict[str, tuple[str, float]] = {}
-        self.expired = False  # errcode -14 seen and not yet cleared by a good poll or a new login
-        self.poller: asyncio.Task[None] | None = None
-        self.commit: asyncio.Task[None] | None = None
-
-    @property
-    def bot_id(self) -> str:
-        return self.account.bot_id
-
 
 class WeixinChannel(Channel):
     """Personal WeChat (iLink bot API); several accounts, each with its own poller."""
@@ -85,7 +64,7 @@ class WeixinChannel(Channel):
         self.state = WeixinState(settings.state_dir or Path(data_dir) / "weixin")
         self._session = session
         self._own_session = session is None
-        self.accounts: dict[str, _Account] = {}
+        self.accounts: dict[str, LiveAccount] = {}
         self._typing: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -100,9 +79,8 @@ class WeixinChannel(Channel):
         for account in stored:
             if wanted and account.bot_id not in wanted:
                 continue
-            acc = _Account(account, self._api_for(account))
-            acc.tokens = await self.state.load_context_tokens(account.bot_id)
-            self.accounts[account.bot_id] = acc
+            tokens = await self.state.load_context_tokens(account.bot_id)
+            self.accounts[account.bot_id] = LiveAccount(account, self._api_for(account), tokens)
         missing = wanted - set(self.accounts)
         if missing:
             log.error("weixin: accounts %s are configured but not logged in: run `qunbot login weixin`",
@@ -118,21 +96,27 @@ class WeixinChannel(Channel):
         wanted = set(self.settings.accounts)
         while not self._stopping.is_set():
             await self._sleep(self.settings.account_scan_s)
-            try:
-                stored = await self.state.load_accounts()
-            except OSError:
+            try:  # the database unreachable: look again at the next scan (this task must not die)
+                await self._scan_accounts(wanted)
+            except Exception as exc:
+                (log.warning if isinstance(exc, OSError) else log.exception)("weixin: account scan failed: %s", exc)
+
+    async def _scan_accounts(self, wanted: set[str]) -> None:
+        for account in await self.state.load_accounts():
+            if (wanted and account.bot_id not in wanted) or self._stopping.is_set():
                 continue
-            for account in stored:
-                if (wanted and account.bot_id not in wanted) or self._stopping.is_set():
-                    continue
-                acc = self.accounts.get(account.bot_id)
-                if acc is None:
-                    log.warning("weixin: new account %s logged in; serving it", account.bot_id)
-                    acc = self.accounts[account.bot_id] = _Account(account, self._api_for(account))
-                    acc.tokens = await self.state.load_context_tokens(account.bot_id)
+            acc = self.accounts.get(account.bot_id)
+            if acc is None:  # its tokens read first: a failed read leaves it new for the next scan
+                tokens = await self.state.load_context_tokens(account.bot_id)
+                log.warning("weixin: new account %s logged in; serving it", account.bot_id)
+                acc = self.accounts[account.bot_id] = LiveAccount(account, self._api_for(account), tokens)
+                try:
                     await self.serve_account(acc.bot_id, functools.partial(self._poll, acc))
-                elif account.bot_token != acc.account.bot_token:
-                    acc.account, acc.api = account, self._api_for(account)
+                except BaseException:
+                    del self.accounts[acc.bot_id]  # new again at the next scan
+                    raise
+            elif account.bot_token != acc.account.bot_token:
+                acc.account, acc.api = account, self._api_for(account)
 
     def _api_for(self, account: WeixinAccount) -> WeixinApi:
         assert self._session is not None
@@ -185,7 +169,7 @@ class WeixinChannel(Channel):
         chats = {c.chat_id for c in request.chats if c.kind == "private" and c.platform == self.platform}
         if request.everywhere:
             chats.add(request.user_id)
-        deadline = time.monotonic() + _FORGOTTEN_GRACE_S
+        deadline = time.monotonic() + FORGOTTEN_GRACE_S
         removed = 0
         for acc in self.accounts.values():
             gone = {chat: acc.tokens.pop(chat) for chat in chats if chat in acc.tokens}
@@ -200,15 +184,18 @@ class WeixinChannel(Channel):
         return f"personal WeChat, accounts: {', '.join(self.accounts) or 'none logged in'}"
 
     # --- receiving ----------------------------------------------------------------------------
-    async def _poll(self, acc: _Account) -> None:
+    async def _poll(self, acc: LiveAccount) -> None:
         acc.poller = asyncio.current_task()  # run by serve_account: while this process holds the account
         with contextlib.suppress(WeixinError):
             await acc.api.notify(start=True)
-        buf = await self.state.load_cursor(acc.bot_id)
+        buf: str | None = None
         timeout_ms = self.settings.poll_timeout_ms
         failures = 0
         while not self._stopping.is_set():
+            asked = time.monotonic()
             try:
+                if buf is None:  # inside the guard: a database blip delays the poller, never ends it
+                    buf = await self.state.load_cursor(acc.bot_id)
                 resp = await acc.api.get_updates(buf, timeout_ms)
             except SessionExpired:
                 await self._session_expired(acc)
@@ -236,8 +223,10 @@ class WeixinChannel(Channel):
             if resp.get_updates_buf and resp.get_updates_buf != buf:
                 buf = resp.get_updates_buf
                 acc.commit = asyncio.create_task(self._commit(acc, acc.commit, batch, buf))
+            if not resp.msgs and time.monotonic() - asked < 1:  # a long poll answered empty at once
+                await self._sleep(self.settings.retry_delay_s)  # (a proxy, a broken server): no busy loop
 
-    def _receive(self, acc: _Account, raw: list[dict[str, object]]) -> list[asyncio.Task[None]]:
+    def _receive(self, acc: LiveAccount, raw: list[dict[str, object]]) -> list[asyncio.Task[None]]:
         tasks: list[asyncio.Task[None]] = []
         for item in raw:
             try:
@@ -255,7 +244,7 @@ class WeixinChannel(Channel):
             tasks[-1].add_done_callback(self._deliveries.discard)
         return tasks
 
-    async def _commit(self, acc: _Account, previous: asyncio.Task[None] | None,
+    async def _commit(self, acc: LiveAccount, previous: asyncio.Task[None] | None,
                       batch: list[asyncio.Task[None]], buf: str) -> None:
         """Write ``buf`` once this batch (and every earlier one) has been handed over."""
         if previous is not None:
@@ -268,7 +257,7 @@ class WeixinChannel(Channel):
         except OSError:
             log.exception("weixin %s: could not save the poll cursor", acc.bot_id)
 
-    async def _remember_tokens(self, acc: _Account, raw: list[dict[str, object]]) -> None:
+    async def _remember_tokens(self, acc: LiveAccount, raw: list[dict[str, object]]) -> None:
         changed = False
         for item in raw:
             token, group, user = item.get("context_token"), item.get("group_id"), item.get("from_user_id")
@@ -284,7 +273,7 @@ class WeixinChannel(Channel):
             except OSError:
                 log.exception("weixin %s: could not save context tokens", acc.bot_id)
 
-    async def _session_expired(self, acc: _Account) -> None:
+    async def _session_expired(self, acc: LiveAccount) -> None:
         if not acc.expired:
             acc.expired = True
             log.error("weixin %s: 微信登录已失效（errcode -14）。请运行 `qunbot login weixin` 重新登录；"
@@ -295,7 +284,10 @@ class WeixinChannel(Channel):
             step = min(5.0, self.settings.session_pause_s - waited)
             await self._sleep(step)
             waited += step
-            fresh = await self.state.load_account(acc.bot_id)
+            try:
+                fresh = await self.state.load_account(acc.bot_id)
+            except OSError:  # a database blip: look again at the next step (the poller must not die)
+                continue
             if fresh is not None and fresh.bot_token != acc.account.bot_token:
                 log.warning("weixin %s: new login found, resuming", acc.bot_id)
                 acc.account, acc.api = fresh, self._api_for(fresh)
@@ -306,7 +298,7 @@ class WeixinChannel(Channel):
             await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
     # --- sending ------------------------------------------------------------------------------
-    def _account_for(self, chat: ChatRef) -> _Account:
+    def _account_for(self, chat: ChatRef) -> LiveAccount:
         if chat.account:
             acc = self.accounts.get(chat.account)
             if acc is None:
@@ -326,7 +318,7 @@ class WeixinChannel(Channel):
             raise ChannelUnavailable("no weixin account is logged in (run `qunbot login weixin`)")
         acc = self._account_for(message.chat)
         await self._stop_typing(acc, message.chat)
-        token = acc.tokens.get(message.chat.chat_id) or self._forgotten_token(acc, message.chat.chat_id) \
+        token = acc.tokens.get(message.chat.chat_id) or acc.forgotten_token(message.chat.chat_id) \
             or await self.state.context_token(acc.bot_id, message.chat.chat_id)  # learned by the last holder
         if not token:
             raise SendRejected(
@@ -348,16 +340,6 @@ class WeixinChannel(Channel):
             raise transport_failure(str(exc), exc) from exc
         return SendReceipt(platform_message_id=mid)
 
-    @staticmethod
-    def _forgotten_token(acc: _Account, chat_id: str) -> str | None:
-        held = acc.forgotten.get(chat_id)
-        if held is None:
-            return None
-        if time.monotonic() > held[1]:
-            del acc.forgotten[chat_id]
-            return None
-        return held[0]
-
     # --- typing -------------------------------------------------------------------------------
     async def typing(self, chat: ChatRef, active: bool) -> None:
         """Show (or clear) "typing" in a private chat while the model works."""
@@ -375,13 +357,13 @@ class WeixinChannel(Channel):
         else:
             await self._stop_typing(acc, chat)
 
-    async def _stop_typing(self, acc: _Account, chat: ChatRef) -> None:
+    async def _stop_typing(self, acc: LiveAccount, chat: ChatRef) -> None:
         task = self._typing.pop(f"{acc.bot_id}|{chat.chat_id}", None)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _keep_typing(self, acc: _Account, user_id: str) -> None:
+    async def _keep_typing(self, acc: LiveAccount, user_id: str) -> None:
         ticket = ""
         try:
             ticket = await acc.api.typing_ticket(user_id, acc.tokens.get(user_id))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -249,6 +250,28 @@ async def test_a_webhook_update_answered_200_survives_a_crash_before_the_bot_rec
         message = await asyncio.wait_for(inbox.get(), 5)
     assert message.text == "别丢了我"
     assert not list((tmp_path / "tg").glob("*-webhook/*.json"))  # recorded now: the spool is empty
+
+
+async def test_a_webhook_update_with_a_lone_surrogate_is_spooled_and_delivered(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    """JSON can carry "\\ud83d" alone, UTF-8 cannot: refusing it with 500 made Telegram resend it forever."""
+    cfg = settings(tmp_path, fake, mode="webhook", webhook_secret="s3cret", port=0)
+    update = {"update_id": 77, "message": {"message_id": 8, "date": 1_790_000_000, "chat": PRIVATE,
+                                           "from": {"id": ALICE, "first_name": "A"}, "text": "半个表情 @"}}
+    body = json.dumps(update).replace("@", "\\ud83d")  # escaped: the only way a lone surrogate travels
+    async with running(TelegramChannel(cfg)) as channel, aiohttp.ClientSession() as http:
+        async with http.post(channel.location(), data=body.encode(),
+                             headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret"}) as resp:
+            assert resp.status == 200
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text.startswith("半个表情") and not list((tmp_path / "tg").rglob("*.tmp"))
+
+
+async def test_short_polling_that_finds_nothing_is_not_a_busy_loop(
+        tmp_path: Path, fake: FakeBotAPI, running: Any) -> None:
+    async with running(TelegramChannel(settings(tmp_path, fake, poll_timeout_s=0, retry_delay_s=0.2))):
+        await asyncio.sleep(0.6)
+    assert 1 <= fake.calls.count("getupdates") <= 8  # a busy loop asks thousands of times in 0.6 s
 
 
 def test_a_bot_api_url_is_shown_without_its_token() -> None:

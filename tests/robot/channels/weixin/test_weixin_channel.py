@@ -20,6 +20,7 @@ from robot.channels.state_store import ChannelState
 from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
 from robot.channels.weixin.testing import FakeILinkServer
 from robot.message import ChatRef, Message, OutgoingMessage
+from robot.storage.base import StorageError
 from robot.store import Database
 
 Until = Callable[..., Awaitable[None]]
@@ -297,6 +298,41 @@ async def test_session_expiry_is_told_once_and_a_new_login_resumes(
     assert message.text == "又能收到了"
 
 
+async def test_a_database_error_while_a_session_is_expired_does_not_end_the_polling(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message], until: Until) -> None:
+    """Waiting out an expired session re-reads the stored login every step: one failed read (the
+    database restarting) must not kill the account's poller for good."""
+    state = log_in(tmp_path, fake)
+    fake.expire(TOKEN)
+    channel = WeixinChannel(settings(tmp_path, session_pause_s=0.1))
+    real, failed = channel.state.load_account, []
+
+    async def flaky(bot_id: str) -> WeixinAccount | None:
+        if not failed:
+            failed.append(bot_id)
+            raise StorageError("channel state: the database is unreachable")
+        return await real(bot_id)
+
+    channel.state.load_account = flaky  # type: ignore[method-assign]
+    async with running(channel):
+        await until(lambda: bool(failed))
+        fake.add_bot("tok-new", BOT)
+        state.save_account_sync(WeixinAccount(bot_id=BOT, bot_token=SecretStr("tok-new"), base_url=fake.url))
+        fake.inject("tok-new", ALICE, text="还在")
+        assert (await asyncio.wait_for(inbox.get(), 10)).text == "还在"
+
+
+async def test_a_long_poll_answered_empty_at_once_is_not_asked_again_in_a_busy_loop(
+        tmp_path: Path, running: Any) -> None:
+    async with FakeILinkServer(hold_s=0) as server:  # a proxy answering every long poll at once
+        server.add_bot(TOKEN, BOT)
+        log_in(tmp_path, server)
+        async with running(WeixinChannel(settings(tmp_path, retry_delay_s=0.2))):
+            await asyncio.sleep(0.6)
+        polls = sum(1 for n, _ in server.requests if n == "getupdates")
+    assert 1 <= polls <= 8  # a busy loop asks thousands of times in 0.6 s
+
+
 async def test_a_malformed_message_is_skipped_and_the_rest_arrive(
         tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
     log_in(tmp_path, fake)
@@ -348,6 +384,25 @@ async def test_an_account_logged_in_while_running_is_served(
         fake.inject(TOKEN, ALICE, text="新账号")
         message = await asyncio.wait_for(inbox.get(), 5)
     assert (message.text, message.chat.account) == ("新账号", BOT)
+
+
+async def test_an_account_logged_in_while_the_database_fails_is_served_at_the_next_scan(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    channel = WeixinChannel(settings(tmp_path, account_scan_s=0.05))
+    real, failed = channel.state.load_context_tokens, []
+
+    async def flaky(bot_id: str) -> dict[str, str]:
+        if len(failed) < 2:
+            failed.append(bot_id)
+            raise StorageError("channel state: the database is unreachable")
+        return await real(bot_id)
+
+    channel.state.load_context_tokens = flaky  # type: ignore[method-assign]
+    async with running(channel):
+        log_in(tmp_path, fake)
+        fake.inject(TOKEN, ALICE, text="新账号")
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert (message.text, len(failed)) == ("新账号", 2)
 
 
 async def test_forget_me_deletes_the_persons_context_tokens_on_every_account(
