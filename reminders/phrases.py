@@ -7,8 +7,10 @@ would send) and the content after the phrase. What it understands::
     10分钟后 / 半小时后 / 一个半小时后 / 3天后 / in 10 minutes / in half an hour
     明天8点 / 明早8:30 / 后天下午3点 / 今晚9点 / 11月24日 15:00 / 2026-11-24 15:00
     下周一 9:30 / 周五 18:00 (the coming Friday) / tomorrow 8am / tonight at 9pm / monday 9:30
-    8点 / 下午3点 / 8:30 / 8am (the next such time: today, or tomorrow if it has passed)
-    每天 8:00 / 每周五 18:00 / 工作日 9:00 / 周末 10:00 / 每周一三五 7:00
+    8点 / 下午3点 / 8:30 / 8am (the next such time: today, or tomorrow if it has passed; 今天3点
+    said at noon is 15:00, as 3点 is)
+    每天 8:00 / 每周五 18:00 / 工作日 9:00 / 周末 10:00 / 每周一三五 7:00 / 每周1,3,5 7:00 (周1 = Monday)
+    每周五晚上12点 (the midnight that ends Friday: Saturday 00:00, as for one day)
     every day 8am / daily 8:00 / every friday 6pm / weekdays 9:00
 
 Every phrase it accepts resolves to an instant in the future (:attr:`Phrase.first`, in the chat's
@@ -278,7 +280,7 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
         elif groups.get("weekend"):
             days = [5, 6]
         elif groups.get("days"):
-            days = weekday_set(groups["days"]) or []
+            days = weekday_set("周" + groups["days"]) or []  # its digits count from 1, as after 周
         elif groups.get("day"):
             days = [weekday_number(groups["day"]) or 0]
         cur.skip_space()
@@ -287,6 +289,8 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
         if clock is None:
             raise PhraseError("重复提醒要写上几点，例如：每天 8:00、每周五 18:00。")
         tod = clock[0]
+        if days is not None and clock[1]:  # 每周五晚上12点: the midnight that ends Friday, as for one day
+            days = [(d + clock[1]) % 7 for d in days]
         wall = tod.strftime("%H:%M:%S" if tod.second else "%H:%M")
         content = _content(text, index, cur)
         if days is None:
@@ -306,7 +310,8 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
                        "后天": 2, "the day after tomorrow": 2, "大后天": 3}
             offsets.update({w: 0 for w in ("今早", "今晨", "今晚", "今夜")})
             offsets.update({w: 1 for w in ("明早", "明晨", "明晚")})
-            day_, implied, strict = today + timedelta(days=offsets[word]), word, True
+            day_, strict = today + timedelta(days=offsets[word]), True
+            implied = word if groups.get("short") or word == "tonight" else None  # 今晚 says evening, 今天 no half
         elif groups.get("day"):
             number = weekday_number(("周" if groups["day"].isdigit() else "") + groups["day"])
             assert number is not None
@@ -348,6 +353,9 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
                 tod = later
             else:
                 day_ += timedelta(days=1)
+    elif day_ == today and either_half and not carry and _resolve_first(day_, tod, zone, now) is None \
+            and _resolve_first(day_, tod.replace(hour=tod.hour + 12), zone, now) is not None:
+        tod = tod.replace(hour=tod.hour + 12)  # "今天3点" at noon: 15:00, as a bare "3点" reads
     elif not strict and carry == 0 and _resolve_first(day_, tod, zone, now) is None:
         day_ += timedelta(days=7)  # "周一 9:30" on a Monday afternoon: next Monday
     return _once(day_ + timedelta(days=carry), tod, zone, now, content)

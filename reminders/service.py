@@ -233,7 +233,8 @@ class ReminderService(Passes):
         """Store a new reminder (limits checked atomically) and arm it. Raises ScheduleError/ReminderError.
 
         Idempotent per request: the same message (``caller.message_id``) asking for the same
-        reminder again (a platform's redelivery after a crash) gets the reminder it made before.
+        reminder again (a platform's redelivery after a crash) gets the reminder it made before; a
+        typed one (``confirm``) even when its relative time ("10分钟后") now reads a later minute.
         ``confirm(reminder, short_id)`` is the confirmation the pipeline will send as the message's
         first reply: it is queued in the same transaction, under the pipeline's key, so the
         reminder is never stored without its confirmation (the pipeline's own enqueue is then a no-op).
@@ -242,8 +243,11 @@ class ReminderService(Passes):
         chat = ChatRef.of(caller)
         source = ""
         if caller.message_id:
+            # A typed request makes one reminder: its redelivery may resolve "10分钟后" to another minute,
+            # so its key leaves the time out (the model's calls keep it: one message may set several)
+            wall = "typed" if confirm is not None else schedule.wall
             request = "\0".join([chat.account, chat.key, caller.message_id, caller.qualified_user, schedule.kind,
-                                 schedule.wall, schedule.zone, str(schedule.weekday), content, mode])
+                                 wall, schedule.zone, str(schedule.weekday), content, mode])
             source = hashlib.sha256(request.encode()).hexdigest()[:32]
         reminder = Reminder(
             id=new_id(), owner=caller.qualified_user, owner_name=caller.user_name or caller.user_id, chat=chat.key,

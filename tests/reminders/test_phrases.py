@@ -53,6 +53,14 @@ def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
     ("周一到周五 9:00 站会", "weekdays", "09:00", (0, 1, 2, 3, 4), "站会"),
     ("每周一三五 7:00 跑步", "weekdays", "07:00", (0, 2, 4), "跑步"),
     ("周末 10:00 爬山", "weekdays", "10:00", (5, 6), "爬山"),
+    ("今天8点 开会", "once", "2026-11-23 20:00", None, "开会"),  # 8 a.m. has passed: 8 p.m., as "8点" alone
+    ("每周1 8:00 周会", "weekly", "08:00", 0, "周会"),  # digits after 周 count from 1, as in 周1
+    ("每周6 9:00 打球", "weekly", "09:00", 5, "打球"),
+    ("每周1,3,5 7:00 跑步", "weekdays", "07:00", (0, 2, 4), "跑步"),
+    ("每周五晚上12点 倒垃圾", "weekly", "00:00", 5, "倒垃圾"),  # the midnight that ends Friday
+    ("每周五 24:00 倒垃圾", "weekly", "00:00", 5, "倒垃圾"),
+    ("工作日晚上12点 关电脑", "weekdays", "00:00", (1, 2, 3, 4, 5), "关电脑"),
+    ("每周日晚上12点 对账", "weekly", "00:00", 0, "对账"),  # Sunday night: Monday 00:00
     ("in 10 minutes drink water", "once", "2026-11-23 11:35", None, "drink water"),
     ("in half an hour stretch", "once", "2026-11-23 11:55", None, "stretch"),
     ("tomorrow 8am standup", "once", "2026-11-24 08:00", None, "standup"),
@@ -72,7 +80,7 @@ def test_common_phrases(text: str, kind: str, time: str, extra: object, content:
     ("hello", "没有看懂提醒时间"),
     ("明天 开会", "请写上几点"),
     ("每天 喝水", "重复提醒要写上几点"),
-    ("今天8点 开会", "已经过去了"),
+    ("今天上午8点 开会", "已经过去了"),
     ("明天25点 开会", "不存在"),
     ("2月30日 8:00 x", "不存在"),
 ])

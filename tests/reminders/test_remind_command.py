@@ -149,3 +149,25 @@ async def test_in_a_dst_zone_a_relative_reminder_is_never_set_in_the_past(launch
     await ch.inject("/remind 10分钟后 喝水", at_bot=True)
     reply = (await ch.wait_sent(1))[0].text
     assert reply.startswith("好的，已设置提醒 #") and "(America/New_York)" in reply, reply
+
+
+async def test_a_redelivered_relative_remind_finds_the_reminder_it_made(start: Start) -> None:
+    """The platform redelivers "/remind 10分钟后 喝水" two minutes later (the first try crashed before
+    it was marked handled): the phrase now reads 12:12, but it is the same request, and one reminder."""
+    from datetime import timedelta
+
+    from function_calls import Caller
+
+    chat = await start()
+    bot, tool = chat.bot, chat.bot.tools.get("reminder_set")
+    caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="g1", chat_kind="group",
+                    message_id="m-77")
+    zone = bot.zone_for(chat.ch.chat("g1"))
+    made = []
+    for _ in range(2):
+        args = tool.parse_arguments(bot.command_arguments(tool, "10分钟后 喝水", zone))
+        made.append(await bot.invoke_tool(tool, args, caller, zone, via="command", run_id="command",
+                                          call_id="cmd-reminder_set"))
+        chat.clock.now += timedelta(minutes=2)
+    assert made[0].data["id"] == made[1].data["id"] and made[1].data["next_fire"].startswith("2030-01-07T04:10")
+    assert await chat.active() == ["喝水"]
