@@ -16,7 +16,8 @@ from robot.channels.base import (
     SendRejected,
 )
 from robot.commands import CommandError, CommandLine, CommandSyntax
-from robot.config import ConfigError, Settings, load_settings
+from robot.config import ConfigError, Settings
+from robot.config_file import load_settings
 from robot.history import HistoryEntry, HistoryStore
 from robot.hooks import ContextHook, ForgetHook, RunExtras
 from robot.limits import BudgetExceeded, DailyBudget, Reservation

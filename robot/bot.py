@@ -45,7 +45,8 @@ from robot.commands import (
     format_argument_error,
     refusal,
 )
-from robot.config import Settings, check_tables
+from robot.config import Settings
+from robot.config_file import check_tables
 from robot.history import HistoryStore
 from robot.hooks import ContextHook, ForgetHook
 from robot.limits import BudgetExceeded, DailyBudget, RateLimiter

@@ -20,16 +20,18 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from function_calls import Tool
+from function_calls import Tool, ToolDefinitionError
 from robot import maintenance
 from robot.bot import Bot
 from robot.channels.base import Channel, ChannelError
-from robot.config import ConfigError, Settings, check_tables, load_settings
+from robot.config import ConfigError, Settings
+from robot.config_file import check_tables, load_settings
 from robot.doctor_storage import storage_checks
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.redact import redact_url
 from robot.runtime import tune_gc
 from robot.secret_key import SecretKeyMismatch
+from robot.snapshots import SnapshotError
 from robot.storage import SQLiteDatabase
 from robot.storage.lockfile import sole_process
 from robot.template import render_template
@@ -209,11 +211,14 @@ def _init(path: str, force: bool) -> int:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
             print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
-    # It holds API keys and tokens: the owner's eyes only, from the first byte written.
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(_with_onebot_token(render_template(_plugin_sections(plugins))))
-    target.chmod(0o600)  # --force over an existing, looser file
+    try:  # It holds API keys and tokens: the owner's eyes only, from the first byte written.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(_with_onebot_token(render_template(_plugin_sections(plugins))))
+        target.chmod(0o600)  # --force over an existing, looser file
+    except OSError as exc:  # no such folder, not writable
+        print(f"error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"wrote {target}")
     print("the OneBot access_token in it is random: give NapCat/Lagrange the same token")
     return 0
@@ -357,8 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "run"
     level = getattr(args, "log_level", None) or ("WARNING" if command == "doctor" else "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level != "DEBUG":  # one line per HTTP request to the model says nothing a user needs
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):  # (openai 3 sends through httpx2) at any level:
+        logging.getLogger(name).setLevel(logging.WARNING)  # each request's line holds base_url, its key too
     if command == "init":
         return _init(args.path, args.force)
     try:
@@ -380,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ConfigError, PluginError, SecretKeyMismatch) as exc:
+    except (ConfigError, PluginError, SecretKeyMismatch, SnapshotError, ToolDefinitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (OSError, ChannelError) as exc:  # e.g. a channel's port is taken: a line, not a traceback

@@ -7,12 +7,11 @@ file or value raises :class:`ConfigError` naming the key and the problem.
 
 from __future__ import annotations
 
-import difflib
 import os
-import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -49,8 +48,6 @@ __all__ = [
     "StorageSection",
     "TierSection",
     "WebSettings",
-    "check_tables",
-    "load_settings",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -67,6 +64,16 @@ def _check_zone(value: str, where: str = "") -> str:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"{where}unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
+    return value
+
+
+def _check_url(value: str | None) -> str | None:
+    """An endpoint URL that an HTTP client can use (a mistyped port failed only at the first request)."""
+    if value is not None:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
     return value
 
 
@@ -104,6 +111,13 @@ class BotSection(_Section):
     def _admins(cls, value: list[str]) -> list[str]:
         return _qualified(value, "admins")
 
+    @field_validator("plugins")
+    @classmethod
+    def _plugins(cls, value: list[str]) -> list[str]:
+        if any(not name.strip() for name in value) or len(set(value)) < len(value):
+            raise ValueError(f"plugin module names must be given once each and not be empty: {value}")
+        return value
+
 
 class TierSection(_Section):
     """An extra model tier (``[llm.think]``: M0, thinks deeply; ``[llm.plan]``: M2, plans)."""
@@ -117,6 +131,8 @@ class TierSection(_Section):
     max_tool_calls: int = Field(8, ge=0, le=100, description="tool calls per call of the tier")
     max_run_tokens: int = Field(24_000, ge=500, description="tokens per call of the tier, its sub-calls included")
     reply_within_s: float = Field(20.0, gt=0, description="plan only: longer work reports back to the chat later")
+
+    _url = field_validator("base_url")(_check_url)
 
 
 class LLMSection(_Section):
@@ -141,6 +157,8 @@ class LLMSection(_Section):
     think: TierSection | None = Field(None, description="[llm.think] table: the deep-thinking tier (deep_think tool)")
     plan: TierSection | None = Field(None, description="[llm.plan] table: the planning tier (plan tool)")
 
+    _url = field_validator("base_url")(_check_url)
+
     @property
     def configured(self) -> bool:
         return bool(self.model and (self.base_url or self.api_key))
@@ -151,10 +169,10 @@ class LimitsSection(_Section):
     user_burst: int = Field(4, ge=1)
     chat_per_minute: float = Field(30, gt=0, description="requests per chat per minute")
     chat_burst: int = Field(10, ge=1)
-    user_daily_tokens: int | None = Field(200_000, ge=0, description="LLM tokens per user per day (none = off)")
-    chat_daily_tokens: int | None = Field(2_000_000, ge=0, description="LLM tokens per chat per day")
+    user_daily_tokens: int | None = Field(200_000, ge=0, description='LLM tokens per user per day ("off" = no cap)')
+    chat_daily_tokens: int | None = Field(2_000_000, ge=0, description='LLM tokens per chat per day ("off" = no cap)')
     bot_daily_tokens: int | None = Field(None, ge=0, description="LLM tokens the whole bot may spend per day "
-                                         "(none = off); caps the provider bill")
+                                         "(no cap unless set); caps the provider bill")
     max_message_chars: int = Field(8000, ge=100, description="longer messages are refused with a notice")
     messages_at_once: int = Field(64, ge=1, description="incoming messages that start being handled together; "
                                   "the others wait their turn (each keeps its place for its first second only)")
@@ -162,6 +180,11 @@ class LimitsSection(_Section):
     command_burst: int = Field(20, ge=1)
     exempt_platforms: list[str] = Field(default_factory=lambda: ["console", "web"],
                                         description="channels without rate limits (the local console and playground)")
+
+    @field_validator("user_daily_tokens", "chat_daily_tokens", "bot_daily_tokens", mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:  # TOML has no null: "off" (or "none", "") turns a cap off
+        return None if isinstance(value, str) and value.strip().lower() in ("off", "none", "null", "") else value
 
 
 class HistorySection(_Section):
@@ -322,69 +345,3 @@ def _explain(exc: ValidationError, prefix: str = "") -> str:
         loc = ".".join(str(p) for p in err["loc"])
         lines.append(f"  {prefix}{loc}: {err['msg']}")
     return "invalid configuration:\n" + "\n".join(lines)
-
-
-def _find_config(path: str | Path | None) -> Path | None:
-    if path is not None:
-        return Path(path)
-    env = os.environ.get("QUNBOT_CONFIG")
-    if env:
-        return Path(env)
-    default = Path("qunbot.toml")
-    return default if default.is_file() else None
-
-
-def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None]:
-    """Read the config (``--config``, ``QUNBOT_CONFIG``, ``./qunbot.toml``, or defaults)."""
-    file = _find_config(path)
-    data: dict[str, Any] = {}
-    if file is not None:
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {file} does not exist (run `qunbot init` to write one)") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{file}: cannot read: {exc}") from None
-    try:
-        settings = Settings(**data)
-    except ValidationError as exc:
-        overrides = sorted(k for k in os.environ if k.startswith("QUNBOT_") and "__" in k)
-        source = f"{file or 'defaults'}" + (f" with {', '.join(overrides)} set" if overrides else "")
-        raise ConfigError(f"{source}: " + _explain(exc)) from None
-    llm = settings.llm
-    if llm.api_key is None and os.environ.get("OPENAI_API_KEY"):
-        llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"])})
-    if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
-        llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
-    settings = settings.model_copy(update={"llm": llm})
-    data_dir = settings.bot.data_dir.expanduser()
-    from_env = any(k.upper() == "QUNBOT_BOT__DATA_DIR" for k in os.environ)
-    if file is not None and not data_dir.is_absolute() and not from_env:
-        # Started from another folder, a cwd-relative path would silently open an empty database.
-        data_dir = file.resolve().parent / data_dir
-    if data_dir != settings.bot.data_dir:
-        settings = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": data_dir})})
-    for name, value in (settings.model_extra or {}).items():
-        if not isinstance(value, dict):
-            raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
-                              "history, channels, or a plugin's table)")
-    return settings, file
-
-
-#: The built-in plugins' tables are known even when the plugin is not loaded: ``qunbot init``
-#: writes them, and taking a plugin out of ``[bot] plugins`` must not make its table an error.
-_BUILTIN_TABLES = ("reminders", "search", "summary")
-
-
-def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
-    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
-    known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
-    for name in settings.model_extra or {}:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
-        raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
-                          "listed in [bot] plugins)")

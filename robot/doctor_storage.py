@@ -99,8 +99,7 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
         finally:
             await db.close()
     except Exception as exc:  # unreachable, refused, newer than this code: the reason, never the password
-        reason = str(exc).replace(url, redact_dsn(url)) if url else str(exc)
-        return [Check(False, "storage", f"{where}: {redact_dsn(reason)[:300]}")]
+        return [Check(False, "storage", f"{where}: {redact_dsn(str(exc), url)[:300]}")]
     checks = [Check(True, "storage", where)]
     if db.dialect == "postgresql":  # leases and claims keep the database's time; logs keep this machine's
         off = db.skew.total_seconds()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sqlite3
 import sys
 from datetime import UTC, datetime, timedelta
@@ -157,6 +158,7 @@ def backup(settings: Settings, target: str, force: bool) -> int:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
     partial.unlink(missing_ok=True)
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private as the database itself
     # SQLite's online backup API: a consistent copy even while the bot writes (WAL mode).
     try:
         src = sqlite3.connect(source, timeout=30)
@@ -253,7 +255,7 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         return 2
     except Exception as exc:  # the server unreachable, a refused login, a value PostgreSQL rejects
         log.debug("copy-db failed", exc_info=True)
-        print(f"error: copying to {shown} failed, nothing was copied: {redact_dsn(str(exc))[:500]}", file=sys.stderr)
+        print(f"error: copying to {shown} failed, nothing was copied: {redact_dsn(str(exc), to_url)[:500]}", file=sys.stderr)
         return 1
     print(f"copied {sum(report.rows.values())} rows of {len(report.rows)} tables from {source.path} to {shown}")
     for table, rows in sorted(report.rows.items()):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from robot.cli import builtin_template
-from robot.config import load_settings
+from robot.config_file import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

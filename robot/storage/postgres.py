@@ -44,10 +44,19 @@ _MIGRATION_LOCK = 7_362_514_001  # pg_advisory_xact_lock key: one process migrat
 _SCHEMA = "schema"  # notification: a process upgraded the schema (the others check it is not past theirs)
 
 
-def redact_dsn(url: str) -> str:
-    """The URL with any password replaced, for logs and errors."""
-    shown = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-    return re.sub(r"(password=)[^&\s]*", r"\1***", shown, flags=re.IGNORECASE)
+def redact_dsn(text: str, url: str = "") -> str:
+    """``text`` (a URL, or an error quoting one) with passwords replaced, for logs and errors; with
+    ``url``, its password (and the pieces of it around an ``@``, which libpq quotes as a host name)
+    wherever the text repeats them (libpq quotes a bad percent-escape, too)."""
+    for source in {url, text} - {""}:
+        found = re.search(r"://[^:/@\s]*:([^\s/]*)@", source)  # the password runs to the last @
+        param = re.search(r"password=([^&\s]*)", source, flags=re.IGNORECASE)
+        secrets = [m.group(1) for m in (found, param) if m]
+        for piece in sorted({p for secret in secrets for p in (secret, *secret.split("@"))}, key=len, reverse=True):
+            if len(piece) >= 3:
+                text = text.replace(piece, "***")
+    text = re.sub(r"(://[^:/@\s]*:)[^\s/]*@", r"\1***@", text)
+    return re.sub(r"(password=)[^&\s]*", r"\1***", text, flags=re.IGNORECASE)
 
 
 class _Rehearsed(Exception):
@@ -98,7 +107,7 @@ class PostgresDatabase(Engine):
 
     def _error(self, exc: BaseException) -> StorageError:
         # psycopg's messages may quote the DSN: show ours, redacted, and the server's reason only.
-        reason = str(exc).replace(self.url, self.where).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = redact_dsn(str(exc), self.url).splitlines()[0] if str(exc) else type(exc).__name__
         return StorageError(f"cannot use the database {self.where}: {reason}")
 
     async def open(self) -> None:
@@ -152,7 +161,7 @@ class PostgresDatabase(Engine):
         except Pooled as exc:
             await self.close()
             raise StorageError(f"cannot use the database {self.where} for several processes (LISTEN on "
-                               f"{self.listen_where}): {exc}") from None
+                               f"{self.listen_where}): {redact_dsn(str(exc), self.listen_url)}") from None
         self.opened = True
         self._clock_watch = asyncio.create_task(self._watch_clock(), name="qunbot-pg-clock")
 

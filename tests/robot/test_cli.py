@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from function_calls.testing import FakeOpenAIServer
+from function_calls.testing import FakeOpenAIServer, Reply
 from robot.cli import main
-from robot.config import load_settings
+from robot.config_file import load_settings
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
@@ -467,6 +467,7 @@ async def test_backup_copies_the_database_while_it_is_open(tmp_path: Path, capsy
         target = tmp_path / "backups" / "qunbot.sqlite3"
         assert await asyncio.to_thread(main, ["backup", str(target), "--config", str(cfg)]) == 0  # bot still open
         assert f"to {target}" in capsys.readouterr().out
+        assert target.stat().st_mode & 0o777 == 0o600  # the history, readable by its owner only
         assert await asyncio.to_thread(main, ["backup", str(target), "--config", str(cfg)]) == 2
         assert "exists" in capsys.readouterr().err
     finally:
@@ -482,11 +483,45 @@ async def test_backup_copies_the_database_while_it_is_open(tmp_path: Path, capsy
     assert not list(target.parent.glob("*.partial"))
 
 
+def test_init_into_a_missing_folder_and_a_damaged_key_file_are_one_line_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["init", "--path", str(tmp_path / "nodir" / "q.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write") and "No such file or directory" in err and "Traceback" not in err
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\n[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "secret.key").write_bytes(b"short")  # cut off by a full disk, say
+    assert main(["tools", "--config", str(cfg)]) == 0  # no database, no key: nothing to refuse
+    assert main(["chat", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "secret.key is damaged" in err and len(err.strip().splitlines()) == 1
+
+
 def test_backup_without_a_database_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "qunbot.toml"
     cfg.write_text("[bot]\n", encoding="utf-8")
     assert main(["backup", str(tmp_path / "b.sqlite3"), "-c", str(cfg)]) == 2
     assert f"no database at {tmp_path / 'data' / 'qunbot.sqlite3'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+async def test_a_model_url_with_credentials_never_reaches_the_log(tmp_path: Path, level: str) -> None:
+    """openai 3 sends through httpx2, which logs each request's URL: a key in base_url went with it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
+    async with FakeOpenAIServer() as server:
+        server.script(Reply("你好呀"))
+        url = server.base_url.replace("http://", "http://user:URLPASS@")
+        (tmp_path / "qunbot.toml").write_text(f'[llm]\nmodel = "fake-model"\nbase_url = "{url}"\n'
+                                              f'api_key = "{SECRET}"\n', encoding="utf-8")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "robot.cli", "chat", "--log-level", level, cwd=tmp_path, env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate("你好\n".encode())
+    logged = (tmp_path / "data" / "console.log").read_text("utf-8") + out.decode() + err.decode()
+    assert proc.returncode == 0 and "你好呀" in out.decode(), logged
+    assert "URLPASS" not in logged and SECRET not in logged
 
 
 async def test_chat_group_keeps_logs_off_the_screen_and_the_bots_name_addresses_it(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from robot.config import ConfigError, Settings, load_settings
+from robot.config import ConfigError, Settings
+from robot.config_file import load_settings
 
 SECRET = "sk-test-VERY-SECRET-0042"
 
@@ -114,6 +115,11 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
     ("debug = true\n", ["unknown key 'debug'"]),
     ('[storage]\nlisten_url = "postgresql://db/q"\n', ["storage", "listen_url is for PostgreSQL"]),  # SQLite
     ('[storage]\nurl = "postgresql://pooler/q"\nlisten_url = "mysql://db/q"\n', ["listen_url is for PostgreSQL"]),
+    ('[llm]\nbase_url = "http://localhost:8OOO/v1"\n', ["llm.base_url", "Port could not be cast"]),  # not at run
+    ('[llm]\nbase_url = "localhost:8000/v1"\n', ["llm.base_url", "http:// or https://"]),
+    ('[llm.think]\nmodel = "m"\nbase_url = "http://h:99999/v1"\n', ["llm.think.base_url", "Port out of range"]),
+    ('[bot]\nplugins = ["reminders", "reminders"]\n', ["bot.plugins", "once each"]),
+    ('[bot]\nplugins = [""]\n', ["bot.plugins", "not be empty"]),
 ])
 def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml: str, needles: list[str]) -> None:
     path = write(tmp_path / "q.toml", toml)
@@ -128,6 +134,32 @@ def test_a_bad_environment_value_is_named_too(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("QUNBOT_LLM__TIMEOUT_S", "soon")
     with pytest.raises(ConfigError, match=r"llm\.timeout_s"):
         load_settings(write(tmp_path / "q.toml", ""))
+
+
+def test_a_list_in_the_environment_that_is_not_json_says_how_to_write_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUNBOT_BOT__ADMINS", "onebot:1")
+    with pytest.raises(ConfigError, match=r"QUNBOT_BOT__ADMINS: a list or table is written as JSON"):
+        load_settings(write(tmp_path / "q.toml", ""))
+
+
+@pytest.mark.parametrize("off", ['"off"', '"none"', '""'])
+def test_a_daily_cap_is_turned_off_with_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, off: str) -> None:
+    monkeypatch.setenv("QUNBOT_LIMITS__CHAT_DAILY_TOKENS", "off")
+    settings, _ = load_settings(write(tmp_path / "q.toml", f"[limits]\nuser_daily_tokens = {off}\n"))
+    assert (settings.limits.user_daily_tokens, settings.limits.chat_daily_tokens) == (None, None)
+    with pytest.raises(ConfigError, match="user_daily_tokens"):
+        load_settings(write(tmp_path / "q.toml", '[limits]\nuser_daily_tokens = "lots"\n'))
+
+
+def test_the_tables_init_writes_stay_valid_when_their_plugin_is_taken_out(tmp_path: Path) -> None:
+    """``qunbot init`` writes [memory] and [tiers]; taking "memory" out of plugins must not break the file."""
+    from robot.bot import Bot
+
+    path = write(tmp_path / "q.toml", '[bot]\nplugins = ["reminders"]\n[memory]\nsleep_time = "03:00"\n'
+                                      "[tiers]\n")
+    settings, _ = load_settings(path)
+    Bot(settings)  # checks the tables against the plugins it loads
 
 
 # --- secrets -----------------------------------------------------------------------------------

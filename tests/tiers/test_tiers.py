@@ -19,7 +19,8 @@ import tiers
 from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import Call, Delay, FakeOpenAIServer, Reply, ScriptedModel, call, text
 from robot.bot import Bot
-from robot.config import Settings, load_settings
+from robot.config import Settings
+from robot.config_file import load_settings
 from robot.testing import MemoryChannel
 from tiers import strip_reasoning
 

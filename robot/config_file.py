@@ -1,0 +1,90 @@
+"""Reading the configuration: the file (``--config``, ``QUNBOT_CONFIG``, ``./qunbot.toml``) and
+the environment into :class:`~robot.config.Settings`, and the check of its top-level tables."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr, ValidationError
+from pydantic_settings import SettingsError
+
+from robot.config import ConfigError, Settings, _explain
+
+__all__ = ["check_tables", "load_settings"]
+
+
+def _find_config(path: str | Path | None) -> Path | None:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("QUNBOT_CONFIG")
+    if env:
+        return Path(env)
+    default = Path("qunbot.toml")
+    return default if default.is_file() else None
+
+
+def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None]:
+    """Read the config (``--config``, ``QUNBOT_CONFIG``, ``./qunbot.toml``, or defaults)."""
+    file = _find_config(path)
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist (run `qunbot init` to write one)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: cannot read: {exc}") from None
+    try:
+        settings = Settings(**data)
+    except SettingsError as exc:  # a list or table in QUNBOT_... is JSON: '["onebot:1"]', not onebot:1
+        table = re.search(r'field "(\w+)"', str(exc))
+        named = sorted(k for k in os.environ if table and k.upper().startswith(f"QUNBOT_{table[1].upper()}__"))
+        raise ConfigError(f"environment: cannot read {', '.join(named) or 'a QUNBOT_ variable'}: a list or table "
+                          "is written as JSON, e.g. QUNBOT_BOT__ADMINS='[\"onebot:10001\"]'") from None
+    except ValidationError as exc:
+        overrides = sorted(k for k in os.environ if k.startswith("QUNBOT_") and "__" in k)
+        source = f"{file or 'defaults'}" + (f" with {', '.join(overrides)} set" if overrides else "")
+        raise ConfigError(f"{source}: " + _explain(exc)) from None
+    llm = settings.llm
+    if llm.api_key is None and os.environ.get("OPENAI_API_KEY"):
+        llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"])})
+    if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
+        llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
+    settings = settings.model_copy(update={"llm": llm})
+    data_dir = settings.bot.data_dir.expanduser()
+    from_env = any(k.upper() == "QUNBOT_BOT__DATA_DIR" for k in os.environ)
+    if file is not None and not data_dir.is_absolute() and not from_env:
+        # Started from another folder, a cwd-relative path would silently open an empty database.
+        data_dir = file.resolve().parent / data_dir
+    if data_dir != settings.bot.data_dir:
+        settings = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": data_dir})})
+    for name, value in (settings.model_extra or {}).items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "
+                              "history, channels, or a plugin's table)")
+    return settings, file
+
+
+#: The built-in plugins' tables are known even when the plugin is not loaded: ``qunbot init``
+#: writes them, and taking a plugin out of ``[bot] plugins`` must not make its table an error.
+_BUILTIN_TABLES = ("reminders", "search", "summary", "memory", "tiers")
+
+
+def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
+    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
+    known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
+    for name in settings.model_extra or {}:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
+        raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
+                          "listed in [bot] plugins)")
