@@ -41,6 +41,8 @@ _STOP_TEXT = {
     StopReason.EMPTY_ANSWER: "我这次没能给出回答（{detail}），请换个说法再试。",
 }
 
+#: Below this many tokens left in the run's cap, each turn's output is capped at what is left.
+OUTPUT_CAP = 4096
 _TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
 _FINAL_NOTE = (
     "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
@@ -89,9 +91,10 @@ class Runner:
         if self.budget is not None:
             try:
                 left = await self.budget.remaining(caller)
-            except Exception:  # a broken budget store must not take the bot down; the run cap still holds
-                log.exception("budget hook failed; using the per-run cap only")
-                left = None
+            except Exception:  # fail closed: what is left may be far below the run cap (a hold of 300 tokens)
+                log.exception("budget hook failed; the run is refused")
+                return self._finish(state, StopReason.DAILY_BUDGET, detector, detail="the budget could not be read",
+                                    text="暂时无法核对 AI 用量额度，请稍后再试。")
             if left is not None and left <= 0:
                 return self._finish(state, StopReason.DAILY_BUDGET, detector)
             if left is not None and left < token_cap:
@@ -128,8 +131,12 @@ class Runner:
                 return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail=why)
             if why:
                 return await self._final_answer(env, reason, why, on_text, token_cap)
+            # The output is capped too once what is left is small: a turn must not spend past the cap.
+            # Not always: a model refuses a cap above its own limit, and every model takes OUTPUT_CAP.
+            left = token_cap - state.usage.total_tokens - estimate_messages(state.messages) - defs_tokens
             try:
-                response = await self._call_model(env, _request(state.messages, defs), on_text)
+                response = await self._call_model(
+                    env, _request(state.messages, defs, max(1, left) if left < OUTPUT_CAP else None), on_text)
             except ModelAPIError as exc:
                 busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
                 # The person reads Chinese; the trace and the logs keep the provider's English detail.
@@ -212,10 +219,12 @@ class Runner:
         """Budgets end with an answer, not an exception: one last turn without tools, capped."""
         state = env.state
         messages = [*state.messages, {"role": "system", "content": _FINAL_NOTE.format(why=why)}]
-        if estimate_messages(messages) > 2 * token_cap:
-            # Even the bare conversation is far over budget (a pasted novel): answering would cost it all.
+        final = self.limits.final_answer_max_tokens
+        if state.usage.total_tokens + estimate_messages(messages) + final > 2 * token_cap:
+            # The run with its last answer never spends more than twice its cap (a pasted novel, a
+            # tool's huge page): past that the person is told, the model not asked again.
             return self._finish(state, reason, env.detector, detail=why, text=_TOO_LARGE)
-        request = ModelRequest(messages=messages, max_tokens=self.limits.final_answer_max_tokens)
+        request = ModelRequest(messages=messages, max_tokens=final)
         try:
             response = await self._call_model(env, request, on_text)
             text = response.text if response.text.strip() else ""  # a blank answer is no answer
@@ -272,10 +281,10 @@ def _definition_tokens(tool: Tool, strict: bool) -> int:
     return counts[strict]
 
 
-def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]]) -> ModelRequest:
+def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]], cap: int | None) -> ModelRequest:
     """The turn's request: a snapshot of the message list (a model reads the messages, never changes them)."""
     return ModelRequest.model_construct(messages=list(messages), tools=defs, tool_choice="auto" if defs else None,
-                                        max_tokens=None)
+                                        max_tokens=cap)
 
 
 def _assistant_message(response: ModelResponse) -> dict[str, Any]:

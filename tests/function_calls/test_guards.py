@@ -242,3 +242,37 @@ async def test_budget_is_charged_with_the_runs_usage_and_caps_the_token_budget()
     capped = await Runner(model, budget=tight).run(USER, Toolset("s", [counting_tool("look", [])]))
     assert capped.stop is StopReason.DAILY_BUDGET
     assert model.requests == [] and tight.charged == []
+
+
+async def test_a_budget_that_cannot_be_read_refuses_the_run() -> None:
+    class Broken(Budget):
+        async def remaining(self, caller: Caller) -> int | None:
+            raise ConnectionError("the budget store is down")
+
+    model = ScriptedModel([text("spent anyway")])
+    result = await Runner(model, budget=Broken(None)).run(USER, Toolset("s"))
+    assert result.stop is StopReason.DAILY_BUDGET and model.requests == []
+    assert result.replies == ["暂时无法核对 AI 用量额度，请稍后再试。"]
+
+
+async def test_a_turn_near_the_cap_may_write_only_what_is_left() -> None:
+    """300 tokens left today: the turn's output is capped so, not left to the provider's default."""
+    model = ScriptedModel([text("short")])
+    await Runner(model, budget=Budget(300)).run(USER, Toolset("s"))
+    [request] = model.requests
+    prompt = estimate_messages(request.messages)
+    assert request.max_tokens is not None and 0 < request.max_tokens <= 300 - prompt
+    roomy = ScriptedModel([text("short")])
+    await Runner(roomy, budget=Budget(None)).run(USER, Toolset("s"))
+    assert roomy.requests[0].max_tokens is None  # far from the cap: the model's own limit applies
+
+
+async def test_a_run_and_its_last_answer_spend_at_most_twice_the_cap() -> None:
+    async def page(args: Query) -> str:
+        """Returns a big page."""
+        return "页" * 1_500
+
+    model = ScriptedModel([call("page", {"q": "x"}), text("answer")])
+    result = await Runner(model, limits=Limits(max_run_tokens=1_000)).run(USER, Toolset("s", [tool_function(page)]))
+    assert result.stop is StopReason.TOKEN_BUDGET and result.usage.total_tokens <= 2_000
+    assert len(model.requests) == 1 and "太长" in result.replies[0]  # the last answer would cost more
