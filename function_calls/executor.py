@@ -94,7 +94,9 @@ class CallExecutor:
             else:
                 batch.append((i, call))
         await together(batch)
-        return [o for o in outcomes if o is not None]
+        # Every call gets its answer (strict providers refuse a request with a call left unanswered)
+        return [o if o is not None else self._refuse(c, f"`{c.name}` was not run.", note="lost")
+                for c, o in zip(calls, outcomes, strict=True)]
 
     async def guarded(self, call: ToolCall) -> Outcome:
         """:meth:`call_one`, with any failure of ours turned into a tool error (siblings keep running)."""
@@ -176,6 +178,12 @@ class CallExecutor:
             result = ToolResult.error(exc.message)
         except TimeoutError:
             result = ToolResult.error(f"`{tool.name}` timed out after {tool.timeout_s:g}s.")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # the run itself is being cancelled: pass it on
+                raise
+            log.warning("tool %s was cancelled from inside (a future it awaited)", tool.name)
+            result = ToolResult.error(f"`{tool.name}` was cancelled before it finished.")
         except Exception as exc:  # a tool bug must not take its siblings or the run down
             log.exception("tool %s failed", tool.name)
             result = ToolResult.error(f"`{tool.name}` failed internally ({type(exc).__name__}).")

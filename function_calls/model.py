@@ -145,7 +145,8 @@ class ToolCallAccumulator:
     a new call, some send no ids, and vLLM can send a fresh ``id`` on every delta of one call.
     A delta continues the call its index points to (or else the call seen last) unless it names
     another tool, or names a tool after that call's arguments are complete JSON, or brings a new
-    id with a name, or a new id after complete arguments: then it starts a call.
+    id with a name, or a new id after complete arguments: then it starts a call. An id already
+    seen under another index is one id reused for two calls: the second gets an id of its own.
     """
 
     calls: list[_Partial] = field(default_factory=list)
@@ -157,11 +158,15 @@ class ToolCallAccumulator:
         index = index if isinstance(index, int) and not isinstance(index, bool) else None
         call_id, name, args = _str_or_none(call_id), _str_or_none(name), _as_text(arguments)
         part = self._by_id.get(call_id) if call_id else None
+        if part is not None and index is not None and self._by_index.get(index) is not part \
+                and part in self._by_index.values():
+            part = None  # its id under another index: one id reused for two calls (ids numbered per turn)
         if part is None:
             known = self._by_index.get(index) if index is not None else self._last
             part = known if known is not None and self._continues(known, call_id, name) else self._new(call_id or "")
             if call_id:
-                part.id = part.id or call_id
+                if call_id not in self._by_id:  # an id another call holds is not this one's
+                    part.id = part.id or call_id
                 self._by_id[call_id] = part
         if index is not None:
             self._by_index[index] = part
@@ -181,7 +186,7 @@ class ToolCallAccumulator:
         return not done and (name is None or known.arguments != "" or not known.name)
 
     def _new(self, call_id: str) -> _Partial:
-        part = _Partial(id=call_id)
+        part = _Partial(id="" if call_id in self._by_id else call_id)  # a reused id: made up in result()
         self.calls.append(part)
         return part
 

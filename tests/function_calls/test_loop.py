@@ -3,6 +3,7 @@
 import asyncio
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from function_calls import (
@@ -364,3 +365,44 @@ async def test_a_tools_own_model_usage_counts_in_the_run() -> None:
     result = await Runner(model).run([{"role": "user", "content": "总结"}], Toolset("t", [digest]))
     assert result.usage.requests == 4  # one turn of the loop + the tool's three
     assert result.usage.prompt_tokens >= 1000 and result.usage.completion_tokens >= 50
+
+
+async def test_a_tool_cancelled_from_inside_is_an_error_result_and_every_call_is_answered() -> None:
+    """A handler awaiting a future someone else cancelled raises CancelledError: that is the tool's
+    failure, not the run's (which went on raising it, or lost the call's answer beside a sibling)."""
+
+    async def flaky(job: Job) -> str:
+        """Awaits a shared future another request cancelled."""
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        return str(await future)
+
+    async def fine(job: Job) -> str:
+        """Fine."""
+        return "ok"
+
+    tools = Toolset("s", [tool_function(flaky), tool_function(fine)])
+    for turn in (call("flaky", {"n": 1}), call("flaky", {"n": 1}, ("fine", {"n": 2}))):
+        model = ScriptedModel([turn, text("done")])
+        result = await Runner(model).run(USER, tools)
+        assert result.stop is StopReason.COMPLETED and result.replies == ["done"]
+        asked = {c.id for c in turn.tool_calls}
+        answered = {m["tool_call_id"] for m in tool_messages(model.requests[1].messages)}
+        assert answered == asked and "cancelled" in tool_messages(model.requests[1].messages)[0]["content"]
+
+
+async def test_a_run_cancelled_from_outside_stops_with_its_tool() -> None:
+    started = asyncio.Event()
+
+    async def slow(job: Job) -> str:
+        """Takes long."""
+        started.set()
+        await asyncio.sleep(30)
+        return "late"
+
+    run = asyncio.create_task(Runner(ScriptedModel([call("slow", {"n": 1}), text("x")])).run(
+        USER, Toolset("s", [tool_function(slow)])))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run

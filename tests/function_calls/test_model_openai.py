@@ -169,3 +169,15 @@ async def test_a_stream_cut_after_text_reports_that_text_was_shown(server: FakeO
     await model.aclose()
     assert info.value.text_shown and info.value.retryable
     assert shown == ["a l", "ong", " st"]  # break_after counts the opening role chunk too
+
+
+def test_one_id_reused_under_two_indexes_is_two_calls_with_ids_of_their_own() -> None:
+    """Providers that number ids per turn can send index 0 and index 1 both as ``call_0``: two calls,
+    not one with two JSON objects glued together (neither would run)."""
+    acc = ToolCallAccumulator()
+    acc.feed(0, "call_0", "weather", '{"city": ')
+    acc.feed(1, "call_0", "weather", '{"city": "上海"}')
+    acc.feed(0, "call_0", None, '"北京"}')  # the first call's rest, after the second began
+    first, second = acc.result()
+    assert (first.name, first.arguments, first.id) == ("weather", '{"city": "北京"}', "call_0")
+    assert (second.name, second.arguments) == ("weather", '{"city": "上海"}') and second.id != "call_0"
