@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from function_calls import Toolset
-from robot import Plugin
+from robot import Forgetter, Plugin
 from search.client import PerplexityClient, SearchAnswer, SearchError, Source
 from search.format import format_answer, format_for_model
 from search.research import ResearchService
@@ -43,6 +43,7 @@ async def _setup(bot: Bot) -> SearchDeps:
     client = PerplexityClient(settings)
     research = ResearchService(bot, client, settings)
     await research.start()
+    bot.forgetters.append(Forgetter("search", "个深度研究", research.forget))  # the questions asked
     return SearchDeps(settings=settings, client=client, per_user=WindowLimiter(settings.user_rate_per_hour),
                       per_chat=WindowLimiter(settings.chat_rate_per_hour),
                       per_bot=WindowLimiter(settings.bot_rate_per_hour), research=research)

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from function_calls import Caller, ToolError
-from robot import ChatRef, OutgoingMessage, Tx, iso
+from robot import ChatRef, ForgetRequest, OutgoingMessage, Tx, iso
 from search.client import PerplexityClient, SearchError
 from search.format import format_answer
 from search.settings import SearchSettings
@@ -204,6 +204,17 @@ class ResearchService:
             return await self._finish(job, "failed", f"{head}超过 {self.settings.research_timeout_min:g} 分钟仍未完成，"
                                                      "已放弃。")
         return 0
+
+    async def forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: the person's jobs (their questions) in the chats it covers; a running one's
+        report then never comes (its row is gone when the poller would deliver it)."""
+        owner = f"{request.platform}:{request.user_id}"
+        chats = None if request.everywhere else [c.key for c in request.chats]
+        if chats == []:
+            return 0
+        where = "" if chats is None else f" AND chat IN ({','.join('?' * len(chats))})"
+        return int(await self.bot.db.run(lambda db: db.execute(
+            f"DELETE FROM research_jobs WHERE owner = ?{where}", [owner, *(chats or [])]).rowcount))
 
     async def _finish(self, job: ResearchJob, status: str, text: str) -> int:
         chat = ChatRef.from_key(job.chat, job.account)

@@ -198,3 +198,25 @@ async def test_a_job_its_dead_process_was_submitting_a_moment_ago_is_submitted_a
         await bot.stop()
     assert "钠电池" in report.text and "完成" in report.text
     assert len([r for r in server.requests_to("research") if r.method == "POST"]) == 1
+
+
+async def test_forget_me_takes_the_persons_research_questions_and_their_report_never_comes(
+        tmp_path: Path, server: FakePerplexityServer) -> None:
+    bot, ch = make_bot(tmp_path, settings_for(server, research_poll_s=600))  # polled by hand below
+    await bot.start()
+    try:
+        assert (await ask(ch, "/research 我的体检报告怎么看")).text.startswith("🔎 深度研究已开始")
+        await ask(ch, "/research 别人的问题", user="u2")
+        assert "1 个深度研究" in (await ask(ch, "/forget me")).text
+        left = await bot.db.run(lambda db: db.execute("SELECT owner, question FROM research_jobs").fetchall())
+        assert [tuple(r) for r in left] == [("memory:u2", "别人的问题")]
+        research = bot.deps_for(search.deep_research).research
+        for _ in range(200):  # the fake reports after a few polls (once u2's submission is through)
+            if await research.poll_once():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        reports = [m.text for m in ch.sent if m.text.startswith("🔎 深度研究「")]
+        assert len(reports) == 1 and "别人的问题" in reports[0]
+    finally:
+        await bot.stop()
