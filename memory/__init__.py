@@ -17,7 +17,7 @@ from memory.store import MemoryRow, MemoryStore
 from memory.strength import Rules, Strength
 from memory.tools import MemoryDeps, RecallArgs, RememberArgs, memories, recall, remember, sleep, toolset
 from memory.vectors import EmbeddingClient, EmbeddingError
-from robot import ForgetRequest, Forgetter, Plugin
+from robot import ChatRef, ForgetRequest, Forgetter, Plugin, Tx
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -35,6 +35,7 @@ __all__ = [
     "Rules",
     "SleepReport",
     "Strength",
+    "chat_moved",
     "memories",
     "plugin",
     "recall",
@@ -78,5 +79,19 @@ async def teardown(deps: MemoryDeps) -> None:
     await deps.service.stop()
 
 
+async def chat_moved(deps: MemoryDeps, old: ChatRef, new: ChatRef) -> None:
+    """A chat got a new id (a Telegram group became a supergroup): its memories and dreams follow it,
+    so they are recalled there, and ``/forget me`` there reaches them."""
+    service = deps.service
+
+    def work(db: Tx) -> None:
+        service.store.move_chat(db, old.key, new.key)
+        service.index.announce(db, [old.key, new.key])
+
+    await service.db.transaction(work)
+    for chat in (old.key, new.key):
+        service.index.drop(chat)
+
+
 plugin: Plugin[MemoryDeps] = Plugin(name="memory", tools=toolset, setup=setup, teardown=teardown,
-                                    settings_model=MemorySettings)
+                                    settings_model=MemorySettings, chat_moved=chat_moved)

@@ -159,6 +159,13 @@ class MemoryStore:
             db.execute("INSERT INTO memory_trigrams (rowid, text) VALUES (?, ?)", [mid, text.lower()])
         return mid
 
+    def move_chat(self, db: Tx, old: str, new: str) -> int:
+        """A chat's new id: its memories and dreams follow it (its night's record starts anew)."""
+        moved = db.execute("UPDATE memories SET chat = ? WHERE chat = ?", [new, old]).rowcount
+        db.execute("UPDATE memory_dreams SET chat = ? WHERE chat = ?", [new, old])
+        db.execute("DELETE FROM memory_sleeps WHERE chat = ?", [old])
+        return int(moved)
+
     def delete(self, db: Tx, ids: Iterable[int], *, scrub: bool = False) -> int:
         """Delete memories and their index entries; how many existed.
 

@@ -71,16 +71,9 @@ _SCOPE: ContextVar[frozenset[str] | None] = ContextVar("qunbot_tool_scope", defa
 class Bot:
     """A running qunbot. Construct, ``await start()``, and ``await stop()`` (SIGINT/SIGTERM do)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        model: ChatModel | None = None,
-        channels: Sequence[Channel] | None = None,
-        plugins: Sequence[Plugin[Any] | str] | None = None,
-        clock: Callable[[], datetime] | None = None,
-        database: str | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, *, model: ChatModel | None = None,
+                 channels: Sequence[Channel] | None = None, plugins: Sequence[Plugin[Any] | str] | None = None,
+                 clock: Callable[[], datetime] | None = None, database: str | None = None) -> None:
         self.settings, self.zone = settings, settings.zone
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
@@ -193,6 +186,7 @@ class Bot:
         """A chat got a new id on its platform: move its history, outbox rows and plugins' data."""
         moved = await self.history.move_chat(old, new)
         await self.outbox.move_chat(old, new)
+        await self.approvals.store.move_chat(old, new)
         for plugin in self.plugins:
             if plugin.chat_moved is not None and plugin.name in self._deps:
                 await plugin.chat_moved(self._deps[plugin.name], old, new)

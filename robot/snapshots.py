@@ -172,6 +172,25 @@ class SnapshotStore:
 
         return await self.db.run(work)
 
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
+        """A chat's new id: its paused runs (their codes, answers and callers) follow it, signed anew;
+        a row that fails its check stays where it is, refused (a move never launders an edit)."""
+        def work(db: Tx) -> int:
+            moved = 0
+            for row in db.execute_returning_dicts("SELECT * FROM snapshots WHERE chat = ?", [old.key]):
+                if not self.verify(row):
+                    continue
+                caller = json.loads(str(row["caller"]))
+                if isinstance(caller, dict) and caller.get("chat_id") == old.chat_id:
+                    caller["chat_id"] = new.chat_id
+                row.update(chat=new.key, caller=json.dumps(caller, ensure_ascii=False))
+                db.execute("UPDATE snapshots SET chat = ?, caller = ?, mac = ? WHERE id = ?",
+                           [row["chat"], row["caller"], self.mac(row), row["id"]])
+                moved += 1
+            return moved
+
+        return await self.db.run(work)
+
     async def prune(self, before: datetime) -> int:
         """Delete finished rows created before ``before`` (history retention: each holds a conversation)."""
         return await self.db.run(lambda db: db.execute(

@@ -11,11 +11,12 @@ summaries; ``[summary] prompt`` / ``prompts`` add the owner's instructions. On `
 history is kept is the core's ``[history]`` table.
 """
 
-from robot import Plugin
+from robot import ChatRef, Plugin
 from summary.extractive import extractive_summary
 from summary.mapreduce import MapReduceResult, SummaryFailed, map_reduce
 from summary.settings import SummarySettings
 from summary.tools import SummaryArgs, SummaryDeps, setup, summary, toolset
+from summary.window import move_chat_sync
 
 __all__ = [
     "MapReduceResult",
@@ -23,6 +24,7 @@ __all__ = [
     "SummaryDeps",
     "SummaryFailed",
     "SummarySettings",
+    "chat_moved",
     "extractive_summary",
     "map_reduce",
     "plugin",
@@ -31,4 +33,12 @@ __all__ = [
     "toolset",
 ]
 
-plugin: Plugin[SummaryDeps] = Plugin("summary", tools=toolset, setup=setup, settings_model=SummarySettings)
+
+
+async def chat_moved(deps: SummaryDeps, old: ChatRef, new: ChatRef) -> None:
+    """A chat got a new id (a Telegram group became a supergroup): its mark and opt-outs follow it."""
+    await deps.db.transaction(lambda db: move_chat_sync(db, old.key, new.key))
+
+
+plugin: Plugin[SummaryDeps] = Plugin("summary", tools=toolset, setup=setup, settings_model=SummarySettings,
+                                     chat_moved=chat_moved)

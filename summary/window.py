@@ -33,6 +33,7 @@ __all__ = [
     "create_marks_table",
     "fetch",
     "forget_summaries_sync",
+    "move_chat_sync",
     "opted_out",
     "parse_period",
     "read_mark",
@@ -48,6 +49,18 @@ def create_marks_table(db: Tx) -> None:
     db.execute(f"CREATE TABLE IF NOT EXISTS {MARKS_TABLE} (chat TEXT PRIMARY KEY, last_id BIGINT NOT NULL)")
     db.execute(f"CREATE TABLE IF NOT EXISTS {OPTOUT_TABLE} (chat TEXT NOT NULL, user_id TEXT NOT NULL, "
                "PRIMARY KEY (chat, user_id))")
+
+
+def move_chat_sync(db: Tx, old: str, new: str) -> None:
+    """A chat's new id (a Telegram group become a supergroup): its mark and opt-outs follow it, or
+    an opted-out member's messages would be summarised from the next message on."""
+    db.execute(f"INSERT INTO {OPTOUT_TABLE} (chat, user_id) SELECT ?, user_id FROM {OPTOUT_TABLE} WHERE chat = ? "
+               "ON CONFLICT (chat, user_id) DO NOTHING", [new, old])
+    db.execute(f"INSERT INTO {MARKS_TABLE} (chat, last_id) SELECT ?, last_id FROM {MARKS_TABLE} WHERE chat = ? "
+               f"ON CONFLICT (chat) DO UPDATE SET last_id = CASE WHEN excluded.last_id > {MARKS_TABLE}.last_id "
+               f"THEN excluded.last_id ELSE {MARKS_TABLE}.last_id END", [new, old])
+    for table in (OPTOUT_TABLE, MARKS_TABLE):
+        db.execute(f"DELETE FROM {table} WHERE chat = ?", [old])
 
 
 async def set_optout(db: Engine, chat: ChatRef, user_id: str, out: bool) -> bool:

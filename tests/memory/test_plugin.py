@@ -249,3 +249,22 @@ async def test_forget_an_id_with_all_is_answered_clearly_and_deletes_nothing(tmp
         reply = await ask(ch, f"/forget {mine} all", user="u1")
         assert f"/forget {mine}" in reply and "/forget me all" in reply and "已删除" not in reply
         assert "花生" in await ask(ch, "/recall 花生", user="u1")
+
+
+async def test_a_chat_given_a_new_id_keeps_its_memories_and_opt_outs(tmp_path: Path) -> None:
+    """A Telegram group become a supergroup: what the plugins keep under its old key follows it, so
+    recall still finds a memory there, /forget me there reaches it, and an opted-out member's
+    messages stay out of the summaries."""
+    async with running(tmp_path) as (bot, ch):
+        old, new = ch.chat("g1"), ch.chat("g9")
+        await ask(ch, "/remember 我对花生过敏", user="u1", chat=old)
+        opted = await ask(ch, "/summary optout", user="u2", chat=old)
+        await bot.move_chat(old, new)
+        assert "花生过敏" in await ask(ch, "/recall 过敏", user="u1", chat=new)
+        await ch.inject("我的秘密计划是周五去钓鱼", user="u2", chat=new)
+        await ch.inject("明天开会讨论预算", user="u3", chat=new)
+        summary = await ask(ch, "/summary", user="u3", chat=new)
+        assert "钓鱼" not in summary and "预算" in summary, (opted, summary)
+        assert "1 条记忆" in await ask(ch, "/forget me", user="u1", chat=new)
+        left = await bot.db.run(lambda db: db.execute("SELECT count(*) FROM memories").fetchone()[0])
+        assert left == 0

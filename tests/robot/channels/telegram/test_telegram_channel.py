@@ -21,7 +21,7 @@ from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf
 from robot.channels.telegram.convert import read_entities
 from robot.channels.telegram.testing import FakeBotAPI
 from robot.message import ChatRef, Message
-from robot.store import Database, parse_iso
+from robot.store import Database, iso, parse_iso
 
 Until = Callable[..., Awaitable[None]]
 BOT_ID = "123456"
@@ -340,6 +340,10 @@ async def test_a_migrated_group_takes_its_history_and_reminders_along(
         id=new_id(), owner="telegram:777", owner_name="Alice", chat=old_ref.key, type="daily", wall="09:00:00",
         zone="Asia/Shanghai", weekday=None, content="交周报", mode="text", created_at=now, updated_at=now,
         next_fire=now + timedelta(hours=20), status="active"), reminders.ReminderSettings(), now)
+    code = await bot.approvals.store.insert({  # a paused run waiting there: its code must work in the new chat
+        "kind": "approval", "approver": "admin", "requester": "telegram:777", "chat": old_ref.key, "account": "",
+        "caller": "{}", "state": "{}", "origin": "chat", "reply_to": None, "tip": None, "created_at": iso(now),
+        "expires_at": iso(now + timedelta(minutes=30)), "tools": "[]"})
     fake.message(old, ALICE, "", migrate_to_chat_id=-1004001)
     fake.message(new, ALICE, "", migrate_from_chat_id=-4001)
 
@@ -350,6 +354,8 @@ async def test_a_migrated_group_takes_its_history_and_reminders_along(
     assert [r.text for r in await bot.history.recent(new_ref, 10)] == ["旧群里说的话"]
     assert await bot.history.recent(old_ref, 10) == [] and await store.for_chat(old_ref.key) == []
     assert [r.content for r in await store.for_chat(new_ref.key)] == ["交周报"]
+    paused = await bot.approvals.store.pending(now, chat=new_ref.key)
+    assert [r["code"] for r in paused if bot.approvals.store.verify(r)] == [code]  # signed anew, still valid
 
 
 def test_a_refused_token_stops_qunbot_run_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
