@@ -8,6 +8,7 @@ file or value raises :class:`ConfigError` naming the key and the problem.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -237,6 +238,15 @@ class GateSection(_Section):
     always: list[str] = Field(default_factory=list, description="group chat keys answered without an @")
     never: list[str] = Field(default_factory=list, description="group chat keys never answered")
     allowlist: list[str] = Field(default_factory=list, description="if set, only these groups are answered")
+
+    @field_validator("always", "never", "allowlist")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:  # a bare "123456" matched no chat: the setting did nothing
+        bad = [k for k in value if not re.fullmatch(r"[a-z][a-z0-9_]*:(?:group:)?[^:\s][^\s]*", k)]
+        if bad:
+            raise ValueError(f"chats are written \"platform:group_id\" (or the chat key \"platform:group:id\"), "
+                             f"e.g. \"onebot:123456\", not {bad[0]!r}")
+        return value
 
 
 def _qualified(value: list[str], what: str) -> list[str]:

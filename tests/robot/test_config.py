@@ -120,6 +120,8 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
     ('[llm.think]\nmodel = "m"\nbase_url = "http://h:99999/v1"\n', ["llm.think.base_url", "Port out of range"]),
     ('[bot]\nplugins = ["reminders", "reminders"]\n', ["bot.plugins", "once each"]),
     ('[bot]\nplugins = [""]\n', ["bot.plugins", "not be empty"]),
+    ('[gate]\nnever = ["123456"]\n', ["gate.never", '"platform:group_id"', "'123456'"]),  # it matched nothing
+    ('[gate]\nallowlist = ["onebot:1", "QQ群 2"]\n', ["gate.allowlist", "'QQ群 2'"]),
 ])
 def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml: str, needles: list[str]) -> None:
     path = write(tmp_path / "q.toml", toml)
