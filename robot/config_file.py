@@ -15,8 +15,9 @@ from pydantic import SecretStr, ValidationError
 from pydantic_settings import SettingsError
 
 from robot.config import ConfigError, Settings, _explain
+from robot.plugin import Plugin, load_plugin
 
-__all__ = ["check_tables", "load_settings"]
+__all__ = ["check_tables", "load_plugins", "load_settings"]
 
 
 def _find_config(path: str | Path | None) -> Path | None:
@@ -88,3 +89,10 @@ def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
         hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
         raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
                           "listed in [bot] plugins)")
+
+
+def load_plugins(settings: Settings) -> list[Plugin[object]]:
+    """The plugins ``[bot] plugins`` names, loaded, and the config's tables checked against them."""
+    plugins = [load_plugin(name) for name in settings.bot.plugins]
+    check_tables(settings, [p.name for p in plugins])
+    return plugins

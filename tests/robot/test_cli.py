@@ -611,3 +611,36 @@ async def test_a_second_bot_process_on_the_same_sqlite_file_is_refused_until_the
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+def test_doctor_does_not_check_the_playground_port_when_telegram_alone_is_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cfg = tmp_path / "qunbot.toml"
+        cfg.write_text(f'[bot]\nplugins = []\n[channels.telegram]\nenabled = true\ntoken = "1:x"\n'
+                       f'api_base = "http://127.0.0.1:{closed_port()}"\n'
+                       f'[channels.web]\nport = {taken.getsockname()[1]}\n', encoding="utf-8")
+        main(["doctor", "--config", str(cfg)])
+    finally:
+        taken.close()
+    assert "channel web" not in capsys.readouterr().out  # `qunbot run` would not open it
+
+
+def test_login_takes_its_options_after_the_command_too(tmp_path: Path) -> None:
+    from robot.cli import _parser
+
+    args = _parser().parse_args(["login", "weixin", "--config", str(tmp_path / "q.toml")])
+    assert (args.platform, args.config) == ("weixin", str(tmp_path / "q.toml"))
+
+
+def test_doctor_goes_on_past_a_database_it_cannot_open(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\n[storage]\nurl = "mysql://db/qunbot"\n[channels.web]\nport = {closed_port()}\n',
+                   encoding="utf-8")
+    assert main(["doctor", "--config", str(cfg)]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL storage" in captured.out and "ok  llm" in captured.out and "ok  channel web" in captured.out
+    assert captured.out.rstrip().endswith("1 problem(s)") and "cannot start" not in captured.err

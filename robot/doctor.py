@@ -1,0 +1,112 @@
+"""``qunbot doctor``: the config, the plugins, the storage, the model endpoints and the channels'
+ports, checked one by one; each problem is one line and the rest is still checked."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from pathlib import Path
+
+from robot import maintenance
+from robot.bot import Bot
+from robot.config import ConfigError, Settings
+from robot.config_file import load_plugins
+from robot.doctor_storage import storage_checks
+from robot.plugin import PluginError
+from robot.redact import redact_url
+
+__all__ = ["doctor"]
+
+
+async def _switched_off(settings: Settings) -> dict[str, str]:
+    """Plugins whose tools are off (say, search without an API key), set up against a scratch database."""
+    with tempfile.TemporaryDirectory(prefix="qunbot-doctor-") as scratch:
+        bot = Bot(settings, channels=[], database=str(Path(scratch) / "doctor.sqlite3"))
+        await bot.start()
+        try:
+            blocked = bot.unavailable_tools()
+            return {p.name: blocked[p.tools.names()[0]] for p in bot.plugins
+                    if p.tools.names() and p.tools.names()[0] in blocked}
+        finally:
+            await bot.stop(flush_timeout_s=0)
+
+
+async def doctor(settings: Settings, source: Path | None) -> int:
+    """Print one line per check (``ok``, ``FAIL`` or ``off``) and a verdict; 1 when anything failed."""
+    problems = 0
+
+    def report(ok: bool, what: str, detail: str = "") -> None:
+        nonlocal problems
+        problems += 0 if ok else 1
+        print(f"{'ok ' if ok else 'FAIL'} {what}" + (f": {detail}" if detail else ""))
+
+    report(True, "config", str(source) if source else "built-in defaults (no qunbot.toml)")
+    try:
+        plugins = load_plugins(settings)
+        for plugin in plugins:
+            if plugin.settings_model is not None:
+                settings.section(plugin.name, plugin.settings_model)
+        report(True, "plugins", ", ".join(f"{p.name} ({len(p.tools)} tools)" for p in plugins))
+        for name, reason in (await _switched_off(settings)).items():
+            print(f"off {name}: {reason}")
+    except (PluginError, ConfigError) as exc:
+        report(False, "plugins", str(exc))
+    except Exception as exc:  # a plugin's setup failed: the report goes on with the next check
+        report(False, "plugins", f"setup failed: {type(exc).__name__}: {str(exc)[:200]}")
+    for check in await storage_checks(settings):
+        report(*check)
+    try:  # the storage check above has said why the database cannot be read: the other checks go on
+        failed = await maintenance.undelivered(settings)
+    except Exception:
+        failed = []
+    if failed:
+        newest = failed[0]
+        report(False, "outbox", f"{len(failed)} message(s) could not be delivered in the last 7 days; newest to "
+               f"{newest['chat']}: {newest['error']}")
+    llm = settings.llm
+    if not llm.configured:
+        report(True, "llm", "not configured: commands only")
+    # Each tier falls back to [llm]'s endpoint and key, as the tiers plugin does.
+    for what, tier in (("llm", llm if llm.configured else None), ("llm.think", llm.think), ("llm.plan", llm.plan)):
+        if tier is None:
+            continue
+        import openai
+
+        url, key = tier.base_url or llm.base_url, tier.api_key or llm.api_key
+        client = openai.AsyncOpenAI(base_url=url, api_key=key.get_secret_value() if key else "not-needed",
+                                    timeout=10, max_retries=0)
+        try:
+            names = [m.id for m in (await client.models.list()).data]
+            known = tier.model in names if names else True
+            report(known, what, f"{redact_url(url) if url else 'default endpoint'} answers"
+                   + ("" if known else f", but model {tier.model!r} is not among {names[:5]}"))
+        except Exception as exc:
+            report(False, what, f"{type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            await client.close()
+    ch = settings.channels
+    # Mirrors build_channels: with nothing else enabled, `qunbot run` opens the playground.
+    web_on = ch.web.enabled or not (ch.onebot.enabled or ch.wecom.enabled or ch.wecom.webhook_key is not None
+                                    or ch.console.enabled or ch.weixin.enabled or ch.telegram.enabled)
+    for name, enabled, host, port in (("web", web_on, ch.web.host, ch.web.port),
+                                      ("onebot", ch.onebot.enabled and ch.onebot.mode == "reverse",
+                                       ch.onebot.host, ch.onebot.port),
+                                      ("wecom", ch.wecom.enabled, ch.wecom.host, ch.wecom.port)):
+        if not enabled:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+                report(True, f"channel {name}", f"{host}:{port} is free to listen on")
+            except OSError as exc:
+                report(False, f"channel {name}", f"cannot listen on {host}:{port}: {exc.strerror}")
+    if ch.onebot.enabled and ch.onebot.mode == "forward" and ch.onebot.url:
+        import aiohttp
+
+        try:
+            async with aiohttp.ClientSession() as session, session.ws_connect(ch.onebot.url, timeout=aiohttp.ClientWSTimeout(ws_close=5)):
+                report(True, "channel onebot", f"connected to {redact_url(ch.onebot.url)}")
+        except Exception as exc:
+            report(False, "channel onebot", f"cannot connect to {redact_url(ch.onebot.url)}: {type(exc).__name__}")
+    print("all good" if not problems else f"{problems} problem(s)")
+    return 1 if problems else 0
