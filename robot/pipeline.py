@@ -273,7 +273,8 @@ class Pipeline:
         except Exception:
             log.exception("command /%s failed", name)
             return f"/{name} 执行失败了，请稍后再试。"
-        if result.usage is not None and result.usage.requests:  # a command that called a model spends model rate
+        # A command that called a model (or left a model's run going: /plan's background) spends model rate
+        if (result.usage is not None and result.usage.requests) or (result.data or {}).get("background"):
             bot.limiter.charge(ChatRef.of(caller).key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 

@@ -26,7 +26,7 @@ async def test_llm_settings_reach_the_model(make_bot: Any, pass_back: bool) -> N
         server.script(thinking, Reply("九点"))
         llm = {"model": "deepseek-reasoner", "base_url": server.base_url, "api_key": "k", "max_tool_calls": 1,
                "reasoning_pass_back": pass_back, "token_param": "max_completion_tokens"}
-        bot, _ = await make_bot(plugins=[], start=False, llm=llm)
+        bot, _ = await make_bot(plugins=[], llm=llm)  # started: its budget store exists (an unread one refuses)
         assert bot.router is not None
         result = await bot.router.runner.run(USER, Toolset("t", [tool_function(clock)]))
         await bot.model.aclose()

@@ -32,9 +32,10 @@ def tier(server: FakeOpenAIServer, **extra: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path, model: Any, **llm: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
+async def running(tmp_path: Path, model: Any, limits: dict[str, Any] | None = None,
+                  **llm: Any) -> AsyncIterator[tuple[Bot, MemoryChannel]]:
     ch = MemoryChannel(clock=lambda: NOW)
-    settings = Settings(bot={"data_dir": tmp_path}, llm=llm, limits={"user_burst": 50, "chat_burst": 50})
+    settings = Settings(bot={"data_dir": tmp_path}, llm=llm, limits=limits or {"user_burst": 50, "chat_burst": 50})
     bot = Bot(settings, model=model, channels=[ch], plugins=[memory.plugin, tiers.plugin], clock=lambda: NOW)
     await bot.start()
     try:
@@ -176,6 +177,20 @@ async def test_a_long_plan_reports_back_through_the_outbox(tmp_path: Path) -> No
             sent = await ch.wait_sent(2, timeout=5)
             assert sent[1].text == "计划完成：\n全部完成" and sent[1].mention == ("u1",)
             assert await bot.budget.used("user:memory:u1") > 0  # the background work is charged too
+
+
+async def test_a_plan_gone_to_the_background_spends_the_askers_model_rate(tmp_path: Path) -> None:
+    """A typed /plan that goes on in the background called a model all the same: it counts against
+    the person's model requests per minute (with a burst of 1, their next question waits)."""
+    model = ScriptedModel([text("不该这么快")])
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Delay(0.6, Reply("全部完成")))
+        async with running(tmp_path, model, limits={"user_burst": 1, "user_per_minute": 0.1},
+                           plan=tier(plan_server, reply_within_s=0.1)) as (_bot, ch):
+            private = ch.chat("u1", kind="private")
+            assert "完成后我会在这里汇报" in await ask(ch, "/plan 慢慢做", chat=private)
+            await ask(ch, "你好", chat=private)
+            assert model.requests == []
 
 
 def test_tier_tables_load_from_toml(tmp_path: Path) -> None:
