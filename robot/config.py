@@ -7,6 +7,7 @@ file or value raises :class:`ConfigError` naming the key and the problem.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -54,6 +55,15 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 _FALLBACK_ENV = {("llm", "api_key"): "OPENAI_API_KEY", ("llm", "base_url"): "OPENAI_BASE_URL",
                  ("search", "api_key"): "PERPLEXITY_API_KEY"}
+
+
+def _env_value(value: str) -> Any:
+    if value.lstrip().startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass  # the plugin's model says what is wrong with the text
+    return value
 
 
 class ConfigError(Exception):
@@ -322,8 +332,8 @@ class Settings(BaseSettings):
         data: dict[str, Any] = dict((self.model_extra or {}).get(name) or {})
         prefix = f"QUNBOT_{name.upper()}__"
         for key, value in os.environ.items():
-            if key.startswith(prefix):
-                data[key[len(prefix):].lower()] = value
+            if key.startswith(prefix):  # a list or table comes as JSON, as for the core's tables
+                data[key[len(prefix):].lower()] = _env_value(value)
         for (section, key), env in _FALLBACK_ENV.items():
             if section == name and not data.get(key) and os.environ.get(env):
                 data[key] = os.environ[env]

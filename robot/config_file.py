@@ -55,7 +55,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
         source = f"{file or 'defaults'}" + (f" with {', '.join(overrides)} set" if overrides else "")
         raise ConfigError(f"{source}: " + _explain(exc)) from None
     llm = settings.llm
-    if llm.api_key is None and os.environ.get("OPENAI_API_KEY"):
+    if (llm.api_key is None or not llm.api_key.get_secret_value()) and os.environ.get("OPENAI_API_KEY"):
         llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"])})
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
         llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
@@ -80,8 +80,15 @@ _BUILTIN_TABLES = ("reminders", "search", "summary", "memory", "tiers")
 
 
 def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
-    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``)."""
+    """Refuse a top-level table that is neither a core table nor a loaded plugin's (a typo, say ``[lmm]``),
+    in the file or in a ``QUNBOT_<TABLE>__<KEY>`` variable (``QUNBOT_LMM__MODEL`` was ignored)."""
     known = list(dict.fromkeys([*Settings.model_fields, *_BUILTIN_TABLES, *plugins]))
+    for key in os.environ:
+        table = key[len("QUNBOT_"):].split("__", 1)[0].lower() if key.upper().startswith("QUNBOT_") else ""
+        if "__" in key and table and table not in known:
+            close = difflib.get_close_matches(table, known, n=1, cutoff=0.6)
+            raise ConfigError(f"environment: {key} names no table" + (f": did you mean [{close[0]}]?" if close else
+                              f" (tables: {', '.join(known)})"))
     for name in settings.model_extra or {}:
         if name in known:
             continue

@@ -197,3 +197,27 @@ def test_secrets_stay_out_of_reprs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_settings_can_be_built_directly_for_tests(tmp_path: Path) -> None:
     settings = Settings(bot={"data_dir": tmp_path, "timezone": "Europe/Berlin"})
     assert settings.bot.data_dir == tmp_path and settings.zone.key == "Europe/Berlin"
+
+
+def test_a_variable_naming_no_table_is_refused_with_the_near_miss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from robot.bot import Bot
+
+    monkeypatch.setenv("QUNBOT_LMM__MODEL", "gpt")
+    settings, _ = load_settings(write(tmp_path / "q.toml", ""))
+    with pytest.raises(ConfigError, match=r"QUNBOT_LMM__MODEL names no table: did you mean \[llm\]\?"):
+        Bot(settings, plugins=[])
+
+
+def test_a_blank_api_key_falls_back_like_a_missing_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    settings, _ = load_settings(write(tmp_path / "q.toml", '[llm]\nmodel = "m"\napi_key = ""\n'))
+    assert settings.llm.api_key is not None and settings.llm.api_key.get_secret_value() == SECRET
+
+
+def test_a_plugins_list_comes_from_the_environment_as_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from search.settings import SearchSettings
+
+    monkeypatch.setenv("QUNBOT_SEARCH__SEARCH_DOMAIN_FILTER", '["example.com", "-pinterest.com"]')
+    settings, _ = load_settings(write(tmp_path / "q.toml", ""))
+    assert settings.section("search", SearchSettings).search_domain_filter == ["example.com", "-pinterest.com"]
