@@ -205,10 +205,9 @@ async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetRe
     the caches of the next message's context."""
     def work(db: Tx) -> tuple[int, int]:
         done = forget_sync(db, request)
-        keys = json.dumps([chat.key for chat in request.chats])
-        # PostgreSQL refuses a notice over 8000 bytes (and would fail the whole deletion); the engine's
-        # own JSON around it may double an escaped text's length: past 3500 it says "every chat".
-        db.notify(FORGOTTEN, keys if len(keys) < 3500 else "*")
+        # Every chat's window, in every process: rows went in chats beyond the request's too (an
+        # approver's private notices, summaries quoting the person). Forgets are rare; rebuilding is cheap.
+        db.notify(FORGOTTEN, "*")
         return done
 
     messages, replies = await bot.db.transaction(work)
@@ -221,7 +220,7 @@ async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetRe
             log.exception("forget: %s failed", forgetter.name)
             failed.append(forgetter.name)
     await bot.db.checkpoint()
-    drop_caches(bot, [chat.key for chat in request.chats])
+    drop_caches(bot, None)
     if failed:  # never claim a deletion that did not happen
         raise ToolError(f"forgetting failed in {', '.join(failed)}",
                         user_message="删除时出错了，部分记录可能还在，请稍后再发送一次 /forget me。")

@@ -268,3 +268,32 @@ async def test_a_chat_given_a_new_id_keeps_its_memories_and_opt_outs(tmp_path: P
         assert "1 条记忆" in await ask(ch, "/forget me", user="u1", chat=new)
         left = await bot.db.run(lambda db: db.execute("SELECT count(*) FROM memories").fetchone()[0])
         assert left == 0
+
+
+async def test_forget_me_empties_the_kept_window_of_an_admins_private_chat_that_quoted_the_person(
+        tmp_path: Path) -> None:
+    """A summary sent to an admin's private chat quotes u1; /forget me in the group deletes that copy,
+    and the admin chat's window kept in memory for the next message must not keep it either."""
+    from datetime import timedelta
+
+    from function_calls import ModelRequest, ModelResponse
+    from function_calls.testing import ScriptedModel, text
+    from robot import history
+
+    secret = "我的住址是幸福路八号"
+
+    def echo(request: ModelRequest) -> ModelResponse:
+        return text(str(request.messages[-1]["content"])[-300:])
+
+    clock = Clock()
+    async with running(tmp_path, model=ScriptedModel(echo), clock=clock, summary={"user_cooldown_s": 0}) as (_, ch):
+        group, admin = ch.chat("g1"), ch.chat("admin", kind="private")
+        await ch.inject(secret, user="u1", chat=group)
+        await ch.inject(secret + " 记住", user="u1", chat=group)
+        clock.now += timedelta(minutes=1)
+        await ask(ch, "/summary to me", user="admin", chat=group, role="admin")
+        await ch.wait_sent(2)
+        await ask(ch, "你好", user="admin", chat=admin)  # answered: the private chat's window is kept
+        assert secret in repr(history._windows.get(admin.key))
+        assert "已删除" in await ask(ch, "/forget me", user="u1", chat=group)
+        assert secret not in repr(history._windows.get(admin.key))
