@@ -115,8 +115,8 @@ class Tool:
             raise ArgumentError(self.name, "schema", problems)
         if self.args_model is None:
             return None
-        if strict:  # strict mode sends null for optional fields; let the model's defaults apply
-            data = {k: v for k, v in data.items() if v is not None or _nullable(self.parameters, k)}
+        if strict:  # strict mode sends null for optional fields, nested ones too; the model's defaults apply
+            data = _drop_nulls(data, self.parameters)
         try:
             return self.args_model.model_validate(data)
         except ValidationError as exc:
@@ -156,6 +156,27 @@ def _run_sync(handler: Callable[..., Any], *args: Any) -> Any:
         return handler(*args)
     except StopIteration as exc:
         raise RuntimeError("the tool's handler raised StopIteration") from exc
+
+
+def _drop_nulls(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the nulls ``schema`` (the non-strict one) does not allow, at any depth."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if value is None and not _nullable(schema, key):
+            continue
+        prop = _object_schema(schema.get("properties", {}).get(key, {}))
+        if isinstance(value, dict) and "properties" in prop:
+            value = _drop_nulls(value, prop)
+        elif isinstance(value, list) and "properties" in (items := _object_schema(prop.get("items", {}))):
+            value = [_drop_nulls(v, items) if isinstance(v, dict) else v for v in value]
+        out[key] = value
+    return out
+
+
+def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema itself, or its non-null branch (an optional field's ``anyOf``); {} for none."""
+    branches = [schema, *schema.get("anyOf", [])]
+    return next((b for b in branches if "properties" in b or "items" in b), {})
 
 
 def _nullable(schema: dict[str, Any], prop: str) -> bool:

@@ -130,6 +130,37 @@ def test_valid_arguments_parse_to_the_model_and_strict_nulls_take_defaults() -> 
         tool.parse_arguments(json.dumps({"kind": "pickup", "items": [{"name": "x", "qty": 1}]}), strict=True)
 
 
+def test_strict_nulls_take_defaults_at_any_depth() -> None:
+    """The strict schema makes every field required and nullable, nested ones too: a model that sends
+    ``null`` as told gets the default, in an object, a list of objects and an optional object."""
+
+    class When(BaseModel):
+        hour: int
+        minute: int = 0
+
+    class Stop(BaseModel):
+        at: str
+        wait: int = 5
+
+    class Trip(BaseModel):
+        when: When
+        stops: list[Stop]
+        back: When | None = None
+
+    async def trip(args: Trip) -> str:
+        """Plan a trip."""
+        return "ok"
+
+    tool = tool_function(trip)
+    sent = {"when": {"hour": 8, "minute": None}, "stops": [{"at": "A", "wait": None}],
+            "back": {"hour": 18, "minute": None}}
+    assert not list(tool._strict_validator.iter_errors(sent))  # what the strict schema asks for
+    parsed = tool.parse_arguments(json.dumps(sent), strict=True)
+    assert isinstance(parsed, Trip)
+    assert (parsed.when.minute, parsed.stops[0].wait, parsed.back) == (0, 5, When(hour=18, minute=0))
+    assert tool.parse_arguments(json.dumps({**sent, "back": None}), strict=True).back is None  # type: ignore[union-attr]
+
+
 async def test_in_a_run_the_error_reaches_the_model_and_it_corrects_itself() -> None:
     seen: list[Order] = []
     model = ScriptedModel([call("order", {"kind": "pickup", "items": []}), call("order", GOOD), text("done")])
