@@ -196,16 +196,16 @@ def _relative(m: re.Match[str]) -> timedelta:
     return delta
 
 
-def _wall_after(target: datetime, zone: ZoneInfo) -> str:
+def _wall_after(target: datetime, zone: ZoneInfo, now: datetime) -> str:
     """The wall time (to the minute) of ``target``; in a repeated (fall-back) hour's second pass,
-    which a wall time cannot name, the first wall time that resolves at or after it."""
+    which a wall time cannot name, the first wall time that resolves (from ``now``, as the reminder
+    will) at or after it: late by up to the rest of that hour, never early."""
     local = target.astimezone(zone)
     wall = local.replace(second=0, microsecond=0, tzinfo=None) + timedelta(minutes=1 if local.second >= 30 else 0)
     for _ in range(24 * 60):
         text = wall.strftime("%Y-%m-%d %H:%M")
-        instant = parse_schedule("once", text, zone.key, None)
-        at = _first_or_none(instant, target - timedelta(seconds=30))
-        if at is not None:
+        at = _first_or_none(parse_schedule("once", text, zone.key, None), now)
+        if at is not None and at >= target - timedelta(seconds=30):
             return text
         wall += timedelta(minutes=1)
     raise PhraseError("这个时间无法表示。")  # pragma: no cover - zones shift by at most a few hours
@@ -264,12 +264,12 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
     if m := cur.take(_REL_ZH) or cur.take(_REL_EN):
         delta = _relative(m)
         if delta < timedelta(days=1) or (m["unit"] not in ("天", "日") and not m["unit"].startswith("d")):
-            return _once_at(_wall_after(now + delta, zone), zone, now, _content(text, index, cur))
+            return _once_at(_wall_after(now + delta, zone, now), zone, now, _content(text, index, cur))
         day = (local_now + delta).date()
         cur.skip_space()
         clock = _clock(cur, None)
         if clock is None:
-            return _once_at(_wall_after(now + delta, zone), zone, now, _content(text, index, cur))
+            return _once_at(_wall_after(now + delta, zone, now), zone, now, _content(text, index, cur))
         return _once(day + timedelta(days=clock[1]), clock[0], zone, now, _content(text, index, cur))
 
     if m := cur.take(_EVERY_ZH) or cur.take(_EVERY_EN):

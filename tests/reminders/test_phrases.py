@@ -164,3 +164,18 @@ def test_a_bare_noon_already_past_is_tomorrows_noon_not_a_crash() -> None:
     now = datetime(2026, 11, 23, 4, 0, tzinfo=UTC)  # 12:00 in Shanghai
     got = parse_phrase("12点 吃饭", zone, now)
     assert got.first.astimezone(zone) == datetime(2026, 11, 24, 12, 0, tzinfo=zone)
+
+
+@pytest.mark.parametrize(("text", "now", "hours"), [
+    ("2小时后 喝水", datetime(2026, 11, 1, 4, 30, tzinfo=UTC), 2),  # 00:30 EDT: 2 h on is 01:30 EST
+    ("in 90 minutes stretch", datetime(2026, 11, 1, 5, 0, tzinfo=UTC), 1.5),  # 01:00 EDT: 01:30 EST
+    ("10分钟后 喝水", datetime(2026, 11, 1, 5, 55, tzinfo=UTC), 1 / 6),  # 01:55 EDT: 01:05 EST, exact
+])
+def test_a_relative_time_ending_in_a_repeated_hour_never_fires_early(text: str, now: datetime, hours: float) -> None:
+    """New York's clocks go back at 02:00 EDT: a wall time in 01:xx names the first pass, which a
+    reminder due in the second would fire an hour early at. It is the next wall time that is not early."""
+    zone = ZoneInfo("America/New_York")
+    phrase = parse_phrase(text, zone, now)
+    stored = first_fire(parse_schedule("once", phrase.time, zone.key, None), now)  # as reminder_set resolves it
+    due = now + timedelta(hours=hours)
+    assert due - timedelta(seconds=30) <= stored <= due + timedelta(hours=1)
