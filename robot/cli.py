@@ -101,7 +101,15 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     with contextlib.ExitStack() as held:
         if isinstance(bot.db, SQLiteDatabase) and bot.db.path != ":memory:":
             held.enter_context(sole_process(Path(bot.db.path)))  # one bot process per SQLite file
-        await bot.start()
+        starting, halted = asyncio.ensure_future(bot.start()), asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, halted}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # Ctrl-C while starting (a database that never answers): not after its timeout
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+            raise KeyboardInterrupt
+        halted.cancel()
+        starting.result()
         tune_gc()  # a long-running process: see robot.runtime
         for channel in bot.channels.values():
             where = channel.location()

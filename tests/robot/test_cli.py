@@ -645,3 +645,35 @@ def test_doctor_goes_on_past_a_database_it_cannot_open(tmp_path: Path, capsys: p
     captured = capsys.readouterr()
     assert "FAIL storage" in captured.out and "ok  llm" in captured.out and "ok  channel web" in captured.out
     assert captured.out.rstrip().endswith("1 problem(s)") and "cannot start" not in captured.err
+
+
+async def test_ctrl_c_while_a_database_does_not_answer_stops_at_once(tmp_path: Path) -> None:
+    """A PostgreSQL address that accepts and never answers: Ctrl-C ends `qunbot run` now (exit 130),
+    not when the connection times out."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never answered
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\n[storage]\nurl = "postgresql://q:pw@127.0.0.1:{port}/q"\n'
+                   f'[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "robot.cli", "run", "--config", str(cfg), cwd=tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(20):
+            while not held:  # it is connecting
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(5):  # the connection's own timeout is 10 s and more
+            code = await proc.wait()
+        assert code == 130
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        server.close()
