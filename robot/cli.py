@@ -103,11 +103,11 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
             held.enter_context(sole_process(Path(bot.db.path)))  # one bot process per SQLite file
         starting, halted = asyncio.ensure_future(bot.start()), asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, halted}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # Ctrl-C while starting (a database that never answers): not after its timeout
-            starting.cancel()
-            with contextlib.suppress(BaseException):
+        if not starting.done():  # a signal while starting (a database that never answers): stop now, not
+            starting.cancel()  # after its timeout; bot.start() stops what it had started
+            with contextlib.suppress(asyncio.CancelledError):
                 await starting
-            raise KeyboardInterrupt
+            return
         halted.cancel()
         starting.result()
         tune_gc()  # a long-running process: see robot.runtime
