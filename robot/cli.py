@@ -103,8 +103,10 @@ async def _serve(bot: Bot, stop: asyncio.Event) -> None:
             held.enter_context(sole_process(Path(bot.db.path)))  # one bot process per SQLite file
         starting, halted = asyncio.ensure_future(bot.start()), asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, halted}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # a signal while starting (a database that never answers): stop now, not
-            starting.cancel()  # after its timeout; bot.start() stops what it had started
+        if not starting.done():  # a signal while starting: a start about to finish finishes, then stops;
+            await asyncio.wait({starting}, timeout=2)  # a stuck one (a database that never answers) is
+        if not starting.done():  # cut short, not waited out (bot.start() stops what it had started)
+            starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
             return

@@ -670,9 +670,10 @@ async def test_ctrl_c_while_a_database_does_not_answer_stops_at_once(tmp_path: P
                 await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(5):  # the connection's own timeout is 10 s and more
+        async with asyncio.timeout(7):  # 2 s for a start about to finish; the connection waits 10 s and more
             code = await proc.wait()
-        assert code == 0 and b"cannot start" not in await proc.stderr.read()  # type: ignore[union-attr]
+        err = await proc.stderr.read()  # type: ignore[union-attr]
+        assert code == 0 and b"cannot start" not in err and b"Traceback" not in err, err.decode()
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
