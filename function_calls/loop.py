@@ -42,7 +42,7 @@ _STOP_TEXT = {
 }
 
 #: Below this many tokens left in the run's cap, each turn's output is capped at what is left.
-OUTPUT_CAP = 4096
+_OUTPUT_CAP = 4096
 _TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
 _FINAL_NOTE = (
     "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
@@ -132,11 +132,11 @@ class Runner:
             if why:
                 return await self._final_answer(env, reason, why, on_text, token_cap)
             # The output is capped too once what is left is small: a turn must not spend past the cap.
-            # Not always: a model refuses a cap above its own limit, and every model takes OUTPUT_CAP.
+            # Not always: a model refuses a cap above its own limit, and every model takes _OUTPUT_CAP.
             left = token_cap - state.usage.total_tokens - estimate_messages(state.messages) - defs_tokens
             try:
                 response = await self._call_model(
-                    env, _request(state.messages, defs, max(1, left) if left < OUTPUT_CAP else None), on_text)
+                    env, _request(state.messages, defs, max(1, left) if left < _OUTPUT_CAP else None), on_text)
             except ModelAPIError as exc:
                 busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
                 # The person reads Chinese; the trace and the logs keep the provider's English detail.
