@@ -120,11 +120,13 @@ class Runner:
         defs_tokens = sum(_definition_tokens(t, self.strict_tools) for t in env.tools)
         while True:
             why = ""
+            # What is left after this turn's prompt (an estimate was a hot spot: once per turn)
+            left = token_cap - state.usage.total_tokens - estimate_messages(state.messages) - defs_tokens
             if state.iterations >= self.limits.max_iterations:
                 why, reason = f"{state.iterations} model turns", StopReason.ITERATION_LIMIT
             elif state.tool_calls >= self.limits.max_tool_calls:
                 why, reason = f"{state.tool_calls} tool calls", StopReason.TOOL_CALL_LIMIT
-            elif state.usage.total_tokens + estimate_messages(state.messages) + defs_tokens > token_cap:
+            elif left < 0:
                 why, reason = f"{state.usage.total_tokens} of {token_cap} tokens", StopReason.TOKEN_BUDGET
             if why and reason is StopReason.TOKEN_BUDGET and daily_cap:
                 # The cap is what is left of today's budget: a final answer would overspend it.
@@ -133,7 +135,6 @@ class Runner:
                 return await self._final_answer(env, reason, why, on_text, token_cap)
             # The output is capped too once what is left is small: a turn must not spend past the cap.
             # Not always: a model refuses a cap above its own limit, and every model takes _OUTPUT_CAP.
-            left = token_cap - state.usage.total_tokens - estimate_messages(state.messages) - defs_tokens
             try:
                 response = await self._call_model(
                     env, _request(state.messages, defs, max(1, left) if left < _OUTPUT_CAP else None), on_text)
