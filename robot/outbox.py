@@ -95,8 +95,9 @@ class Outbox(OutboxRows):
         self.crowd = Crowd(priority_s, hold=db.hold_ordinary)  #: how many chats are sending: a burst goes first
         self._scopes: dict[str, Scope] = {}
         self._channels: dict[str, Channel] = {}
-        #: Per channel: chats parked after ChannelUnavailable, with the monotonic time they may retry.
+        #: Per channel: chats parked (not connected, a retry due later, a failed lane), till a monotonic time.
         self._parked: dict[str, dict[str, float]] = {}
+        self._sending: set[str] = set()  # keys a lane is sending now: a lost account's release leaves them
         #: Per channel: how many times it (re)connected; a lane parks only if none happened during its send.
         self._connects: dict[str, int] = {}
         self._wake: dict[str, asyncio.Event] = {}
@@ -301,7 +302,8 @@ class Outbox(OutboxRows):
             return
         try:
             if before is not None:
-                await self.db.run(lambda db: release_sync(db, self.holder, platform, keep=scope))
+                busy = tuple(self._sending)  # (read here: the thread must not iterate a set the loop changes)
+                await self.db.run(lambda db: release_sync(db, self.holder, platform, keep=scope, busy=busy))
             self._scopes[platform] = scope
         except Exception:
             log.exception("outbox %s: releasing claims failed", platform)
@@ -324,15 +326,20 @@ class Outbox(OutboxRows):
                 if not rows:
                     return not blocked
                 for row in rows:
-                    if parse_iso(str(row["next_at"])) > self.clock():
-                        return False  # waiting out a retry: later rows of this chat wait too (order)
-                    if not self.scope(platform).covers(str(row.get("account") or "")):
-                        return False  # the account was lost meanwhile: its new holder sends the rest
-                    connects = self._connects.get(platform, 0)
-                    async with sem:
-                        if self._stopping:  # (checked once it may send: lanes wait here for each other)
-                            return False
-                        outcome = await self._send_row(channel, row)
+                    if (wait := (parse_iso(str(row["next_at"])) - self.clock()).total_seconds()) > 0:
+                        # Waiting out a retry: later rows of this chat wait too (order), and the chat
+                        # with them, parked till then (rescanned at once, its later rows due, it spun)
+                        self._parked[platform][chat] = time.monotonic() + wait
+                        return False
+                    connects, key = self._connects.get(platform, 0), str(row["key"])
+                    async with sem:  # (checked once it may send: lanes wait here for each other)
+                        if self._stopping or not self.scope(platform).covers(str(row.get("account") or "")):
+                            return False  # the account was lost meanwhile: its new holder sends the rest
+                        self._sending.add(key)
+                        try:
+                            outcome = await self._send_row(channel, row)
+                        finally:
+                            self._sending.discard(key)
                     if outcome == "parked":
                         if self._connects.get(platform, 0) != connects:
                             break  # it reconnected while this send failed: try again now, not after park_s
@@ -346,8 +353,9 @@ class Outbox(OutboxRows):
                         # (its notification names this chat), which starts a lane for it once this
                         # one ends: claiming again here cost every send a second, empty claim.
                         return True
-        except Exception:
-            log.exception("outbox %s: lane failed; it restarts on the next round", chat)
+        except Exception:  # (a full disk): parked, not restarted at once in a loop of tracebacks
+            log.exception("outbox %s: lane failed; it restarts in %g s", chat, self.park_s)
+            self._parked[platform][chat] = time.monotonic() + self.park_s
         return False
 
     async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:

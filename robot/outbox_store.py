@@ -15,7 +15,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -207,10 +207,12 @@ def claim_many_sync(tx: Tx, items: Sequence[tuple[str, str, Scope, str, str]], h
     return [claimed[platform, scope, chat] for platform, chat, scope, _, _ in items]
 
 
-def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope | None = None) -> int:
-    """Give up ``holder``'s claims on pending rows (of ``platform``, outside ``keep``): others may send them now."""
+def release_sync(tx: Tx, holder: str, platform: str | None = None, keep: Scope | None = None,
+                 busy: Collection[str] = ()) -> int:
+    """Give up ``holder``'s claims on pending rows (of ``platform``, outside ``keep``, but for the
+    ``busy`` keys it is sending now): others may send them now."""
     sql, params = "UPDATE outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = ? " \
-                  "AND status = 'pending'", [holder]
+                  "AND status = 'pending'" + "".join(" AND key <> ?" for _ in busy), [holder, *busy]
     if platform is not None:
         sql, params = sql + " AND platform = ?", [*params, platform]
     if keep is not None:
