@@ -10,9 +10,11 @@ from robot.channels.onebot.connection import (
     Sockets,
     auth_rejection,
     check_response,
+    final,
     peer_rejection,
     receipt_of,
     role_for,
+    wire_id,
 )
 from robot.channels.onebot.cq import (
     CQCodeError,
@@ -51,6 +53,7 @@ __all__ = [
     "check_response",
     "compose_message",
     "escape",
+    "final",
     "message_from_event",
     "parse_cq",
     "parse_message",
@@ -64,4 +67,5 @@ __all__ = [
     "to_array",
     "to_cq",
     "unescape",
+    "wire_id",
 ]

@@ -45,9 +45,11 @@ from robot.channels.onebot.connection import (
     Sockets,
     auth_rejection,
     check_response,
+    final,
     peer_rejection,
     receipt_of,
     role_for,
+    wire_id,
 )
 from robot.channels.onebot.cq import compose_message, to_array
 from robot.channels.onebot.events import message_from_event
@@ -63,13 +65,6 @@ _MAX_FRAME = 64 * 1024 * 1024  # forwarded chat records can be large
 _PING_S = 30.0
 _Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 _LATE_KEEP = 1024  # outbox keys whose send timed out, remembered for their retry
-
-
-def _wire_id(chat_id: str) -> int | str:
-    # QQ implementations expect numeric ids; bridges with textual ids (WeChat wxid_...) get strings.
-    if chat_id.isascii() and chat_id.isdigit() and (chat_id == "0" or not chat_id.startswith("0")):
-        return int(chat_id)
-    return chat_id
 
 
 class OneBotChannel(Channel):
@@ -187,22 +182,27 @@ class OneBotChannel(Channel):
             raise SendRejected(f"chat {chat.key!r} is not a onebot chat")
         # An anonymous member's id is no account: an @ of it would reach nobody (or a stranger).
         mentions = tuple(m for m in message.mention if not m.startswith("anonymous:")) if chat.kind == "group" else ()
-        segments = compose_message(message.text, mentions=mentions, reply_to=message.reply_to)
+        reply = message.reply_to.rpartition(":")[2] if message.reply_to else None  # the platform's own id
+        segments = compose_message(message.text, mentions=mentions, reply_to=reply)
         if not segments:
             raise SendRejected("refusing to send an empty message")
         if chat.kind == "group":
-            action, params = "send_group_msg", {"group_id": _wire_id(chat.chat_id)}
+            action, params = "send_group_msg", {"group_id": wire_id(chat.chat_id)}
         else:
-            action, params = "send_private_msg", {"user_id": _wire_id(chat.chat_id)}
-        key, timeout = message.key, self.settings.action_timeout_s
+            action, params = "send_private_msg", {"user_id": wire_id(chat.chat_id)}
+        key, timeout, scope = message.key, self.settings.action_timeout_s, f"{chat.kind}:{chat.chat_id}:"
         late = self._unanswered.pop(key, None)
         if late is not None:
-            with contextlib.suppress(TimeoutError):
+            try:
                 response = check_response(action, await asyncio.wait_for(late, timeout))
                 log.info("onebot: %s was delivered after its timeout; not sending it again", key)
-                return receipt_of(response)
-            log.warning("onebot: resending %s: the first attempt got no answer within %gs "
-                        "(the chat may see it twice)", key, 2 * timeout)
+                return receipt_of(response, scope)
+            except TimeoutError:
+                log.warning("onebot: resending %s: the first attempt got no answer within %gs "
+                            "(the chat may see it twice)", key, 2 * timeout)
+            except OneBotActionFailed as exc:  # answered late, and failed: nothing went out, so send it now
+                if final(exc):
+                    raise
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
         def on_late(frame: dict[str, Any]) -> None:
@@ -218,11 +218,11 @@ class OneBotChannel(Channel):
             while len(self._unanswered) > _LATE_KEEP:
                 self._unanswered.popitem(last=False)
             raise
-        except OneBotActionFailed as exc:  # 14xx (a wrong request) is final; others (NapCat's 1200) may pass later
-            if isinstance(exc.retcode, int) and 1400 <= exc.retcode < 1500:
+        except OneBotActionFailed as exc:
+            if final(exc):
                 raise
             raise SendFailed(str(exc)) from exc
-        return receipt_of(response)
+        return receipt_of(response, scope)  # its id scoped as received messages' (see events.message_from_event)
 
     async def call_action(self, action: str, params: Mapping[str, object] | None = None, *, account: str = "",
                           on_late: LateAnswer | None = None) -> dict[str, Any]:

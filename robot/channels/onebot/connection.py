@@ -28,9 +28,11 @@ __all__ = [
     "Sockets",
     "auth_rejection",
     "check_response",
+    "final",
     "peer_rejection",
     "receipt_of",
     "role_for",
+    "wire_id",
 ]
 
 ClientRole = Literal["Universal", "API", "Event"]
@@ -172,11 +174,25 @@ def peer_rejection(request: web.Request, token: str | None) -> web.Response | No
     return None
 
 
-def receipt_of(response: Mapping[str, Any]) -> SendReceipt:
-    """A send action's answer as a receipt (its ``data.message_id``, when there is one)."""
+def receipt_of(response: Mapping[str, Any], scope: str = "") -> SendReceipt:
+    """A send action's answer as a receipt (its ``data.message_id``, when there is one); ``scope``
+    (``"group:123:"``) goes before it, as before the ids of the messages received in that chat."""
     data = response.get("data")
     message_id = data.get("message_id") if isinstance(data, Mapping) else None
-    return SendReceipt(platform_message_id=None if message_id is None else str(message_id))
+    return SendReceipt(platform_message_id=None if message_id is None else f"{scope}{message_id}")
+
+
+def final(exc: OneBotActionFailed) -> bool:
+    """A refusal sending again cannot mend (14xx: a wrong request); others (NapCat's 1200) may pass later."""
+    return isinstance(exc.retcode, int) and 1400 <= exc.retcode < 1500
+
+
+def wire_id(chat_id: str) -> int | str:
+    """A chat id as OneBot takes it: QQ implementations expect numbers, bridges with textual ids
+    (WeChat's wxid_...) strings."""
+    if chat_id.isascii() and chat_id.isdigit() and (chat_id == "0" or not chat_id.startswith("0")):
+        return int(chat_id)
+    return chat_id
 
 
 def check_response(action: str, response: Mapping[str, Any]) -> dict[str, Any]:

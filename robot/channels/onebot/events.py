@@ -84,11 +84,13 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
     return Message(
         chat=chat,
         sender=Sender(user_id=user_id, name=str(name), role=role, anonymous=is_anonymous),
-        message_id=message_id,
+        # Scoped to its chat, as the bot's replies' ids are (OneBot numbers them per implementation,
+        # per account, even per counter: dedupe by the bare id dropped another chat's message 4001)
+        message_id=f"{chat.kind}:{chat.chat_id}:{message_id}",
         text=plain_text(segments, strip_at={bot_id} if bot_id else set(), placeholders=True).strip(),
         timestamp=_timestamp(event.get("time")),
         mentions=tuple(target for target in targets if target != "all"),
         mentions_bot=bot_id is not None and bot_id in targets,
-        reply_to=reply_id(segments),
+        reply_to=f"{chat.kind}:{chat.chat_id}:{replied}" if (replied := reply_id(segments)) else None,
         raw=dict(event),
     )

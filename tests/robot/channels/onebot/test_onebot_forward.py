@@ -55,7 +55,7 @@ async def test_forward_connects_receives_and_sends(
         assert message.text == "提醒我明天早上8点交周报"
         assert channel.self_id == "10001"  # learnt from the events: forward mode has no X-Self-ID
         out = OutgoingMessage(key="f1", chat=GROUP, text="已为你设置提醒", mention=("20002",))
-        assert (await channel.send(out)).platform_message_id == "3001"
+        assert (await channel.send(out)).platform_message_id == "group:123456:3001"
         assert (await peer.wait_for_action())["params"] == VECTORS["action_call"]["params"]
     assert peer.rejected == 0
 
@@ -72,7 +72,7 @@ async def test_forward_reconnects_after_the_peer_drops(
         await asyncio.wait_for(channel.wait_connected(), 5)
         assert (await channel.send(OutgoingMessage(key="f2", chat=GROUP, text="back"))).platform_message_id
         await peer.send_event(EVENTS["private_message"])
-        assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "2003"
+        assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "private:20002:2003"
 
 
 async def test_forward_wrong_token_keeps_retrying_without_connecting(

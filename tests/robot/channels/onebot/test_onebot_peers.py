@@ -85,7 +85,7 @@ async def test_a_deeply_nested_frame_is_a_warning_and_the_reverse_socket_survive
     await peer.send_raw("[" * 100000)
     await peer.send_event(EVENTS["group_message_at_bot"])
     message = await asyncio.wait_for(inbox.get(), 5)
-    assert message.message_id == "2001"
+    assert message.message_id == "group:123456:2001"
     assert peer.connected and channel.connected and peer.connections == 1
     assert any("nested too deeply" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert errors(caplog) == []
@@ -102,7 +102,7 @@ async def test_a_deeply_nested_frame_does_not_kill_the_forward_loop(
             await asyncio.wait_for(ch.wait_connected(), 5)
             await p.send_raw("[" * 100000)
             await p.send_event(EVENTS["group_message_at_bot"])
-            assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "2001"
+            assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "group:123456:2001"
             # The same connection still carries actions: nothing died, nothing had to reconnect.
             await ch.send(OutgoingMessage(key="n1", chat=GROUP_A, text="还在"))
             assert p.connections == 1
@@ -209,11 +209,43 @@ async def test_a_late_answer_marks_the_row_sent_without_a_second_send(
                     await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)
             assert [a["action"] for a in p.actions] == ["send_group_msg"]
-            assert (await outbox.rows())[0]["receipt"] == "3001"
+            assert (await outbox.rows())[0]["receipt"] == "group:123456:3001"
             assert "delivered after its timeout" in caplog.text
             await outbox.stop(0.1)
     finally:
         await db.close()
+
+
+async def test_a_late_answer_that_failed_is_sent_again_not_given_up(running: Running) -> None:
+    """The first attempt timed out; its late answer is NapCat's transient 1200 (nothing went out).
+    The retry sends the message: it was taken for a final refusal, and the row for failed."""
+    async with running(reverse(action_timeout_s=0.3)) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
+        await p.connect(ch.url)
+        await asyncio.wait_for(ch.wait_connected(), 5)
+        p.ignore_next_action()
+        message = OutgoingMessage(key="k1", chat=GROUP_A, text="你好")
+        with pytest.raises(SendFailed):
+            await ch.send(message)
+        await p.send_raw(json.dumps({"status": "failed", "retcode": 1200, "data": None, "message": "发送超时",
+                                     "echo": p.actions[0]["echo"]}))
+        receipt = await ch.send(message)
+        assert len(p.actions) == 2 and receipt.platform_message_id == "group:123456:3001"
+
+
+async def test_one_message_id_in_two_chats_is_two_messages(running: Running) -> None:
+    """OneBot numbers messages per implementation (LLOneBot and bridges: counters): id 4001 in group
+    111 and id 4001 in group 222 are two messages; dedupe by the bare id dropped the second."""
+    seen: list[Message] = []
+    async with running(reverse()) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
+        ch.bind(lambda m: asyncio.sleep(0, seen.append(m)))  # type: ignore[func-returns-value]
+        await p.connect(ch.url)
+        await asyncio.wait_for(ch.wait_connected(), 5)
+        for group in (111, 222):
+            await p.send_event(EVENTS["group_message_at_bot"], group_id=group, message_id=4001)
+        async with asyncio.timeout(5):
+            while len(seen) < 2:
+                await asyncio.sleep(0.02)
+    assert len({m.message_id for m in seen}) == 2 and {m.chat.chat_id for m in seen} == {"111", "222"}
 
 
 async def test_a_resend_after_no_answer_is_logged(
@@ -227,7 +259,7 @@ async def test_a_resend_after_no_answer_is_logged(
         message = OutgoingMessage(key="lost", chat=GROUP_A, text="在吗")
         with pytest.raises(ChannelUnavailable):
             await ch.send(message)
-        assert (await ch.send(message)).platform_message_id == "3001"
+        assert (await ch.send(message)).platform_message_id == "group:123456:3001"
         assert len(p.actions) == 2
         assert any("resending lost" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
@@ -302,7 +334,7 @@ async def test_two_accounts_on_one_url_each_reply_through_their_own_socket(
         message = await asyncio.wait_for(inbox.get(), 5)
         assert message.chat.account == "10001" and message.chat.key == "onebot:group:123456"
         receipt = await channel.send(OutgoingMessage(key="r1", chat=message.chat, text="好的"))
-        assert receipt.platform_message_id == "3001"
+        assert receipt.platform_message_id == "group:123456:3001"
         assert [x["action"] for x in a.actions] == ["send_group_msg"] and b.actions == []
         await channel.send(OutgoingMessage(key="r2", chat=message.chat.model_copy(update={"account": "10002"}),
                                            text="我是另一个号"))
@@ -325,7 +357,7 @@ async def test_a_socket_cannot_take_over_another_accounts_chats(
         # Account 10002's socket claims to be 10001 in its events: dropped, and 10001 keeps its socket.
         await other.send_event(EVENTS["group_message_at_bot"], self_id=10001, message_id=7777)
         await peer.send_event(EVENTS["group_message_plain"])
-        assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "2002"
+        assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "group:123456:2002"
         assert inbox.empty()
         await channel.send(OutgoingMessage(key="t1", chat=GROUP_A, text="hi"))
         assert len(peer.actions) == 1 and other.actions == []

@@ -94,11 +94,11 @@ async def test_lifecycle_and_heartbeat_track_online_state(
     await peer.send_event(EVENTS["lifecycle_connect"])
     await peer.send_event(EVENTS["heartbeat"])
     await peer.send_event(EVENTS["group_message_plain"])
-    assert (await next_message(inbox)).message_id == "2002"
+    assert (await next_message(inbox)).message_id == "group:123456:2002"
     assert channel.online is True
     await peer.send_heartbeat(online=False)
     await peer.send_event(EVENTS["private_message"])
-    assert (await next_message(inbox)).message_id == "2003"
+    assert (await next_message(inbox)).message_id == "private:20002:2003"
     assert channel.online is False
     assert inbox.empty()
 
@@ -111,7 +111,7 @@ async def test_group_message_at_bot(peer: OneBotTestPeer, inbox: asyncio.Queue[M
     assert message.sender.user_id == "20002"
     assert message.sender.name == "明"
     assert message.sender.role == "member"
-    assert message.message_id == "2001"
+    assert message.message_id == "group:123456:2001"
     assert message.text == "提醒我明天早上8点交周报"
     assert message.mentions == ("10001",)
     assert message.mentions_bot is True
@@ -156,7 +156,7 @@ async def test_reply_segment_and_string_ids(peer: OneBotTestPeer, inbox: asyncio
     )
     message = await next_message(inbox)
     assert message.chat == GROUP
-    assert message.reply_to == "1999"
+    assert message.reply_to == "group:123456:1999"
     assert message.mentions_bot is True
     assert message.text == "好的"
 
@@ -167,7 +167,7 @@ async def test_own_messages_and_message_sent_are_ignored(
     await peer.send_event(EVENTS["group_message_plain"], user_id=10001, message_id=1)
     await peer.send_event(EVENTS["group_message_plain"], post_type="message_sent", message_id=2)
     await peer.send_event(EVENTS["group_message_plain"])
-    assert (await next_message(inbox)).message_id == "2002"
+    assert (await next_message(inbox)).message_id == "group:123456:2002"
     assert inbox.empty()
 
 
@@ -180,11 +180,11 @@ async def test_malformed_frames_do_not_kill_the_connection(
     await peer.send_event(EVENTS["group_message_plain"], message=42)
     await peer.send_raw('{"echo": "nobody-waits-for-this", "status": "ok"}')
     await peer.send_event(EVENTS["private_message"])
-    assert (await next_message(inbox)).message_id == "2003"
+    assert (await next_message(inbox)).message_id == "private:20002:2003"
     assert inbox.empty()
     assert channel.connected
     receipt = await channel.send(OutgoingMessage(key="k", chat=GROUP, text="still here"))
-    assert receipt.platform_message_id == "3001"
+    assert receipt.platform_message_id == "group:123456:3001"
 
 
 async def test_a_slow_bot_does_not_block_the_reader(channel: OneBotChannel, peer: OneBotTestPeer) -> None:
@@ -193,26 +193,26 @@ async def test_a_slow_bot_does_not_block_the_reader(channel: OneBotChannel, peer
 
     async def slow_sink(message: Message) -> None:
         seen.append(message.message_id)
-        if message.message_id == "2001":
+        if message.message_id == "group:123456:2001":
             await release.wait()
 
     channel.bind(slow_sink)
     await peer.send_event(EVENTS["group_message_at_bot"])
     await peer.send_event(EVENTS["group_message_plain"])
-    await until(lambda: seen == ["2001", "2002"])
+    await until(lambda: seen == ["group:123456:2001", "group:123456:2002"])
     release.set()
 
 
 async def test_send_group_message(channel: OneBotChannel, peer: OneBotTestPeer) -> None:
     out = OutgoingMessage(key="r1", chat=GROUP, text="已为你设置提醒", mention=("20002",))
     receipt = await channel.send(out)
-    assert receipt.platform_message_id == "3001"
+    assert receipt.platform_message_id == "group:123456:3001"
     call = await peer.wait_for_action()
     expected = VECTORS["action_call"]
     assert call["action"] == expected["action"]
     assert call["params"] == expected["params"]
     second = await channel.send(out)
-    assert second.platform_message_id == "3002"
+    assert second.platform_message_id == "group:123456:3002"
     assert (await peer.wait_for_action())["echo"] != call["echo"]
 
 
@@ -234,7 +234,7 @@ async def test_failed_action_is_send_rejected_with_retcode(
         await channel.send(OutgoingMessage(key="r3", chat=GROUP, text="x"))
     assert isinstance(excinfo.value, OneBotActionFailed)
     assert excinfo.value.retcode == 1404
-    assert (await channel.send(OutgoingMessage(key="r4", chat=GROUP, text="y"))).platform_message_id == "3001"
+    assert (await channel.send(OutgoingMessage(key="r4", chat=GROUP, text="y"))).platform_message_id == "group:123456:3001"
 
 
 async def test_unanswered_action_times_out_as_unavailable(
@@ -273,7 +273,7 @@ async def test_split_api_and_event_sockets(channel: OneBotChannel, inbox: asynci
         await p.send_event(EVENTS["group_message_at_bot"])
         assert (await next_message(inbox)).mentions_bot is True
         receipt = await channel.send(OutgoingMessage(key="s1", chat=GROUP, text="ok"))
-        assert receipt.platform_message_id == "3001"
+        assert receipt.platform_message_id == "group:123456:3001"
         assert (await p.wait_for_action())["action"] == "send_group_msg"
 
 
@@ -298,7 +298,7 @@ async def test_tokens_never_reach_the_logs(
         await asyncio.wait_for(channel.wait_connected(), 5)
         await p.send_raw("garbage")
         await p.send_event(EVENTS["private_message"])
-        assert (await next_message(inbox)).message_id == "2003"
+        assert (await next_message(inbox)).message_id == "private:20002:2003"
     assert "rejected a connection" in caplog.text
     assert TOKEN not in caplog.text
     assert "wrong-but-secret" not in caplog.text
