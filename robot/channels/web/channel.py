@@ -47,6 +47,8 @@ from robot.channels.web.protocol import (
     PingFrame,
     SendFrame,
     address,
+    authority,
+    frame_text,
     is_loopback,
     parse_frame,
     stored_frames,
@@ -77,13 +79,6 @@ _HEADERS = {
 }
 
 
-def _authority(url: str) -> str | None:
-    try:
-        return URL(url).raw_authority
-    except ValueError:
-        return None
-
-
 class _Page:
     """One connected page: its socket and an ordered queue of frames a writer task drains."""
 
@@ -96,7 +91,7 @@ class _Page:
     def push(self, frame: dict[str, Any]) -> bool:
         """Queue a frame; False when the page is too far behind (the caller drops it)."""
         try:
-            self.queue.put_nowait(json.dumps(frame, ensure_ascii=False, default=str))
+            self.queue.put_nowait(frame_text(frame))
         except asyncio.QueueFull:
             return False
         return True
@@ -106,8 +101,8 @@ class _Page:
             data = await self.queue.get()
             try:
                 await self.ws.send_str(data)
-            except Exception:  # the socket closed under us: the reader side cleans up
-                log.debug("web page went away while sending")
+            except Exception:  # the socket closed under us, or took no frame: closed (the page reconnects,
+                await self.ws.close()  # not left connected and deaf to every frame after)
                 return
 
 
@@ -123,7 +118,8 @@ class WebChannel(Channel):
         super().__init__()
         self.settings, self.bot_name = settings, bot_name
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._mention = re.compile("@" + re.escape(bot_name), re.IGNORECASE) if bot_name else None
+        self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])", re.I) \
+            if bot_name else None  # ("你好@qunbot在吗" yes; bob@qunbot.io, @qunbotfan no)
         self._panels: dict[str, PanelProvider] = {}
         self._history: ChatHistory | None = None
         self._zone_for: Callable[[ChatRef], ZoneInfo] | None = None
@@ -245,11 +241,11 @@ class WebChannel(Channel):
             log.warning("web playground refused a request for host %r", request.host[:100])
             return web.Response(status=403, text="the playground only answers to localhost\n")
         origin = request.headers.get("Origin")
-        if request.path == "/ws" and origin is not None and _authority(origin) != request.host:
+        if request.path == "/ws" and origin is not None and authority(origin) != request.host:
             log.warning("web playground refused a WebSocket from origin %r", origin[:100])
             return web.Response(status=403, text="cross-origin WebSocket refused\n")
         # CSRF: another site's form or no-cors fetch (start a WeChat login...); browsers name it in Origin.
-        if request.method not in ("GET", "HEAD", "OPTIONS") and origin and _authority(origin) != request.host:
+        if request.method not in ("GET", "HEAD", "OPTIONS") and origin and authority(origin) != request.host:
             log.warning("web playground refused a cross-origin %s from %r", request.method, origin[:100])
             return web.Response(status=403, text="cross-origin request refused\n")
         response = await handler(request)

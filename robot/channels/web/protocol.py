@@ -51,16 +51,36 @@ from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from yarl import URL
 
 from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
-__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address", "is_loopback", "parse_frame",
-           "stored_frames", "trim"]
+__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address",
+           "authority", "frame_text", "is_loopback", "parse_frame", "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
 MAX_TEXT = 4000
 _LONG = 4000  # trace strings are cut here
+
+
+def authority(url: str) -> str | None:
+    """A URL's ``host[:port]`` as sent (an Origin header's), or None for one that does not parse."""
+    try:
+        return URL(url).raw_authority
+    except ValueError:
+        return None
+
+
+def frame_text(frame: dict[str, Any]) -> str:
+    """A frame for the page as JSON text. A lone surrogate (half an emoji, from a snippet cut mid-way)
+    cannot go out as UTF-8 and broke the page's socket: that frame goes escaped, as JSON allows."""
+    text = json.dumps(frame, ensure_ascii=False, default=str)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(frame, default=str)
+    return text
 
 
 class FrameError(ValueError):
@@ -118,6 +138,8 @@ def parse_frame(raw: str) -> SendFrame | PanelsFrame | PingFrame:
         data: Any = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise FrameError(f"frame is not JSON: {exc.msg} at position {exc.pos}") from None
+    except ValueError:  # a number of more than 4,300 digits: Python's limit, not JSONDecodeError
+        raise FrameError("frame holds a number too long to read") from None
     except RecursionError:
         raise FrameError("frame is nested too deeply") from None
     if not isinstance(data, dict):

@@ -143,6 +143,7 @@ async def test_private_chat_replies_without_mention(bot: Bot, http: aiohttp.Clie
     '{"type": "send", "kind": "guild", "user": {"id": "u-a", "name": "x"}, "text": "hi"}',
     '{"type": "send", "kind": "group", "user": {"id": "u-a", "name": "x"}, "text": "   "}',
     "[" * 50000,
+    '{"type": "ping", "x": ' + "9" * 4301 + "}",  # past Python's digits limit: a ValueError, not JSONDecodeError
 ])
 async def test_bad_frames_get_an_error_and_the_socket_survives(bot: Bot, http: aiohttp.ClientSession,
                                                                raw: str) -> None:
@@ -155,6 +156,32 @@ async def test_bad_frames_get_an_error_and_the_socket_survives(bot: Bot, http: a
     await page.send_json({"type": "ping"})
     assert await page.receive_json(timeout=5) == {"type": "pong"}
     assert web(bot).pages == 1
+
+
+async def test_a_frame_with_half_an_emoji_reaches_the_pages_and_the_ones_after_it_too(
+        bot: Bot, http: aiohttp.ClientSession) -> None:
+    """A reply cut mid-emoji (a lone surrogate) could not go out as UTF-8: every page went deaf,
+    and so did each new one, as the frame stayed in the transcript."""
+    channel = web(bot)
+    page, _ = await connect(http, bot)
+    await channel.trace(GROUP, {"type": "tool", "name": "search", "result": "半个表情 \ud83d"})  # a cut snippet
+    await channel.send(OutgoingMessage(key="r2", chat=GROUP, text="之后的回复"))
+    trace = await until(page, lambda f: f["type"] == "trace")
+    assert trace["event"]["result"] == "半个表情 \ud83d"  # (escaped on the wire: JSON carries it)
+    assert (await until(page, lambda f: f["type"] == "reply"))["text"] == "之后的回复"
+    _, history = await connect(http, bot)  # a new page gets the transcript, that frame too
+    assert [f["type"] for f in history["frames"]][-2:] == ["trace", "reply"]
+
+
+async def test_an_at_inside_a_word_or_an_address_does_not_mention_the_bot(bot: Bot, http: aiohttp.ClientSession) -> None:
+    page, _ = await connect(http, bot)
+    for words in ("写信给 bob@qunbot.io 吧", "@qunbotfan 你好"):
+        await page.send_json(send("group", B, words))
+        echo = await until(page, lambda f: f["type"] == "message")
+        assert echo["mentions_bot"] is False and echo["text"] == words
+    for words in ("你好@qunbot，在吗", "@QunBot在吗"):
+        await page.send_json(send("group", B, words))
+        assert (await until(page, lambda f: f["type"] == "message"))["mentions_bot"] is True
 
 
 async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, http: aiohttp.ClientSession) -> None:
