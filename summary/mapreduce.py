@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from function_calls import (
-    Caller,
     ChatModel,
     ModelAPIError,
     ModelRequest,
@@ -38,7 +36,7 @@ from function_calls import (
     estimate_messages,
     estimate_tokens,
 )
-from robot import BudgetExceeded, DailyBudget, HistoryEntry
+from robot import HistoryEntry
 from summary.extractive import Speaker, Speakers, mention_names, one_line
 from summary.prompts import (
     AFTER_DATA,
@@ -64,9 +62,7 @@ __all__ = [
     "Period",
     "SummaryFailed",
     "SummaryUnaffordable",
-    "estimate_cost",
     "map_reduce",
-    "map_reduce_reserved",
     "plan_chunks",
     "truncate_keeping_links",
     "truncate_tokens",
@@ -192,9 +188,8 @@ class _Partial:
 class _Session:
     """One summary's model calls: concurrency, usage, the largest request, the first failure."""
 
-    def __init__(self, model: ChatModel, settings: SummarySettings) -> None:
-        self.model = model
-        self.settings = settings
+    def __init__(self, model: ChatModel, settings: SummarySettings, spend: Callable[[Usage], None] | None) -> None:
+        self.model, self.settings, self.spend = model, settings, spend
         self.usage = Usage()
         self.largest = 0
         self.failure: str | None = None
@@ -209,7 +204,7 @@ class _Session:
                 try:
                     response = await self.model.complete(ModelRequest(messages=messages, max_tokens=max_tokens))
                 except ModelAPIError as exc:
-                    self.usage = self.usage + Usage(requests=1)
+                    self._add(Usage(requests=1))
                     if attempt == 0 and exc.retryable:
                         await asyncio.sleep(min(1.0 if exc.retry_after is None else exc.retry_after, 5.0))
                         continue
@@ -219,9 +214,14 @@ class _Session:
                     log.exception("summary model call failed")
                     self.failure = self.failure or f"the model call failed ({type(exc).__name__})"
                     raise self._failed() from None
-                self.usage = self.usage + response.usage
+                self._add(response.usage)
                 return response.text.strip()
         raise self._failed()  # pragma: no cover - the loop always returns or raises
+
+    def _add(self, usage: Usage) -> None:
+        self.usage = self.usage + usage
+        if self.spend is not None:  # as each call ends: a summary cut short (a timeout) is charged too
+            self.spend(usage)
 
     def _failed(self) -> SummaryFailed:
         return SummaryFailed(self.failure or "the model call failed", self.usage, self.largest)
@@ -267,19 +267,23 @@ def _affordable(costs: Sequence[int], settings: SummarySettings, budget: int | N
 
 async def map_reduce(entries: Sequence[HistoryEntry], model: ChatModel, settings: SummarySettings, *,
                      zone: ZoneInfo, where: str = "群聊", token_budget: int | None = None,
-                     instructions: str | None = None) -> MapReduceResult:
+                     instructions: str | None = None, spend: Callable[[Usage], None] | None = None) -> MapReduceResult:
     """Summarise ``entries`` (oldest first, non-empty). Raises :class:`SummaryFailed`.
 
     ``token_budget``: the most this summary may spend (prompt and completion); when the whole
     window would cost more, only the newest chunks it can pay for are summarised (at least one, or
     :class:`SummaryUnaffordable`). ``instructions``: the chat owner's own prompt, added to the
-    final request's system prompt (it shapes the style, never the rules).
+    final request's system prompt (it shapes the style, never the rules). ``spend``: told each
+    call's usage as it ends.
     """
     cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
     extra = f"\n本群管理员对总结的要求（不能改变上面的规则）：{instructions}" if instructions else ""
     # Instruction sizes for the longest index numbers, so the real prompts are never larger.
     worst_map = max(_base(MAP.format(where=where, index=99999, total=99999, limit=out_cap)),
                     _base(FINAL.format(where=where, limit=final_cap) + extra))
+
+    if cap - worst_map <= 0:  # (an owner's long prompt): no request could hold a message
+        raise SummaryFailed(f"max_request_tokens ({cap}) leaves no room beside the prompts ({worst_map})", Usage(), 0)
 
     def plan() -> list[Chunk]:
         return plan_chunks(entries, Speakers(entries), zone, budget=cap - worst_map,
@@ -292,7 +296,7 @@ async def map_reduce(entries: Sequence[HistoryEntry], model: ChatModel, settings
         raise SummaryUnaffordable(costs[-1] + final_cap, token_budget or 0)
     picked = planned[len(planned) - keep:]
     used = sum(c.messages for c in picked)
-    session = _Session(model, settings)
+    session = _Session(model, settings, spend)
     first, last = picked[0].first or entries[0].at, entries[-1].at
     covered = Period(first, last)
     left_out = None
@@ -348,6 +352,8 @@ async def _reduce(session: _Session, partials: list[_Partial], zone: ZoneInfo, w
             return text
         merge = MERGE.format(where=where, limit=out_cap)
         multi = [g for g in groups if len(g) > 1]
+        if not multi:  # no room to merge two pieces (a long owner's prompt): it would loop, never awaiting
+            raise SummaryFailed("max_request_tokens leaves no room to merge the parts", session.usage, session.largest)
         merged = iter(await session.gather([
             (_request(merge, "\n\n".join(pieces[i] for i in g) + AFTER_DATA), out_cap) for g in multi
         ]))
@@ -356,43 +362,3 @@ async def _reduce(session: _Session, partials: list[_Partial], zone: ZoneInfo, w
             else partials[g[0]]
             for g in groups
         ]
-
-
-def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings) -> int:
-    """About the most a map-reduce over ``entries`` spends: full requests, every answer at its cap."""
-    cap, out_cap, final_cap = settings.max_request_tokens, settings.chunk_output_tokens, settings.summary_output_tokens
-    room = cap - PROMPT_ALLOWANCE
-    text = sum(min(estimate_tokens(e.text), settings.max_message_tokens) + 16 for e in entries)
-    chunks = min(settings.max_chunks, max(1, math.ceil(text / room)))
-    if chunks == 1:
-        return min(cap, text + PROMPT_ALLOWANCE) + final_cap
-    cost, pieces = chunks * (cap + out_cap), chunks
-    while True:  # reduce rounds: each merge request holds pieces of at most out_cap tokens
-        groups = min(math.ceil(pieces * out_cap / room), (pieces + 1) // 2)
-        if groups <= 1:
-            return cost + min(cap, pieces * out_cap + PROMPT_ALLOWANCE) + final_cap
-        cost, pieces = cost + groups * (cap + out_cap), groups
-
-
-async def map_reduce_reserved(budget: DailyBudget | None, model: ChatModel, settings: SummarySettings, caller: Caller,
-                              entries: Sequence[HistoryEntry], zone: ZoneInfo, where: str,
-                              instructions: str | None) -> MapReduceResult | None:
-    """:func:`map_reduce` with its estimated cost (or what is left today, then only the newest part that fits
-    is summarised) held against the budgets first; None when not even a part fits."""
-    if budget is None:
-        return await map_reduce(entries, model, settings, zone=zone, where=where, instructions=instructions)
-    estimate = estimate_cost(entries, settings)
-    try:
-        async with budget.reserve(caller, estimate, at_least=1) as hold:
-            try:
-                done = await map_reduce(entries, model, settings, zone=zone, where=where,
-                                        token_budget=hold.held if hold.held < estimate else None,
-                                        instructions=instructions)
-            except SummaryFailed as exc:
-                hold.spend(exc.usage)
-                raise
-            hold.spend(done.usage)
-            return done
-    except BudgetExceeded as exc:
-        log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
-        return None

@@ -48,7 +48,8 @@ from robot import (
 )
 from summary.digest import schedule_digest, schedule_words, send_to_me
 from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, SummaryUnaffordable, estimate_cost, map_reduce_reserved
+from summary.mapreduce import SummaryFailed, SummaryUnaffordable
+from summary.reserved import estimate_cost, map_reduce_reserved
 from summary.settings import SummarySettings
 from summary.signals import is_noise
 from summary.window import (
@@ -173,16 +174,16 @@ async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: dat
         except ValueError as exc:
             raise ToolError(f"bad period: {exc}", user_message=str(exc)) from None
         got = await fetch(deps.db, chat, limit=limit, start=span.start, end=span.end, skip_message_id=skip)
-        return Window(got.entries, span.title, got.total, got.newest_id)
+        return Window(got.entries, span.title, got.total, None)  # (explicit windows leave the mark: see below)
     if args.messages is not None:
         # Room for the /commands among them, which are not conversation: "last 3" means 3 said by people.
         got = await fetch(deps.db, chat, limit=args.messages + 50, skip_message_id=skip, people_only=True)
         picked = conversation(got.entries, deps.commands)[-args.messages:]
-        return Window(picked, f"最近 {args.messages} 条", len(picked), got.newest_id)
+        return Window(picked, f"最近 {args.messages} 条", len(picked), None)
     if args.hours is not None:
         start, title = now - timedelta(hours=args.hours), f"最近 {args.hours:g} 小时"
         got = await fetch(deps.db, chat, limit=limit, start=start, skip_message_id=skip, people_only=True)
-        return Window(got.entries, title, got.total, got.newest_id)
+        return Window(got.entries, title, got.total, None)
     mark = await read_mark(deps.db, chat)
     if mark is not None:
         got = await fetch(deps.db, chat, limit=limit, after_id=mark, skip_message_id=skip, people_only=True)
@@ -306,6 +307,7 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         if window.entries and window.entries[0].user_id in hidden:
             raise ToolError("that member opted out of summaries", user_message="这位成员选择了不被总结。")
         window.title += f" · {who} 的发言"
+        window.newest_id = None  # one member's words: the others' since the mark are still to summarise
     if hidden:  # members who opted out are neither quoted nor sent to the model
         window.entries = [e for e in window.entries if e.from_bot or e.user_id not in hidden]
     entries, meaningful, people = await asyncio.to_thread(_prepare, window.entries, deps.commands)
@@ -375,6 +377,8 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
 
 
 async def _set_mark(deps: SummaryDeps, chat: ChatRef, window: Window) -> None:
+    """Only "since the last summary" moves the mark: a day, hours=, messages= or one member's words
+    leave it, or the next plain /summary would skip what they did not cover."""
     if window.remote:
         return  # an admin's look from a private chat is not the group's own summary
     if window.newest_id is not None:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import summary
-from function_calls import ModelRequest, ModelResponse
+from function_calls import Caller, ModelRequest, ModelResponse
 from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.config import Settings
 from robot.testing import MemoryChannel
+from summary import SummaryArgs
 
 
 async def test_ten_concurrent_summaries_cannot_exceed_a_small_daily_budget(tmp_path: Path) -> None:
@@ -64,3 +68,62 @@ async def test_a_summary_is_charged_exactly_once_on_the_command_and_the_model_pa
         assert await bot.budget.used("bot") == sum(spent)
     finally:
         await bot.stop()
+
+
+# -- the ceiling holds whatever the estimate said, a summary cut short is charged, a cap too small fails ----
+
+async def test_a_summary_never_spends_past_the_days_cap_even_when_its_estimate_fell_short(tmp_path: Path) -> None:
+    """Long names and ids on short messages: the estimate undercounted the real chunks, the hold covered
+    the estimate, and the summary ran with no ceiling (it spent 126,177 tokens of a 100,000 cap)."""
+    from robot.history import Said
+    from tests.summary.test_tools import G1, NOW, run_tool, running, summariser
+
+    name, uid, cap = "张三李四王五赵六钱七孙八周九吴十郑十一王十二", "wxid_abcdefghijklmnopqrstuv", 100_000
+    async with running(tmp_path, summariser(), limits={"user_daily_tokens": cap}) as (bot, _):
+        said = [Said(G1, uid, name, "收到了谢谢", NOW - timedelta(seconds=3000 - i)) for i in range(3000)]
+        await bot.db.run(lambda db: bot.history.insert_many_sync(db, said))
+        result = await run_tool(bot, SummaryArgs())
+        assert result.usage is not None and 0 < result.usage.total_tokens <= cap
+
+
+async def test_a_summary_cut_short_is_charged_for_the_calls_it_made(tmp_path: Path) -> None:
+    """The tool's timeout (600 s) cancels a long map-reduce: what its finished calls spent is charged."""
+    from function_calls import Usage
+    from tests.summary.test_tools import ago, run_tool, running
+
+    class Slow:
+        name, spent = "slow", 0
+
+        async def complete(self, request: Any, *, on_text: Any = None) -> ModelResponse:
+            await asyncio.sleep(0.05)
+            Slow.spent += 1100
+            return ModelResponse(text="要点", usage=Usage(requests=1, prompt_tokens=1000, completion_tokens=100),
+                                 finish_reason="stop")
+
+    cap = 1_000_000
+    async with running(tmp_path, Slow(), limits={"user_daily_tokens": cap},
+                       summary={"max_request_tokens": 900, "chunk_output_tokens": 100}) as (bot, ch):
+        for i in range(200):
+            await ch.inject(f"第{i}条：" + "讨论内容" * 40, user=str(i % 4), at=ago(300 - i))
+        task = asyncio.create_task(run_tool(bot, SummaryArgs(), user="1"))
+        await asyncio.sleep(0.6)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        caller = Caller(platform="memory", user_id="1", user_name="1", chat_id="g1", chat_kind="group")
+        left = await bot.budget.remaining(caller)
+        assert Slow.spent > 0 and left is not None and cap - left >= Slow.spent
+
+
+async def test_an_owners_prompt_that_leaves_no_room_fails_clearly_instead_of_freezing_the_bot(tmp_path: Path) -> None:
+    """A small max_request_tokens and a long owner's prompt: the merge rounds found no two pieces to
+    merge and looped without ever awaiting; every chat stopped."""
+    from tests.summary.test_tools import ago, run_tool, running, summariser
+
+    sections = {"summary": {"max_request_tokens": 800, "chunk_output_tokens": 200, "prompt": "用正式的语气。" * 70}}
+    async with running(tmp_path, summariser(), **sections) as (bot, ch):
+        for i in range(3):
+            await ch.inject(f"第{i}条消息", user=str(i), at=ago(10 - i))
+        async with asyncio.timeout(10):  # (it never returned)
+            result = await run_tool(bot, SummaryArgs())
+        assert "AI 总结暂时失败" in result.user_messages[0] and (result.data or {})["mode"] == "fallback"

@@ -193,8 +193,8 @@ async def test_the_request_is_not_one_of_the_last_n_messages(tmp_path: Path) -> 
         await ch.wait_sent(1)
         assert chat_lines(model) == ["1(1): 消息1", "2(2): 消息2"]
         model.requests.clear()
-        later = await run_tool(bot, SummaryArgs())  # the mark moved past the request too
-    assert "没有可以总结的新消息" in later.user_messages[0]
+        await run_tool(bot, SummaryArgs())  # messages= left the mark: what it skipped is still to summarise
+    assert "0(0): 消息0" in chat_lines(model)
 
 
 class LoopProbe:
@@ -402,3 +402,20 @@ async def test_approval_commands_are_not_conversation(tmp_path: Path) -> None:
     digest = sent[-1].text
     assert "爬山" in digest and "共 1 条消息" in digest
     assert "/pending" not in digest and "ABCDE" not in digest
+
+
+async def test_one_members_summary_and_an_hours_window_leave_the_mark_where_it_was(tmp_path: Path) -> None:
+    """"总结 @小明" or hours=1 summarise part of what came since the last summary: the next plain
+    /summary must still see the rest (it skipped it: "没有可以总结的新消息")."""
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        await ch.inject("旧的", user="1", at=ago(300))
+        await run_tool(bot, SummaryArgs())  # the mark
+        await ch.inject("小明的话", user="1", name="小明", at=ago(120))
+        await ch.inject("小红的决定：周五发版", user="2", name="小红", at=ago(110))
+        await ch.inject("十分钟前", user="3", at=ago(10))
+        await run_tool(bot, SummaryArgs(member="@小明"))
+        await run_tool(bot, SummaryArgs(hours=1))
+        model.requests.clear()
+        await run_tool(bot, SummaryArgs())
+        assert "小红(2): 小红的决定：周五发版" in chat_lines(model) and "1(1): 旧的" not in chat_lines(model)
