@@ -242,18 +242,17 @@ class MemoryService:
         return await self.db.run(lambda db: self.store.listing(db, chat, caller.user_id, limit))
 
     async def delete(self, caller: Caller, mid: int) -> str:
-        """Delete one memory: its author, or for a group memory that group's admins, or a bot admin."""
+        """Delete one memory: its author, or for a group memory that group's admins and the bot's."""
         chat = ChatRef.of(caller).key
 
         def work(db: Any) -> str:
             row = self.store.get(db, mid)
             # Another chat's memory, or someone else's personal one, is reported as missing:
             # whether it exists is itself private.
-            if row is None or row.chat != chat or (row.kind != "group" and row.user_id != caller.user_id
-                                                   and not caller.bot_admin):
+            # (to a bot admin too: a personal memory is its author's alone, as the README says)
+            if row is None or row.chat != chat or (row.kind != "group" and row.user_id != caller.user_id):
                 return f"没有找到编号为 {mid} 的记忆。"
-            if row.user_id != caller.user_id and not caller.bot_admin and not (
-                    row.kind == "group" and caller.is_admin):
+            if row.user_id != caller.user_id and not (row.kind == "group" and (caller.is_admin or caller.bot_admin)):
                 return f"记忆 #{mid} 是别人保存的群记忆，只有保存者和群管理员可以删除。"
             self.store.delete(db, [mid], scrub=True)
             self.index.announce(db, [chat])

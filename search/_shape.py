@@ -54,7 +54,7 @@ def about_model(body: object) -> bool:
     return "model" in (server_message(body) or "").lower()
 
 
-def server_message(body: object) -> str | None:
+def server_message(body: object, limit: int = 300) -> str | None:
     if isinstance(body, Mapping):
         error = body.get("error")
         if isinstance(error, Mapping) and body.get("detail") is None:
@@ -62,9 +62,9 @@ def server_message(body: object) -> str | None:
         for key in ("message", "detail"):
             value = body.get(key)
             if isinstance(value, str) and value:
-                return value[:300]
+                return value[:limit]
             if isinstance(value, list) and (text := _detail_list(value)):
-                return text[:300]
+                return text[:limit]
     return None
 
 

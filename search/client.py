@@ -27,8 +27,10 @@ Errors: one tree, every message short, user-presentable and free of the API key:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -359,7 +361,8 @@ class PerplexityClient:
                 return SearchUnavailable(
                     f"Perplexity is having trouble (HTTP {code}); try again later", status_code=code
                 )
-            detail = self._scrub(server_message(exc.body))
+            # Masked before it is cut: a key the cut split would keep its first part
+            detail = (self._scrub(server_message(exc.body, limit=100_000)) or "")[:300] or None
             return SearchRejected(
                 f"Perplexity refused the search request (HTTP {code})" + (f": {detail}" if detail else ""),
                 status_code=code,
@@ -382,10 +385,9 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         raw = headers.get(name)
         if raw is None:
             continue
-        try:
-            return max(0.0, float(raw) / scale)
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):  # "inf" parses too, and broke rounding the reply's wait
+            if math.isfinite(value := float(raw) / scale):
+                return max(0.0, value)
         try:
             when = email.utils.parsedate_to_datetime(raw)
         except (TypeError, ValueError):

@@ -232,14 +232,16 @@ async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
     done, _ = await asyncio.wait({work}, timeout=tier.reply_within_s)
     if work in done:
         return _result(work.result(), "plan")
-    report = asyncio.create_task(_report_later(deps, ctx.caller, work), name="qunbot-plan-report")
+    # Its own key: one message may start two plans, and another chat's message may bear the same id
+    key = f"plan:{ChatRef.of(ctx.caller).key}:{ctx.caller.message_id or uuid.uuid4().hex}:{ctx.run_id}:{ctx.tool_call_id}"
+    report = asyncio.create_task(_report_later(deps, ctx.caller, work, key), name="qunbot-plan-report")
     deps.tasks.add(report)
     report.add_done_callback(deps.tasks.discard)
     text = "这个计划需要一些时间，完成后我会在这里汇报结果。"
     return ToolResult.reply(text, data={"tier": "plan", "background": True})
 
 
-async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[RunResult]) -> None:
+async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[RunResult], key: str) -> None:
     """Send the plan's outcome to the chat through the outbox, and charge what it used."""
     try:
         result = await work
@@ -261,8 +263,7 @@ async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[Run
     if usage.requests:  # recorded by the sub-run's hold; the trace still shows it
         log.info("background plan for %s used %d tokens", caller.qualified_user, usage.total_tokens)
     mention = (caller.user_id,) if caller.chat_kind == "group" else ()
-    await deps.bot.send(ChatRef.of(caller), text, key=f"plan:{caller.message_id or uuid.uuid4().hex}",
-                        mention=mention)
+    await deps.bot.send(ChatRef.of(caller), text, key=key, mention=mention)
 
 
 toolset = Toolset("tiers", [deep_think, plan])

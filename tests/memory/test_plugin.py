@@ -297,3 +297,13 @@ async def test_forget_me_empties_the_kept_window_of_an_admins_private_chat_that_
         assert secret in repr(history._windows.get(admin.key))
         assert "已删除" in await ask(ch, "/forget me", user="u1", chat=group)
         assert secret not in repr(history._windows.get(admin.key))
+
+
+async def test_a_bot_admin_can_delete_a_group_memory_but_not_see_a_members_own(tmp_path: Path) -> None:
+    """A personal memory is its author's alone: to the bot's admin too it reads as missing."""
+    async with running(tmp_path) as (_, ch):
+        mine = ids_in(await ask(ch, "/remember 我的银行卡密码是八八六六", user="u1"))[0]
+        ours = ids_in(await ask(ch, "/remember 周会改到周四 group", user="u1"))[0]
+        assert "没有找到" in await ask(ch, f"/forget {mine}", user="boss")
+        assert f"已删除记忆 #{ours}" in await ask(ch, f"/forget {ours}", user="boss")
+        assert "八八六六" in await ask(ch, "/recall 银行卡", user="u1")

@@ -366,3 +366,20 @@ def test_all_lists_every_public_name(module: ModuleType) -> None:
     }
     assert public <= set(module.__all__)
     assert all(hasattr(module, name) for name in module.__all__)
+
+
+async def test_a_server_message_cut_inside_the_key_shows_no_part_of_it(server: FakePerplexityServer) -> None:
+    """The message is cut at 300 characters; masking after the cut left the key's first part."""
+    server.next_status(400, message="x" * 280 + " bad key: " + KEY + " rest")
+    async with make_client(server, endpoint="chat") as client:
+        with pytest.raises(SearchRejected) as refused:
+            await client.search("hi")
+    assert KEY[:10] not in str(refused.value) and "***" in str(refused.value)
+
+
+async def test_a_retry_after_of_infinity_is_a_rate_limit_error(server: FakePerplexityServer) -> None:
+    server.next_status(429, retry_after=float("inf"))
+    async with make_client(server, endpoint="chat") as client:
+        with pytest.raises(SearchRateLimited) as limited:
+            await client.search("hi")
+    assert limited.value.retry_after is None and "later" in str(limited.value)

@@ -179,6 +179,23 @@ async def test_a_long_plan_reports_back_through_the_outbox(tmp_path: Path) -> No
             assert await bot.budget.used("user:memory:u1") > 0  # the background work is charged too
 
 
+async def test_two_plans_one_message_started_both_report_back(tmp_path: Path) -> None:
+    """Both reports were keyed by the message alone: the outbox took the second for the first's
+    duplicate, and that plan's work (already paid for) was never told."""
+    turns = iter([call("plan", {"goal": "订会议室"}, ("plan", {"goal": "发通知"})), text("好的")])
+    model = ScriptedModel(lambda r: next(turns))
+
+    def plan_reply(body: dict[str, Any]) -> Delay:
+        return Delay(0.3, Reply(f"完成：{body['messages'][1]['content']}"))
+
+    async with FakeOpenAIServer(plan_reply) as plan_server, \
+            running(tmp_path, model, plan=tier(plan_server, reply_within_s=0.05)) as (_bot, ch):
+        await ch.inject("帮我订会议室并发通知", user="u1", at_bot=True)
+        async with asyncio.timeout(10):
+            while sum(m.text.startswith("计划完成") for m in ch.sent) < 2:
+                await asyncio.sleep(0.05)
+
+
 async def test_a_plan_gone_to_the_background_spends_the_askers_model_rate(tmp_path: Path) -> None:
     """A typed /plan that goes on in the background called a model all the same: it counts against
     the person's model requests per minute (with a burst of 1, their next question waits)."""
