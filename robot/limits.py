@@ -70,7 +70,8 @@ class RateLimiter:
 
     A refused member is told how long to wait (:meth:`wait_s`) and is silent only until then: a
     message refused after that wait gets a new notice, so the bot never goes quiet unannounced.
-    A command that did call a model is charged afterwards (:meth:`charge`) to the model buckets.
+    A command that did call a model is charged afterwards (:meth:`charge`) to the model buckets;
+    while those are in debt, the person's commands are refused too. A refusal takes no token.
     """
 
     user_per_minute: float
@@ -99,7 +100,12 @@ class RateLimiter:
         if len(self._users) + len(self._chats) + len(self._commands) > self.max_tracked:
             self._prune(now)
         buckets = self._buckets(chat_key, user_key, command)
-        if all(b.take(now) for b in buckets):
+        # Every bucket has a token before any is taken: a refusal by the chat's costs the person's nothing.
+        # A command is refused too while the person's model requests are in debt (commands that called
+        # a model, charged after the fact: /deep_think, /summary ... went on at the command rate).
+        if all(b.wait_s(now) <= 0 for b in buckets) and not (command and self._debt_s(user_key, now)):
+            for bucket in buckets:
+                bucket.take(now)
             self._noticed.pop((user_key, command), None)
             return RateDecision.ALLOW
         told = self._noticed.get((user_key, command))
@@ -111,7 +117,16 @@ class RateLimiter:
     def wait_s(self, chat_key: str, user_key: str, *, command: bool = False) -> float:
         """Seconds until this person's next message (or command) would be allowed."""
         now = self.monotonic()
-        return max(b.wait_s(now) for b in self._buckets(chat_key, user_key, command))
+        waits = [b.wait_s(now) for b in self._buckets(chat_key, user_key, command)]
+        return max(*waits, self._debt_s(user_key, now) if command else 0.0)
+
+    def _debt_s(self, user_key: str, now: float) -> float:
+        """Seconds until the person's model bucket is out of debt (0: it is not in debt)."""
+        bucket = self._users.get(user_key)
+        if bucket is None or bucket.fresh:
+            return 0.0
+        tokens = min(bucket.burst, bucket.tokens + (now - bucket.stamp) * bucket.rate)
+        return max(0.0, -tokens / bucket.rate)
 
     def charge(self, chat_key: str, user_key: str) -> None:
         """A command that called a model counts against the model buckets after the fact."""

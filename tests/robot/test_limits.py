@@ -67,6 +67,35 @@ def test_commands_have_their_own_generous_limit_and_model_work_is_charged_after(
     assert limiter.check("c", "u2") is NOTICE
 
 
+def test_commands_that_called_a_model_are_held_to_the_model_rate() -> None:
+    """/deep_think, /summary, /plan are commands, charged to the model buckets after they ran: while
+    those are in debt the person's next command waits too (ten went through a model burst of 2)."""
+    clock = [0.0]
+    limiter = RateLimiter(user_per_minute=6, user_burst=2, chat_per_minute=6000, chat_burst=100,
+                          command_per_minute=30, command_burst=20, monotonic=lambda: clock[0])
+    ran = 0
+    for _ in range(10):
+        if limiter.check("c", "u1", command=True) is ALLOW:
+            ran += 1
+            limiter.charge("c", "u1")  # it called a model
+    assert ran == 3  # two tokens, then one into debt: no more until it is paid
+    assert 0 < limiter.wait_s("c", "u1", command=True) <= 10
+    clock[0] += 10.5  # 6 a minute: the debt of one is paid in 10 s
+    assert limiter.check("c", "u1", command=True) is ALLOW
+
+
+def test_a_refusal_by_the_chats_limit_costs_the_person_nothing() -> None:
+    """The chat's bucket is empty: the member is refused, and their own bucket keeps its tokens
+    (it was drained, and they were refused later for a chat that had long refilled)."""
+    clock = [0.0]
+    limiter = RateLimiter(user_per_minute=1, user_burst=1, chat_per_minute=60, chat_burst=1,
+                          monotonic=lambda: clock[0])
+    assert limiter.check("g", "u1") is ALLOW  # the chat's one token
+    assert limiter.check("g", "u2") is NOTICE  # refused by the chat, not by u2's own bucket
+    clock[0] += 1.5  # the chat refilled
+    assert limiter.check("g", "u2") is ALLOW
+
+
 async def test_a_newcomer_working_through_commands_is_not_silenced(make_bot: Any) -> None:
     _bot, ch = await make_bot(None, limits={})  # the default limits
     for _ in range(12):
