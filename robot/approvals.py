@@ -341,6 +341,9 @@ class Approvals:
             # An answer grants the questions only: a confirm call paused beside ask_user pauses anew, for
             # its own approver (the answer, or its timeout, would otherwise run an admin's call)
             granted = [c for c in state.pending if row["kind"] != "input" or self._asks(c)]
+            if state.messages and state.messages[0].get("role") == "system":  # the time now, not the pause's
+                state.messages[0] = {"role": "system", "content": self.bot.router.retime(
+                    str(state.messages[0]["content"]), self.bot.zone_for(chat), self.bot.clock())}
             token = GRANT.set(Grant(verdicts={(c.id, c.name, c.arguments): verdict for c in granted}, answer=answer))
             try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
                 with self.bot.tool_scope(names):

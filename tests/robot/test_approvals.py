@@ -487,3 +487,20 @@ async def test_an_answer_to_ask_user_does_not_approve_a_call_paused_beside_it(ma
     await ch.wait_sent(5)
     assert RUNS == [("transfer", 1000)]
     assert any(m.text == "结果：张三 | transferred 1000" for m in ch.sent)
+
+
+async def test_a_resumed_run_is_told_the_time_it_resumes_at_not_the_time_it_paused(make_bot: Any) -> None:
+    """Approved 50 minutes later: "in 20 minutes" must count from now (it counted from the pause)."""
+    now = [datetime(2026, 11, 23, 8, 0, tzinfo=UTC)]  # 16:00 in Shanghai
+    model = ScriptedModel(after_tool("完成"))
+    bot, ch = await start_bot(make_bot, model)
+    bot.clock = lambda: now[0]
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    ask = next(m for m in await ch.wait_sent(2) if m.mention == ("u1",))
+    now[0] += timedelta(minutes=50)
+    await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+    await bot.approvals.idle()
+    await ch.wait_sent(4)
+    first, resumed = (str(r.messages[0]["content"]) for r in (model.requests[0], model.requests[-1]))
+    assert "2026-11-23 16:00" in first and "2026-11-23 16:50" in resumed
+    assert resumed.replace("16:50", "16:00") == first  # the rest of it unchanged
