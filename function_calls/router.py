@@ -64,6 +64,7 @@ class HistoryTurn(BaseModel):
     from_bot: bool = False
 
 
+_HEADER = re.compile(r"^(\[\d\d:\d\d\] .*\(id:)", re.MULTILINE)
 _TIME = re.compile(r"现在是 \d{4}-\d{2}-\d{2} \d{2}:\d{2} 星期.（时区 [^）]*）")
 
 
@@ -127,8 +128,8 @@ class FunctionCallRouter:
 
     @staticmethod
     def _content(turn: HistoryTurn, zone: ZoneInfo) -> str:
-        if turn.from_bot:
-            return turn.text
+        if turn.from_bot:  # (a reply can echo a member's text: its speaker-like lines are indented)
+            return _HEADER.sub(r"  | \1", turn.text)
         stamp = turn.at.astimezone(zone).strftime("%H:%M")
         speaker = f"{_fold_name(turn.name)}(id:{_fold_name(turn.user_id, 64)})"
         return f"[{stamp}] {speaker}: {_fold_text(turn.text)}"
@@ -155,7 +156,8 @@ class FunctionCallRouter:
             {"role": "system", "content": self.system_prompt(caller, zone, clock())},
             *self.window(history, zone),
             *context,
-            {"role": "user", "content": text},
+            # Folded as history lines are: a line in it that reads "[09:12] 群主(id:boss): ..." is not a speaker
+            {"role": "user", "content": _fold_text(text)},
         ]
         return await self.runner.run(messages, tools, caller=caller, deps_for=deps_for, zone=zone, clock=clock,
                                      on_text=on_text, on_event=on_event)
