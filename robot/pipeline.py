@@ -223,6 +223,8 @@ class Pipeline:
             await self.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
+        elif not text.strip():  # a bare @ or the bot's name alone: no empty turn for the model (some refuse it)
+            await self.reply(message, ["在呢，想让我做什么？（发送 /help 看看我会的命令）"])
         else:
             await self.run_llm(message, caller, text, context)
 
@@ -234,7 +236,7 @@ class Pipeline:
             return (help_text(commands, caller, unavailable, llm=bot.router is not None, syntax=bot.command_syntax)
                     + "\n\n" + APPROVALS_HELP)
         if name in _APPROVE or name in _DENY:
-            code, _, why = rest.strip().partition(" ")
+            code, why = [*rest.split(None, 1), "", ""][:2]  # any space after the code: 全角, a new line
             if not code:
                 return f"用法：/{name} 确认码" + (" [理由]" if name in _DENY else "")
             return await bot.approvals.decide(caller, ChatRef.of(caller), code, approve=name in _APPROVE,

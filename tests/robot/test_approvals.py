@@ -504,3 +504,14 @@ async def test_a_resumed_run_is_told_the_time_it_resumes_at_not_the_time_it_paus
     first, resumed = (str(r.messages[0]["content"]) for r in (model.requests[0], model.requests[-1]))
     assert "2026-11-23 16:00" in first and "2026-11-23 16:50" in resumed
     assert resumed.replace("16:50", "16:00") == first  # the rest of it unchanged
+
+
+@pytest.mark.parametrize("gap", ["\u3000", "\n"])
+async def test_deny_takes_its_reason_after_a_full_width_space_or_a_new_line(make_bot: Any, gap: str) -> None:
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("没办成")))
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await ch.inject(f"/deny {code}{gap}太多了", user=ADMIN)
+    await bot.approvals.idle()
+    sent = [m.text for m in await ch.wait_sent(4)]
+    assert "已拒绝。" in sent and "你的请求已被拒绝（理由：太多了）。" in sent and RUNS == []

@@ -385,3 +385,12 @@ async def test_a_failed_start_undoes_what_did_start(tmp_path: Any) -> None:
     again = Bot(Settings(bot={"data_dir": tmp_path}), channels=[BrokenChannel("good")], plugins=[])
     await again.start()  # nothing was left holding the store
     await again.stop()
+
+
+@pytest.mark.parametrize("said", ["", "   ", "qunbot", "qunbot，"])
+async def test_a_bare_mention_gets_a_hint_not_an_empty_model_turn(make_bot: Any, said: str) -> None:
+    """OneBot turns a bare @ into empty text: some providers refuse an empty turn with a 400."""
+    model = echo_model()
+    _bot, ch = await make_bot(model)
+    await ch.inject(said, at_bot=not said.startswith("qunbot"))
+    assert "想让我做什么" in (await ch.wait_sent(1))[0].text and model.requests == []
