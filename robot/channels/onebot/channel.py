@@ -341,7 +341,7 @@ class OneBotChannel(Channel):
             if "post_type" in frame:
                 self._on_event(conn, frame)
             elif "echo" in frame or "retcode" in frame:
-                if self._actions.resolve(frame):
+                if self._actions.resolve(frame, conn):
                     return
                 if frame.get("retcode") == 1403:
                     # NapCat's forward server refuses a token with this frame, then closes.

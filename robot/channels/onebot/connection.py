@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import itertools
 import json
 import logging
 import secrets
@@ -226,9 +225,7 @@ class PendingActions:
 
     def __init__(self) -> None:
         self._pending: dict[str, tuple[asyncio.Future[dict[str, Any]], Connection]] = {}
-        self._late: OrderedDict[str, LateAnswer] = OrderedDict()
-        self._prefix = secrets.token_hex(4)
-        self._seq = itertools.count(1)
+        self._late: OrderedDict[str, tuple[LateAnswer, Connection]] = OrderedDict()
 
     async def call(
         self, conn: Connection, action: str, params: Mapping[str, object], timeout_s: float,
@@ -238,7 +235,7 @@ class PendingActions:
 
         After a timeout, an answer that still arrives for this echo goes to ``on_late``.
         """
-        echo = f"{self._prefix}-{next(self._seq)}"
+        echo = secrets.token_hex(8)  # not guessable: another account's socket cannot answer for this one
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[echo] = (future, conn)
         frame = json.dumps({"action": action, "params": dict(params), "echo": echo}, ensure_ascii=False)
@@ -253,7 +250,7 @@ class PendingActions:
                     response = await future
             except TimeoutError:
                 if on_late is not None:
-                    self._late[echo] = on_late
+                    self._late[echo] = (on_late, conn)
                     while len(self._late) > _LATE_KEEP:
                         self._late.popitem(last=False)
                 raise ActionTimeout(f"onebot: no answer to {action!r} within {timeout_s:g}s") from None
@@ -261,16 +258,20 @@ class PendingActions:
             self._pending.pop(echo, None)
         return check_response(action, response)
 
-    def resolve(self, frame: Mapping[str, Any]) -> bool:
-        """Hand an answer to its caller (or to ``on_late`` after a timeout); False if nobody waits."""
+    def resolve(self, frame: Mapping[str, Any], conn: Connection) -> bool:
+        """Hand an answer that came on ``conn`` to its caller (or to ``on_late`` after a timeout) if
+        the action went out on ``conn``; False if nobody there waits for it."""
         echo = str(frame.get("echo"))
         entry = self._pending.get(echo)
         if entry is None:
-            late = self._late.pop(echo, None)
-            if late is None:
+            late = self._late.get(echo)
+            if late is None or late[1] is not conn:
                 return False
-            late(dict(frame))
+            del self._late[echo]
+            late[0](dict(frame))
             return True
+        if entry[1] is not conn:  # another socket (another account) answering this one's action
+            return False
         if not entry[0].done():
             entry[0].set_result(dict(frame))
         return True

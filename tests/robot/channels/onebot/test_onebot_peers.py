@@ -232,6 +232,23 @@ async def test_a_late_answer_that_failed_is_sent_again_not_given_up(running: Run
         assert len(p.actions) == 2 and receipt.platform_message_id == "group:123456:3001"
 
 
+async def test_an_answer_counts_only_on_the_socket_its_action_went_out_on(running: Running) -> None:
+    """Account 10002's socket answers (with the echo itself, as a guess would) the send that went out
+    on 10001's: it must not resolve it; 10001's send waits for 10001's own answer."""
+    async with running(reverse(action_timeout_s=0.5)) as ch, \
+            OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, OneBotTestPeer(self_id=10002, access_token=TOKEN) as b:
+        await a.connect(ch.url)
+        await b.connect(ch.url)
+        await asyncio.sleep(0.1)
+        a.ignore_next_action()
+        group = ChatRef(platform="onebot", chat_id="1", kind="group", account="10001")
+        send = asyncio.create_task(ch.send(OutgoingMessage(key="k", chat=group, text="x")))
+        echo = (await a.wait_for_action())["echo"]
+        await b.send_raw(json.dumps({"status": "ok", "retcode": 0, "data": {"message_id": 666}, "echo": echo}))
+        with pytest.raises(SendFailed):  # no answer from its own socket: a timeout, not b's made-up id
+            await send
+
+
 async def test_one_message_id_in_two_chats_is_two_messages(running: Running) -> None:
     """OneBot numbers messages per implementation (LLOneBot and bridges: counters): id 4001 in group
     111 and id 4001 in group 222 are two messages; dedupe by the bare id dropped the second."""
