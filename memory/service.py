@@ -107,6 +107,8 @@ class MemoryService:
         if len(text) > self.settings.max_chars:
             raise ToolError(f"content is {len(text)} characters; the limit is {self.settings.max_chars}",
                             user_message=f"太长了（{len(text)} 字），请精简到 {self.settings.max_chars} 字以内。")
+        if scope != "group" and caller.anonymous:  # anonymous members share one id: "me" would be everyone's
+            raise ToolError("anonymous senders own no memories", user_message="匿名消息不能保存个人记忆，请取消匿名后再试。")
         if scope == "group" and caller.chat_kind != "group":
             raise ToolError('scope "group" exists only in a group chat; use "me"',
                             user_message="私聊里只能记住关于你自己的事（scope=me）。")

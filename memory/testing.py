@@ -68,6 +68,8 @@ class FakeEmbeddingServer(LoopbackServer):
         self.requests: list[dict[str, Any]] = []
         self.fail = False
         self.delay_s = 0.0
+        #: Sent as every vector instead of the model's (a broken endpoint: ``["0.1", "x"]``), when set.
+        self.garbage: Any = None
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -95,8 +97,8 @@ class FakeEmbeddingServer(LoopbackServer):
         data: list[dict[str, Any]] = []
         for i, text in enumerate(texts):
             vec = self.model.embed(text)
-            value: Any = vec
-            if body.get("encoding_format") == "base64":
+            value: Any = vec if self.garbage is None else self.garbage
+            if body.get("encoding_format") == "base64" and self.garbage is None:
                 value = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
             data.append({"object": "embedding", "index": i, "embedding": value})
         tokens = sum(len(t) for t in texts)

@@ -33,6 +33,8 @@ class EmbeddingError(Exception):
 def to_blob(vector: Sequence[float] | Vector) -> bytes:
     """Normalised float32 bytes."""
     arr = np.asarray(vector, dtype=np.float32)
+    if arr.ndim != 1 or not arr.size:
+        raise ValueError(f"a vector is one list of numbers, not shape {arr.shape}")
     norm = float(np.linalg.norm(arr))
     return (arr / norm if norm > 0 else arr).astype(np.float32).tobytes()
 
@@ -55,10 +57,14 @@ class EmbeddingClient:
             resp = await self._client.embeddings.create(model=self.model, input=list(texts))
         except Exception as exc:  # the SDK's tree, transport errors: the caller falls back
             raise EmbeddingError(type(exc).__name__) from None
-        ordered = sorted(resp.data, key=lambda d: d.index)
-        if len(ordered) != len(texts):
-            raise EmbeddingError(f"asked for {len(texts)} vectors, got {len(ordered)}")
-        return [to_blob(d.embedding) for d in ordered]
+        try:  # an answer that is not one list of numbers per text: lexical recall, the memory kept
+            ordered = sorted(resp.data, key=lambda d: d.index)
+            blobs = [to_blob(d.embedding) for d in ordered]
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise EmbeddingError(f"the vectors could not be read ({type(exc).__name__})") from None
+        if len(blobs) != len(texts):
+            raise EmbeddingError(f"asked for {len(texts)} vectors, got {len(blobs)}")
+        return blobs
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -105,7 +105,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _REHEARSED = ("robot/storage/", "reminders/", "memory/", "summary/", "robot/test_approvals.py",
               "robot/test_approvals_crash.py", "robot/test_outbox.py", "robot/test_pipeline.py",
               "robot/test_privacy.py", "robot/test_store.py", "robot/test_history.py", "robot/test_accounts_pg.py")
-_NOT_REHEARSED = ("reminders/test_crash.py", "reminders/test_crash_create.py")
+_NOT_REHEARSED = ("reminders/test_crash.py", "reminders/test_crash_create.py",
+                  # pure: no unit of work runs in them (parsing, schedules, prompts, scoring)
+                  "reminders/test_phrases.py", "reminders/test_schedule.py", "summary/test_mapreduce.py",
+                  "summary/test_quality.py", "summary/test_signals.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:

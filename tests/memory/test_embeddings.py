@@ -52,6 +52,16 @@ async def test_a_failing_embedding_endpoint_falls_back_to_lexical(tmp_path: Path
     assert "lexical" in caplog.text and "花生" not in caplog.text
 
 
+@pytest.mark.parametrize("garbage", [["0.1", "x"], [[0.1, 0.2], [0.3]], []])
+async def test_an_endpoint_answering_garbage_keeps_the_memory_for_lexical_recall(tmp_path: Path, garbage: object) -> None:
+    """A 200 whose vectors are no list of numbers: /remember failed ("执行失败了") and kept nothing."""
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
+            running(tmp_path, memory=settings(server)) as (_, ch):
+        server.garbage = garbage
+        assert "记住了" in await ask(ch, "/remember 我对花生过敏")
+        assert "花生过敏" in await ask(ch, "/recall 过敏")
+
+
 async def test_vector_matches_respect_privacy(tmp_path: Path) -> None:
     async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
             running(tmp_path, memory=settings(server)) as (_, ch):

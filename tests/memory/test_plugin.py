@@ -307,3 +307,20 @@ async def test_a_bot_admin_can_delete_a_group_memory_but_not_see_a_members_own(t
         assert "没有找到" in await ask(ch, f"/forget {mine}", user="boss")
         assert f"已删除记忆 #{ours}" in await ask(ch, f"/forget {ours}", user="boss")
         assert "八八六六" in await ask(ch, "/recall 银行卡", user="u1")
+
+
+async def test_an_anonymous_member_cannot_save_a_personal_memory(tmp_path: Path) -> None:
+    """Anonymous members share one id: a "me" memory would be recalled by every other anonymous sender."""
+    from robot.message import Message, Sender
+
+    async with running(tmp_path) as (_, ch):
+        async def anonymous(text: str) -> str:
+            before = len(ch.sent)
+            await ch.deliver(Message(chat=ch.chat(), sender=Sender(user_id="anonymous:unknown", name="匿名",
+                                                                    anonymous=True),
+                                     message_id=f"anon-{before}", text=text, timestamp=ch.clock(), mentions_bot=True))
+            return (await ch.wait_sent(before + 1))[before].text
+
+        assert "匿名" in await anonymous("/remember 我的密码是一二三")
+        assert "没有找到" in await anonymous("/recall 密码")
+        assert "记住了" in await anonymous("/remember 周会改到周四 group")
