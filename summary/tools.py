@@ -139,6 +139,8 @@ class SummaryDeps:
     """``bot.call_tool``: a scheduled digest is a command-mode reminder set through the reminders tool."""
     send: Callable[..., Awaitable[bool]] | None = None
     """``bot.send``: a digest an admin asked for in private (``/summary to me``) goes through the outbox."""
+    zone_for: Callable[[ChatRef], ZoneInfo] | None = None
+    """``bot.zone_for``: a group summarised from a private chat is read in the group's own zone."""
 
 
 async def setup(bot: Bot) -> SummaryDeps:
@@ -150,7 +152,7 @@ async def setup(bot: Bot) -> SummaryDeps:
     core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")  # robot.pipeline's own
     commands = frozenset({*core, *(n for t in bot.tools for n in (t.name, *t.aliases))})
     return SummaryDeps(bot.history, bot.db, settings, bot.model, bot.budget, commands,
-                       call_tool=bot.call_tool, send=bot.send)
+                       call_tool=bot.call_tool, send=bot.send, zone_for=bot.zone_for)
 
 
 @dataclass
@@ -298,10 +300,11 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         return await send_to_me(ctx, args, summary)
     if args.group is not None:
         chat = await _elsewhere(deps, caller, args.group)
-    window = await _window(deps, caller, args, ctx.now(), ctx.zone, chat)
+    zone = deps.zone_for(chat) if chat != here and deps.zone_for is not None else ctx.zone  # 昨天 in its zone
+    window = await _window(deps, caller, args, ctx.now(), zone, chat)
     if chat != here:
         window.remote, window.title = True, f"群 {chat.chat_id} · {window.title}"
-    hidden = await opted_out(deps.db, chat)
+    hidden, fetched = await opted_out(deps.db, chat), len(window.entries)  # (counted before any filter)
     if args.member:
         window.entries, who = _one_member(window.entries, args.member)
         if window.entries and window.entries[0].user_id in hidden:
@@ -315,10 +318,11 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     if not entries:
         return ToolResult.reply(f"{head}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
     settings = deps.settings
-    note = f"（这段时间共 {window.total} 条，只看最近 {len(window.entries)} 条）" if window.total > len(window.entries) else ""
+    # Only the fetch limit cuts: the opted-out and other members' messages are no "cut" (their count is theirs)
+    note = f"（这段时间共 {window.total} 条，只看最近 {fetched} 条）" if window.total > fetched else ""
 
     def extract(extra_note: str) -> str:
-        return extractive_summary(entries, zone=ctx.zone, title=window.title, note=note + extra_note,
+        return extractive_summary(entries, zone=zone, title=window.title, note=note + extra_note,
                                   top_members=settings.top_members, salient_count=settings.salient_count,
                                   fact_count=settings.fact_count, link_count=settings.link_count, header=head)
 
@@ -347,7 +351,7 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt) or None
     try:
-        done = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, ctx.zone,
+        done = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, zone,
                                          where, prompt)
     except SummaryUnaffordable:
         done = None
@@ -365,8 +369,8 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
     header = f"{head}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.partial and done.covered is not None and done.left_out is not None:
         why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
-        note += (f"（{why}只够总结 {done.covered.describe(ctx.zone)} 的 {done.messages_used} 条；"
-                 f"{done.left_out.describe(ctx.zone)} 的消息没有总结）")
+        note += (f"（{why}只够总结 {done.covered.describe(zone)} 的 {done.messages_used} 条；"
+                 f"{done.left_out.describe(zone)} 的消息没有总结）")
     text = "\n".join(part for part in (header, note, done.text) if part)
     await _set_mark(deps, chat, window)
     return ToolResult.reply(text, usage=done.usage, data=_data(

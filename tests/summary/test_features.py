@@ -233,3 +233,31 @@ async def test_forget_me_also_takes_an_admins_private_summary_of_that_group(tmp_
         await bot.stop()
     assert not any("PHONE-13812345678" in t for t in kept)
     assert any(t.startswith("【群聊总结】群 g2") for t in kept)  # another group's summary stays
+
+
+async def test_a_group_summarised_from_a_private_chat_reads_its_day_in_the_groups_zone(tmp_path: Path) -> None:
+    """/summary #g1 昨天 from a private chat read 昨天 in the private chat's zone (UTC), not Shanghai's."""
+    from zoneinfo import ZoneInfo
+
+    shanghai = ZoneInfo("Asia/Shanghai")
+    model = ScriptedModel(lambda r: text("模型总结"))
+    ch = MemoryChannel()
+    settings = Settings(bot={"data_dir": tmp_path, "admins": ["memory:boss"], "timezone": "UTC",
+                             "zones": {"memory:group:g1": "Asia/Shanghai"}},
+                        limits={"user_burst": 50, "chat_burst": 50}, summary={"user_cooldown_s": 0})
+    bot = Bot(settings, model=model, channels=[ch], plugins=[summary.plugin], clock=Clock())
+    await bot.start()
+    try:
+        group, boss = ch.chat("g1"), ch.chat("boss", "private")
+        await ch.inject("上海的昨天早上", user="1", chat=group, at=datetime(2026, 11, 22, 7, 0, tzinfo=shanghai))
+        await ch.inject("上海的今天凌晨", user="1", chat=group, at=datetime(2026, 11, 23, 4, 0, tzinfo=shanghai))
+        await ch.inject("/summary 昨天", user="boss", chat=group, at=NOW)
+        await ch.wait_sent(1)
+        in_group = model_lines(model)
+        model.requests.clear()
+        await ch.inject("/summary #g1 昨天", user="boss", chat=boss, at=NOW)
+        await ch.wait_sent(2)
+        assert model_lines(model) == in_group and any("昨天早上" in line for line in in_group)
+    finally:
+        await bot.stop()
+

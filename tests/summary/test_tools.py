@@ -419,3 +419,14 @@ async def test_one_members_summary_and_an_hours_window_leave_the_mark_where_it_w
         model.requests.clear()
         await run_tool(bot, SummaryArgs())
         assert "小红(2): 小红的决定：周五发版" in chat_lines(model) and "1(1): 旧的" not in chat_lines(model)
+
+
+async def test_the_window_note_never_counts_an_opted_out_members_messages(tmp_path: Path) -> None:
+    """"共 6 条，只看最近 1 条" told the chat how many messages the opted-out member had sent."""
+    async with running(tmp_path) as (bot, ch):
+        await ch.inject("/summary optout", user="2", at=ago(100))
+        for i in range(5):
+            await ch.inject(f"小红消息{i}", user="2", name="小红", at=ago(20 - i))
+        await ch.inject("小明说：我来订会议室", user="1", name="小明", at=ago(10))
+        for args in (SummaryArgs(hours=1), SummaryArgs(member="@小明")):
+            assert "只看最近" not in (await run_tool(bot, args)).user_messages[0]
