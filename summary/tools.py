@@ -141,6 +141,7 @@ class SummaryDeps:
     """``bot.send``: a digest an admin asked for in private (``/summary to me``) goes through the outbox."""
     zone_for: Callable[[ChatRef], ZoneInfo] | None = None
     """``bot.zone_for``: a group summarised from a private chat is read in the group's own zone."""
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # per chat: one summary at a time (a process)
 
 
 async def setup(bot: Bot) -> SummaryDeps:
@@ -300,6 +301,13 @@ async def summary(ctx: ToolContext[SummaryDeps], args: SummaryArgs) -> ToolResul
         return await send_to_me(ctx, args, summary)
     if args.group is not None:
         chat = await _elsewhere(deps, caller, args.group)
+    # One summary of a chat at a time: two asked together read the same mark and paid twice for it
+    async with deps.locks.setdefault(chat.key, asyncio.Lock()):
+        return await _summarise(ctx, args, chat, here)
+
+
+async def _summarise(ctx: ToolContext[SummaryDeps], args: SummaryArgs, chat: ChatRef, here: ChatRef) -> ToolResult:
+    deps, caller = ctx.deps, ctx.caller
     zone = deps.zone_for(chat) if chat != here and deps.zone_for is not None else ctx.zone  # 昨天 in its zone
     window = await _window(deps, caller, args, ctx.now(), zone, chat)
     if chat != here:

@@ -430,3 +430,24 @@ async def test_the_window_note_never_counts_an_opted_out_members_messages(tmp_pa
         await ch.inject("小明说：我来订会议室", user="1", name="小明", at=ago(10))
         for args in (SummaryArgs(hours=1), SummaryArgs(member="@小明")):
             assert "只看最近" not in (await run_tool(bot, args)).user_messages[0]
+
+
+async def test_two_summaries_asked_together_pay_for_one(tmp_path: Path) -> None:
+    """Two members asking at once both read the same mark, and the model ran twice over the same messages."""
+    from function_calls import ModelResponse, Usage
+
+    class Slow:
+        name, calls = "slow", 0
+
+        async def complete(self, request: Any, *, on_text: Any = None) -> ModelResponse:
+            Slow.calls += 1
+            await asyncio.sleep(0.2)
+            return ModelResponse(text="模型总结", usage=Usage(requests=1, prompt_tokens=100, completion_tokens=10),
+                                 finish_reason="stop")
+
+    async with running(tmp_path, Slow()) as (bot, ch):
+        await ch.inject("周六去爬山", user="1", at=ago(5))
+        await ch.inject("好呀", user="2", at=ago(4))
+        first, second = await asyncio.gather(run_tool(bot, SummaryArgs(), user="1"),
+                                             run_tool(bot, SummaryArgs(), user="2"))
+    assert Slow.calls == 1 and "没有可以总结的新消息" in first.user_messages[0] + second.user_messages[0]
