@@ -188,11 +188,11 @@ class Pipeline:
             return
         if message.from_bot:
             return
-        # An answer to a running plan's question, or to a paused run (ask_user, or a plain "确认"),
-        # is consumed, addressed or not.
-        if bot.questions.answer(message.chat.key, message.qualified_sender, message.text):
+        # An answer to a plan's question or a paused run (ask_user, a plain "确认"), addressed or not, cut
+        answer_text = message.text[:bot.settings.limits.max_message_chars]  # to the size limit as any message
+        if bot.questions.answer(message.chat.key, message.qualified_sender, answer_text):
             return
-        if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), message.text):
+        if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), answer_text):
             return
         replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(
             message.chat, str(message.reply_to))

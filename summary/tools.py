@@ -340,9 +340,9 @@ async def _summarise(ctx: ToolContext[SummaryDeps], args: SummaryArgs, chat: Cha
     elif deps.model is not None and deps.budget is not None:
         try:
             left = await deps.budget.remaining(caller)
-        except Exception:  # a budget that cannot be checked refuses the model
+        except Exception:  # a budget that cannot be checked refuses the model (and keeps the mark, as a failure)
             log.exception("summary: the budget cannot be read")
-            left = 0
+            left, window.newest_id = 0, None
         if left is not None and left <= 0:
             mode = "budget"
     if deps.model is None or mode != "extractive":

@@ -515,3 +515,15 @@ async def test_deny_takes_its_reason_after_a_full_width_space_or_a_new_line(make
     await bot.approvals.idle()
     sent = [m.text for m in await ch.wait_sent(4)]
     assert "已拒绝。" in sent and "你的请求已被拒绝（理由：太多了）。" in sent and RUNS == []
+
+
+async def test_an_answer_to_ask_user_is_held_to_the_message_size_limit(make_bot: Any) -> None:
+    """An addressed message over max_message_chars is refused; an answer went to the model whole."""
+    ASKS.clear()
+    bot, ch = await start_bot(make_bot, ScriptedModel(asking_model), limits={"max_message_chars": 100})
+    await ch.inject("帮我约个会", at_bot=True, user="u1")
+    await ch.wait_sent(1)
+    await ch.inject("三" * 5000, user="u1")
+    await bot.approvals.idle()
+    await ch.wait_sent(2)
+    assert ASKS == ["三" * 100]

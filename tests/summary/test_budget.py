@@ -127,3 +127,22 @@ async def test_an_owners_prompt_that_leaves_no_room_fails_clearly_instead_of_fre
         async with asyncio.timeout(10):  # (it never returned)
             result = await run_tool(bot, SummaryArgs())
         assert "AI 总结暂时失败" in result.user_messages[0] and (result.data or {})["mode"] == "fallback"
+
+
+async def test_a_budget_that_cannot_be_read_keeps_the_mark(tmp_path: Path) -> None:
+    """The budget store down: an extractive summary, and the messages stay to be summarised by the model
+    later (the mark moved, and they never got their AI summary)."""
+    from summary.window import read_mark
+    from tests.summary.test_tools import G1, ago, run_tool, running, summariser
+
+    async with running(tmp_path, summariser()) as (bot, ch):
+        await ch.inject("周六去爬山", user="1", at=ago(5))
+
+        async def down(caller: Caller) -> int:
+            raise ConnectionError("the database is restarting")
+
+        real, bot.budget.remaining = bot.budget.remaining, down  # type: ignore[method-assign]
+        result = await run_tool(bot, SummaryArgs())
+        assert (result.data or {})["mode"] == "budget" and await read_mark(bot.db, G1) is None
+        bot.budget.remaining = real  # type: ignore[method-assign]
+        assert (await run_tool(bot, SummaryArgs())).data["mode"] == "llm"  # type: ignore[index]
