@@ -122,7 +122,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     path = metafunc.definition.path
     where = path.relative_to(REPO / "tests").as_posix() if path.is_relative_to(REPO / "tests") else ""
     if (not metafunc.config.getoption("--rehearse-units") and where.startswith(_REHEARSED)
-            and not where.startswith(_NOT_REHEARSED) and metafunc.definition.get_closest_marker("unrehearsed") is None):
+            and not where.startswith(_NOT_REHEARSED) and metafunc.definition.get_closest_marker("unrehearsed") is None
+            and "raw_tx" not in metafunc.fixturenames):  # a bare transaction: no engine, nothing to rehearse
         metafunc.parametrize("_rehearsal", [False, True], indirect=True, ids=["once", "rehearsed"])
 
 

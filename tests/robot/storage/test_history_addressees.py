@@ -145,6 +145,7 @@ async def test_many_messages_queued_at_once_keep_their_order_and_each_its_own_ad
         await engine.close()
 
 
+@pytest.mark.unrehearsed  # bare SQLiteTx transactions, no engine: a rehearsed run would repeat it as is
 def test_any_batch_queues_like_one_message_at_a_time() -> None:
     """Property: whatever the batch (sizes across the chunk bounds, keys queued before or repeated,
     addressee lists of any length), queueing it at once leaves the same rows, the same flags and
