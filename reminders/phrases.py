@@ -7,7 +7,7 @@ would send) and the content after the phrase. What it understands::
     10分钟后 / 半小时后 / 一个半小时后 / 3天后 / in 10 minutes / in half an hour
     明天8点 / 明早8:30 / 后天下午3点 / 今晚9点 / 11月24日 15:00 / 2026-11-24 15:00
     下周一 9:30 / 周五 18:00 (the coming Friday) / tomorrow 8am / tonight at 9pm / monday 9:30
-    8点 / 下午3点 / 8:30 / 8am (the next such time: today, or tomorrow if it has passed; 今天3点
+    8点 / 下午3点 / 8:30 / 8am / 明天中午 (the next such time: today, or tomorrow if it has passed; 今天3点
     said at noon is 15:00, as 3点 is)
     每天 8:00 / 每周五 18:00 / 工作日 9:00 / 周末 10:00 / 每周一三五 7:00 / 每周1,3,5 7:00 (周1 = Monday)
     每周五晚上12点 (the midnight that ends Friday: Saturday 00:00, as for one day)
@@ -148,11 +148,13 @@ def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int, bool] | None
             hour = 12 if m["word"] == "noon" else 24
         else:
             hour, ampm = int(m["h"] or m["bare"]), m["ampm"]
+    elif period == "中午":  # "明天中午", "每天中午" name their hour: noon
+        hour = 12
     else:
         cur.pos = start
         return None
     carry = 0
-    either_half = period is None and ampm is None and m.re is not _CLOCK and 1 <= hour <= 11
+    either_half = period is None and ampm is None and m is not None and m.re is not _CLOCK and 1 <= hour <= 11
     if ampm:
         if not 1 <= hour <= 12:
             raise PhraseError(f"时间 {hour}{ampm} 不存在。")

@@ -54,6 +54,8 @@ def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
     ("每周一三五 7:00 跑步", "weekdays", "07:00", (0, 2, 4), "跑步"),
     ("周末 10:00 爬山", "weekdays", "10:00", (5, 6), "爬山"),
     ("今天8点 开会", "once", "2026-11-23 20:00", None, "开会"),  # 8 a.m. has passed: 8 p.m., as "8点" alone
+    ("明天中午 吃饭", "once", "2026-11-24 12:00", None, "吃饭"),  # 中午 names its hour
+    ("每天中午 吃药", "daily", "12:00", None, "吃药"),
     ("每周1 8:00 周会", "weekly", "08:00", 0, "周会"),  # digits after 周 count from 1, as in 周1
     ("每周6 9:00 打球", "weekly", "09:00", 5, "打球"),
     ("每周1,3,5 7:00 跑步", "weekdays", "07:00", (0, 2, 4), "跑步"),
