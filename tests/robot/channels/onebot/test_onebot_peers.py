@@ -4,6 +4,7 @@ slow answers, browsers, and two accounts on one reverse URL. Real loopback WebSo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -66,6 +67,15 @@ async def peer(channel: OneBotChannel) -> AsyncIterator[OneBotTestPeer]:
         await p.connect(channel.url)
         await asyncio.wait_for(channel.wait_connected(), 5)
         yield p
+
+
+@contextlib.asynccontextmanager
+async def connected(running: Running, **overrides: Any) -> AsyncIterator[tuple[OneBotChannel, OneBotTestPeer]]:
+    """A reverse channel (``overrides`` on its settings) with account 10001's peer connected to it."""
+    async with running(reverse(**overrides)) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
+        await p.connect(ch.url)
+        await asyncio.wait_for(ch.wait_connected(), 5)
+        yield ch, p
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -196,10 +206,7 @@ async def test_a_late_answer_marks_the_row_sent_without_a_second_send(
     HistoryStore(db)
     await db.open()
     try:
-        async with running(reverse(action_timeout_s=0.5)) as ch, \
-                OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
-            await p.connect(ch.url)
-            await asyncio.wait_for(ch.wait_connected(), 5)
+        async with connected(running, action_timeout_s=0.5) as (ch, p):
             p.delay_next_action(0.7)  # slow (like NapCat waiting on QQ), but it does send
             outbox.register(ch)
             await outbox.start()
@@ -219,9 +226,7 @@ async def test_a_late_answer_marks_the_row_sent_without_a_second_send(
 async def test_a_late_answer_that_failed_is_sent_again_not_given_up(running: Running) -> None:
     """The first attempt timed out; its late answer is NapCat's transient 1200 (nothing went out).
     The retry sends the message: it was taken for a final refusal, and the row for failed."""
-    async with running(reverse(action_timeout_s=0.3)) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
-        await p.connect(ch.url)
-        await asyncio.wait_for(ch.wait_connected(), 5)
+    async with connected(running, action_timeout_s=0.3) as (ch, p):
         p.ignore_next_action()
         message = OutgoingMessage(key="k1", chat=GROUP_A, text="你好")
         with pytest.raises(SendFailed):
@@ -253,10 +258,8 @@ async def test_one_message_id_in_two_chats_is_two_messages(running: Running) -> 
     """OneBot numbers messages per implementation (LLOneBot and bridges: counters): id 4001 in group
     111 and id 4001 in group 222 are two messages; dedupe by the bare id dropped the second."""
     seen: list[Message] = []
-    async with running(reverse()) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
+    async with connected(running) as (ch, p):
         ch.bind(lambda m: asyncio.sleep(0, seen.append(m)))  # type: ignore[func-returns-value]
-        await p.connect(ch.url)
-        await asyncio.wait_for(ch.wait_connected(), 5)
         for group in (111, 222):
             await p.send_event(EVENTS["group_message_at_bot"], group_id=group, message_id=4001)
         async with asyncio.timeout(5):
@@ -269,9 +272,7 @@ async def test_a_resend_after_no_answer_is_logged(
     running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="robot.channels.onebot")
-    async with running(reverse(action_timeout_s=0.2)) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as p:
-        await p.connect(ch.url)
-        await asyncio.wait_for(ch.wait_connected(), 5)
+    async with connected(running, action_timeout_s=0.2) as (ch, p):
         p.ignore_next_action()
         message = OutgoingMessage(key="lost", chat=GROUP_A, text="在吗")
         with pytest.raises(ChannelUnavailable):

@@ -161,36 +161,44 @@ async def test_private_chat_and_duplicate_msgid(
     assert first.text == "hello" and first.mentions_bot is False
 
 
+async def _two_questions(http: aiohttp.ClientSession, bot: WeComAIBotChannel, inbox: asyncio.Queue[Message],
+                         first: str, second: str) -> tuple[str, str, Message, Message]:
+    """Ask q1 and q2 in the group: their streams' ids and the two delivered messages."""
+    s1 = await _callback(http, bot, _text("q1", first))
+    s2 = await _callback(http, bot, _text("q2", second))
+    assert s1 is not None and s2 is not None
+    m1, m2 = await asyncio.wait_for(inbox.get(), 5), await asyncio.wait_for(inbox.get(), 5)
+    return s1["stream"]["id"], s2["stream"]["id"], m1, m2
+
+
+async def _stream_contents(http: aiohttp.ClientSession, bot: WeComAIBotChannel, *stream_ids: str) -> list[str]:
+    """What each stream's bubble shows on its next refresh."""
+    shown = []
+    for stream_id in stream_ids:
+        refreshed = await _callback(http, bot, _refresh(stream_id))
+        assert refreshed is not None
+        shown.append(refreshed["stream"]["content"])
+    return shown
+
+
 async def test_replies_fill_streams_in_order(
     bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
 ) -> None:
-    s1 = await _callback(http, bot, _text("q1", "@RobotA one"))
-    s2 = await _callback(http, bot, _text("q2", "@RobotA two"))
-    assert s1 is not None and s2 is not None
-    m1, m2 = await asyncio.wait_for(inbox.get(), 5), await asyncio.wait_for(inbox.get(), 5)
+    s1, s2, m1, m2 = await _two_questions(http, bot, inbox, "@RobotA one", "@RobotA two")
     await bot.send(OutgoingMessage(key="x2", chat=m2.chat, text="answer two", reply_to="q2"))
     await bot.send(OutgoingMessage(key="x1", chat=m1.chat, text="answer one"))
-    r1 = await _callback(http, bot, _refresh(s1["stream"]["id"]))
-    r2 = await _callback(http, bot, _refresh(s2["stream"]["id"]))
-    assert r1 is not None and r1["stream"]["content"] == "answer one"
-    assert r2 is not None and r2["stream"]["content"] == "answer two"
+    assert await _stream_contents(http, bot, s1, s2) == ["answer one", "answer two"]
 
 
 async def test_streamed_pieces_fill_the_bubble_of_the_message_they_answer(
     bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
 ) -> None:
     """Two questions in one group answered at once: each run's pieces go to its own asker's bubble."""
-    s1 = await _callback(http, bot, _text("q1", "@RobotA 2+2?"))
-    s2 = await _callback(http, bot, _text("q2", "@RobotA 法国首都？"))
-    assert s1 is not None and s2 is not None
-    m1, m2 = await asyncio.wait_for(inbox.get(), 5), await asyncio.wait_for(inbox.get(), 5)
+    s1, s2, m1, m2 = await _two_questions(http, bot, inbox, "@RobotA 2+2?", "@RobotA 法国首都？")
     await bot.stream_delta(m2.chat, "q2", "巴黎")
     await bot.stream_delta(m1.chat, "q1", "4")
     await bot.stream_delta(m1.chat, "q3", "无主的片段")  # a run with no bubble here shows in none
-    r1 = await _callback(http, bot, _refresh(s1["stream"]["id"]))
-    r2 = await _callback(http, bot, _refresh(s2["stream"]["id"]))
-    assert r1 is not None and r1["stream"]["content"] == "4"
-    assert r2 is not None and r2["stream"]["content"] == "巴黎"
+    assert await _stream_contents(http, bot, s1, s2) == ["4", "巴黎"]
 
 
 async def test_unknown_stream_events_and_bad_input(
