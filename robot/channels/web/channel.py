@@ -39,6 +39,7 @@ from robot.channels.base import (
     SendReceipt,
     SendRejected,
 )
+from robot.channels.files import json_text
 from robot.channels.web.panels import members, panel_frame
 from robot.channels.web.protocol import (
     MAX_TEXT,
@@ -48,7 +49,6 @@ from robot.channels.web.protocol import (
     SendFrame,
     address,
     authority,
-    frame_text,
     is_loopback,
     parse_frame,
     stored_frames,
@@ -91,7 +91,8 @@ class _Page:
     def push(self, frame: dict[str, Any]) -> bool:
         """Queue a frame; False when the page is too far behind (the caller drops it)."""
         try:
-            self.queue.put_nowait(frame_text(frame))
+            # (a lone surrogate, half an emoji from a snippet cut mid-way, went out as no UTF-8 and
+            self.queue.put_nowait(json_text(frame, default=str))  # broke the page's socket: escaped)
         except asyncio.QueueFull:
             return False
         return True

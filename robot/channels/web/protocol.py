@@ -57,7 +57,7 @@ from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
 __all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address",
-           "authority", "frame_text", "is_loopback", "parse_frame", "stored_frames", "trim"]
+           "authority", "is_loopback", "parse_frame", "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
 MAX_TEXT = 4000
@@ -70,17 +70,6 @@ def authority(url: str) -> str | None:
         return URL(url).raw_authority
     except ValueError:
         return None
-
-
-def frame_text(frame: dict[str, Any]) -> str:
-    """A frame for the page as JSON text. A lone surrogate (half an emoji, from a snippet cut mid-way)
-    cannot go out as UTF-8 and broke the page's socket: that frame goes escaped, as JSON allows."""
-    text = json.dumps(frame, ensure_ascii=False, default=str)
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return json.dumps(frame, default=str)
-    return text
 
 
 class FrameError(ValueError):
