@@ -51,10 +51,13 @@ class TokenBucket:
         self._refill(now)
         self.tokens = max(self.tokens - 1, -float(self.burst))
 
-    def wait_s(self, now: float) -> float:
-        """Seconds until :meth:`take` would succeed."""
-        tokens = self.burst if self.fresh else min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        return max(0.0, (1 - tokens) / self.rate)
+    def level(self, now: float) -> float:
+        """The tokens it holds at ``now`` (negative: in debt), without taking any."""
+        return self.burst if self.fresh else min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+
+    def wait_s(self, now: float, tokens: float = 1) -> float:
+        """Seconds until it holds ``tokens`` (1: until :meth:`take` would succeed)."""
+        return max(0.0, (tokens - self.level(now)) / self.rate)
 
 
 class RateDecision(StrEnum):
@@ -123,10 +126,7 @@ class RateLimiter:
     def _debt_s(self, user_key: str, now: float) -> float:
         """Seconds until the person's model bucket is out of debt (0: it is not in debt)."""
         bucket = self._users.get(user_key)
-        if bucket is None or bucket.fresh:
-            return 0.0
-        tokens = min(bucket.burst, bucket.tokens + (now - bucket.stamp) * bucket.rate)
-        return max(0.0, -tokens / bucket.rate)
+        return 0.0 if bucket is None else bucket.wait_s(now, tokens=0)
 
     def charge(self, chat_key: str, user_key: str) -> None:
         """A command that called a model counts against the model buckets after the fact."""
