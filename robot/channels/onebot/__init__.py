@@ -32,7 +32,7 @@ from robot.channels.onebot.cq import (
     to_cq,
     unescape,
 )
-from robot.channels.onebot.events import message_from_event
+from robot.channels.onebot.events import chat_scope, message_from_event
 from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.onebot.testing import OneBotTestPeer
 
@@ -50,6 +50,7 @@ __all__ = [
     "Sockets",
     "at_targets",
     "auth_rejection",
+    "chat_scope",
     "check_response",
     "compose_message",
     "escape",

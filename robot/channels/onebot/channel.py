@@ -52,7 +52,7 @@ from robot.channels.onebot.connection import (
     wire_id,
 )
 from robot.channels.onebot.cq import compose_message, to_array
-from robot.channels.onebot.events import message_from_event
+from robot.channels.onebot.events import chat_scope, message_from_event
 from robot.channels.onebot.settings import OneBotSettings
 from robot.message import OutgoingMessage
 from robot.redact import redact_url
@@ -190,7 +190,7 @@ class OneBotChannel(Channel):
             action, params = "send_group_msg", {"group_id": wire_id(chat.chat_id)}
         else:
             action, params = "send_private_msg", {"user_id": wire_id(chat.chat_id)}
-        key, timeout, scope = message.key, self.settings.action_timeout_s, f"{chat.kind}:{chat.chat_id}:"
+        key, timeout, scope = message.key, self.settings.action_timeout_s, chat_scope(chat)
         late = self._unanswered.pop(key, None)
         if late is not None:
             try:
@@ -222,7 +222,7 @@ class OneBotChannel(Channel):
             if final(exc):
                 raise
             raise SendFailed(str(exc)) from exc
-        return receipt_of(response, scope)  # its id scoped as received messages' (see events.message_from_event)
+        return receipt_of(response, scope)  # its id scoped as received messages' are
 
     async def call_action(self, action: str, params: Mapping[str, object] | None = None, *, account: str = "",
                           on_late: LateAnswer | None = None) -> dict[str, Any]:

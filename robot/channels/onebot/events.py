@@ -10,7 +10,7 @@ from typing import Any
 from robot.channels.onebot.cq import at_targets, parse_message, plain_text, reply_id
 from robot.message import ChatRef, Message, Role, Sender
 
-__all__ = ["message_from_event"]
+__all__ = ["chat_scope", "message_from_event"]
 
 log = logging.getLogger("robot.channels.onebot.channel")
 _ROLES: dict[str, Role] = {"owner": "owner", "admin": "admin", "member": "member"}
@@ -40,6 +40,12 @@ def _timestamp(value: object) -> datetime:
         except (OverflowError, OSError, ValueError):
             log.warning("onebot: event time %r is out of range; using the time it arrived", value)
     return datetime.now(UTC)
+
+
+def chat_scope(chat: ChatRef) -> str:
+    """What goes before a platform message id (``"group:123:"``): OneBot numbers messages per
+    implementation and account, even by counter, so ids are kept per chat (received and sent alike)."""
+    return f"{chat.kind}:{chat.chat_id}:"
 
 
 def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) -> Message | None:
@@ -84,13 +90,11 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
     return Message(
         chat=chat,
         sender=Sender(user_id=user_id, name=str(name), role=role, anonymous=is_anonymous),
-        # Scoped to its chat, as the bot's replies' ids are (OneBot numbers them per implementation,
-        # per account, even per counter: dedupe by the bare id dropped another chat's message 4001)
-        message_id=f"{chat.kind}:{chat.chat_id}:{message_id}",
+        message_id=chat_scope(chat) + message_id,  # (by the bare id, dedupe dropped another chat's 4001)
         text=plain_text(segments, strip_at={bot_id} if bot_id else set(), placeholders=True).strip(),
         timestamp=_timestamp(event.get("time")),
         mentions=tuple(target for target in targets if target != "all"),
         mentions_bot=bot_id is not None and bot_id in targets,
-        reply_to=f"{chat.kind}:{chat.chat_id}:{replied}" if (replied := reply_id(segments)) else None,
+        reply_to=chat_scope(chat) + replied if (replied := reply_id(segments)) else None,
         raw=dict(event),
     )
