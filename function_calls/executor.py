@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolError
 from function_calls.guards import Limits, LoopDetector, LoopLevel, args_key, result_key
-from function_calls.model import ToolCall
+from function_calls.model import ToolCall, Usage
 from function_calls.problems import mend_text
 from function_calls.run import Approver, EventCallback, RunState, StopReason, ToolTrace
 from function_calls.tool import Tool, Toolset
@@ -58,6 +58,8 @@ class CallExecutor:
     limits: Limits
     approver: Approver | None = None
     strict_tools: bool = False
+    #: The run's usage charged to its budget so far (a resumed run's earlier part was, as it paused).
+    charged: Usage = field(default_factory=Usage)
 
     async def emit(self, event: dict[str, Any]) -> None:
         if self.on_event is not None:

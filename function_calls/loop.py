@@ -43,6 +43,7 @@ _STOP_TEXT = {
 
 #: Below this many tokens left in the run's cap, each turn's output is capped at what is left.
 _OUTPUT_CAP = 4096
+_UNREADABLE = "暂时无法核对 AI 用量额度，请稍后再试。"
 _TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
 _FINAL_NOTE = (
     "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
@@ -85,7 +86,8 @@ class Runner:
         detector = LoopDetector.restore(self.loop_config, state.loop) if state.loop else LoopDetector(self.loop_config)
         offered = tools.filter(lambda t: t.allowed_for(caller))
         env = CallExecutor(offered, caller, deps_for, zone or ZoneInfo("UTC"), clock, on_event, detector, state,
-                           limits=self.limits, approver=self.approver, strict_tools=self.strict_tools)
+                           limits=self.limits, approver=self.approver, strict_tools=self.strict_tools,
+                           charged=state.usage)
         token_cap = self.limits.max_run_tokens
         daily_cap = False
         if self.budget is not None:
@@ -94,7 +96,7 @@ class Runner:
             except Exception:  # fail closed: what is left may be far below the run cap (a hold of 300 tokens)
                 log.exception("budget hook failed; the run is refused")
                 return self._finish(state, StopReason.DAILY_BUDGET, detector, detail="the budget could not be read",
-                                    text="暂时无法核对 AI 用量额度，请稍后再试。")
+                                    text=_UNREADABLE)
             if left is not None and left <= 0:
                 return self._finish(state, StopReason.DAILY_BUDGET, detector)
             if left is not None and left < token_cap:
@@ -102,11 +104,34 @@ class Runner:
         try:
             return await self._drive(env, token_cap, daily_cap, on_text)
         finally:
-            if self.budget is not None and state.usage.requests:
-                try:
-                    await self.budget.charge(caller, state.usage)
-                except Exception:
-                    log.exception("budget hook failed to record %s tokens", state.usage.total_tokens)
+            await self._charge(env)  # the rest: the last tools' usage, failed requests
+
+    async def _charge(self, env: CallExecutor) -> None:
+        """Charge the budget what the run used since it last did: each turn as it ends, so that a tool
+        the run calls sees what the run has spent (a deep_think may spend what is left of its hold)."""
+        used, before = env.state.usage, env.charged
+        if self.budget is None or (used.requests == before.requests and used.total_tokens == before.total_tokens):
+            return
+        env.charged = used
+        rest = Usage.model_construct(prompt_tokens=used.prompt_tokens - before.prompt_tokens,
+                                     completion_tokens=used.completion_tokens - before.completion_tokens,
+                                     requests=used.requests - before.requests, estimated=used.estimated - before.estimated)
+        try:
+            await self.budget.charge(env.caller, rest)
+        except Exception:
+            log.exception("budget hook failed to record %s tokens", rest.total_tokens)
+
+    async def _recheck(self, env: CallExecutor, token_cap: int, daily_cap: bool) -> tuple[int, bool] | None:
+        """After tools ran: the run's cap lowered to what is left today (a tool that went on in the background
+        spends from what the run held); None when the budget cannot be read (the run stops)."""
+        try:
+            left = await self.budget.remaining(env.caller) if self.budget is not None else None
+        except Exception:
+            log.exception("budget hook failed; the run stops")
+            return None
+        if left is not None and env.state.usage.total_tokens + left < token_cap:
+            return env.state.usage.total_tokens + left, True
+        return token_cap, daily_cap
 
     async def _drive(self, env: CallExecutor, token_cap: int, daily_cap: bool, on_text: TextCallback | None) -> RunResult:
         state = env.state
@@ -154,6 +179,12 @@ class Runner:
             stop = await self._run_calls(env, response.tool_calls)
             if stop is not None:
                 return stop
+            await self._charge(env)
+            capped = await self._recheck(env, token_cap, daily_cap)
+            if capped is None:
+                return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail="the budget could not be read",
+                                    text=_UNREADABLE)
+            token_cap, daily_cap = capped
 
     async def _run_calls(self, env: CallExecutor, calls: list[ToolCall], *, resume: bool = False) -> RunResult | None:
         state = env.state
@@ -213,6 +244,7 @@ class Runner:
                 continue
             state.iterations += 1
             state.usage = state.usage + response.usage
+            await self._charge(env)
             return response
 
     async def _final_answer(self, env: CallExecutor, reason: StopReason, why: str, on_text: TextCallback | None,

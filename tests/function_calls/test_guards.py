@@ -232,16 +232,43 @@ async def test_daily_budget_used_up_means_no_model_call() -> None:
 async def test_budget_is_charged_with_the_runs_usage_and_caps_the_token_budget() -> None:
     alice = Caller(user_id="alice")
     budget = Budget(10_000)
+    # Each turn is charged as it ends: a tool the run calls (a deep_think) sees what the run spent.
+    seen = counting_tool("look", [], result=lambda n: f"charged {len(budget.charged)} turn(s) before me")
     result = await Runner(ScriptedModel([call("look", {}), text("done")]), budget=budget).run(
-        USER, Toolset("s", [counting_tool("look", [])]), caller=alice)
-    assert budget.charged == [(alice, result.usage)]
-    assert result.usage.requests == 2 and result.usage.total_tokens > 0
+        USER, Toolset("s", [seen]), caller=alice)
+    assert [who for who, _ in budget.charged] == [alice, alice]
+    assert result.messages[2]["content"] == "charged 1 turn(s) before me"
+    assert sum(u.total_tokens for _, u in budget.charged) == result.usage.total_tokens > 0
+    assert sum(u.requests for _, u in budget.charged) == result.usage.requests == 2
 
     tight = Budget(1)  # fewer tokens left today than the first prompt needs: no final answer either
     model = ScriptedModel([text("short answer")])
     capped = await Runner(model, budget=tight).run(USER, Toolset("s", [counting_tool("look", [])]))
     assert capped.stop is StopReason.DAILY_BUDGET
     assert model.requests == [] and tight.charged == []
+
+
+async def test_a_resumed_run_is_charged_only_what_it_adds() -> None:
+    """A paused run was charged as it paused: its resumption (an approval) must not charge that again."""
+    first = await Runner(ScriptedModel([text("one")]), budget=Budget(10_000)).run(USER, Toolset("s"))
+    budget = Budget(10_000)
+    second = await Runner(ScriptedModel([text("two")]), budget=budget).run(first.state, Toolset("s"))
+    assert second.usage.total_tokens > first.usage.total_tokens > 0
+    assert sum(u.total_tokens for _, u in budget.charged) == second.usage.total_tokens - first.usage.total_tokens
+
+
+async def test_a_tool_that_leaves_less_of_the_day_ends_the_run_at_what_is_left() -> None:
+    """A tool may leave work spending in the background (a plan): what the run may still spend is read
+    again after its tools, not only at the start."""
+    budget = Budget(10_000)
+
+    def spend_the_day(n: int) -> str:
+        budget.left = 0
+        return "started in the background"
+
+    model = ScriptedModel([call("plan", {}), text("never asked")])
+    result = await Runner(model, budget=budget).run(USER, Toolset("s", [counting_tool("plan", [], spend_the_day)]))
+    assert result.stop is StopReason.DAILY_BUDGET and len(model.requests) == 1
 
 
 async def test_a_budget_that_cannot_be_read_refuses_the_run() -> None:
