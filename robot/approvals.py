@@ -347,7 +347,7 @@ class Approvals:
             token = GRANT.set(Grant(verdicts={(c.id, c.name, c.arguments): verdict for c in granted}, answer=answer))
             try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
                 with self.bot.tool_scope(names):
-                    async with self.bot.budget.reserve(caller, self.bot.settings.llm.max_run_tokens, at_least=1):
+                    async with self.bot.budget.for_run(caller, self.bot.settings.llm.max_run_tokens):
                         result = await self.bot.router.runner.run(
                             state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
                             zone=self.bot.zone_for(chat), clock=self.bot.clock)

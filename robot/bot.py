@@ -227,7 +227,7 @@ class Bot:
         chat = ChatRef.of(caller)
         try:
             with self.tool_scope(allow):
-                async with self.budget.reserve(caller, self.settings.llm.max_run_tokens, at_least=1):
+                async with self.budget.for_run(caller, self.settings.llm.max_run_tokens):
                     result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
                                                          zone=zone or self.zone_for(chat), deps_for=self.deps_for,
                                                          clock=self.clock)

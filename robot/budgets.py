@@ -19,13 +19,13 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
 from robot.budget_rows import SCHEMA, BudgetExceeded, day_before, reap_sync
+from robot.reservation import Reservation
+from robot.reservation import active as _active
 from robot.storage import Engine, Pending, Tx
 from robot.storage.base import CommitUnknown
 from robot.storage.leases import Leases
@@ -33,62 +33,6 @@ from robot.storage.leases import Leases
 __all__ = ["BudgetExceeded", "DailyBudget", "Reservation"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Reservation:
-    """Tokens held against some budgets for one spend; see :meth:`DailyBudget.reserve`."""
-
-    budget: DailyBudget
-    scopes: tuple[str, ...]  # the capped scopes it holds tokens in
-    held: int
-    parent: Reservation | None = None
-    #: Spent (reported by :meth:`spend`) but not yet recorded in the store.
-    unsettled: int = 0
-    closed: bool = False
-    day: str = ""
-    #: The part of ``held`` written in the database (the rest: spending beyond the estimate, held
-    #: in this process only until it is recorded).
-    stored: int = 0
-    #: Charged inside it (:meth:`DailyBudget.charge`), by the charged caller's scopes: recorded
-    #: when it closes, in the transaction that releases its hold (held until then).
-    charged: dict[tuple[str, ...], int] = field(default_factory=dict)
-    #: Recorded plus held tokens per scope as its own transaction left them (its hold included), when
-    #: it read them: :meth:`DailyBudget.remaining` inside it answers from these (no read per run)
-    #: until a reservation nested in it settles. None: read the database.
-    taken: dict[str, int] | None = None
-    #: Its rows' ``budget_holds.holder``: this process's lease holder id, "/", its own id.
-    holder: str = ""
-
-    def owed(self) -> int:
-        return self.unsettled + sum(self.charged.values())
-
-    def spend(self, tokens: int | Usage) -> None:
-        """Report tokens this spend has used; they stay held until someone records them.
-
-        A spend larger than its estimate holds the difference too, so later requests see it.
-        """
-        amount = tokens.total_tokens if isinstance(tokens, Usage) else tokens
-        self.unsettled += max(0, amount)
-        self._cover()
-
-    def _cover(self) -> None:
-        if self.owed() > self.held:
-            self.budget._hold(self.scopes, self.owed() - self.held)
-            self.held = self.owed()
-
-    def _drop(self, tokens: int) -> int:
-        """Stop holding ``tokens`` (recorded, or released): the in-process part first; returns how
-        much of the stored hold the database must release."""
-        tokens = min(max(tokens, 0), self.held)
-        extra = min(tokens, self.held - self.stored)
-        self.budget._hold(self.scopes, -extra)
-        self.held -= tokens
-        self.stored -= tokens - extra
-        return tokens - extra
-
-
-_active: ContextVar[Reservation | None] = ContextVar("qunbot_reservation", default=None)
 
 
 class DailyBudget:
@@ -183,6 +127,8 @@ class DailyBudget:
                                [v for scope in sorted(scopes) for v in (day, scope)])
                 taken = self._rows(db, day, scopes, lock=locked)  # one statement reads and locks them
                 hold = max(0, min(tokens, self._left(caps, taken)[1]))
+            if not hold and not need:  # nothing fresh, and it borrows enough (see reserve)
+                return 0, taken
             if hold >= need and self._take(db, day, caps, hold):
                 db.execute("INSERT INTO budget_holds (day, scope, holder, tokens) VALUES "
                            + ", ".join("(?, ?, ?, ?)" for _ in scopes),
@@ -273,7 +219,8 @@ class DailyBudget:
     # -- the interface -------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def reserve(self, caller: Caller, tokens: int, *, at_least: int | None = None) -> AsyncIterator[Reservation]:
+    async def reserve(self, caller: Caller, tokens: int, *, at_least: int | None = None,
+                      lends: bool = False) -> AsyncIterator[Reservation]:
         """Hold ``tokens`` against the caller's budgets for the ``async with`` block, or refuse.
 
         With ``at_least``, hold what is left (up to ``tokens``) as long as that is ``at_least``.
@@ -281,29 +228,49 @@ class DailyBudget:
         read (a budget that cannot be checked refuses). Report spending with
         :meth:`Reservation.spend`; on exit, unrecorded spending passes to the enclosing
         reservation (whose owner records it, e.g. the invoke loop), or is recorded here.
+
+        ``lends``: its owner reports what it spends as it goes (the invoke loop charges each turn), so
+        reservations nested in it may borrow what it holds and has not spent, once no fresh room is left.
         """
         tokens = max(0, tokens)
         parent = _active.get()
         caps, day, hold = self._capped(caller), self._day(), tokens
         holder = f"{self.leases.holder}/{os.urandom(6).hex()}"  # its rows in budget_holds
+        # Nested in a run of the same scopes (a tool it called): what the run holds and has not spent
+        # may be lent, once fresh room runs out (else a deep_think in the day's last run's worth of
+        # tokens found none: the run held it).
+        lender = parent if (parent is not None and parent.budget is self and parent.lends and not parent.closed
+                            and parent.day == day and parent.scopes == tuple(caps)) else None
+        borrowed = 0
         if tokens > 0 and caps:  # an empty reservation only collects what nested spends report
             need = tokens if at_least is None else min(tokens, max(at_least, 1))
+            lend = min(lender.free(), tokens) if lender is not None else 0
+            if lender is not None:  # promised before the await: a sibling cannot borrow it meanwhile
+                lender.lent += lend
+            got: tuple[int, dict[str, int] | None] | Exception
             try:
                 got = await self.db.transaction(
-                    lambda db: self._reserve_sync(db, day, caps, tokens, need, holder), durable=self._durable)
+                    lambda db: self._reserve_sync(db, day, caps, tokens, max(0, need - lend), holder),
+                    durable=self._durable)
             except Exception as exc:
-                if isinstance(exc, CommitUnknown):  # refused, but its hold may be written: release it if so
-                    self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
-                        self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
-                        "releasing a refused reservation's hold", exc, idempotent=True)
-                raise BudgetExceeded("store", 0, tokens) from exc
+                got = exc
+            if lender is not None:
+                borrowed = 0 if isinstance(got, Exception) else min(lend, tokens - got[0])
+                lender.lent -= lend - borrowed
             if isinstance(got, BudgetExceeded):
                 raise got
+            if isinstance(got, Exception):
+                if isinstance(got, CommitUnknown):  # refused, but its hold may be written: release it if so
+                    self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
+                        self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
+                        "releasing a refused reservation's hold", got, idempotent=True)
+                raise BudgetExceeded("store", 0, tokens) from got
             hold, taken = got
         else:
             taken = None
         stored = hold if tokens > 0 and caps else 0
-        reservation = Reservation(self, tuple(caps), hold, parent, day=day, stored=stored, taken=taken, holder=holder)
+        reservation = Reservation(self, tuple(caps), hold + borrowed, parent, day=day, stored=stored, taken=taken,
+                                  holder=holder, borrowed=borrowed, lends=lends)
         token = _active.set(reservation)
         try:
             yield reservation
@@ -311,18 +278,30 @@ class DailyBudget:
             _active.reset(token)
             await self._close(reservation, caller)
 
+    def for_run(self, caller: Caller, tokens: int) -> contextlib.AbstractAsyncContextManager[Reservation]:
+        """The hold around an invoke loop's run: ``tokens`` or what is left today, lent to its tools."""
+        return self.reserve(caller, tokens, at_least=1, lends=True)
+
     async def _close(self, res: Reservation, caller: Caller) -> None:
         spent, res.closed = res.unsettled, True
-        to_parent = bool(spent) and res.parent is not None and not res.parent.closed
+        to_parent = bool(spent) and res.passes and res.parent is not None and not res.parent.closed
         records = {k: v for k, v in res.charged.items() if v} if self.capped else {}
         if spent and not to_parent and self.capped:
             key = self._scopes(caller)
             records[key] = records.get(key, 0) + spent
-        release = res._drop(res.held)
+        # What it lent stays held (its rows too) until given back; what it borrowed goes back now.
+        release = 0 if res.lent else res._drop(res.held)
         if to_parent:
             assert res.parent is not None
             res.parent.spend(spent)  # the enclosing spend records it with its own usage
         res.unsettled, res.charged = 0, {}
+        await self._settle(res, records, release)
+        lender = res.parent if res.borrowed == 0 and not res.lent else None
+        while lender is not None and lender.closed and not lender.lent and lender.held:
+            await self._settle(lender, {}, lender._drop(lender.held))  # it closed first: its hold goes now
+            lender = lender.parent if lender.borrowed == 0 else None
+
+    async def _settle(self, res: Reservation, records: dict[tuple[str, ...], int], release: int) -> None:
         if records or release:
             outer = res.parent
             while outer is not None:  # what they read is no longer what the database holds
@@ -354,8 +333,8 @@ class DailyBudget:
         res = _active.get()
         while res is not None:
             if res.budget is self and res.day == day:  # a hold counts on the day it was taken
-                for scope in res.scopes:  # what it was charged is spent, not left
-                    mine[scope] = mine.get(scope, 0) + res.held - sum(res.charged.values())
+                for scope in res.scopes:  # what it spent is not left, and what it lent counts in the borrower
+                    mine[scope] = mine.get(scope, 0) + res.held - res.owed() - res.lent
             res = res.parent
         inner = _active.get()
         if (inner is not None and inner.budget is self and inner.taken is not None and inner.day == day

@@ -316,8 +316,7 @@ class Pipeline:
         tools: Toolset = bot.offered_tools()
         async with contextlib.AsyncExitStack() as stack:
             try:  # hold the run's cap (or what is left today) before any model call; settled by the loop
-                await stack.enter_async_context(bot.budget.reserve(caller, bot.settings.llm.max_run_tokens,
-                                                                   at_least=1))
+                await stack.enter_async_context(bot.budget.for_run(caller, bot.settings.llm.max_run_tokens))
             except BudgetExceeded as exc:
                 log.info("budget refused a request from %s: %s", caller.qualified_user, exc)
                 await self.reply(message, [exc.user_message])

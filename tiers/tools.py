@@ -42,7 +42,7 @@ from function_calls import (
     Usage,
     tool_function,
 )
-from robot import AskUserArgs, BudgetExceeded, ChatRef
+from robot import AskUserArgs, BudgetExceeded, ChatRef, Reservation
 
 if TYPE_CHECKING:
     from robot import Bot
@@ -125,7 +125,7 @@ def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
 
 
 async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limits: Limits,
-                   messages: list[dict[str, Any]], tools: Toolset) -> RunResult:
+                   messages: list[dict[str, Any]], tools: Toolset, held: list[Reservation] | None = None) -> RunResult:
     cap = await _budget(deps, ctx.caller, limits.max_run_tokens)
 
     def deps_for(tool: Tool) -> Any:  # ``execute`` is no plugin's tool: its deps are these
@@ -136,6 +136,8 @@ async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limi
     # that outlived its request, is recorded when this hold closes.
     try:
         async with deps.bot.budget.reserve(ctx.caller, cap, at_least=1) as hold:
+            if held is not None:
+                held.append(hold)
             bounded = Limits(max_iterations=limits.max_iterations, max_tool_calls=limits.max_tool_calls,
                              max_run_tokens=max(hold.held, 1))
             runner = Runner(model, limits=bounded)  # no budget hook: the hold above accounts for it
@@ -228,10 +230,14 @@ async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
     if tier is None:
         raise ToolError("no plan tier is configured", user_message="没有配置规划模型（[llm.plan]）。")
     messages = _messages(PLAN_PROMPT, args.goal, args.context)
-    work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages, _plan_tools(deps, ctx.caller)))
+    held: list[Reservation] = []
+    work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages,
+                                          _plan_tools(deps, ctx.caller), held))
     done, _ = await asyncio.wait({work}, timeout=tier.reply_within_s)
     if work in done:
         return _result(work.result(), "plan")
+    for hold in held:  # its spend is no longer the run's, which returns without it: recorded on its own
+        hold.detach()
     # Its own key: one message may start two plans, and another chat's message may bear the same id
     key = f"plan:{ChatRef.of(ctx.caller).key}:{ctx.caller.message_id or uuid.uuid4().hex}:{ctx.run_id}:{ctx.tool_call_id}"
     report = asyncio.create_task(_report_later(deps, ctx.caller, work, key), name="qunbot-plan-report")

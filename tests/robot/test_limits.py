@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from function_calls import Caller, Usage
 from function_calls.testing import ScriptedModel, text
 from robot.limits import DailyBudget, RateDecision, RateLimiter, TokenBucket
@@ -273,6 +275,55 @@ async def test_concurrent_spends_see_each_others_holds_and_settle_to_what_was_sp
         assert await budget.remaining(who) == 400  # inside, its own hold still counts as left
         async with budget.reserve(who, 0):  # an empty reservation never refuses
             pass
+    await db.close()
+
+
+async def test_a_run_lends_what_it_has_not_spent_and_keeps_it_while_a_background_borrower_spends(
+        tmp_path: Path) -> None:
+    """The day's last 1,000 tokens, all held by a run: a tool in it borrows what the run has not spent (no
+    fresh room is left); a borrower that outlives the run keeps the run's hold in the store till it ends,
+    and records its own spend once."""
+    from robot.limits import BudgetExceeded
+
+    db = Database(tmp_path / "b.sqlite3")
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=10_000, chat_tokens=None)
+    await db.open()
+    who = caller("u1")
+    await budget.charge(who, Usage(prompt_tokens=9000))
+    done, spent = asyncio.Event(), asyncio.Event()
+
+    async def background() -> None:
+        async with budget.reserve(who, 5000, at_least=1) as hold:
+            assert hold.held == 500  # what the run had not spent: nothing fresh
+            spent.set()
+            await done.wait()
+            hold.spend(450)
+            hold.detach()  # its tool returned long ago: the run will not count it
+
+    async with budget.for_run(who, 4000) as run:
+        assert run.held == 1000
+        await budget.charge(who, Usage(prompt_tokens=300))  # the run's first turn, charged as it ends
+        async with budget.reserve(who, 5000, at_least=1) as tool:
+            assert tool.held == 700 and await budget.remaining(who) == 700
+            tool.spend(200)
+        assert await budget.remaining(who) == 500  # the tool's 200 counts as the run's spend
+        with pytest.raises(BudgetExceeded):  # not lent by a reservation that does not say it may
+            async with budget.reserve(who, 100), budget.reserve(who, 100):
+                pass
+        await budget.charge(who, Usage(prompt_tokens=200))  # the tool's usage, as the loop reports it
+        task = asyncio.create_task(background())
+        await asyncio.wait_for(spent.wait(), 5)
+        assert await budget.remaining(who) == 0  # what the run had left is the background's now
+    assert await budget.used("user:memory:u1") == 9500  # the run's 300 and its tool's 200
+    assert await budget.remaining(who) == 0  # the run's hold stays while the background spends it
+    with pytest.raises(BudgetExceeded):
+        async with budget.reserve(who, 1):
+            pass
+    done.set()
+    await task
+    assert await budget.used("user:memory:u1") == 9950  # its 450, once
+    assert await budget.db.run(lambda d: d.execute("SELECT COUNT(*) FROM budget_holds").fetchone()[0]) == 0
+    assert await budget.db.run(lambda d: d.execute("SELECT SUM(held) FROM usage_daily").fetchone()[0]) == 0
     await db.close()
 
 

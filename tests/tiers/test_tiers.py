@@ -282,3 +282,55 @@ async def test_an_unanswered_question_gives_no_reply_after_its_timeout() -> None
     questions = Questions()
     assert await questions.ask("memory:group:g1", "memory:u1", 0.05) == NO_REPLY
     assert not questions.answer("memory:group:g1", "memory:u1", "迟到的回答")  # nobody waits any more
+
+
+async def test_deep_think_may_spend_what_the_days_last_run_holds(tmp_path: Path) -> None:
+    """3,000 tokens left today and the chat run holds them all: a deep_think the model calls borrows from
+    that hold (it found no fresh room and was refused as "budget spent"), and the day is not overspent."""
+    from function_calls import Caller, Usage
+    from function_calls.testing.server import Usage as WireUsage
+
+    def parent(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(f"思考结果：{result}") if result else call("deep_think", {"question": "6 乘 7 是多少"})
+
+    async with FakeOpenAIServer(lambda body: Reply("答案是 42", usage=WireUsage(600, 100, 700))) as server:
+        limits = {"user_burst": 50, "chat_burst": 50, "user_daily_tokens": 10_000}
+        async with running(tmp_path, ScriptedModel(parent), limits, think=tier(server, max_run_tokens=5000),
+                           max_run_tokens=4000) as (bot, ch):
+            await bot.budget.charge(Caller(platform="memory", user_id="u1"), Usage(prompt_tokens=7000))
+            reply = await ask(ch, "帮我认真想想 6 乘 7", chat=ch.chat("u1", kind="private"))
+            assert reply == "思考结果：答案是 42"
+            end = next(e for e in ch.events if e.get("type") == "run_end")
+            assert end["tiers"]["think"] == 700  # type: ignore[index]
+            used = await bot.budget.used("user:memory:u1")
+            assert used == 7000 + int(end["tokens"]) <= 10_000  # type: ignore[call-overload]
+            assert await bot.budget.remaining(Caller(platform="memory", user_id="u1")) == 10_000 - used
+
+
+async def test_two_deep_thinks_at_once_cannot_both_spend_what_the_run_holds(tmp_path: Path) -> None:
+    """Each may write as much as its cap lets it (the worst case): the first borrows what the run has not
+    spent, the second finds nothing left, and the day is not overspent."""
+    from function_calls import Caller, Usage
+    from function_calls.testing.server import Usage as WireUsage
+
+    def parent(request: ModelRequest) -> ModelResponse:
+        if tool_result(request):
+            return text("好了")
+        return call("deep_think", {"question": "第一题"}, ("deep_think", {"question": "第二题"}))
+
+    def greedy(body: dict[str, Any]) -> Reply:
+        out = int(body.get("max_tokens") or 100_000)
+        return Reply("答案", usage=WireUsage(1, out, out + 1))
+
+    async with FakeOpenAIServer(greedy) as server:
+        limits = {"user_burst": 50, "chat_burst": 50, "user_daily_tokens": 10_000}
+        async with running(tmp_path, ScriptedModel(parent), limits, think=tier(server, max_run_tokens=5000),
+                           max_run_tokens=4000) as (bot, ch):
+            await bot.budget.charge(Caller(platform="memory", user_id="u1"), Usage(prompt_tokens=7000))
+            # They spent the whole day: the run ends saying so (a last answer would overspend it)
+            assert await ask(ch, "两道题", chat=ch.chat("u1", kind="private")) == "今天的 AI 用量已达上限，明天再来吧。"
+            assert len(server.requests) == 1 and server.requests[0].body["max_tokens"] > 1000
+            results = sorted(str(e["result"]) for e in ch.events if e.get("type") == "tool")
+            assert results == ["the daily AI budget is spent", "答案"]
+            assert 9000 < await bot.budget.used("user:memory:u1") <= 10_000
