@@ -217,10 +217,10 @@ class Outbox(OutboxRows):
         self.notify(platform)
 
     async def start(self) -> None:
-        """Start a worker per channel; backoff from a previous run is not inherited."""
-        self._stopping = False
-        now = iso(self.clock())
-        await self._update("UPDATE outbox SET next_at = ? WHERE status = 'pending' AND next_at > ?", [now, now])
+        """Start a worker per channel; backoff from a previous run is not inherited (see :meth:`_unwait`)."""
+        self._stopping, shared = False, self.leases is not None and self.leases.leases.exclusive
+        others = await self.leases.leases.holders() if shared and self.leases is not None else {}
+        await self._unwait({name for name, holder in others.items() if holder != self.holder})
         for channel in list(self._channels.values()):
             self.register(channel)
 

@@ -358,6 +358,21 @@ class OutboxRows:
     async def _set_parts(self, key: str, parts: int) -> None:
         await self._update("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key])
 
+    async def _unwait(self, elsewhere: Collection[str]) -> None:
+        """Waiting rows due at once (a start drops its last run's backoff), but those another process sends:
+        the accounts' and channels' whose leases (``elsewhere``) it holds (a platform's flood wait too)."""
+        def work(tx: Tx) -> None:
+            now = iso(self.clock())
+            if not elsewhere:
+                tx.execute("UPDATE outbox SET next_at = ? WHERE status = 'pending' AND next_at > ?", [now, now])
+                return
+            rows = tx.execute("SELECT key, platform, account FROM outbox WHERE status = 'pending' AND next_at > ?", [now])
+            keys = [str(k) for k, p, a in rows.fetchall() if f"channel:{p}" not in elsewhere and f"account:{p}:{a}" not in elsewhere
+                    and (a or not any(n.startswith(f"account:{p}:") for n in elsewhere))]  # ("": perhaps theirs)
+            for part, marks in in_chunks(keys):
+                tx.execute(f"UPDATE outbox SET next_at = ? WHERE key IN ({marks})", [now, *part])
+        await self.db.run(work, urgent=True)
+
     async def _update(self, sql: str, params: Sequence[object]) -> None:
         """One statement in a unit of its own (a row's state as its send goes)."""
         await self.db.run(lambda db: db.execute(sql, params), urgent=True)

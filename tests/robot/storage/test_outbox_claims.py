@@ -113,3 +113,26 @@ async def test_a_process_claims_only_the_accounts_it_holds(engine: Engine) -> No
         assert [(w["account"], w["n"]) for w in waiting] == [("", 1), ("111", 1), ("222", 1)]
     finally:
         await engine.close()
+
+
+async def test_a_start_keeps_the_wait_of_rows_another_living_process_sends(engine: Engine) -> None:
+    """A starting process does not inherit its last run's backoff; the rows of an account another living
+    process holds keep theirs (a platform's flood wait among them: sent at once, it is broken)."""
+    from robot.storage.leases import LeaseKeeper
+
+    outbox, a, b = await setup(engine)
+    starting = Outbox(engine, leases=LeaseKeeper(a))
+    try:
+        assert await b.acquire("account:telegram:111")
+        theirs, nobodys = G1, G1.model_copy(update={"account": "222"})
+        await outbox.enqueue(OutgoingMessage(key="theirs", chat=theirs, text="1"),
+                             OutgoingMessage(key="nobodys", chat=nobodys, text="2"))
+        later = iso(datetime.now(UTC) + timedelta(minutes=5))
+        await engine.run(lambda tx: tx.execute("UPDATE outbox SET next_at = ?", [later]))
+        await starting.start()
+        due = {str(r["key"]): str(r["next_at"]) < later for r in await outbox.rows()}
+        # On SQLite another holder is this process's dead predecessor: no wait is kept.
+        assert due == {"theirs": engine.dialect == "sqlite", "nobodys": True}
+    finally:
+        await starting.stop(0)
+        await engine.close()
