@@ -7,13 +7,12 @@ asked is never part of it (see :mod:`summary.window`). Noise (stickers, 哈哈, 
 :mod:`summary.signals`) is dropped first. With a model every other message is map-reduced (see
 :mod:`summary.mapreduce`) within what is left of the daily token budget; if that cannot cover
 the whole window, the newest part is summarised and the reply names the period left out.
-Without a model, or when the budget cannot pay for any of it, it gives the extractive summary. The summary is the answer (no further model turn), and the chat's summary
-mark moves to the newest message covered. If the model fails midway the extractive summary is
-shown and the mark stays, so asking again covers the same messages. CPU-heavy steps run in a
-worker thread, so a summary of thousands of messages does not stall the bot.
+Without a model, or when the budget cannot pay for any of it, it gives the extractive summary.
+The summary is the answer (no further model turn); "since the last summary" moves the mark, but
+not when the model fails midway (the extractive summary is shown: asking again covers the same
+messages). CPU-heavy steps run in a worker thread: thousands of messages do not stall the bot.
 
-On ``/forget me`` (core: :mod:`robot.privacy`) the bot's earlier summaries in the chats
-concerned go too: they may quote the person.
+On ``/forget me`` (:mod:`robot.privacy`) earlier summaries in the chats go too (they may quote them).
 """
 
 from __future__ import annotations
@@ -109,7 +108,8 @@ class SummaryArgs(BaseModel):
             self.period, self.member, period = None, period, ""
         elif period.startswith(("#", "＃")) and len(period) > 1:  # "/summary #123456" (in private)
             self.group, self.period, period = period[1:].strip(), None, ""
-        elif period.replace(".", "", 1).isdigit() and self.hours is None:  # "/summary 3": the last 3 hours
+        elif period.replace(".", "", 1).isdigit() and len(period.partition(".")[2]) < 2 and self.hours is None:
+            # "/summary 3" and "/summary 1.5" are hours; "/summary 11.20" is a date (parse_period)
             if not 0 < float(period) <= 168:
                 raise ValueError("小时数应大于 0、不超过 168")
             self.period, self.hours, period = None, float(period), ""

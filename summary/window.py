@@ -109,6 +109,8 @@ def parse_period(text: str, now: datetime, zone: ZoneInfo) -> Span:
     if words[0] in _DAYS or _DATE.match(words[0]):
         day, named = _day(words[0], today)
         rest = words[1:]
+    if day > today:  # (a date with its year: one without it is the last one past)
+        raise ValueError(f"{day:%Y-%m-%d} 还没到：只能总结已经说过的话")
     if not rest:
         start = datetime.combine(day, time(), zone)
         return Span(start, start + timedelta(days=1), f"{named}（{day:%m-%d} {weekday(day.weekday())}）")
@@ -122,6 +124,8 @@ def parse_period(text: str, now: datetime, zone: ZoneInfo) -> Span:
     end = datetime.combine(day, time(), zone) + timedelta(hours=h2, minutes=m2)
     if end <= start:
         raise ValueError(f"时间范围「{rest[0]}」的结束早于开始")
+    if start > now:
+        raise ValueError(f"{named} {rest[0]} 还没到：只能总结已经说过的话")
     return Span(start, end, f"{named} {h1:02d}:{m1:02d}-{h2:02d}:{m2:02d}")
 
 

@@ -75,9 +75,20 @@ def test_named_periods_are_days_and_ranges_in_the_chat_zone() -> None:
     assert (morning.start, morning.end) == (sh(23, 9), sh(23, 12)) and morning.title == "今天 09:00-12:00"
     span = parse_period("昨天 21:30～24:00", NOW, SH)
     assert (span.start, span.end) == (sh(22, 21, 30), sh(23, 0))
-    for bad, why in (("12:00-09:00", "早于"), ("2026-02-30", "没有这一天"), ("下辈子", "看不懂"), ("25:00-26:00", "不对")):
+    for bad, why in (("12:00-09:00", "早于"), ("2026-02-30", "没有这一天"), ("下辈子", "看不懂"), ("25:00-26:00", "不对"),
+                     ("2026-11-24", "还没到"), ("2027-01-01", "还没到"), ("13:00-14:00", "还没到")):
         with pytest.raises(ValueError, match=why):
             parse_period(bad, NOW, SH)
+    assert parse_period("11:00-13:00", NOW, SH).end == sh(23, 13)  # under way: what has been said so far
+
+
+def test_a_date_written_with_a_dot_is_a_date_and_a_number_of_hours_stays_hours() -> None:
+    """"/summary 11.20" is November 20th (it read as the last 11.2 hours); "/summary 1.5" is 1.5 hours."""
+    from summary.tools import SummaryArgs
+
+    assert SummaryArgs(period="11.20").period == "11.20" and SummaryArgs(period="11.20").hours is None
+    assert parse_period("11.20", NOW, SH).start == sh(20, 0)
+    assert SummaryArgs(period="1.5").hours == 1.5 and SummaryArgs(period="3").hours == 3
 
 
 async def test_summary_of_yesterday_a_date_and_a_morning_by_command(tmp_path: Path) -> None:
