@@ -61,6 +61,17 @@ async def test_the_context_stays_within_its_token_bound(tmp_path: Path) -> None:
         assert 1 <= shown[0]["content"].count("周会的纪要") < 10
 
 
+async def test_short_memories_fill_the_bound_and_never_pass_it(tmp_path: Path) -> None:
+    """Its header was reserved 30 tokens and counts 37: short lines filling the rest passed the bound by 7."""
+    model = ScriptedModel(lambda r: text("嗯"))
+    async with running(tmp_path, model=model, memory={"auto_context_n": 10, "auto_context_tokens": 70}) as (_, ch):
+        for i in range(10):
+            await ask(ch, f"/remember 周会{i}" + "议" * i)
+        await ask(ch, "周会讨论了什么", at_bot=True)
+        shown = memory_messages(model.requests[0])
+        assert len(shown) == 1 and 60 <= estimate_tokens(shown[0]["content"]) <= 70
+
+
 async def test_a_shown_memory_counts_as_recalled_only_when_the_answer_uses_it(tmp_path: Path) -> None:
     clock = Clock()
     answers = iter(["今天不开会。", "记得你对花生过敏，别点花生酱。"])
