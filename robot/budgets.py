@@ -254,9 +254,12 @@ class DailyBudget:
                     durable=self._durable)
             except Exception as exc:
                 got = exc
-            if lender is not None:
-                borrowed = 0 if isinstance(got, Exception) else min(lend, tokens - got[0])
-                lender.lent -= lend - borrowed
+            finally:  # (cancelled too: a promise never given back would keep the lender's hold all day)
+                if lender is not None:
+                    lender.lent -= lend
+            if lender is not None and not isinstance(got, Exception):
+                borrowed = min(lend, tokens - got[0])
+                lender.lent += borrowed
             if isinstance(got, BudgetExceeded):
                 raise got
             if isinstance(got, Exception):
@@ -332,7 +335,7 @@ class DailyBudget:
         mine: dict[str, int] = {}
         res = _active.get()
         while res is not None:
-            if res.budget is self and res.day == day:  # a hold counts on the day it was taken
+            if res.budget is self and res.day == day and not res.closed:  # (a hold counts on its own day)
                 for scope in res.scopes:  # what it spent is not left, and what it lent counts in the borrower
                     mine[scope] = mine.get(scope, 0) + res.held - res.owed() - res.lent
             res = res.parent

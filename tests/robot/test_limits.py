@@ -311,6 +311,17 @@ async def test_a_run_lends_what_it_has_not_spent_and_keeps_it_while_a_background
             async with budget.reserve(who, 100), budget.reserve(who, 100):
                 pass
         await budget.charge(who, Usage(prompt_tokens=200))  # the tool's usage, as the loop reports it
+
+        async def cancelled() -> None:
+            async with budget.reserve(who, 5000, at_least=1):
+                raise AssertionError("cancelled while it reserved")
+
+        nested = asyncio.create_task(cancelled())
+        await asyncio.sleep(0)  # it awaits its transaction, with the run's 500 promised to it
+        nested.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await nested
+        assert run.lent == 0 and await budget.remaining(who) == 500  # the promise was given back
         task = asyncio.create_task(background())
         await asyncio.wait_for(spent.wait(), 5)
         assert await budget.remaining(who) == 0  # what the run had left is the background's now
