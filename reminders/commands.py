@@ -35,7 +35,8 @@ def _unparsed(reason: str, line: CommandLine) -> CommandError:
 def _days_value(raw: str) -> list[int]:
     days = weekday_set(raw)
     if days is None:
-        raise CommandError(f"days={raw[:20]} 不对：请写 工作日、周末，或 周一三五 这样的星期几。")
+        raise CommandError(f"days={raw[:20]} 不对：请写 工作日、周末，或 周一三五 这样的星期几"
+                           "（只写数字时 0=周一 … 6=周日）。")
     return days
 
 

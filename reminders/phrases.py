@@ -82,6 +82,8 @@ def _cn_int(text: str) -> int:
         return (_CN_DIGITS.get(tens, -100) if tens else 1) * 10 + (_CN_DIGITS.get(ones, -100) if ones else 0)
     if len(text) == 1 and text in _CN_DIGITS:
         return _CN_DIGITS[text]
+    if len(text) == 2 and text[0] in "零〇" and text[1] in _CN_DIGITS:  # 三点零五
+        return _CN_DIGITS[text[1]]
     raise PhraseError(f"看不懂数字“{text}”。")
 
 
@@ -101,8 +103,7 @@ class _Cursor:
             self.pos += 1
 
 
-def _p(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+_p = re.compile
 
 
 _LEAD = _p(r"(?:提醒我|提醒大家|提醒|叫我|remind me(?: to)?\b|remind us(?: to)?\b)\s*")
@@ -119,9 +120,13 @@ _DAY_ZH = _p(rf"(?P<word>大后天|后天|明天|明日|今天|今日)|(?P<short
              rf"|(?:(?P<y>\d{{4}})[-/年])?(?P<mo>\d{{1,2}})(?:[-/]|月)(?P<d>\d{{1,2}})[日号]?")
 _DAY_EN = _p(rf"(?P<word>the day after tomorrow|tomorrow|today|tonight)\b|(?:(?P<next>next|this)\s+|on\s+)?(?P<day>{EN_DAY})\b")
 _PERIOD_ZH = _p(r"凌晨|早上|早晨|上午|早|中午|下午|午后|傍晚|晚上|夜里|夜间|晚")
-_CLOCK = _p(r"(?:at\s+)?(?P<h>\d{1,2})[:：](?P<m>\d{2})(?::(?P<s>\d{2}))?\s*(?P<ampm>am|pm|a\.m\.|p\.m\.)?")
-_CLOCK_ZH = _p(rf"(?P<h>{_NUM})\s*(?:点|时)\s*(?:(?P<half>半)|(?P<q>一刻|三刻)|(?P<m>{_NUM})\s*分?|整)?")
-_CLOCK_EN = _p(r"(?:at\s+)?(?P<h>\d{1,2})\s*(?P<ampm>am|pm|a\.m\.|p\.m\.)|at\s+(?P<bare>\d{1,2})\b|(?P<word>noon|midnight)\b")
+_AMPM = r"(?P<ampm>am|pm|a\.m\.|p\.m\.)(?![a-z])"  # not the start of a word ("9:00 PMP考试")
+_CLOCK = _p(rf"(?:at\s+)?(?P<h>\d{{1,2}})[:：](?P<m>\d{{2}})(?::(?P<s>\d{{2}}))?(?:\s*{_AMPM})?")
+# Minutes follow 点 directly, without 分 only as said (10, 十五, 零五): "8点 一起吃饭" was 8:01 "起吃饭"
+_CLOCK_ZH = _p(rf"(?P<h>{_NUM})\s*(?:点钟|点|时)(?:(?P<half>半)|(?P<q>一刻|三刻)|(?P<m>{_NUM})分"
+               r"|(?P<m2>\d{2}|[零〇][一二三四五六七八九]|[一二三四五]?十[一二三四五六七八九]?)(?![\d分])"
+               r"|整(?![理齐个天体修改合顿套份洁]))?")
+_CLOCK_EN = _p(rf"(?:at\s+)?(?P<h>\d{{1,2}})\s*{_AMPM}|at\s+(?P<bare>\d{{1,2}})\b|(?P<word>noon|midnight)\b")
 
 _AFTERNOON = frozenset({"下午", "午后", "傍晚"})
 _NIGHT = frozenset({"晚上", "夜里", "夜间", "晚", "今晚", "今夜", "明晚", "tonight"})
@@ -142,7 +147,8 @@ def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int, bool] | None
         hour, minute, second, ampm = int(m["h"]), int(m["m"]), int(m["s"] or 0), m["ampm"]
     elif m := cur.take(_CLOCK_ZH):
         hour = _cn_int(m["h"])
-        minute = 30 if m["half"] else 15 if m["q"] == "一刻" else 45 if m["q"] else _cn_int(m["m"]) if m["m"] else 0
+        said = m["m"] or m["m2"]
+        minute = 30 if m["half"] else 15 if m["q"] == "一刻" else 45 if m["q"] else _cn_int(said) if said else 0
     elif m := cur.take(_CLOCK_EN):
         if m["word"]:
             hour = 12 if m["word"] == "noon" else 24
@@ -164,7 +170,9 @@ def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int, bool] | None
             hour, carry = hour % 12, 1
         elif hour < 12:
             hour += 12
-    elif (period in _AFTERNOON and hour < 12) or (period == "中午" and hour < 11):
+    elif period == "中午" and 3 < hour < 11:  # 中午10点 is no noon: 22:00 was a silent guess
+        raise PhraseError(f"“中午{hour}点”是几点？请写 上午{hour}点 或 晚上{hour}点。")
+    elif (period in _AFTERNOON and hour < 12) or (period == "中午" and hour <= 3):
         hour += 12
     elif period == "凌晨" and hour == 12:
         hour = 0
@@ -264,15 +272,17 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
     today = local_now.date()
 
     if m := cur.take(_REL_ZH) or cur.take(_REL_EN):
-        delta = _relative(m)
-        if delta < timedelta(days=1) or (m["unit"] not in ("天", "日") and not m["unit"].startswith("d")):
-            return _once_at(_wall_after(now + delta, zone, now), zone, now, _content(text, index, cur))
-        day = (local_now + delta).date()
+        delta, in_days = _relative(m), m["unit"] in ("天", "日") or m["unit"].startswith("d")
         cur.skip_space()
-        clock = _clock(cur, None)
-        if clock is None:
-            return _once_at(_wall_after(now + delta, zone, now), zone, now, _content(text, index, cur))
-        return _once(day + timedelta(days=clock[1]), clock[0], zone, now, _content(text, index, cur))
+        if (clock := _clock(cur, None) if in_days else None) and delta < timedelta(days=1):
+            raise PhraseError("“半天后”和几点只能写一个：例如 12小时后，或 明天8点。")  # (its clock was dropped)
+        if clock:
+            day = (local_now + delta).date() + timedelta(days=clock[1])
+            return _once(day, clock[0], zone, now, _content(text, index, cur))
+        if in_days and delta % timedelta(days=1) == timedelta(0):  # N days later: the wall time too, over DST
+            at = local_now.replace(tzinfo=None) + delta + timedelta(seconds=30)
+            return _once(at.date(), at.time().replace(second=0, microsecond=0), zone, now, _content(text, index, cur))
+        return _once_at(_wall_after(now + delta, zone, now), zone, now, _content(text, index, cur))
 
     if m := cur.take(_EVERY_ZH) or cur.take(_EVERY_EN):
         groups = m.groupdict()

@@ -44,15 +44,19 @@ def weekday_number(text: str) -> int | None:
 def weekday_set(text: str) -> list[int] | None:
     """``"工作日"``, ``"周末"``, ``"周一三五"``, ``"一、三和五"``, ``"0,2,4"``, ``"weekdays"`` -> sorted days, or None.
 
-    Digits after 周 count from 1 (周1 = Monday), as in :func:`weekday_number`; a bare list is 0-6.
+    Digits after 周 count from 1 (周1 = Monday), as in :func:`weekday_number`; a bare list is 0-6 if it holds
+    a 0, 1-7 if it holds a 7, else None (ambiguous).
     """
     word = unicodedata.normalize("NFKC", text).strip().lower()
     if word in ("工作日", "workdays", "weekdays"):
         return list(WORKDAYS)
     if word in ("周末", "weekend", "weekends"):
         return [5, 6]
-    if re.fullmatch(r"[0-6](?:\s*,\s*[0-6])*", word):
-        return sorted({int(d) for d in word.split(",")})
+    if re.fullmatch(r"[0-7](?:\s*[、,，和及与\s]\s*[0-7])*", word):
+        # Bare digits: 0=Monday as in weekday= (a 0 says so), or 1-7 (a 7 says so); "1,3,5" could be either,
+        # and read one way by "," and the other by "、", it named other days than meant: refused, not guessed.
+        digits = {int(d) for d in re.findall(r"\d", word)}
+        return None if (0 in digits) == (7 in digits) else sorted(d - (7 in digits) for d in digits)
     if not _ZH_SET.fullmatch(word):
         return None
     days: set[int] = set()

@@ -70,6 +70,18 @@ def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
     ("every friday 6pm report", "weekly", "18:00", 4, "report"),
     ("weekdays 9:00 standup", "weekdays", "09:00", (0, 1, 2, 3, 4), "standup"),
     ("2026-11-24 08:00 开会", "once", "2026-11-24 08:00", None, "开会"),
+    # The content's first word is no part of the time (these were 08:01 "起吃饭", 15:03 "楼开会", 21:00 "P考试")
+    ("明天8点 一起吃饭", "once", "2026-11-24 08:00", None, "一起吃饭"),
+    ("明天下午3点 3楼开会", "once", "2026-11-24 15:00", None, "3楼开会"),
+    ("每天8点 一起跑步", "daily", "08:00", None, "一起跑步"),
+    ("明天 9:00 PMP考试", "once", "2026-11-24 09:00", None, "PMP考试"),
+    ("明天8点 整理文档", "once", "2026-11-24 08:00", None, "整理文档"),
+    ("明天8点整 开会", "once", "2026-11-24 08:00", None, "开会"),
+    ("3点钟 开会", "once", "2026-11-23 15:00", None, "开会"),
+    ("明天8点半开会", "once", "2026-11-24 08:30", None, "开会"),
+    ("明天8点10 开会", "once", "2026-11-24 08:10", None, "开会"),
+    ("明天三点零五 开会", "once", "2026-11-24 03:05", None, "开会"),
+    ("明天中午1点 午饭", "once", "2026-11-24 13:00", None, "午饭"),
 ])
 def test_common_phrases(text: str, kind: str, time: str, extra: object, content: str) -> None:
     got = read(text)
@@ -85,6 +97,8 @@ def test_common_phrases(text: str, kind: str, time: str, extra: object, content:
     ("今天上午8点 开会", "已经过去了"),
     ("明天25点 开会", "不存在"),
     ("2月30日 8:00 x", "不存在"),
+    ("中午10点 开会", "是几点"),  # it was 22:00
+    ("0.5天后8点 开会", "只能写一个"),  # it was 12 hours later, "8点 开会" the content
 ])
 def test_what_it_cannot_use_is_explained_in_chinese(text: str, reason: str) -> None:
     with pytest.raises(PhraseError, match=reason):
@@ -98,6 +112,30 @@ def test_chinese_and_english_weekday_names() -> None:
     assert weekday_set("工作日") == [0, 1, 2, 3, 4] and weekday_set("周末") == [5, 6]
     assert weekday_set("周一三五") == weekday_set("一、三和五") == weekday_set("0,2,4") == [0, 2, 4]
     assert weekday_set("周日") == [6] and weekday_set("每周") is None and weekday_set("8,9") is None
+    # "1,3,5" was Tue/Thu/Sat and "1、3、5" Mon/Wed/Fri: bare digits say which count they use (0 or 7), or are refused
+    assert weekday_set("1,3,5") is None and weekday_set("1、3、5") is None and weekday_set("0、2、4") == [0, 2, 4]
+    assert weekday_set("1,3,7") == weekday_set("1、3、7") == [0, 2, 6] and weekday_set("0,7") is None
+
+
+def test_n_days_later_keeps_the_wall_time_over_a_clock_change() -> None:
+    """"1天后" said at noon the day before New York's clocks go back: noon, as 明天 and 1天后12点 say."""
+    now = datetime(2026, 10, 31, 16, 0, tzinfo=UTC)  # Saturday 12:00 EDT
+    ny = ZoneInfo("America/New_York")
+    assert read("1天后 开会", ny, now).time == read("明天12点 开会", ny, now).time == "2026-11-01 12:00"
+    assert read("1.5天后 开会", ny, now).time == "2026-11-01 23:00"  # a fraction of a day: 36 hours pass
+
+
+PHRASES = st.sampled_from(["明天8点", "明天下午3点", "今晚9点", "每天8点", "每周五下午5点", "明天 9:00", "明天8点整",
+                           "明天8点半", "后天十点一刻", "明天 8:00", "工作日 9:00", "3天后", "明天中午"])
+CONTENTS = st.sampled_from(["一起吃饭", "3楼开会", "10个人开会", "两周一次的复盘", "整理文档", "半价", "PMP考试", "一刻钟后出发", "十五个人", "零食", "开会"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(phrase=PHRASES, first=CONTENTS, second=CONTENTS)
+def test_the_time_does_not_depend_on_the_content_after_a_space(phrase: str, first: str, second: str) -> None:
+    # (A lone "pm" after a clock is p.m. whatever follows it: "8:00 pm日报" reads as 20:00, its confirmation says so.)
+    one, two = read(f"{phrase} {first}"), read(f"{phrase} {second}")
+    assert (one.kind, one.time, one.content, two.content) == (two.kind, two.time, first, second)
 
 
 def test_a_relative_time_in_a_repeated_hour_is_never_placed_in_the_past() -> None:

@@ -137,7 +137,7 @@ async def test_a_model_can_set_a_workday_reminder_too(start: Start) -> None:
 
 async def test_days_belong_to_weekdays_reminders_only(start: Start) -> None:
     chat = await start()
-    assert "只有每周几天的提醒（weekdays）需要 days" in await chat.say("/remind weekly 09:00 x weekday=0 days=1")
+    assert "只有每周几天的提醒（weekdays）需要 days" in await chat.say("/remind weekly 09:00 x weekday=0 days=0")
     assert "days=每周 不对" in await chat.say("/remind weekdays 09:00 x days=每周")
     assert "周一、三、五 09:00" in await chat.say("/remind weekdays 周一三五 09:00 晨跑")
 
