@@ -284,6 +284,9 @@ class WebSettings(_Section):
     enabled: bool = Field(False, description="the web playground (on by default when nothing is configured)")
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
+    allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "host names it answers to when it listens beyond this machine, besides its IP addresses (any "
+        "other name may be a site that rebinds its own name to the playground)"))
 
 
 class ConsoleSettings(_Section):

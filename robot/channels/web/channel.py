@@ -48,6 +48,7 @@ from robot.channels.web.protocol import (
     PingFrame,
     SendFrame,
     address,
+    answers_to,
     authority,
     is_loopback,
     parse_frame,
@@ -238,9 +239,9 @@ class WebChannel(Channel):
             host = URL(f"http://{request.host}").host
         except ValueError:
             return web.Response(status=400, text="bad Host header\n")
-        if is_loopback(self.settings.host) and not is_loopback(host):
+        if not (is_loopback(host) if is_loopback(self.settings.host) else answers_to(host, self.settings.allowed_hosts)):
             log.warning("web playground refused a request for host %r", request.host[:100])
-            return web.Response(status=403, text="the playground only answers to localhost\n")
+            return web.Response(status=403, text="the playground answers to its addresses and [web] allowed_hosts\n")
         origin = request.headers.get("Origin")
         if request.path == "/ws" and origin is not None and authority(origin) != request.host:
             log.warning("web playground refused a WebSocket from origin %r", origin[:100])

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC
 from typing import Annotated, Any, Literal
 
@@ -57,7 +57,7 @@ from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
 __all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address",
-           "authority", "is_loopback", "parse_frame", "stored_frames", "trim"]
+           "answers_to", "authority", "is_loopback", "parse_frame", "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
 MAX_TEXT = 4000
@@ -179,6 +179,20 @@ def trim(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [trim(v) for v in value]
     return value
+
+
+def answers_to(host: str | None, allowed: Iterable[str]) -> bool:
+    """Whether a playground listening beyond this machine serves a request for ``host``: an IP address, this
+    machine, or a name the owner listed. Another name may be a site that points its own at the playground
+    (DNS rebinding): the page's Origin then matches Host, and it would drive the bot."""
+    if not host:
+        return False
+    name = host.strip("[]").lower().rstrip(".")
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return name == "localhost" or name in {a.strip().lower().rstrip(".") for a in allowed}
+    return True
 
 
 def is_loopback(host: str | None) -> bool:

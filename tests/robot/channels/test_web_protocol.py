@@ -196,6 +196,30 @@ async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, ht
                         "time": replies[0]["time"], "zone": "Asia/Shanghai"}]
 
 
+async def test_listening_beyond_this_machine_it_answers_to_its_addresses_not_to_a_rebound_name(
+        tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """DNS rebinding: a site the user visits points its own name at the playground; the page's Origin and
+    Host then agree (attacker.example:PORT), and it could speak as the bot's admin. Names are refused
+    unless listed in [web] allowed_hosts; addresses (what a LAN user types) are served."""
+    channel = WebChannel(WebSettings(enabled=True, host="0.0.0.0", port=0, allowed_hosts=["Bot.Lan"]))
+    b = Bot(Settings(bot={"data_dir": tmp_path}), model=ScriptedModel([text("好")]), channels=[channel])
+    await b.start()
+    try:
+        url = f"http://127.0.0.1:{channel.port}/"
+        rebound = f"attacker.example:{channel.port}"
+        async with http.get(url, headers={"Host": rebound}) as resp:
+            assert resp.status == 403
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url + "ws", headers={"Host": rebound, "Origin": f"http://{rebound}"})
+        assert refused.value.status == 403
+        for host in (f"192.168.1.5:{channel.port}", f"[fe80::1]:{channel.port}", f"bot.lan:{channel.port}",
+                     f"localhost:{channel.port}"):
+            async with http.get(url, headers={"Host": host}) as resp:
+                assert resp.status == 200, host
+    finally:
+        await b.stop()
+
+
 async def test_page_and_assets_are_served_to_localhost_only(bot: Bot, http: aiohttp.ClientSession) -> None:
     url = web(bot).url
     async with http.get(url) as resp:
