@@ -282,11 +282,11 @@ class ApprovalsSection(_Section):
 
 class WebSettings(_Section):
     enabled: bool = Field(False, description="the web playground (on by default when nothing is configured)")
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description='"0.0.0.0" serves other machines, with no login: anyone who '
+                                               "reaches it speaks as any user")
     port: int = Field(8765, ge=0, le=65535)
     allowed_hosts: list[str] = Field(default_factory=list, description=(
-        "host names it answers to when it listens beyond this machine, besides its IP addresses (any "
-        "other name may be a site that rebinds its own name to the playground)"))
+        "beyond loopback: names it answers to besides its IP addresses (others may be a rebinding site)"))
 
 
 class ConsoleSettings(_Section):
