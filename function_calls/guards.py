@@ -67,7 +67,10 @@ class RetryPolicy:
 
 
 class BudgetHook(Protocol):
-    """Per-user / per-chat daily budgets the robot keeps; the loop asks before and charges after."""
+    """Per-user / per-chat daily budgets the robot keeps; the loop asks before and charges each turn.
+
+    The usage a run's tools report is charged through ``charge_tools(caller, usage)`` when the hook
+    has one (the robot's tells it apart from model turns), else through :meth:`charge`."""
 
     async def remaining(self, caller: Caller) -> int | None:
         """Tokens this caller may still spend today; ``None`` means unlimited."""

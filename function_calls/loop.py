@@ -99,16 +99,17 @@ class Runner:
                                     text=_UNREADABLE)
             if left is not None and left <= 0:
                 return self._finish(state, StopReason.DAILY_BUDGET, detector)
-            if left is not None and left < token_cap:
-                token_cap, daily_cap = left, True
+            if left is not None and state.usage.total_tokens + left < token_cap:  # (a resumed run's is spent)
+                token_cap, daily_cap = state.usage.total_tokens + left, True
         try:
             return await self._drive(env, token_cap, daily_cap, on_text)
         finally:
-            await self._charge(env)  # the rest: the last tools' usage, failed requests
+            await self._charge(env, tools=True)  # the rest: the last tools' usage, failed requests
 
-    async def _charge(self, env: CallExecutor) -> None:
+    async def _charge(self, env: CallExecutor, *, tools: bool = False) -> None:
         """Charge the budget what the run used since it last did: each turn as it ends, so that a tool
-        the run calls sees what the run has spent (a deep_think may spend what is left of its hold)."""
+        the run calls sees what the run has spent (a deep_think may spend what is left of its hold).
+        ``tools``: what the tools reported, charged through the hook's ``charge_tools`` if it has one."""
         used, before = env.state.usage, env.charged
         if self.budget is None or (used.requests == before.requests and used.total_tokens == before.total_tokens):
             return
@@ -117,7 +118,8 @@ class Runner:
                                      completion_tokens=used.completion_tokens - before.completion_tokens,
                                      requests=used.requests - before.requests, estimated=used.estimated - before.estimated)
         try:
-            await self.budget.charge(env.caller, rest)
+            await (getattr(self.budget, "charge_tools", self.budget.charge) if tools else self.budget.charge)(
+                env.caller, rest)
         except Exception:
             log.exception("budget hook failed to record %s tokens", rest.total_tokens)
 
@@ -179,7 +181,7 @@ class Runner:
             stop = await self._run_calls(env, response.tool_calls)
             if stop is not None:
                 return stop
-            await self._charge(env)
+            await self._charge(env, tools=True)
             capped = await self._recheck(env, token_cap, daily_cap)
             if capped is None:
                 return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail="the budget could not be read",

@@ -292,7 +292,7 @@ class Bot:
             async with asyncio.timeout(tool.timeout_s):  # no task per command (wait_for made one before 3.12)
                 result = await tool.invoke(ctx, args)
             if result.usage is not None and result.usage.requests:
-                await self.budget.charge(caller, result.usage)
+                await self.budget.charge_tools(caller, result.usage)
         return result
 
     # --- lifecycle ------------------------------------------------------------------------

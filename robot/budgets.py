@@ -15,6 +15,7 @@ per call.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -248,10 +249,14 @@ class DailyBudget:
             if lender is not None:  # promised before the await: a sibling cannot borrow it meanwhile
                 lender.lent += lend
             got: tuple[int, dict[str, int] | None] | Exception
+            unit = asyncio.ensure_future(self.db.transaction(
+                lambda db: self._reserve_sync(db, day, caps, tokens, max(0, need - lend), holder),
+                durable=self._durable))
             try:
-                got = await self.db.transaction(
-                    lambda db: self._reserve_sync(db, day, caps, tokens, max(0, need - lend), holder),
-                    durable=self._durable)
+                got = await asyncio.shield(unit)
+            except asyncio.CancelledError:  # the unit runs on: a hold it writes would stay all day
+                unit.add_done_callback(lambda done: self._orphan(done, caps, day, tokens, holder))
+                raise
             except Exception as exc:
                 got = exc
             finally:  # (cancelled too: a promise never given back would keep the lender's hold all day)
@@ -264,9 +269,7 @@ class DailyBudget:
                 raise got
             if isinstance(got, Exception):
                 if isinstance(got, CommitUnknown):  # refused, but its hold may be written: release it if so
-                    self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
-                        self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
-                        "releasing a refused reservation's hold", got, idempotent=True)
+                    self._release_later(caps, day, tokens, holder, "releasing a refused reservation's hold", got)
                 raise BudgetExceeded("store", 0, tokens) from got
             hold, taken = got
         else:
@@ -281,23 +284,42 @@ class DailyBudget:
             _active.reset(token)
             await self._close(reservation, caller)
 
+    def _release_later(self, caps: dict[str, int], day: str, tokens: int, holder: str, what: str,
+                       error: BaseException) -> None:
+        """Release a hold its reservation never got (its unit's outcome unknown, or cancelled), if written."""
+        self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
+            self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
+            what, error, idempotent=True)
+
+    def _orphan(self, done: asyncio.Future[tuple[int, dict[str, int] | None] | BudgetExceeded], caps: dict[str, int],
+                day: str, tokens: int, holder: str) -> None:
+        error = None if done.cancelled() else done.exception()
+        result = done.result() if not done.cancelled() and error is None else None
+        if isinstance(error, CommitUnknown) or (isinstance(result, tuple) and result[0]):
+            self._release_later(caps, day, tokens, holder, "releasing a cancelled reservation's hold",
+                                error or asyncio.CancelledError())
+
     def for_run(self, caller: Caller, tokens: int) -> contextlib.AbstractAsyncContextManager[Reservation]:
         """The hold around an invoke loop's run: ``tokens`` or what is left today, lent to its tools."""
         return self.reserve(caller, tokens, at_least=1, lends=True)
 
     async def _close(self, res: Reservation, caller: Caller) -> None:
-        spent, res.closed = res.unsettled, True
-        to_parent = bool(spent) and res.passes and res.parent is not None and not res.parent.closed
+        res.closed, parent = True, res.parent
+        to_parent = res.passes and parent is not None and not parent.closed
+        spent = res.unsettled + res.passed  # (what was charged in it is recorded by it, under who was charged)
         records = {k: v for k, v in res.charged.items() if v} if self.capped else {}
         if spent and not to_parent and self.capped:
             key = self._scopes(caller)
             records[key] = records.get(key, 0) + spent
+        if not res.passes and parent is not None and res.borrowed:  # what it records of its loan is spent
+            parent.elsewhere += min(res.owed(), res.borrowed)
         # What it lent stays held (its rows too) until given back; what it borrowed goes back now.
         release = 0 if res.lent else res._drop(res.held)
-        if to_parent:
-            assert res.parent is not None
-            res.parent.spend(spent)  # the enclosing spend records it with its own usage
-        res.unsettled, res.charged = 0, {}
+        if to_parent and spent:
+            assert parent is not None
+            parent.passed += spent  # the enclosing spend records it, with its tools' usage
+            parent._cover()
+        res.unsettled, res.passed, res.charged = 0, 0, {}
         await self._settle(res, records, release)
         lender = res.parent if res.borrowed == 0 and not res.lent else None
         while lender is not None and lender.closed and not lender.lent and lender.held:
@@ -310,7 +332,8 @@ class DailyBudget:
             while outer is not None:  # what they read is no longer what the database holds
                 outer.taken = None
                 outer = outer.parent
-            day = self._day()
+            # On the day its hold covered: a run across midnight charged today, whose cap others had held.
+            day = res.day or self._day()
             try:
                 await self.db.transaction(lambda db: self._settle_sync(db, records, res, release, day),
                                           durable=self._durable)
@@ -337,7 +360,7 @@ class DailyBudget:
         while res is not None:
             if res.budget is self and res.day == day and not res.closed:  # (a hold counts on its own day)
                 for scope in res.scopes:  # what it spent is not left, and what it lent counts in the borrower
-                    mine[scope] = mine.get(scope, 0) + res.held - res.owed() - res.lent
+                    mine[scope] = mine.get(scope, 0) + res.held - res.used() - res.lent
             res = res.parent
         inner = _active.get()
         if (inner is not None and inner.budget is self and inner.taken is not None and inner.day == day
@@ -350,15 +373,19 @@ class DailyBudget:
         left = min(cap - taken[s] - self._held.get(s, 0) + mine.get(s, 0) for s, cap in caps.items())
         return max(0, left)
 
-    async def charge(self, caller: Caller, usage: Usage) -> None:
-        """Record spent tokens; inside a reservation they are recorded when it closes (held till then)."""
+    async def charge(self, caller: Caller, usage: Usage, *, tools: bool = False) -> None:
+        """Record spent tokens; inside a reservation they are recorded when it closes (held till then).
+
+        ``tools``: the usage tools reported (:meth:`charge_tools`); what reservations nested in this one
+        passed to it as they closed is part of it, not more."""
         res = _active.get()
         res = res if res is not None and res.budget is self and not res.closed else None
         if not self.capped and res is None:
             return  # nothing is checked against it: no database write per call
         spent = usage.total_tokens
         if res is not None:  # recorded when the reservation closes, held until then: no write now
-            res.unsettled -= min(spent, res.unsettled)
+            if tools:  # (not a model turn's: a timed-out tool's passed spend, reported by nobody, stays)
+                res.passed -= min(spent, res.passed)
             key = self._scopes(caller)
             res.charged[key] = res.charged.get(key, 0) + max(0, spent)
             res._cover()
@@ -366,3 +393,7 @@ class DailyBudget:
         day = self._day()
         await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0, day),
                                   durable=self._durable)
+
+    async def charge_tools(self, caller: Caller, usage: Usage) -> None:
+        """:meth:`charge` for the usage a run's tools reported (the invoke loop calls it so)."""
+        await self.charge(caller, usage, tools=True)

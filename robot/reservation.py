@@ -6,7 +6,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from function_calls import Usage
+from function_calls import Caller, Usage
 
 if TYPE_CHECKING:
     from robot.budgets import DailyBudget
@@ -48,13 +48,28 @@ class Reservation:
     lends: bool = False
     #: Whether what it spent passes to ``parent`` as it closes (whose owner counts it as its own).
     passes: bool = True
+    #: Spent out of what it lent by a borrower that recorded it itself (detached): neither free nor its to
+    #: record (its hold still covers it in the store until it closes).
+    elsewhere: int = 0
+    #: Spent by reservations nested in it, passed as they closed: its owner's report of its tools' usage
+    #: (``charge_tools``) includes it; what nobody reports (a tool cut short) is recorded as it closes.
+    passed: int = 0
 
     def owed(self) -> int:
-        return self.unsettled + sum(self.charged.values())
+        """What it spent and has to record, or pass on: reported by :meth:`spend`, passed and charged."""
+        return self.unsettled + self.passed + sum(self.charged.values())
+
+    def used(self) -> int:
+        return self.owed() + self.elsewhere
 
     def free(self) -> int:
         """What it holds and has neither spent nor lent."""
-        return max(0, self.held - self.owed() - self.lent)
+        return max(0, self.held - self.used() - self.lent)
+
+    def hook(self) -> _SpendHook:
+        """A budget hook for an invoke loop run inside it (a tier's sub-run): each turn is spent into it as
+        it ends, and its tools' reports take in what they passed to it."""
+        return _SpendHook(self)
 
     def detach(self) -> None:
         """Its spend is its own from now on: the spend it is nested in went on without it (a tool that
@@ -71,9 +86,9 @@ class Reservation:
         self._cover()
 
     def _cover(self) -> None:
-        if self.owed() + self.lent > self.held:
-            self.budget._hold(self.scopes, self.owed() + self.lent - self.held)
-            self.held = self.owed() + self.lent
+        if self.used() + self.lent > self.held:
+            self.budget._hold(self.scopes, self.used() + self.lent - self.held)
+            self.held = self.used() + self.lent
 
     def _drop(self, tokens: int) -> int:
         """Stop holding ``tokens`` (recorded, or released): the in-process part first, then what it
@@ -88,6 +103,21 @@ class Reservation:
         self.held -= tokens
         self.stored -= tokens - extra - back
         return tokens - extra - back
+
+
+class _SpendHook:
+    def __init__(self, hold: Reservation) -> None:
+        self.hold = hold
+
+    async def remaining(self, caller: Caller) -> int | None:
+        return None  # the run's own cap is the hold (its Limits)
+
+    async def charge(self, caller: Caller, usage: Usage) -> None:
+        self.hold.spend(usage)
+
+    async def charge_tools(self, caller: Caller, usage: Usage) -> None:
+        self.hold.passed -= min(usage.total_tokens, self.hold.passed)  # the report includes it: counted once
+        self.hold.spend(usage)
 
 
 active: ContextVar[Reservation | None] = ContextVar("qunbot_reservation", default=None)

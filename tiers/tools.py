@@ -131,20 +131,19 @@ async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limi
     def deps_for(tool: Tool) -> Any:  # ``execute`` is no plugin's tool: its deps are these
         return deps if tool.name in _OWN else deps.bot.deps_for(tool)
 
-    # Held, not just checked: concurrent tier runs cannot each spend what is left of the day.
-    # The spend passes to the calling run's reservation (which records it once), or, for a plan
-    # that outlived its request, is recorded when this hold closes.
+    # Held, not just checked: concurrent tier runs cannot each spend what is left of the day. Each
+    # turn is charged into the hold as it ends (one cut short by its timeout too), and the hold's spend
+    # passes to the calling run's reservation (which records it once), or, for a plan that outlived
+    # its request, is recorded when this hold closes.
     try:
-        async with deps.bot.budget.reserve(ctx.caller, cap, at_least=1) as hold:
+        async with deps.bot.budget.for_run(ctx.caller, cap) as hold:
             if held is not None:
                 held.append(hold)
             bounded = Limits(max_iterations=limits.max_iterations, max_tool_calls=limits.max_tool_calls,
                              max_run_tokens=max(hold.held, 1))
-            runner = Runner(model, limits=bounded)  # no budget hook: the hold above accounts for it
-            result = await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
-                                      clock=ctx.clock)
-            hold.spend(result.usage)
-            return result
+            runner = Runner(model, limits=bounded, budget=hold.hook())
+            return await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
+                                    clock=ctx.clock)
     except BudgetExceeded as exc:
         raise ToolError(f"the daily AI budget is spent ({exc.scope})", user_message=exc.user_message) from None
 

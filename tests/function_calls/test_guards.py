@@ -257,6 +257,32 @@ async def test_a_resumed_run_is_charged_only_what_it_adds() -> None:
     assert sum(u.total_tokens for _, u in budget.charged) == second.usage.total_tokens - first.usage.total_tokens
 
 
+async def test_a_resumed_run_may_spend_what_is_left_today_beside_what_it_spent_before() -> None:
+    """4,000 tokens left today and 5,000 spent before the pause (charged then): the run goes on; its cap
+    was set to what is left, less what it had spent, and it was refused without a model call."""
+    from function_calls import RunState
+
+    state = RunState(messages=list(USER), usage=Usage(prompt_tokens=5000, requests=1))
+    model = ScriptedModel([text("done")])
+    result = await Runner(model, budget=Budget(4000)).run(state, Toolset("s"))
+    assert result.stop is StopReason.COMPLETED and len(model.requests) == 1
+
+
+async def test_what_tools_report_is_charged_apart_from_model_turns() -> None:
+    """A budget that keeps them apart (a nested hold's spend is part of the tool's report, not of a turn)."""
+    class Split(Budget):
+        async def charge_tools(self, caller: Caller, usage: Usage) -> None:
+            self.charged.append((Caller(user_id="tools"), usage))
+
+    budget = Split(10_000)
+    reporting = counting_tool("look", [], result=ToolResult(content="seen", usage=Usage(prompt_tokens=700, requests=1)))
+    result = await Runner(ScriptedModel([call("look", {}), text("done")]), budget=budget).run(
+        USER, Toolset("s", [reporting]))
+    assert [(who.user_id, u.total_tokens == 700) for who, u in budget.charged] == [
+        ("user", False), ("tools", True), ("user", False)]
+    assert sum(u.total_tokens for _, u in budget.charged) == result.usage.total_tokens
+
+
 async def test_a_tool_that_leaves_less_of_the_day_ends_the_run_at_what_is_left() -> None:
     """A tool may leave work spending in the background (a plan): what the run may still spend is read
     again after its tools, not only at the start."""

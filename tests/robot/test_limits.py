@@ -310,7 +310,7 @@ async def test_a_run_lends_what_it_has_not_spent_and_keeps_it_while_a_background
         with pytest.raises(BudgetExceeded):  # not lent by a reservation that does not say it may
             async with budget.reserve(who, 100), budget.reserve(who, 100):
                 pass
-        await budget.charge(who, Usage(prompt_tokens=200))  # the tool's usage, as the loop reports it
+        await budget.charge_tools(who, Usage(prompt_tokens=200))  # the tool's usage, as the loop reports it
 
         async def cancelled() -> None:
             async with budget.reserve(who, 5000, at_least=1):
@@ -335,6 +335,59 @@ async def test_a_run_lends_what_it_has_not_spent_and_keeps_it_while_a_background
     assert await budget.used("user:memory:u1") == 9950  # its 450, once
     assert await budget.db.run(lambda d: d.execute("SELECT COUNT(*) FROM budget_holds").fetchone()[0]) == 0
     assert await budget.db.run(lambda d: d.execute("SELECT SUM(held) FROM usage_daily").fetchone()[0]) == 0
+    await db.close()
+
+
+async def test_a_cut_short_tools_spend_and_a_detached_borrowers_are_each_counted_once(tmp_path: Path) -> None:
+    db = Database(tmp_path / "b.sqlite3")
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=10_000, chat_tokens=None)
+    await db.open()
+    who = caller("u1")
+    await budget.charge(who, Usage(prompt_tokens=6000))  # the run's 4,000 are the day's last: tools borrow
+    async with budget.for_run(who, 4000) as run:
+        with pytest.raises(TimeoutError):  # a summary cut short by its timeout: its tool reports nothing
+            async with asyncio.timeout(0.05), budget.reserve(who, 3000, at_least=1) as tool:
+                tool.spend(2500)
+                await asyncio.sleep(1)
+        await budget.charge(who, Usage(prompt_tokens=1000))  # the run's next turn: no part of the 2,500
+        async with budget.reserve(who, 5000, at_least=1) as sub:  # a tier's sub-run spends each turn into it
+            await sub.hook().charge(who, Usage(prompt_tokens=100))
+            assert sub.owed() == 100 and await sub.hook().remaining(who) is None
+        await budget.charge_tools(who, Usage(prompt_tokens=100))  # its tool's report: the same 100
+        async with budget.reserve(who, 5000, at_least=1) as plan:  # the run's last 400, lent to a plan
+            plan.spend(300)
+            plan.detach()  # it went on in the background and records its own spend
+        assert run.free() == 100  # the 300 it recorded are not the run's to lend again
+    assert await budget.used("user:memory:u1") == 6000 + 2500 + 1000 + 100 + 300  # the 2,500 were absorbed
+    await db.close()
+
+
+async def test_a_reservation_cancelled_while_its_hold_is_written_releases_it(tmp_path: Path) -> None:
+    """Its unit runs on the database thread after the cancellation: the hold it writes is released, not
+    kept for the rest of the day by a process that lives on (nobody reaps a living process's holds)."""
+    import time
+
+    db = Database(tmp_path / "b.sqlite3")
+    budget = DailyBudget(db, ZoneInfo("UTC"), user_tokens=10_000, chat_tokens=None)
+    await db.open()
+    reserve_sync = budget._reserve_sync
+
+    def slow(*args: Any) -> Any:
+        got = reserve_sync(*args)
+        time.sleep(0.2)  # a busy writer, a row lock
+        return got
+
+    budget._reserve_sync = slow  # type: ignore[method-assign]
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05), budget.reserve(caller("u1"), 4000, at_least=1):
+            pass
+    budget._reserve_sync = reserve_sync  # type: ignore[method-assign]
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        if await budget.remaining(caller("u1")) == 10_000:
+            break
+    assert await budget.remaining(caller("u1")) == 10_000  # it was 6,000 for the rest of the day
+    assert await db.run(lambda d: d.execute("SELECT COUNT(*) FROM budget_holds").fetchone()[0]) == 0
     await db.close()
 
 

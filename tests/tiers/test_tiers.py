@@ -109,7 +109,7 @@ async def test_plan_executes_steps_with_the_chat_tools_and_reports_each_tier(tmp
     async with FakeOpenAIServer() as plan_server:
         plan_server.script(Reply(tool_calls=[Call("execute", {"task": "记住：周会改到周四"})]),
                            Reply("<think>都做完了</think>周会已改到周四，并已记住。"))
-        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server)) as (_, ch):
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server)) as (bot, ch):
             reply = await ask(ch, "帮我把周会改期这件事办了", at_bot=True)
             assert reply == "周会已改到周四，并已记住。"
             assert "周会改到周四" in await ask(ch, "/recall 周会")
@@ -119,6 +119,9 @@ async def test_plan_executes_steps_with_the_chat_tools_and_reports_each_tier(tmp
             tiers_used: dict[str, int] = end["tiers"]  # type: ignore[assignment]
             assert tiers_used["plan"] > 0 and tiers_used["execute"] > 0
             assert sum(tiers_used.values()) == end["tokens"]
+            # Recorded once: the execute step's tokens were charged twice (its hold passed them to the plan's,
+            # which then spent the plan's whole usage, the step's included, again)
+            assert await bot.budget.used("user:memory:u1") == end["tokens"]
 
 
 async def test_a_scheduled_plan_executes_with_only_the_tools_the_schedule_allows(tmp_path: Path) -> None:

@@ -88,9 +88,10 @@ async def test_holds_settle_to_what_was_spent_and_a_new_day_starts_empty(engine:
             clock[0] += timedelta(days=1)
             assert await budget.remaining(WHO) == 1000  # ...counts on its own day only
             await budget.charge(WHO, Usage(prompt_tokens=50))
-        assert await budget.used("user:memory:u1") == 50
+        # ...and so does what it spent: today's cap was free for others to hold, yesterday's held it
+        assert await budget.used("user:memory:u1") == 0 and await budget.remaining(WHO) == 1000
         clock[0] -= timedelta(days=1)
-        assert await budget.remaining(WHO) == 700  # yesterday: its hold was released
+        assert await budget.remaining(WHO) == 650  # yesterday: its hold was released, its 50 recorded
         assert await engine.run(lambda tx: tx.query("SELECT * FROM budget_holds")) == []  # settled: deleted
         assert await budget.prune() == 0
     finally:
