@@ -6,8 +6,9 @@ bot's replies, tool traces, side panels) and shows the chat it is on. Replies se
 is connected wait in a bounded per-chat transcript that each page receives on connect.
 
 The playground has no login: it binds 127.0.0.1 by default, and when bound to a loopback address
-it refuses requests whose ``Host`` is not loopback (DNS rebinding) and WebSockets opened from
-another origin (a web site the user visits must not drive the bot). Nothing from the config but
+it refuses requests whose ``Host`` is not loopback (DNS rebinding; bound beyond, a ``Host`` that is
+no IP address nor in ``[web] allowed_hosts``) and WebSockets opened from another origin (a web
+site the user visits must not drive the bot). Nothing from the config but
 the bot's name and the web approvers' ids (:mod:`robot.channels.web.panels`) reaches the page.
 """
 
@@ -39,7 +40,7 @@ from robot.channels.base import (
     SendReceipt,
     SendRejected,
 )
-from robot.channels.files import json_text
+from robot.channels.web.page import HEADERS, QUEUE, Page
 from robot.channels.web.panels import members, panel_frame
 from robot.channels.web.protocol import (
     MAX_TEXT,
@@ -69,45 +70,8 @@ MEMBERS: tuple[tuple[str, str], ...] = (("u-xiaoming", "小明"), ("u-aqiang", "
 _TRANSCRIPT = 200  # frames kept per chat
 _CHATS = 100  # chats with a transcript
 _NAMES = 1000  # remembered display names
-_QUEUE = 2000  # frames waiting for one slow page before it is dropped
 _RESTORE = 50  # stored messages shown per chat after a restart
-_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
-                               "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-
-
-class _Page:
-    """One connected page: its socket and an ordered queue of frames a writer task drains."""
-
-    def __init__(self, ws: web.WebSocketResponse) -> None:
-        self.ws = ws
-        self.queue: asyncio.Queue[str] = asyncio.Queue(_QUEUE)
-        self.writer: asyncio.Task[None] | None = None
-        self.shown: ChatRef | None = None  # the chat whose panels it asked for last
-
-    def push(self, frame: dict[str, Any]) -> bool:
-        """Queue a frame; False when the page is too far behind (the caller drops it)."""
-        try:
-            # (a lone surrogate, half an emoji from a snippet cut mid-way, went out as no UTF-8 and
-            self.queue.put_nowait(json_text(frame, default=str))  # broke the page's socket: escaped)
-        except asyncio.QueueFull:
-            return False
-        return True
-
-    async def write(self) -> None:
-        while True:
-            data = await self.queue.get()
-            try:
-                await self.ws.send_str(data)
-            except Exception:  # the socket closed under us, or took no frame: closed (the page reconnects,
-                await self.ws.close()  # not left connected and deaf to every frame after)
-                return
-
-
+_HISTORY_CHARS = 1_000_000  # about the most a connecting page is sent at once (3 MB of CJK)
 class WebChannel(Channel):
     """The web playground channel (platform ``web``)."""
 
@@ -125,8 +89,8 @@ class WebChannel(Channel):
         self._panels: dict[str, PanelProvider] = {}
         self._history: ChatHistory | None = None
         self._zone_for: Callable[[ChatRef], ZoneInfo] | None = None
-        self._restored: set[str] = set()
-        self._pages: dict[web.WebSocketResponse, _Page] = {}
+        self._restored: OrderedDict[str, None] = OrderedDict()
+        self._pages: dict[web.WebSocketResponse, Page] = {}
         self._names: dict[str, str] = dict(MEMBERS)
         self._transcripts: OrderedDict[str, deque[tuple[int, dict[str, Any]]]] = OrderedDict()
         self._seq = itertools.count()
@@ -252,7 +216,7 @@ class WebChannel(Channel):
             return web.Response(status=403, text="cross-origin request refused\n")
         response = await handler(request)
         if not response.prepared:
-            response.headers.update(_HEADERS)
+            response.headers.update(HEADERS)
         return response
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
@@ -264,14 +228,13 @@ class WebChannel(Channel):
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=64 * 1024)
         await ws.prepare(request)
-        page = _Page(ws)
+        page = Page(ws)
         # After a restart: the group and the presets' private chats from the store (others when opened).
         for chat_id, kind in ((GROUP_ID, "group"), *((uid, "private") for uid, _ in MEMBERS)):
             await self._restore(ChatRef(platform=self.platform, chat_id=chat_id, kind=kind))
         page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID, "max_text_len": MAX_TEXT,
                    "members": members(self._panels, self.platform, MEMBERS)})
-        frames = sorted((item for t in self._transcripts.values() for item in t), key=lambda item: item[0])
-        page.push({"type": "history", "frames": [frame for _, frame in frames]})
+        page.push({"type": "history", "frames": self._newest()})
         page.writer = asyncio.create_task(page.write(), name="web-page-writer")
         self._pages[ws] = page
         try:
@@ -288,7 +251,7 @@ class WebChannel(Channel):
                 page.writer.cancel()
         return ws
 
-    def _on_frame(self, page: _Page, raw: str) -> None:
+    def _on_frame(self, page: Page, raw: str) -> None:
         try:
             frame = parse_frame(raw)
         except FrameError as exc:
@@ -321,7 +284,15 @@ class WebChannel(Channel):
                              "zone": self._zone(chat)})
         self.deliver_soon(message)
 
-    async def _open_chat(self, chat: ChatRef, page: _Page) -> None:
+    def _newest(self) -> list[dict[str, Any]]:
+        """The transcripts' newest frames, up to about _HISTORY_CHARS (all of them, 84 MB once, froze the loop)."""
+        frames, size = sorted((item for t in self._transcripts.values() for item in t), key=lambda item: -item[0]), 0
+        for shown, (_, frame) in enumerate(frames):
+            if (size := size + len(str(frame))) > _HISTORY_CHARS:
+                return [f for _, f in reversed(frames[:shown])]
+        return [f for _, f in reversed(frames)]
+
+    async def _open_chat(self, chat: ChatRef, page: Page) -> None:
         """A page shows a chat: its stored messages (once per run) and its panels."""
         if restored := await self._restore(chat):
             self._broadcast({"type": "history", "frames": restored})
@@ -331,7 +302,9 @@ class WebChannel(Channel):
         """Put the chat's newest stored messages before its transcript (once per run); returns their frames."""
         if self._history is None or chat.key in self._restored:
             return []
-        self._restored.add(chat.key)
+        self._restored[chat.key] = None  # bounded: a page may name any number of chats
+        while len(self._restored) > 10 * _CHATS:
+            self._restored.popitem(last=False)
         try:
             entries = await self._history(chat, _RESTORE)
         except Exception:
@@ -346,7 +319,7 @@ class WebChannel(Channel):
                     kept.appendleft((-1 - i, frame))
         return frames
 
-    async def _push_panels(self, chat: ChatRef, page: _Page | None) -> None:
+    async def _push_panels(self, chat: ChatRef, page: Page | None) -> None:
         frame = await panel_frame(self._panels, chat)
         if page is None:
             self._broadcast(frame)
@@ -375,8 +348,8 @@ class WebChannel(Channel):
             if not page.push(frame):
                 self._drop(page)
 
-    def _drop(self, page: _Page) -> None:
-        log.warning("web page fell %d frames behind; closing it (it reloads the transcript on reconnect)", _QUEUE)
+    def _drop(self, page: Page) -> None:
+        log.warning("web page fell %d frames behind; closing it (it reloads the transcript on reconnect)", QUEUE)
         self._pages.pop(page.ws, None)
         self._spawn(page.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too far behind"))
 
