@@ -248,8 +248,9 @@ class ReminderStore:
     async def short_ids(self, ids: list[str]) -> dict[str, str]:
         return await self.db.run(lambda db: self.short_ids_sync(db, ids))
 
-    async def match(self, prefix: str, *, owner: str | None) -> list[Reminder]:
-        """Active reminders whose id starts with ``prefix``: ``owner``'s, or anyone's when ``owner`` is None.
+    async def match(self, prefix: str, *, owner: str | None, chat: str | None = None) -> list[Reminder]:
+        """Active reminders whose id starts with ``prefix``: ``owner``'s, or anyone's when ``owner`` is None;
+        with ``chat``, that chat's only (chosen before the first 20 are: another chat's could crowd them out).
 
         ``prefix`` may carry a leading ``#`` and any case; anything but hex matches nothing.
         """
@@ -259,9 +260,10 @@ class ReminderStore:
         # Every id with this prefix sorts in [prefix, prefix + "g"): the primary key index serves it.
         sql = "WHERE id >= ? AND id < ? AND status = 'active'"
         params: list[Any] = [text, text + "g"]
-        if owner is not None:
-            sql += " AND owner = ?"
-            params.append(owner)
+        for column, value in (("owner", owner), ("chat", chat)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                params.append(value)
         return await self.db.run(lambda db: _rows(db, sql + " ORDER BY next_fire, id LIMIT 20", params))
 
     async def delete(self, reminder_id: str, now: datetime) -> bool:

@@ -229,10 +229,9 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
             raise ToolError("deleting every reminder in the chat needs the person to send `/unremind all` "
                             "themselves; tell them so", user_message="要删除本聊天的全部提醒，请直接发送 /unremind all。")
         return await _delete_all(deps, caller)
-    found = await deps.store.match(wanted, owner=deps.owner_scope(caller))
-    if caller.chat_kind == "group":  # another chat's reminder is neither deleted nor described from here
-        here = ChatRef.of(caller).key
-        found = [r for r in found if r.chat == here]
+    # In a group another chat's reminder is neither deleted nor described from here.
+    here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
+    found = await deps.store.match(wanted, owner=deps.owner_scope(caller), chat=here)
     if len(found) == 1:
         target = found[0]
         line = (await deps.describe(caller, [target]))[0]

@@ -121,6 +121,10 @@ async def test_match_by_prefix_is_scoped_to_the_owner(store: ReminderStore) -> N
     assert {r.id for r in await store.match("abc", owner=None)} == {mine.id, theirs.id}
     assert await store.match("x'; DROP TABLE reminders; --", owner=None) == []
     assert await store.match("", owner=None) == []
+    # A bot admin's short prefix in a group: 25 of another chat's reminders due sooner crowded this chat's out
+    others = [make(f"abc3{i:028x}", chat="memory:group:g9", next_fire=NOW + timedelta(minutes=1)) for i in range(25)]
+    await store.db.run(lambda db: ReminderStore.insert_sync(db, others))
+    assert [r.id for r in await store.match("abc", owner=None, chat=GROUP)] == [mine.id]
 
 
 async def test_delete_and_delete_chat_only_touch_active_reminders(store: ReminderStore) -> None:
