@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import logging
 from datetime import date, timedelta
+from typing import TYPE_CHECKING
 
 from robot.storage import Tx
 from robot.storage.leases import Leases
 
-__all__ = ["SCHEMA", "BudgetExceeded", "day_before", "process_of", "reap_sync"]
+if TYPE_CHECKING:
+    from robot.reservation import Reservation
+
+__all__ = ["SCHEMA", "BudgetExceeded", "day_before", "process_of", "reap_sync", "rows_sync", "settle_sync"]
 
 log = logging.getLogger("robot.budgets")
 
@@ -82,3 +86,75 @@ def reap_sync(db: Tx, leases: Leases, day: str, scopes: list[str]) -> bool:
     db.execute(f"UPDATE budget_holds SET charged = tokens, tokens = 0 WHERE {match}", params)
     log.warning("budgets: charged the holds of %s (no longer running) as spent", ", ".join(gone))
     return True
+
+
+def rows_sync(db: Tx, day: str, scopes: list[str], *, lock: bool = False) -> dict[str, int]:
+    """Recorded plus held tokens per scope (0 for a scope with no row); ``lock``: the rows locked
+    (PostgreSQL) in the scopes' order, as every unit locks them (:func:`settle_sync`)."""
+    marks = ",".join("?" * len(scopes))
+    order = " ORDER BY scope FOR UPDATE" if lock else ""
+    rows = db.execute(f"SELECT scope, tokens + held FROM usage_daily WHERE day = ? AND scope IN ({marks}){order}",
+                      [day, *scopes]).fetchall()
+    found = {str(scope): int(total) for scope, total in rows}
+    return {scope: found.get(scope, 0) for scope in scopes}
+
+
+def settle_sync(db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
+                release: int, day: str, *, retry: bool = False, shrink: bool = False) -> None:
+    """Record tokens (per scopes) on ``day`` and release ``res``'s stored hold (``release``), together.
+
+    ``retry``: the same settlement tried before, with an unknown outcome: if its hold's rows are
+    gone, that try was written and this one writes nothing. ``shrink``: ``release`` is part of the hold
+    (the rest, lent to a reservation nested in it, stays with its rows)."""
+    freed = set(res.scopes) if res is not None and release else set()
+    if db.dialect == "postgresql":  # the day's rows first, as a reservation locks them (see _reserve_sync)
+        rows: dict[str, set[str]] = {day: {scope for scopes in records for scope in scopes}}
+        if freed and res is not None:
+            rows.setdefault(res.day, set()).update(freed)
+        for when in sorted(rows):
+            if rows[when]:
+                rows_sync(db, when, sorted(rows[when]), lock=True)
+    if freed and shrink:
+        assert res is not None
+        if db.execute(f"UPDATE budget_holds SET tokens = tokens - ? WHERE day = ? AND scope IN "
+                      f"({','.join('?' * len(freed))}) AND holder = ? AND tokens >= ?",
+                      [release, res.day, *sorted(freed), res.holder, release]).rowcount:
+            for scope in sorted(freed):
+                db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, res.day, scope])
+        freed = set()  # (rows charged by another process as a dead one's are left as they are)
+    if freed:
+        assert res is not None
+        # Its own rows, deleted. Had this process stalled past its lease, another one charged
+        # them already (tokens 0, see reap_sync): releasing twice would raise the cap, and what was
+        # charged for them is given back, as this records what was really spent.
+        mine = db.execute(f"DELETE FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(freed))}) "
+                          "AND holder = ? RETURNING scope, tokens, charged",
+                          [res.day, *sorted(freed), res.holder]).fetchall()
+        if retry and not mine:
+            return
+        freed = {str(scope) for scope, tokens, _ in mine if tokens}
+        release = max((int(tokens) for _, tokens, _ in mine), default=0)  # what it holds (each scope alike)
+        for scope, _, charged in mine:
+            if charged:
+                db.execute("UPDATE usage_daily SET tokens = tokens - ? WHERE day = ? AND scope = ?",
+                           [charged, res.day, scope])
+        if res.day != day:  # held yesterday, settled today
+            for scope in sorted(freed):
+                db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
+                           [release, res.day, scope])
+            freed = set()
+    spent_in: dict[str, int] = {}  # per scope, in the order given (a caller's shared rows last)
+    for scopes, spent in records.items():
+        for scope in scopes:
+            spent_in[scope] = spent_in.get(scope, 0) + spent
+    if spent_in:  # one statement for every scope (a row once: PostgreSQL refuses it twice)
+        gone = sorted(freed & set(spent_in)) or [""]
+        db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES "
+                   + ", ".join("(?, ?, ?)" for _ in spent_in)
+                   + " ON CONFLICT (day, scope) DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, "
+                   f"held = usage_daily.held - CASE WHEN usage_daily.scope IN ({','.join('?' * len(gone))}) "
+                   "THEN ? ELSE 0 END",
+                   [*(v for scope, spent in spent_in.items() for v in (day, scope, spent)), *gone, release])
+        freed -= set(spent_in)
+    for scope in sorted(freed):
+        db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])

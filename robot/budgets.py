@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
-from robot.budget_rows import SCHEMA, BudgetExceeded, day_before, reap_sync
+from robot.budget_rows import SCHEMA, BudgetExceeded, day_before, reap_sync, rows_sync, settle_sync
 from robot.reservation import Reservation
 from robot.reservation import active as _active
 from robot.storage import Engine, Pending, Tx
@@ -92,17 +92,6 @@ class DailyBudget:
             if self._held[scope] <= 0:
                 del self._held[scope]
 
-    @staticmethod
-    def _rows(db: Tx, day: str, scopes: list[str], *, lock: bool = False) -> dict[str, int]:
-        """Recorded plus held tokens per scope (0 for a scope with no row); ``lock``: the rows locked
-        (PostgreSQL) in the scopes' order, as every unit locks them (:meth:`_settle_sync`)."""
-        marks = ",".join("?" * len(scopes))
-        order = " ORDER BY scope FOR UPDATE" if lock else ""
-        rows = db.execute(f"SELECT scope, tokens + held FROM usage_daily WHERE day = ? AND scope IN ({marks}){order}",
-                          [day, *scopes]).fetchall()
-        found = {str(scope): int(total) for scope, total in rows}
-        return {scope: found.get(scope, 0) for scope in scopes}
-
     def _left(self, caps: dict[str, int], taken: dict[str, int], mine: int = 0) -> tuple[str, int]:
         """The tightest scope and what is left of it."""
         return min(((scope, cap - taken[scope] - self._held.get(scope, 0) + mine) for scope, cap in caps.items()),
@@ -126,7 +115,7 @@ class DailyBudget:
                     db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES "
                                + ", ".join("(?, ?, 0)" for _ in scopes) + " ON CONFLICT (day, scope) DO NOTHING",
                                [v for scope in sorted(scopes) for v in (day, scope)])
-                taken = self._rows(db, day, scopes, lock=locked)  # one statement reads and locks them
+                taken = rows_sync(db, day, scopes, lock=locked)  # one statement reads and locks them
                 hold = max(0, min(tokens, self._left(caps, taken)[1]))
             if not hold and not need:  # nothing fresh, and it borrows enough (see reserve)
                 return 0, taken
@@ -136,7 +125,7 @@ class DailyBudget:
                            [v for s in sorted(scopes) for v in (day, s, holder, hold)])
                 return hold, None if taken is None else {scope: n + hold for scope, n in taken.items()}
             if reaped or not reap_sync(db, self.leases, day, scopes):
-                scope, left = self._left(caps, self._rows(db, day, scopes))
+                scope, left = self._left(caps, rows_sync(db, day, scopes))
                 return BudgetExceeded(scope, max(0, left), need)
         raise AssertionError("unreachable")
 
@@ -155,57 +144,6 @@ class DailyBudget:
                                [hold, day, earlier])
                 return False
         return True
-
-    def _settle_sync(self, db: Tx, records: dict[tuple[str, ...], int], res: Reservation | None,
-                     release: int, day: str, *, retry: bool = False) -> None:
-        """Record tokens (per scopes) on ``day`` and release ``res``'s stored hold (``release``), together.
-
-        ``retry``: the same settlement tried before, with an unknown outcome: if its hold's rows are
-        gone, that try was written and this one writes nothing."""
-        freed = set(res.scopes) if res is not None and release else set()
-        if db.dialect == "postgresql":  # the day's rows first, as a reservation locks them (see _reserve_sync)
-            rows: dict[str, set[str]] = {day: {scope for scopes in records for scope in scopes}}
-            if freed and res is not None:
-                rows.setdefault(res.day, set()).update(freed)
-            for when in sorted(rows):
-                if rows[when]:
-                    self._rows(db, when, sorted(rows[when]), lock=True)
-        if freed:
-            assert res is not None
-            # Its own rows, deleted. Had this process stalled past its lease, another one charged
-            # them already (tokens 0, see reap_sync): releasing twice would raise the cap, and what was
-            # charged for them is given back, as this records what was really spent.
-            mine = db.execute(f"DELETE FROM budget_holds WHERE day = ? AND scope IN ({','.join('?' * len(freed))}) "
-                              "AND holder = ? RETURNING scope, tokens, charged",
-                              [res.day, *sorted(freed), res.holder]).fetchall()
-            if retry and not mine:
-                return
-            freed = {str(scope) for scope, tokens, _ in mine if tokens}
-            release = max((int(tokens) for _, tokens, _ in mine), default=0)  # what it holds (each scope alike)
-            for scope, _, charged in mine:
-                if charged:
-                    db.execute("UPDATE usage_daily SET tokens = tokens - ? WHERE day = ? AND scope = ?",
-                               [charged, res.day, scope])
-            if res.day != day:  # held yesterday, settled today
-                for scope in sorted(freed):
-                    db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?",
-                               [release, res.day, scope])
-                freed = set()
-        spent_in: dict[str, int] = {}  # per scope, in the order given (a caller's shared rows last)
-        for scopes, spent in records.items():
-            for scope in scopes:
-                spent_in[scope] = spent_in.get(scope, 0) + spent
-        if spent_in:  # one statement for every scope (a row once: PostgreSQL refuses it twice)
-            gone = sorted(freed & set(spent_in)) or [""]
-            db.execute("INSERT INTO usage_daily (day, scope, tokens) VALUES "
-                       + ", ".join("(?, ?, ?)" for _ in spent_in)
-                       + " ON CONFLICT (day, scope) DO UPDATE SET tokens = usage_daily.tokens + excluded.tokens, "
-                       f"held = usage_daily.held - CASE WHEN usage_daily.scope IN ({','.join('?' * len(gone))}) "
-                       "THEN ? ELSE 0 END",
-                       [*(v for scope, spent in spent_in.items() for v in (day, scope, spent)), *gone, release])
-            freed -= set(spent_in)
-        for scope in sorted(freed):
-            db.execute("UPDATE usage_daily SET held = held - ? WHERE day = ? AND scope = ?", [release, day, scope])
 
     async def prune(self) -> int:
         """Drop the holds of the days before yesterday (housekeeping); returns how many rows went.
@@ -287,7 +225,7 @@ class DailyBudget:
     def _release_later(self, caps: dict[str, int], day: str, tokens: int, holder: str, what: str,
                        error: BaseException) -> None:
         """Release a hold its reservation never got (its unit's outcome unknown, or cancelled), if written."""
-        self.pending.add(lambda db: self._settle_sync(db, {}, Reservation(
+        self.pending.add(lambda db: settle_sync(db, {}, Reservation(
             self, tuple(caps), tokens, day=day, stored=tokens, holder=holder), tokens, day, retry=True),
             what, error, idempotent=True)
 
@@ -313,20 +251,21 @@ class DailyBudget:
             records[key] = records.get(key, 0) + spent
         if not res.passes and parent is not None and res.borrowed:  # what it records of its loan is spent
             parent.elsewhere += min(res.owed(), res.borrowed)
-        # What it lent stays held (its rows too) until given back; what it borrowed goes back now.
-        release = 0 if res.lent else res._drop(res.held)
+        # What it lent stays held (with its rows) until given back; the rest goes now, what it borrowed too.
+        shrink, release = bool(res.lent), res._drop(res.held - res.lent)
         if to_parent and spent:
             assert parent is not None
             parent.passed += spent  # the enclosing spend records it, with its tools' usage
             parent._cover()
         res.unsettled, res.passed, res.charged = 0, 0, {}
-        await self._settle(res, records, release)
+        await self._settle(res, records, release, shrink=shrink)
         lender = res.parent if res.borrowed == 0 and not res.lent else None
         while lender is not None and lender.closed and not lender.lent and lender.held:
             await self._settle(lender, {}, lender._drop(lender.held))  # it closed first: its hold goes now
             lender = lender.parent if lender.borrowed == 0 else None
 
-    async def _settle(self, res: Reservation, records: dict[tuple[str, ...], int], release: int) -> None:
+    async def _settle(self, res: Reservation, records: dict[tuple[str, ...], int], release: int, *,
+                      shrink: bool = False) -> None:
         if records or release:
             outer = res.parent
             while outer is not None:  # what they read is no longer what the database holds
@@ -335,12 +274,12 @@ class DailyBudget:
             # On the day its hold covered: a run across midnight charged today, whose cap others had held.
             day = res.day or self._day()
             try:
-                await self.db.transaction(lambda db: self._settle_sync(db, records, res, release, day),
+                await self.db.transaction(lambda db: settle_sync(db, records, res, release, day, shrink=shrink),
                                           durable=self._durable)
             except Exception as exc:  # the hold stays meanwhile (fail closed), not for the rest of the day
-                self.pending.add(lambda db: self._settle_sync(db, records, res, release, day, retry=True),
+                self.pending.add(lambda db: settle_sync(db, records, res, release, day, retry=True, shrink=shrink),
                                  f"recording {sum(records.values())} tokens and releasing {release}", exc,
-                                 idempotent=release > 0)  # (its hold's rows tell whether it was written)
+                                 idempotent=release > 0 and not shrink)  # (its hold's rows tell if it was written)
 
     async def used(self, scope: str) -> int:
         """Tokens recorded today for ``scope`` (``user:<platform>:<id>``, ``chat:...``, ``bot``)."""
@@ -369,7 +308,7 @@ class DailyBudget:
             # holds since cannot take that), so its own transaction's figures answer.
             taken = inner.taken
         else:
-            taken = await self.db.run(lambda db: self._rows(db, day, list(caps)))
+            taken = await self.db.run(lambda db: rows_sync(db, day, list(caps)))
         left = min(cap - taken[s] - self._held.get(s, 0) + mine.get(s, 0) for s, cap in caps.items())
         return max(0, left)
 
@@ -391,7 +330,7 @@ class DailyBudget:
             res._cover()
             return
         day = self._day()
-        await self.db.transaction(lambda db: self._settle_sync(db, {self._scopes(caller): spent}, None, 0, day),
+        await self.db.transaction(lambda db: settle_sync(db, {self._scopes(caller): spent}, None, 0, day),
                                   durable=self._durable)
 
     async def charge_tools(self, caller: Caller, usage: Usage) -> None:

@@ -278,3 +278,25 @@ async def test_reservations_and_settlements_of_one_chat_interleaving_never_deadl
         assert await db.run(lambda tx: tx.execute("SELECT sum(held) FROM usage_daily").fetchone()[0]) == 0
     finally:
         await db.close()
+
+
+async def test_a_run_closing_with_a_loan_out_keeps_only_the_loan_held(engine: Engine) -> None:
+    """A background plan borrowed from a run that then ended: the run's hold stays only for what it lent
+    (the whole hold stayed, its spent part counted twice, and the member was refused with room left)."""
+    budget = budget_for(engine, "me", user=10_000)
+    await engine.open()
+    try:
+        async with AsyncExitStack() as background:
+            async with budget.for_run(WHO, 4000) as run:
+                await budget.charge(WHO, Usage(prompt_tokens=1000))  # the run's turn
+                plan = await background.enter_async_context(budget.reserve(WHO, 9000, at_least=1))
+                plan.detach()  # the day's fresh 6,000, then the run's unspent 3,000
+                assert (run.held, run.lent, plan.held, plan.borrowed) == (4000, 3000, 9000, 3000)
+            assert await budget.used("user:memory:u1") == 1000
+            assert await budget.remaining(WHO) == 0  # its 1,000 recorded, the loan and the plan's own held
+            held = await engine.run(lambda tx: tx.query("SELECT held FROM usage_daily WHERE scope = 'user:memory:u1'"))
+            assert held[0]["held"] == 6000 + 3000  # it was 6,000 + 4,000: the run's spent 1,000 held too
+        assert await budget.remaining(WHO) == 9000
+        assert await engine.run(lambda tx: tx.query("SELECT * FROM budget_holds")) == []
+    finally:
+        await engine.close()
