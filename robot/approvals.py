@@ -34,12 +34,13 @@ from function_calls import (
     ToolCall,
 )
 from robot import snapshots
-from robot.approvals_panel import PANEL, PendingPanel
+from robot.approvals_panel import PANEL, PendingPanel, pending_text
 from robot.ask_user import GRANT, AskUserArgs, Grant
+from robot.commands import refusal
 from robot.config import ApprovalsSection
 from robot.limits import BudgetExceeded
 from robot.message import ChatRef, OutgoingMessage
-from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret, summarize
+from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret
 from robot.storage import Tx
 from robot.store import iso, parse_iso
 
@@ -163,13 +164,13 @@ class Approvals:
         return (f"这个操作需要管理员批准：{what}。已通知管理员，批准后我会继续；"
                 f"管理员可回复 /approve {code} 批准，/deny {code} 拒绝（{minutes} 分钟内有效）。")
 
-    def _approver_ids(self) -> list[str]:
+    def approver_ids(self) -> list[str]:
         return [*self.bot.settings.bot.admins, *self.settings.approvers]
 
     def _queue_notices(self, chat: ChatRef, code: str, what: str, caller: Caller) -> None:
         """Approvers hear of it (after the requester's reply, see :meth:`announce`): @-ed in a group,
         privately otherwise, on the chat's platform."""
-        same = [q.split(":", 1)[1] for q in self._approver_ids() if q.split(":", 1)[0] == chat.platform]
+        same = [q.split(":", 1)[1] for q in self.approver_ids() if q.split(":", 1)[0] == chat.platform]
         if not same:
             log.warning("an approval waits, but no approver is configured on %s ([bot] admins, [approvals] "
                         "approvers)", chat.platform)
@@ -194,7 +195,7 @@ class Approvals:
     def _entitled(self, row: Row, caller: Caller) -> bool:
         if row["approver"] == "requester":
             return caller.qualified_user == str(row["requester"])
-        return caller.qualified_user in self._approver_ids()
+        return caller.qualified_user in self.approver_ids()
 
     def _cooling(self, chat: ChatRef, caller: Caller) -> bool:
         now = time.monotonic()
@@ -209,7 +210,7 @@ class Approvals:
         code = code.strip().upper()
         row = await self.store.by_code(code) if len(code) == 5 and set(code) <= set(ALPHABET) else None
         # A code from another chat reads as unknown: it reveals nothing the person could not see.
-        if row is None or not (row["chat"] == chat.key or caller.qualified_user in self._approver_ids()
+        if row is None or not (row["chat"] == chat.key or caller.qualified_user in self.approver_ids()
                                or caller.qualified_user == row["requester"]):
             self._wrong.setdefault((chat.key, caller.qualified_user), []).append(time.monotonic())
             return "没有找到这个确认码（可能已过期、已处理或输错了）。发送 /pending 查看等待中的请求。"
@@ -249,30 +250,30 @@ class Approvals:
         if row is None or parse_iso(str(row["expires_at"])) <= self.bot.clock():
             return False
         if row["kind"] == "approval":
-            if text.strip(_PUNCT).lower() not in _YES:
+            # A bare yes answers the prompt only while it is the bot's last word here: a "好的" to a later
+            # question of the model's ran the wipe paused before it.
+            if text.strip(_PUNCT).lower() not in _YES or not await self._prompt_is_last(chat, str(row["code"])):
                 return False
             answer = await self.decide(caller, chat, str(row["code"]), approve=True)
             await self.bot.outbox.enqueue(OutgoingMessage(key=f"snapshot:{row['id']}:ack", chat=chat, text=answer,
                                                           mention=(caller.user_id,) if chat.kind == "group" else ()))
             return True
-        if not await self._claim(row, "approved", caller.qualified_user):
-            return False
+        if self.bot.pipeline.is_command(text) or not await self._claim(row, "approved", caller.qualified_user):
+            return False  # (a /deny typed while a question waits is no answer to it)
         self._spawn(row, True, answer=text)
         return True
 
+    async def _prompt_is_last(self, chat: ChatRef, code: str) -> bool:
+        try:
+            said = [e for e in await self.bot.history.recent(chat, 20) if e.from_bot]
+        except Exception:  # unknown: a code is asked for
+            log.exception("reading the history of %s failed", chat.key)
+            return False
+        return bool(said) and f"/approve {code}" in said[-1].text
+
     async def pending_text(self, caller: Caller) -> str:
         """``/pending``: what waits for me, and what waits for my approval."""
-        now = self.bot.clock()
-        # In a group only that group's requests: others (a private chat's arguments) are read out there.
-        here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
-        lines = [f"· {r['code']} {_WAITING[(r['kind'], r['approver'])]}：{summarize(r)}"
-                 for r in await self.store.pending(now, requester=caller.qualified_user) if here in (None, r["chat"])]
-        if caller.qualified_user in self._approver_ids():
-            lines += [f"· {r['code']} 等你批准（{r['requester']} 在 {r['chat']}）：{summarize(r)}"
-                      for r in await self.store.pending(now, admin_only=True) if here in (None, r["chat"])]
-        if not lines:
-            return "没有等待中的请求。"
-        return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"
+        return await pending_text(self, caller)
 
     # --- expiry -------------------------------------------------------------------------------
     async def _expiry_loop(self) -> None:
@@ -327,7 +328,7 @@ class Approvals:
 
     async def _resume(self, row: Row, verdict: bool | str, *, answer: str | None, notice: str | None) -> None:
         state = RunState.model_validate_json(str(row["state"]))
-        caller = Caller.model_validate_json(str(row["caller"]))
+        caller = snapshots.stored_caller(row, self.bot.is_admin)
         chat = ChatRef.from_key(str(row["chat"]))
         if notice:
             await self._send(row, notice, suffix="notice")
@@ -338,9 +339,7 @@ class Approvals:
         else:
             # Only what the paused run was offered, if still offered (a row from before: its calls' tools)
             names = set(json.loads(row["tools"]) if row.get("tools") else (c.name for c in state.pending))
-            # An answer grants the questions only: a confirm call paused beside ask_user pauses anew, for
-            # its own approver (the answer, or its timeout, would otherwise run an admin's call)
-            granted = [c for c in state.pending if row["kind"] != "input" or self._asks(c)]
+            granted = [c for c in state.pending if self._grants(row, c)]
             if state.messages and state.messages[0].get("role") == "system":  # the time now, not the pause's
                 state.messages[0] = {"role": "system", "content": self.bot.router.retime(
                     str(state.messages[0]["content"]), self.bot.zone_for(chat), self.bot.clock())}
@@ -371,16 +370,19 @@ class Approvals:
             self.bot.outbox.notify(platform)
         await self.announce()
 
-    def _asks(self, call: ToolCall) -> bool:
+    def _grants(self, row: Row, call: ToolCall) -> bool:
+        """Whether ``row``'s verdict answers ``call``: an answer the questions, an admin's the admin calls, the
+        requester's their own. A call paused beside them pauses anew, for its own approver (an answer, or its
+        timeout, ran an admin's call; an admin's approval ran the requester's own wipe they never confirmed)."""
         tool = self.bot.tools.get(call.name)
-        return tool is not None and tool.confirm == "input"
+        return tool is not None and tool.confirm == ("input" if row["kind"] == "input" else row["approver"])
 
     async def _run_command(self, calls: Sequence[ToolCall], caller: Caller, chat: ChatRef) -> list[str]:
         out: list[str] = []
         for call in calls:
             tool = self.bot.tools.get(call.name)
-            if tool is None:
-                out.append(f"/{call.name} 已不存在，没有执行。")
+            if tool is None or (refused := refusal(tool, caller)):  # (an admin removed since: no longer theirs)
+                out.append(f"/{call.name} 已不存在，没有执行。" if tool is None else str(refused))
                 continue
             try:
                 result = await self.bot.invoke_tool(tool, tool.parse_arguments(call.arguments), caller,
@@ -396,5 +398,3 @@ class Approvals:
 
 _DONE = {"approved": "这个请求已经批准了，正在执行。", "resumed": "这个请求已经批准并执行过了。",
          "denied": "这个请求已被拒绝。", "expired": "这个请求已过期。"}
-_WAITING = {("input", "requester"): "等你回答", ("approval", "requester"): "等你确认",
-            ("approval", "admin"): "等管理员批准"}

@@ -20,7 +20,7 @@ from robot.store import parse_iso
 if TYPE_CHECKING:
     from robot.approvals import Approvals
 
-__all__ = ["PANEL", "PendingPanel"]
+__all__ = ["PANEL", "PendingPanel", "pending_text"]
 
 #: The panel's name in ``bot.panels``.
 PANEL = "待批准"
@@ -68,3 +68,21 @@ class PendingPanel:
         if row["kind"] == "approval":
             out |= {"/批准": f"/approve {code}", "/拒绝": f"/deny {code}"}
         return out
+
+
+_MINE = {("input", "requester"): "等你回答", ("approval", "requester"): "等你确认", ("approval", "admin"): "等管理员批准"}
+
+
+async def pending_text(approvals: Approvals, caller: Caller) -> str:
+    """``/pending``: what waits for me, and what waits for my approval."""
+    now = approvals.bot.clock()
+    # In a group only that group's requests: others (a private chat's arguments) are read out there.
+    here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
+    lines = [f"· {r['code']} {_MINE[(r['kind'], r['approver'])]}：{summarize(r)}"
+             for r in await approvals.store.pending(now, requester=caller.qualified_user) if here in (None, r["chat"])]
+    if caller.qualified_user in approvals.approver_ids():
+        lines += [f"· {r['code']} 等你批准（{r['requester']} 在 {r['chat']}）：{summarize(r)}"
+                  for r in await approvals.store.pending(now, admin_only=True) if here in (None, r["chat"])]
+    if not lines:
+        return "没有等待中的请求。"
+    return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"

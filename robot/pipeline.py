@@ -88,7 +88,7 @@ class Pipeline:
             return None
         return rest.lstrip(" ,，:：、~～")
 
-    def _is_command(self, text: str) -> bool:
+    def is_command(self, text: str) -> bool:  # a core's or a tool's /command (not any text after a slash)
         command = parse_command(text)
         return command is not None and (command.name in _CORE_COMMANDS
                                         or self.bot.tools.resolve(command.name) is not None)
@@ -121,7 +121,7 @@ class Pipeline:
         if after_name is not None:
             return True, True, after_name
         # In a group only a known /command addresses the bot: "/usr/bin" pasted in chat does not.
-        if message.mentions_bot or message.reply_to_bot or replied_to_bot or self._is_command(text):
+        if message.mentions_bot or message.reply_to_bot or replied_to_bot or self.is_command(text):
             return True, True, text
         return chat.key in gate.always or short in gate.always, False, text
 
@@ -190,7 +190,8 @@ class Pipeline:
             return
         # An answer to a plan's question or a paused run (ask_user, a plain "确认"), addressed or not, cut
         answer_text = message.text[:bot.settings.limits.max_message_chars]  # to the size limit as any message
-        if bot.questions.answer(message.chat.key, message.qualified_sender, answer_text):
+        if not self.is_command(answer_text) and bot.questions.answer(message.chat.key, message.qualified_sender,
+                                                                      answer_text):  # (a /deny is no answer)
             return
         if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), answer_text):
             return

@@ -15,13 +15,15 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from function_calls import RunState, ToolCall
+from function_calls import Caller, RunState, ToolCall
 from robot.message import ChatRef
 from robot.storage import Tx
 from robot.store import Engine, iso
@@ -214,16 +216,31 @@ def notice_prefix(chat: ChatRef) -> str:
 
 
 def describe_call(call: ToolCall, limit: int = 160) -> str:
-    """``name(key=value，…)`` for people, cut to ``limit`` characters."""
+    """``name(key=value, …)`` for people: every key shown, each value quoted as JSON (a string cannot pose as
+    more keys), runs of spaces folded, and each cut to its share of ``limit`` (a padded memo hid the amount
+    after it: the approver saw ``amount=5`` and approved 50000)."""
     try:
         args = json.loads(call.arguments or "{}")
-        shown = "，".join(f"{k}={v}" for k, v in args.items()) if isinstance(args, dict) else str(args)
     except (ValueError, TypeError):
-        shown = call.arguments or ""
-    shown = shown.replace("\n", " ")
-    if len(shown) > limit:
-        shown = shown[: limit - 1] + "…"
-    return f"{call.name}({shown})"
+        args = call.arguments or ""
+    items = list(args.items()) if isinstance(args, dict) else [("", args)]
+    share = max(24, limit // max(1, len(items)))
+    shown = []
+    for key, value in items:
+        text = re.sub(r"\s+", " ", json.dumps(value, ensure_ascii=False))
+        text = text if len(text) <= share else f"{text[:share - 1]}…（共 {len(text)} 字）"
+        shown.append(f"{key}={text}" if key else text)
+    return f"{call.name}({', '.join(shown)})"
+
+
+def stored_caller(row: Row, is_admin: Callable[[str, str], bool]) -> Caller:
+    """The paused run's requester as stored, with their bot-admin right as the config says now (an admin
+    removed since must not run an admin-only call by approving it); a group role seen only through that
+    right is dropped (unknown now: refused rather than guessed)."""
+    caller = Caller.model_validate_json(str(row["caller"]))
+    admin = is_admin(caller.platform, caller.user_id)
+    group = caller.is_admin and not caller.bot_admin  # the platform named them a group admin then
+    return caller.model_copy(update={"bot_admin": admin, "is_admin": admin or group})
 
 
 def summarize(row: Row) -> str:

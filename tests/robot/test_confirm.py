@@ -45,4 +45,4 @@ async def test_a_confirm_tool_waits_for_approval_on_the_model_path(make_bot: Any
     await ch.inject("帮我清空 alice 的数据", user="u1", chat=ch.chat("u1", "private"))
     sent = await ch.wait_sent(1)
     assert ran == [] and len(model.requests) == 1  # paused before the call: no second model turn
-    assert "需要管理员批准" in sent[-1].text and "wipe(who=alice)" in sent[-1].text
+    assert "需要管理员批准" in sent[-1].text and 'wipe(who="alice")' in sent[-1].text
