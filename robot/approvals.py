@@ -6,7 +6,8 @@ entitled presents the code (``/approve LQ5RZ``); the row moves ``pending -> appr
 guarded UPDATE, so two approvals (or two processes) resume it exactly once; the frozen chain
 continues and its replies go out through the outbox in the transaction that ends the snapshot.
 A crash after the claim and before the run finished does not re-run the call (such rows are
-reported as interrupted at the next start): a risky call runs at most once.
+reported as interrupted at the next start, unless another living process runs them): a risky call
+runs at most once.
 
 Only calls that need a person create a snapshot; ordinary multi-step chains never do.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -25,14 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from function_calls import (
-    Caller,
-    RunResult,
-    RunState,
-    StopReason,
-    Tool,
-    ToolCall,
-)
+from function_calls import Caller, RunResult, RunState, StopReason, Tool, ToolCall
 from robot import snapshots
 from robot.approvals_panel import PANEL, PendingPanel, pending_text
 from robot.ask_user import GRANT, AskUserArgs, Grant
@@ -75,7 +70,11 @@ class Approvals:
             self.store.secret = await asyncio.to_thread(load_secret, self.secret_path)
         else:
             self.store.secret = secrets.token_bytes(32)  # an in-memory bot: its snapshots die with it
+        leases = self.bot.leases.leases
         for row in await self.store.with_status("approved"):
+            # Not one another living process is running (two processes, one database): its own left it so.
+            if row.get("runner") and await self.bot.db.run(functools.partial(leases.alive_sync, holder=str(row["runner"]))):
+                continue
             if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
                 await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
         self._watch = await self.store.answerable_chats()
@@ -240,7 +239,8 @@ class Approvals:
             await self.store.transition(str(row["id"]), "refused", frm="pending", now=self.bot.clock())
             self._watch = await self.store.answerable_chats()
             return False
-        return await self.store.transition(str(row["id"]), to, frm="pending", now=self.bot.clock(), by=by)
+        return await self.store.transition(str(row["id"]), to, frm="pending", now=self.bot.clock(), by=by,
+                                           runner=self.bot.leases.leases.holder if to == "approved" else None)
 
     async def intercept(self, chat: ChatRef, caller: Caller, text: str) -> bool:
         """A message that answers a paused run (``ask_user``, or a plain "确认"): consumed, routed nowhere else."""

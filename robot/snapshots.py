@@ -71,7 +71,9 @@ class SnapshotStore:
     def __init__(self, db: Engine) -> None:
         self.db = db
         self.secret: bytes | None = None
-        db.migrate("snapshots", [self._schema])
+        # ``runner``: the process (lease holder id) that runs an approved row: a start reports only the
+        # approved rows of a dead one as interrupted, not what another living process is running.
+        db.migrate("snapshots", [self._schema, "ALTER TABLE snapshots ADD COLUMN runner TEXT"])
 
     @staticmethod
     def _schema(db: Tx) -> None:
@@ -164,12 +166,14 @@ class SnapshotStore:
                                 "AND (kind = 'input' OR approver = 'requester')", [])
         return {str(r["chat"]) for r in rows}
 
-    async def transition(self, snapshot_id: str, to: str, *, frm: str, now: datetime, by: str | None = None) -> bool:
+    async def transition(self, snapshot_id: str, to: str, *, frm: str, now: datetime, by: str | None = None,
+                         runner: str | None = None) -> bool:
         """Move one row from ``frm`` to ``to``; False when someone else moved it first."""
 
         def work(db: Tx) -> bool:
-            cur = db.execute("UPDATE snapshots SET status = ?, resolved_at = ?, resolved_by = COALESCE(?, resolved_by) "
-                             "WHERE id = ? AND status = ?", [to, iso(now), by, snapshot_id, frm])
+            cur = db.execute("UPDATE snapshots SET status = ?, resolved_at = ?, resolved_by = COALESCE(?, resolved_by), "
+                             "runner = COALESCE(?, runner) WHERE id = ? AND status = ?",
+                             [to, iso(now), by, runner, snapshot_id, frm])
             return cur.rowcount == 1
 
         return await self.db.run(work)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -20,6 +21,7 @@ from function_calls import (
 )
 from function_calls.testing import ScriptedModel, call, text
 from robot.plugin import Plugin
+from robot.testing import MemoryChannel
 
 RUNS: list[str] = []
 ADMIN = "9"
@@ -190,3 +192,64 @@ async def test_a_deny_typed_while_a_question_waits_is_a_deny_not_the_answer(make
     await ch.inject("下午三点", user="u1")  # the answer
     await bot.approvals.idle()
     assert "下午三点" in answers and not any("/deny" in a for a in answers) and RUNS == []
+
+
+PAID: list[int] = []
+GATE: dict[str, asyncio.Event] = {}
+
+
+class PayArgs(BaseModel):
+    amount: int = Field(ge=0)
+
+
+@tool_function(confirm="admin", timeout_s=30)
+async def pay(ctx: ToolContext[object], args: PayArgs) -> ToolResult:
+    """Pay (an admin approves)."""
+    GATE["started"].set()
+    await GATE["release"].wait()  # a slow payment API
+    PAID.append(args.amount)
+    return ToolResult(content=f"paid {args.amount}")
+
+
+PAY = Plugin("pay", Toolset("pay", [pay]))
+
+
+def pay_script(req: ModelRequest) -> ModelResponse:
+    done = [m for m in req.messages if m["role"] == "tool"]
+    return text(f"done: {done[-1]['content']}") if done else call("pay", {"amount": 42})
+
+
+async def test_a_process_starting_leaves_alone_a_call_another_living_process_is_running(make_bot: Any, pg_url: str,
+                                                                          tmp_path: Path) -> None:
+    GATE["started"], GATE["release"] = asyncio.Event(), asyncio.Event()
+    a, ch = await make_bot(ScriptedModel(pay_script), plugins=[PAY], data_dir=tmp_path / "a", start=False,
+                           storage={"url": pg_url}, bot={"admins": ["memory:9"]})
+    a.leases.leases.holder = "process-a"
+    await a.start()
+    await ch.inject("pay 42", at_bot=True, user="u1")
+    code = re.search(r"/approve ([A-Z0-9]{5})", (await ch.wait_sent(1))[0].text).group(1)  # type: ignore[union-attr]
+    await ch.inject(f"/approve {code}", user="9")
+    await asyncio.wait_for(GATE["started"].wait(), 10)  # process A is running the approved call
+    chb = MemoryChannel()
+    b, _ = await make_bot(ScriptedModel(pay_script), plugins=[PAY], data_dir=tmp_path / "b", start=False,
+                          storage={"url": pg_url}, bot={"admins": ["memory:9"]}, channel=chb)
+    b.leases.leases.holder = "process-b"
+    await b.start()  # a second process starts (scale-out, or a sibling's restart)
+    GATE["release"].set()
+    await a.approvals.idle()
+    await a.outbox.flush()
+
+    def texts(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT text FROM outbox").fetchall()]
+
+    def status(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT status FROM snapshots").fetchall()]
+
+    await b.outbox.flush()
+    await asyncio.sleep(1.0)
+    await a.outbox.flush()
+    await b.outbox.flush()
+    out = [m.text for m in ch.sent] + [m.text for m in chb.sent]
+    # It ran, and the requester was told it was interrupted and not run (asking again would pay twice)
+    assert PAID == [42] and not any("中断" in t for t in out) and "done: paid 42" in out
+    assert await a.db.run(status) == ["resumed"]
