@@ -87,7 +87,7 @@ def auth_rejection(request: web.Request, token: str | None) -> web.Response | No
         supplied = request.query["access_token"]
     if supplied is None:
         return web.Response(status=401, text="missing access token")
-    if not hmac.compare_digest(supplied.encode(), token.encode()):
+    if not hmac.compare_digest(supplied.encode(errors="surrogateescape"), token.encode()):  # (a header's bytes)
         return web.Response(status=403, text="invalid access token")
     return None
 

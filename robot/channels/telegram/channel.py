@@ -45,10 +45,10 @@ from robot.channels.telegram.api import (
     TelegramError,
     TooManyRequests,
 )
-from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, split_utf16
+from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, sender_of, split_utf16
 from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.telegram.state import TelegramState, read_spool, write_private
-from robot.message import ChatRef, Message, OutgoingMessage, Sender
+from robot.message import ChatRef, Message, OutgoingMessage
 
 __all__ = ["TelegramChannel"]
 
@@ -114,7 +114,7 @@ class TelegramChannel(Channel):
         if self.settings.webhook_url and self.api is not None:
             await self.api.call("setWebhook", {
                 "url": self.settings.webhook_url, "secret_token": self.settings.webhook_secret.get_secret_value(),
-                "allowed_updates": ["message", "edited_message"]})
+                "allowed_updates": ["message"]})
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -157,7 +157,7 @@ class TelegramChannel(Channel):
                     offset = await self.state.load_offset(self.bot_id)
                 updates = await self.api.call(
                     "getUpdates", {"offset": offset, "timeout": self.settings.poll_timeout_s,
-                                   "allowed_updates": ["message", "edited_message"]},
+                                   "allowed_updates": ["message"]},
                     timeout_s=self.settings.poll_timeout_s + self.settings.request_timeout)
             except Exception as exc:  # TelegramError, or a bug: the poller must not die silently
                 if not isinstance(exc, TelegramError):
@@ -178,6 +178,8 @@ class TelegramChannel(Channel):
             if ids:
                 offset = max(ids) + 1
                 self._commit = asyncio.create_task(self._save_offset(self._commit, batch, offset))
+            elif time.monotonic() - asked < 1:  # nothing usable, answered at once: no busy loop either
+                pause = self.settings.retry_delay_s
 
     async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[None]], at: int) -> None:
         if previous is not None:
@@ -206,7 +208,7 @@ class TelegramChannel(Channel):
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         expected = self.settings.webhook_secret.get_secret_value().encode()
-        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "").encode()
+        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "").encode(errors="surrogateescape")  # (bytes)
         if not expected or not hmac.compare_digest(given, expected):
             log.warning("telegram: webhook request without the right secret token refused")
             return web.Response(status=401)
@@ -252,7 +254,7 @@ class TelegramChannel(Channel):
 
     def to_message(self, update: dict[str, Any]) -> Message | None:
         """A Bot API update as a :class:`Message`, or None for what the bot does not read."""
-        msg = update.get("message") or update.get("edited_message")
+        msg = update.get("message")  # (an edit kept the original's id: it was dropped as a redelivery; not asked for)
         if not isinstance(msg, dict):
             return None
         chat = msg["chat"]
@@ -279,12 +281,10 @@ class TelegramChannel(Channel):
         # In a forum every message "replies" to the topic's first message; that is not a reply.
         if reply and thread is not None and reply.get("message_id") == thread:
             reply = {}
-        name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p) or \
-            str(sender.get("username") or sender["id"])
         return Message(
             chat=ChatRef(platform=self.platform, chat_id=key_id, kind="private" if chat_type == "private" else "group",
                          account=self.bot_id),
-            sender=Sender(user_id=str(sender["id"]), name=name),
+            sender=sender_of(msg, chat_id),
             message_id=f"{chat_id}:{msg['message_id']}",  # ids are per chat in Telegram
             text=text, timestamp=datetime.fromtimestamp(int(msg["date"]), UTC), mentions=mentions,
             mentions_bot=mentions_bot,

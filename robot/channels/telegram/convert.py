@@ -6,8 +6,9 @@ import re
 from typing import Any
 
 from robot.channels.telegram.api import utf16_len
+from robot.message import Sender
 
-__all__ = ["LIMIT", "placeholder", "read_entities", "split_utf16"]
+__all__ = ["LIMIT", "placeholder", "read_entities", "sender_of", "split_utf16"]
 
 LIMIT = 4096
 
@@ -73,3 +74,16 @@ def placeholder(msg: dict[str, Any]) -> str:
     if isinstance(doc, dict):
         return f"[文件: {doc['file_name']}]" if doc.get("file_name") else "[文件]"
     return ""
+
+
+def sender_of(msg: dict[str, Any], chat_id: str) -> Sender:
+    """Who wrote ``msg`` (which has a ``from``). Posted as a channel or as the group itself (an anonymous
+    admin), ``from`` is one placeholder user for everyone who does so, anywhere (they shared limits,
+    budgets and reminders): the chat it speaks as is the identity, and the group's own is nobody's."""
+    sender = msg["from"]
+    if isinstance(as_chat := msg.get("sender_chat"), dict) and as_chat.get("id") is not None:
+        return Sender(user_id=f"chat:{as_chat['id']}", name=str(as_chat.get("title") or as_chat["id"]),
+                      anonymous=str(as_chat["id"]) == chat_id)
+    name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p) or \
+        str(sender.get("username") or sender["id"])
+    return Sender(user_id=str(sender["id"]), name=name)

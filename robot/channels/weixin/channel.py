@@ -32,6 +32,7 @@ from robot.channels.base import (
 )
 from robot.channels.state_store import ChannelState
 from robot.channels.weixin.api import (
+    MESSAGE_TYPE_BOT,
     TYPING_CANCEL,
     SessionExpired,
     WeixinApi,
@@ -39,7 +40,7 @@ from robot.channels.weixin.api import (
     WeixinError,
     WeixinMessage,
 )
-from robot.channels.weixin.convert import PLATFORM, flatten_markdown, to_message
+from robot.channels.weixin.convert import PLATFORM, chat_id_of, flatten_markdown, to_message
 from robot.channels.weixin.live import FORGOTTEN_GRACE_S, LiveAccount
 from robot.channels.weixin.settings import WeixinSettings
 from robot.channels.weixin.state import WeixinAccount, WeixinState
@@ -220,11 +221,12 @@ class WeixinChannel(Channel):
                             len(resp.msgs) - len(msgs))
             await self._remember_tokens(acc, msgs)  # before delivery: a quick reply needs them
             batch = self._receive(acc, msgs)
-            if resp.get_updates_buf and resp.get_updates_buf != buf:
+            moved = bool(resp.get_updates_buf) and resp.get_updates_buf != buf
+            if moved and resp.get_updates_buf:
                 buf = resp.get_updates_buf
                 acc.commit = asyncio.create_task(self._commit(acc, acc.commit, batch, buf))
-            if not resp.msgs and time.monotonic() - asked < 1:  # a long poll answered empty at once
-                await self._sleep(self.settings.retry_delay_s)  # (a proxy, a broken server): no busy loop
+            if not (batch or moved) and time.monotonic() - asked < 1:  # nothing new, answered at once (a proxy,
+                await self._sleep(self.settings.retry_delay_s)  # a broken server, only junk): no busy loop
 
     def _receive(self, acc: LiveAccount, raw: list[dict[str, object]]) -> list[asyncio.Task[None]]:
         tasks: list[asyncio.Task[None]] = []
@@ -260,10 +262,12 @@ class WeixinChannel(Channel):
     async def _remember_tokens(self, acc: LiveAccount, raw: list[dict[str, object]]) -> None:
         changed = False
         for item in raw:
-            token, group, user = item.get("context_token"), item.get("group_id"), item.get("from_user_id")
-            chat_id = group or user
-            if isinstance(token, str) and token and isinstance(chat_id, str) and chat_id \
-                    and item.get("message_type") != 2 and acc.tokens.get(chat_id) != token:
+            try:  # the chat as to_message reads it (a numeric or padded id was kept under another key)
+                msg = WeixinMessage.model_validate(item)
+            except ValueError:
+                continue
+            token, chat_id = msg.context_token, chat_id_of(msg)
+            if token and chat_id and msg.message_type != MESSAGE_TYPE_BOT and acc.tokens.get(chat_id) != token:
                 acc.tokens[chat_id] = token
                 acc.forgotten.pop(chat_id, None)
                 changed = True

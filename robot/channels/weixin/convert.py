@@ -49,6 +49,11 @@ def message_id_of(msg: WeixinMessage) -> str | None:
     return None
 
 
+def chat_id_of(msg: WeixinMessage) -> str:
+    """The chat a message belongs to (its context token is kept under it, where a reply looks for it)."""
+    return (msg.group_id or "").strip() or msg.from_user_id
+
+
 def to_message(account: str, msg: WeixinMessage) -> Message | None:
     """The bot-side message, or None for what is not a user's message (the bot's own echoes)."""
     if msg.message_type == MESSAGE_TYPE_BOT or not msg.from_user_id:
@@ -71,8 +76,7 @@ def to_message(account: str, msg: WeixinMessage) -> Message | None:
         if text:
             parts.append(text)
     group = (msg.group_id or "").strip()
-    chat = ChatRef(platform=PLATFORM, chat_id=group or msg.from_user_id, kind="group" if group else "private",
-                   account=account)
+    chat = ChatRef(platform=PLATFORM, chat_id=chat_id_of(msg), kind="group" if group else "private", account=account)
     try:
         stamp = datetime.fromtimestamp(msg.create_time_ms / 1000, UTC) if msg.create_time_ms else None
     except (ValueError, OverflowError, OSError):  # a nonsense time is not worth losing the message

@@ -438,3 +438,23 @@ async def test_forget_me_also_clears_the_tokens_of_an_account_not_served_now(
     assert "2 个微信会话凭据" in fake.sent[-1].text
     async with in_database(tmp_path) as stored:  # the files were imported at start, then cleared there
         assert await stored.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}
+
+
+@pytest.mark.parametrize("ids", [{"group_id": " grp-1@chatroom "}, {"group_id": "  "}, {"group_id": 123456789},
+                                 {"from_user_id": 987654321, "group_id": None}])
+async def test_a_context_token_is_kept_under_the_chat_its_message_is_delivered_to(
+        tmp_path: Path, ids: dict[str, Any]) -> None:
+    """A padded, blank or numeric id was kept under another key than the chat's: the reply had no token."""
+    from robot.channels.weixin.api import WeixinMessage
+    from robot.channels.weixin.convert import to_message
+    from robot.channels.weixin.live import LiveAccount
+
+    item = {"seq": 1, "message_id": 7300000000000000001, "to_user_id": "b0f1@im.bot", "message_type": 1,
+            "item_list": [{"type": 1, "text_item": {"text": "hi"}}], "context_token": "ctx-new",
+            "from_user_id": "alice@im.wechat", **ids}
+    channel = WeixinChannel(WeixinSettings(state_dir=tmp_path))
+    account = LiveAccount(WeixinAccount(bot_id="b0f1@im.bot", bot_token=SecretStr("t"), base_url="http://x"),
+                          api=None, tokens={})  # type: ignore[arg-type]
+    await channel._remember_tokens(account, [item])
+    message = to_message(account.bot_id, WeixinMessage.model_validate(item))
+    assert message is not None and account.tokens == {message.chat.chat_id: "ctx-new"}
