@@ -206,7 +206,10 @@ class PostgresDatabase(Engine):
 
         rehearsing = self.rehearse
         last = _RETRIES - 1 + rehearsing
-        for attempt in range(last + 1):
+        # Every pooled connection may be one the server dropped (a restart, a failover): each is tried
+        # and discarded, beyond the retries a conflict gets (5 dead of 8 failed a unit, the server up).
+        dropped = conflicts = 0
+        while True:
             started, committing, pool = False, False, self._pool
             if pool is None:  # closed meanwhile (a unit retried after its connection was cut)
                 raise StorageError(f"the database {self.where} is closed")
@@ -228,7 +231,8 @@ class PostgresDatabase(Engine):
             except _Rehearsed:
                 rehearsing = False
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
-                if attempt == last:
+                conflicts += 1
+                if conflicts > last:
                     raise
                 log.debug("storage: retrying a unit of work after a serialization failure")
             except PoolTimeout:
@@ -239,10 +243,10 @@ class PostgresDatabase(Engine):
                 # Past BEGIN the error goes up; one during COMMIT leaves the outcome unknown.
                 if committing:
                     raise CommitUnknown(f"the connection to {self.where} failed while committing") from exc
-                if started or attempt == last:
+                dropped += 1
+                if started or dropped > (1 if ahead else pool.max_size + 1):
                     raise
                 log.info("storage: a pooled connection to %s was closed; retrying on another", self.where)
-        raise AssertionError("unreachable")
 
     @contextlib.contextmanager
     def _own_connection(self) -> Iterator[Any]:

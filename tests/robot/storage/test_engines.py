@@ -270,11 +270,11 @@ def _reopen(engine: Engine) -> Engine:
 async def test_pooled_connections_the_server_dropped_are_replaced_without_an_error(pg_url: str) -> None:
     import psycopg
 
-    db = PostgresDatabase(pg_url, max_size=2)
+    db = PostgresDatabase(pg_url, max_size=8)  # as many dead ones as the README's pool size (5 failed a unit)
     db.migrate("t", SCHEMA)
     await db.open()
     try:
-        await asyncio.gather(*(db.run(lambda tx: tx.execute("SELECT 1").fetchone()) for _ in range(4)))
+        await asyncio.gather(*(db.run(lambda tx: tx.execute("SELECT pg_sleep(0.1)").fetchone()) for _ in range(8)))
         # An administrator (or an idle timeout, or a failover) closes every session of the bot's pool.
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
