@@ -194,8 +194,13 @@ class LeaseKeeper:
                         on_change(now)
                     except Exception:
                         log.exception("lease %s: the change handler failed", name)
-        self.held = now_held
+        # A name dropped while this round was under way (its socket closed): the renewal may have taken it
+        # again after drop() gave it up; it is given up again, not held till it expires, blocking others.
+        stale = {n for n in now_held if n not in self.wanted and n != self.process_lease}
+        self.held = set(now_held) - stale
         self._until = began + self.trust_s
+        if stale:
+            await self.leases.release(sorted(stale))
 
     async def start(self) -> None:
         await self._round()

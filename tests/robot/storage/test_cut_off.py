@@ -508,3 +508,34 @@ async def test_every_connection_to_postgresql_probes_a_peer_that_went_quiet(
                 sock.close()
     finally:
         await db.close()
+
+
+async def test_a_lease_dropped_while_a_renewal_is_under_way_is_given_up_all_the_same(pg_url: str) -> None:
+    """A OneBot socket closed here (it may reconnect to another process) during a slow renewal round: the
+    round's upsert landed after drop()'s DELETE and took the lease again, for lease_s, for nobody."""
+    a, b = PostgresDatabase(pg_url, max_size=2), PostgresDatabase(pg_url, max_size=2)
+    mine, theirs = Leases(a, ttl_s=15, holder="A"), Leases(b, ttl_s=15, holder="B")
+    keeper = LeaseKeeper(mine)
+    await a.open()
+    await b.open()
+    try:
+        await keeper.start()
+        assert await keeper.want("account:onebot:1")
+        acquire = mine.acquire_sync
+
+        def slowly(tx: object, name: str) -> bool:  # a slow round trip on the renewal connection
+            time.sleep(0.5)
+            return acquire(tx, name)  # type: ignore[arg-type]
+
+        mine.acquire_sync = slowly  # type: ignore[method-assign]
+        renewal = asyncio.create_task(keeper._round())
+        await asyncio.sleep(0.1)
+        await keeper.drop("account:onebot:1")
+        await renewal
+        mine.acquire_sync = acquire  # type: ignore[method-assign]
+        assert not keeper.holds("account:onebot:1")
+        assert await theirs.acquire("account:onebot:1")  # the process it reconnected to serves it at once
+    finally:
+        await keeper.stop()
+        await a.close()
+        await b.close()
