@@ -231,8 +231,10 @@ class StorageSection(_Section):
         """The database these settings name (not opened)."""
         from robot.storage import open_database
 
-        return open_database(self.url.get_secret_value(), data_dir, pool_size=self.pool_size, stall_s=self.lease_s,
-                             listen_url=self.listen_url.get_secret_value())
+        # A frozen process's transaction ends within half a lease: the others, waiting on the rows it locked,
+        # would otherwise see their own work stalled past their leases' trust and give their accounts up.
+        return open_database(self.url.get_secret_value(), data_dir, pool_size=self.pool_size,
+                             stall_s=self.lease_s / 2, listen_url=self.listen_url.get_secret_value())
 
 
 class OutboxSection(_Section):

@@ -277,7 +277,7 @@ FROZEN_FIRER = textwrap.dedent("""
     from robot.storage.postgres import PostgresDatabase
 
     async def main():
-        db = PostgresDatabase(sys.argv[1], max_size=1, stall_s=2.0)  # what a bot with lease_s = 2 sets
+        db = PostgresDatabase(sys.argv[1], max_size=1, stall_s=2.0)  # what a bot with lease_s = 4 sets
         db.migrate("reminders", SCHEMA)
         await db.open()
 

@@ -221,3 +221,12 @@ def test_a_plugins_list_comes_from_the_environment_as_json(tmp_path: Path, monke
     monkeypatch.setenv("QUNBOT_SEARCH__SEARCH_DOMAIN_FILTER", '["example.com", "-pinterest.com"]')
     settings, _ = load_settings(write(tmp_path / "q.toml", ""))
     assert settings.section("search", SearchSettings).search_domain_filter == ["example.com", "-pinterest.com"]
+
+
+def test_a_frozen_processs_transaction_is_ended_within_half_a_lease(tmp_path: Path) -> None:
+    """The others wait on the rows it locked: ended after a whole lease, their own work looked stalled past
+    what their leases trust (13.5 s of 15), and healthy processes gave their accounts up."""
+    from robot.storage.postgres import PostgresDatabase
+
+    engine = Settings(storage={"url": "postgresql://db/q", "lease_s": 15}).storage.engine(tmp_path)
+    assert isinstance(engine, PostgresDatabase) and engine.stall_s == 7.5
