@@ -232,15 +232,21 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
     # In a group another chat's reminder is neither deleted nor described from here.
     here = ChatRef.of(caller).key if caller.chat_kind == "group" else None
     found = await deps.store.match(wanted, owner=deps.owner_scope(caller), chat=here)
+    # A bot admin may delete anyone's reminder by id, but reads only their own and this chat's: another
+    # person's private reminder is theirs (a one-character prefix listed everyone's, content and all).
+    def shown(r: Reminder) -> bool:
+        return r.owner == caller.qualified_user or r.chat == ChatRef.of(caller).key
+
     if len(found) == 1:
         target = found[0]
-        line = (await deps.describe(caller, [target]))[0]
+        line = (await deps.describe(caller, [target]))[0] if shown(target) else f"#{wanted.lstrip('#')}（{target.owner} 的）"
         if not await deps.service.delete(target.id):
             raise ToolError(f"reminder {wanted!r} has just fired or was deleted; nothing to delete",
                             user_message=f"提醒 {wanted} 刚刚已经发出或被删除了。")
         return ToolResult.reply(f"已删除提醒 {line}", data={"id": target.id})
     if found:
-        lines = await deps.describe(caller, found)
+        lines = [*await deps.describe(caller, [r for r in found if shown(r)]),
+                 *([f"……还有 {hidden} 个别人的提醒"] if (hidden := sum(not shown(r) for r in found)) else [])]
         raise ToolError(f"id {wanted!r} is ambiguous: it matches {len(found)} reminders. Use more characters "
                         "of the id:\n" + "\n".join(lines), user_message=f"编号 {wanted} 不唯一：\n" + "\n".join(lines))
     mine = await deps.visible(caller)

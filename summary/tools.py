@@ -238,7 +238,7 @@ async def _opt(deps: SummaryDeps, caller: Caller, out: bool) -> ToolResult:
     changed = await set_optout(deps.db, ChatRef.of(caller), caller.user_id, out)
     where = "本群" if caller.chat_kind == "group" else "本聊天"
     if out:
-        text = (f"好的，之后{where}的总结不会引用你的消息，也不会把它们发给 AI。用 /summary optin 恢复。" if changed
+        text = (f"好的，之后{where}的总结不会引用你的消息（总结时不发给 AI；对话时我仍看得到最近的聊天）。用 /summary optin 恢复。" if changed
                 else f"你已经退出{where}的总结了。")
     else:
         text = f"好的，{where}的总结会重新包括你的消息。" if changed else f"你本来就在{where}的总结里。"

@@ -126,3 +126,21 @@ async def test_a_model_cannot_clear_a_whole_chat_only_the_typed_command_can() ->
     with pytest.raises(ToolError) as raised:
         await reminder_delete.invoke(ctx, DeleteArgs(reminder_id="all"))
     assert "/unremind all" in (raised.value.user_message or "")
+
+
+async def test_a_bot_admin_deletes_by_id_but_never_reads_another_persons_private_reminders(start: Any) -> None:
+    """A one-character prefix listed up to 20 reminders of everyone's private chats, content and all."""
+    from collections import Counter
+
+    chat = await start(admins=("memory:boss",))
+    for user in ("u1", "u2"):  # 20 ids over 16 first hex digits: two share one
+        for i in range(10):
+            await chat.say(f"/remind daily 08:{i:02d} 吃抗抑郁药{i}", user=user, chat=user, kind="private")
+    ids = [r.id for u in ("memory:u1", "memory:u2") for r in await chat.deps.store.for_owner(u)]
+    prefix, _ = Counter(i[0] for i in ids).most_common(1)[0]
+    answer = await chat.say(f"/unremind {prefix}", user="boss", chat="boss", kind="private")
+    assert "不唯一" in answer and "别人的提醒" in answer and "吃抗抑郁药" not in answer
+    target = next(r for r in await chat.deps.store.for_owner("memory:u1"))
+    deleted = await chat.say(f"/unremind {target.id}", user="boss", chat="boss", kind="private")
+    assert "已删除" in deleted and "memory:u1" in deleted and "吃抗抑郁药" not in deleted
+    assert len(await chat.deps.store.for_owner("memory:u1")) == 9
