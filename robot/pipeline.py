@@ -151,18 +151,18 @@ class Pipeline:
                     context[:] = [bot.history.recent_sync(db, message.chat, _CONTEXT, before=message.timestamp,
                                                           before_message=message.message_id)]
 
+        self._handling.add(ident)  # before the dedupe's await: a copy arriving meanwhile ran too
         try:
-            fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), record)
-        except Exception:  # the database is failing: still answer (the reply may be all that works)
-            log.exception("storing %s message %s failed; answering it anyway", *ident)
-            fresh = None
-        if fresh is False:
-            log.info("duplicate %s message %s ignored", *ident)
-            return
-        self._handling.add(ident)
-        if fresh:
-            self._unmarked.add(ident)
-        try:
+            try:
+                fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), record)
+            except Exception:  # the database is failing: still answer (the reply may be all that works)
+                log.exception("storing %s message %s failed; answering it anyway", *ident)
+                fresh = None
+            if fresh is False:
+                log.info("duplicate %s message %s ignored", *ident)
+                return
+            if fresh:
+                self._unmarked.add(ident)
             await self._handle(message, context[0] if fresh and context else None)
             unmarked = ident in self._unmarked
         finally:

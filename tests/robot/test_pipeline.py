@@ -394,3 +394,14 @@ async def test_a_bare_mention_gets_a_hint_not_an_empty_model_turn(make_bot: Any,
     _bot, ch = await make_bot(model)
     await ch.inject(said, at_bot=not said.startswith("qunbot"))
     assert "想让我做什么" in (await ch.wait_sent(1))[0].text and model.requests == []
+
+
+async def test_a_copy_delivered_while_the_first_is_being_stored_is_not_handled_again(make_bot: Any) -> None:
+    """The handling mark was taken after the dedupe's await: both copies ran (a tool twice, the model twice)."""
+    model = ScriptedModel(lambda req: text("re"))
+    bot, ch = await make_bot(model)
+    copy = Message(chat=ChatRef(platform="memory", chat_id="g1", kind="group"), sender=Sender(user_id="u1"),
+                   message_id="dup-1", text="hello", timestamp=datetime.now(UTC), mentions_bot=True)
+    await asyncio.gather(ch.deliver(copy), ch.deliver(copy))
+    await bot.outbox.flush()
+    assert len(model.requests) == 1 and len(ch.sent) == 1
