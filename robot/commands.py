@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,7 +81,9 @@ def parse_command(text: str) -> ParsedCommand | None:
         return None
     # Any whitespace ends the name: IMEs type the full-width space U+3000, phones a newline.
     head, rest = _HEAD.split(stripped[1:], maxsplit=1) if _HEAD.search(stripped[1:]) else (stripped[1:], "")
-    return ParsedCommand(head.lower(), rest.strip())
+    # An IME's full-width mode types ／ｈｅｌｐ (and a zero-width space may ride along): the same command.
+    return ParsedCommand(unicodedata.normalize("NFKC", head).strip("\u200b\u200c\u200d\u2060\ufeff").lower(),
+                         rest.strip())
 
 
 def _coerce(schema: dict[str, Any], raw: str) -> Any:

@@ -43,7 +43,7 @@ NO_LLM_REPLY = (
     "或设置环境变量 QUNBOT_LLM__MODEL 和 OPENAI_API_KEY 后重启。"
 )
 _CONTEXT = 40  # history messages offered to the model (within its token window)
-_AFTER_NAME = frozenset(",，:：、~～!！?？.。@")
+_AFTER_NAME = frozenset(",，:：、~～!！?？。")  # not "." nor "@": qunbot.com, qunbot@example.com call nobody
 RATE_NOTICE = "你发得有点快，请 {seconds} 秒后再找我（在那之前我不会回复你）。"
 _APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
 _CORE_COMMANDS = frozenset({"help", "帮助", *_APPROVE, *_DENY, *_PENDING})

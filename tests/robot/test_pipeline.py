@@ -138,6 +138,23 @@ async def test_the_bots_name_as_prefix_addresses_it_and_is_stripped(make_bot: An
     assert model.requests[0].messages[-1] == {"role": "user", "content": seen}
 
 
+@pytest.mark.parametrize("said", ["qunbot.com 打不开了，谁知道怎么回事", "qunbot@example.com 是谁的邮箱？"])
+async def test_the_name_in_a_domain_or_an_email_address_calls_nobody(make_bot: Any, said: str) -> None:
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    await ch.inject(said, user="u2")
+    await bot.outbox.flush()
+    assert model.requests == [] and ch.sent == []  # it answered ".com 打不开了…"
+
+
+@pytest.mark.parametrize("said", ["／ｎ 买牛奶", "/ｎ\u200b 买牛奶"])
+async def test_a_command_typed_in_an_imes_full_width_mode_is_that_command(make_bot: Any, said: str) -> None:
+    _bot, ch = await make_bot(None)
+    await ch.inject(said)  # it was dropped in silence: no tool is named "ｎ"
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "noted for u1: 买牛奶 x1"
+
+
 async def test_the_name_prefix_reaches_commands_stripped(make_bot: Any) -> None:
     _bot, ch = await make_bot(None)
     await ch.inject("qunbot /n tea 2")
