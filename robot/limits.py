@@ -111,10 +111,13 @@ class RateLimiter:
                 bucket.take(now)
             self._noticed.pop((user_key, command), None)
             return RateDecision.ALLOW
-        told = self._noticed.get((user_key, command))
+        key = (user_key, command)
+        if not command and buckets[0].wait_s(now) <= 0:  # the chat's limit, not the person's: one notice for the
+            key = (f"chat>{chat_key}", False)  # chat (a raid of 60 members got 50 notices for a burst of 10)
+        told = self._noticed.get(key)
         if told is not None and now < told:
             return RateDecision.SILENT
-        self._noticed[(user_key, command)] = now + self.wait_s(chat_key, user_key, command=command)
+        self._noticed[key] = now + self.wait_s(chat_key, user_key, command=command)
         return RateDecision.NOTICE
 
     def wait_s(self, chat_key: str, user_key: str, *, command: bool = False) -> float:
