@@ -219,7 +219,7 @@ def _bound(problem: FieldProblem, language: str) -> str:
     limit = problem.limit
     if problem.kind in ("enum", "literal_error") and isinstance(limit, list | tuple | str):
         options = limit if isinstance(limit, list | tuple) else re.findall(r"'([^']*)'", limit)
-        return (" 、" if language == "zh" else ", ").join(str(o) for o in options)
+        return ("、" if language == "zh" else ", ").join(str(o) for o in options if o is not None)  # (None: unset)
     if problem.kind in ("additionalProperties", "extra_forbidden") and isinstance(limit, list):
         return ", ".join(str(o) for o in limit) or "-"
     return str(limit)

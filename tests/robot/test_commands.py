@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
@@ -276,3 +276,19 @@ async def test_a_command_past_its_tools_timeout_is_told_so_and_the_tool_stopped(
     await ch.inject("/slow")
     (sent,) = await ch.wait_sent(1)
     assert sent.text == "/slow 执行超时（0.05 秒），请稍后再试。" and stopped == [True]
+
+
+class ModeArgs(BaseModel):
+    mode: Literal["fast", "slow"] | None = None
+
+
+async def test_an_optional_choice_is_explained_without_python_s_none(make_bot: Any) -> None:
+    @tool_function
+    async def run(ctx: ToolContext[object], args: ModeArgs) -> ToolResult:
+        """Run."""
+        return ToolResult.reply("ran")
+
+    _bot, ch = await make_bot(None, plugins=[Plugin("r", Toolset("r", [run]))])
+    await ch.inject("/run medium")
+    (sent,) = await ch.wait_sent(1)
+    assert "只能是 fast、slow" in sent.text and "None" not in sent.text  # it read "fast 、slow 、None"
