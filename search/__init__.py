@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from function_calls import Toolset
-from robot import Forgetter, Plugin
+from robot import ChatRef, Forgetter, Plugin
 from search.client import PerplexityClient, SearchAnswer, SearchError, Source
 from search.format import format_answer, format_for_model
 from search.research import ResearchService
@@ -30,6 +30,7 @@ __all__ = [
     "SearchError",
     "SearchSettings",
     "Source",
+    "chat_moved",
     "deep_research",
     "format_answer",
     "format_for_model",
@@ -62,7 +63,14 @@ def _unavailable(deps: SearchDeps) -> str | dict[str, str] | None:
     return reason
 
 
+async def chat_moved(deps: SearchDeps, old: ChatRef, new: ChatRef) -> None:
+    """A chat got a new id (a Telegram group became a supergroup): its research jobs follow it (a /forget me
+    there missed them, and their reports went to the old id)."""
+    if deps.research is not None:
+        await deps.research.move_chat(old.key, new.key)
+
+
 plugin: Plugin[SearchDeps] = Plugin(
     name="search", tools=Toolset("search", [perplexity_search, deep_research]), setup=_setup, teardown=_teardown,
-    unavailable=_unavailable, settings_model=SearchSettings,
+    unavailable=_unavailable, settings_model=SearchSettings, chat_moved=chat_moved,
 )

@@ -216,6 +216,11 @@ class ResearchService:
         return int(await self.bot.db.run(lambda db: db.execute(
             f"DELETE FROM research_jobs WHERE owner = ?{where}", [owner, *(chats or [])]).rowcount))
 
+    async def move_chat(self, old: str, new: str) -> int:
+        """A chat got a new id: its jobs report there, and ``/forget me`` there reaches them."""
+        return int(await self.bot.db.run(lambda db: db.execute(
+            "UPDATE research_jobs SET chat = ? WHERE chat = ?", [new, old]).rowcount))
+
     async def _finish(self, job: ResearchJob, status: str, text: str) -> int:
         chat = ChatRef.from_key(job.chat, job.account)
         owner_id = job.owner.split(":", 1)[1]

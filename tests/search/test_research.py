@@ -220,3 +220,30 @@ async def test_forget_me_takes_the_persons_research_questions_and_their_report_n
         assert len(reports) == 1 and "别人的问题" in reports[0]
     finally:
         await bot.stop()
+
+
+async def test_a_moved_groups_research_follows_it_and_forget_me_there_reaches_it(tmp_path: Path) -> None:
+    async with FakePerplexityServer(api_key=KEY) as server:
+        server.answer(REPORT, SOURCES)
+        bot, ch = make_bot(tmp_path, settings_for(server, research_poll_s=600))
+        await bot.start()
+        try:
+            old, new = ch.chat("g1"), ch.chat("g9")
+            before = len(ch.sent)
+            await ch.inject("/research 我的体检报告怎么看", user="u1", chat=old, at_bot=True, message_id=uuid.uuid4().hex)
+            assert (await ch.wait_sent(before + 1))[before].text.startswith("🔎 深度研究已开始")
+            await bot.move_chat(old, new)
+            before = len(ch.sent)
+            await ch.inject("/forget me", user="u1", chat=new, at_bot=True, message_id=uuid.uuid4().hex)
+            reply = (await ch.wait_sent(before + 1))[before].text
+            left = await bot.db.run(lambda db: db.execute("SELECT chat, question FROM research_jobs").fetchall())
+            research = bot.deps_for(search.deep_research).research
+            for _ in range(200):
+                if await research.poll_once():
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            reports = [m for m in ch.sent if m.text.startswith("🔎 深度研究「")]
+            assert [tuple(r) for r in left] == [] and reports == [] and "1 个深度研究" in reply, reply
+        finally:
+            await bot.stop()
