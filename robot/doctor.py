@@ -7,6 +7,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from function_calls.provider_errors import translate_error
 from robot import maintenance
 from robot.bot import Bot
 from robot.config import ConfigError, Settings
@@ -80,8 +81,8 @@ async def doctor(settings: Settings, source: Path | None) -> int:
             known = tier.model in names if names else True
             report(known, what, f"{redact_url(url) if url else 'default endpoint'} answers"
                    + ("" if known else f", but model {tier.model!r} is not among {names[:5]}"))
-        except Exception as exc:
-            report(False, what, f"{type(exc).__name__}: {str(exc)[:200]}")
+        except Exception as exc:  # the status and the error code, never the body (a provider may echo the key)
+            report(False, what, f"{redact_url(url) if url else 'default endpoint'}: {translate_error(exc)}")
         finally:
             await client.close()
     ch = settings.channels

@@ -197,8 +197,8 @@ async def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]
                 "ORDER BY sent_at DESC LIMIT 100", [cutoff]).fetchall())
         finally:
             await db.close()
-    except Exception:  # no outbox table yet, an unreachable server (doctor reports it on its own line)
-        log.debug("undelivered: cannot read the outbox", exc_info=True)
+    except Exception as exc:  # no outbox table yet, an unreachable server (doctor reports it on its own line)
+        log.debug("undelivered: cannot read the outbox (%s)", type(exc).__name__)  # (no traceback: it may quote a DSN)
         return []
     return [{"chat": str(chat), "error": str(error)[:200]} for chat, error in rows]
 
@@ -254,7 +254,7 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         print(f"error: {exc}; nothing was copied", file=sys.stderr)
         return 2
     except Exception as exc:  # the server unreachable, a refused login, a value PostgreSQL rejects
-        log.debug("copy-db failed", exc_info=True)
+        log.debug("copy-db failed: %s", type(exc).__name__)  # (no traceback: its causes may quote the password)
         print(f"error: copying to {shown} failed, nothing was copied: {redact_dsn(str(exc), to_url)[:500]}", file=sys.stderr)
         return 1
     print(f"copied {sum(report.rows.values())} rows of {len(report.rows)} tables from {source.path} to {shown}")

@@ -21,6 +21,8 @@ def redact_url(url: str) -> str:
 
     Unparseable input is masked whole rather than risked.
     """
+    # A password with an unencoded "/" ends the authority early for urlsplit: masked up to the last @ first.
+    url = re.sub(r"(://[^:/@\s]*:)\S*@", rf"\1{MASK}@", url)
     try:
         parts = urlsplit(url)
         netloc = parts.netloc

@@ -49,13 +49,13 @@ def redact_dsn(text: str, url: str = "") -> str:
     ``url``, its password (and the pieces of it around an ``@``, which libpq quotes as a host name)
     wherever the text repeats them (libpq quotes a bad percent-escape, too)."""
     for source in {url, text} - {""}:
-        found = re.search(r"://[^:/@\s]*:([^\s/]*)@", source)  # the password runs to the last @
+        found = re.search(r"://[^:/@\s]*:(\S*)@", source)  # the password runs to the last @ (a "/" in it too)
         param = re.search(r"password=([^&\s]*)", source, flags=re.IGNORECASE)
         secrets = [m.group(1) for m in (found, param) if m]
         for piece in sorted({p for secret in secrets for p in (secret, *secret.split("@"))}, key=len, reverse=True):
             if len(piece) >= 3:
                 text = text.replace(piece, "***")
-    text = re.sub(r"(://[^:/@\s]*:)[^\s/]*@", r"\1***@", text)
+    text = re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", text)
     return re.sub(r"(password=)[^&\s]*", r"\1***", text, flags=re.IGNORECASE)
 
 
@@ -135,7 +135,7 @@ class PostgresDatabase(Engine):
             self.tcp = tcp_settings(conninfo_to_dict(self.url))
             self.listen_tcp = tcp_settings(conninfo_to_dict(self.listen_url))
         except psycopg.Error as exc:
-            raise self._error(exc) from exc
+            raise self._error(exc) from None  # (its cause may quote the password: a traceback would show it)
         # Set once connected, not as the startup packet's options: PgBouncer refuses those. Through a
         # pooler in transaction mode each transaction may run on another server connection, which
         # other clients share: settings are made per transaction (SET LOCAL) and nothing is prepared.
@@ -155,7 +155,7 @@ class PostgresDatabase(Engine):
             raise
         except Exception as exc:
             await self.close()
-            raise self._error(exc) from exc
+            raise self._error(exc) from None  # (its cause may quote the password: a traceback would show it)
         try:
             await self.listener.start(self.listen_wait_s)
         except Pooled as exc:
@@ -259,7 +259,7 @@ class PostgresDatabase(Engine):
                 if not self.pooled:
                     self._configure(self._own)
             except psycopg.Error as exc:  # not retried: the next call tries again
-                raise self._error(exc) from exc
+                raise self._error(exc) from None  # (its cause may quote the password: a traceback would show it)
         try:
             yield self._own
         except psycopg.OperationalError:

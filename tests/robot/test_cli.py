@@ -234,6 +234,33 @@ async def test_doctor_checks_the_tier_endpoints_too(plugin_dir: Path, capsys: py
     assert SECRET not in out
 
 
+async def test_doctor_never_prints_a_providers_error_body_that_echoes_the_key(
+        plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Some providers echo the Authorization header in their 401 body: doctor printed it."""
+    from aiohttp import web
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": f"Invalid key. You sent: {request.headers['Authorization']}",
+                                            "code": "invalid_api_key"}}, status=401)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        cfg = config(plugin_dir, f'[llm]\nmodel = "m"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+                                 f'api_key = "{SECRET}"\n[llm.think]\nmodel = "t"\n')
+        assert await asyncio.to_thread(main, ["--config", str(cfg), "doctor"]) == 1
+        out = capsys.readouterr()
+    finally:
+        await runner.cleanup()
+    assert "FAIL llm" in out.out and "HTTP 401 (invalid_api_key)" in out.out and "FAIL llm.think" in out.out
+    assert SECRET not in out.out + out.err
+
+
 async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path) -> None:
     cfg = config(plugin_dir, "[channels.console]\nenabled = true\n")
     db = Database(plugin_dir / "data" / "qunbot.sqlite3")
@@ -645,6 +672,22 @@ def test_doctor_goes_on_past_a_database_it_cannot_open(tmp_path: Path, capsys: p
     captured = capsys.readouterr()
     assert "FAIL storage" in captured.out and "ok  llm" in captured.out and "ok  channel web" in captured.out
     assert captured.out.rstrip().endswith("1 problem(s)") and "cannot start" not in captured.err
+
+
+def test_doctor_at_debug_logs_no_password_of_a_database_it_cannot_open(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """psycopg quotes a bad escape in the password: the printed line was masked, its DEBUG traceback not."""
+    import logging
+
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\n[storage]\nurl = "postgresql://bot:S3CRET%zzPW@127.0.0.1:1/q"\n'
+                   f'[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    with caplog.at_level(logging.DEBUG):
+        assert main(["doctor", "--config", str(cfg)]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL storage" in captured.out
+    assert "S3CRET" not in captured.out + captured.err + caplog.text + "".join(
+        logging.Formatter().format(r) for r in caplog.records)
 
 
 async def test_ctrl_c_while_a_database_does_not_answer_stops_at_once(tmp_path: Path) -> None:

@@ -169,9 +169,15 @@ def test_init_writes_the_config_owner_only(tmp_path: Path) -> None:
     ("https://user:s3cret@h/x", "https://user:***@h/x"),
     ("https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=s3cret", "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=***"),
     ("ws://127.0.0.1:8080/onebot/v11/ws", "ws://127.0.0.1:8080/onebot/v11/ws"),
+    # a generated password with an unencoded "/": urlsplit ended the authority there, and it showed whole
+    ("postgresql://bot:Xy7/S3cret+q@127.0.0.1:1/qunbot", "postgresql://bot:***@127.0.0.1:1/qunbot"),
 ])
 def test_urls_are_shown_without_their_tokens(url: str, shown: str) -> None:
+    from robot.storage.postgres import redact_dsn
+
     assert redact_url(url) == shown
+    if url.startswith("postgresql"):
+        assert redact_dsn(url) == shown and "S3cret" not in redact_dsn(f"cannot connect to {url}: bad", url)
 
 
 def test_doctor_does_not_print_the_onebot_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
