@@ -11,13 +11,25 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from function_calls import Caller, RunResult
 
-__all__ = ["ContextHook", "ForgetHook", "RunExtras"]
+__all__ = ["ContextHook", "ForgetHook", "RunExtras", "observe"]
+
+log = logging.getLogger(__name__)
+
+
+async def observe(call: Awaitable[object], what: str) -> None:
+    """Await a channel's observer call ("typing…", a trace event): its failure is logged, and the reply
+    goes on (a channel whose typing() raised lost the whole answer, the model already paid for)."""
+    try:
+        await call
+    except Exception:
+        log.exception("a channel's %s failed; the reply goes on", what)
 
 
 @dataclass

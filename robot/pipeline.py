@@ -25,7 +25,7 @@ from robot.commands import (
     refusal,
 )
 from robot.history import HistoryEntry
-from robot.hooks import RunExtras
+from robot.hooks import RunExtras, observe
 from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.storage import Tx
@@ -288,12 +288,12 @@ class Pipeline:
             return
         tool = self.bot.tools.resolve(name)
         base = {"message_id": message.message_id}
-        await channel.trace(message.chat, {**base, "type": "tool", "call_id": f"cmd-{name}",
-                                           "name": f"/{name}" + (f" ({tool.name})" if tool and tool.name != name else ""),
-                                           "arguments": rest, "result": answer, "is_error": False,
-                                           "duration_ms": seconds * 1000, "note": ""})
-        await channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
-                                           "tokens": 0, "model_calls": 0})
+        await observe(channel.trace(message.chat, {
+            **base, "type": "tool", "call_id": f"cmd-{name}", "name": f"/{name}" + (
+                f" ({tool.name})" if tool and tool.name != name else ""), "arguments": rest, "result": answer,
+            "is_error": False, "duration_ms": seconds * 1000, "note": ""}), "trace")
+        await observe(channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
+                                                   "tokens": 0, "model_calls": 0}), "trace")
 
     async def run_llm(self, message: Message, caller: Caller, text: str,
                       history: list[HistoryEntry] | None = None) -> None:
@@ -312,7 +312,7 @@ class Pipeline:
 
         async def on_event(event: dict[str, Any]) -> None:
             if channel is not None:
-                await channel.trace(message.chat, {**event, "message_id": message.message_id})
+                await observe(channel.trace(message.chat, {**event, "message_id": message.message_id}), "trace")
 
         tools: Toolset = bot.offered_tools()
         async with contextlib.AsyncExitStack() as stack:
@@ -323,8 +323,8 @@ class Pipeline:
                 await self.reply(message, [exc.user_message])
                 return
             if channel is not None:  # "typing…" while the model works (and its context is gathered)
-                await channel.typing(message.chat, True)
-                stack.push_async_callback(channel.typing, message.chat, False)
+                await observe(channel.typing(message.chat, True), "typing")
+                stack.push_async_callback(lambda: observe(channel.typing(message.chat, False), "typing"))
             extras = await self._extras(caller, text)
             result = await bot.router.chat(
                 text, caller=caller, tools=tools,

@@ -422,3 +422,22 @@ async def test_a_copy_delivered_while_the_first_is_being_stored_is_not_handled_a
     await asyncio.gather(ch.deliver(copy), ch.deliver(copy))
     await bot.outbox.flush()
     assert len(model.requests) == 1 and len(ch.sent) == 1
+
+
+@pytest.mark.parametrize("hook", ["typing", "trace"])
+async def test_a_channel_whose_typing_or_trace_raises_still_gets_its_reply(make_bot: Any, hook: str) -> None:
+    """They were awaited unguarded: the answer (already paid for) was lost, and the next message got it."""
+    class Flaky(MemoryChannel):
+        async def typing(self, chat: ChatRef, active: bool) -> None:
+            if hook == "typing":
+                raise RuntimeError("typing endpoint down")
+
+        async def trace(self, chat: ChatRef, event: dict[str, object]) -> None:
+            if hook == "trace":
+                raise RuntimeError("trace sink down")
+
+    model = ScriptedModel(lambda req: text("answer"))
+    _bot, ch = await make_bot(model, channel=Flaky())
+    await ch.inject("question", at_bot=True)
+    (sent,) = await ch.wait_sent(1)
+    assert sent.text == "answer"
