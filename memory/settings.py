@@ -57,4 +57,4 @@ class MemorySettings(BaseModel):
     def _blank_is_none(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip():
             return None
-        return value
+        return value.strip() if isinstance(value, str) else value  # (a key's trailing \r broke its header)

@@ -82,10 +82,24 @@ def _check_url(value: str | None) -> str | None:
     """An endpoint URL that an HTTP client can use (a mistyped port failed only at the first request)."""
     if value is not None:
         parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        except ValueError:  # (its text quotes what it took for the port: a password's start, in proxy URLs)
+            raise ValueError("has a port that is not a number (credentials in a URL are percent-encoded)") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL with a host")
     return value
+
+
+def _clean_key(value: SecretStr | None) -> SecretStr | None:
+    """An API key as an HTTP header can carry it: surrounding whitespace dropped (a Windows .env's \\r was
+    reported as a connection failure), any left inside refused (the key itself is never shown)."""
+    if value is None:
+        return None
+    key = value.get_secret_value().strip()
+    if any(c.isspace() or not c.isprintable() for c in key):
+        raise ValueError("contains whitespace or a control character")
+    return SecretStr(key)
 
 
 class _Section(BaseModel):
@@ -144,6 +158,7 @@ class TierSection(_Section):
     reply_within_s: float = Field(20.0, gt=0, description="plan only: longer work reports back to the chat later")
 
     _url = field_validator("base_url")(_check_url)
+    _key = field_validator("api_key")(_clean_key)
 
 
 class LLMSection(_Section):
@@ -169,6 +184,7 @@ class LLMSection(_Section):
     plan: TierSection | None = Field(None, description="[llm.plan] table: the planning tier (plan tool)")
 
     _url = field_validator("base_url")(_check_url)
+    _key = field_validator("api_key")(_clean_key)
 
     @property
     def configured(self) -> bool:

@@ -56,7 +56,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
         raise ConfigError(f"{source}: " + _explain(exc)) from None
     llm = settings.llm
     if (llm.api_key is None or not llm.api_key.get_secret_value()) and os.environ.get("OPENAI_API_KEY"):
-        llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"])})
+        llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"].strip())})
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
         llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
     settings = settings.model_copy(update={"llm": llm})

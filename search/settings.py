@@ -109,7 +109,9 @@ class SearchSettings(BaseModel):
             return None
         if isinstance(value, SecretStr) and not value.get_secret_value().strip():
             return None
-        return value
+        # A key with a trailing newline or \r (a Windows .env) failed as "could not reach Perplexity".
+        return value.strip() if isinstance(value, str) else SecretStr(value.get_secret_value().strip()) \
+            if isinstance(value, SecretStr) else value
 
     @field_validator("base_url")
     @classmethod

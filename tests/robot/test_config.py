@@ -115,9 +115,13 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
     ("debug = true\n", ["unknown key 'debug'"]),
     ('[storage]\nlisten_url = "postgresql://db/q"\n', ["storage", "listen_url is for PostgreSQL"]),  # SQLite
     ('[storage]\nurl = "postgresql://pooler/q"\nlisten_url = "mysql://db/q"\n', ["listen_url is for PostgreSQL"]),
-    ('[llm]\nbase_url = "http://localhost:8OOO/v1"\n', ["llm.base_url", "Port could not be cast"]),  # not at run
+    ('[llm]\nbase_url = "http://localhost:8OOO/v1"\n', ["llm.base_url", "port that is not a number"]),  # not at run
     ('[llm]\nbase_url = "localhost:8000/v1"\n', ["llm.base_url", "http:// or https://"]),
-    ('[llm.think]\nmodel = "m"\nbase_url = "http://h:99999/v1"\n', ["llm.think.base_url", "Port out of range"]),
+    ('[llm.think]\nmodel = "m"\nbase_url = "http://h:99999/v1"\n', ["llm.think.base_url", "not a number"]),
+    # a proxy password with an unencoded "/": Python's message quoted its start as the port ("Ab3")
+    ('[llm]\nbase_url = "https://proxyuser:Ab3/SECRETxyz@h/v1"\n', ["llm.base_url", "percent-encoded"]),
+    ('[llm]\nmodel = "m"\napi_key = "sk-a b"\n', ["llm.api_key", "whitespace or a control character"]),
+    ('[llm.plan]\nmodel = "m"\napi_key = "sk-\\u0007"\n', ["llm.plan.api_key", "control character"]),
     ('[bot]\nplugins = ["reminders", "reminders"]\n', ["bot.plugins", "once each"]),
     ('[bot]\nplugins = [""]\n', ["bot.plugins", "not be empty"]),
     ('[gate]\nnever = ["123456"]\n', ["gate.never", '"platform:group_id"', "'123456'"]),  # it matched nothing
@@ -129,7 +133,16 @@ def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml:
         load_settings(path)
     for needle in needles:
         assert needle in str(err.value)
-    assert str(path) in str(err.value)
+    assert str(path) in str(err.value) and "Ab3" not in str(err.value) and "sk-a" not in str(err.value)
+
+
+def test_an_api_key_with_a_trailing_newline_or_cr_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It passed, then every request failed as "could not reach the model endpoint" (no field named)."""
+    settings, _ = load_settings(write(tmp_path / "q.toml", '[llm]\nmodel = "m"\napi_key = "sk-abc\\r\\n"\n'))
+    assert settings.llm.api_key is not None and settings.llm.api_key.get_secret_value() == "sk-abc"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env \r")
+    settings, _ = load_settings(write(tmp_path / "e.toml", '[llm]\nmodel = "m"\n'))
+    assert settings.llm.api_key is not None and settings.llm.api_key.get_secret_value() == "sk-env"
 
 
 def test_a_bad_environment_value_is_named_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
