@@ -58,6 +58,7 @@ from robot.channels.web.protocol import (
 )
 from robot.config import WebSettings
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
+from robot.privacy import ForgetRequest, Forgetter
 
 __all__ = ["GROUP_ID", "MEMBERS", "WebChannel"]
 
@@ -190,6 +191,19 @@ class WebChannel(Channel):
 
     def attach_panels(self, panels: dict[str, PanelProvider]) -> None:
         self._panels = panels  # the bot's own dict: panels added later show up too
+
+    def attach_forgetters(self, forgetters: list[Forgetter]) -> None:
+        forgetter = Forgetter("web-transcripts", "段网页记录", self._forget)
+        if forgetter not in forgetters:
+            forgetters.append(forgetter)
+
+    async def _forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: the transcripts kept for pages that connect later go, every chat's (a notice or a
+        summary elsewhere may quote the person); such a page reads what the store still has."""
+        if request.platform == self.platform:
+            self._transcripts.clear()
+            self._restored.clear()
+        return 0  # (nothing counted: they were copies of what the store held)
 
     def attach_chats(self, history: ChatHistory, zone_for: Callable[[ChatRef], ZoneInfo]) -> None:
         self._history = history

@@ -250,3 +250,26 @@ async def test_a_connecting_page_gets_the_newest_frames_up_to_a_bound(bot: Bot, 
         await channel._restore(ChatRef(platform="web", chat_id=f"x{i}", kind="private"))
     assert len(channel._restored) <= 1000
     await ws.close()
+
+
+async def test_a_page_opened_after_forget_me_no_longer_shows_the_message(tmp_path: Path,
+                                                                          http: aiohttp.ClientSession) -> None:
+    """The transcript kept for pages that connect later still held it, the database's copy gone."""
+    import json
+
+    secret = "我的身份证号是一一零一零五"
+    channel = WebChannel(WebSettings(enabled=True, port=0), bot_name="qunbot")
+    b = Bot(Settings(bot={"data_dir": tmp_path}), model=ScriptedModel(lambda r: text("好")), channels=[channel])
+    await b.start()
+    try:
+        page, _ = await connect(http, b)
+        await page.send_json(send("group", B, secret))
+        await until(page, lambda f: f["type"] == "message")
+        await page.send_json(send("group", B, "/forget me"))
+        assert "已删除" in (await until(page, lambda f: f["type"] == "reply"))["text"]
+        await page.close()
+        later, history = await connect(http, b)
+        assert secret not in json.dumps(history, ensure_ascii=False)
+        await later.close()
+    finally:
+        await b.stop()
