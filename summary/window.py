@@ -230,11 +230,16 @@ def forget_summaries_sync(db: Tx, request: ForgetRequest) -> int:
     private, gone = f"{request.platform}:private:", 0
     c = ' COLLATE "C"' if db.dialect == "postgresql" else ""  # a key range is a prefix only bytewise
     for chat in request.chats:
+        heads = [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]
         gone += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND (substr(text, 1, ?) = ? OR "
-                           "substr(text, 1, ?) = ?)", [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER),
-                                                       PRIVATE_HEADER]).rowcount
+                           "substr(text, 1, ?) = ?)", heads).rowcount
+        # Not sent yet either (the platform unreachable): nothing quoting them goes out after they forgot.
+        db.execute("DELETE FROM outbox WHERE chat = ? AND status = 'pending' AND (substr(text, 1, ?) = ? OR "
+                   "substr(text, 1, ?) = ?)", heads)
         title = f"{HEADER}群 {chat.chat_id} · "  # "/summary #<group>" in private; private chats as a key range
         if chat.kind == "group":
             gone += db.execute(f"DELETE FROM history WHERE chat{c} >= ? AND chat{c} < ? AND from_bot = 1 AND "
                                "substr(text, 1, ?) = ?", [private, private[:-1] + ";", len(title), title]).rowcount
+            db.execute(f"DELETE FROM outbox WHERE chat{c} >= ? AND chat{c} < ? AND status = 'pending' AND "
+                       "substr(text, 1, ?) = ?", [private, private[:-1] + ";", len(title), title])
     return gone

@@ -324,3 +324,37 @@ async def test_an_anonymous_member_cannot_save_a_personal_memory(tmp_path: Path)
         assert "匿名" in await anonymous("/remember 我的密码是一二三")
         assert "没有找到" in await anonymous("/recall 密码")
         assert "记住了" in await anonymous("/remember 周会改到周四 group")
+
+
+async def test_a_summary_quoting_the_person_still_waiting_to_be_sent_is_not_sent_after_forget_me(
+        tmp_path: Path) -> None:
+    """An admin's "/summary to me" waited in the outbox (the platform down): it went out once it was back."""
+    from datetime import timedelta
+
+    from function_calls import ModelRequest, ModelResponse
+    from function_calls.testing import ScriptedModel, text
+
+    secret = "我的住址是幸福路八号"
+
+    def echo(request: ModelRequest) -> ModelResponse:
+        return text(str(request.messages[-1]["content"])[-300:])
+
+    clock = Clock()
+    async with running(tmp_path, model=ScriptedModel(echo), clock=clock, summary={"user_cooldown_s": 0}) as (bot, ch):
+        group = ch.chat("g1")
+        await ch.inject(secret, user="u1", chat=group)
+        await ch.inject(secret + " 记住", user="u1", chat=group)
+        clock.now += timedelta(minutes=1)
+        ch.down = True
+        await ch.inject("/summary to me", user="admin", chat=group, role="admin")
+        waiting = await bot.db.run(lambda db: db.execute(
+            "SELECT count(*) FROM outbox WHERE status = 'pending' AND text LIKE ?", [f"%{secret}%"]).fetchone()[0])
+        assert waiting == 1
+        await ch.inject("/forget me", user="u1", chat=group)
+        ch.down = False
+        for _ in range(100):
+            if any("已删除" in m.text for m in ch.sent):
+                break
+            await asyncio.sleep(0.05)
+        await bot.outbox.flush()
+        assert not [m for m in ch.sent if secret in m.text]
