@@ -46,7 +46,7 @@ from function_calls import (
     estimate_tokens,
 )
 from memory.settings import MemorySettings
-from memory.store import MIGRATIONS, Kind, MemoryRow, MemoryStore
+from memory.store import DREAM_POST, MIGRATIONS, Kind, MemoryRow, MemoryStore
 from memory.strength import Rules, Strength
 from memory.terms import term_set
 from memory.vectors import EmbeddingClient, EmbeddingError, VectorIndex
@@ -317,7 +317,7 @@ class MemoryService:
         if dream is not None:
             dream_id = await self.db.run(lambda db: self.store.add_dream(db, chat, now, len(fragments), dream))
             if self.settings.post_dreams and self.bot is not None:
-                await self.bot.send(ChatRef.from_key(chat), f"💤 梦境：{dream}", key=f"memory-dream:{chat}:{dream_id}")
+                await self.bot.send(ChatRef.from_key(chat), f"{DREAM_POST}{dream}", key=f"memory-dream:{chat}:{dream_id}")
         log.info("memory sleep %s: sampled %d, weakened %d, deleted %d", chat, sampled, weakened, len(dead))
         return SleepReport(chat, sampled, weakened, len(dead), dream)
 

@@ -21,7 +21,10 @@ from memory.strength import Strength
 from memory.terms import fts_query, index_terms, trigram_query
 from robot import Tx, iso, parse_iso
 
-__all__ = ["MIGRATIONS", "Kind", "MemoryRow", "MemoryStore", "visible"]
+__all__ = ["DREAM_POST", "MIGRATIONS", "SLEEP_REPORT", "Kind", "MemoryRow", "MemoryStore", "visible"]
+
+#: How the bot's messages carrying a dream begin (a posted dream, a /sleep report): /forget me finds them.
+DREAM_POST, SLEEP_REPORT = "💤 梦境：", "睡了一觉："
 
 Kind = Literal["user", "group", "private"]
 _COLUMNS = "id, chat, kind, user_id, user_name, text, created, time, level, long_term, decayed_at"
@@ -286,5 +289,11 @@ class MemoryStore:
             "SELECT created, text FROM memory_dreams WHERE chat = ? ORDER BY id DESC LIMIT ?", [chat, limit]).fetchall()]
 
     def delete_dreams(self, db: Tx, chat: str) -> int:
-        """A dream may quote any forgotten memory of the chat, so ``/forget me`` drops them all."""
+        """A dream may quote any forgotten memory of the chat, so ``/forget me`` drops them all, and the bot's
+        messages that carried them (posted, or a /sleep report: kept in the history the model reads)."""
+        for head in (DREAM_POST, SLEEP_REPORT):
+            db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
+                       [chat, len(head), head])
+            db.execute("DELETE FROM outbox WHERE chat = ? AND status = 'pending' AND substr(text, 1, ?) = ?",
+                       [chat, len(head), head])
         return int(db.execute("DELETE FROM memory_dreams WHERE chat = ?", [chat]).rowcount)

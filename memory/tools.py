@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
 from memory.service import MemoryService, describe
+from memory.store import SLEEP_REPORT
 from robot import ChatRef
 
 __all__ = ["MemoryDeps", "RecallArgs", "RememberArgs", "memories", "recall", "remember", "sleep", "toolset"]
@@ -75,7 +76,7 @@ async def sleep(ctx: ToolContext[MemoryDeps]) -> ToolResult:
     if not ctx.caller.bot_admin:
         raise ToolError("only bot admins may run sleep", user_message="只有机器人管理员可以使用 /sleep。")
     report = await ctx.deps.service.sleep(ChatRef.of(ctx.caller).key)
-    text = f"睡了一觉：抽查 {report.sampled} 条，削弱 {report.weakened} 条，遗忘 {report.deleted} 条。"
+    text = f"{SLEEP_REPORT}抽查 {report.sampled} 条，削弱 {report.weakened} 条，遗忘 {report.deleted} 条。"
     if report.dream:
         text += f"\n梦境：{report.dream}"
     return ToolResult.reply(text, data={"sampled": report.sampled, "weakened": report.weakened,

@@ -358,3 +358,16 @@ async def test_a_summary_quoting_the_person_still_waiting_to_be_sent_is_not_sent
             await asyncio.sleep(0.05)
         await bot.outbox.flush()
         assert not [m for m in ch.sent if secret in m.text]
+
+
+async def test_forget_me_takes_the_bots_messages_that_carried_a_dream_too(tmp_path: Path) -> None:
+    """The stored dream went, but the /sleep report and the posted dream stayed in the history the model reads."""
+    clock = Clock()
+    async with running(tmp_path, clock=clock, memory={"post_dreams": True}) as (bot, ch):
+        await ask(ch, "/remember 老王的手机号是一三八 group", user="u1")
+        clock.now = clock.now.replace(hour=20)
+        assert "一三八" in await ask(ch, "/sleep", user="boss")  # its dream quotes u1's memory
+        await ch.wait_sent(3)
+        assert "已删除" in await ask(ch, "/forget me", user="u1")
+        left = await bot.db.run(lambda db: db.execute("SELECT text FROM history WHERE text LIKE '%一三八%'").fetchall())
+        assert left == [] and await bot.db.run(lambda db: db.execute("SELECT * FROM memory_dreams").fetchall()) == []
