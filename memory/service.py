@@ -281,7 +281,7 @@ class MemoryService:
             self.store.delete(db, [mid for _, mid in owned], scrub=True)
             self.index.announce(db, {c for c, _ in owned})
             for chat in {c for c, _ in owned} | set(chats or ()) | set(dreams_in):
-                self.store.delete_dreams(db, chat)
+                self.store.delete_dreams(db, chat, said=self.bot is not None)  # (a bot's history holds them)
             return owned
 
         gone = await self.db.transaction(work)

@@ -288,10 +288,10 @@ class MemoryStore:
         return [(parse_iso(r[0]), str(r[1])) for r in db.execute(
             "SELECT created, text FROM memory_dreams WHERE chat = ? ORDER BY id DESC LIMIT ?", [chat, limit]).fetchall()]
 
-    def delete_dreams(self, db: Tx, chat: str) -> int:
-        """A dream may quote any forgotten memory of the chat, so ``/forget me`` drops them all, and the bot's
-        messages that carried them (posted, or a /sleep report: kept in the history the model reads)."""
-        for head in (DREAM_POST, SLEEP_REPORT):
+    def delete_dreams(self, db: Tx, chat: str, *, said: bool = False) -> int:
+        """A dream may quote any forgotten memory of the chat, so ``/forget me`` drops them all; ``said``: the
+        bot's messages that carried them too (posted, or a /sleep report: in the history the model reads)."""
+        for head in (DREAM_POST, SLEEP_REPORT) if said else ():
             db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND substr(text, 1, ?) = ?",
                        [chat, len(head), head])
             db.execute("DELETE FROM outbox WHERE chat = ? AND status = 'pending' AND substr(text, 1, ?) = ?",
