@@ -88,8 +88,11 @@ class ModelAPIError(FunctionCallError):
         retryable: bool = False,
         retry_after: float | None = None,
         text_shown: bool = False,
+        network: bool = False,
     ) -> None:
         super().__init__(message)
+        #: The endpoint could not be reached or did not answer in time (else it answered what cannot be read).
+        self.network = network
         self.status = status
         self.code = code
         self.retryable = retryable

@@ -168,7 +168,7 @@ class Runner:
             except ModelAPIError as exc:
                 busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
                 # The person reads Chinese; the trace and the logs keep the provider's English detail.
-                shown = f"接口返回 HTTP {exc.status}" if exc.status else "连接不上或超时"
+                shown = f"接口返回 HTTP {exc.status}" if exc.status else "连接不上或超时" if exc.network else "返回的内容无法读取"
                 busy = busy or _STOP_TEXT[StopReason.MODEL_ERROR].format(detail=shown)
                 return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc), text=busy)
             state.messages.append(_assistant_message(response))

@@ -368,8 +368,8 @@ class OpenAIChatModel:
                 raise translate_error(exc, text_shown=shower.shown) from None
             # Transport errors surface raw while a stream is being read: the stream broke off.
             raise ModelAPIError(
-                f"the model stream broke off ({type(exc).__name__})", retryable=True, text_shown=shower.shown
-            ) from None
+                f"the model stream broke off ({type(exc).__name__})", retryable=True, text_shown=shower.shown,
+                network=True) from None
         calls = acc.result()
         if finish is None:
             # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be

@@ -99,9 +99,10 @@ def _error_code(exc: openai.APIStatusError) -> str | None:
 def translate_error(exc: Exception, *, text_shown: bool = False) -> ModelAPIError:
     """Map an SDK exception to a :class:`ModelAPIError` (never carrying the API key)."""
     if isinstance(exc, openai.APITimeoutError):
-        return ModelAPIError("the model endpoint timed out", retryable=True, text_shown=text_shown)
+        return ModelAPIError("the model endpoint timed out", retryable=True, text_shown=text_shown, network=True)
     if isinstance(exc, openai.APIConnectionError):
-        return ModelAPIError("could not reach the model endpoint", retryable=True, text_shown=text_shown)
+        return ModelAPIError("could not reach the model endpoint", retryable=True, text_shown=text_shown,
+                             network=True)
     if isinstance(exc, openai.APIStatusError):
         code = _error_code(exc)
         should = _should_retry(exc.response.headers)

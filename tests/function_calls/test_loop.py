@@ -214,6 +214,23 @@ async def test_streamed_text_deltas_reach_on_text_end_to_end() -> None:
     assert result.usage.requests == 2 and result.usage.prompt_tokens > 0
 
 
+async def test_a_reply_that_cannot_be_read_is_not_told_as_a_network_failure() -> None:
+    """An instant HTTP 200 with no JSON read "连接不上或超时" to the person: the admin looked at the network."""
+    from function_calls.guards import RetryPolicy
+    from function_calls.testing import Raw
+
+    async with FakeOpenAIServer() as server:
+        server.script(Raw(body="<html>gateway says hi</html>", headers={"Content-Type": "application/json"}))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="k", stream=False)
+        broken = await Runner(model, retry=RetryPolicy(max_retries=0)).run(USER, Toolset("t"))
+        await model.aclose()
+    gone = OpenAIChatModel(model="fake-model", base_url=f"http://127.0.0.1:{server.port}/v1", api_key="k")
+    refused = await Runner(gone, retry=RetryPolicy(max_retries=0)).run(USER, Toolset("t"))
+    await gone.aclose()
+    assert broken.stop is refused.stop is StopReason.MODEL_ERROR
+    assert "返回的内容无法读取" in broken.text and "连接不上或超时" in refused.text
+
+
 async def test_tool_errors_and_timeouts_go_back_to_the_model() -> None:
     async def picky() -> str:
         """Refuses."""
