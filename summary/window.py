@@ -61,6 +61,14 @@ def move_chat_sync(db: Tx, old: str, new: str) -> None:
                f"THEN excluded.last_id ELSE {MARKS_TABLE}.last_id END", [new, old])
     for table in (OPTOUT_TABLE, MARKS_TABLE):
         db.execute(f"DELETE FROM {table} WHERE chat = ?", [old])
+    # Admins' private copies ("/summary #<group>") are titled by the group's id: retitled, or /forget me there
+    # would no longer find them (it looks for the new id's title).
+    was, now = ChatRef.from_key(old), ChatRef.from_key(new)
+    before, private = f"{HEADER}群 {was.chat_id} · ", f"{was.platform}:private:"
+    c = ' COLLATE "C"' if db.dialect == "postgresql" else ""
+    db.execute(f"UPDATE history SET text = ? || substr(text, ?) WHERE chat{c} >= ? AND chat{c} < ? AND from_bot = 1 "
+               "AND substr(text, 1, ?) = ?", [f"{HEADER}群 {now.chat_id} · ", len(before) + 1, private,
+                                              private[:-1] + ";", len(before), before])
 
 
 async def set_optout(db: Engine, chat: ChatRef, user_id: str, out: bool) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -371,3 +372,32 @@ async def test_forget_me_takes_the_bots_messages_that_carried_a_dream_too(tmp_pa
         assert "已删除" in await ask(ch, "/forget me", user="u1")
         left = await bot.db.run(lambda db: db.execute("SELECT text FROM history WHERE text LIKE '%一三八%'").fetchall())
         assert left == [] and await bot.db.run(lambda db: db.execute("SELECT * FROM memory_dreams").fetchall()) == []
+
+
+async def test_forget_me_in_a_migrated_group_reaches_the_admins_private_summaries_of_it(tmp_path: Path) -> None:
+    """Titled "群 <old id> · …", they were not found by the new id's title: the person's words stayed quoted."""
+    from datetime import timedelta
+
+    from function_calls import ModelRequest, ModelResponse
+    from function_calls.testing import ScriptedModel, text
+
+    secret = "我的住址是幸福路八号"
+
+    def echo(request: ModelRequest) -> ModelResponse:
+        return text(str(request.messages[-1]["content"])[-300:])
+
+    def copies(db: Any) -> list[Any]:
+        return db.execute("SELECT chat FROM history WHERE from_bot = 1 AND text LIKE ?", [f"%{secret}%"]).fetchall()
+
+    clock = Clock()
+    async with running(tmp_path, model=ScriptedModel(echo), clock=clock, summary={"user_cooldown_s": 0}) as (bot, ch):
+        old, new = ch.chat("g1"), ch.chat("g9")
+        await ch.inject(secret, user="u1", chat=old)
+        await ch.inject(secret + " 记住", user="u1", chat=old)
+        clock.now += timedelta(minutes=1)
+        await ask(ch, "/summary to me", user="admin", chat=old, role="admin")
+        await ch.wait_sent(2)
+        assert [tuple(r) for r in await bot.db.run(copies)] == [("memory:private:admin",)]
+        await bot.move_chat(old, new)
+        assert "已删除" in await ask(ch, "/forget me", user="u1", chat=new)
+        assert await bot.db.run(copies) == []
