@@ -215,17 +215,14 @@ class WeComAIBotChannel(WeComCallbackChannel):
         return SendReceipt()
 
     def _open_stream(self, chat_key: str, reply_to: str | None) -> _Stream | None:
-        """The stream a reply belongs to: the one for ``reply_to``, else the oldest open one."""
+        """The open stream of the message ``reply_to`` answers, if any. Never another's: the oldest open one
+        took a reminder, then the next answer went into the next asker's bubble, and theirs was refused."""
         now = self._now()
-        candidates = [
-            s
-            for s in self._streams.values()
-            if s.chat_key == chat_key and not s.finish and now - s.created < _STREAM_OPEN
-        ]
-        for stream in candidates:
-            if reply_to is not None and stream.msgid == reply_to:
+        for stream in self._streams.values():
+            if (stream.chat_key == chat_key and not stream.finish and now - stream.created < _STREAM_OPEN
+                    and reply_to is not None and stream.msgid == reply_to):
                 return stream
-        return candidates[0] if candidates else None
+        return None
 
     def _prune(self, now: float) -> None:
         for stream_id in [sid for sid, s in self._streams.items() if now - s.created > _STREAM_KEEP]:

@@ -139,8 +139,8 @@ async def test_second_reply_uses_response_url_once(
 ) -> None:
     await _callback(http, bot, _text("m2", "@RobotA remind me", response_url=fake.response_url))
     msg = await asyncio.wait_for(inbox.get(), 5)
-    await bot.send(OutgoingMessage(key="a", chat=msg.chat, text="first"))
-    await bot.send(OutgoingMessage(key="b", chat=msg.chat, text="**later**"))
+    await bot.send(OutgoingMessage(key="a", chat=msg.chat, text="first", reply_to="m2"))  # its bubble
+    await bot.send(OutgoingMessage(key="b", chat=msg.chat, text="**later**"))  # a reminder: the response_url
     calls = fake.calls_to("/cgi-bin/aibot/response")
     assert [c.body for c in calls] == [{"msgtype": "markdown", "markdown": {"content": "**later**"}}]
     with pytest.raises(SendRejected):
@@ -186,7 +186,19 @@ async def test_replies_fill_streams_in_order(
 ) -> None:
     s1, s2, m1, m2 = await _two_questions(http, bot, inbox, "@RobotA one", "@RobotA two")
     await bot.send(OutgoingMessage(key="x2", chat=m2.chat, text="answer two", reply_to="q2"))
-    await bot.send(OutgoingMessage(key="x1", chat=m1.chat, text="answer one"))
+    await bot.send(OutgoingMessage(key="x1", chat=m1.chat, text="answer one", reply_to="q1"))
+    assert await _stream_contents(http, bot, s1, s2) == ["answer one", "answer two"]
+
+
+async def test_a_message_answering_nobody_never_takes_an_askers_bubble(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    """A reminder took the oldest open bubble (alice's); alice's answer then went into bob's, and bob's was refused."""
+    s1, s2, m1, m2 = await _two_questions(http, bot, inbox, "@RobotA one", "@RobotA two")
+    with pytest.raises(SendRejected):  # no response_url here: it cannot start a conversation
+        await bot.send(OutgoingMessage(key="rem", chat=m1.chat, text="[reminder] standup"))
+    await bot.send(OutgoingMessage(key="x1", chat=m1.chat, text="answer one", reply_to="q1"))
+    await bot.send(OutgoingMessage(key="x2", chat=m2.chat, text="answer two", reply_to="q2"))
     assert await _stream_contents(http, bot, s1, s2) == ["answer one", "answer two"]
 
 
