@@ -66,7 +66,8 @@ class TelegramChannel(Channel):
                  *, session: aiohttp.ClientSession | None = None) -> None:
         super().__init__()
         self.settings = settings
-        self.capabilities = Capabilities(max_text_len=LIMIT, mentions=False, markdown=False)
+        # One outbox part, one message (a character is 2 UTF-16 units at most): a retry doubled earlier pieces
+        self.capabilities = Capabilities(max_text_len=LIMIT // 2, mentions=False, markdown=False)
         self.state_dir = settings.state_dir or Path(data_dir) / "telegram"
         self.state = TelegramState(self.state_dir)
         self._session = session

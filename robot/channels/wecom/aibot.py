@@ -124,7 +124,7 @@ class WeComAIBotChannel(WeComCallbackChannel):
     (used only for the ``response_url`` fallback).
     """
 
-    capabilities = Capabilities(max_text_len=6000, mentions=False, streaming=True, markdown=True)
+    capabilities = Capabilities(max_text_len=_STREAM_BYTES // 4, mentions=False, streaming=True, markdown=True)  # (uncut)
 
     def __init__(self, settings: WeComSettings, *, session: aiohttp.ClientSession | None = None) -> None:
         if settings.mode != "aibot":

@@ -58,7 +58,8 @@ class WeComChannel(WeComCallbackChannel):
     to share an ``aiohttp.ClientSession``.
     """
 
-    capabilities = Capabilities(max_text_len=2000, mentions=False, streaming=False, markdown=False)
+    # One outbox part is one message (a character is at most 4 UTF-8 bytes): see the Telegram channel's note.
+    capabilities = Capabilities(max_text_len=_TEXT_LIMIT // 4, mentions=False, streaming=False, markdown=False)
 
     def __init__(self, settings: WeComSettings, *, session: aiohttp.ClientSession | None = None) -> None:
         if settings.mode != "app":

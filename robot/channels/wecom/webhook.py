@@ -142,7 +142,8 @@ class WeComWebhookChannel(Channel):
     """
 
     platform = "wecom-webhook"
-    capabilities = Capabilities(max_text_len=2000, mentions=True, streaming=False, markdown=False)
+    # One outbox part is one message (a character is at most 4 UTF-8 bytes): a retry never doubles a piece.
+    capabilities = Capabilities(max_text_len=_TEXT_BYTES // 4, mentions=True, streaming=False, markdown=False)
 
     def __init__(self, webhook: WeComWebhook, *, chat_id: str = "webhook") -> None:
         super().__init__()

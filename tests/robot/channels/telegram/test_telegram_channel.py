@@ -147,6 +147,26 @@ async def test_long_replies_are_split_and_accepted(tmp_path: Path, fake: FakeBot
     assert len(fake.sent) >= 2 and not fake.errors
 
 
+async def test_a_failed_piece_of_a_long_reply_never_sends_the_earlier_ones_again(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    """3,000 emoji were one outbox part and two Telegram messages: a 5xx on the second sent the first again."""
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    real, calls = fake._send_message, [0]
+
+    async def flaky(body: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            fake.flood(1)  # (a flood wait: the outbox retries the part)
+        return await real(body)
+
+    fake._send_message = flaky  # type: ignore[method-assign]
+    text = "😀" * 3000
+    await bot.send(ChatRef(platform="telegram", chat_id="777", kind="private"), text, key="emoji")
+    await until(lambda: sum(len(s.text) for s in fake.sent) >= len(text), timeout=10)
+    await bot.outbox.flush()
+    assert "".join(s.text for s in fake.sent) == text
+
+
 async def test_flood_control_is_waited_out_through_the_outbox(tmp_path: Path, fake: FakeBotAPI, make_bot: Any,
                                                               until: Until) -> None:
     bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
