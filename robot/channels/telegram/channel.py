@@ -339,9 +339,9 @@ class TelegramChannel(Channel):
             payload: dict[str, Any] = {"chat_id": chat_id, "text": text}
             if thread is not None:
                 payload["message_thread_id"] = thread
-            if message.reply_to:
-                reply_id = message.reply_to.rpartition(":")[2]
-                if reply_id.isdigit():
+            if message.reply_to:  # a message of this chat only (a migrated group's numbers are another's)
+                where, _, reply_id = message.reply_to.rpartition(":")
+                if reply_id.isdigit() and where == str(chat_id):
                     payload["reply_parameters"] = {"message_id": int(reply_id), "allow_sending_without_reply": True}
             try:
                 result = await self.api.call("sendMessage", payload)

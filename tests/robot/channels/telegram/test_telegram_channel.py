@@ -167,6 +167,26 @@ async def test_a_failed_piece_of_a_long_reply_never_sends_the_earlier_ones_again
     assert "".join(s.text for s in fake.sent) == text
 
 
+async def test_a_reply_quotes_only_a_message_of_the_chat_it_goes_to(tmp_path: Path, fake: FakeBotAPI) -> None:
+    """A reply queued before a migration quoted message 17 of the new group, someone else's message."""
+    from robot.message import OutgoingMessage
+
+    channel = TelegramChannel(settings(tmp_path, fake))
+    channel.bind(lambda m: None)  # type: ignore[arg-type,return-value]
+    await channel.start()
+    try:
+        fake.migrated[-4001] = -1004001  # the group became a supergroup
+        group = ChatRef(platform="telegram", chat_id="-4001", kind="group")
+        await channel.send(OutgoingMessage(key="r", chat=group, text="答复", reply_to="-4001:17"))
+        await channel.send(OutgoingMessage(key="s", chat=ChatRef(platform="telegram", chat_id="777", kind="private"),
+                                           text="hi", reply_to="-100500:18"))
+        await channel.send(OutgoingMessage(key="t", chat=ChatRef(platform="telegram", chat_id="777", kind="private"),
+                                           text="ok", reply_to="777:19"))
+    finally:
+        await channel.stop()
+    assert [(s.chat_id, s.reply_to) for s in fake.sent] == [(-1004001, None), (777, None), (777, 19)]
+
+
 async def test_flood_control_is_waited_out_through_the_outbox(tmp_path: Path, fake: FakeBotAPI, make_bot: Any,
                                                               until: Until) -> None:
     bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
