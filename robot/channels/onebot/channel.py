@@ -182,7 +182,8 @@ class OneBotChannel(Channel):
             raise SendRejected(f"chat {chat.key!r} is not a onebot chat")
         # An anonymous member's id is no account: an @ of it would reach nobody (or a stranger).
         mentions = tuple(m for m in message.mention if not m.startswith("anonymous:")) if chat.kind == "group" else ()
-        reply = message.reply_to.rpartition(":")[2] if message.reply_to else None  # the platform's own id
+        key, timeout, scope = message.key, self.settings.action_timeout_s, chat_scope(chat)
+        reply = message.reply_to[len(scope):] if (message.reply_to or "").startswith(scope) else None  # (this chat's)
         segments = compose_message(message.text, mentions=mentions, reply_to=reply)
         if not segments:
             raise SendRejected("refusing to send an empty message")
@@ -190,7 +191,6 @@ class OneBotChannel(Channel):
             action, params = "send_group_msg", {"group_id": wire_id(chat.chat_id)}
         else:
             action, params = "send_private_msg", {"user_id": wire_id(chat.chat_id)}
-        key, timeout, scope = message.key, self.settings.action_timeout_s, chat_scope(chat)
         late = self._unanswered.pop(key, None)
         if late is not None:
             try:

@@ -218,12 +218,16 @@ async def test_send_group_message(channel: OneBotChannel, peer: OneBotTestPeer) 
 
 async def test_send_private_message_with_reply(channel: OneBotChannel, peer: OneBotTestPeer) -> None:
     chat = ChatRef(platform="onebot", chat_id="20002", kind="private")
-    await channel.send(OutgoingMessage(key="r2", chat=chat, text="好", mention=("20002",), reply_to="2003"))
+    await channel.send(OutgoingMessage(key="r2", chat=chat, text="好", mention=("20002",), reply_to="private:20002:2003"))
     call = await peer.wait_for_action(lambda a: a["action"] == "send_private_msg")
     assert call["params"] == {
         "user_id": 20002,
         "message": [{"type": "reply", "data": {"id": "2003"}}, {"type": "text", "data": {"text": "好"}}],
     }
+    # Another chat's message is not quoted here: its number may name one of this chat too
+    await channel.send(OutgoingMessage(key="r2b", chat=chat, text="嗯", reply_to="group:30003:2004"))
+    call = await peer.wait_for_action(lambda a: a["action"] == "send_private_msg" and "嗯" in str(a["params"]))
+    assert call["params"]["message"] == [{"type": "text", "data": {"text": "嗯"}}]
 
 
 async def test_failed_action_is_send_rejected_with_retcode(
