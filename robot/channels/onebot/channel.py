@@ -173,17 +173,16 @@ class OneBotChannel(Channel):
     async def send(self, message: OutgoingMessage) -> SendReceipt:
         """``send_group_msg`` / ``send_private_msg`` with array-form segments, through the chat's account.
 
-        A retry of a key whose attempt timed out first waits (``action_timeout_s`` more) for that
-        attempt's late answer: if it comes the message was delivered after all and is not sent
-        again; otherwise it is resent, and the log says so.
-        """
+        A retry of a key whose attempt timed out first waits (``action_timeout_s`` more) for that attempt's
+        late answer: if it comes the message was delivered after all; else it is resent (and logged)."""
         chat = message.chat
         if chat.platform != self.platform:
             raise SendRejected(f"chat {chat.key!r} is not a onebot chat")
         # An anonymous member's id is no account: an @ of it would reach nobody (or a stranger).
         mentions = tuple(m for m in message.mention if not m.startswith("anonymous:")) if chat.kind == "group" else ()
         key, timeout, scope = message.key, self.settings.action_timeout_s, chat_scope(chat)
-        reply = message.reply_to[len(scope):] if (message.reply_to or "").startswith(scope) else None  # (this chat's)
+        quoted = message.reply_to or ""
+        reply = quoted[len(scope):] if quoted.startswith(scope) else None  # a message of this chat's only
         segments = compose_message(message.text, mentions=mentions, reply_to=reply)
         if not segments:
             raise SendRejected("refusing to send an empty message")
