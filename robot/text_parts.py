@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["split_text"]
+import unicodedata
+
+__all__ = ["split_text", "whole"]
 
 _BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
 
@@ -21,9 +23,28 @@ def split_text(text: str, limit: int) -> list[str]:
             if pos >= limit // 2:
                 cut = pos + len(mark)
                 break
-        cut = cut or limit
+        cut = cut or whole(rest, limit)
         parts.append(rest[:cut].rstrip())
         rest = rest[cut:].lstrip()
     if rest or not parts:
         parts.append(rest)
     return parts
+
+
+def _joins(ch: str) -> bool:
+    """A character that belongs to the one before it (as people see it)."""
+    return (ch in "\u200d\ufe0f\ufe0e" or "\U0001f3fb" <= ch <= "\U0001f3ff"  # ZWJ, variation selectors, skin
+            or "\U000e0020" <= ch <= "\U000e007f" or unicodedata.combining(ch) > 0)  # tag characters, accents
+
+
+def whole(text: str, cut: int) -> int:
+    """``cut`` moved back to where no character people see as one is split (an emoji ZWJ sequence, a flag's
+    two letters, a letter and its accent): it cut 👨|‍👩‍👧 and 🇨|🇳. Not below 1: a run that long is cut."""
+    start = cut
+    while 0 < cut < len(text) and (_joins(text[cut]) or text[cut - 1] == "\u200d"):
+        cut -= 1
+    flags = 0  # regional indicators pair up from the start of their run
+    while cut - flags > 0 and "\U0001f1e6" <= text[cut - flags - 1] <= "\U0001f1ff":
+        flags += 1
+    cut -= flags % 2 if 0 < cut < len(text) and "\U0001f1e6" <= text[cut] <= "\U0001f1ff" else 0
+    return cut if cut > 0 else start

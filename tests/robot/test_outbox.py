@@ -293,6 +293,16 @@ def test_split_text_edge_cases() -> None:
         split_text("x", 0)
 
 
+@pytest.mark.parametrize("cluster", ["👨\u200d👩\u200d👧", "🇨🇳", "e\u0301", "👍🏽", "❤\ufe0f"])
+def test_a_hard_cut_never_splits_what_people_see_as_one_character(cluster: str) -> None:
+    """It cut 👨|‍👩‍👧, 🇨|🇳 and e|◌́: the reader saw broken emoji, stray letters and a lone accent."""
+    for lead in range(10):
+        text = "x" * lead + (cluster * 8)
+        parts = split_text(text, 12)
+        assert "".join(parts) == text and all(len(p) <= 12 for p in parts)
+        assert all(p.replace("x", "").count(cluster) * len(cluster) == len(p.replace("x", "")) for p in parts), parts
+
+
 async def test_long_texts_go_out_in_parts_mentioning_once(rig: Rig) -> None:
     ch = MemoryChannel(max_text_len=50)
     outbox = await rig.up(ch)
