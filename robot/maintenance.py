@@ -152,6 +152,15 @@ def backup(settings: Settings, target: str, force: bool) -> int:
     if not source.is_file():
         print(f"error: no database at {source} (is [bot] data_dir right?)", file=sys.stderr)
         return 2
+    if dest.exists() and dest.resolve() in {source.resolve(), *(source.with_name(source.name + x).resolve()
+                                                              for x in ("-wal", "-shm"))}:
+        # --force swapped the live database (its WAL left behind): corrupt at the next read
+        print(f"error: {dest} is the database itself; back it up to another file", file=sys.stderr)
+        return 2
+    if dest.is_dir():
+        print(f"error: {dest} is a directory; name the backup file, e.g. {dest / 'qunbot-backup.sqlite3'}",
+              file=sys.stderr)
+        return 2
     if dest.exists() and not force:
         print(f"error: {dest} exists; use --force to overwrite", file=sys.stderr)
         return 2
@@ -176,9 +185,15 @@ def backup(settings: Settings, target: str, force: bool) -> int:
         print(f"error: backup failed: {exc}", file=sys.stderr)
         return 1
     if check != "ok":
+        partial.unlink(missing_ok=True)
         print(f"error: the copy failed its integrity check: {check}", file=sys.stderr)
         return 1
-    partial.replace(dest)
+    try:
+        partial.replace(dest)
+    except OSError as exc:  # (a full copy was left beside it, and the error read "cannot start")
+        partial.unlink(missing_ok=True)
+        print(f"error: cannot write {dest}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"backed up {source} to {dest} ({dest.stat().st_size // 1024} KiB)")
     return 0
 

@@ -497,6 +497,13 @@ async def test_backup_copies_the_database_while_it_is_open(tmp_path: Path, capsy
         assert target.stat().st_mode & 0o777 == 0o600  # the history, readable by its owner only
         assert await asyncio.to_thread(main, ["backup", str(target), "--config", str(cfg)]) == 2
         assert "exists" in capsys.readouterr().err
+        # --force onto the live file swapped the database under the bot (its WAL behind): corrupt
+        live = project / "data" / "qunbot.sqlite3"
+        assert await asyncio.to_thread(main, ["backup", str(live), "--force", "--config", str(cfg)]) == 2
+        assert "is the database itself" in capsys.readouterr().err
+        assert await asyncio.to_thread(main, ["backup", str(tmp_path), "--force", "--config", str(cfg)]) == 2
+        assert "is a directory" in capsys.readouterr().err and not list(tmp_path.glob("*.partial"))
+        await outbox.enqueue(OutgoingMessage(key="k2", chat=chat, text="还能写"))  # the live one is intact
     finally:
         await db.close()
     copy = Database(target)
