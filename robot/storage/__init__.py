@@ -34,5 +34,6 @@ def open_database(url: str, data_dir: Path, *, pool_size: int = 8, stall_s: floa
         from robot.storage.postgres import PostgresDatabase
 
         return PostgresDatabase(url, max_size=pool_size, stall_s=stall_s, listen_url=listen_url.strip() or None)
-    raise StorageError("[storage] url must be empty, sqlite:///path or postgresql://..., not "
-                       f"{url.split(':', 1)[0]!r}")
+    # Only a scheme is quoted: a libpq "host=… password=…" string has no other part fit to print
+    what = f"{url.split('://', 1)[0]!r}" if "://" in url else "a connection string without a scheme"
+    raise StorageError(f"[storage] url must be empty, sqlite:///path or postgresql://..., not {what}")

@@ -243,3 +243,15 @@ def test_a_frozen_processs_transaction_is_ended_within_half_a_lease(tmp_path: Pa
 
     engine = Settings(storage={"url": "postgresql://db/q", "lease_s": 15}).storage.engine(tmp_path)
     assert isinstance(engine, PostgresDatabase) and engine.stall_s == 7.5
+
+
+def test_a_storage_url_that_is_no_url_is_refused_without_quoting_its_password(tmp_path: Path) -> None:
+    """A libpq "key=value" string was quoted whole, password and all, by doctor, run and pending."""
+    from robot.storage import StorageError, open_database
+
+    with pytest.raises(StorageError) as refused:
+        open_database("host=db.internal user=bot password=Hunter2-TopSecret dbname=q", tmp_path)
+    assert "Hunter2" not in str(refused.value) and "without a scheme" in str(refused.value)
+    with pytest.raises(StorageError, match="'mysql'"):
+        open_database("mysql://bot:Hunter2@db/q", tmp_path)
+
