@@ -36,7 +36,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     data: dict[str, Any] = {}
     if file is not None:
         try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
+            data = tomllib.loads(file.read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
             raise ConfigError(f"config file {file} does not exist (run `qunbot init` to write one)") from None
         except tomllib.TOMLDecodeError as exc:

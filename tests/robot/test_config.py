@@ -255,3 +255,11 @@ def test_a_storage_url_that_is_no_url_is_refused_without_quoting_its_password(tm
     with pytest.raises(StorageError, match="'mysql'"):
         open_database("mysql://bot:Hunter2@db/q", tmp_path)
 
+
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Notepad's UTF-8 starts with a BOM: it was "not valid TOML: Invalid statement (at line 1, column 1)"."""
+    path = tmp_path / "q.toml"
+    path.write_bytes("\ufeff[bot]\nname = \"小Q\"\n".encode())
+    settings, _ = load_settings(path)
+    assert settings.bot.name == "小Q"
+
