@@ -78,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     tools.add_argument("--strict", action="store_true", help="with --json: the strict-mode variant")
     init = sub.add_parser("init", parents=[common], help="write a commented qunbot.toml",
                           description="Write a commented qunbot.toml with every key and its default.")
-    init.add_argument("--path", default="qunbot.toml", help="where to write it ('-' for stdout)")
+    init.add_argument("--path", default=None, help="where to write it ('-' for stdout; default: --config, "
+                      "$QUNBOT_CONFIG, ./qunbot.toml)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     sub.add_parser("doctor", parents=[common], help="check the config, the LLM endpoint and each channel",
                    description="Check the config, the plugins, the LLM endpoint and each channel's port.")
@@ -213,12 +214,18 @@ def _init(path: str, force: bool) -> int:
             plugins.append(load_plugin(name))
         except PluginError as exc:  # a broken plugin must not stop `init` writing the core config
             print(f"note: no [{name}] table in the template: {exc}", file=sys.stderr)
-    try:  # It holds API keys and tokens: the owner's eyes only, from the first byte written.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # It holds API keys and tokens: the owner's eyes only, from the first byte written; written beside and
+    # moved in whole (a full disk left a 4 KiB stub in place of the owner's config, which then blocked a retry).
+    partial = target.with_name(target.name + ".partial")
+    try:
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(_with_onebot_token(render_template(_plugin_sections(plugins))))
-        target.chmod(0o600)  # --force over an existing, looser file
-    except OSError as exc:  # no such folder, not writable
+        partial.replace(target)
+    except OSError as exc:  # no such folder, not writable, full
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
         print(f"error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote {target}")
@@ -276,8 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("httpx", "httpx2", "httpcore", "httpcore2"):  # (openai 3 sends through httpx2) at any level:
         logging.getLogger(name).setLevel(logging.WARNING)  # each request's line holds base_url, its key too
-    if command == "init":
-        return _init(args.path, args.force)
+    if command == "init":  # where `run` will look: `-c conf/bot.toml init` wrote ./qunbot.toml, and run said "init"
+        where = args.path or getattr(args, "config", None) or os.environ.get("QUNBOT_CONFIG") or "qunbot.toml"
+        return _init(where, args.force)
     try:
         settings, source = load_settings(getattr(args, "config", None))
         _on_import_path(source)

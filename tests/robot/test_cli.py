@@ -155,6 +155,30 @@ def test_init_writes_a_loadable_template_and_refuses_to_overwrite(
     assert without_token(target.read_text(encoding="utf-8")) == without_token(written)
 
 
+def test_init_writes_where_run_will_look_and_never_leaves_half_a_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-c conf/bot.toml init` wrote ./qunbot.toml (run kept saying "run qunbot init"); a full disk during
+    `init --force` left a stub in place of the owner's config."""
+    import robot.cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    assert main(["init", "-c", "conf/bot.toml"]) == 0
+    assert (tmp_path / "conf" / "bot.toml").is_file() and not (tmp_path / "qunbot.toml").exists()
+    monkeypatch.setenv("QUNBOT_CONFIG", str(tmp_path / "conf" / "env.toml"))
+    assert main(["init"]) == 0 and (tmp_path / "conf" / "env.toml").is_file()
+    mine = tmp_path / "conf" / "bot.toml"
+    mine.write_text('[llm]\napi_key = "sk-mine"\n', encoding="utf-8")
+
+    def full_disk(text: str, token: str | None = None) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(robot.cli, "_with_onebot_token", full_disk)
+    assert main(["init", "--path", str(mine), "--force"]) == 2
+    assert "No space left" in capsys.readouterr().err
+    assert mine.read_text(encoding="utf-8") == '[llm]\napi_key = "sk-mine"\n' and not list(mine.parent.glob("*.partial"))
+
+
 def test_init_writes_a_random_onebot_token(tmp_path: Path) -> None:
     first, second = tmp_path / "a.toml", tmp_path / "b.toml"
     assert main(["init", "--path", str(first)]) == 0 and main(["init", "--path", str(second)]) == 0
