@@ -22,7 +22,10 @@ __all__ = ["doctor"]
 async def _switched_off(settings: Settings) -> dict[str, str]:
     """Plugins whose tools are off (say, search without an API key), set up against a scratch database."""
     with tempfile.TemporaryDirectory(prefix="qunbot-doctor-") as scratch:
-        bot = Bot(settings, channels=[], database=str(Path(scratch) / "doctor.sqlite3"))
+        # Its data dir too is the scratch one: it wrote a new secret.key into the real one when none was there
+        # (then misreported as "not the key the database was first used with"), in a folder made 0755.
+        local = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": Path(scratch)})})
+        bot = Bot(local, channels=[], database=str(Path(scratch) / "doctor.sqlite3"))
         await bot.start()
         try:
             blocked = bot.unavailable_tools()

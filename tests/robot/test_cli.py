@@ -695,6 +695,15 @@ def test_login_takes_its_options_after_the_command_too(tmp_path: Path) -> None:
     assert (args.platform, args.config) == ("weixin", str(tmp_path / "q.toml"))
 
 
+def test_doctor_leaves_the_data_dir_as_it_found_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its scratch bot wrote a fresh secret.key into the real data dir (later misread as the wrong key)."""
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\n[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    main(["doctor", "--config", str(cfg)])
+    capsys.readouterr()
+    assert not (tmp_path / "data" / "secret.key").exists()
+
+
 def test_doctor_goes_on_past_a_database_it_cannot_open(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "qunbot.toml"
     cfg.write_text(f'[bot]\nplugins = []\n[storage]\nurl = "mysql://db/qunbot"\n[channels.web]\nport = {closed_port()}\n',
