@@ -77,10 +77,13 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
     url = settings.storage.url.get_secret_value().strip()
     try:
         db = settings.storage.engine(settings.bot.data_dir)
-    except StorageError as exc:
-        return [Check(False, "storage", str(exc))]
+    except (StorageError, OSError) as exc:  # (a data dir it cannot create: the report went no further)
+        return [Check(False, "storage", str(exc) if isinstance(exc, StorageError) else f"{exc.strerror}: {exc.filename}")]
     if isinstance(db, SQLiteDatabase):
         where = f"SQLite {db.where}"
+        folder = Path(db.path).parent
+        if await asyncio.to_thread(lambda: folder.exists() and not folder.is_dir()):  # (it said "not created yet")
+            return [Check(False, "storage", f"{folder} is not a directory: `qunbot run` cannot create {db.where}")]
         if not await asyncio.to_thread(Path(db.path).is_file):
             return [Check(True, "storage", f"{where} (not created yet: no process has run)")]
     else:
@@ -130,6 +133,8 @@ async def _key_check(path: Path, stored: str | None) -> Check:
         same = secret_key.matches(await asyncio.to_thread(load_secret, path), stored)
     except SnapshotError as exc:
         return Check(False, "secret.key", str(exc))
+    except OSError as exc:  # (unreadable: owned by root after a deploy's copy; the report went no further)
+        return Check(False, "secret.key", f"{path}: cannot read it ({exc.strerror})")
     return Check(same, "secret.key", f"{path}: " + ("the database's" if same else "not the key the database was "
                  "first used with: copy the right one here; `qunbot run` refuses to start with this one"))
 

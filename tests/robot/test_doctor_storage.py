@@ -87,6 +87,25 @@ async def test_doctor_on_a_database_no_process_has_used(tmp_path: Path) -> None:
     assert check.ok and "not created yet" in check.detail
 
 
+async def test_doctor_on_a_data_dir_that_is_a_file_or_a_key_it_cannot_read_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A data dir that is a file read "ok (not created yet)" though `run` fails; an unreadable secret.key
+    (root's, after a deploy's copy) stopped the report with a traceback's name under "plugins"."""
+    (tmp_path / "data").write_text("oops", encoding="utf-8")
+    (check,) = await storage_checks(Settings(bot={"data_dir": tmp_path / "data"}))
+    assert not check.ok and "not a directory" in check.detail
+    import robot.doctor_storage
+    from robot.doctor_storage import _key_check
+
+    def root_owned(path: Path) -> bytes:  # (permissions do not stop root, who may run the tests)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    (tmp_path / "secret.key").write_bytes(b"x" * 32)
+    monkeypatch.setattr(robot.doctor_storage, "load_secret", root_owned)
+    key = await _key_check(tmp_path / "secret.key", "fingerprint")
+    assert not key.ok and "cannot read it" in key.detail
+
+
 def test_the_doctor_knows_which_channels_hold_account_leases_and_which_run_in_one_process() -> None:
     channels = (OneBotChannel, TelegramChannel, WeixinChannel, WebChannel, ConsoleChannel, WeComCallbackChannel,
                 WeComWebhookChannel)
