@@ -239,7 +239,11 @@ async def copy_db(settings: Settings, to_url: str) -> int:
     if not await asyncio.to_thread(Path(source.path).is_file):
         print(f"error: no database at {source.path} (is [bot] data_dir right?)", file=sys.stderr)
         return 2
-    running = await asyncio.to_thread(living_processes, source.path, iso(datetime.now(UTC)))
+    try:
+        running = await asyncio.to_thread(living_processes, source.path, iso(datetime.now(UTC)))
+    except sqlite3.Error as exc:  # (a damaged file ended in a traceback)
+        print(f"error: cannot read {source.path}: {exc}; nothing was copied", file=sys.stderr)
+        return 1
     if running:  # its later writes would be lost, and a second bot on the file would fire its reminders too
         print(f"error: a bot is running on {source.path} ({', '.join(running)}): stop it, then copy (one "
               f"that was killed counts as running for [storage] lease_s seconds)", file=sys.stderr)

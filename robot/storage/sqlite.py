@@ -350,7 +350,8 @@ class SQLiteDatabase(Engine):
                 self._conn.close()
                 self._conn = None
 
-        await self._call(shut, raw=True)
+        if self._conn is not None:  # (none after a failed open: connecting just to close raised over its error)
+            await self._call(shut, raw=True)
         self._queue.put(None)
         thread, self._thread = self._thread, None
         await asyncio.to_thread(thread.join)

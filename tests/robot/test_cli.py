@@ -704,6 +704,19 @@ def test_doctor_leaves_the_data_dir_as_it_found_it(tmp_path: Path, capsys: pytes
     assert not (tmp_path / "data" / "secret.key").exists()
 
 
+@pytest.mark.parametrize("command", [["pending"], ["adopt-secret"], ["copy-db", "--to", "postgresql://u@127.0.0.1:1/x"]])
+def test_a_damaged_database_is_one_line_for_every_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    """pending, adopt-secret and copy-db ended in a traceback (closing reconnected, and raised over the error)."""
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\n[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
+    (tmp_path / "data").mkdir(mode=0o700)
+    (tmp_path / "data" / "qunbot.sqlite3").write_bytes(os.urandom(8192))
+    assert main([*command, "--config", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "file is not a database" in err and len(err.strip().splitlines()) == 1
+
+
 def test_doctor_goes_on_past_a_database_it_cannot_open(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "qunbot.toml"
     cfg.write_text(f'[bot]\nplugins = []\n[storage]\nurl = "mysql://db/qunbot"\n[channels.web]\nport = {closed_port()}\n',
