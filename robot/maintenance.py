@@ -27,6 +27,7 @@ from robot.storage.copy import (
     sqlite_tables,
 )
 from robot.storage.leases import PROCESS_PREFIX, Leases
+from robot.storage.lockfile import sole_process
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -264,11 +265,13 @@ async def copy_db(settings: Settings, to_url: str) -> int:
         await old.start()
         await old.stop()
         new = Bot(target, channels=[])
-        await new.start()
-        try:
-            report = await new.db.transaction(lambda tx: copy_sync(tx, source.path), durable=True)
-        finally:
-            await new.stop()
+        # The file held as a bot holds it while copying: a bot started meanwhile wrote rows the copy had passed
+        with sole_process(Path(source.path)):
+            await new.start()
+            try:
+                report = await new.db.transaction(lambda tx: copy_sync(tx, source.path), durable=True)
+            finally:
+                await new.stop()
     except CopyError as exc:
         print(f"error: {exc}; nothing was copied", file=sys.stderr)
         return 2

@@ -98,6 +98,7 @@ def copy_sync(tx: Tx, source: str) -> CopyReport:
     if tx.dialect != "postgresql":
         raise CopyError("the target must be a PostgreSQL database")
     conn = _read_only(source)
+    conn.execute("BEGIN")  # one snapshot for every table (each read its own: a table's rows, not another's)
     try:
         theirs = {str(c): int(v) for c, v in tx.execute(f"SELECT component, version FROM {_VERSIONS}").fetchall()}
         ours = _versions_sqlite(conn)

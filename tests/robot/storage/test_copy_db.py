@@ -54,7 +54,25 @@ async def test_a_sqlite_bot_moves_to_postgresql_with_everything_it_kept(tmp_path
     finally:
         await bot.stop(flush_timeout_s=0.1)
 
-    assert await maintenance.copy_db(settings_for(data), pg_url) == 0
+    copy_sync, refused = maintenance.copy_sync, []
+
+    def a_bot_starts_meanwhile(tx: Any, source: str) -> Any:  # (it wrote rows the copy had passed)
+        from robot.storage import StorageError
+        from robot.storage.lockfile import sole_process
+
+        try:
+            with sole_process(Path(source)):
+                pass
+        except StorageError:
+            refused.append(source)
+        return copy_sync(tx, source)
+
+    maintenance.copy_sync = a_bot_starts_meanwhile  # type: ignore[assignment]
+    try:
+        assert await maintenance.copy_db(settings_for(data), pg_url) == 0
+    finally:
+        maintenance.copy_sync = copy_sync  # type: ignore[assignment]
+    assert refused  # the copy holds the file as a running bot does
     out = capsys.readouterr().out
     assert "rows of" in out and "memory_lexicon" in out and "secret.key" in out
 
