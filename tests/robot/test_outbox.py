@@ -303,6 +303,19 @@ def test_a_hard_cut_never_splits_what_people_see_as_one_character(cluster: str) 
         assert all(p.replace("x", "").count(cluster) * len(cluster) == len(p.replace("x", "")) for p in parts), parts
 
 
+@pytest.mark.parametrize("cluster", ["👨\u200d👩\u200d👧", "🇨🇳", "e\u0301"])
+def test_the_channels_own_splitters_keep_what_people_see_as_one_character_whole(cluster: str) -> None:
+    """Telegram's (UTF-16 units) and WeCom's (UTF-8 bytes) cut 👨|‍👩‍👧, 🇨|🇳 and e|◌́ too."""
+    from robot.channels.telegram.convert import split_utf16
+    from robot.channels.wecom.api import split_utf8
+
+    for lead in range(8):
+        text = "x" * lead + cluster * 6
+        for parts in (split_utf16(text, 16), split_utf8(text, 40)):
+            assert "".join(parts) == text
+            assert all(p.replace("x", "").count(cluster) * len(cluster) == len(p.replace("x", "")) for p in parts)
+
+
 async def test_long_texts_go_out_in_parts_mentioning_once(rig: Rig) -> None:
     ch = MemoryChannel(max_text_len=50)
     outbox = await rig.up(ch)

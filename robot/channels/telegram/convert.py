@@ -7,6 +7,7 @@ from typing import Any
 
 from robot.channels.telegram.api import utf16_len
 from robot.message import Sender
+from robot.text_parts import whole
 
 __all__ = ["LIMIT", "placeholder", "read_entities", "sender_of", "split_utf16"]
 
@@ -24,7 +25,7 @@ def split_utf16(text: str, limit: int = LIMIT) -> list[str]:
                 cut = i
                 break
         nl = text.rfind("\n", 0, cut)
-        cut = nl + 1 if nl >= cut // 2 else cut
+        cut = nl + 1 if nl >= cut // 2 else whole(text, cut)  # (never inside an emoji sequence or a flag)
         parts.append(text[:cut])
         text = text[cut:]
     parts.append(text)

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from robot.channels.base import ChannelUnavailable, SendFailed, SendRejected, transport_failure
+from robot.text_parts import whole
 
 __all__ = [
     "RETRYABLE_ERRCODES",
@@ -75,17 +76,16 @@ async def call_json(
 def split_utf8(text: str, limit: int) -> list[str]:
     """Split ``text`` into pieces of at most ``limit`` UTF-8 bytes (WeCom limits are in bytes)."""
     pieces: list[str] = []
-    current: list[str] = []
-    size = 0
-    for char in text:
-        width = len(char.encode("utf-8"))
-        if size + width > limit and current:
-            pieces.append("".join(current))
-            current, size = [], 0
-        current.append(char)
-        size += width
-    if current or not pieces:
-        pieces.append("".join(current))
+    while len(text.encode("utf-8")) > limit:
+        cut = size = 0
+        for cut, char in enumerate(text):  # noqa: B007 - the first character past the limit
+            size += len(char.encode("utf-8"))
+            if size > limit:
+                break
+        cut = whole(text, max(cut, 1))  # never inside an emoji sequence, a flag or a letter and its accent
+        pieces.append(text[:cut])
+        text = text[cut:]
+    pieces.append(text)
     return pieces
 
 
