@@ -69,7 +69,7 @@ _SCOPE: ContextVar[frozenset[str] | None] = ContextVar("qunbot_tool_scope", defa
 
 
 class Bot:
-    """A running qunbot. Construct, ``await start()``, and ``await stop()`` (SIGINT/SIGTERM do)."""
+    """A running qunbot. Construct, ``await start()``, and ``await stop()`` (SIGINT/SIGTERM/SIGHUP do)."""
 
     def __init__(self, settings: Settings, *, model: ChatModel | None = None,
                  channels: Sequence[Channel] | None = None, plugins: Sequence[Plugin[Any] | str] | None = None,

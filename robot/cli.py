@@ -95,7 +95,8 @@ def _plugin_sections(plugins: Sequence[Plugin[object]]) -> list[tuple[str, type[
 
 async def _serve(bot: Bot, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: the terminal of `qunbot chat` closed (it ended the bot at once, its replies not flushed)
+    for sig in (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     bot.db.when_outdated(lambda _: stop.set())  # another process upgraded the schema: stop, as asked to

@@ -285,7 +285,8 @@ async def test_doctor_never_prints_a_providers_error_body_that_echoes_the_key(
     assert SECRET not in out.out + out.err
 
 
-async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path) -> None:
+@pytest.mark.parametrize("stop_with", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])  # (its terminal closed)
+async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path, stop_with: signal.Signals) -> None:
     cfg = config(plugin_dir, "[channels.console]\nenabled = true\n")
     db = Database(plugin_dir / "data" / "qunbot.sqlite3")
     outbox = Outbox(db)
@@ -310,7 +311,7 @@ async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path) -> 
                 chunk = await proc.stdout.read(4096)
                 assert chunk, "qunbot run exited early"
                 seen += chunk
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop_with)
         async with asyncio.timeout(10):
             code = await proc.wait()
         assert code == 0
