@@ -324,7 +324,7 @@ class DailyBudget:
         spent = usage.total_tokens
         if res is not None:  # recorded when the reservation closes, held until then: no write now
             if tools:  # (not a model turn's: a timed-out tool's passed spend, reported by nobody, stays)
-                res.passed -= min(spent, res.passed)
+                res.reported(spent)
             key = self._scopes(caller)
             res.charged[key] = res.charged.get(key, 0) + max(0, spent)
             res._cover()

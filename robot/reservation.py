@@ -71,6 +71,11 @@ class Reservation:
         it ends, and its tools' reports take in what they passed to it."""
         return _SpendHook(self)
 
+    def reported(self, tokens: int) -> None:
+        """Its owner's report of its tools' usage (``charge_tools``) came: what nested reservations passed to
+        it is part of that report, counted once."""
+        self.passed -= min(max(0, tokens), self.passed)
+
     def detach(self) -> None:
         """Its spend is its own from now on: the spend it is nested in went on without it (a tool that
         returned and left it working in the background), so nobody there will count it."""
@@ -116,7 +121,7 @@ class _SpendHook:
         self.hold.spend(usage)
 
     async def charge_tools(self, caller: Caller, usage: Usage) -> None:
-        self.hold.passed -= min(usage.total_tokens, self.hold.passed)  # the report includes it: counted once
+        self.hold.reported(usage.total_tokens)
         self.hold.spend(usage)
 
 
