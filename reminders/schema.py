@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from robot import Tx
+from robot import Tx, bytewise
 
 __all__ = ["SCHEMA", "schema_v1"]
 
@@ -16,7 +16,7 @@ __all__ = ["SCHEMA", "schema_v1"]
 def schema_v1(db: Tx) -> None:
     """Migration step 1 (``SCHEMA``): idempotent, since v0.1 SQLite files have the table but no version."""
     # PostgreSQL compares text by the database's locale; ids and UTC instants must sort bytewise.
-    c = ' COLLATE "C"' if db.dialect == "postgresql" else ""
+    c = bytewise(db)
     db.execute(
         f"CREATE TABLE IF NOT EXISTS reminders (id TEXT{c} PRIMARY KEY, owner TEXT NOT NULL, "
         "owner_name TEXT NOT NULL, chat TEXT NOT NULL, type TEXT NOT NULL, wall TEXT NOT NULL, "

@@ -25,7 +25,7 @@ from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sen
 from robot.outbox import Outbox
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
-from robot.privacy import ForgetRequest, Forgetter
+from robot.privacy import ForgetRequest, Forgetter, bytewise
 from robot.storage.base import columns, in_chunks, unnest
 from robot.store import Database, Engine, StorageError, Tx, iso, parse_iso, utcnow
 
@@ -67,6 +67,7 @@ __all__ = [
     "Settings",
     "StorageError",
     "Tx",
+    "bytewise",
     "columns",
     "in_chunks",
     "iso",

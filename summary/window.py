@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-from robot import ChatRef, Engine, ForgetRequest, HistoryEntry, Tx, iso, parse_iso
+from robot import ChatRef, Engine, ForgetRequest, HistoryEntry, Tx, bytewise, iso, parse_iso
 from summary.extractive import HEADER, PRIVATE_HEADER
 from summary.signals import weekday
 
@@ -65,7 +65,7 @@ def move_chat_sync(db: Tx, old: str, new: str) -> None:
     # would no longer find them (it looks for the new id's title).
     was, now = ChatRef.from_key(old), ChatRef.from_key(new)
     before, private = f"{HEADER}群 {was.chat_id} · ", f"{was.platform}:private:"
-    c = ' COLLATE "C"' if db.dialect == "postgresql" else ""
+    c = bytewise(db)
     db.execute(f"UPDATE history SET text = ? || substr(text, ?) WHERE chat{c} >= ? AND chat{c} < ? AND from_bot = 1 "
                "AND substr(text, 1, ?) = ?", [f"{HEADER}群 {now.chat_id} · ", len(before) + 1, private,
                                               private[:-1] + ";", len(before), before])
@@ -236,7 +236,7 @@ def forget_summaries_sync(db: Tx, request: ForgetRequest) -> int:
     (names change, quotes are cut), so they all go.
     """
     private, gone = f"{request.platform}:private:", 0
-    c = ' COLLATE "C"' if db.dialect == "postgresql" else ""  # a key range is a prefix only bytewise
+    c = bytewise(db)  # a key range is a prefix only bytewise
     for chat in request.chats:
         heads = [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]
         gone += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND (substr(text, 1, ?) = ? OR "
