@@ -41,15 +41,8 @@ from datetime import UTC, datetime, timedelta
 from robot.admission import Crowd
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.message import ChatRef, OutgoingMessage
-from robot.outbox_store import (
-    CLAIM_LIMIT,
-    SCHEMA,
-    Claimed,
-    OutboxRows,
-    Scope,
-    claim_many_sync,
-    release_sync,
-)
+from robot.outbox_claims import CLAIM_LIMIT, Claimed, Scope, claim_many_sync, release_sync
+from robot.outbox_store import SCHEMA, OutboxRows
 from robot.storage import Tx
 from robot.storage.batch import Batched
 from robot.storage.leases import LeaseKeeper, process_id
@@ -245,7 +238,7 @@ class Outbox(OutboxRows):
             await asyncio.wait_for(self.db.run(lambda db: release_sync(db, self.holder)), max(flush_timeout_s, 1.0))
 
     async def _claim(self, platform: str, chat: str) -> Claimed:
-        """Claim the chat's pending rows in order (:func:`~robot.outbox_store.claim_sync`), with other lanes'."""
+        """Claim the chat's pending rows in order (:func:`~robot.outbox_claims.claim_sync`), with other lanes'."""
         scope, now = self.scope(platform), self.clock()
         if scope.nothing:
             return [], False

@@ -9,7 +9,7 @@ from robot.doctor_storage import waiting_sync
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
-from robot.outbox_store import Scope, claim_many_sync, claim_sync, release_sync
+from robot.outbox_claims import Scope, claim_many_sync, claim_sync, release_sync
 from robot.storage import Engine, Tx, iso
 from robot.storage.leases import Leases
 
