@@ -388,6 +388,6 @@ class Outbox(OutboxRows):
             if len(self._delivered) > _REMEMBERED:
                 del self._delivered[next(iter(self._delivered))]
             if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
-                await self._set_parts(key, index + 1)
+                await self._set_parts(key, index + 1, chat, receipt)
         await self._mark(key, "sent", receipt=receipt, parts=len(parts))
         return "sent"

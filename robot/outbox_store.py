@@ -50,6 +50,11 @@ SCHEMA: list[Step] = [
     # Which process is sending a row, until when (many processes, one database).
     "ALTER TABLE outbox ADD COLUMN claimed_by TEXT; ALTER TABLE outbox ADD COLUMN claimed_until TEXT; "
     "CREATE INDEX IF NOT EXISTS outbox_account ON outbox (platform, account, status)",
+    # The receipts of a long message's parts before its last (whose receipt is the row's): a reply to
+    # any of them is a reply to the bot (is_own_message).
+    "CREATE TABLE IF NOT EXISTS outbox_parts (key TEXT NOT NULL, chat TEXT NOT NULL, receipt TEXT NOT NULL); "
+    "CREATE INDEX IF NOT EXISTS outbox_parts_receipt ON outbox_parts (chat, receipt); "
+    "CREATE INDEX IF NOT EXISTS outbox_parts_key ON outbox_parts (key)",
 ]
 
 
@@ -179,20 +184,26 @@ class OutboxRows:
                     "DELETE FROM outbox WHERE key IN (SELECT key FROM (SELECT key, ROW_NUMBER() OVER "
                     f"(PARTITION BY chat ORDER BY {order_by(db, desc=True)}) AS n FROM outbox "
                     "WHERE status IN ('sent', 'failed')) AS ranked WHERE n > ?)", [max_rows]).rowcount)
+            if removed:
+                db.execute("DELETE FROM outbox_parts WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.key = outbox_parts.key)")
             return removed
 
         return await self.db.run(work)
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
         """Queued and sent rows of ``old`` now belong to ``new`` (replies and reply lookups follow)."""
-        return await self.db.run(lambda db: db.execute(
-            "UPDATE outbox SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+        def work(db: Tx) -> int:
+            db.execute("UPDATE outbox_parts SET chat = ? WHERE chat = ?", [new.key, old.key])
+            return int(db.execute("UPDATE outbox SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+        return await self.db.run(work)
 
     async def is_own_message(self, chat: ChatRef, platform_message_id: str) -> bool:
-        """Whether the platform's message id is one the bot sent in this chat (replies to the bot)."""
+        """Whether the platform's message id is one the bot sent in this chat (any part of a long
+        message: replies to the bot)."""
+        params = [chat.key, platform_message_id]
         return bool(await self.db.run(lambda db: db.execute(
-            "SELECT 1 FROM outbox WHERE chat = ? AND receipt = ? LIMIT 1", [chat.key, platform_message_id]
-        ).fetchone()))
+            "SELECT 1 FROM outbox WHERE chat = ? AND receipt = ? UNION ALL "
+            "SELECT 1 FROM outbox_parts WHERE chat = ? AND receipt = ? LIMIT 1", params * 2).fetchone()))
 
     async def rows(self, status: str | None = None) -> list[dict[str, object]]:
         """Outbox rows for inspection (tests, ``qunbot doctor``)."""
@@ -240,8 +251,13 @@ class OutboxRows:
         await self._mark(key, "failed", error=error[:500])
         return "failed"
 
-    async def _set_parts(self, key: str, parts: int) -> None:
-        await self._update("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key])
+    async def _set_parts(self, key: str, parts: int, chat: ChatRef | None = None, receipt: str | None = None) -> None:
+        """Note that ``parts`` parts of the row went out, the last of them as ``receipt``."""
+        def work(db: Tx) -> None:
+            db.execute("UPDATE outbox SET parts_sent = ? WHERE key = ?", [parts, key])
+            if chat is not None and receipt:
+                db.execute("INSERT INTO outbox_parts (key, chat, receipt) VALUES (?, ?, ?)", [key, chat.key, receipt])
+        await self.db.run(work, urgent=True)
 
     async def _unwait(self, elsewhere: Collection[str]) -> None:
         """Waiting rows due at once (a start drops its last run's backoff), but those another process sends:

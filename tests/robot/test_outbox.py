@@ -362,9 +362,9 @@ async def test_what_was_delivered_while_the_database_took_no_write_is_recorded_l
         unreachable("mark")
         return mark_many(db, rows)
 
-    async def flaky_parts(self: Outbox, key: str, parts: int) -> None:
+    async def flaky_parts(self: Outbox, key: str, parts: int, *more: Any) -> None:
         unreachable("parts")
-        await set_parts(self, key, parts)
+        await set_parts(self, key, parts, *more)
 
     monkeypatch.setattr(Outbox, "_mark_many", staticmethod(flaky_marks))
     monkeypatch.setattr(Outbox, "_set_parts", flaky_parts)
@@ -412,8 +412,15 @@ async def test_old_delivered_messages_are_pruned_but_pending_ones_never(engine: 
                          OutgoingMessage(key="old-pending", chat=chat, text="b", created_at=old),
                          OutgoingMessage(key="new-sent", chat=chat, text="c"))
     await db.run(lambda d: d.execute("UPDATE outbox SET status='sent' WHERE key IN ('old-sent','new-sent')"))
+    for key, receipt in (("old-sent", "p1"), ("new-sent", "p2")):  # their first parts' receipts
+        await outbox._set_parts(key, 1, chat, receipt)
+    assert await outbox.is_own_message(chat, "p1") and await outbox.is_own_message(chat, "p2")
     assert await outbox.prune(now) == 1
     assert sorted(str(r["key"]) for r in await outbox.rows()) == ["new-sent", "old-pending"]
+    assert not await outbox.is_own_message(chat, "p1") and await outbox.is_own_message(chat, "p2")
+    moved = ChatRef(platform="memory", chat_id="g-new", kind="group")  # a migrated group: replies follow
+    await outbox.move_chat(chat, moved)
+    assert await outbox.is_own_message(moved, "p2") and not await outbox.is_own_message(chat, "p2")
     await db.close()
 
 

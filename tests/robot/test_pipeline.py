@@ -128,6 +128,25 @@ async def test_group_messages_need_addressing_private_ones_do_not(make_bot: Any)
     assert len(model.requests) == 3
 
 
+async def test_a_reply_to_any_part_of_a_long_answer_is_a_reply_to_the_bot(make_bot: Any) -> None:
+    # A channel that cannot tell whose message a reply quotes (OneBot gives only the id) leaves it
+    # to the outbox's receipts: every part the bot sent counts, not only the last one.
+    model = ScriptedModel(lambda req: text("re: " + str(req.messages[-1]["content"])
+                                           + (" " + "长" * 100 if req.messages[-1]["content"] == "long please" else "")))
+    bot, ch = await make_bot(model, channel=MemoryChannel(max_text_len=40))
+    await ch.inject("long please", at_bot=True)
+    parts = await ch.wait_sent(3)
+    await bot.outbox.flush()
+    assert len(parts) == 3 and [r["status"] for r in await bot.outbox.rows()] == ["sent"]
+    for n, receipt in enumerate(["m1", "m2", "m3"]):  # MemoryChannel's receipts, in order
+        await ch.deliver(Message(chat=G1, sender=Sender(user_id="u2"), message_id=f"r{n}", text=f"why {n}?",
+                                 timestamp=datetime.now(UTC), reply_to=receipt))
+    await ch.deliver(Message(chat=G2, sender=Sender(user_id="u2"), message_id="r9", text="other chat",
+                             timestamp=datetime.now(UTC), reply_to="m1"))  # not the bot's message there
+    answers = [m.text for m in (await ch.wait_sent(6))[3:]]
+    assert sorted(answers) == ["re: why 0?", "re: why 1?", "re: why 2?"] and len(model.requests) == 4
+
+
 @pytest.mark.parametrize(("said", "seen"), [
     ("qunbot 你好", "你好"), ("QunBot，帮个忙", "帮个忙"), ("qunbot: 在吗", "在吗")])
 async def test_the_bots_name_as_prefix_addresses_it_and_is_stripped(make_bot: Any, said: str, seen: str) -> None:
