@@ -34,7 +34,7 @@ from function_calls import (
 from robot import privacy
 from robot.approvals import Approvals
 from robot.ask_user import Questions, ask_user
-from robot.channels.base import Channel, PanelProvider
+from robot.channels.base import Channel, NotTaken, PanelProvider
 from robot.channels.one_process import OneProcessChannels
 from robot.channels.state_store import ChannelState
 from robot.commands import (
@@ -297,17 +297,23 @@ class Bot:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
-        """The channels' sink. Errors are logged, never raised into a channel."""
+        """The channels' sink. Errors are logged, never raised into a channel, but :class:`NotTaken`
+        for a message that arrives while the bot stops: its channel leaves it to redelivery."""
+        if self.pipeline.admission.closed:
+            raise NotTaken(f"{message.platform} message {message.message_id}: the bot is stopping")
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
         try:
-            await self.pipeline.handle(message)
+            taken = await self.pipeline.handle(message)
         except Exception:
             log.exception("handling %s message %s failed", message.platform, message.message_id)
+            return
         finally:
             if task is not None:
                 self._inflight.discard(task)
+        if not taken:
+            raise NotTaken(f"{message.platform} message {message.message_id}: the bot is stopping")
 
     async def start(self) -> None:
         """Open the store, set up plugins, start the channels, then the outbox.
@@ -366,6 +372,8 @@ class Bot:
         await self.one_process.stop()
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=flush_timeout_s)
+        for channel in self.channels.values():  # from now on, messages are left to the platforms' redelivery
+            channel.stop_taking()
         self.pipeline.admission.close()  # what has not started by now would meet a closed store
         for plugin in self.plugins:
             if plugin.teardown is not None and plugin.name in self._deps:

@@ -125,13 +125,14 @@ class Pipeline:
             return True, True, text
         return chat.key in gate.always or short in gate.always, False, text
 
-    async def handle(self, message: Message) -> None:
+    async def handle(self, message: Message) -> bool:
         """Store the message with its dedupe row, answer it, then mark it handled: a crash or error
         before the mark leaves it to the platform's redelivery (replies and reminders are keyed by it).
-        It starts in its turn (:mod:`robot.admission`)."""
+        It starts in its turn (:mod:`robot.admission`); False when it did not start (the bot is stopping)."""
         async with self.admission.turn() as admitted:
             if admitted:
                 await self._handle_turn(message)
+        return admitted
 
     async def _handle_turn(self, message: Message) -> None:
         bot, ident = self.bot, (message.platform, message.message_id)

@@ -45,6 +45,7 @@ __all__ = [
     "ChatHistory",
     "ChatMoved",
     "MessageSink",
+    "NotTaken",
     "PanelProvider",
     "SendFailed",
     "SendReceipt",
@@ -99,6 +100,12 @@ def transport_failure(message: str, cause: BaseException | None) -> ChannelUnava
     return SendFailed(message)
 
 
+class NotTaken(ChannelError):
+    """The bot is stopping and did not take this incoming message: nothing of it was stored. A
+    channel leaves it unacknowledged (no poll cursor past it, no "success" to a callback), so the
+    platform delivers it again after the restart."""
+
+
 class SendRejected(ChannelError):
     """The platform answered with a definite refusal: the message is marked failed, not retried."""
 
@@ -141,7 +148,10 @@ class Channel(abc.ABC):
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
         self._on_moved: ChatMoved | None = None
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self._deliveries: set[asyncio.Task[Any]] = set()
+        #: False once the bot is stopping (:meth:`stop_taking`): a message arriving now is not taken
+        #: (:class:`NotTaken`); a poller stops asking, a callback answers with a failure.
+        self.taking = True
         self._connect_listeners: list[Callable[[], None]] = []
         #: Per account: the task serving it (a poll loop) while this process holds its lease.
         self._serving: dict[str, asyncio.Task[None] | None] = {}
@@ -251,8 +261,12 @@ class Channel(abc.ABC):
         except Exception:
             log.exception("%s: moving chat %s to %s failed", self.platform, old.key, new.key)
 
+    def stop_taking(self) -> None:
+        """The bot is stopping: take no more messages (the outbox may still send)."""
+        self.taking = False
+
     async def deliver(self, message: Message) -> None:
-        """Hand one incoming message to the bot."""
+        """Hand one incoming message to the bot; :class:`NotTaken` when the bot is stopping."""
         if self._sink is None:
             raise ChannelError(f"channel {self.platform!r} received a message before it was bound")
         await self._sink(message)
@@ -264,11 +278,16 @@ class Channel(abc.ABC):
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    async def _deliver_logged(self, message: Message) -> None:
+    async def _deliver_logged(self, message: Message) -> bool:
+        """Deliver; False when the bot did not take the message (:class:`NotTaken`): not to be acknowledged."""
         try:
             await self.deliver(message)
+        except NotTaken:
+            log.info("%s: message %s not taken: the bot is stopping", self.platform, message.message_id)
+            return False
         except Exception:
             log.exception("%s: delivering message %s failed", self.platform, message.message_id)
+        return True
 
     async def finish_deliveries(self, grace_s: float = 0.0) -> None:
         """For :meth:`stop`: give deliveries in flight ``grace_s`` to finish, then cancel the rest."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
-from robot.channels.base import Capabilities, Channel, SendReceipt
+from robot.channels.base import Capabilities, Channel, NotTaken, SendReceipt
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["ConsoleChannel"]
@@ -142,7 +142,11 @@ class ConsoleChannel(Channel):
             self._prompt_shown = False  # Enter ended the prompt's line
             message = self.parse_line(line)
             if message is not None:
-                await self.deliver(message)
+                try:
+                    await self.deliver(message)
+                except NotTaken:  # typed while the bot stops: said so, not dropped in silence
+                    self._write("(qunbot is stopping: this line was not taken)\n")
+                    return
             self._show_prompt()
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:

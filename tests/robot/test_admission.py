@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from function_calls import ModelRequest
 from function_calls.testing import ScriptedModel, text
 from robot.admission import CLEAR, CROWD, Admission, Crowd
-from robot.channels.base import SendReceipt
+from robot.channels.base import NotTaken, SendReceipt
 from robot.message import ChatRef, OutgoingMessage
 from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
@@ -174,9 +174,14 @@ async def test_messages_still_waiting_for_their_turn_when_the_bot_stops_do_not_s
     await asyncio.sleep(0.01)
     stopping = asyncio.create_task(bot.stop(flush_timeout_s=0.2))
     await asyncio.sleep(1.2)  # the first one gives its place up after 1 s: but for the stop, the second would start
+    late = await asyncio.gather(channel.inject("停机中", chat=G1, at_bot=True), return_exceptions=True)
     release.set()
-    await asyncio.gather(first, second, stopping)
+    results = await asyncio.gather(first, second, stopping, return_exceptions=True)
     assert started == ["第一个"] and bot.pipeline.admission.turned_away == 1
+    # The channel learns that neither was taken: it leaves them to the platform's redelivery
+    # (no poll cursor past them, no "success" to a callback) instead of acknowledging them.
+    assert isinstance(results[1], NotTaken) and isinstance(late[0], NotTaken)
+    assert not isinstance(results[0], BaseException)
 
 
 _UPDATES = st.lists(st.one_of(st.tuples(st.sampled_from(["memory", "telegram", "wecom"]), st.integers(0, 150)),

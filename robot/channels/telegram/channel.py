@@ -7,17 +7,16 @@ id reach the new one.
 
 Polling: the ``offset`` is stored (:mod:`.state`) only after every update of a batch has been handed to
 the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
-Webhook: ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the request gets 401.
-An update gets 200 (Telegram never resends it then) only once fsync'ed to ``<bot>-webhook/``
-(:mod:`.state`); the file goes once the bot has recorded it, and a start delivers what a crash left.
+Webhook (:mod:`.webhook`): ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the
+request gets 401; an update is spooled to disk before its 200. Once the bot stops taking messages
+the poller asks no more (a poll confirms the updates before its offset), and what it got but the bot
+did not take is spooled too: the next start delivers it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 import re
 import time
@@ -31,7 +30,6 @@ from aiohttp import web
 
 from robot.channels.base import (
     Capabilities,
-    Channel,
     ChannelUnavailable,
     SendReceipt,
     SendRejected,
@@ -47,7 +45,8 @@ from robot.channels.telegram.api import (
 )
 from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, sender_of, split_utf16
 from robot.channels.telegram.settings import TelegramSettings
-from robot.channels.telegram.state import TelegramState, read_spool, write_private
+from robot.channels.telegram.state import TelegramState
+from robot.channels.telegram.webhook import WebhookIntake
 from robot.message import ChatRef, Message, OutgoingMessage
 
 __all__ = ["TelegramChannel"]
@@ -56,7 +55,7 @@ log = logging.getLogger(__name__)
 _COMMAND = re.compile(r"^[a-z0-9_]{1,32}$")
 
 
-class TelegramChannel(Channel):
+class TelegramChannel(WebhookIntake):
     """One Telegram bot (the account is its numeric id)."""
 
     platform = "telegram"
@@ -103,20 +102,6 @@ class TelegramChannel(Channel):
     def default_account(self) -> str | None:
         return self.bot_id or None
 
-    async def _start_webhook(self) -> None:
-        app = web.Application()
-        app.router.add_post(self.settings.path, self._on_webhook)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._url = f"http://{self.settings.host}:{port}{self.settings.path}"
-        if self.settings.webhook_url and self.api is not None:
-            await self.api.call("setWebhook", {
-                "url": self.settings.webhook_url, "secret_token": self.settings.webhook_secret.get_secret_value(),
-                "allowed_updates": ["message"]})
-
     async def stop(self) -> None:
         self._stopping.set()
         await self.stop_serving()
@@ -148,7 +133,7 @@ class TelegramChannel(Channel):
         assert self.api is not None
         offset: int | None = None
         failures, pause = 0, 0.0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and self.taking:  # (a poll would confirm what the bot no longer takes)
             if pause:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), pause)
@@ -174,7 +159,7 @@ class TelegramChannel(Channel):
             if not isinstance(updates, list) or not updates:  # answered empty at once (timeout 0, a proxy):
                 pause = self.settings.retry_delay_s if time.monotonic() - asked < 1 else 0.0  # no busy loop
                 continue
-            batch = [t for t in (self._accept(u) for u in updates if isinstance(u, dict)) if t is not None]
+            batch = [t for t in (self._accept(u, polled=True) for u in updates if isinstance(u, dict)) if t is not None]
             ids = [u["update_id"] for u in updates if isinstance(u, dict) and isinstance(u.get("update_id"), int)]
             if ids:
                 offset = max(ids) + 1
@@ -182,7 +167,7 @@ class TelegramChannel(Channel):
             elif time.monotonic() - asked < 1:  # nothing usable, answered at once: no busy loop either
                 pause = self.settings.retry_delay_s
 
-    async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[None]], at: int) -> None:
+    async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[bool]], at: int) -> None:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         results = await asyncio.gather(*batch, return_exceptions=True)
@@ -193,8 +178,8 @@ class TelegramChannel(Channel):
         except OSError:
             log.exception("telegram: could not save the update offset")
 
-    def _accept(self, update: dict[str, Any]) -> asyncio.Task[None] | None:
-        """Hand one update to the bot in the background; returns the delivery task."""
+    def _accept(self, update: dict[str, Any], polled: bool = False) -> asyncio.Task[bool] | None:
+        """Hand one update to the bot in the background; returns the delivery task (False: not taken)."""
         try:
             message = self.to_message(update)
         except Exception as exc:  # any shape the API (or a forged webhook) sends must not stop the reader
@@ -202,56 +187,10 @@ class TelegramChannel(Channel):
             return None
         if message is None:
             return None
-        task = asyncio.create_task(self._deliver_logged(message), name=f"telegram-deliver-{message.message_id}")
+        task = asyncio.create_task(self._take(update, message, polled), name=f"telegram-deliver-{message.message_id}")
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         return task
-
-    async def _on_webhook(self, request: web.Request) -> web.Response:
-        expected = self.settings.webhook_secret.get_secret_value().encode()
-        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "").encode(errors="surrogateescape")  # (bytes)
-        if not expected or not hmac.compare_digest(given, expected):
-            log.warning("telegram: webhook request without the right secret token refused")
-            return web.Response(status=401)
-        try:
-            update = json.loads(await request.text())
-        except ValueError:
-            log.warning("telegram: webhook body is not JSON")
-            return web.Response(status=400)
-        update_id = update.get("update_id") if isinstance(update, dict) else None
-        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
-            log.warning("telegram: webhook update without a usable update_id skipped")
-            return web.Response(status=200)
-        path = self.state_dir / f"{self.bot_id}-webhook" / f"{update_id}.json"
-        try:  # durably ours before the 200: after it Telegram never sends this update again
-            await asyncio.to_thread(write_private, path, update, sync=True)
-        except (OSError, TypeError, ValueError):
-            log.exception("telegram: could not spool webhook update %s; Telegram will retry", update_id)
-            return web.Response(status=500)
-        self._deliver_spooled(update, path)
-        return web.Response(status=200)
-
-    def _deliver_spooled(self, update: dict[str, Any], path: Path) -> None:
-        """Deliver in the background; the spool file goes once the bot has it (not if cut short)."""
-        async def run() -> None:
-            task = self._accept(update)
-            if task is not None:
-                (result,) = await asyncio.gather(task, return_exceptions=True)
-                if isinstance(result, asyncio.CancelledError):
-                    return  # stop() cut it short: the next start delivers it
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(path.unlink, True)
-
-        done = asyncio.create_task(run(), name=f"telegram-spool-{path.stem}")
-        self._deliveries.add(done)
-        done.add_done_callback(self._deliveries.discard)
-
-    async def _replay_spool(self) -> None:
-        spooled = await asyncio.to_thread(read_spool, self.state_dir / f"{self.bot_id}-webhook")
-        if spooled:
-            log.warning("telegram: delivering %d webhook update(s) left from the last run", len(spooled))
-        for update, path in spooled:
-            self._deliver_spooled(update, path)
 
     def to_message(self, update: dict[str, Any]) -> Message | None:
         """A Bot API update as a :class:`Message`, or None for what the bot does not read."""

@@ -15,12 +15,14 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from function_calls import Toolset
 from function_calls.testing import ScriptedModel, text
 from robot.channels.state_store import ChannelState
 from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf16
 from robot.channels.telegram.convert import read_entities
 from robot.channels.telegram.testing import FakeBotAPI
 from robot.message import ChatRef, Message
+from robot.plugin import Plugin
 from robot.store import Database, iso, parse_iso
 
 Until = Callable[..., Awaitable[None]]
@@ -231,6 +233,33 @@ async def test_the_offset_is_saved_and_a_restart_neither_loses_nor_repeats(
     assert fake.offsets[polls_before] == saved == second["update_id"]  # resumed where it left off
     rows = await bot2.history.recent(ChatRef(platform="telegram", chat_id="777", kind="private"), 50)
     assert sorted(r.text for r in rows if not r.from_bot) == ["一", "二"]
+
+
+async def test_a_message_polled_while_the_bot_stops_is_delivered_after_the_restart(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    # Polling again would confirm it to Telegram, and the stopping bot no longer takes it: spooled.
+    async def teardown(_: None) -> None:  # the bot is stopping (it takes no more messages) meanwhile
+        fake.message(PRIVATE, ALICE, "停机时到的")  # the poll in flight returns it at once
+        await asyncio.sleep(0.3)  # its delivery meets the stopping bot; without the fix, the next poll confirmed it
+
+    polls = 0
+    async def setup(_: Any) -> None:
+        return None
+
+    plugin = Plugin("slow-stop", Toolset("slow-stop"), setup=setup, teardown=teardown)
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path, plugins=[plugin])
+    await until(lambda: bool(fake.offsets))
+    polls = len(fake.offsets)
+    await bot.stop()
+    assert len(fake.offsets) <= polls + 1  # no poll after the one in flight: it confirmed nothing new
+    bot2, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    chat = ChatRef(platform="telegram", chat_id="777", kind="private")
+
+    async def arrived() -> bool:
+        return [r.text for r in await bot2.history.recent(chat, 50) if not r.from_bot] == ["停机时到的"]
+
+    await until(arrived)
+    await until(lambda: not list((tmp_path / "tg").glob("*-webhook/*.json")))
 
 
 async def test_webhook_mode_checks_the_secret_token(tmp_path: Path, fake: FakeBotAPI, running: Any,

@@ -1,0 +1,112 @@
+"""The Telegram channel's webhook and its spool (a mixin of :class:`~.channel.TelegramChannel`).
+
+An update gets 200 (Telegram never resends it then) only once fsync'ed to ``<bot>-webhook/``
+(:mod:`.state`); the file goes once the bot has recorded it, and a start delivers what a crash left,
+or what came as the bot stopped (a polled update too: Telegram counts it confirmed by the next poll).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from robot.channels.base import Channel
+from robot.channels.telegram.api import TelegramApi
+from robot.channels.telegram.settings import TelegramSettings
+from robot.channels.telegram.state import read_spool, write_private
+from robot.message import Message
+
+__all__ = ["WebhookIntake"]
+
+log = logging.getLogger("robot.channels.telegram.channel")
+
+
+class WebhookIntake(Channel):
+    """The webhook server and the spool of updates the bot has not taken yet."""
+
+    settings: TelegramSettings
+    state_dir: Path
+    bot_id: str
+    api: TelegramApi | None
+    _runner: web.AppRunner | None
+    _url: str | None
+
+    @abc.abstractmethod
+    def _accept(self, update: dict[str, Any], polled: bool = False) -> asyncio.Task[bool] | None:
+        """Hand one update to the bot in the background; returns the delivery task (False: not taken)."""
+
+    async def _start_webhook(self) -> None:
+        app = web.Application()
+        app.router.add_post(self.settings.path, self._on_webhook)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._url = f"http://{self.settings.host}:{port}{self.settings.path}"
+        if self.settings.webhook_url and self.api is not None:
+            await self.api.call("setWebhook", {
+                "url": self.settings.webhook_url, "secret_token": self.settings.webhook_secret.get_secret_value(),
+                "allowed_updates": ["message"]})
+
+    async def _take(self, update: dict[str, Any], message: Message, polled: bool) -> bool:
+        taken = await self._deliver_logged(message)
+        if not taken and polled:  # the bot is stopping, and Telegram counts the update confirmed: a start delivers it
+            with contextlib.suppress(OSError, TypeError, ValueError):
+                await asyncio.to_thread(write_private, self.state_dir / f"{self.bot_id}-webhook"
+                                        / f"{update['update_id']}.json", update, sync=True)
+        return taken
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        expected = self.settings.webhook_secret.get_secret_value().encode()
+        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "").encode(errors="surrogateescape")  # (bytes)
+        if not expected or not hmac.compare_digest(given, expected):
+            log.warning("telegram: webhook request without the right secret token refused")
+            return web.Response(status=401)
+        try:
+            update = json.loads(await request.text())
+        except ValueError:
+            log.warning("telegram: webhook body is not JSON")
+            return web.Response(status=400)
+        update_id = update.get("update_id") if isinstance(update, dict) else None
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
+            log.warning("telegram: webhook update without a usable update_id skipped")
+            return web.Response(status=200)
+        path = self.state_dir / f"{self.bot_id}-webhook" / f"{update_id}.json"
+        try:  # durably ours before the 200: after it Telegram never sends this update again
+            await asyncio.to_thread(write_private, path, update, sync=True)
+        except (OSError, TypeError, ValueError):
+            log.exception("telegram: could not spool webhook update %s; Telegram will retry", update_id)
+            return web.Response(status=500)
+        self._deliver_spooled(update, path)
+        return web.Response(status=200)
+
+    def _deliver_spooled(self, update: dict[str, Any], path: Path) -> None:
+        """Deliver in the background; the spool file goes once the bot has it (not if cut short)."""
+        async def run() -> None:
+            task = self._accept(update)
+            if task is not None:
+                (result,) = await asyncio.gather(task, return_exceptions=True)
+                if isinstance(result, asyncio.CancelledError) or result is False:
+                    return  # stop() cut it short, or it came as the bot stopped: the next start delivers it
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(path.unlink, True)
+
+        done = asyncio.create_task(run(), name=f"telegram-spool-{path.stem}")
+        self._deliveries.add(done)
+        done.add_done_callback(self._deliveries.discard)
+
+    async def _replay_spool(self) -> None:
+        spooled = await asyncio.to_thread(read_spool, self.state_dir / f"{self.bot_id}-webhook")
+        if spooled:
+            log.warning("telegram: delivering %d webhook update(s) left from the last run", len(spooled))
+        for update, path in spooled:
+            self._deliver_spooled(update, path)
