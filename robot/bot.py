@@ -299,8 +299,6 @@ class Bot:
     async def handle(self, message: Message) -> None:
         """The channels' sink. Errors are logged, never raised into a channel, but :class:`NotTaken`
         for a message that arrives while the bot stops: its channel leaves it to redelivery."""
-        if self.pipeline.admission.closed:
-            raise NotTaken(f"{message.platform} message {message.message_id}: the bot is stopping")
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)

@@ -126,9 +126,8 @@ class Pipeline:
         return chat.key in gate.always or short in gate.always, False, text
 
     async def handle(self, message: Message) -> bool:
-        """Store the message with its dedupe row, answer it, then mark it handled: a crash or error
-        before the mark leaves it to the platform's redelivery (replies and reminders are keyed by it).
-        It starts in its turn (:mod:`robot.admission`); False when it did not start (the bot is stopping)."""
+        """Store the message with its dedupe row, answer it, then mark it handled (a crash before leaves it to
+        redelivery); it starts in its turn (:mod:`robot.admission`): False if not (the bot is stopping)."""
         async with self.admission.turn() as admitted:
             if admitted:
                 await self._handle_turn(message)

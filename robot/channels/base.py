@@ -246,7 +246,7 @@ class Channel(abc.ABC):
 
     def bind(self, sink: MessageSink) -> None:
         """Set where incoming messages go; the bot calls this before :meth:`start`."""
-        self._sink = sink
+        self._sink, self.taking = sink, True  # (a bot started again takes messages again)
 
     def bind_moves(self, callback: ChatMoved) -> None:
         """Set who moves a chat's stored data when the platform gives the chat a new id."""

@@ -177,7 +177,7 @@ async def test_messages_still_waiting_for_their_turn_when_the_bot_stops_do_not_s
     late = await asyncio.gather(channel.inject("停机中", chat=G1, at_bot=True), return_exceptions=True)
     release.set()
     results = await asyncio.gather(first, second, stopping, return_exceptions=True)
-    assert started == ["第一个"] and bot.pipeline.admission.turned_away == 1
+    assert started == ["第一个"] and bot.pipeline.admission.turned_away == 2
     # The channel learns that neither was taken: it leaves them to the platform's redelivery
     # (no poll cursor past them, no "success" to a callback) instead of acknowledging them.
     assert isinstance(results[1], NotTaken) and isinstance(late[0], NotTaken)
