@@ -10,11 +10,15 @@ Protocol (developer.work.weixin.qq.com/document/path/100719 接收消息, 101031
   ``{"msgtype": "stream", "stream": {"id": <new>, "finish": false, "content": ""}}``.
 * Until a stream reply says ``finish: true`` (for up to 6 minutes), WeCom polls with
   ``msgtype: "stream"`` callbacks carrying ``stream.id``; each answer carries the whole
-  content so far. :meth:`WeComAIBotChannel.stream_delta` appends to it and
-  :meth:`WeComAIBotChannel.send` sets the final text and finishes it.
+  content so far (at most 20,480 bytes). :meth:`WeComAIBotChannel.stream_delta` appends to it
+  and :meth:`WeComAIBotChannel.send` sets the final text and finishes it. The outbox sends a
+  long answer in parts, each a ``send`` of its own: later parts join the bubble while it has
+  room and WeCom has not seen it finished (it is shown finished only after a moment with no
+  further part, since WeCom stops polling then).
 * Encrypted replies are JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}``.
-* With no open stream (a second reply, a reminder), ``send`` falls back to the message's
-  ``response_url`` (plain JSON markdown, single use, valid one hour).
+* With no open stream (a reminder, a part the bubble cannot take), ``send`` falls back to the
+  message's ``response_url`` (plain JSON markdown, single use, valid one hour); a URL is spent
+  only once WeCom accepted the post, so a post that failed for now is retried with it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from robot.channels.base import Capabilities, SendReceipt, SendRejected
+from robot.channels.base import Capabilities, SendFailed, SendReceipt, SendRejected
 from robot.channels.wecom.api import call_json, raise_for_errcode, split_utf8
 from robot.channels.wecom.callback import CallbackQuery, WeComCallbackChannel
 from robot.channels.wecom.crypto import MalformedBody
@@ -47,6 +51,8 @@ _STREAM_OPEN = 330.0  # WeCom stops polling 6 min after the user's message; keep
 _STREAM_KEEP = 420.0  # finished streams still answer late polls for a while
 _RESPONSE_URL_TTL = 3500.0  # response_url is valid for one hour
 _STREAM_BYTES = 20480  # stream.content limit
+_SETTLE = 1.0  # a finished bubble shows as finished once no further part came for this long
+_PART_GAP = "\n\n"  # between the parts of a long answer in one bubble (they were cut at a break)
 _MAX_STREAMS = 1024
 _LEADING_MENTION = re.compile(r"^\s*@\S+\s*")
 
@@ -115,6 +121,9 @@ class _Stream:
     created: float
     content: str = ""
     finish: bool = False
+    finished_at: float = 0.0
+    #: Nothing more joins it: WeCom saw it finished, or a later part went out below it.
+    sealed: bool = False
 
 
 class WeComAIBotChannel(WeComCallbackChannel):
@@ -132,6 +141,7 @@ class WeComAIBotChannel(WeComCallbackChannel):
         super().__init__(settings, session=session)
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
         self._response_urls: dict[str, tuple[str, float]] = {}
+        self._posting: set[str] = set()  # response_urls a send is posting to now
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -151,12 +161,14 @@ class WeComAIBotChannel(WeComCallbackChannel):
             if stream is None:
                 # Unknown (expired, or from before a restart): end it rather than leave the user waiting.
                 log.info("wecom aibot: refresh for unknown stream %r, finishing it", stream_id)
-                stream = _Stream(id=stream_id, chat_key="", msgid="", created=now, finish=True)
+                stream = _Stream(id=stream_id, chat_key="", msgid="", created=now, finish=True, sealed=True)
             return self._stream_reply(stream, query)
         message = parse_aibot_message(data, bot_name=self.settings.bot_name, received_at=datetime.now(UTC))
         if message is None:
             log.debug("wecom aibot: ignoring %r callback", data.get("msgtype"))
             return web.Response(text="")
+        if not self.taking:
+            return self.not_taking(message)
         stream = _Stream(
             id=uuid.uuid4().hex, chat_key=message.chat.key, msgid=message.message_id, created=now
         )
@@ -175,10 +187,14 @@ class WeComAIBotChannel(WeComCallbackChannel):
         return self._stream_reply(stream, query)
 
     def _stream_reply(self, stream: _Stream, query: CallbackQuery) -> web.Response:
+        # A part just sent may have more behind it (the outbox sends a long answer's parts one by one),
+        # and WeCom polls no more once it sees the bubble finished: wait a moment before saying so.
+        finish = stream.finish and (stream.sealed or self._now() - stream.finished_at >= _SETTLE)
+        stream.sealed = stream.sealed or finish
         plain = json.dumps(
             {
                 "msgtype": "stream",
-                "stream": {"id": stream.id, "finish": stream.finish, "content": stream.content},
+                "stream": {"id": stream.id, "finish": finish, "content": stream.content},
             },
             ensure_ascii=False,
         )
@@ -187,39 +203,69 @@ class WeComAIBotChannel(WeComCallbackChannel):
     # -- sending ----------------------------------------------------------------------------
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
-        stream = self._open_stream(chat.key, run_id)  # the run's own bubble (run_id: the message answered)
-        if stream is not None and stream.msgid == run_id:  # never another asker's, at any age
+        stream = self._reply_stream(chat.key, run_id)  # the run's own bubble (run_id: the message answered)
+        if stream is not None and not stream.finish:
             stream.content = _cap(stream.content + delta)
 
     async def send(self, message: OutgoingMessage) -> SendReceipt:
-        stream = self._open_stream(message.chat.key, message.reply_to)
+        stream = self._reply_stream(message.chat.key, message.reply_to)
         if stream is not None:
-            stream.content = _cap(message.text)
-            stream.finish = True
+            if not stream.finish:  # the answer replaces what streamed while it was written
+                stream.content, stream.finish = _cap(message.text), True
+            elif len((stream.content + _PART_GAP + message.text).encode()) <= _STREAM_BYTES:
+                stream.content += _PART_GAP + message.text  # a later part of a long answer
+            else:
+                stream.sealed = True  # the part goes out below the bubble: no later one may show above it
+                return await self._post_response_url(message, full=True)
+            stream.finished_at = self._now()
             return SendReceipt(platform_message_id=stream.id)
-        url, received = self._response_urls.pop(message.chat.key, ("", 0.0))
+        return await self._post_response_url(message, full=message.reply_to is not None)
+
+    async def _post_response_url(self, message: OutgoingMessage, *, full: bool) -> SendReceipt:
+        """Send through the chat's unused ``response_url``; it is spent only once WeCom took the post
+        (or refused it for good), so a post that failed for now is retried with it."""
+        key = message.chat.key
+        url, received = self._response_urls.get(key, ("", 0.0))
         if not url or self._now() - received > _RESPONSE_URL_TTL:
+            if full:
+                raise SendRejected(
+                    f"WeCom AI bot: no way left to deliver this part of the answer to {message.reply_to} in {key}: "
+                    "its stream bubble is full or ended, and there is no unused response_url"
+                )
             raise SendRejected(
-                f"WeCom AI bot cannot start a conversation in {message.chat.key}: "
-                "no open stream and no unused response_url"
+                f"WeCom AI bot cannot start a conversation in {key}: no open stream and no unused response_url"
             )
-        data = await call_json(
-            self.http(),
-            "POST",
-            url,
-            what="aibot response_url",
-            payload={"msgtype": "markdown", "markdown": {"content": _cap(message.text)}},
-            request_timeout=self.settings.request_timeout,
-        )
-        raise_for_errcode(data, "aibot response_url")
+        if url in self._posting:  # it may still fail for now and be free again: try later
+            raise SendFailed(f"WeCom AI bot: the response_url of {key} is in use by another send")
+        self._posting.add(url)
+        try:
+            data = await call_json(
+                self.http(),
+                "POST",
+                url,
+                what="aibot response_url",
+                payload={"msgtype": "markdown", "markdown": {"content": _cap(message.text)}},
+                request_timeout=self.settings.request_timeout,
+            )
+            raise_for_errcode(data, "aibot response_url")
+        except SendRejected:
+            self._spend(key, url)
+            raise
+        finally:
+            self._posting.discard(url)
+        self._spend(key, url)
         return SendReceipt()
 
-    def _open_stream(self, chat_key: str, reply_to: str | None) -> _Stream | None:
-        """The open stream of the message ``reply_to`` answers, if any. Never another's: the oldest open one
-        took a reminder, then the next answer went into the next asker's bubble, and theirs was refused."""
+    def _spend(self, chat_key: str, url: str) -> None:
+        if self._response_urls.get(chat_key, ("", 0.0))[0] == url:  # not a newer one that came meanwhile
+            del self._response_urls[chat_key]
+
+    def _reply_stream(self, chat_key: str, reply_to: str | None) -> _Stream | None:
+        """The stream of the message ``reply_to`` answers while it can take text. Never another's: the oldest
+        open one took a reminder, then the next answer went into the next asker's bubble, and theirs was refused."""
         now = self._now()
         for stream in self._streams.values():
-            if (stream.chat_key == chat_key and not stream.finish and now - stream.created < _STREAM_OPEN
+            if (stream.chat_key == chat_key and not stream.sealed and now - stream.created < _STREAM_OPEN
                     and reply_to is not None and stream.msgid == reply_to):
                 return stream
         return None

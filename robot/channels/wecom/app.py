@@ -88,6 +88,8 @@ class WeComChannel(WeComCallbackChannel):
         message = parse_app_message(plain)
         if message is None:
             log.debug("wecom: ignoring a non-text callback")
+        elif not self.taking:
+            return self.not_taking(message)
         elif self.remember(message.message_id) is not None:
             log.info("wecom: duplicate MsgId %s ignored (WeCom retry)", message.message_id)
         else:

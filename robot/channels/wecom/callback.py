@@ -4,7 +4,9 @@ GET ``path`` answers WeCom's URL verification with the decrypted echostr; POST `
 hands the raw body to the subclass. A bad signature, or a timestamp further than
 ``timestamp_window_s`` from now (a replay), gets 403; any other unreadable request 400 and a
 log line; a handler bug gets 500 and a logged traceback. Messages are delivered to
-the bot in background tasks so WeCom (which retries after 5 s) gets its answer at once.
+the bot in background tasks so WeCom (which retries after 5 s) gets its answer at once; one
+that arrives once the bot is stopping (:attr:`Channel.taking` is off) gets 503, not "success",
+and is left to WeCom's retry.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from aiohttp import web
 from robot.channels.base import Channel
 from robot.channels.wecom.crypto import MalformedBody, SignatureError, WeComCrypto, WeComCryptoError
 from robot.channels.wecom.settings import WeComSettings
+from robot.message import Message
 
 __all__ = ["CallbackQuery", "StaleTimestamp", "WeComCallbackChannel"]
 
@@ -144,6 +147,11 @@ class WeComCallbackChannel(Channel, abc.ABC):
         if len(self._seen) > _DEDUPE_SIZE:
             self._seen.popitem(last=False)
         return None
+
+    def not_taking(self, message: Message) -> web.Response:
+        """The answer to a message arriving while the bot stops: not "success", so WeCom sends it again."""
+        log.info("wecom: message %s arrived while the bot stops; left to WeCom's retry", message.message_id)
+        return web.Response(status=503, text="stopping")
 
     def check_timestamp(self, query: CallbackQuery) -> None:
         """Raise :class:`StaleTimestamp` unless the callback's timestamp is within the window."""

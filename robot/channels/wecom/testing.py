@@ -2,7 +2,8 @@
 
 ``FakeWeComAPI`` serves ``gettoken``, ``message/send``, ``webhook/send`` and an AI-bot
 ``response_url`` on 127.0.0.1 (port 0), records every call, and can be told to answer the
-next sends with chosen error codes (``fail_sends``), e.g. 42001 (token expired).
+next sends with chosen error codes (``fail_sends``), e.g. 42001 (token expired), and the next
+``response_url`` posts with chosen HTTP statuses (``fail_responses``), e.g. 503.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class FakeWeComAPI(LoopbackServer):
         self.calls: list[RecordedCall] = []
         self.fail_sends: collections.deque[int] = collections.deque()
         self.fail_webhooks: collections.deque[int] = collections.deque()
+        self.fail_responses: collections.deque[int] = collections.deque()
         self.token: str | None = None
         self._counter = itertools.count(1)
         self.base_url = ""
@@ -119,4 +121,6 @@ class FakeWeComAPI(LoopbackServer):
 
     async def _aibot_response(self, request: web.Request) -> web.Response:
         await self._record(request)
+        if self.fail_responses:
+            return web.Response(status=self.fail_responses.popleft(), text="injected failure")
         return web.json_response({"errcode": 0, "errmsg": "ok"})

@@ -13,10 +13,11 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from robot.channels.base import SendRejected
+from robot.channels.base import SendFailed, SendRejected
 from robot.channels.wecom import WeComAIBotChannel, WeComSettings, create_channel
 from robot.channels.wecom.testing import FakeWeComAPI, signed_query
 from robot.message import ChatRef, Message, OutgoingMessage
+from robot.text_parts import split_text
 
 VECTORS = json.loads(
     (Path(__file__).resolve().parents[3] / "vectors" / "wecom_callback.json").read_text(encoding="utf-8")
@@ -48,6 +49,23 @@ async def bot(
     assert isinstance(channel, WeComAIBotChannel)
     async with running(channel):
         yield channel
+
+
+class _Clock:
+    """The channel's monotonic clock, moved by hand (stream ages, the settle before a bubble ends)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(bot: WeComAIBotChannel, monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    moved = _Clock()
+    monkeypatch.setattr(bot, "_now", moved)
+    return moved
 
 
 async def _callback(
@@ -103,6 +121,7 @@ async def test_group_text_starts_stream_and_is_delivered(
     http: aiohttp.ClientSession,
     inbox: asyncio.Queue[Message],
     fake: FakeWeComAPI,
+    clock: _Clock,
 ) -> None:
     first = await _callback(http, bot, _text("m1", "@RobotA hello robot", response_url=fake.response_url))
     assert first is not None and first["msgtype"] == "stream"
@@ -127,6 +146,7 @@ async def test_group_text_starts_stream_and_is_delivered(
 
     receipt = await bot.send(OutgoingMessage(key="r1", chat=msg.chat, text="hi there", reply_to="m1"))
     assert receipt.platform_message_id == stream_id
+    clock.now += 2  # the bubble ends once no further part followed for a moment
     done = await _callback(http, bot, _refresh(stream_id))
     assert done is not None and done["stream"] == {"id": stream_id, "finish": True, "content": "hi there"}
 
@@ -145,6 +165,107 @@ async def test_second_reply_uses_response_url_once(
     assert [c.body for c in calls] == [{"msgtype": "markdown", "markdown": {"content": "**later**"}}]
     with pytest.raises(SendRejected):
         await bot.send(OutgoingMessage(key="c", chat=msg.chat, text="third"))
+
+
+async def _ask(http: aiohttp.ClientSession, bot: WeComAIBotChannel, inbox: asyncio.Queue[Message],
+               msgid: str, response_url: str = "") -> tuple[str, Message]:
+    """Ask once in the group: the new bubble's stream id and the delivered message."""
+    opened = await _callback(http, bot, _text(msgid, "@RobotA a question", response_url=response_url))
+    assert opened is not None
+    return opened["stream"]["id"], await asyncio.wait_for(inbox.get(), 5)
+
+
+async def test_every_part_of_a_long_answer_reaches_the_asker(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], fake: FakeWeComAPI,
+    clock: _Clock,
+) -> None:
+    """The outbox sends a long answer in parts (max_text_len), one send each: part 1 ended the bubble, part 2
+    spent the response_url, part 3 was refused: 10,198 of 15,000 characters reached the asker."""
+    stream_id, msg = await _ask(http, bot, inbox, "m5", fake.response_url)
+    answer = "".join(f"line {i:05d} of the report\n" for i in range(600))
+    parts = split_text(answer, bot.capabilities.max_text_len)
+    assert len(parts) == 3
+    for i, part in enumerate(parts):
+        receipt = await bot.send(OutgoingMessage(key=f"long#{i}", chat=msg.chat, text=part, reply_to="m5"))
+        assert receipt.platform_message_id == stream_id
+        if i == 0:  # WeCom polls between two parts: the bubble must not end under the next one
+            between = await _callback(http, bot, _refresh(stream_id))
+            assert between is not None and between["stream"]["finish"] is False
+    clock.now += 2
+    done = await _callback(http, bot, _refresh(stream_id))
+    assert done is not None and done["stream"] == {"id": stream_id, "finish": True, "content": "\n\n".join(parts)}
+    assert fake.calls_to("/cgi-bin/aibot/response") == []  # still unused: a reminder can go through it
+
+
+async def test_a_part_the_bubble_cannot_take_goes_through_the_response_url(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], fake: FakeWeComAPI,
+    clock: _Clock,
+) -> None:
+    """A bubble holds 20,480 bytes: the part past it goes on as a message of its own, and the bubble ends above
+    it; with that spent too, the next part fails, saying why."""
+    stream_id, msg = await _ask(http, bot, inbox, "m6", fake.response_url)
+    parts = ["汉" * bot.capabilities.max_text_len, "字" * 100, "词" * 100]  # 15,360 bytes, then 300 each
+    await bot.send(OutgoingMessage(key="cjk#0", chat=msg.chat, text=parts[0], reply_to="m6"))
+    clock.now += 2
+    seen = await _callback(http, bot, _refresh(stream_id))  # WeCom saw it end: nothing more shows in it
+    assert seen is not None and seen["stream"]["finish"] is True
+    await bot.send(OutgoingMessage(key="cjk#1", chat=msg.chat, text=parts[1], reply_to="m6"))
+    assert [c.body for c in fake.calls_to("/cgi-bin/aibot/response")] == [
+        {"msgtype": "markdown", "markdown": {"content": parts[1]}}]
+    with pytest.raises(SendRejected, match="response_url"):
+        await bot.send(OutgoingMessage(key="cjk#2", chat=msg.chat, text=parts[2], reply_to="m6"))
+
+    stream_id, msg = await _ask(http, bot, inbox, "m7", fake.response_url)
+    await bot.send(OutgoingMessage(key="big#0", chat=msg.chat, text=parts[0], reply_to="m7"))
+    await bot.send(OutgoingMessage(key="big#1", chat=msg.chat, text=parts[0], reply_to="m7"))  # no room left
+    full = await _callback(http, bot, _refresh(stream_id))  # ended at once: the rest is below it
+    assert full is not None and full["stream"] == {"id": stream_id, "finish": True, "content": parts[0]}
+    assert len(fake.calls_to("/cgi-bin/aibot/response")) == 2
+    with pytest.raises(SendRejected, match="full"):
+        await bot.send(OutgoingMessage(key="big#2", chat=msg.chat, text="tail", reply_to="m7"))
+
+
+async def test_a_response_url_that_failed_for_now_serves_the_retry(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], fake: FakeWeComAPI
+) -> None:
+    """It was dropped before the POST: after a 503 the outbox's retry found none and the reminder was lost."""
+    _, msg = await _ask(http, bot, inbox, "m8", fake.response_url)
+    await bot.send(OutgoingMessage(key="answer", chat=msg.chat, text="hello", reply_to="m8"))
+    reminder = OutgoingMessage(key="rem", chat=msg.chat, text="提醒：开会")
+    fake.fail_responses.append(503)
+    with pytest.raises(SendFailed):
+        await bot.send(reminder)
+    await bot.send(reminder)  # the outbox's retry
+    assert len(fake.calls_to("/cgi-bin/aibot/response")) == 2
+    with pytest.raises(SendRejected):  # spent now
+        await bot.send(OutgoingMessage(key="rem2", chat=msg.chat, text="again"))
+
+
+async def test_two_sends_racing_for_one_response_url_post_once(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], fake: FakeWeComAPI
+) -> None:
+    _, msg = await _ask(http, bot, inbox, "m9", fake.response_url)
+    await bot.send(OutgoingMessage(key="answer", chat=msg.chat, text="hello", reply_to="m9"))
+    one, two = (OutgoingMessage(key=k, chat=msg.chat, text=k) for k in ("one", "two"))
+    results = await asyncio.gather(bot.send(one), bot.send(two), return_exceptions=True)
+    assert not isinstance(results[0], BaseException)
+    assert isinstance(results[1], SendFailed)  # retried: the first could still have failed for now
+    assert len(fake.calls_to("/cgi-bin/aibot/response")) == 1
+    with pytest.raises(SendRejected):
+        await bot.send(two)
+
+
+async def test_a_message_arriving_while_the_bot_stops_is_left_to_wecoms_retry(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    bot.stop_taking()
+    encrypt = bot.crypto.encrypt(json.dumps(_text("s1", "@RobotA during the restart")))
+    async with http.post(bot.url, params=signed_query(bot.crypto, encrypt), json={"encrypt": encrypt}) as resp:
+        assert resp.status == 503
+    bot.taking = True  # taken when it comes again
+    again = await _callback(http, bot, _text("s1", "@RobotA during the restart"))
+    assert again is not None and (await asyncio.wait_for(inbox.get(), 5)).message_id == "s1"
+    assert inbox.empty()
 
 
 async def test_private_chat_and_duplicate_msgid(

@@ -144,6 +144,19 @@ async def test_duplicate_msgid_delivered_once(
     assert [first.message_id, second.message_id] == ["777", "778"]
 
 
+async def test_a_message_arriving_while_the_bot_stops_is_left_to_wecoms_retry(
+    channel: WeComChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    """It was answered "success", then turned away by the stopping bot: lost, as WeCom never sent it again."""
+    channel.stop_taking()
+    status, text = await _post_message(http, channel, _text_xml("amy", "during the restart", "901"))
+    assert status == 503 and text != "success"
+    channel.taking = True  # taken when it comes again (not deduped as seen)
+    assert await _post_message(http, channel, _text_xml("amy", "during the restart", "901")) == (200, "success")
+    assert (await asyncio.wait_for(inbox.get(), 5)).message_id == "901"
+    assert inbox.empty()
+
+
 async def test_garbage_bodies_get_400_and_server_keeps_serving(
     channel: WeComChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
 ) -> None:
