@@ -28,7 +28,8 @@ __all__ = [
 Endpoint = Literal["agent", "chat"]
 CITATION_MARKER = re.compile(r"\[([1-9]\d{0,2})\]")
 """A citation marker such as ``[3]`` in answer text."""
-_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+# An unclosed block runs to the end: the answer was cut off (output-token limit) while still thinking.
+_THINK = re.compile(r"<think>.*?(?:</think>\s*|\Z)", re.DOTALL)
 
 
 class WireError(ValueError):
@@ -149,6 +150,9 @@ def parse_agent(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer
 def _answer(
     text: str, sources: list[Source], usage: SearchUsage, endpoint: Endpoint, model: str, truncated: bool
 ) -> SearchAnswer:
+    if not text and truncated:  # a reasoning model spent the output-token limit thinking
+        raise WireError("Perplexity's answer was cut off before any answer (output-token limit reached while "
+                        "reasoning); try again, or raise [search] max_output_tokens")
     if not text:
         raise WireError("Perplexity returned an empty answer; try rephrasing the question")
     return SearchAnswer(text=text, sources=sources, usage=usage, endpoint=endpoint, model=model,

@@ -12,7 +12,9 @@ starts: at once when the process that stored it is gone (its lease lapsed; on SQ
 process), else once it was stored two request timeouts ago (a living process is still submitting
 it, or hung). This process never sends one it is submitting itself twice.
 A failed run, or one not done after ``research_timeout_min``, is reported to the asker.
-Each person may start ``research_per_user_day`` runs per day (0, the default: not offered).
+Each person may start ``research_per_user_day`` runs per day (0, the default: not offered); a run
+Perplexity refused to start does not count. ``/forget me`` blanks a job of the last day (its
+question, chat and run id go; it stays, status ``forgotten``, to be counted) and deletes older ones.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from function_calls import Caller, ToolError
 from robot import ChatRef, ForgetRequest, OutgoingMessage, Tx, iso
-from search.client import PerplexityClient, SearchError
+from search.client import (
+    PerplexityClient,
+    SearchAuthError,
+    SearchError,
+    SearchNotConfigured,
+    SearchRateLimited,
+    SearchRejected,
+)
 from search.format import format_answer
 from search.settings import SearchSettings
 
@@ -38,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["ResearchJob", "ResearchService"]
 
 log = logging.getLogger(__name__)
+
+#: Perplexity answered the submission with a refusal (an HTTP 4xx) or it was never sent: no run started.
+_REFUSED = (SearchAuthError, SearchNotConfigured, SearchRateLimited, SearchRejected)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS research_jobs (id TEXT PRIMARY KEY, owner TEXT NOT NULL, chat TEXT NOT NULL, "
@@ -50,7 +62,7 @@ _SUBMITTER = "ALTER TABLE research_jobs ADD COLUMN submitter TEXT NOT NULL DEFAU
 
 @dataclass(frozen=True)
 class ResearchJob:
-    """One stored run: ``status`` is submitting, running, done or failed."""
+    """One stored run: ``status`` is submitting, running, done, failed or forgotten (blanked by ``/forget me``)."""
 
     id: str
     owner: str
@@ -83,6 +95,7 @@ class ResearchService:
 
     async def start(self) -> None:
         await self.bot.db.ensure("research", [_SCHEMA, _SUBMITTER])
+        await self._prune()  # also when research was switched off since: forgotten jobs must still go
         if self.offered:
             self._task = asyncio.get_running_loop().create_task(self._poll_loop(), name="research-poll")
 
@@ -119,7 +132,7 @@ class ResearchService:
             try:
                 await self._submit(job)
             except SearchError as exc:
-                await self._set(job.id, "failed")
+                await self._not_started(job.id, refused=isinstance(exc, _REFUSED))
                 raise ToolError(f"deep research could not start: {exc}",
                                 user_message=f"深度研究没能开始：{exc}") from None
         return job
@@ -147,9 +160,16 @@ class ResearchService:
             return False
         return await self.bot.db.run(lambda db: leases.alive_sync(db, submitter))
 
-    async def _set(self, job_id: str, status: str) -> None:
-        await self.bot.db.run(lambda db: db.execute("UPDATE research_jobs SET status = ?, updated_at = ? WHERE id = ?",
-                                                    [status, iso(self.bot.clock()), job_id]))
+    async def _not_started(self, job_id: str, *, refused: bool) -> None:
+        """A submission failed: refused, no run started and the job goes (not counted); else Perplexity
+        may have started one (a timeout after sending), so it stays, failed, and counts."""
+        if refused:
+            await self.bot.db.run(lambda db: db.execute(
+                "DELETE FROM research_jobs WHERE id = ? AND status IN ('submitting', 'forgotten')", [job_id]))
+            return
+        await self.bot.db.run(lambda db: db.execute(
+            "UPDATE research_jobs SET status = 'failed', updated_at = ? WHERE id = ? AND status = 'submitting'",
+            [iso(self.bot.clock()), job_id]))
 
     async def _poll_loop(self) -> None:
         while True:
@@ -162,16 +182,22 @@ class ResearchService:
     async def poll_once(self) -> int:
         """Check every unfinished job once; returns how many were delivered (report or failure)."""
         async with self._lock:
-            # Finished jobs only count towards the daily limit: a week later they go.
-            week = iso(self.bot.clock() - timedelta(days=7))
-            await self.bot.db.run(lambda db: db.execute(
-                "DELETE FROM research_jobs WHERE status IN ('done', 'failed') AND updated_at < ?", [week]))
+            await self._prune()
             rows = await self.bot.db.run(lambda db: db.execute_returning_dicts(
                 "SELECT * FROM research_jobs WHERE status IN ('submitting', 'running') ORDER BY created_at"))
             finished = 0
             for job in map(ResearchJob.from_row, rows):
                 finished += await self._check(job)
             return finished
+
+    async def _prune(self) -> None:
+        # Finished jobs only count towards the daily limit: a week later they go; a forgotten one
+        # (no question left) is kept no longer than it counts.
+        now = self.bot.clock()
+        week, day = iso(now - timedelta(days=7)), iso(now - timedelta(days=1))
+        await self.bot.db.run(lambda db: db.execute(
+            "DELETE FROM research_jobs WHERE (status IN ('done', 'failed') AND updated_at < ?) OR "
+            "(status = 'forgotten' AND created_at <= ?)", [week, day]))
 
     async def _check(self, job: ResearchJob) -> int:
         late = self.bot.clock() - job.created_at > timedelta(minutes=self.settings.research_timeout_min)
@@ -207,14 +233,27 @@ class ResearchService:
 
     async def forget(self, request: ForgetRequest) -> int:
         """``/forget me``: the person's jobs (their questions) in the chats it covers; a running one's
-        report then never comes (its row is gone when the poller would deliver it)."""
+        report then never comes (the poller delivers only submitting and running jobs).
+
+        A job of the last day is blanked, not deleted: the daily limit counts it (deleting it would
+        let a person start paid runs without end, a /forget me after each)."""
         owner = f"{request.platform}:{request.user_id}"
         chats = None if request.everywhere else [c.key for c in request.chats]
         if chats == []:
             return 0
         where = "" if chats is None else f" AND chat IN ({','.join('?' * len(chats))})"
-        return int(await self.bot.db.run(lambda db: db.execute(
-            f"DELETE FROM research_jobs WHERE owner = ?{where}", [owner, *(chats or [])]).rowcount))
+        mine = [owner, *(chats or [])]
+        now = self.bot.clock()
+
+        def forget(db: Tx) -> int:
+            gone = db.execute(f"DELETE FROM research_jobs WHERE owner = ? AND status <> 'forgotten'{where} AND "
+                              "created_at <= ?", [*mine, iso(now - timedelta(days=1))]).rowcount
+            return int(gone) + int(db.execute(
+                "UPDATE research_jobs SET status = 'forgotten', question = '', chat = '', account = '', api_id = NULL, "
+                f"submitter = '', updated_at = ? WHERE owner = ? AND status <> 'forgotten'{where}",
+                [iso(now), *mine]).rowcount)
+
+        return await self.bot.db.transaction(forget)
 
     async def move_chat(self, old: str, new: str) -> int:
         """A chat got a new id: its jobs report there, and ``/forget me`` there reaches them."""

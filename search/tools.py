@@ -176,7 +176,7 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
             limiter.release(key, stamp)
         raise
     settings = deps.settings
-    if ctx.via == "command":
+    if ctx.via != "model":  # a typed /command, or one a reminder runs: posted to the chat as it is
         return ToolResult.reply(format_answer(answer, max_chars=settings.max_answer_chars,
                                               max_sources=settings.max_sources))
     data: dict[str, object] = {"sources": [s.url for s in answer.sources], "endpoint": answer.endpoint,

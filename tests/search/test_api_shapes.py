@@ -186,6 +186,23 @@ async def test_cut_off_answers_are_flagged_to_user_and_model(server: FakePerplex
         assert not (await client.search("q")).truncated
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "agent"])
+async def test_a_reasoning_answer_cut_off_while_thinking_never_shows_the_thinking(
+        server: FakePerplexityServer, endpoint: str) -> None:
+    thinking = "<think>\nThe user asks about Paris. Let me check [1] and [2]; maybe the user means"
+    server.answer(thinking, SOURCES, cut_off=True)
+    async with client_for(server, endpoint=endpoint) as client:
+        with pytest.raises(SearchUnavailable, match="cut off before any answer") as caught:
+            await client.search("q")
+    assert "Let me check" not in str(caught.value)
+    # Cut off after thinking and a part of the answer: the part shows, never the thinking.
+    server.answer("<think>reasoning</think>\n" + TEXT + "<think>more reasoning, unfinished", SOURCES, cut_off=True)
+    async with client_for(server, endpoint=endpoint) as client:
+        answer = await client.search("q")
+    assert answer.text == TEXT and answer.truncated
+    assert "reasoning" not in format_answer(answer, max_chars=500, max_sources=5)
+
+
 async def test_422_detail_list_reaches_the_error_text(server: FakePerplexityServer) -> None:
     detail = {"detail": [{"type": "missing", "loc": ["body", "messages", 0, "content"], "msg": "Field required"}]}
     server.next_status(422, body=json.dumps(detail))

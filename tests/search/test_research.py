@@ -40,8 +40,15 @@ def settings_for(server: FakePerplexityServer, **extra: Any) -> dict[str, Any]:
             **extra}
 
 
-def make_bot(tmp_path: Path, cfg: dict[str, Any]) -> tuple[Bot, MemoryChannel]:
-    settings = Settings(bot={"data_dir": tmp_path}, search=cfg, limits={"user_burst": 50, "chat_burst": 50})
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The ``[storage]`` settings of each engine (the daily limit is counted in the database)."""
+    return {} if request.param == "sqlite" else {"url": request.getfixturevalue("pg_url")}
+
+
+def make_bot(tmp_path: Path, cfg: dict[str, Any], storage: dict[str, Any] | None = None) -> tuple[Bot, MemoryChannel]:
+    settings = Settings(bot={"data_dir": tmp_path}, search=cfg, limits={"user_burst": 50, "chat_burst": 50},
+                        storage=storage or {})
     channel = MemoryChannel()
     return Bot(settings, channels=[channel], plugins=[search.plugin]), channel
 
@@ -208,8 +215,9 @@ async def test_forget_me_takes_the_persons_research_questions_and_their_report_n
         assert (await ask(ch, "/research 我的体检报告怎么看")).text.startswith("🔎 深度研究已开始")
         await ask(ch, "/research 别人的问题", user="u2")
         assert "1 个深度研究" in (await ask(ch, "/forget me")).text
-        left = await bot.db.run(lambda db: db.execute("SELECT owner, question FROM research_jobs").fetchall())
-        assert [tuple(r) for r in left] == [("memory:u2", "别人的问题")]
+        left = await bot.db.run(lambda db: db.execute(
+            "SELECT owner, question FROM research_jobs ORDER BY owner").fetchall())
+        assert [tuple(r) for r in left] == [("memory:u1", ""), ("memory:u2", "别人的问题")]  # u1's only counts
         research = bot.deps_for(search.deep_research).research
         for _ in range(200):  # the fake reports after a few polls (once u2's submission is through)
             if await research.poll_once():
@@ -220,6 +228,51 @@ async def test_forget_me_takes_the_persons_research_questions_and_their_report_n
         assert len(reports) == 1 and "别人的问题" in reports[0]
     finally:
         await bot.stop()
+
+
+async def test_forget_me_keeps_no_question_yet_the_daily_limit_still_holds(
+        tmp_path: Path, server: FakePerplexityServer, storage: dict[str, Any]) -> None:
+    bot, ch = make_bot(tmp_path, settings_for(server, research_per_user_day=1, research_poll_s=600), storage)
+    await bot.start()
+    try:
+        assert (await ask(ch, "/research 我的体检报告怎么看")).text.startswith("🔎 深度研究已开始")
+        assert "1 个深度研究" in (await ask(ch, "/forget me")).text
+        refused = await ask(ch, "/research 再来一个")
+        again = await ask(ch, "/forget me")
+        kept = await bot.db.run(lambda db: db.execute(
+            "SELECT owner, chat, account, question, api_id FROM research_jobs").fetchall())
+        research = bot.deps_for(search.deep_research).research
+        assert await research.poll_once() == 0  # its report never comes
+        day_later = bot.clock() + timedelta(days=1, seconds=1)
+        bot.clock = lambda: day_later
+        await research.poll_once()
+        left = await bot.db.run(lambda db: db.execute("SELECT count(*) FROM research_jobs").fetchone()[0])
+    finally:
+        await bot.stop()
+    assert "每天 1 次" in refused.text and len(server.research.jobs) == 1
+    assert [tuple(r) for r in kept] == [("memory:u1", "", "", "", None)]  # who, to count; not what, nor where
+    assert "深度研究" not in again.text  # nothing of theirs was left to take
+    assert left == 0  # kept only while it counts
+
+
+async def test_a_research_perplexity_refused_to_start_does_not_use_up_the_day(
+        tmp_path: Path, server: FakePerplexityServer) -> None:
+    bot, ch = make_bot(tmp_path, settings_for(server, research_per_user_day=1, timeout_s=0.3))
+    await bot.start()
+    try:
+        server.next_status(429, retry_after=30)
+        refused = await ask(ch, "/research 固态电池")
+        server.delay(0.6)  # sent, then no answer in time: Perplexity may have started it, so it counts
+        unclear = await ask(ch, "/research 固态电池")
+        server.delay(0)
+        limited = await ask(ch, "/research 固态电池")
+        stored = await bot.db.run(lambda db: db.execute("SELECT status FROM research_jobs").fetchall())
+    finally:
+        await bot.stop()
+    assert "没能开始" in refused.text and "30 s" in refused.text
+    assert "没能开始" in unclear.text and "用完" not in unclear.text
+    assert "每天 1 次" in limited.text
+    assert [tuple(r) for r in stored] == [("failed",)]  # the refused one left nothing behind
 
 
 async def test_a_moved_groups_research_follows_it_and_forget_me_there_reaches_it(tmp_path: Path) -> None:
@@ -241,6 +294,6 @@ async def test_a_moved_groups_research_follows_it_and_forget_me_there_reaches_it
             assert await research.poll_once() == 0  # nothing left to report (it reported to the old id)
             await asyncio.sleep(0.1)
             reports = [m for m in ch.sent if m.text.startswith("🔎 深度研究「")]
-            assert [tuple(r) for r in left] == [] and reports == [] and "1 个深度研究" in reply, reply
+            assert [tuple(r) for r in left] == [("", "")] and reports == [] and "1 个深度研究" in reply, reply
         finally:
             await bot.stop()

@@ -104,6 +104,22 @@ async def test_search_command_shows_numbered_citations_and_sources(tmp_path: Pat
     assert len(reply) <= 400
 
 
+async def test_a_search_a_reminder_runs_posts_the_same_reply_as_the_typed_command(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    # A command-mode reminder runs "/search ..." with via="scheduled"; its reply goes to the chat as is.
+    bot, _ = make_bot(tmp_path, None, chat_cfg(perplexity, max_answer_chars=120, max_sources=1))
+    await bot.start()
+    try:
+        caller = Caller(platform="memory", user_id="alice", chat_id="g1", chat_kind="group", addressed=True)
+        typed = await bot.call_tool("perplexity_search", caller, "上海天气", via="command")
+        stored = await bot.call_tool("perplexity_search", caller, "上海天气", via="scheduled")
+    finally:
+        await bot.stop()
+    posted = "\n".join(stored.user_messages)
+    assert posted == "\n".join(typed.user_messages) and "[1]" in posted
+    assert "[qunbot]" not in posted and len(posted) <= 120 and "https://nmc.example/sh" not in posted
+
+
 @pytest.mark.parametrize(
     ("status", "expected"),
     [(401, "api key"), (429, "限流"), (503, "暂时不可用")],
