@@ -118,6 +118,7 @@ class WeixinChannel(Channel):
                     raise
             elif account.bot_token != acc.account.bot_token:
                 acc.account, acc.api = account, self._api_for(account)
+                acc.renewed.set()  # a poller paused on the old (expired) token resumes now
 
     def _api_for(self, account: WeixinAccount) -> WeixinApi:
         assert self._session is not None
@@ -178,8 +179,8 @@ class WeixinChannel(Channel):
                 removed += len(gone)
                 acc.forgotten.update({chat: (token, deadline) for chat, token in gone.items()})
                 await self.state.save_context_tokens(acc.bot_id, acc.tokens)  # an OSError fails the forget
-        # An account not served now still has its stored tokens: clear them there too.
-        return removed + await self.state.forget_context_tokens(chats, skip=set(self.accounts))
+        # Every account's stored tokens too: another process may have learned some after this one read them.
+        return removed + await self.state.forget_context_tokens(chats, skip=set())
 
     def location(self) -> str | None:
         return f"personal WeChat, accounts: {', '.join(self.accounts) or 'none logged in'}"
@@ -192,14 +193,14 @@ class WeixinChannel(Channel):
         buf: str | None = None
         timeout_ms = self.settings.poll_timeout_ms
         failures = 0
-        while not self._stopping.is_set():
-            asked = time.monotonic()
+        while not self._stopping.is_set() and self.taking:  # the bot stopping takes nothing more: ask for nothing
+            asked, api = time.monotonic(), acc.api
             try:
                 if buf is None:  # inside the guard: a database blip delays the poller, never ends it
                     buf = await self.state.load_cursor(acc.bot_id)
-                resp = await acc.api.get_updates(buf, timeout_ms)
+                resp = await api.get_updates(buf, timeout_ms)
             except SessionExpired:
-                await self._session_expired(acc)
+                await self._session_expired(acc, api)
                 continue
             except Exception as exc:  # WeixinError, or a bug: the poller must not die silently
                 if not isinstance(exc, WeixinError):
@@ -228,8 +229,8 @@ class WeixinChannel(Channel):
             if not (batch or moved) and time.monotonic() - asked < 1:  # nothing new, answered at once (a proxy,
                 await self._sleep(self.settings.retry_delay_s)  # a broken server, only junk): no busy loop
 
-    def _receive(self, acc: LiveAccount, raw: list[dict[str, object]]) -> list[asyncio.Task[None]]:
-        tasks: list[asyncio.Task[None]] = []
+    def _receive(self, acc: LiveAccount, raw: list[dict[str, object]]) -> list[asyncio.Task[bool]]:
+        tasks: list[asyncio.Task[bool]] = []
         for item in raw:
             try:
                 msg = WeixinMessage.model_validate(item)
@@ -246,18 +247,19 @@ class WeixinChannel(Channel):
             tasks[-1].add_done_callback(self._deliveries.discard)
         return tasks
 
-    async def _commit(self, acc: LiveAccount, previous: asyncio.Task[None] | None,
-                      batch: list[asyncio.Task[None]], buf: str) -> None:
-        """Write ``buf`` once this batch (and every earlier one) has been handed over."""
-        if previous is not None:
-            await asyncio.gather(previous, return_exceptions=True)
+    async def _commit(self, acc: LiveAccount, previous: asyncio.Task[bool] | None,
+                      batch: list[asyncio.Task[bool]], buf: str) -> bool:
+        """Write ``buf`` once this batch (and every earlier one) has been taken by the bot; whether it was."""
+        if previous is not None and (await asyncio.gather(previous, return_exceptions=True))[0] is not True:
+            return False  # ``buf`` covers the earlier batch too: never past a message that was not taken
         results = await asyncio.gather(*batch, return_exceptions=True)
-        if any(isinstance(r, asyncio.CancelledError) for r in results):
-            return  # cut short by stop(): leave the old cursor so a restart replays this batch
+        if any(r is not True for r in results):  # cut short by stop(), or refused as the bot stops:
+            return False  # leave the old cursor so the restart replays this batch
         try:
             await self.state.save_cursor(acc.bot_id, buf)
-        except OSError:
+        except OSError:  # the batch was taken: a later cursor still covers it
             log.exception("weixin %s: could not save the poll cursor", acc.bot_id)
+        return True
 
     async def _remember_tokens(self, acc: LiveAccount, raw: list[dict[str, object]]) -> None:
         changed = False
@@ -277,24 +279,31 @@ class WeixinChannel(Channel):
             except OSError:
                 log.exception("weixin %s: could not save context tokens", acc.bot_id)
 
-    async def _session_expired(self, acc: LiveAccount) -> None:
+    async def _session_expired(self, acc: LiveAccount, failed: WeixinApi) -> None:
+        """Wait (up to ``session_pause_s``) for a new login after ``failed``'s token expired."""
+        if acc.api is not failed:  # the account scan swapped a new login in while that poll was out
+            return
+        expired = acc.account.bot_token  # (compared with what is stored: the scan may swap it in first)
         if not acc.expired:
             acc.expired = True
             log.error("weixin %s: 微信登录已失效（errcode -14）。请运行 `qunbot login weixin` 重新登录；"
                       "the session expired, log in again", acc.bot_id)
         # Wait out the pause, but pick up a new login (a changed token on disk) at once.
         waited = 0.0
+        acc.renewed.clear()
         while waited < self.settings.session_pause_s and not self._stopping.is_set():
             step = min(5.0, self.settings.session_pause_s - waited)
-            await self._sleep(step)
+            with contextlib.suppress(TimeoutError):  # (stop() cancels this poller)
+                await asyncio.wait_for(acc.renewed.wait(), timeout=step)
             waited += step
             try:
-                fresh = await self.state.load_account(acc.bot_id)
+                fresh = acc.account if acc.api is not failed else await self.state.load_account(acc.bot_id)
             except OSError:  # a database blip: look again at the next step (the poller must not die)
                 continue
-            if fresh is not None and fresh.bot_token != acc.account.bot_token:
+            if fresh is not None and fresh.bot_token != expired:
                 log.warning("weixin %s: new login found, resuming", acc.bot_id)
-                acc.account, acc.api = fresh, self._api_for(fresh)
+                if acc.api is failed:
+                    acc.account, acc.api = fresh, self._api_for(fresh)
                 return
 
     async def _sleep(self, seconds: float) -> None:

@@ -25,8 +25,10 @@ class LiveAccount:
         #: Tokens of chats whose person said ``/forget me``: chat id -> (token, monotonic deadline); never on disk.
         self.forgotten: dict[str, tuple[str, float]] = {}
         self.expired = False  # errcode -14 seen and not yet cleared by a good poll or a new login
+        #: Set when the account scan swaps in a new login: a poller paused on the expired one resumes.
+        self.renewed = asyncio.Event()
         self.poller: asyncio.Task[None] | None = None
-        self.commit: asyncio.Task[None] | None = None
+        self.commit: asyncio.Task[bool] | None = None  # the latest batch's cursor write (True: written)
 
     @property
     def bot_id(self) -> str:

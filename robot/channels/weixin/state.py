@@ -214,19 +214,23 @@ class WeixinState:
         return {str(k): v for k, v in data.items() if isinstance(v, str) and v}
 
     async def context_token(self, bot_id: str, chat_id: str) -> str | None:
-        """One chat's stored token: another process that served the account may have learned it."""
-        return (await self.load_context_tokens(bot_id)).get(chat_id)
+        """One chat's stored token: another process that served the account may have learned it.
+
+        Only read: what this process last saved stays its base, so its next save deletes nothing it kept."""
+        store = await self._db()
+        if store is None:
+            return (await self.load_context_tokens(bot_id)).get(chat_id)
+        return await store.get(_PLATFORM, bot_id, _CONTEXT + chat_id) or None
 
     async def save_context_tokens(self, bot_id: str, tokens: dict[str, str]) -> None:
         """Store an account's tokens. In the database only what changed since this process last read
-        or wrote them is written: a token another process deleted (``/forget me``) stays deleted."""
+        or wrote them is written: a token another process deleted (``/forget me``) stays deleted, and
+        one it learned stays stored (only what this process itself dropped is deleted)."""
         store = await self._db()
         if store is None:
             return await asyncio.to_thread(write_private, self._file(bot_id, ".context.json"), dict(tokens))
         async with self._save_lock:
-            saved = self._saved.get(bot_id)
-            if saved is None:
-                saved = await self.load_context_tokens(bot_id)
+            saved = self._saved.get(bot_id, {})  # never read here: nothing was dropped here either
             put = {_CONTEXT + chat: token for chat, token in tokens.items() if saved.get(chat) != token}
             gone = [_CONTEXT + chat for chat in saved if chat not in tokens]
             if put or gone:

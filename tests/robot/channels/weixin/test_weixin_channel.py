@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from function_calls import Toolset
 from function_calls.testing import ScriptedModel, text
 from robot.channels.base import SendRejected
 from robot.channels.state_store import ChannelState
 from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
 from robot.channels.weixin.testing import FakeILinkServer
 from robot.message import ChatRef, Message, OutgoingMessage
+from robot.plugin import Plugin
+from robot.privacy import ForgetRequest
 from robot.storage.base import StorageError
 from robot.store import Database
 
@@ -458,3 +461,117 @@ async def test_a_context_token_is_kept_under_the_chat_its_message_is_delivered_t
     await channel._remember_tokens(account, [item])
     message = to_message(account.bot_id, WeixinMessage.model_validate(item))
     assert message is not None and account.tokens == {message.chat.chat_id: "ctx-new"}
+
+
+async def test_a_new_login_the_account_scan_found_first_resumes_an_expired_account_at_once(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message], until: Until) -> None:
+    """The scan swapped the new token in first: the paused poller compared the stored token with that
+    new one, saw no change and waited out ``session_pause_s`` (an hour)."""
+    state = log_in(tmp_path, fake)
+    fake.expire(TOKEN)
+    channel = WeixinChannel(settings(tmp_path, session_pause_s=3600, account_scan_s=0.05))
+    async with running(channel):
+        await until(lambda: channel.accounts[BOT].expired)
+        fake.add_bot("tok-new", BOT)
+        state.save_account_sync(WeixinAccount(bot_id=BOT, bot_token=SecretStr("tok-new"), base_url=fake.url))
+        fake.inject("tok-new", ALICE, text="重新登录了")
+        assert (await asyncio.wait_for(inbox.get(), 3)).text == "重新登录了"
+        assert not channel.accounts[BOT].expired
+
+
+@asynccontextmanager
+async def other_process(tmp_path: Path, channel: WeixinChannel) -> AsyncIterator[WeixinState]:
+    """``channel`` on the bot's database, and that database as another process sees it (its own connection)."""
+    dbs = [Database(tmp_path / "qunbot.sqlite3") for _ in range(2)]
+    stores = [ChannelState(db, tmp_path / "secret.key") for db in dbs]  # (its tables: before opening)
+    for db in dbs:
+        await db.open()
+    channel.attach_state(stores[0])
+    other = WeixinState(tmp_path / "wx-other")
+    other.attach(stores[1])
+    try:
+        yield other
+    finally:
+        for db in dbs:
+            await db.close()
+
+
+async def test_a_token_read_from_the_database_is_not_deleted_by_the_next_save(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    """A token another process learned, read to send, then Bob's message saved the tokens: the save
+    counted Alice's as deleted here and removed it from the database; her reminder was refused."""
+    log_in(tmp_path, fake)
+    channel = WeixinChannel(settings(tmp_path, typing=False))
+    alice = ChatRef(platform="weixin", chat_id=ALICE, kind="private", account=BOT)
+    async with other_process(tmp_path, channel) as other, running(channel):
+        fake.bots[TOKEN].issued.setdefault(ALICE, set()).add("ctx-alice")  # issued to the other process
+        await other.save_context_tokens(BOT, {ALICE: "ctx-alice"})
+        await channel.send(OutgoingMessage(key="r1", chat=alice, text="回复"))
+        fake.inject(TOKEN, "bob@im.wechat", text="我是 Bob")
+        await asyncio.wait_for(inbox.get(), 5)  # Bob's token is saved before his message is handed over
+        assert sorted(await other.load_context_tokens(BOT)) == sorted([ALICE, "bob@im.wechat"])
+        await channel.send(OutgoingMessage(key="r2", chat=alice, text="提醒"))
+    assert [s.text for s in fake.sent if s.to_user_id == ALICE] == ["回复", "提醒"]
+
+
+async def test_forget_me_all_deletes_tokens_another_process_learned_after_this_one_started(
+        tmp_path: Path, fake: FakeILinkServer, running: Any) -> None:
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    channel = WeixinChannel(settings(tmp_path, typing=False))
+    async with other_process(tmp_path, channel) as other, running(channel):
+        await other.save_context_tokens(BOT2, {ALICE: "ctx-on-2", "bob@im.wechat": "ctx-bob"})
+        removed = await channel._forget(ForgetRequest(platform="weixin", user_id=ALICE, chats=(), everywhere=True))
+        assert await other.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}
+    assert removed == 1
+
+
+async def test_a_message_arriving_while_the_bot_stops_is_handled_after_the_restart(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until, plugin: Plugin[Any]) -> None:
+    """Turned away (admission closed while plugins tear down), yet the cursor was saved past it: lost."""
+    log_in(tmp_path, fake)
+
+    async def setup(_: object) -> None:
+        return None
+
+    async def slow_teardown(_: object) -> None:  # closing a client, flushing a cache: the channel still polls
+        await asyncio.sleep(0.5)
+
+    slow = Plugin("slowstop", Toolset("slowstop", []), setup=setup, teardown=slow_teardown)
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path, typing=False)), plugins=[plugin, slow],
+                            data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="一")
+    await until(lambda: bot_has(bot, 1))
+    stopping = asyncio.create_task(bot.stop())
+    await until(lambda: bot.pipeline.admission.closed)
+    fake.inject(TOKEN, ALICE, text="二")
+    await stopping
+    bot2, _ = await make_bot(channel=WeixinChannel(settings(tmp_path, typing=False)), plugins=[plugin, slow],
+                             data_dir=tmp_path)
+    await until(lambda: bot_has(bot2, 2))
+
+
+@pytest.mark.parametrize("outcome", ["cancelled", "not taken"])
+async def test_the_cursor_never_passes_a_batch_that_was_not_taken(tmp_path: Path, outcome: str) -> None:
+    """Batch 1 cut short by stop() (or refused): batch 2's commit, fully handed over, must not write
+    its cursor either, since it also covers batch 1."""
+    from robot.channels.weixin.live import LiveAccount
+
+    channel = WeixinChannel(WeixinSettings(state_dir=tmp_path))
+    account = LiveAccount(WeixinAccount(bot_id=BOT, bot_token=SecretStr("t"), base_url="http://x"),
+                          api=None)  # type: ignore[arg-type]
+
+    async def delivery(taken: bool) -> bool:
+        if outcome == "cancelled" and not taken:
+            await asyncio.sleep(3600)
+        return taken
+
+    first = asyncio.create_task(delivery(False))
+    second = asyncio.create_task(delivery(True))
+    commit1 = asyncio.create_task(channel._commit(account, None, [first], "buf-1"))
+    commit2 = asyncio.create_task(channel._commit(account, commit1, [second], "buf-2"))
+    await asyncio.sleep(0)
+    if outcome == "cancelled":
+        first.cancel()
+    await asyncio.gather(commit1, commit2)
+    assert await channel.state.load_cursor(BOT) == ""
