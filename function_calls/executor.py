@@ -60,6 +60,9 @@ class CallExecutor:
     strict_tools: bool = False
     #: The run's usage charged to its budget so far (a resumed run's earlier part was, as it paused).
     charged: Usage = field(default_factory=Usage)
+    #: Tools whose arguments failed in this turn: several bad calls of one turn are one failed try (the
+    #: model sees all their errors at once, and corrects them together).
+    turn_failed: set[str] = field(default_factory=set)
 
     async def emit(self, event: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -72,6 +75,7 @@ class CallExecutor:
         """Run one turn's calls: concurrent up to the cap, ``sequential`` tools alone, order kept."""
         sem = asyncio.Semaphore(self.limits.parallel_tools)
         outcomes: list[Outcome | None] = [None] * len(calls)
+        self.turn_failed.clear()
 
         async def one(i: int, call: ToolCall) -> None:
             async with sem:
@@ -149,8 +153,9 @@ class CallExecutor:
                 problem = FieldProblem("", f"the argument check failed ({type(exc).__name__})")
                 raise ArgumentError(tool.name, "validation", [problem]) from None
         except ArgumentError as exc:
-            failures = state.arg_failures.get(tool.name, 0) + 1
+            failures = state.arg_failures.get(tool.name, 0) + (tool.name not in self.turn_failed)
             state.arg_failures[tool.name] = failures
+            self.turn_failed.add(tool.name)
             self.detector.record(tool.name, akey, result_key(exc.message, None, ()))
             if failures > tool.retries:
                 return self._refuse(call, exc.message, StopReason.TOOL_RETRIES_EXHAUSTED,

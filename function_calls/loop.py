@@ -8,6 +8,7 @@ paused run (an approval) resumes after a restart.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -328,7 +329,16 @@ def _assistant_message(response: ModelResponse) -> dict[str, Any]:
         message["reasoning_content"] = response.reasoning
     if response.tool_calls:
         message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _sendable(c.arguments)}}
             for c in response.tool_calls
         ]
     return message
+
+
+def _sendable(arguments: str) -> str:
+    """Arguments the next request can carry: vLLM and DashScope refuse a history whose call is not a JSON
+    object (HTTP 400), and the model never saw its correction. The error it gets quotes what it sent."""
+    try:
+        return arguments if isinstance(json.loads(arguments), dict) else "{}"
+    except (ValueError, RecursionError):
+        return "{}"

@@ -12,10 +12,7 @@ Qwen). A failing ``on_text`` callback is the bot's fault: it is logged and strea
 
 from __future__ import annotations
 
-import json
 import logging
-import secrets
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -23,7 +20,20 @@ import openai
 from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls.errors import ModelAPIError
+from function_calls.problems import mend_text
 from function_calls.provider_errors import classify_status, translate_error
+from function_calls.reply import (
+    Shower,
+    TextCallback,
+    as_text,
+    check_finish,
+    complete_json,
+    count,
+    made_up_id,
+    reasoning_of,
+    str_or_none,
+    text_of,
+)
 from function_calls.tokens import estimate_messages
 
 __all__ = [
@@ -39,7 +49,6 @@ __all__ = [
     "translate_error",
 ]
 
-TextCallback = Callable[[str], Awaitable[None]]
 TokenParam = Literal["max_tokens", "max_completion_tokens"]
 
 log = logging.getLogger(__name__)
@@ -113,30 +122,6 @@ class _Partial:
     arguments: str = ""
 
 
-def _complete_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _as_text(value: Any) -> str:
-    """Arguments as JSON text, whatever the provider sent (llama.cpp sends an object)."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        return str(value)
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
 @dataclass
 class ToolCallAccumulator:
     """Assembles streamed tool-call deltas.
@@ -156,7 +141,7 @@ class ToolCallAccumulator:
 
     def feed(self, index: Any, call_id: Any, name: Any, arguments: Any) -> None:
         index = index if isinstance(index, int) and not isinstance(index, bool) else None
-        call_id, name, args = _str_or_none(call_id), _str_or_none(name), _as_text(arguments)
+        call_id, name, args = str_or_none(call_id), str_or_none(name), as_text(arguments)
         part = self._by_id.get(call_id) if call_id else None
         if part is not None and index is not None and self._by_index.get(index) is not part \
                 and part in self._by_index.values():
@@ -179,7 +164,7 @@ class ToolCallAccumulator:
     def _continues(known: _Partial, call_id: str | None, name: str | None) -> bool:
         if name and known.name and name != known.name:
             return False  # another tool: another call, even under the same index and no id
-        done = _complete_json(known.arguments)
+        done = complete_json(known.arguments)
         if call_id is None:
             return not (name and done)
         # A new id: a regenerated one (vLLM) while the call is unfinished and no other name is given.
@@ -192,59 +177,8 @@ class ToolCallAccumulator:
 
     def result(self) -> list[ToolCall]:
         for p in self.calls:
-            p.id = p.id or _made_up_id()  # kept: a second result() names the calls alike
+            p.id = p.id or made_up_id()  # kept: a second result() names the calls alike
         return [ToolCall(id=p.id, name=p.name, arguments=p.arguments) for p in self.calls if p.name or p.arguments]
-
-
-def _made_up_id() -> str:
-    """An id for a call the provider sent without one. Unique in the run, not ``call_<n>``: that one
-    would come back on every turn, and a verdict or result kept for one call would match the next."""
-    return f"call_{secrets.token_hex(8)}"
-
-
-class _Shower:
-    """Passes streamed text to ``on_text``; a callback that raises is logged once and not called again."""
-
-    def __init__(self, on_text: TextCallback | None) -> None:
-        self.on_text = on_text
-        self.shown = False
-
-    async def show(self, text: str) -> None:
-        if self.on_text is None:
-            return
-        try:
-            await self.on_text(text)
-        except Exception:  # the bot's own callback: not the provider's fault, so no retry
-            log.exception("on_text callback failed; no more streaming for this reply")
-            self.on_text = None
-            return
-        self.shown = True
-
-
-def _text_of(content: Any) -> str:
-    """Message text: a string, or a list of content parts (Mistral) whose text parts are joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p["text"] for p in content
-                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
-    return ""
-
-
-def _count(value: Any) -> int | None:
-    """A token count as reported, or ``None`` when it is not a non-negative number."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
-        return None
-    return int(value)
-
-
-def _reasoning(obj: Any) -> str:
-    """Thinking text: ``reasoning_content`` (DeepSeek, Qwen) or ``reasoning`` (vLLM, OpenRouter)."""
-    for key in ("reasoning_content", "reasoning"):
-        value = getattr(obj, key, None)
-        if isinstance(value, str) and value:
-            return value
-    return ""
 
 
 class OpenAIChatModel:
@@ -304,7 +238,7 @@ class OpenAIChatModel:
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
         if self.stream:
-            return await self._complete_stream(request, _Shower(on_text))
+            return await self._complete_stream(request, Shower(on_text))
         try:
             resp = await self._client.chat.completions.create(**self._params(request))
         except Exception as exc:
@@ -314,26 +248,31 @@ class OpenAIChatModel:
             if choice is None or choice.message is None:
                 raise ModelAPIError("the model returned no choices", retryable=True)
             message = choice.message
-            calls = [
-                ToolCall(id=_str_or_none(getattr(c, "id", None)) or _made_up_id(),
-                         name=_str_or_none(getattr(c.function, "name", None)) or "",
-                         arguments=_as_text(getattr(c.function, "arguments", None)))
-                for c in message.tool_calls or []
-                if getattr(c, "function", None) is not None
-            ]
-            text = _text_of(message.content)
-            response = ModelResponse(text=text, tool_calls=calls, usage=self._usage(resp.usage, request),
-                                     finish_reason=_str_or_none(choice.finish_reason), reasoning=_reasoning(message))
+            calls: list[ToolCall] = []
+            for c in message.tool_calls or []:
+                if getattr(c, "function", None) is None:
+                    continue
+                call_id = str_or_none(getattr(c, "id", None))
+                if not call_id or any(call_id == seen.id for seen in calls):  # ids alike: results would mix
+                    call_id = made_up_id()
+                calls.append(ToolCall(id=call_id, name=str_or_none(getattr(c.function, "name", None)) or "",
+                                      arguments=mend_text(as_text(getattr(c.function, "arguments", None)))))
+            text = mend_text(text_of(message.content))
+            finish = str_or_none(choice.finish_reason)
+            check_finish(finish, shown=False)
+            response = ModelResponse(text=text, tool_calls=calls, finish_reason=finish,
+                                     reasoning=mend_text(reasoning_of(message)))
+            response.usage = self._usage(resp.usage, request, response)
         except ModelAPIError:
             raise
         except Exception as exc:  # a reply shape nobody expected: the provider's fault, and not transient
             log.warning("unreadable model reply: %s", type(exc).__name__, exc_info=True)
             raise ModelAPIError(f"the model's reply could not be read ({type(exc).__name__})") from None
         if text:
-            await _Shower(on_text).show(text)
+            await Shower(on_text).show(text)
         return response
 
-    async def _complete_stream(self, request: ModelRequest, shower: _Shower) -> ModelResponse:
+    async def _complete_stream(self, request: ModelRequest, shower: Shower) -> ModelResponse:
         text_parts: list[str] = []
         thoughts: list[str] = []
         acc = ToolCallAccumulator()
@@ -344,6 +283,9 @@ class OpenAIChatModel:
             stream = await self._client.chat.completions.create(
                 **self._params(request), stream=True, stream_options={"include_usage": True}
             )
+        except Exception as exc:  # the SDK wraps what the network does: anything else failed here
+            raise translate_error(exc, text_shown=shower.shown) from None
+        try:
             async for chunk in stream:
                 received = True
                 if getattr(chunk, "usage", None) is not None:
@@ -352,17 +294,17 @@ class OpenAIChatModel:
                     if getattr(choice, "index", 0) not in (0, None):
                         continue  # only the first choice is the answer; others would garble it
                     delta = getattr(choice, "delta", None)
-                    content = _text_of(getattr(delta, "content", None))
+                    content = text_of(getattr(delta, "content", None))
                     if content:
                         text_parts.append(content)
                         await shower.show(content)
-                    if thought := _reasoning(delta):
+                    if thought := reasoning_of(delta):
                         thoughts.append(thought)
                     for tc in getattr(delta, "tool_calls", None) or ():
                         fn = getattr(tc, "function", None)
                         acc.feed(getattr(tc, "index", None), getattr(tc, "id", None), getattr(fn, "name", None),
                                  getattr(fn, "arguments", None))
-                    finish = _str_or_none(getattr(choice, "finish_reason", None)) or finish
+                    finish = str_or_none(getattr(choice, "finish_reason", None)) or finish
         except Exception as exc:
             if isinstance(exc, openai.APIError) and not (isinstance(exc, openai.APIConnectionError) and received):
                 raise translate_error(exc, text_shown=shower.shown) from None
@@ -375,19 +317,29 @@ class OpenAIChatModel:
             # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be
             # accepted is a stream cut short: nothing at all, or tool-call JSON left unfinished.
             cut = not (text_parts or thoughts or calls) or any(
-                c.arguments.strip() and not _complete_json(c.arguments) for c in calls)
+                c.arguments.strip() and not complete_json(c.arguments) for c in calls)
             if cut:
                 raise ModelAPIError("the model stream ended before it finished", retryable=True,
                                     text_shown=shower.shown)
             finish = "tool_calls" if calls else "stop"
-        return ModelResponse(
-            text="".join(text_parts), tool_calls=calls, usage=self._usage(usage_obj, request),
-            finish_reason=finish, reasoning="".join(thoughts),
-        )
+        check_finish(finish, shown=shower.shown)
+        calls = [c.model_copy(update={"arguments": mend_text(c.arguments)}) for c in calls]  # (a pair split by deltas
+        response = ModelResponse(text=mend_text("".join(text_parts)), tool_calls=calls,  # is joined again first)
+                                 finish_reason=finish, reasoning=mend_text("".join(thoughts)))
+        response.usage = self._usage(usage_obj, request, response)
+        return response
 
-    def _usage(self, usage: Any, request: ModelRequest) -> Usage:
-        prompt, completion = _count(getattr(usage, "prompt_tokens", None)), _count(
+    def _usage(self, usage: Any, request: ModelRequest, reply: ModelResponse) -> Usage:
+        """The provider's counts; what it did not report (many relays, Ollama and vLLM builds) is
+        estimated, and said so: an output counted as 0 was never charged to any budget."""
+        prompt, completion = count(getattr(usage, "prompt_tokens", None)), count(
             getattr(usage, "completion_tokens", None))
-        if prompt is None:  # absent or unreadable: estimate, and say so
-            return Usage(prompt_tokens=estimate_messages(request.messages, request.tools), requests=1, estimated=1)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion or 0, requests=1)
+        if prompt is not None and completion is not None:
+            return Usage(prompt_tokens=prompt, completion_tokens=completion, requests=1)
+        if completion is None:
+            said = {"role": "assistant", "content": reply.text, "reasoning_content": reply.reasoning,
+                    "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls]}
+            completion = estimate_messages([said])
+        if prompt is None:
+            prompt = estimate_messages(request.messages, request.tools)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, requests=1, estimated=1)

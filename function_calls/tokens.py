@@ -59,6 +59,9 @@ def estimate_messages(messages: Iterable[Mapping[str, Any]], tools: Iterable[Map
             total += estimate_tokens(json.dumps(content, ensure_ascii=False))
         for call in message.get("tool_calls") or ():
             total += estimate_tokens(json.dumps(call, ensure_ascii=False))
+        reasoning = message.get("reasoning_content")  # sent back in DeepSeek's thinking mode: tokens too
+        if isinstance(reasoning, str):
+            total += estimate_tokens(reasoning)
     for tool in tools:
         total += estimate_tokens(json.dumps(tool, ensure_ascii=False, separators=(",", ":")))
     return total

@@ -423,3 +423,12 @@ async def test_a_run_cancelled_from_outside_stops_with_its_tool() -> None:
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
+
+
+def test_thinking_sent_back_counts_in_the_estimate_of_a_request() -> None:
+    # DeepSeek's thinking mode gets its reasoning back (reasoning_pass_back): the run's token cap and
+    # its final-answer guard read this estimate, and spent three times the cap when it left it out.
+    from function_calls.tokens import estimate_messages
+
+    thought = {"role": "assistant", "content": "晴", "reasoning_content": "先查北京的天气，再查上海的。" * 200}
+    assert estimate_messages([thought]) >= 2800

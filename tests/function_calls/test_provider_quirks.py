@@ -443,3 +443,74 @@ async def test_content_parts_and_extra_choices(env: Env, stream: bool) -> None:
     result = await env.run(step, stream=stream)
     assert result.stop is StopReason.COMPLETED
     assert result.text == ("晴天。" if stream else "晴天")
+
+
+def _body(message: dict[str, Any], finish: str = "stop", **extra: Any) -> dict[str, Any]:
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", **extra,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_whose_usage_is_not_reported_is_charged_its_estimated_output(env: Env, stream: bool) -> None:
+    # Ollama / vLLM builds ignoring stream_options, relays dropping "usage": the output was counted 0,
+    # so no budget was ever charged for it.
+    long = "很长的回答。" * 500  # 3,000 CJK characters
+    step: Step = (Raw([chunk({"content": long[i:i + 100]}) for i in range(0, len(long), 100)] + [chunk({}, "stop")])
+                  if stream else Raw(body=_body({"role": "assistant", "content": long})))
+    result = await env.run(step, stream=stream)
+    assert result.text == long and result.usage.estimated == 1
+    assert 3000 <= result.usage.completion_tokens < 3100
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_deepseeks_insufficient_system_resource_is_retried_not_taken_as_the_answer(
+        env: Env, stream: bool) -> None:
+    broken: Step = (Raw([chunk({"content": "北京今天晴，最"}), chunk({}, "insufficient_system_resource")])
+                    if stream else Raw(body=_body({"role": "assistant", "content": "北京今天晴，最"},
+                                                  "insufficient_system_resource")))
+    result = await env.run(broken, Reply("北京今天晴，最高 12°C。"), stream=stream)
+    assert result.stop is StopReason.COMPLETED and result.text == "北京今天晴，最高 12°C。"
+    assert len(env.server.requests) == 2
+
+
+async def test_an_emoji_split_across_deltas_is_joined_again(env: Env) -> None:
+    # A UTF-16 based gateway may cut a surrogate pair between two deltas (JSON "\ud83d" then "\ude00"):
+    # joined as they came, the next request could not be encoded, and was retried as a network error.
+    def ev(delta: dict[str, Any], finish: str | None = None) -> str:  # JSON escapes: a lone half is \\ud83d
+        return json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    stream = Raw([ev(tool_delta(0, id="c1", name="weather", arguments='{"city": "hi \ud83d')),
+                  ev(tool_delta(0, arguments='\ude00"}')), ev({}, "tool_calls")])
+    text = Raw([ev({"content": "好的 \ud83d"}), ev({"content": "\ude00"}), ev({}, "stop")])
+    result = await env.run(stream, text)
+    assert result.stop is StopReason.COMPLETED and result.text == "好的 😀"
+    assert env.ran == [("weather", "hi 😀")] and len(env.server.requests) == 2 and env.delays == []
+
+
+async def test_two_calls_a_provider_gave_one_id_get_their_own_answers(env: Env) -> None:
+    calls = [{"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": f'{{"city": "{c}"}}'}}
+             for c in ("北京", "上海")]
+    result = await env.run(Raw(body=_body({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls")),
+                           Reply("都晴"), stream=False)
+    assert result.stop is StopReason.COMPLETED
+    answered = {m["tool_call_id"]: m["content"] for m in tool_messages(env)}
+    assert len(answered) == 2 and sorted(answered.values()) == ["上海: 晴", "北京: 晴"]
+
+
+async def test_arguments_that_are_not_json_are_not_sent_back_as_they_came(env: Env) -> None:
+    # vLLM and DashScope answer HTTP 400 to a history whose tool call is not JSON: the model never got
+    # to correct itself. The error it reads quotes what it sent.
+    result = await env.run(Reply(tool_calls=[_call("weather", '{"city": 北京}')]),
+                           Reply(tool_calls=[_call("weather", {"city": "北京"})]), Reply("北京晴"))
+    assert result.stop is StopReason.COMPLETED and result.text == "北京晴"
+    sent = [m for r in env.server.requests[1:] for m in r.messages if m.get("tool_calls")]
+    assert next(m["tool_calls"][0]["function"]["arguments"] for m in sent) == "{}"
+    assert "北京" in next(m["content"] for m in env.server.requests[1].messages if m["role"] == "tool")
+
+
+async def test_several_bad_calls_of_one_turn_are_one_failed_try(env: Env) -> None:
+    cities = ("北京", "上海", "广州")
+    result = await env.run(Reply(tool_calls=[_call("weather", {"town": c}) for c in cities]),
+                           Reply(tool_calls=[_call("weather", {"city": c}) for c in cities]), Reply("北京、上海、广州都是晴天"))
+    assert result.stop is StopReason.COMPLETED and len(env.ran) == 3

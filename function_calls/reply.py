@@ -1,0 +1,104 @@
+"""Reading a provider's reply: text, reasoning, counts, ids and finish reasons, however it sends them
+(helpers of :mod:`function_calls.model`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from function_calls.errors import ModelAPIError
+
+__all__ = ["ABORTED", "Shower", "TextCallback", "as_text", "check_finish", "complete_json", "count", "made_up_id",
+           "reasoning_of", "str_or_none", "text_of"]
+
+TextCallback = Callable[[str], Awaitable[None]]
+
+log = logging.getLogger("function_calls.model")
+
+
+def complete_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def as_text(value: Any) -> str:
+    """Arguments as JSON text, whatever the provider sent (llama.cpp sends an object)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+
+
+def str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+#: Finish reasons that mean the provider broke the answer off (DeepSeek, when short of capacity).
+ABORTED = frozenset({"insufficient_system_resource"})
+
+
+def check_finish(finish: str | None, *, shown: bool) -> None:
+    """An answer the provider broke off is no answer: retried (unless part of it was shown)."""
+    if finish in ABORTED:
+        raise ModelAPIError(f"the model broke its answer off ({finish})", retryable=True, text_shown=shown)
+
+
+def made_up_id() -> str:
+    """An id for a call the provider sent without one. Unique in the run, not ``call_<n>``: that one
+    would come back on every turn, and a verdict or result kept for one call would match the next."""
+    return f"call_{secrets.token_hex(8)}"
+
+
+class Shower:
+    """Passes streamed text to ``on_text``; a callback that raises is logged once and not called again."""
+
+    def __init__(self, on_text: TextCallback | None) -> None:
+        self.on_text = on_text
+        self.shown = False
+
+    async def show(self, text: str) -> None:
+        if self.on_text is None:
+            return
+        try:
+            await self.on_text(text)
+        except Exception:  # the bot's own callback: not the provider's fault, so no retry
+            log.exception("on_text callback failed; no more streaming for this reply")
+            self.on_text = None
+            return
+        self.shown = True
+
+
+def text_of(content: Any) -> str:
+    """Message text: a string, or a list of content parts (Mistral) whose text parts are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return ""
+
+
+def count(value: Any) -> int | None:
+    """A token count as reported, or ``None`` when it is not a non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
+        return None
+    return int(value)
+
+
+def reasoning_of(obj: Any) -> str:
+    """Thinking text: ``reasoning_content`` (DeepSeek, Qwen) or ``reasoning`` (vLLM, OpenRouter)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = getattr(obj, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
