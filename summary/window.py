@@ -3,7 +3,7 @@
 The mark is the ``history`` row id of the newest message a summary covered, kept in this
 plugin's own table ``summary_marks``. Row ids grow in the order messages are stored, so
 "since the last summary" means ``id > last_id``: a message stored after a summary is never
-skipped and never counted twice, even when platform timestamps are whole seconds (OneBot) and
+skipped (on PostgreSQL a summary's read waits for the history inserts in flight) and never counted twice, even when platform timestamps are whole seconds (OneBot) and
 it carries the same second as the mark.
 
 The message that asked for the summary (``Caller.message_id``) is never part of the window,
@@ -217,7 +217,12 @@ async def fetch(db: Engine, chat: ChatRef, *, limit: int, after_id: int | None =
         kept += " AND from_bot = 0"
 
     def work(db: Tx) -> Fetched:
-        # One call on the single DB thread: no message can land between these reads.
+        # One call on the single DB thread: no message can land between these reads. PostgreSQL hands
+        # ids out at INSERT and shows rows at COMMIT: a slower unit's message could get an id below the
+        # mark and show after it, and no summary would ever read it. Its inserts are waited for (they
+        # are short), and later ones wait for this read: every id below the mark is then visible.
+        if db.dialect == "postgresql":
+            db.execute("LOCK TABLE history IN SHARE MODE")
         newest = db.execute(f"SELECT MAX(id) FROM history WHERE {window}", params).fetchone()[0]
         total = int(db.execute(f"SELECT COUNT(*) FROM history WHERE {kept}", kept_params).fetchone()[0])
         rows = db.execute_returning_dicts(

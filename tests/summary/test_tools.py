@@ -118,6 +118,40 @@ async def test_default_window_is_since_the_last_summary_and_the_mark_moves(tmp_p
     assert third.user_messages[0] == "【群聊总结】自上次总结以来：没有可以总结的新消息。"
 
 
+async def test_on_postgresql_a_message_stored_slowly_is_in_the_next_summary_not_behind_the_mark(
+        tmp_path: Path, pg_url: str) -> None:
+    # PostgreSQL gives the slower unit's message an id at INSERT and shows it at COMMIT: a younger
+    # message committed first moved the mark past it, and no summary ever read it.
+    from robot.history import HistoryStore
+
+    model = summariser()
+    async with running(tmp_path, model, storage={"url": pg_url}) as (bot, ch):
+        await ch.inject("第一条", user="1", at=ago(3))
+        await run_tool(bot, SummaryArgs())
+        hold, inserted = threading.Event(), threading.Event()
+
+        def slow(db: Any) -> None:  # another process's unit (or this one's, slower): id taken, not committed
+            HistoryStore.insert_sync(db, G1, "2", "2", "明天下午三点开会，我来订会议室", ago(2), message_id="slow-1")
+            inserted.set()
+            hold.wait(10)
+
+        slow_unit = asyncio.ensure_future(bot.db.transaction(slow))
+        while not inserted.is_set():
+            await asyncio.sleep(0.01)
+        await ch.inject("好的", user="3", at=ago(1))  # a higher id, committed first
+        model.requests.clear()
+        second = asyncio.ensure_future(run_tool(bot, SummaryArgs()))
+        await asyncio.sleep(0.3)
+        assert not second.done()  # it waits for the insert in flight
+        hold.set()
+        await slow_unit
+        await second
+        assert chat_lines(model) == ["2(2): 明天下午三点开会，我来订会议室", "3(3): 好的"]
+        model.requests.clear()
+        third = await run_tool(bot, SummaryArgs())
+    assert "没有可以总结的新消息" in third.user_messages[0]
+
+
 async def test_a_message_in_the_same_second_as_the_last_summarised_one_is_not_lost(tmp_path: Path) -> None:
     # OneBot timestamps are whole seconds: a later message can carry the mark's own second.
     model = summariser()
