@@ -22,8 +22,6 @@ from function_calls import (
     LoopConfig,
     Runner,
     RunResult,
-    RunState,
-    StopReason,
     Tool,
     ToolContext,
     ToolDefinitionError,
@@ -49,13 +47,15 @@ from robot.config import Settings
 from robot.config_file import check_tables
 from robot.history import HistoryStore
 from robot.hooks import ContextHook, ForgetHook
-from robot.limits import BudgetExceeded, DailyBudget, RateLimiter
+from robot.limits import DailyBudget, RateLimiter
 from robot.maintenance import housekeep
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
+from robot.parked import ParkedMessages
 from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, load_plugin
 from robot.privacy import Forgetter
+from robot.scheduled import run_scheduled
 from robot.storage import Engine, Pending
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.store import Database, DedupeStore
@@ -142,6 +142,8 @@ class Bot:
         #: Tools whose ``/command`` has its own syntax (``Plugin.commands``).
         self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
         self.pipeline = Pipeline(self)
+        self.parked = ParkedMessages(self.db, self.clock)  # what came as it stopped: handled at the next start
+        self._replay: asyncio.Task[int] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.started = False
@@ -222,26 +224,7 @@ class Bot:
     async def run_scheduled(self, prompt: str, caller: Caller, allow: Sequence[str],
                             zone: ZoneInfo | None = None) -> RunResult | None:
         """A stored prompt run by the model (reminders' prompt mode); None without an LLM."""
-        if self.router is None:
-            return None
-        chat = ChatRef.of(caller)
-        try:
-            with self.tool_scope(allow):
-                async with self.budget.for_run(caller, self.settings.llm.max_run_tokens):
-                    result = await self.router.scheduled(prompt, caller=caller, tools=self.offered_tools(), allow=allow,
-                                                         zone=zone or self.zone_for(chat), deps_for=self.deps_for,
-                                                         clock=self.clock)
-        except BudgetExceeded as exc:
-            return RunResult(stop=StopReason.DAILY_BUDGET, detail=str(exc), state=RunState(messages=[]))
-        if result.stop is StopReason.AWAITING_APPROVAL:
-            # The request is posted in the chat; the run resumes there once approved.
-            ask = await self.approvals.pause(result, caller, chat, tools=allow, origin="scheduled")
-            mention = (caller.user_id,) if chat.kind == "group" else ()
-            await self.outbox.enqueue(*(OutgoingMessage(key=f"scheduled:{result.state.run_id}:{i}", chat=chat, text=t,
-                                                        mention=mention)
-                                        for i, t in enumerate([*result.state.user_messages, ask]) if t.strip()))
-            await self.approvals.announce()
-        return result
+        return await run_scheduled(self, prompt, caller, allow, zone)
 
     async def call_tool(self, name: str, caller: Caller, arguments: str | dict[str, Any], *,
                         via: Literal["command", "scheduled"] = "command", zone: ZoneInfo | None = None) -> ToolResult:
@@ -311,6 +294,7 @@ class Bot:
             if task is not None:
                 self._inflight.discard(task)
         if not taken:
+            await self.parked.park(message)
             raise NotTaken(f"{message.platform} message {message.message_id}: the bot is stopping")
 
     async def start(self) -> None:
@@ -341,6 +325,7 @@ class Bot:
             for channel in self.channels.values():
                 await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(housekeep(self), name="qunbot-housekeeping")
+            self._replay = asyncio.create_task(self.parked.replay(self.handle), name="qunbot-parked")
             self.one_process.started()
         except BaseException:
             await self.stop(flush_timeout_s=0)
@@ -371,7 +356,7 @@ class Bot:
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=flush_timeout_s)
         for channel in self.channels.values():  # from now on, messages are left to the platforms' redelivery
-            channel.stop_taking()
+            channel.stop_taking()  # (and kept for the next start: robot.parked)
         self.pipeline.admission.close()  # what has not started by now would meet a closed store
         for plugin in self.plugins:
             if plugin.teardown is not None and plugin.name in self._deps:
@@ -380,10 +365,11 @@ class Bot:
                 except Exception:
                     log.exception("plugin %s teardown failed", plugin.name)
         await self.approvals.stop(flush_timeout_s)
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        for task in (self._housekeeping, self._replay):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.outbox.stop(flush_timeout_s)
         for channel in self.channels.values():
             try:

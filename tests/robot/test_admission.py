@@ -14,6 +14,7 @@ from function_calls.testing import ScriptedModel, text
 from robot.admission import CLEAR, CROWD, Admission, Crowd
 from robot.channels.base import NotTaken, SendReceipt
 from robot.message import ChatRef, OutgoingMessage
+from robot.privacy import ForgetRequest, forget_sync
 from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
 from tests.robot.conftest import eventually
@@ -182,6 +183,41 @@ async def test_messages_still_waiting_for_their_turn_when_the_bot_stops_do_not_s
     # (no poll cursor past them, no "success" to a callback) instead of acknowledging them.
     assert isinstance(results[1], NotTaken) and isinstance(late[0], NotTaken)
     assert not isinstance(results[0], BaseException)
+
+
+async def test_messages_turned_away_as_the_bot_stopped_are_answered_at_its_next_start(
+        make_bot: Any, tmp_path: Any) -> None:
+    # OneBot's sockets, a WeCom callback answered "success", the web page: nothing sends them again.
+    release, started = asyncio.Event(), []
+
+    async def answer(request: ModelRequest) -> Any:
+        started.append(str(request.messages[-1]["content"]))
+        if started == ["第一个"]:
+            await release.wait()
+        return text("好的：" + started[-1])
+
+    bot, channel = await make_bot(ScriptedModel(answer), limits={"user_burst": 1000, "chat_burst": 1000,
+                                                                  "messages_at_once": 1})
+    first = asyncio.create_task(channel.inject("第一个", chat=G1, at_bot=True))
+    await eventually(lambda: len(started) == 1)
+    stopping = asyncio.create_task(bot.stop(flush_timeout_s=0.2))
+    await eventually(lambda: bot.pipeline.admission.closed)
+    late = await asyncio.gather(channel.inject("停机中", chat=G1, at_bot=True, user="u2"),
+                                channel.inject("我的秘密", chat=G1, at_bot=True, user="u3"), return_exceptions=True)
+    assert all(isinstance(r, NotTaken) for r in late)
+    release.set()
+    await asyncio.gather(first, stopping)
+    again, channel2 = await make_bot(ScriptedModel(answer), limits={"user_burst": 1000, "chat_burst": 1000},
+                                     start=False)
+    await again.db.open()  # u3 said /forget me (in another process) before this one started: theirs goes too
+    forgotten = await again.db.run(lambda db: forget_sync(db, ForgetRequest("memory", "u3", (G1,))))
+    assert forgotten[0] == 1
+    await again.db.close()
+    await again.start()
+    await eventually(lambda: "好的：停机中" in [m.text for m in channel2.sent])
+    assert "我的秘密" not in started
+    assert {"停机中", "好的：停机中"} <= {e.text for e in await again.history.recent(G1)}
+    await eventually(lambda: again.db.run(lambda db: not db.execute("SELECT * FROM parked_messages").fetchall()))
 
 
 _UPDATES = st.lists(st.one_of(st.tuples(st.sampled_from(["memory", "telegram", "wecom"]), st.integers(0, 150)),

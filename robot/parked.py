@@ -1,0 +1,76 @@
+"""Messages the bot turned away as it stopped (:class:`robot.NotTaken`), kept for its next start.
+
+Some platforms never send a message again once their channel took it: OneBot's sockets, a WeCom
+callback answered "success", the web playground. What the stopping bot no longer takes is kept here
+and handed to the bot at its next start. A channel whose platform does redeliver (a poll cursor, a
+callback's retry) leaves the message unacknowledged as well: the pipeline's dedupe drops the
+second copy. A row lives until that start has handled it (a day at most), and ``/forget me`` clears
+the person's (:func:`forget_sync`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+from robot.channels.base import NotTaken
+from robot.message import Message
+from robot.storage import Engine, Tx, iso
+
+__all__ = ["KEEP", "ParkedMessages", "forget_sync"]
+
+log = logging.getLogger(__name__)
+#: How long a turned-away message waits for a start: older, it is stale and dropped.
+KEEP = timedelta(days=1)
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS parked_messages (platform TEXT NOT NULL, message_id TEXT NOT NULL, "
+           "chat TEXT NOT NULL, user_id TEXT NOT NULL, body TEXT NOT NULL, parked_at TEXT NOT NULL, "
+           "PRIMARY KEY (platform, message_id))")
+
+
+def forget_sync(db: Tx, chat: str, user_id: str) -> int:
+    """``/forget me``: the person's turned-away messages in ``chat``."""
+    return int(db.execute("DELETE FROM parked_messages WHERE chat = ? AND user_id = ?", [chat, user_id]).rowcount)
+
+
+class ParkedMessages:
+    """The ``parked_messages`` table: :meth:`park` as the bot stops, :meth:`replay` as it starts."""
+
+    def __init__(self, db: Engine, clock: Callable[[], datetime]) -> None:
+        self.db, self.clock = db, clock
+        db.migrate("parked", [_SCHEMA])
+
+    async def park(self, message: Message) -> None:
+        """Keep ``message`` for the next start (its ``raw`` payload is not kept)."""
+        body = message.model_copy(update={"raw": None}).model_dump_json()
+        row = [message.platform, message.message_id, message.chat.key, message.sender.user_id, body, iso(self.clock())]
+        try:
+            await self.db.run(lambda db: db.execute(
+                "INSERT INTO parked_messages (platform, message_id, chat, user_id, body, parked_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (platform, message_id) DO NOTHING", row), urgent=True)
+        except Exception:  # (a database going away as the bot stops): the platform's redelivery, if any, is left
+            log.exception("%s message %s: could not keep it for the next start", message.platform, message.message_id)
+
+    async def replay(self, handle: Callable[[Message], Awaitable[None]]) -> int:
+        """Hand every kept message to ``handle`` (the bot's sink), then forget it; returns how many were handed."""
+        cutoff = iso(self.clock() - KEEP)
+
+        def take(db: Tx) -> list[str]:
+            db.execute("DELETE FROM parked_messages WHERE parked_at < ?", [cutoff])
+            return [str(r[0]) for r in db.execute("SELECT body FROM parked_messages ORDER BY parked_at").fetchall()]
+
+        messages = [Message.model_validate_json(body) for body in await self.db.run(take)]
+        if messages:
+            log.warning("handling %d message(s) that came as the bot stopped last time", len(messages))
+
+        async def one(message: Message) -> bool:
+            try:
+                await handle(message)
+            except NotTaken:  # stopping again: kept for the start after
+                return False
+            await self.db.run(lambda db: db.execute("DELETE FROM parked_messages WHERE platform = ? AND message_id = ?",
+                                                    [message.platform, message.message_id]))
+            return True
+
+        return sum(await asyncio.gather(*(one(m) for m in messages)))
