@@ -78,15 +78,15 @@ class Pipeline:
         self._unmarked: set[tuple[str, str]] = set()
         self.admission = Admission(bot.settings.limits.messages_at_once, bot.outbox.crowd)
 
-    def _name_prefix(self, text: str) -> str | None:
-        """The text after the bot's name when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
-        name = self.bot.settings.bot.name
-        if not name or not text.lower().startswith(name.lower()):
-            return None
-        rest = text[len(name):]
-        if rest and not (rest[0].isspace() or rest[0] in _AFTER_NAME):
-            return None
-        return rest.lstrip(" ,，:：、~～")
+    def _name_prefix(self, text: str, platform: str = "") -> str | None:
+        """The text after the bot's name (``[bot] name``, or its own on the platform: OneBot's ``bot_name``)
+        when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
+        own = getattr(self.bot.channels.get(platform), "bot_name", None)
+        for name in sorted({self.bot.settings.bot.name, own if isinstance(own, str) else ""}, key=len, reverse=True):
+            rest = text[len(name):] if name and text.lower().startswith(name.lower()) else None
+            if rest is not None and (not rest or rest[0].isspace() or rest[0] in _AFTER_NAME):
+                return rest.lstrip(" ,，:：、~～")
+        return None
 
     def is_command(self, text: str) -> bool:  # a core's or a tool's /command (not any text after a slash)
         command = parse_command(text)
@@ -117,7 +117,7 @@ class Pipeline:
             return True, True, text
         if self.ignored(chat):
             return False, False, text
-        after_name = self._name_prefix(text)
+        after_name = self._name_prefix(text, chat.platform)
         if after_name is not None:
             return True, True, after_name
         # In a group only a known /command addresses the bot: "/usr/bin" pasted in chat does not.

@@ -147,6 +147,18 @@ async def test_a_reply_to_any_part_of_a_long_answer_is_a_reply_to_the_bot(make_b
     assert sorted(answers) == ["re: why 0?", "re: why 1?", "re: why 2?"] and len(model.requests) == 4
 
 
+async def test_the_bots_own_name_on_a_platform_addresses_it_too(make_bot: Any) -> None:
+    # [channels.onebot] bot_name: the QQ nickname people call it by, beside [bot] name.
+    model = echo_model()
+    channel = MemoryChannel()
+    channel.bot_name = "小助手"  # type: ignore[attr-defined]
+    _bot, ch = await make_bot(model, channel=channel)
+    for said in ("小助手，明天几号？", "小助手们好", "qunbot 在吗"):
+        await ch.inject(said)
+    await ch.wait_sent(2)
+    assert [r.messages[-1]["content"] for r in model.requests] == ["明天几号？", "在吗"]
+
+
 @pytest.mark.parametrize(("said", "seen"), [
     ("qunbot 你好", "你好"), ("QunBot，帮个忙", "帮个忙"), ("qunbot: 在吗", "在吗")])
 async def test_the_bots_name_as_prefix_addresses_it_and_is_stripped(make_bot: Any, said: str, seen: str) -> None:

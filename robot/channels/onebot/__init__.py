@@ -33,6 +33,7 @@ from robot.channels.onebot.cq import (
     unescape,
 )
 from robot.channels.onebot.events import chat_scope, message_from_event
+from robot.channels.onebot.presence import Presence, online_of
 from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.onebot.testing import OneBotTestPeer
 
@@ -46,6 +47,7 @@ __all__ = [
     "OneBotSettings",
     "OneBotTestPeer",
     "PendingActions",
+    "Presence",
     "Segment",
     "Sockets",
     "at_targets",
@@ -56,6 +58,7 @@ __all__ = [
     "escape",
     "final",
     "message_from_event",
+    "online_of",
     "parse_cq",
     "parse_message",
     "parse_segments",

@@ -13,7 +13,7 @@ out through the socket of the account that owns the chat, never another account'
 Errors (the tree of :mod:`robot.channels.base`)::
 
     ChannelError
-    ├── ChannelUnavailable        not connected, or the socket dropped
+    ├── ChannelUnavailable        not connected, the socket dropped, or the account is logged out of QQ
     │   └── SendFailed            no answer in time
     └── SendRejected
         └── OneBotActionFailed    the implementation answered ``status: failed`` (has ``retcode``)
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -53,6 +54,7 @@ from robot.channels.onebot.connection import (
 )
 from robot.channels.onebot.cq import compose_message, to_array
 from robot.channels.onebot.events import chat_scope, message_from_event
+from robot.channels.onebot.presence import Presence
 from robot.channels.onebot.settings import OneBotSettings
 from robot.message import OutgoingMessage
 from robot.redact import redact_url
@@ -65,6 +67,7 @@ _MAX_FRAME = 64 * 1024 * 1024  # forwarded chat records can be large
 _PING_S = 30.0
 _Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 _LATE_KEEP = 1024  # outbox keys whose send timed out, remembered for their retry
+_STATUS_S = 10.0  # the longest a get_status (is the account logged in?) may hold up a send
 
 
 class OneBotChannel(Channel):
@@ -81,8 +84,8 @@ class OneBotChannel(Channel):
         self.bot_name = settings.bot_name or bot_name
         self.self_id: str | None = None
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
-        self.online: bool | None = None
-        """The account's online state from lifecycle/heartbeat events (``None``: not reported)."""
+        #: Each account's logged-in state, from heartbeats, lifecycle events and ``get_status``.
+        self.presence = Presence(self.announce_connected)
         self._conns = Sockets(self.serve_accounts_soon)
         self._actions = PendingActions()
         self._connected = asyncio.Event()
@@ -164,6 +167,11 @@ class OneBotChannel(Channel):
         """Whether a socket that can carry actions (Universal or API) is open."""
         return self._conns.carries_actions()
 
+    @property
+    def online(self) -> bool | None:
+        """Whether :attr:`self_id`'s account is logged in, as last reported (``None``: not reported)."""
+        return self.presence.online(self.self_id or "")
+
     async def wait_connected(self) -> None:
         """Wait until :attr:`connected` (wrap in ``asyncio.timeout`` to bound the wait)."""
         await self._connected.wait()
@@ -174,7 +182,9 @@ class OneBotChannel(Channel):
         """``send_group_msg`` / ``send_private_msg`` with array-form segments, through the chat's account.
 
         A retry of a key whose attempt timed out first waits (``action_timeout_s`` more) for that attempt's
-        late answer: if it comes the message was delivered after all; else it is resent (and logged)."""
+        late answer: if it comes the message was delivered after all; else it is resent (and logged).
+        While the account is reported logged out of QQ (heartbeat, ``get_status`` after a refused send)
+        this raises :class:`ChannelUnavailable`: the chat waits, and goes when the account is back."""
         chat = message.chat
         if chat.platform != self.platform:
             raise SendRejected(f"chat {chat.key!r} is not a onebot chat")
@@ -190,6 +200,9 @@ class OneBotChannel(Channel):
             action, params = "send_group_msg", {"group_id": wire_id(chat.chat_id)}
         else:
             action, params = "send_private_msg", {"user_id": wire_id(chat.chat_id)}
+        conn = self._conns.for_account(chat.account)
+        status = functools.partial(self._actions.call, conn, "get_status", {}, min(timeout, _STATUS_S))
+        await self.presence.check(conn.self_id or "", status)
         late = self._unanswered.pop(key, None)
         if late is not None:
             try:
@@ -209,8 +222,8 @@ class OneBotChannel(Channel):
                 answer.set_result(frame)
 
         try:
-            response = await self.call_action(
-                action, {**params, "message": to_array(segments)}, account=chat.account, on_late=on_late
+            response = await self._actions.call(
+                conn, action, {**params, "message": to_array(segments)}, timeout, on_late=on_late
             )
         except ActionTimeout:
             self._unanswered[key] = answer
@@ -220,6 +233,7 @@ class OneBotChannel(Channel):
         except OneBotActionFailed as exc:
             if final(exc):
                 raise
+            await self.presence.check(conn.self_id or "", status, recheck=True)  # (NapCat's 1200 when logged out)
             raise SendFailed(str(exc)) from exc
         return receipt_of(response, scope)  # its id scoped as received messages' are
 
@@ -366,7 +380,7 @@ class OneBotChannel(Channel):
                 return
             self.self_id = self._conns.learn(conn, claimed)
         if post_type == "meta_event":
-            self._on_meta(event)
+            self.presence.on_meta(conn.self_id or "", event)
         elif post_type == "message":
             try:
                 message = message_from_event(event, self_id=conn.self_id)
@@ -378,22 +392,3 @@ class OneBotChannel(Channel):
         else:
             # message_sent (our own sends echoed back), notice and request events are not chat input.
             log.debug("onebot: ignoring %s event", post_type)
-
-    def _on_meta(self, event: dict[str, Any]) -> None:
-        kind = event.get("meta_event_type")
-        if kind == "lifecycle":
-            sub_type = event.get("sub_type")
-            log.info("onebot: lifecycle %s (self_id=%s)", sub_type, self.self_id)
-            if sub_type in ("connect", "enable"):
-                self.online = True
-            elif sub_type == "disable":
-                self.online = False
-        elif kind == "heartbeat":
-            status = event.get("status")
-            online = status.get("online") if isinstance(status, dict) else None
-            if isinstance(online, bool):
-                if online != self.online:
-                    log.log(logging.INFO if online else logging.WARNING, "onebot: account online=%s", online)
-                self.online = online
-            log.debug("onebot: heartbeat (self_id=%s)", self.self_id)
-

@@ -36,7 +36,10 @@ __all__ = [
     "unescape",
 ]
 
-_CQ_RE = re.compile(r"\[CQ:([A-Za-z0-9_.\-]+)((?:,[^\]]*)?)\]")
+# Parameters stop at the next "[" too: a sender escapes brackets in them, so an unescaped one starts
+# something else, and an unclosed "[CQ:x," head is text. (Running on to the next "]" instead rescanned
+# the rest of the message from every head: quadratic, seconds of a frozen loop for a long message.)
+_CQ_RE = re.compile(r"\[CQ:([A-Za-z0-9_.\-]+)((?:,[^\[\]]*)?)\]")
 
 
 class CQCodeError(ValueError):

@@ -39,7 +39,7 @@ class OneBotSettings(BaseModel):
     reconnect_stable_s: float = Field(
         default=30.0, gt=0, description="forward mode: a connection up this long resets the reconnect delay"
     )
-    bot_name: str | None = Field(default=None, description="the bot's display name in chats")
+    bot_name: str | None = Field(default=None, description="its name in QQ chats: addresses it as [bot] name does")
 
     @field_validator("path")
     @classmethod

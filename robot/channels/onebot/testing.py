@@ -51,6 +51,9 @@ class OneBotTestPeer:
         self.napcat_refusal = napcat_refusal
         self.refusal_times: list[float] = []
         """Forward mode: when (``time.monotonic()``) each refused attempt came."""
+        self.online = True
+        """Whether the account is logged in to QQ: while False (NapCat after QQ logged it out) every send
+        fails with ``retcode 1200``, and heartbeats and ``get_status`` say ``online: false``."""
         self.actions: list[dict[str, Any]] = []
         """Every action frame received, in order (``action``, ``params``, ``echo``)."""
         self.connections = 0
@@ -145,11 +148,18 @@ class OneBotTestPeer:
     def lifecycle_event(self) -> dict[str, Any]:
         return self._meta("lifecycle", sub_type="connect")
 
-    def heartbeat_event(self, *, online: bool = True, interval_ms: int = 5000) -> dict[str, Any]:
-        return self._meta("heartbeat", status={"online": online, "good": online}, interval=interval_ms)
+    def heartbeat_event(self, *, online: bool | None = None, interval_ms: int = 5000) -> dict[str, Any]:
+        """NapCat's heartbeat; ``online`` defaults to :attr:`online`."""
+        online = self.online if online is None else online
+        return self._meta("heartbeat", status={"online": online, "good": True}, interval=interval_ms)
 
-    async def send_heartbeat(self, *, online: bool = True) -> None:
+    async def send_heartbeat(self, *, online: bool | None = None) -> None:
         await self.send_event(self.heartbeat_event(online=online))
+
+    async def set_online(self, online: bool) -> None:
+        """The account logs out of QQ (sends fail from now on) or back in, and a heartbeat says so."""
+        self.online = online
+        await self.send_heartbeat()
 
     async def send_event(self, event: Mapping[str, Any], **overrides: Any) -> None:
         """Push an event (e.g. a vector from onebot_v11.json) with ``overrides`` merged in.
@@ -211,12 +221,17 @@ class OneBotTestPeer:
             return {"status": "failed", "retcode": plan[1], "data": None, "echo": echo}
         action = frame.get("action")
         data: dict[str, Any]
+        if action in ("send_group_msg", "send_private_msg", "send_msg") and not self.online:
+            return {"status": "failed", "retcode": 1200, "data": None, "message": "发送消息失败",
+                    "wording": "发送消息失败", "echo": echo}
         if action in ("send_group_msg", "send_private_msg", "send_msg"):
             data = {"message_id": self._next_message_id}
             self._next_message_id += 1
         elif action == "get_login_info":
             user_id: int | str = int(self.self_id) if self.self_id.isdigit() else self.self_id
             data = {"user_id": user_id, "nickname": self.nickname}
+        elif action == "get_status":
+            data = {"online": self.online, "good": True, "stat": {}}  # NapCat's shape
         else:
             return {"status": "failed", "retcode": 1404, "data": None, "echo": echo}
         return {"status": "ok", "retcode": 0, "data": data, "echo": echo}

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
 import robot.channels.onebot as onebot
@@ -31,6 +33,7 @@ from robot.channels.onebot import channel as channel_mod
 from robot.channels.onebot import connection as connection_mod
 from robot.channels.onebot import cq as cq_mod
 from robot.channels.onebot import events as events_mod
+from robot.channels.onebot import presence as presence_mod
 from robot.channels.onebot import settings as settings_mod
 from robot.channels.onebot import testing as testing_mod
 
@@ -73,6 +76,72 @@ def test_cq_roundtrip_with_params_containing_commas_and_brackets() -> None:
 def test_parse_cq_string_vector() -> None:
     segments = parse_message(EVENTS["group_message_string_format"]["message"])
     assert segments == [Segment.at("10001"), Segment.text_segment(" 总结一下 & 谢谢")]
+
+
+_NAME = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def reference_parse(message: str) -> list[Segment]:
+    """A plain linear scanner for the CQ grammar: ``[CQ:`` name, optional ``,params``, ``]``, nothing
+    inside being a bracket (a conformant sender escapes them); everything else is text."""
+    segments: list[Segment] = []
+    text: list[str] = []
+    i = 0
+    while i < len(message):
+        if message.startswith("[CQ:", i):
+            following = message.find("[", i + 1)
+            stop = len(message) if following == -1 else following
+            end = message.find("]", i, stop)  # (bounded by the next "[": linear overall)
+            name, comma, params = message[i + 4 : end].partition(",")
+            if end != -1 and name and set(name) <= _NAME:
+                if text:
+                    segments.append(Segment.text_segment(unescape("".join(text))))
+                data: dict[str, object] = {}
+                for param in params.split(",") if comma else []:
+                    key, sep, value = param.partition("=")
+                    if key:
+                        data[key] = unescape(value) if sep else ""
+                segments.append(Segment(name, data))
+                text, i = [], end + 1
+                continue
+        text.append(message[i])
+        i += 1
+    if text:
+        segments.append(Segment.text_segment(unescape("".join(text))))
+    return segments
+
+
+_PIECES = st.sampled_from(["[CQ:at,", "[CQ:", "at", "qq=1", ",", "=", "]", "[", "&#91;", "&amp;", "x", "中"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(_PIECES, max_size=24))
+def test_parse_cq_agrees_with_a_linear_scanner(pieces: list[str]) -> None:
+    message = "".join(pieces)
+    assert parse_cq(message) == reference_parse(message)
+
+
+_VALUES = st.text(st.sampled_from(list("ab,=[]&#;9 中")), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.tuples(st.text(min_size=1, max_size=6), st.sampled_from(["at", "image", "reply"]),
+                                st.dictionaries(st.sampled_from(["qq", "file", "id"]), _VALUES, max_size=3)),
+                      max_size=4))
+def test_every_rendered_cq_code_parses_back(items: list[tuple[str, str, dict[str, str]]]) -> None:
+    segments = [seg for text, kind, data in items for seg in (Segment.text_segment(text), Segment(kind, dict(data)))]
+    assert parse_cq(to_cq(segments)) == segments
+
+
+@pytest.mark.parametrize("tail", ["", "[CQ:at,qq=20002] 在吗"])
+def test_unclosed_cq_heads_are_text_and_a_code_after_them_still_parses(tail: str) -> None:
+    """A sender's unescaped "[CQ:x," heads, by the thousand: each is text (and a scan from each to the
+    end of the message, quadratic, froze the bot for seconds); a real code after them is kept."""
+    message = "[CQ:at,qq=1" * 4000 + tail
+    segments = parse_cq(message)
+    assert segments == reference_parse(message)
+    assert segments[0] == Segment.text_segment("[CQ:at,qq=1" * 4000)
+    assert at_targets(segments) == (["20002"] if tail else [])
 
 
 def test_parse_array_normalises_numeric_ids_to_strings() -> None:
@@ -160,7 +229,7 @@ def test_settings_defaults_and_validation() -> None:
 
 
 def test_package_exports_are_complete() -> None:
-    modules = [channel_mod, connection_mod, cq_mod, events_mod, settings_mod, testing_mod]
+    modules = [channel_mod, connection_mod, cq_mod, events_mod, presence_mod, settings_mod, testing_mod]
     exported: set[str] = set()
     for module in modules:
         for name in module.__all__:

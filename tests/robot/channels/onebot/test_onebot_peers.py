@@ -24,6 +24,7 @@ from robot.channels.onebot import (
     OneBotChannel,
     OneBotSettings,
     OneBotTestPeer,
+    Presence,
     check_response,
     parse_message,
     peer_rejection,
@@ -422,3 +423,119 @@ async def test_anonymous_members_are_keyed_by_their_flag_and_never_at_ed(
     await channel.send(OutgoingMessage(key="an1", chat=message.chat, text="好的", mention=(message.sender.user_id,)))
     (action,) = peer.actions
     assert [s["type"] for s in action["params"]["message"]] == ["text"]
+
+
+# -- the account logged out of QQ ----------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def outbox_on(channel: OneBotChannel, tmp_path: Path, **options: Any) -> AsyncIterator[Outbox]:
+    db = Database(tmp_path / "bot.sqlite3")
+    outbox = Outbox(db, **options)
+    HistoryStore(db)
+    await db.open()
+    try:
+        outbox.register(channel)
+        await outbox.start()
+        yield outbox
+        await outbox.stop(0.1)
+    finally:
+        await db.close()
+
+
+async def eventually(condition: Callable[[], Any]) -> None:
+    async with asyncio.timeout(5):
+        while not await condition():
+            await asyncio.sleep(0.01)
+
+
+def sends(peer: OneBotTestPeer) -> list[dict[str, Any]]:
+    return [a for a in peer.actions if a["action"] == "send_group_msg"]
+
+
+async def test_a_reminder_queued_while_the_account_is_offline_goes_out_once_it_is_back(
+    running: Running, tmp_path: Path
+) -> None:
+    """NapCat's heartbeat says the QQ account is offline (every send would fail with 1200): the row waits,
+    parked, however long that lasts (not given up after a few attempts), and goes out as soon as a
+    heartbeat says the account is back (park_s is long here: the announcement wakes it, not a poll)."""
+    async with connected(running) as (ch, p), \
+            outbox_on(ch, tmp_path, retry_base_s=0.01, retry_max_s=0.02, park_s=60) as outbox:
+        await p.set_online(False)
+        async with asyncio.timeout(5):
+            while ch.online is not False:
+                await asyncio.sleep(0.01)
+        await outbox.enqueue(OutgoingMessage(key="reminder:1", chat=GROUP_A, text="提醒：8点交周报"))
+        await asyncio.sleep(0.3)  # six attempts would have run out in a tenth of that
+        (row,) = await outbox.rows()
+        assert (row["status"], row["attempts"], sends(p)) == ("pending", 0, [])
+        await p.set_online(True)
+        await eventually(lambda: _status(outbox, "sent"))
+        assert [a["params"]["message"][0]["data"]["text"] for a in sends(p)] == ["提醒：8点交周报"]
+
+
+async def _status(outbox: Outbox, status: str) -> bool:
+    return [row["status"] for row in await outbox.rows()] == [status]
+
+
+async def test_a_send_refused_while_logged_out_asks_get_status_and_waits(
+    running: Running, tmp_path: Path
+) -> None:
+    """No heartbeat yet (NapCat's come every 30 s): a send's 1200 is checked with get_status, and an
+    account it reports offline parks the row instead of spending its attempts."""
+    async with connected(running) as (ch, p), \
+            outbox_on(ch, tmp_path, retry_base_s=0.01, retry_max_s=0.02, park_s=60) as outbox:
+        p.online = False  # logged out, not reported
+        await outbox.enqueue(OutgoingMessage(key="reminder:2", chat=GROUP_A, text="开会"))
+        async with asyncio.timeout(5):
+            while ch.online is not False:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        (row,) = await outbox.rows()
+        assert (row["status"], row["attempts"], len(sends(p))) == ("pending", 0, 1)
+        assert [a["action"] for a in p.actions] == ["send_group_msg", "get_status"]
+        await p.set_online(True)
+        await eventually(lambda: _status(outbox, "sent"))
+
+
+async def test_one_accounts_heartbeat_does_not_park_another(running: Running) -> None:
+    async with running(reverse()) as ch, OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
+            OneBotTestPeer(self_id=10002, access_token=TOKEN, first_message_id=9001) as b:
+        await a.connect(ch.url)
+        await b.connect(ch.url)
+        await a.set_online(False)
+        await b.send_heartbeat()  # the newer socket: its "online" must not hide a's state
+        await asyncio.sleep(0.1)
+        with pytest.raises(ChannelUnavailable, match="offline") as excinfo:
+            await ch.send(OutgoingMessage(key="o1", chat=GROUP_A, text="x"))
+        assert not isinstance(excinfo.value, SendFailed) and a.actions == []
+        other = GROUP_A.model_copy(update={"account": "10002"})
+        assert (await ch.send(OutgoingMessage(key="o2", chat=other, text="y"))).platform_message_id
+        # A lifecycle disable (the implementation switched OneBot off for the account) parks too.
+        await b.send_event(b._meta("lifecycle", sub_type="disable"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(ChannelUnavailable, match="offline"):
+            await ch.send(OutgoingMessage(key="o3", chat=other, text="z"))
+
+
+async def test_an_old_offline_report_is_checked_again_with_get_status() -> None:
+    """Heartbeats may be off: a chat parked on an offline report asks get_status now and then (not at
+    every retry), and goes when it says the account is back; an account's state is its own."""
+    now, asked, back = [0.0], [], []
+
+    async def ask() -> dict[str, Any]:
+        asked.append(now[0])
+        if len(asked) == 1:
+            raise OneBotActionFailed("get_status", 1404)  # not supported: the report stands
+        return {"status": "ok", "retcode": 0, "data": {"online": True, "good": True, "app_good": True}}
+
+    presence = Presence(lambda: back.append(now[0]), clock=lambda: now[0])
+    presence.on_meta("10001", {"meta_event_type": "heartbeat", "status": {"online": False, "good": True}})
+    presence.on_meta("10002", {"meta_event_type": "heartbeat", "status": {"good": True}})  # says nothing
+    await presence.check("10002", ask)
+    for now[0] in (10.0, 31.0, 40.0):
+        with pytest.raises(ChannelUnavailable):
+            await presence.check("10001", ask)
+    now[0] = 62.0
+    await presence.check("10001", ask)
+    assert (asked, back, presence.online("10001"), presence.online("10002")) == ([31.0, 62.0], [62.0], True, None)
