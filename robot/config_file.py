@@ -30,6 +30,15 @@ def _find_config(path: str | Path | None) -> Path | None:
     return default if default.is_file() else None
 
 
+def _anchored(path: Path, env_key: str, file: Path | None) -> Path:
+    """``path`` with ``~`` expanded, and relative to the config file's folder when written there: started
+    from another folder, a cwd-relative path would silently open an empty database (or spool)."""
+    path = path.expanduser()
+    if file is not None and not path.is_absolute() and not any(k.upper() == env_key for k in os.environ):
+        path = file.resolve().parent / path
+    return path
+
+
 def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None]:
     """Read the config (``--config``, ``QUNBOT_CONFIG``, ``./qunbot.toml``, or defaults)."""
     file = _find_config(path)
@@ -60,13 +69,16 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
         llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
     settings = settings.model_copy(update={"llm": llm})
-    data_dir = settings.bot.data_dir.expanduser()
-    from_env = any(k.upper() == "QUNBOT_BOT__DATA_DIR" for k in os.environ)
-    if file is not None and not data_dir.is_absolute() and not from_env:
-        # Started from another folder, a cwd-relative path would silently open an empty database.
-        data_dir = file.resolve().parent / data_dir
+    data_dir = _anchored(settings.bot.data_dir, "QUNBOT_BOT__DATA_DIR", file)
     if data_dir != settings.bot.data_dir:
         settings = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": data_dir})})
+    channels = settings.channels
+    for name in ("telegram", "weixin"):  # their state (a webhook's spool, a login) must be found again too
+        section = getattr(channels, name)
+        if section.state_dir is not None:
+            anchored = _anchored(section.state_dir, f"QUNBOT_CHANNELS__{name.upper()}__STATE_DIR", file)
+            channels = channels.model_copy(update={name: section.model_copy(update={"state_dir": anchored})})
+    settings = settings.model_copy(update={"channels": channels})
     for name, value in (settings.model_extra or {}).items():
         if not isinstance(value, dict):
             raise ConfigError(f"{file or 'environment'}: unknown key {name!r} (tables: bot, llm, limits, gate, "

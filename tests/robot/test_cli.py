@@ -462,6 +462,23 @@ def test_a_relative_data_dir_is_taken_from_the_config_files_folder(
     assert load_settings(cfg)[0].bot.data_dir == Path("from-env")
 
 
+def test_channel_state_dirs_are_taken_from_the_config_files_folder_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Telegram webhook's spool written from one folder was not found by a restart from another:
+    # Telegram had its 200 and never sends the update again.
+    project = tmp_path / "mybot"
+    project.mkdir()
+    cfg = project / "qunbot.toml"
+    cfg.write_text('[channels.telegram]\nstate_dir = "tg-state"\n[channels.weixin]\nstate_dir = "~/wx-state"\n',
+                   encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for cwd in (tmp_path, project):
+        monkeypatch.chdir(cwd)
+        channels = load_settings(cfg)[0].channels
+        assert channels.telegram.state_dir == project / "tg-state"
+        assert channels.weixin.state_dir == tmp_path / "home" / "wx-state"
+
+
 def test_tools_shows_whole_descriptions_and_explains_the_flags(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
