@@ -9,7 +9,6 @@ validation as a model's arguments. A plugin can give a tool its own command synt
 from __future__ import annotations
 
 import re
-import shlex
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ __all__ = [
     "CommandLine",
     "CommandSyntax",
     "ParsedCommand",
+    "Word",
     "build_arguments",
     "clip",
     "describe_problem",
@@ -32,6 +32,7 @@ __all__ = [
     "help_text",
     "parse_command",
     "refusal",
+    "split_words",
     "usage_line",
 ]
 
@@ -123,42 +124,83 @@ def _fits(schema: dict[str, Any], value: Any) -> bool:
     return "string" in kinds or not isinstance(value, str)
 
 
+@dataclass(frozen=True)
+class Word:
+    """A word of a command line: its value (quotes taken off) and where it was typed (``line[start:end]``)."""
+
+    text: str
+    start: int
+    end: int
+
+
+def split_words(line: str) -> list[Word]:
+    """The line's words, split at whitespace. A word that starts with a quote (or a ``key=`` whose value
+    does) runs to the same quote where one ends a word, and loses the quotes. Anything else is as typed:
+    an apostrophe (``what's``), a backslash (``C:\\Windows``, ``\\d+``), a quote never closed (shlex
+    refused the first and ate the others)."""
+    words: list[Word] = []
+    i, n = 0, len(line)
+    while i < n:
+        if line[i].isspace():
+            i += 1
+            continue
+        end = i
+        while end < n and not line[end].isspace():
+            end += 1
+        word = line[i:end]
+        key, eq, value = word.partition("=")
+        lead = i + len(key) + 1 if eq and value[:1] in "\"'" else i if word[:1] in "\"'" else -1
+        if lead >= 0:
+            close = line.find(line[lead], lead + 1)
+            while close != -1 and close + 1 < n and not line[close + 1].isspace():
+                close = line.find(line[lead], close + 1)
+            if close != -1:
+                words.append(Word(line[i:lead] + line[lead + 1:close], i, close + 1))
+                i = close + 1
+                continue
+        words.append(Word(word, i, end))
+        i = end
+    return words
+
+
 def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
     """Command text -> an arguments object for ``tool.parse_arguments``.
 
     Positional values fill the fields in order. A value that cannot belong to the next field
     (a word where a number or a choice is expected), and any surplus, continues the text field
-    before it, so ``/remind daily 08:00 起床 喝水`` needs no quotes; an unquoted
-    ``2026-11-22 15:00`` stays one value.
+    before it, as typed (spaces, quotes, backslashes), so ``/remind daily 08:00 起床 喝水`` needs no
+    quotes; an unquoted ``2026-11-22 15:00`` stays one value.
     """
-    try:
-        tokens = shlex.split(rest)
-    except ValueError as exc:
-        raise CommandError(f"无法解析参数（{exc}）。带空格的值请用引号括起来。") from None
     props: dict[str, Any] = tool.parameters.get("properties", {})
     args: dict[str, Any] = {}
-    positional: list[str] = []
-    for token in tokens:
-        key, eq, value = token.partition("=")
+    positional: list[Word] = []
+    named: list[Word] = []
+    for word in split_words(rest):
+        key, eq, value = word.text.partition("=")
         if eq and key in props:
             args[key] = _coerce(props[key], value)
-        elif positional and _DATE.match(positional[-1]) and _TIME.match(token):
-            positional[-1] = f"{positional[-1]} {token}"
+            named.append(word)
+        elif positional and _DATE.match(positional[-1].text) and _TIME.match(word.text):
+            positional[-1] = Word(f"{positional[-1].text} {word.text}", positional[-1].start, word.end)
         else:
-            positional.append(token)
+            positional.append(word)
     free = [n for n in props if n not in args]
     last_text: str | None = None
-    for token in positional:
-        value = _coerce(props[free[0]], token) if free else token
+    spans: dict[str, tuple[int, int]] = {}  # a text field that took more words: where they were typed
+    for word in positional:
+        value = _coerce(props[free[0]], word.text) if free else word.text
         if free and (_fits(props[free[0]], value) or last_text is None):
             name = free.pop(0)
             args[name] = value
             if _is_text(props[name]):
-                last_text = name
+                last_text, spans[name] = name, (word.start, word.end)
         elif last_text is not None:
-            args[last_text] = f"{args[last_text]} {token}"
+            start = spans[last_text][0]
+            spans[last_text] = (start, word.end)
+            whole = not any(start < w.start < word.end for w in named)  # (else the words, a space between)
+            args[last_text] = rest[start:word.end] if whole else f"{args[last_text]} {word.text}"
         else:
-            raise CommandError(f"/{tool.name} 不需要这么多参数：{clip(token)}")
+            raise CommandError(f"/{tool.name} 不需要这么多参数：{clip(word.text)}")
     return args
 
 

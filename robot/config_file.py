@@ -33,7 +33,10 @@ def _find_config(path: str | Path | None) -> Path | None:
 def _anchored(path: Path, env_key: str, file: Path | None) -> Path:
     """``path`` with ``~`` expanded, and relative to the config file's folder when written there: started
     from another folder, a cwd-relative path would silently open an empty database (or spool)."""
-    path = path.expanduser()
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # "~nobody/data": no such user
+        raise ConfigError(f"{file or 'environment'}: {str(path)!r}: no home folder for {path.parts[0]!r}") from None
     if file is not None and not path.is_absolute() and not any(k.upper() == env_key for k in os.environ):
         path = file.resolve().parent / path
     return path

@@ -82,7 +82,7 @@ def load_plugin(name: str) -> Plugin[Any]:
     module_name = _BUILTIN.get(name, name)
     try:
         module = _import(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:  # ("..mine" is relative: TypeError; "" a ValueError)
         raise PluginError(f"plugin {name!r}: cannot import module {module_name!r}: {exc}") from exc
     declared = getattr(module, "plugin", None)
     if isinstance(declared, Plugin):

@@ -25,7 +25,7 @@ def split_text(text: str, limit: int) -> list[str]:
                 break
         cut = cut or whole(rest, limit)
         parts.append(rest[:cut].rstrip())
-        rest = rest[cut:].lstrip()
+        rest = rest[cut:].lstrip("\n")  # (a line's own indentation stays: a code answer's part 2 lost it)
     if rest or not parts:
         parts.append(rest)
     return parts
@@ -34,7 +34,8 @@ def split_text(text: str, limit: int) -> list[str]:
 def _joins(ch: str) -> bool:
     """A character that belongs to the one before it (as people see it)."""
     return (ch in "\u200d\ufe0f\ufe0e" or "\U0001f3fb" <= ch <= "\U0001f3ff"  # ZWJ, variation selectors, skin
-            or "\U000e0020" <= ch <= "\U000e007f" or unicodedata.combining(ch) > 0)  # tag characters, accents
+            or "\U000e0020" <= ch <= "\U000e007f"  # tag characters
+            or unicodedata.category(ch) in ("Mn", "Mc", "Me"))  # accents, Thai and Indic vowel signs, keycaps (1️⃣)
 
 
 def whole(text: str, cut: int) -> int:

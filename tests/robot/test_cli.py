@@ -18,6 +18,7 @@ import pytest
 
 from function_calls.testing import FakeOpenAIServer, Reply
 from robot.cli import main
+from robot.config import ConfigError
 from robot.config_file import load_settings
 from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
@@ -460,6 +461,16 @@ def test_a_relative_data_dir_is_taken_from_the_config_files_folder(
     assert load_settings(cfg)[0].bot.data_dir == project / "data"  # the default too
     monkeypatch.setenv("QUNBOT_BOT__DATA_DIR", "from-env")  # a variable is read where the shell is
     assert load_settings(cfg)[0].bot.data_dir == Path("from-env")
+
+
+def test_a_home_folder_or_plugin_name_that_cannot_be_read_is_a_one_line_error(tmp_path: Path) -> None:
+    # Both ended `qunbot` in a traceback (RuntimeError, TypeError).
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text('[bot]\ndata_dir = "~no_such_user_qunbot/data"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="no home folder"):
+        load_settings(cfg)
+    with pytest.raises(PluginError, match="cannot import"):
+        load_plugin("..myplugin")
 
 
 def test_channel_state_dirs_are_taken_from_the_config_files_folder_too(

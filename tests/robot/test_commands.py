@@ -48,11 +48,17 @@ def test_positional_values_follow_field_order_named_ones_are_taken_out(plugin: P
     assert build_arguments(note, "text='a b' times=4") == {"text": "a b", "times": 4}
 
 
-def test_the_last_free_field_takes_the_rest_and_bad_quoting_is_explained(plugin: Plugin[Any]) -> None:
+def test_the_last_free_field_takes_the_rest_as_typed(plugin: Plugin[Any]) -> None:
+    # shlex refused "what's new" (no closing quotation) and ate backslashes and quotes: \\d+ became d+.
     kick = tool(plugin, "kick")
     assert build_arguments(kick, "spam bot account") == {"target": "spam bot account"}
-    with pytest.raises(CommandError, match="引号"):
-        build_arguments(kick, '"unclosed')
+    for typed in ('"unclosed', "what's new in Python 3.14", r"regex \d+\s*  meaning", r"C:\Windows\System32 size",
+                  '"exact phrase" meaning', "it's 'quoted' here"):
+        assert build_arguments(kick, typed) == {"target": typed}
+    assert build_arguments(kick, '"one value"') == {"target": "one value"}
+    note = tool(plugin, "note")
+    assert build_arguments(note, "buy oat milk times=2") == {"text": "buy oat milk", "times": 2}
+    assert build_arguments(note, "buy times=2 oat  milk") == {"text": "buy oat milk", "times": 2}  # a key between
     with pytest.raises(CommandError, match="不需要"):
         build_arguments(tool(plugin, "poke"), "extra words")
 

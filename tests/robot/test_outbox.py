@@ -285,6 +285,14 @@ def test_split_text_cuts_at_natural_breaks_within_the_limit() -> None:
     assert "".join(parts) == LONG.replace("\n", "")
 
 
+def test_a_later_part_keeps_its_first_lines_indentation() -> None:
+    # A code answer's part 2 began "return 116": the line was "        return 116".
+    code = "".join(f"def f{i}():\n        return {i}\n" for i in range(40))
+    parts = split_text(code, 200)
+    assert len(parts) > 2 and all(p.startswith("def ") or p.startswith("        return") for p in parts)
+    assert "\n".join(p.rstrip("\n") for p in parts) == code.rstrip("\n")
+
+
 def test_split_text_edge_cases() -> None:
     assert split_text("short", 10) == ["short"]
     assert split_text("", 10) == [""]
@@ -293,7 +301,7 @@ def test_split_text_edge_cases() -> None:
         split_text("x", 0)
 
 
-@pytest.mark.parametrize("cluster", ["👨\u200d👩\u200d👧", "🇨🇳", "e\u0301", "👍🏽", "❤\ufe0f"])
+@pytest.mark.parametrize("cluster", ["👨\u200d👩\u200d👧", "🇨🇳", "e\u0301", "👍🏽", "❤\ufe0f", "1\ufe0f\u20e3", "สี", "कि"])
 def test_a_hard_cut_never_splits_what_people_see_as_one_character(cluster: str) -> None:
     """It cut 👨|‍👩‍👧, 🇨|🇳 and e|◌́: the reader saw broken emoji, stray letters and a lone accent."""
     for lead in range(10):
@@ -303,7 +311,7 @@ def test_a_hard_cut_never_splits_what_people_see_as_one_character(cluster: str) 
         assert all(p.replace("x", "").count(cluster) * len(cluster) == len(p.replace("x", "")) for p in parts), parts
 
 
-@pytest.mark.parametrize("cluster", ["👨\u200d👩\u200d👧", "🇨🇳", "e\u0301"])
+@pytest.mark.parametrize("cluster", ["👨\u200d👩\u200d👧", "🇨🇳", "e\u0301", "1\ufe0f\u20e3", "สี"])
 def test_the_channels_own_splitters_keep_what_people_see_as_one_character_whole(cluster: str) -> None:
     """Telegram's (UTF-16 units) and WeCom's (UTF-8 bytes) cut 👨|‍👩‍👧, 🇨|🇳 and e|◌́ too."""
     from robot.channels.telegram.convert import split_utf16

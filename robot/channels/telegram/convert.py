@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from robot.channels.telegram.api import utf16_len
@@ -61,9 +60,10 @@ def read_entities(text: str, entities: list[dict[str, Any]], username: str, bot_
                 hit = True
                 cuts.append((start, start + length, command))
     for start, end, keep in sorted(cuts, reverse=True):
+        while not keep and units[end:end + 2] in (b" \x00", b"\t\x00"):  # "hi @bot  there": one space left,
+            end += 2  # and only there (a message's own spaces, code's indentation, stay as sent)
         units = units[:start] + keep.encode("utf-16-le") + units[end:]
-    clean = re.sub(r"[ \t]{2,}", " ", units.decode("utf-16-le", errors="replace")).strip()
-    return clean, tuple(mentions), hit
+    return units.decode("utf-16-le", errors="replace").strip(), tuple(mentions), hit
 
 
 def placeholder(msg: dict[str, Any]) -> str:

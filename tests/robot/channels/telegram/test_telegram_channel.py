@@ -491,3 +491,12 @@ def test_any_update_is_read_or_skipped_never_raised(tmp_path: Path, update: dict
 def test_any_entities_leave_readable_text(words: str, entities: list[dict[str, Any]]) -> None:
     clean, mentions, _ = read_entities(words, entities, "qun_test_bot", "1")
     assert isinstance(clean, str) and all(isinstance(m, str) for m in mentions)
+
+
+def test_a_message_keeps_its_own_spaces_only_the_cut_mention_leaves_none() -> None:
+    # Every message's runs of spaces were collapsed: a pasted function lost its indentation.
+    code = "def f(x):\n    if x:\n        return 1\n\tprint(x)  # two spaces"
+    assert read_entities(code, [], "qun_test_bot", "1")[0] == code
+    said = "看看  @qun_test_bot  这段：\n    return 1"
+    clean, _, hit = read_entities(said, [mention(said, "@qun_test_bot")], "qun_test_bot", "1")
+    assert hit and clean == "看看  这段：\n    return 1"
