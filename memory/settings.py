@@ -41,7 +41,8 @@ class MemorySettings(BaseModel):
     embedding_model: str | None = Field(default=None, description="OpenAI-compatible embedding model; None: lexical only")
     embedding_base_url: str | None = Field(default=None, description="the /v1 root of the embedding API")
     embedding_api_key: SecretStr | None = None
-    embedding_timeout_s: float = Field(default=15, gt=0, le=120)
+    embedding_timeout_s: float = Field(default=15, gt=0, le=20, description="seconds an embedding may take, retry "
+                                       "included (the tools time out at 30); then lexical")
     min_similarity: float = Field(default=0.3, ge=-1, le=1, description="cosine below which a vector is no match")
 
     @field_validator("sleep_time")

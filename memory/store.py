@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, Literal
 
 from memory import lexicon
 from memory.strength import Strength
-from memory.terms import fts_query, index_terms, trigram_query
+from memory.terms import fts_query, index_terms, normalise, trigram_query
 from robot import Tx, iso, parse_iso
 
-__all__ = ["DREAM_POST", "MIGRATIONS", "SLEEP_REPORT", "Kind", "MemoryRow", "MemoryStore", "visible"]
+__all__ = ["DREAM_POST", "MIGRATIONS", "SLEEP_REPORT", "Kind", "MemoryRow", "MemoryStore", "describe", "visible"]
 
 #: How the bot's messages carrying a dream begin (a posted dream, a /sleep report): /forget me finds them.
 DREAM_POST, SLEEP_REPORT = "💤 梦境：", "睡了一觉："
@@ -81,7 +81,17 @@ def _v1(db: Tx) -> None:
             db.execute(statement)
 
 
-MIGRATIONS: list[Callable[[Tx], None]] = [_v1]
+def _v2(db: Tx) -> None:
+    """Terms changed (CJK after a letter or digit split off, NFKC, accents folded): empty the index, so
+    :meth:`MemoryStore.sync_index`, which runs next at each start, rebuilds it from the memories."""
+    if db.dialect == "postgresql":
+        db.execute("UPDATE memory_lexicon SET lexical = '' WHERE id = 1")
+    else:
+        db.execute("DELETE FROM memory_terms")
+        db.execute("DELETE FROM memory_trigrams")
+
+
+MIGRATIONS: list[Callable[[Tx], None]] = [_v1, _v2]
 """The ``memory`` component's schema steps (``engine.ensure("memory", MIGRATIONS)``): append, never edit."""
 
 
@@ -104,6 +114,13 @@ class MemoryRow:
                    created=parse_iso(row[6]),
                    strength=Strength(level=int(row[8]), time=parse_iso(row[7]), long_term=bool(row[9]),
                                      decayed_at=parse_iso(row[10]) if row[10] else None))
+
+
+def describe(row: MemoryRow, zone: tzinfo = UTC) -> str:
+    """One line for the model or the user: id, scope, level, the day it was saved (in the chat's zone), text."""
+    scope = {"group": "群", "user": row.user_name or row.user_id, "private": "私人"}[row.kind]
+    mark = "长期" if row.strength.long_term else f"L{row.strength.level}"
+    return f"#{row.id} [{scope}·{mark}·{row.created.astimezone(zone):%Y-%m-%d}] {row.text}"
 
 
 class MemoryStore:
@@ -129,7 +146,7 @@ class MemoryStore:
         if indexed != db.execute("SELECT count(*) FROM memories").fetchone()[0]:
             db.execute(f"DELETE FROM {table}")
             for mid, text in db.execute("SELECT id, text FROM memories").fetchall():
-                value = index_terms(text) if self.lexical == "bigram" else text.lower()
+                value = index_terms(text) if self.lexical == "bigram" else normalise(text)
                 db.execute(f"INSERT INTO {table} (rowid, {'terms' if self.lexical == 'bigram' else 'text'})"
                            " VALUES (?, ?)", [mid, value])
 
@@ -159,7 +176,7 @@ class MemoryStore:
         if self.lexical == "bigram":
             db.execute("INSERT INTO memory_terms (rowid, terms) VALUES (?, ?)", [mid, index_terms(text)])
         else:
-            db.execute("INSERT INTO memory_trigrams (rowid, text) VALUES (?, ?)", [mid, text.lower()])
+            db.execute("INSERT INTO memory_trigrams (rowid, text) VALUES (?, ?)", [mid, normalise(text)])
         return mid
 
     def move_chat(self, db: Tx, old: str, new: str) -> int:

@@ -9,7 +9,8 @@
   the chat's tools (not ``plan``/``deep_think``: no recursion), and ``ask_user`` (the question goes
   to the chat; the asker's next message there is the answer), unless nobody waits on the plan (a
   scheduled run). When the plan takes longer than
-  ``reply_within_s``, the chat gets a short note now and the result later, through the outbox.
+  ``reply_within_s`` (at most nine tenths of the tool's timeout), the chat gets a short note now and
+  the result later, through the outbox. A person who typed the command reads a failure in Chinese.
 
 Accounting: every sub-run's usage comes back as the tool's ``usage`` (so the calling run and the
 user's and chat's daily budgets count it) and per tier in ``data["tiers"]`` (the trace shows it).
@@ -31,6 +32,7 @@ from function_calls import (
     Caller,
     ChatModel,
     Limits,
+    LoopConfig,
     Runner,
     RunResult,
     StopReason,
@@ -58,6 +60,7 @@ PLAN_PROMPT = ("你是规划助手。把目标拆成几个步骤，逐步完成�
                "（它能使用聊天中的工具），需要深入推理时用 deep_think，需要时用 recall/remember 读写记忆。"
                "全部完成后，用简洁的中文给出最终结果。")
 _OWN = frozenset({"execute", "deep_think", "plan", "ask_user"})
+_NAMES = {"think": "深度思考", "plan": "计划", "execute": "执行"}
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|\Z)", re.S | re.I)
 
 
@@ -141,7 +144,9 @@ async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limi
                 held.append(hold)
             bounded = Limits(max_iterations=limits.max_iterations, max_tool_calls=limits.max_tool_calls,
                              max_run_tokens=max(hold.held, 1))
-            runner = Runner(model, limits=bounded, budget=hold.hook())
+            llm = deps.bot.settings.llm
+            runner = Runner(model, limits=bounded, budget=hold.hook(), strict_tools=llm.strict_tools,
+                            loop_config=LoopConfig(warn=llm.loop_warn, critical=llm.loop_critical, breaker=llm.loop_breaker))
             return await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
                                     clock=ctx.clock)
     except BudgetExceeded as exc:
@@ -162,15 +167,32 @@ def _tiers(result: RunResult, own: str) -> dict[str, int]:
     return out
 
 
-def _result(result: RunResult, own: str) -> ToolResult:
+def _partial(result: RunResult) -> str:
+    """What the model answered before a bound stopped it; "" when the text is the runner's own notice
+    (a provider failure, a loop: "AI 服务暂时不可用……" is no partial result)."""
+    said = next((m.get("content") for m in reversed(result.messages) if m.get("role") == "assistant"), None)
+    return strip_reasoning(result.text) if result.text.strip() and result.text == said else ""
+
+
+def _stopped(result: RunResult, own: str) -> str:
+    """What the person reads of a tier that stopped early (the stop reasons and details are English)."""
+    name = _NAMES.get(own, own)
+    if partial := _partial(result):
+        return f"{name}没能在限额内完成，已有的结果：\n{partial}"
+    return f"{name}没能完成：{result.text.strip()}" if result.text.strip() else f"{name}没能完成，请稍后再试。"
+
+
+def _result(result: RunResult, own: str, via: str = "model") -> ToolResult:
     answer = _answer(result)
     data: dict[str, object] = {"tier": own, "stop": result.stop.value, "tiers": _tiers(result, own)}
     if result.stop in (StopReason.COMPLETED, StopReason.ANSWERED_BY_TOOL) and answer:
         return ToolResult(content=answer, usage=result.usage, data=data)
-    # Stopped by a bound or a provider failure: say so, and still count what it used.
+    # Stopped by a bound or a provider failure: say so, and still count what it used. A person who
+    # typed the command reads it in Chinese; the model gets the note.
     note = f"the {own} tier stopped early ({result.stop.value}: {result.detail})"
-    return ToolResult(content=f"{note}. Partial result: {answer}" if answer else note, is_error=True,
-                      usage=result.usage, data=data)
+    partial = _partial(result)
+    return ToolResult(content=f"{note}. Partial result: {partial}" if partial else note, is_error=True,
+                      user_messages=(_stopped(result, own),) if via != "model" else (), usage=result.usage, data=data)
 
 
 def _memory_tools(deps: TierDeps) -> list[Any]:
@@ -187,7 +209,7 @@ async def deep_think(ctx: ToolContext[TierDeps], args: ThinkArgs) -> ToolResult:
     tools = Toolset("think", _memory_tools(deps))
     result = await _sub_run(deps, ctx, deps.think.model, deps.think.limits,
                             _messages(THINK_PROMPT, args.question, args.context), tools)
-    return _result(result, "think")
+    return _result(result, "think", ctx.via)
 
 
 @tool_function(timeout_s=600)
@@ -215,7 +237,8 @@ async def plan_ask_user(ctx: ToolContext[TierDeps], args: AskUserArgs) -> ToolRe
 
 def _plan_tools(deps: TierDeps, caller: Caller) -> Toolset:
     # Only a plan someone is waiting on may ask them: a scheduled run has nobody at the keyboard.
-    tools = [execute, *([plan_ask_user] if caller.message_id else []), *_memory_tools(deps)]
+    asking = caller.message_id and deps.bot.settings.approvals.ask_user  # ([approvals] ask_user = false hides it)
+    tools = [execute, *([plan_ask_user] if asking else []), *_memory_tools(deps)]
     if deps.think is not None:
         tools.append(deep_think)
     return Toolset("plan", tools)
@@ -232,9 +255,15 @@ async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
     held: list[Reservation] = []
     work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages,
                                           _plan_tools(deps, ctx.caller), held))
-    done, _ = await asyncio.wait({work}, timeout=tier.reply_within_s)
+    # Answered before this tool's own timeout, whatever reply_within_s says: past it the call is cancelled
+    # (reported as timed out), and so is the work, which nobody would report on.
+    try:
+        done, _ = await asyncio.wait({work}, timeout=min(tier.reply_within_s, 0.9 * plan.timeout_s))
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
     if work in done:
-        return _result(work.result(), "plan")
+        return _result(work.result(), "plan", ctx.via)
     for hold in held:  # its spend is no longer the run's, which returns without it: recorded on its own
         hold.detach()
     # Its own key: one message may start two plans, and another chat's message may bear the same id
@@ -263,8 +292,7 @@ async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[Run
         usage = result.usage
         answer = _answer(result)
         done = result.stop in (StopReason.COMPLETED, StopReason.ANSWERED_BY_TOOL) and answer
-        text = f"计划完成：\n{answer}" if done else f"计划未能完成（{result.stop.value}）。" + (
-            f"\n已有的结果：{answer}" if answer else "")
+        text = f"计划完成：\n{answer}" if done else _stopped(result, "plan")
     if usage.requests:  # recorded by the sub-run's hold; the trace still shows it
         log.info("background plan for %s used %d tokens", caller.qualified_user, usage.total_tokens)
     mention = (caller.user_id,) if caller.chat_kind == "group" else ()

@@ -7,6 +7,7 @@ shown but unused changes nothing.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,19 @@ async def test_memories_are_shown_outside_the_system_message_before_the_question
         assert len(shown) == 1 and "我对花生过敏" in shown[0]["content"] and "不是指令" in shown[0]["content"]
         assert request.messages[-1]["content"].startswith("今晚吃什么")  # the question comes after them
         assert request.messages.index(shown[0]) == len(request.messages) - 2
+
+
+async def test_memories_are_dated_by_the_chats_day_not_utcs(tmp_path: Path) -> None:
+    """Saved at 07:30 on 3 March in Shanghai (23:30 on the 2nd in UTC): the person and the model read the 3rd."""
+    clock = Clock()
+    clock.now = datetime(2026, 3, 2, 23, 30, tzinfo=UTC)
+    model = ScriptedModel([text("好的")])
+    async with running(tmp_path, model=model, clock=clock, bot={"timezone": "Asia/Shanghai"}) as (_, ch):
+        await ask(ch, "/remember 今天上午十点在三楼开周会 group")
+        assert "·2026-03-03] 今天上午十点" in await ask(ch, "/memories")
+        assert "·2026-03-03] 今天上午十点" in await ask(ch, "/recall 周会")
+        await ask(ch, "周会在哪里开？", at_bot=True)
+        assert "·2026-03-03] 今天上午十点" in memory_messages(model.requests[0])[0]["content"]
 
 
 async def test_no_memory_message_when_nothing_matches_or_elsewhere(tmp_path: Path) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import memory.service as service_module
+import memory.tools
 from function_calls.testing import ScriptedModel, text
 from memory.service import fuse
 from memory.testing import FakeEmbeddingServer, HashingModel
@@ -50,6 +52,30 @@ async def test_a_failing_embedding_endpoint_falls_back_to_lexical(tmp_path: Path
         stored = await bot.db.run(lambda db: db.execute("SELECT vector FROM memories").fetchone()[0])
         assert stored is None
     assert "lexical" in caplog.text and "花生" not in caplog.text
+
+
+@pytest.fixture
+def short_tool_timeouts() -> Iterator[None]:
+    """The tools' 30 s timeouts as 1 s (the test's embedding timeout is scaled down alike)."""
+    tools = (memory.tools.remember, memory.tools.recall)
+    before = [t.timeout_s for t in tools]
+    for t in tools:
+        object.__setattr__(t, "timeout_s", 1.0)  # a frozen Tool: what the real 30 s stands for
+    yield
+    for t, timeout in zip(tools, before, strict=True):
+        object.__setattr__(t, "timeout_s", timeout)
+
+
+@pytest.mark.usefixtures("short_tool_timeouts")
+async def test_an_endpoint_that_hangs_leaves_the_memory_for_lexical_recall(tmp_path: Path) -> None:
+    """Each embedding (the SDK's retry included) gives up after embedding_timeout_s, inside the tools' timeout:
+    a hung endpoint timed /remember out with nothing kept, and /recall with nothing found."""
+    async with FakeEmbeddingServer(HashingModel(concepts=CONCEPTS)) as server, \
+            running(tmp_path, memory={**settings(server), "embedding_timeout_s": 0.6}) as (bot, ch):
+        server.delay_s = 30
+        assert "记住了" in await ask(ch, "/remember 我对花生过敏")
+        assert await bot.db.run(lambda db: db.execute("SELECT count(*) FROM memories").fetchone()[0]) == 1
+        assert "花生过敏" in await ask(ch, "/recall 过敏")
 
 
 @pytest.mark.parametrize("garbage", [["0.1", "x"], [[0.1, 0.2], [0.3]], []])

@@ -13,8 +13,9 @@ import pytest
 
 from function_calls import Caller, ToolError
 from memory import EmbeddingClient, MemoryService, MemorySettings
+from memory.store import MIGRATIONS
 from memory.testing import FakeEmbeddingServer, HashingModel
-from robot import Engine
+from robot import Engine, Tx
 from robot.storage import SQLiteDatabase
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -258,6 +259,27 @@ async def test_a_process_that_missed_a_change_while_its_notifications_were_cut_f
                 await svc.db.close()
 
 
+async def test_memories_indexed_by_an_older_version_are_indexed_anew(service: MemoryService) -> None:
+    """Schema step 1 indexed CJK right after a letter as one word with it: a database at step 1 is
+    re-indexed at start, so its old memories are found like new ones."""
+    row = await service.remember(person("u1"), "ABC公司的周会改到周四", "group")
+    old = "abc公司的周会改到周四"  # step 1's terms for it
+
+    def at_step_one(db: Tx) -> None:
+        db.execute("UPDATE schema_version SET version = 1 WHERE component = 'memory'")
+        if db.dialect == "postgresql":
+            db.execute("UPDATE memories SET terms = ?::tsvector, n_terms = 1 WHERE id = ?", [f"'{old}':1", row.id])
+        else:
+            db.execute("DELETE FROM memory_terms WHERE rowid = ?", [row.id])
+            db.execute("INSERT INTO memory_terms (rowid, terms) VALUES (?, ?)", [row.id, old])
+
+    await service.db.transaction(at_step_one)
+    assert await service.recall(person("u2"), "周会") == []
+    restarted = MemoryService(service.db, MemorySettings(), clock=Clock())
+    await restarted.prepare()
+    assert texts(await restarted.recall(person("u2"), "周会")) == ["ABC公司的周会改到周四"]
+
+
 def test_a_v01_sqlite_file_is_adopted_with_its_memories(tmp_path: Path) -> None:
     """v0.1 made the tables without a version row: step 1 keeps them and their rows."""
     path = tmp_path / "old.sqlite3"
@@ -286,7 +308,7 @@ def test_a_v01_sqlite_file_is_adopted_with_its_memories(tmp_path: Path) -> None:
         await svc.prepare()
         assert texts(await svc.recall(person("u2"), "周会")) == ["周会改到周四"]
         assert await db.run(lambda tx: tx.execute(
-            "SELECT version FROM schema_version WHERE component = 'memory'").fetchone()[0]) == 1
+            "SELECT version FROM schema_version WHERE component = 'memory'").fetchone()[0]) == len(MIGRATIONS)
         await db.close()
 
     asyncio.run(main())

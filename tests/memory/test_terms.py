@@ -52,6 +52,31 @@ def test_switching_the_tokenizer_rebuilds_the_index(raw_tx: Tx) -> None:
     assert back.lexical_search(raw_tx, "c", "u", "过敏", 5) == [mid]
 
 
+@pytest.mark.parametrize(("fact", "query"), [
+    ("ABC公司的周会改到周四", "周会"), ("明天3点开会讨论预算", "开会"), ("我买了iPhone手机", "手机"),
+    ("我买了iPhone手机", "iphone"), ("Q3的目标是营收翻倍", "目标"), ("我的 ＱＱ 号是 １２３４５", "QQ"),
+    ("我的 ＱＱ 号是 １２３４５", "12345"), ("Café au lait", "cafe"), ("他叫𠮷野家", "𠮷野")])
+def test_cjk_after_latin_or_digits_full_width_and_accents_match(raw_tx: Tx, fact: str, query: str) -> None:
+    """CJK right after a letter or digit was one word with it; full-width (IME) text and accents differ by engine."""
+    store = store_with(raw_tx, "bigram", fact)
+    assert len(store.lexical_search(raw_tx, "c", "u", query, 5)) == 1
+    trigram = store_with(raw_tx, "trigram")
+    assert len(trigram.lexical_search(raw_tx, "c", "u", query + " " + fact, 5)) == 1
+
+
+CHATTER = ("大家好，今天天气真不错，下午要不要一起去公园走走，顺便在附近找个地方吃晚饭？"
+           "我上次去的那家店味道挺好的，价格也不贵，老板人也很热情，菜量足够大家分着吃。")
+
+
+def test_a_long_message_is_searched_for_what_it_asks_at_its_end(raw_tx: Tx) -> None:
+    """Only a long message's first 48 terms were searched: the question at its end was not."""
+    store = store_with(raw_tx, "bigram", "周会改到周四")
+    assert len(store.lexical_search(raw_tx, "c", "u", CHATTER + "对了，周会改到哪天了？", 5)) == 1
+    trigram = store_with(raw_tx, "trigram")
+    assert len(trigram.lexical_search(raw_tx, "c", "u", CHATTER + "对了，周会改到哪天了？", 5)) == 1
+    assert len(store_with(raw_tx, "bigram").lexical_search(raw_tx, "c", "u", "周会改到哪天了？" + CHATTER, 5)) == 1
+
+
 def test_bm25_ranks_a_rare_term_above_a_common_one(raw_tx: Tx) -> None:
     """Both engines weigh terms by rarity (IDF): the memory with 年糕 beats the shorter ones with 周会."""
     store = store_with(raw_tx, "bigram", "周会上的那只猫叫年糕", *[f"第{n}次周会" for n in "一二三四五六七八"])

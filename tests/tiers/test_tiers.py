@@ -7,17 +7,22 @@ The bot's own model (M1) is a ScriptedModel; each tier is a FakeOpenAIServer nam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
 
 import memory
 import tiers
+import tiers.tools
 from function_calls import ModelRequest, ModelResponse
-from function_calls.testing import Call, Delay, FakeOpenAIServer, Reply, ScriptedModel, call, text
+from function_calls.testing import Call, Delay, FakeOpenAIServer, Fault, Reply, ScriptedModel, call, text
 from robot.bot import Bot
 from robot.config import Settings
 from robot.config_file import load_settings
@@ -92,6 +97,49 @@ async def test_deep_think_answers_with_its_own_model_and_only_memory_tools(tmp_p
             assert end["tokens"] == tiers_used["think"] + tiers_used["execute"]
             used = await bot.budget.used("user:memory:u1")  # the user's day counts both tiers
             assert used == end["tokens"]
+
+
+async def test_a_tier_sends_its_requests_as_llm_says_unless_it_says_otherwise(tmp_path: Path) -> None:
+    # [llm] token_param = "max_completion_tokens" never reached the think tier: a reasoning model there
+    # refused max_tokens with HTTP 400.
+    def parent(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(f"思考结果：{result}") if result else call("deep_think", {"question": "6 乘 7 是多少"})
+
+    async with FakeOpenAIServer() as think_server:
+        think_server.script(Reply("答案是 42"), Reply("答案是 42"))
+        async with running(tmp_path, ScriptedModel(parent), think=tier(think_server, max_run_tokens=1000),
+                           token_param="max_completion_tokens", reasoning_pass_back=True) as (bot, ch):
+            assert await ask(ch, "想想 6 乘 7", chat=ch.chat("u1", kind="private")) == "思考结果：答案是 42"
+            sent = think_server.requests[0].body
+            assert "max_completion_tokens" in sent and "max_tokens" not in sent
+            assert bot.deps_for(tiers.tools.deep_think).think.model.reasoning_pass_back is True
+    async with FakeOpenAIServer() as think_server:
+        think_server.script(Reply("答案是 42"))
+        async with running(tmp_path / "own", ScriptedModel(parent), token_param="max_completion_tokens",
+                           think=tier(think_server, token_param="max_tokens", max_run_tokens=1000)) as (_bot, ch):
+            await ask(ch, "想想 6 乘 7", chat=ch.chat("u1", kind="private"))
+            assert "max_tokens" in think_server.requests[0].body  # the tier's own setting wins
+
+
+async def test_a_plan_asks_nobody_when_approvals_ask_user_is_off(tmp_path: Path) -> None:
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(result or "") if result else call("plan", {"goal": "团建定在周几"})
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Reply("周六。"))
+        settings = Settings(bot={"data_dir": tmp_path}, llm={"plan": tier(plan_server)}, approvals={"ask_user": False},
+                            limits={"user_burst": 50, "chat_burst": 50})
+        bot = Bot(settings, model=ScriptedModel(bot_model), channels=[ch := MemoryChannel(clock=lambda: NOW)],
+                  plugins=[memory.plugin, tiers.plugin], clock=lambda: NOW)
+        await bot.start()
+        try:
+            assert await ask(ch, "安排团建", at_bot=True) == "周六。"
+        finally:
+            await bot.stop()
+        assert {t["function"]["name"] for t in plan_server.requests[0].body["tools"]} == {"execute", "recall",
+                                                                                           "remember"}
 
 
 async def test_plan_executes_steps_with_the_chat_tools_and_reports_each_tier(tmp_path: Path) -> None:
@@ -180,6 +228,69 @@ async def test_a_long_plan_reports_back_through_the_outbox(tmp_path: Path) -> No
             sent = await ch.wait_sent(2, timeout=5)
             assert sent[1].text == "计划完成：\n全部完成" and sent[1].mention == ("u1",)
             assert await bot.budget.used("user:memory:u1") > 0  # the background work is charged too
+
+
+@pytest.fixture
+def short_plan_timeout() -> Iterator[None]:
+    """The plan tool's 600 s timeout as 0.5 s (a frozen Tool: set in place, put back after)."""
+    before = tiers.tools.plan.timeout_s
+    object.__setattr__(tiers.tools.plan, "timeout_s", 0.5)
+    yield
+    object.__setattr__(tiers.tools.plan, "timeout_s", before)
+
+
+@pytest.mark.usefixtures("short_plan_timeout")
+async def test_a_plan_allowed_longer_than_its_tool_timeout_still_reports_back(tmp_path: Path) -> None:
+    """reply_within_s at or past the tool's timeout: /plan was answered "执行超时" while its work went on,
+    spending, unsupervised and never reported."""
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Delay(0.8, Reply("全部完成：已经订好会议室")))
+        async with running(tmp_path, ScriptedModel([text("x")]), plan=tier(plan_server, reply_within_s=1.0)) as (_, ch):
+            assert "完成后我会在这里汇报" in await ask(ch, "/plan 订会议室", chat=ch.chat("u1", kind="private"))
+            assert (await ch.wait_sent(2, timeout=5))[1].text == "计划完成：\n全部完成：已经订好会议室"
+
+
+async def test_a_cancelled_plan_takes_its_work_with_it(tmp_path: Path) -> None:
+    """The plan tool cancelled (its timeout, its run's end): the plan's work went on calling models and tools."""
+    from function_calls import Caller
+
+    model = ScriptedModel([text("订好了")])
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Delay(0.3, Reply(tool_calls=[Call("execute", {"task": "订会议室"})])), Reply("完成"))
+        async with running(tmp_path, model, plan=tier(plan_server, reply_within_s=30)) as (bot, _ch):
+            caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="u1", chat_kind="private")
+            started = asyncio.ensure_future(bot.invoke_tool(tiers.tools.plan, tiers.PlanArgs(goal="订会议室"), caller,
+                                                            ZoneInfo("UTC"), via="command", run_id="r", call_id="c"))
+            async with asyncio.timeout(5):
+                while not plan_server.requests:
+                    await asyncio.sleep(0.01)
+            started.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await started
+            await asyncio.sleep(0.5)
+            assert len(plan_server.requests) == 1 and model.requests == []
+            assert not bot.deps_for(tiers.tools.plan).tasks
+
+
+async def test_a_failing_tier_is_explained_in_chinese_and_its_error_is_no_partial_result(tmp_path: Path) -> None:
+    """A tier whose endpoint fails: /deep_think showed the person the model's English note, and the
+    runner's own error reply labelled "Partial result" (the model read that too; a late plan's report alike)."""
+    def parent(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(f"思考结果：{result}") if result else call("deep_think", {"question": "6 乘 7 是多少"})
+
+    failed = "AI 服务暂时不可用（接口返回 HTTP 400），请稍后再试。"
+    async with FakeOpenAIServer() as think_server, FakeOpenAIServer() as plan_server:
+        think_server.script(Fault(400), Fault(400))
+        plan_server.script(Delay(0.2, Fault(400)))
+        async with running(tmp_path, ScriptedModel(parent), think=tier(think_server),
+                           plan=tier(plan_server, reply_within_s=0.05)) as (_, ch):
+            private = ch.chat("u1", kind="private")
+            assert await ask(ch, "/deep_think 6*7", chat=private) == f"深度思考没能完成：{failed}"
+            told = await ask(ch, "帮我认真想想 6 乘 7", chat=private)
+            assert "stopped early" in told and "Partial result" not in told and failed not in told
+            assert "完成后我会在这里汇报" in await ask(ch, "/plan 订会议室", chat=private)
+            assert (await ch.wait_sent(4, timeout=5))[3].text == f"计划没能完成：{failed}"
 
 
 async def test_two_plans_one_message_started_both_report_back(tmp_path: Path) -> None:
