@@ -4,17 +4,20 @@ deciding whether its answer may be sent."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from function_calls import Caller, RunResult, StopReason, ToolError
+from reminders.settings import ReminderSettings
 from reminders.store import Reminder
+from robot import ConfigError
 
 if TYPE_CHECKING:
     from robot import Bot
 
-__all__ = ["command_name", "run_command", "run_failure", "run_prompt"]
+__all__ = ["Allowed", "allowed_tools", "command_name", "run_command", "run_failure", "run_prompt"]
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +49,53 @@ def command_name(line: str) -> tuple[str, str]:
     return name.strip().lower(), rest.strip()
 
 
+@dataclass(frozen=True)
+class Allowed:
+    """``[reminders] command_tools`` and ``prompt_tools`` resolved to the bot's tools."""
+
+    #: The allowed commands as configured (how people type them, e.g. ``search``), for messages.
+    commands: tuple[str, ...]
+    #: Their tools' real names (``perplexity_search``): what a stored command is checked against.
+    command_tools: frozenset[str]
+    #: The tools' real names a scheduled prompt may be offered.
+    prompt_tools: tuple[str, ...]
+
+
+def allowed_tools(bot: Bot, settings: ReminderSettings) -> Allowed:
+    """Resolve both lists through ``bot.tools`` (a name or a /command alias).
+
+    An entry naming no tool of this bot raises :class:`ConfigError` (at start-up, not at the first
+    reminder). A default entry is dropped instead: the defaults name other plugins' tools, which
+    may not be loaded.
+    """
+    def resolve(field: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for entry in getattr(settings, field):
+            shown = entry.strip().lstrip("/／")
+            tool = bot.tools.resolve(shown) if shown else None
+            if tool is not None:
+                found[shown] = tool.name
+            elif field in settings.model_fields_set:
+                raise ConfigError(f"[reminders] {field}: {entry!r} is no tool or command of this bot (is its plugin "
+                                  f"in [bot] plugins?); known: {', '.join(sorted(bot.tools.names()))}")
+        return found
+
+    commands = resolve("command_tools")
+    return Allowed(tuple(commands), frozenset(commands.values()),
+                   tuple(dict.fromkeys(resolve("prompt_tools").values())))
+
+
 def _owner(r: Reminder) -> Caller:
     chat = r.chat_ref
     return Caller(platform=chat.platform, user_id=r.owner_id, user_name=r.owner_name, chat_id=chat.chat_id,
                   chat_kind=chat.kind, addressed=True, account=chat.account)
 
 
-async def run_command(bot: Bot, r: Reminder, allow: Sequence[str], zone: ZoneInfo) -> str | None:
+async def run_command(bot: Bot, r: Reminder, allow: Collection[str], zone: ZoneInfo) -> str | None:
     """Run ``r``'s stored ``/command`` as its owner through the bot's command path; its reply, or None.
 
-    Only commands in ``allow`` run (checked now, not only when stored: settings may have changed).
+    Only the tools named in ``allow`` (real names, see :func:`allowed_tools`) run (checked now, not
+    only when stored: settings may have changed).
     The owner counts as a bot admin if configured so; a group role cannot be seen without a live
     message, so it is not assumed (the tool may look for evidence itself).
     """

@@ -45,7 +45,7 @@ from function_calls import Caller
 from reminders.ahead import AT_LEAST, LEAD, Ahead
 from reminders.firing import ON_TIME, FireReport, Outcome, catch_up, format_local
 from reminders.passes import RETRY_BASE_S, RETRY_MAX_S, Passes
-from reminders.prompts import run_command, run_prompt
+from reminders.prompts import allowed_tools, run_command, run_prompt
 from reminders.schedule import Schedule, ScheduleError, first_fire
 from reminders.settings import ReminderSettings
 from reminders.store import Mode, Reminder, ReminderError, ReminderStore, new_id
@@ -83,6 +83,8 @@ class ReminderService(Passes):
         self.store = store
         self.bot = bot
         self.settings = settings
+        #: What command and prompt reminders may run, by real tool name (raises ConfigError for an unknown one).
+        self.allowed = allowed_tools(bot, settings)
         self.scheduler = scheduler
         self.clock: Callable[[], datetime] = clock or bot.clock
         self.horizon = horizon
@@ -208,9 +210,9 @@ class ReminderService(Passes):
                 if not await self.store.claim_run(r.id, planned, self._holder, self.clock(), _RUN_LEASE):
                     return
                 if r.mode == "command":  # a stored /command (a scheduled digest) runs like a prompt
-                    answer = await run_command(self.bot, r, self.settings.command_tools, zone)
+                    answer = await run_command(self.bot, r, self.allowed.command_tools, zone)
                 else:
-                    answer = await run_prompt(self.bot, r, self.settings.prompt_tools, zone)
+                    answer = await run_prompt(self.bot, r, self.allowed.prompt_tools, zone)
 
         def commit(db: Tx) -> tuple[Reminder, Outcome, str | None] | None:
             current = self.store.get_sync(db, r.id, lock=True)  # another process may be committing it

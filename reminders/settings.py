@@ -26,7 +26,9 @@ class ReminderSettings(BaseModel):
     max_content: int = Field(500, ge=1, le=500, description="longest reminder text or prompt, in characters")
     create_per_10min: int = Field(10, ge=1, description="reminders one person may create per 10 minutes")
     prompt_tools: list[str] = Field(
-        default_factory=lambda: ["perplexity_search"], description="tools a scheduled prompt may call"
+        default_factory=lambda: ["perplexity_search"],
+        description="tools a scheduled prompt may call, by name or /command (e.g. search); an unknown one stops the "
+        "start"
     )
     durable_writes: bool = Field(
         True, description="sync a new or deleted reminder to disk (SQLite synchronous=FULL) before confirming it, "
@@ -35,7 +37,8 @@ class ReminderSettings(BaseModel):
     )
     command_tools: list[str] = Field(
         default_factory=lambda: ["summary"],
-        description="commands a reminder in command mode may run at its time (e.g. /summary: a daily digest)"
+        description="commands a reminder in command mode may run at its time, as typed or by tool name (e.g. "
+        "summary: a daily digest); an unknown one stops the start"
     )
     prompt_concurrency: int = Field(
         8, ge=1, description="scheduled prompts that may run the model at the same time; the rest wait their turn"

@@ -195,10 +195,10 @@ def _check_command(deps: ReminderDeps, content: str) -> None:
     """A command-mode reminder stores one of ``[reminders] command_tools``, as ``/name args``."""
     name, _ = command_name(content)
     tool = deps.service.bot.tools.resolve(name) if name else None
-    allowed = deps.settings.command_tools
-    if tool is None or tool.name not in allowed:
-        shown = "、".join(f"/{n}" for n in allowed) or "（无）"
-        raise ToolError(f"mode 'command' runs one of these commands: {', '.join(allowed) or 'none'}; "
+    allowed = deps.service.allowed
+    if tool is None or tool.name not in allowed.command_tools:
+        shown = "、".join(f"/{n}" for n in allowed.commands) or "（无）"
+        raise ToolError(f"mode 'command' runs one of these commands: {', '.join(allowed.commands) or 'none'}; "
                         f"content must start with it, e.g. '/summary'",
                         user_message=f"设置提醒失败：定时命令只能是 {shown}。")
 

@@ -12,6 +12,7 @@ __all__ = [
     "CHAT_MODELS",
     "DEEP_RESEARCH",
     "EFFORTS",
+    "MAX_TIMEOUT_S",
     "Effort",
     "Recency",
     "SearchSettings",
@@ -31,6 +32,8 @@ DEEP_RESEARCH = frozenset({
     "sonar-deep-research", "perplexity/sonar-deep-research", "deep-research", "advanced-deep-research",
 })
 """Names of long-running research modes: minutes per answer, more than a chat reply can wait."""
+MAX_TIMEOUT_S = 600.0
+"""The largest ``timeout_s``: the tools' own timeouts, fixed when they are defined, leave room for it."""
 _OLD_PRESETS = frozenset({"fast-search", "pro-search"})
 _PROVIDER_MODEL = re.compile(r"^[a-z0-9][a-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.:@-]*$")
 _LANGUAGE = re.compile(r"^[a-z]{2}$")
@@ -79,7 +82,9 @@ class SearchSettings(BaseModel):
                                             description="domains to search (\"-domain\" to exclude)")
     language_preference: str | None = Field(default=None, description="ISO 639-1 answer language, e.g. zh")
     max_output_tokens: int | None = Field(default=None, ge=16, le=16_000, description="longest answer, in tokens")
-    timeout_s: float = Field(default=30, gt=0, le=600, description="per-request timeout in seconds")
+    timeout_s: float = Field(default=30, gt=0, le=MAX_TIMEOUT_S,
+                             description="per-request timeout in seconds; a search (a fallback or a retry "
+                             "included) gives up after twice this")
     max_answer_chars: int = Field(
         default=1500, ge=50, description="longest reply shown in chat, sources included"
     )

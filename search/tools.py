@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -22,7 +23,7 @@ from search.client import (
 )
 from search.format import format_answer, format_for_model
 from search.research import ResearchService
-from search.settings import Recency, SearchSettings
+from search.settings import MAX_TIMEOUT_S, Recency, SearchSettings
 
 __all__ = ["ResearchArgs", "SearchArgs", "SearchDeps", "WindowLimiter", "deep_research", "disabled_reason",
            "perplexity_search"]
@@ -33,6 +34,10 @@ HOW_TO_ENABLE = (
     "联网搜索未启用：请在 qunbot.toml 的 [search] 中设置 api_key（Perplexity API key），"
     "或设置环境变量 PERPLEXITY_API_KEY 后重启。"
 )
+# A tool's timeout is fixed when it is defined, before [search] is read: these leave room for the largest
+# timeout_s, twice (a search's fallback or retry, a research submission's retry), and keep to the setting
+# themselves (the search's own deadline, the client's per-request one); the bot's cut would waste a paid answer.
+_TOOL_TIMEOUT_S = 2 * MAX_TIMEOUT_S + 30
 _MODEL_NOTE = (
     "\n\n[qunbot] Answer the user in your own words from these results. Keep the [n] citation markers "
     "and finish with the source lines you cited, formatted `[n] title url`."
@@ -129,9 +134,13 @@ def _minutes(seconds: float) -> int:
     return max(1, round(seconds / 60))
 
 
-async def _search(client: PerplexityClient, query: str, recency: Recency | None) -> SearchAnswer:
+async def _search(client: PerplexityClient, query: str, recency: Recency | None, within_s: float) -> SearchAnswer:
     try:
-        return await client.search(query, recency=recency)
+        async with asyncio.timeout(within_s):
+            return await client.search(query, recency=recency)
+    except TimeoutError:  # the client turns its own timeouts into SearchUnavailable: this is the deadline
+        raise ToolError(f"the search took longer than {within_s:g} s; tell the user to retry later",
+                        user_message=f"搜索超时（{within_s:g} 秒内没有结果），请稍后再试。") from None
     except SearchAuthError as exc:
         log.warning("perplexity rejected the key: %s", exc)
         raise ToolError("the search service rejected the bot's API key; tell the user search is unavailable",
@@ -146,7 +155,8 @@ async def _search(client: PerplexityClient, query: str, recency: Recency | None)
         raise ToolError(f"search failed: {exc}", user_message=f"搜索失败：{exc}") from None
 
 
-@tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"], timeout_s=60)
+@tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"],
+               timeout_s=_TOOL_TIMEOUT_S)
 async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> ToolResult:
     """联网搜索 (web search through Perplexity): current facts, news, prices, weather; returns an answer with
     numbered citations [n] and its sources."""
@@ -170,7 +180,7 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
     # and given back if the search fails: only answered searches count.
     taken = [(limiter, key, limiter.acquire(key)) for limiter, key, _ in checks]
     try:
-        answer = await _search(deps.client, args.query, args.recency)
+        answer = await _search(deps.client, args.query, args.recency, 2 * deps.settings.timeout_s)
     except BaseException:
         for limiter, key, stamp in taken:
             limiter.release(key, stamp)
@@ -191,7 +201,8 @@ class ResearchArgs(BaseModel):
                           description="the research question, in the user's language; self-contained")
 
 
-@tool_function(require_at=True, aliases=["research"], examples=["/research 2026 年固态电池商业化进展"])
+@tool_function(require_at=True, aliases=["research"], examples=["/research 2026 年固态电池商业化进展"],
+               timeout_s=_TOOL_TIMEOUT_S)
 async def deep_research(ctx: ToolContext[SearchDeps], args: ResearchArgs) -> ToolResult:
     """深度研究 (deep research): a Perplexity research report that takes several minutes and arrives later
     in this chat. Only when the person asks for in-depth research, not for quick facts."""

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from function_calls import Caller
+from function_calls import Caller, Toolset
 from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
@@ -56,6 +56,7 @@ class Host:
         self.clock = clock
         self.outbox = CountingOutbox()
         self.leases = leases
+        self.tools = Toolset("none")  # where the allowed commands and prompt tools are looked up
 
 
 FIRED = ["CREATE TABLE fired (n {id}, key TEXT NOT NULL, chat TEXT NOT NULL, text TEXT NOT NULL)"]

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import BaseModel
 
+import reminders
 from function_calls import (
     Caller,
     ModelRequest,
@@ -30,6 +31,7 @@ from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, ReminderStore
+from robot.config import ConfigError
 from robot.plugin import Plugin
 
 SH, BERLIN = "Asia/Shanghai", "Europe/Berlin"
@@ -50,7 +52,7 @@ class Weather:
     up = False
 
 
-@tool_function
+@tool_function(aliases=["weather"])
 async def weather_search(ctx: ToolContext[object], args: SearchArgs) -> str:
     """Search the weather."""
     if not Weather.up:
@@ -192,3 +194,34 @@ async def test_a_prompt_that_reaches_a_confirm_tool_asks_in_its_chat_and_answers
     await bot.approvals.idle()
     await bot.outbox.flush()
     assert [m.text for m in ch.sent][2:] == ["已批准，正在执行。", "早上好，门开了"]
+
+
+async def test_allowed_commands_and_prompt_tools_may_be_named_as_users_type_them(launch: Any) -> None:
+    """``command_tools`` / ``prompt_tools`` take a tool's /command too: ``/weather`` is accepted as a command
+    reminder and runs at its time, and a scheduled prompt is offered the tool behind it."""
+    model = ScriptedModel(search_then_answer)
+    bot, ch, clock = await launch(at(SH, "2030-01-07 07:00"), model=model, plugins=[reminders.plugin, WEATHER],
+                                  cfg={"command_tools": ["weather"], "prompt_tools": ["/weather"]}, timezone=SH)
+    Weather.up = True
+    try:
+        await ch.inject("/remind daily 08:00 /weather 北京 mode=command", at_bot=True)
+        await ch.inject("/remind daily 08:00 北京天气 prompt", at_bot=True)
+        made = [m.text for m in await ch.wait_sent(2)]
+        assert all(t.startswith("好的，已设置定时") for t in made), made
+        service = bot.deps_for(reminders.reminder_set).service
+        clock.now = at(SH, "2030-01-07 08:00")
+        await service.fire_due(clock.now)
+        await bot.outbox.flush()
+    finally:
+        Weather.up = False
+    assert [m.text for m in ch.sent[2:]].count("晴，-3°C") == 2  # the command's reply and the prompt's answer
+    assert [t["function"]["name"] for t in model.requests[0].tools] == ["weather_search"]
+
+
+async def test_allowed_commands_naming_no_tool_fail_the_start(launch: Any) -> None:
+    with pytest.raises(ConfigError, match=r"\[reminders\] command_tools: 'no_such'"):
+        await launch(at(SH, "2030-01-07 07:00"), plugins=[reminders.plugin, WEATHER],
+                     cfg={"command_tools": ["weather", "no_such"]})
+    with pytest.raises(ConfigError, match=r"\[reminders\] prompt_tools: 'perplexity_search'"):  # search not loaded
+        await launch(at(SH, "2030-01-07 07:00"), plugins=[reminders.plugin],
+                     cfg={"prompt_tools": ["perplexity_search"]})

@@ -198,10 +198,12 @@ def test_settings_from_toml_and_environment(monkeypatch: pytest.MonkeyPatch) -> 
 async def test_timer_jobs_are_armed_from_the_table_within_the_horizon(store: ReminderStore) -> None:
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+    from function_calls import Toolset
     from reminders.service import ReminderService
 
     class FakeBot:  # what the service reads from a bot when it only arms timers
         clock = staticmethod(lambda: NOW)
+        tools = Toolset("none")  # the allowed commands and prompt tools are looked up in it
 
     soon = [make(next_fire=NOW + timedelta(minutes=m)) for m in (1, 2, 3)]
     berlin = make(next_fire=NOW + timedelta(minutes=4)).evolve(zone="Europe/Berlin")

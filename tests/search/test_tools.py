@@ -139,6 +139,38 @@ async def test_timeout_is_reported_not_raised(tmp_path: Path, perplexity: FakePe
     assert "暂时不可用" in sent[0].text
 
 
+def _largest_timeout_s() -> float:
+    """The largest ``[search] timeout_s`` the settings accept."""
+    return next(float(m.le) for m in search.SearchSettings.model_fields["timeout_s"].metadata
+                if getattr(m, "le", None) is not None)
+
+
+async def test_the_tools_do_not_cut_a_search_the_timeout_setting_still_allows(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    """``timeout_s = 120`` once met the search tool's own fixed 60 s: an answer at 65 s was paid for and thrown
+    away. Each tool's timeout (fixed when it is defined) leaves room for the largest accepted setting: two
+    requests of it (a fallback or a retry); the search keeps to what the setting says (next test)."""
+    largest = _largest_timeout_s()
+    bot, _ = make_bot(tmp_path, None, chat_cfg(perplexity, timeout_s=largest, research_per_user_day=1))
+    for command in ("search", "research"):
+        tool = bot.tools.resolve(command)
+        assert tool is not None and tool.timeout_s > 2 * largest, (command, tool and tool.timeout_s)
+
+
+async def test_a_search_gives_up_after_twice_its_timeout_setting(tmp_path: Path,
+                                                                 perplexity: FakePerplexityServer) -> None:
+    perplexity.delay(0.2)
+    perplexity.disable_endpoint("agent")  # auto: the Agent API answers 404, chat completions then answer
+    fallback = await exchange(tmp_path / "a", {**chat_cfg(perplexity, timeout_s=0.3), "endpoint": "auto"},
+                              "/search 上海天气")
+    assert "上海今天多云" in fallback[0].text  # two requests of 0.2 s fit in 2 x 0.3 s
+    perplexity.delay(0.25)
+    for _ in range(2):  # a 503 is retried after a 0.5 s pause: past 2 x 0.3 s
+        perplexity.next_status(503)
+    sent = await exchange(tmp_path / "b", chat_cfg(perplexity, timeout_s=0.3), "/search 上海天气")
+    assert "0.6 秒" in sent[0].text and "超时" in sent[0].text, sent[0].text
+
+
 async def test_per_user_and_per_chat_hourly_limits(tmp_path: Path, perplexity: FakePerplexityServer) -> None:
     sent = await exchange(tmp_path, chat_cfg(perplexity, user_rate_per_hour=2, chat_rate_per_hour=3),
                           *[(f"/search q{n}", {"user": "alice"}) for n in range(3)],
