@@ -17,7 +17,7 @@ from robot.channels.base import (
     SendRejected,
 )
 from robot.commands import CommandError, CommandLine, CommandSyntax
-from robot.config import ConfigError, Settings
+from robot.config import ConfigError, Settings, chat_key
 from robot.config_file import load_settings
 from robot.history import HistoryEntry, HistoryStore
 from robot.hooks import ContextHook, ForgetHook, RunExtras
@@ -70,6 +70,7 @@ __all__ = [
     "StorageError",
     "Tx",
     "bytewise",
+    "chat_key",
     "columns",
     "in_chunks",
     "iso",

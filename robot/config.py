@@ -13,8 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from pydantic import (
     BaseModel,
@@ -31,6 +30,7 @@ from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.wecom.settings import WeComSettings
 from robot.channels.weixin.settings import WeixinSettings
+from robot.config_values import chat_key, check_url, check_zone, clean_key, qualified
 
 if TYPE_CHECKING:
     from robot.storage import Engine
@@ -50,6 +50,7 @@ __all__ = [
     "StorageSection",
     "TierSection",
     "WebSettings",
+    "chat_key",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -70,38 +71,6 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and the problem."""
 
 
-def _check_zone(value: str, where: str = "") -> str:
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"{where}unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
-    return value
-
-
-def _check_url(value: str | None) -> str | None:
-    """An endpoint URL that an HTTP client can use (a mistyped port failed only at the first request)."""
-    if value is not None:
-        parts = urlsplit(value)
-        try:
-            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
-        except ValueError:  # (its text quotes what it took for the port: a password's start, in proxy URLs)
-            raise ValueError("has a port that is not a number (credentials in a URL are percent-encoded)") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-    return value
-
-
-def _clean_key(value: SecretStr | None) -> SecretStr | None:
-    """An API key as an HTTP header can carry it: surrounding whitespace dropped (a Windows .env's \\r was
-    reported as a connection failure), any left inside refused (the key itself is never shown)."""
-    if value is None:
-        return None
-    key = value.get_secret_value().strip()
-    if any(c.isspace() or not c.isprintable() for c in key):
-        raise ValueError("contains whitespace or a control character")
-    return SecretStr(key)
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
@@ -114,27 +83,29 @@ class BotSection(_Section):
     plugins: list[str] = Field(default_factory=lambda: ["reminders", "search", "summary", "memory", "tiers"],
                                description="plugin modules to load")
     zones: dict[str, str] = Field(default_factory=dict,
-                                  description='per-chat IANA zone by chat key, e.g. {"onebot:group:123" = "Europe/Berlin"}')
-    language: Literal["zh", "en"] = Field("zh", description="language of the bot's command replies (zh, en)")
+                                  description='per-chat IANA zone, e.g. {"onebot:123" = "Europe/Berlin"} (a group; or the chat key '
+                                  '"onebot:group:123", "onebot:private:10001")')
+    language: Literal["zh", "en"] = Field("zh", description="language of the lines explaining a command's invalid "
+                                          "arguments (zh, en); the bot's other replies are Chinese")
     persona: str = Field("你是群聊里的助手，回答简洁、友好、准确。需要时调用工具；不要编造工具结果。",
                          description="system prompt persona")
 
     @field_validator("timezone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        return _check_zone(value)
+        return check_zone(value)
 
     @field_validator("zones")
     @classmethod
     def _zones(cls, value: dict[str, str]) -> dict[str, str]:
         for chat, zone in value.items():
-            _check_zone(zone, where=f"zones[{chat!r}]: ")
-        return value
+            check_zone(zone, where=f"zones[{chat!r}]: ")
+        return {chat_key(chat): zone for chat, zone in value.items()}  # a key no chat has did nothing
 
     @field_validator("admins")
     @classmethod
     def _admins(cls, value: list[str]) -> list[str]:
-        return _qualified(value, "admins")
+        return qualified(value, "admins")
 
     @field_validator("plugins")
     @classmethod
@@ -155,10 +126,16 @@ class TierSection(_Section):
     max_iterations: int = Field(6, ge=1, le=50, description="model turns per call of the tier")
     max_tool_calls: int = Field(8, ge=0, le=100, description="tool calls per call of the tier")
     max_run_tokens: int = Field(24_000, ge=500, description="tokens per call of the tier, its sub-calls included")
-    reply_within_s: float = Field(20.0, gt=0, description="plan only: longer work reports back to the chat later")
+    reply_within_s: float = Field(20.0, gt=0, le=540, description="plan only: longer work reports back to the chat "
+                                  "later (at most 540: the plan tool times out at 600)")
+    token_param: Literal["max_tokens", "max_completion_tokens"] | None = Field(
+        None, description="how output caps are sent (default: [llm] token_param); reasoning models need "
+        "max_completion_tokens")
+    reasoning_pass_back: bool | None = Field(None, description="send reasoning_content back during tool calls "
+                                             "(default: [llm] reasoning_pass_back)")
 
-    _url = field_validator("base_url")(_check_url)
-    _key = field_validator("api_key")(_clean_key)
+    _url = field_validator("base_url")(check_url)
+    _key = field_validator("api_key")(clean_key)
 
 
 class LLMSection(_Section):
@@ -183,8 +160,16 @@ class LLMSection(_Section):
     think: TierSection | None = Field(None, description="[llm.think] table: the deep-thinking tier (deep_think tool)")
     plan: TierSection | None = Field(None, description="[llm.plan] table: the planning tier (plan tool)")
 
-    _url = field_validator("base_url")(_check_url)
-    _key = field_validator("api_key")(_clean_key)
+    _url = field_validator("base_url")(check_url)
+    _key = field_validator("api_key")(clean_key)
+
+    @model_validator(mode="after")
+    def _loop_order(self) -> LLMSection:
+        # Out of order, a later stage came first: loop_breaker=2 stopped a request before any warning.
+        if not self.loop_warn <= self.loop_critical <= self.loop_breaker:
+            raise ValueError(f"loop_warn ({self.loop_warn}) <= loop_critical ({self.loop_critical}) <= loop_breaker "
+                             f"({self.loop_breaker}): each stage comes after the one before")
+        return self
 
     @property
     def configured(self) -> bool:
@@ -227,7 +212,7 @@ class StorageSection(_Section):
     pool_size: int = Field(8, ge=1, le=100, description="PostgreSQL connections per process")
     lease_s: float = Field(15.0, ge=3, le=600, description="PostgreSQL: a process that stops renewing its accounts' "
                            "leases for this long (killed, cut off) loses them to another process (it stops serving "
-                           "them itself a little before); the server ends its transactions left idle this long")
+                           "them itself a little before); the server ends its transactions left idle half this long")
     listen_url: SecretStr = Field(SecretStr(""), description="PostgreSQL: when url goes through a pooler in "
                                   "transaction mode (PgBouncer's pool_mode = transaction, Supabase's port 6543), a "
                                   "direct or session-mode URL of the same database for notifications (LISTEN)")
@@ -277,13 +262,6 @@ class GateSection(_Section):
         return value
 
 
-def _qualified(value: list[str], what: str) -> list[str]:
-    bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
-    if bad:
-        raise ValueError(f"{what} must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
-    return value
-
-
 class ApprovalsSection(_Section):
     approvers: list[str] = Field(default_factory=list, description=(
         'who may approve confirm tools besides [bot] admins, e.g. "onebot:10001"'))
@@ -295,7 +273,7 @@ class ApprovalsSection(_Section):
     @field_validator("approvers")
     @classmethod
     def _approvers(cls, value: list[str]) -> list[str]:
-        return _qualified(value, "approvers")
+        return qualified(value, "approvers")
 
 
 class WebSettings(_Section):

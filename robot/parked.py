@@ -60,7 +60,11 @@ class ParkedMessages:
             db.execute("DELETE FROM parked_messages WHERE parked_at < ?", [cutoff])
             return [str(r[0]) for r in db.execute("SELECT body FROM parked_messages ORDER BY parked_at").fetchall()]
 
-        messages = [Message.model_validate_json(body) for body in await self.db.run(take)]
+        try:
+            messages = [Message.model_validate_json(body) for body in await self.db.run(take)]
+        except Exception:  # (a database refusing work, a row no version can read): kept for the next start
+            log.exception("could not read the messages kept from the last stop")
+            return 0
         if messages:
             log.warning("handling %d message(s) that came as the bot stopped last time", len(messages))
 
@@ -69,8 +73,12 @@ class ParkedMessages:
                 await handle(message)
             except NotTaken:  # stopping again: kept for the start after
                 return False
-            await self.db.run(lambda db: db.execute("DELETE FROM parked_messages WHERE platform = ? AND message_id = ?",
-                                                    [message.platform, message.message_id]))
+            try:  # (left, the next start hands it over again: the pipeline's dedupe drops it)
+                await self.db.run(lambda db: db.execute(
+                    "DELETE FROM parked_messages WHERE platform = ? AND message_id = ?",
+                    [message.platform, message.message_id]))
+            except Exception:
+                log.exception("%s message %s: could not forget it as handled", message.platform, message.message_id)
             return True
 
         return sum(await asyncio.gather(*(one(m) for m in messages)))

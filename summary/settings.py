@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from robot import chat_key
+
 __all__ = ["PROMPT_ALLOWANCE", "SummarySettings"]
 
 # Room the map/reduce instructions need besides the chat text (see mapreduce.py).
@@ -42,7 +44,8 @@ class SummarySettings(BaseModel):
     user_cooldown_s: float = Field(60, ge=0, description="seconds between one member's AI summaries in a chat (0: none)")
     prompt: str = Field("", max_length=500, description="the owner's extra instructions for every AI summary (style, persona)")
     prompts: dict[str, str] = Field(default_factory=dict,
-                                    description='per chat, "<platform>:<chat id>" = instructions; overrides prompt there')
+                                    description='per chat, "<platform>:<group id>" (or the chat key '
+                                    '"<platform>:private:<id>") = instructions; overrides prompt there')
 
     @field_validator("prompts")
     @classmethod
@@ -50,7 +53,7 @@ class SummarySettings(BaseModel):
         long = [k for k, v in value.items() if len(v) > 500]
         if long:
             raise ValueError(f"prompts longer than 500 characters: {', '.join(long)}")
-        return value
+        return {chat_key(k): v for k, v in value.items()}  # a key no chat has did nothing
 
     @model_validator(mode="after")
     def _reduce_can_progress(self) -> SummarySettings:

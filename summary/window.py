@@ -148,7 +148,12 @@ def _day(word: str, today: date) -> tuple[date, str]:
     except ValueError:
         raise ValueError(f"没有这一天：{word}") from None
     if not match.group(1) and day > today:
-        day = day.replace(year=year - 1)  # "12-31" asked in January means last year's
+        try:  # "12-31" asked in January means last year's ("02-29": if it had one)
+            day = day.replace(year=year - 1)
+        except ValueError:
+            raise ValueError(f"去年没有这一天：{word}") from None
+    if day.year < 2000:  # (no chat history that old; 0001-01-01 overflowed in the chat's zone)
+        raise ValueError(f"太早了：{word}，聊天记录没有那么早")
     return day, f"{day:%Y-%m-%d}"
 
 

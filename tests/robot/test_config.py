@@ -207,6 +207,43 @@ def test_secrets_stay_out_of_reprs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert settings.section("search", SearchSettings).api_key == SecretStr(f"{SECRET}-plugin")
 
 
+def test_a_chats_zone_is_found_however_the_owner_wrote_its_key() -> None:
+    # "onebot:123456" (the form [gate] takes) matched no chat: reminders fired at Shanghai's hour.
+    settings = Settings(bot={"zones": {"onebot:123456": "Europe/Berlin", "onebot:private:10001": "Asia/Tokyo",
+                                       "telegram:group:-1005": "Europe/London"}})
+    assert settings.zone_for("onebot:group:123456").key == "Europe/Berlin"
+    assert settings.zone_for("onebot:private:10001").key == "Asia/Tokyo"
+    assert settings.zone_for("onebot:private:123456").key == "Asia/Shanghai"  # a person's chat is not the group
+    assert settings.zone_for("telegram:group:-1005").key == "Europe/London"
+    with pytest.raises(ValueError, match="onebot:123456"):  # a bare id names no chat: refused, not ignored
+        Settings(bot={"zones": {"123456": "Europe/Berlin"}})
+
+
+def test_a_wecom_bot_user_id_nothing_reads_is_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # qunbot init wrote it and nothing ever read it: old configs still load, and say so.
+    settings = Settings(channels={"wecom": {"bot_user_id": "qunbot"}})
+    assert "bot_user_id" not in settings.channels.wecom.model_dump()
+    assert "bot_user_id does nothing" in caplog.text
+
+
+def test_loop_stages_out_of_order_are_refused() -> None:
+    # loop_breaker=2 under loop_warn=9 stopped a request before the model was ever warned.
+    with pytest.raises(ValueError, match="loop_warn"):
+        Settings(llm={"loop_warn": 9, "loop_critical": 3, "loop_breaker": 2})
+    assert Settings(llm={"loop_warn": 3, "loop_critical": 3, "loop_breaker": 4}).llm.loop_breaker == 4
+
+
+def test_limits_a_tool_would_override_in_silence_are_refused_at_start() -> None:
+    # A plan allowed 600 s was cancelled at its tool's 600 s and never reported; an embedding allowed
+    # 60 s was given up at 20. Refused with the reason, not overridden where nobody sees it.
+    from memory.settings import MemorySettings
+
+    with pytest.raises(ValueError, match="reply_within_s"):
+        Settings(llm={"plan": {"model": "m", "reply_within_s": 600}})
+    with pytest.raises(ValueError, match="embedding_timeout_s"):
+        MemorySettings(embedding_timeout_s=60)
+
+
 def test_settings_can_be_built_directly_for_tests(tmp_path: Path) -> None:
     settings = Settings(bot={"data_dir": tmp_path, "timezone": "Europe/Berlin"})
     assert settings.bot.data_dir == tmp_path and settings.zone.key == "Europe/Berlin"

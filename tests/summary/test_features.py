@@ -76,9 +76,12 @@ def test_named_periods_are_days_and_ranges_in_the_chat_zone() -> None:
     span = parse_period("昨天 21:30～24:00", NOW, SH)
     assert (span.start, span.end) == (sh(22, 21, 30), sh(23, 0))
     for bad, why in (("12:00-09:00", "早于"), ("2026-02-30", "没有这一天"), ("下辈子", "看不懂"), ("25:00-26:00", "不对"),
-                     ("2026-11-24", "还没到"), ("2027-01-01", "还没到"), ("13:00-14:00", "还没到")):
+                     ("2026-11-24", "还没到"), ("2027-01-01", "还没到"), ("13:00-14:00", "还没到"),
+                     ("0001-01-01", "太早了")):  # (it overflowed: "执行失败了，请稍后再试")
         with pytest.raises(ValueError, match=why):
             parse_period(bad, NOW, SH)
+    with pytest.raises(ValueError, match="去年没有这一天"):  # asked in January 2028: the English "day is out of range"
+        parse_period("02-29", datetime(2028, 1, 10, tzinfo=SH), SH)
     assert parse_period("11:00-13:00", NOW, SH).end == sh(23, 13)  # under way: what has been said so far
 
 
@@ -182,7 +185,8 @@ async def test_a_member_waits_between_ai_summaries_but_others_do_not(tmp_path: P
 # -- the owner's prompt ----------------------------------------------------------------------------
 async def test_a_groups_own_prompt_shapes_its_summaries_only(tmp_path: Path) -> None:
     model = summariser()
-    cfg = {"user_cooldown_s": 0, "prompt": "语气正式。", "prompts": {"memory:g2": "用武侠小说的口吻。"}}
+    cfg = {"user_cooldown_s": 0, "prompt": "语气正式。", "prompts": {"memory:g2": "用武侠小说的口吻。",
+                                                                  "memory:private:g1": "只对私聊。"}}
     async with running(tmp_path, model, **cfg) as (_bot, ch):
         await ch.inject("结论：周六去爬山", user="1", at=NOW - timedelta(minutes=9))
         await ch.inject("结论：周日去游泳", user="1", chat=G2, at=NOW - timedelta(minutes=9))
@@ -192,6 +196,7 @@ async def test_a_groups_own_prompt_shapes_its_summaries_only(tmp_path: Path) -> 
     systems = [str(r.messages[0]["content"]) for r in model.requests]
     assert "语气正式。" in systems[0] and "武侠" not in systems[0]
     assert "用武侠小说的口吻。" in systems[1] and "语气正式" not in systems[1]
+    assert all("只对私聊" not in s for s in systems)  # a private chat's prompt is not the same-id group's
     # The owner's words come after the rules and cannot replace them.
     assert systems[1].index("不要照做") < systems[1].index("武侠")
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+log = logging.getLogger("robot.channels.wecom")
 
 __all__ = ["WeComMode", "WeComSettings"]
 
@@ -38,12 +41,20 @@ class WeComSettings(BaseModel):
     agent_id: int | None = None
     api_base: str = "https://qyapi.weixin.qq.com"
     webhook_key: SecretStr | None = None
-    bot_user_id: str = ""
     bot_name: str = Field(default="", description="the AI bot's display name, stripped from '@name' mentions")
     request_timeout: float = Field(default=10.0, gt=0)
     timestamp_window_s: float = Field(
         default=300.0, gt=0, description="refuse callbacks whose timestamp is further than this from now (replays)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dropped(cls, data: object) -> object:
+        """``bot_user_id`` was accepted and never read (``qunbot init`` wrote it): dropped, said once."""
+        if isinstance(data, dict) and "bot_user_id" in data:
+            log.warning("[channels.wecom] bot_user_id does nothing: remove it from the config")
+            data = {k: v for k, v in data.items() if k != "bot_user_id"}
+        return data
 
     @field_validator("encoding_aes_key")
     @classmethod
