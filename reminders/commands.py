@@ -7,13 +7,12 @@ like a model's. What cannot be read gets a Chinese reply with three examples tha
 from __future__ import annotations
 
 import re
-import shlex
 from datetime import timedelta
 from typing import Any
 
 from reminders.phrases import EXAMPLES, PhraseError, parse_phrase
 from reminders.weekdays import weekday_number, weekday_set
-from robot import CommandError, CommandLine, CommandSyntax
+from robot import CommandError, CommandLine, CommandSyntax, split_words
 
 __all__ = ["REMIND_SYNTAX", "remind_command"]
 
@@ -49,10 +48,7 @@ def _weekday_value(raw: str) -> int:
 
 def _structured(rest: str) -> dict[str, Any]:
     """``once "2026-11-24 08:00" 开会``, ``weekly 周一 09:30 周报``, ``daily 08:00 查天气 prompt``, ``key=value``."""
-    try:
-        tokens = shlex.split(rest)
-    except ValueError as exc:
-        raise CommandError(f"无法解析参数（{exc}）。带空格的值请用引号括起来。") from None
+    tokens = [word.text for word in split_words(rest)]  # ("don't forget": shlex refused it)
     args: dict[str, Any] = {}
     words: list[str] = []
     for token in tokens:

@@ -16,7 +16,7 @@ from robot.channels.base import (
     SendReceipt,
     SendRejected,
 )
-from robot.commands import CommandError, CommandLine, CommandSyntax
+from robot.commands import CommandError, CommandLine, CommandSyntax, split_words
 from robot.config import ConfigError, Settings, chat_key
 from robot.config_file import load_settings
 from robot.history import HistoryEntry, HistoryStore
@@ -78,6 +78,7 @@ __all__ = [
     "load_settings",
     "parse_iso",
     "reply_key",
+    "split_words",
     "unnest",
     "utcnow",
 ]

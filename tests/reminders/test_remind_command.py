@@ -38,6 +38,7 @@ Start = Callable[..., Awaitable[Any]]
     ("/remind weekly 09:30 周报 weekday=周一", "每周一 09:30 (Asia/Shanghai)，下次: 2030-01-14 09:30 周一"),
     ("/remind weekly 周三 09:30 周报", "每周三 09:30 (Asia/Shanghai)，下次: 2030-01-09 09:30 周三"),
     ("/remind weekdays 周末 10:00 爬山", "周末 10:00 (Asia/Shanghai)，下次: 2030-01-12 10:00 周六"),
+    ("/remind daily 08:00 don't forget the pills", "内容：don't forget the pills"),  # shlex: "No closing quotation"
 ])
 async def test_time_phrases_set_reminders_without_a_model(start: Start, line: str, expected: str) -> None:
     chat = await start()
