@@ -143,6 +143,7 @@ class Bot:
         self.command_syntax: dict[str, CommandSyntax] = {n: s for p in self.plugins for n, s in p.commands.items()}
         self.pipeline = Pipeline(self)
         self.parked = ParkedMessages(self.db, self.clock)  # what came as it stopped: handled at the next start
+        self.forgetters.append(Forgetter("parked", "条未处理的消息", self.parked.forget))
         self._replay: asyncio.Task[int] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None

@@ -5,7 +5,7 @@ callback answered "success", the web playground. What the stopping bot no longer
 and handed to the bot at its next start. A channel whose platform does redeliver (a poll cursor, a
 callback's retry) leaves the message unacknowledged as well: the pipeline's dedupe drops the
 second copy. A row lives until that start has handled it (a day at most), and ``/forget me`` clears
-the person's (:func:`forget_sync`).
+the person's (:meth:`ParkedMessages.forget`, a :class:`~robot.privacy.Forgetter` of the bot's).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 
 from robot.channels.base import NotTaken
 from robot.message import Message
+from robot.privacy import ForgetRequest
 from robot.storage import Engine, Tx, iso
 
-__all__ = ["KEEP", "ParkedMessages", "forget_sync"]
+__all__ = ["KEEP", "ParkedMessages"]
 
 log = logging.getLogger(__name__)
 #: How long a turned-away message waits for a start: older, it is stale and dropped.
@@ -27,11 +28,6 @@ KEEP = timedelta(days=1)
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS parked_messages (platform TEXT NOT NULL, message_id TEXT NOT NULL, "
            "chat TEXT NOT NULL, user_id TEXT NOT NULL, body TEXT NOT NULL, parked_at TEXT NOT NULL, "
            "PRIMARY KEY (platform, message_id))")
-
-
-def forget_sync(db: Tx, chat: str, user_id: str) -> int:
-    """``/forget me``: the person's turned-away messages in ``chat``."""
-    return int(db.execute("DELETE FROM parked_messages WHERE chat = ? AND user_id = ?", [chat, user_id]).rowcount)
 
 
 class ParkedMessages:
@@ -51,6 +47,16 @@ class ParkedMessages:
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (platform, message_id) DO NOTHING", row), urgent=True)
         except Exception:  # (a database going away as the bot stops): the platform's redelivery, if any, is left
             log.exception("%s message %s: could not keep it for the next start", message.platform, message.message_id)
+
+    async def forget(self, request: ForgetRequest) -> int:
+        """``/forget me``: the person's messages kept, in the chats the request covers."""
+        def work(db: Tx) -> int:
+            rows = db.execute("SELECT chat FROM parked_messages WHERE platform = ? AND user_id = ?",
+                              [request.platform, request.user_id]).fetchall()
+            chats = [str(r[0]) for r in rows if request.covers(str(r[0]))]
+            return sum(int(db.execute("DELETE FROM parked_messages WHERE chat = ? AND user_id = ?",
+                                      [chat, request.user_id]).rowcount) for chat in dict.fromkeys(chats))
+        return await self.db.run(work)
 
     async def replay(self, handle: Callable[[Message], Awaitable[None]]) -> int:
         """Hand every kept message to ``handle`` (the bot's sink), then forget it; returns how many were handed."""

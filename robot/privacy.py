@@ -27,7 +27,6 @@ from pydantic import BaseModel, Field
 
 from function_calls import FunctionCallRouter, ToolContext, ToolError, ToolResult, Toolset, tool_function
 from function_calls.tokens import forget_texts
-from robot import parked
 from robot.history import TO_USER, HistoryStore, drop_windows
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
@@ -130,7 +129,6 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
             [key, request.user_id]).fetchall()]
         messages += db.execute("DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0",
                                [key, request.user_id]).rowcount
-        messages += parked.forget_sync(db, key, request.user_id)  # came as the bot stopped: not handled yet
         if chat.kind == "private":  # a private chat is one conversation with them: every bot message there goes
             replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1", [key]).rowcount
             db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND status != 'pending'", [key])

@@ -14,7 +14,7 @@ from function_calls.testing import ScriptedModel, text
 from robot.admission import CLEAR, CROWD, Admission, Crowd
 from robot.channels.base import NotTaken, SendReceipt
 from robot.message import ChatRef, OutgoingMessage
-from robot.privacy import ForgetRequest, forget_sync
+from robot.privacy import ForgetRequest
 from robot.storage.postgres import PostgresDatabase
 from robot.testing import MemoryChannel
 from tests.robot.conftest import eventually
@@ -210,8 +210,7 @@ async def test_messages_turned_away_as_the_bot_stopped_are_answered_at_its_next_
     again, channel2 = await make_bot(ScriptedModel(answer), limits={"user_burst": 1000, "chat_burst": 1000},
                                      start=False)
     await again.db.open()  # u3 said /forget me (in another process) before this one started: theirs goes too
-    forgotten = await again.db.run(lambda db: forget_sync(db, ForgetRequest("memory", "u3", (G1,))))
-    assert forgotten[0] == 1
+    assert await again.parked.forget(ForgetRequest("memory", "u3", (G1,))) == 1
     await again.db.close()
     await again.start()
     await eventually(lambda: "好的：停机中" in [m.text for m in channel2.sent])
