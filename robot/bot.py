@@ -118,6 +118,9 @@ class Bot:
             self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
                                              history_tokens=llm.history_tokens)
         self.channels = {c.platform: c for c in (build_channels(settings) if channels is None else channels)}
+        if self.router is not None:  # what it is called where its name is another (OneBot's bot_name)
+            self.router.names = {p: n for p, c in self.channels.items()
+                                 if isinstance(n := getattr(c, "bot_name", None), str) and n and n != settings.bot.name}
         merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)

@@ -157,6 +157,7 @@ async def test_the_bots_own_name_on_a_platform_addresses_it_too(make_bot: Any) -
         await ch.inject(said)
     await ch.wait_sent(2)
     assert [r.messages[-1]["content"] for r in model.requests] == ["明天几号？", "在吗"]
+    assert "你的名字是「小助手」" in str(model.requests[0].messages[0]["content"])  # the model knows it too
 
 
 @pytest.mark.parametrize(("said", "seen"), [
