@@ -149,7 +149,7 @@ def split_words(line: str) -> list[Word]:
             end += 1
         word = line[i:end]
         key, eq, value = word.partition("=")
-        lead = i + len(key) + 1 if eq and value[:1] in "\"'" else i if word[:1] in "\"'" else -1
+        lead = i + len(key) + 1 if eq and value[:1] and value[0] in "\"'" else i if word[0] in "\"'" else -1
         if lead >= 0:
             close = line.find(line[lead], lead + 1)
             while close != -1 and close + 1 < n and not line[close + 1].isspace():
@@ -189,7 +189,10 @@ def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
     spans: dict[str, tuple[int, int]] = {}  # a text field that took more words: where they were typed
     for word in positional:
         value = _coerce(props[free[0]], word.text) if free else word.text
-        if free and (_fits(props[free[0]], value) or last_text is None):
+        # A second plain text field (deep_think's context) is filled by name only: it took all but the
+        # question's first word.
+        second = last_text is not None and free and _is_text(props[free[0]]) and "pattern" not in props[free[0]]
+        if free and not second and (_fits(props[free[0]], value) or last_text is None):
             name = free.pop(0)
             args[name] = value
             if _is_text(props[name]):

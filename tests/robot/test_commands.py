@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from function_calls import Caller, ToolContext, ToolResult, Toolset, tool_function
 from function_calls.testing import ScriptedModel, call, text
-from robot.commands import CommandError, build_arguments, help_text, parse_command
+from robot.commands import CommandError, build_arguments, help_text, parse_command, split_words
 from robot.message import ChatRef
 from robot.plugin import Plugin
 
@@ -53,7 +56,7 @@ def test_the_last_free_field_takes_the_rest_as_typed(plugin: Plugin[Any]) -> Non
     kick = tool(plugin, "kick")
     assert build_arguments(kick, "spam bot account") == {"target": "spam bot account"}
     for typed in ('"unclosed', "what's new in Python 3.14", r"regex \d+\s*  meaning", r"C:\Windows\System32 size",
-                  '"exact phrase" meaning', "it's 'quoted' here"):
+                  '"exact phrase" meaning', "it's 'quoted' here", "1+1=", "x=  y  z", "=", "a='"):
         assert build_arguments(kick, typed) == {"target": typed}
     assert build_arguments(kick, '"one value"') == {"target": "one value"}
     note = tool(plugin, "note")
@@ -61,6 +64,15 @@ def test_the_last_free_field_takes_the_rest_as_typed(plugin: Plugin[Any]) -> Non
     assert build_arguments(note, "buy times=2 oat  milk") == {"text": "buy oat milk", "times": 2}  # a key between
     with pytest.raises(CommandError, match="不需要"):
         build_arguments(tool(plugin, "poke"), "extra words")
+
+
+def test_a_second_plain_text_field_is_filled_by_name_only() -> None:
+    # /deep_think kept the question's first word, and passed the rest on as "background".
+    from tiers.tools import deep_think
+
+    assert build_arguments(deep_think, "prove that √2 is irrational") == {"question": "prove that √2 is irrational"}
+    assert build_arguments(deep_think, 'why context="we met on Monday"') == {"question": "why",
+                                                                              "context": "we met on Monday"}
 
 
 async def test_commands_validate_like_model_calls(make_bot: Any) -> None:
@@ -298,3 +310,13 @@ async def test_an_optional_choice_is_explained_without_python_s_none(make_bot: A
     await ch.inject("/run medium")
     (sent,) = await ch.wait_sent(1)
     assert "只能是 fast、slow" in sent.text and "None" not in sent.text  # it read "fast 、slow 、None"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab =\"' \\\t中x")), max_size=40))
+def test_any_command_line_splits_into_words_where_they_were_typed(line: str) -> None:
+    # "1+1=" at the end of a line read past it (IndexError: "执行失败了").
+    words = split_words(line)
+    assert all(0 <= w.start < w.end <= len(line) for w in words)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(words))
+    assert "".join(line[w.start:w.end] for w in words).replace(" ", "") or not line.strip(" \t")
