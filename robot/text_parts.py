@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 __all__ = ["split_text", "whole"]
 
+_BLANK_LINES = re.compile(r"^(?:[ \t]*\n)+")
 _BREAKS = ("\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", "，", ", ", " ")
 
 
@@ -25,8 +27,9 @@ def split_text(text: str, limit: int) -> list[str]:
                 break
         cut = cut or whole(rest, limit)
         parts.append(rest[:cut].rstrip())
-        rest = rest[cut:].lstrip("\n")  # (a line's own indentation stays: a code answer's part 2 lost it)
-    if rest or not parts:
+        # Blank lines go, a line's own indentation stays (a code answer's part 2 lost it).
+        rest = _BLANK_LINES.sub("", rest[cut:])
+    if rest.strip() or not parts:
         parts.append(rest)
     return parts
 

@@ -293,6 +293,11 @@ def test_a_later_part_keeps_its_first_lines_indentation() -> None:
     assert "\n".join(p.rstrip("\n") for p in parts) == code.rstrip("\n")
 
 
+def test_no_part_is_blank_or_begins_with_blank_lines() -> None:
+    assert split_text("一二三四五六七八九。  \n", 10) == ["一二三四五六七八九。"]
+    assert split_text("一二三四五六七八九。  \n\n第二段。", 10) == ["一二三四五六七八九。", "第二段。"]
+
+
 def test_split_text_edge_cases() -> None:
     assert split_text("short", 10) == ["short"]
     assert split_text("", 10) == [""]
