@@ -62,15 +62,23 @@ class ParkedMessages:
         """Hand every kept message to ``handle`` (the bot's sink), then forget it; returns how many were handed."""
         cutoff = iso(self.clock() - KEEP)
 
-        def take(db: Tx) -> list[str]:
+        def take(db: Tx) -> list[tuple[str, str, str]]:
             db.execute("DELETE FROM parked_messages WHERE parked_at < ?", [cutoff])
-            return [str(r[0]) for r in db.execute("SELECT body FROM parked_messages ORDER BY parked_at").fetchall()]
+            return [(str(r[0]), str(r[1]), str(r[2])) for r in db.execute(
+                "SELECT platform, message_id, body FROM parked_messages ORDER BY parked_at").fetchall()]
 
         try:
-            messages = [Message.model_validate_json(body) for body in await self.db.run(take)]
-        except Exception:  # (a database refusing work, a row no version can read): kept for the next start
+            rows = await self.db.run(take)
+        except Exception:  # (a database refusing work): kept for the next start
             log.exception("could not read the messages kept from the last stop")
             return 0
+        messages: list[Message] = []
+        for platform, message_id, body in rows:
+            try:
+                messages.append(Message.model_validate_json(body))
+            except ValueError:  # one this version cannot read (another's, edited) holds up none of the others
+                log.warning("%s message %s kept from the last stop cannot be read; it is left for a day",
+                            platform, message_id)
         if messages:
             log.warning("handling %d message(s) that came as the bot stopped last time", len(messages))
 

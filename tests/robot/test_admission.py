@@ -251,3 +251,24 @@ def test_a_burst_window_opens_once_per_burst_and_closes_when_it_clears_or_expire
             await crowd.wait()  # never for longer than the window
 
     asyncio.run(check())
+
+
+async def test_a_kept_message_this_version_cannot_read_holds_up_none_of_the_others(make_bot: Any) -> None:
+    bot, channel = await make_bot(ScriptedModel(lambda r: text("好的：" + str(r.messages[-1]["content"]))),
+                                  start=False)
+    await bot.db.open()
+    from datetime import UTC, datetime
+
+    from robot.message import Message, Sender
+
+    for i in range(2):
+        await bot.parked.park(Message(chat=G1, sender=Sender(user_id=f"u{i}"), message_id=f"m{i}", text=f"问题{i}",
+                                      timestamp=datetime.now(UTC), mentions_bot=True))
+    await bot.db.run(lambda db: db.execute(
+        "INSERT INTO parked_messages (platform, message_id, chat, user_id, body, parked_at) VALUES "
+        "('memory', 'm9', 'memory:group:g1', 'u9', '{\"chat\": 1}', ?)", [datetime.now(UTC).isoformat()]))
+    await bot.db.close()
+    await bot.start()
+    await eventually(lambda: sorted(m.text for m in channel.sent) == ["好的：问题0", "好的：问题1"])
+    left = await bot.db.run(lambda db: [r[0] for r in db.execute("SELECT message_id FROM parked_messages")])
+    assert left == ["m9"]
