@@ -179,7 +179,9 @@ def _stopped(result: RunResult, own: str) -> str:
     name = _NAMES.get(own, own)
     if partial := _partial(result):
         return f"{name}没能在限额内完成，已有的结果：\n{partial}"
-    return f"{name}没能完成：{result.text.strip()}" if result.text.strip() else f"{name}没能完成，请稍后再试。"
+    said = next((m.get("content") for m in reversed(result.messages) if m.get("role") == "assistant"), None)
+    notice = result.text.strip() if result.text != said else ""  # the runner's own words, never the model's thinking
+    return f"{name}没能完成：{notice}" if notice else f"{name}没能完成，请稍后再试。"
 
 
 def _result(result: RunResult, own: str, via: str = "model") -> ToolResult:

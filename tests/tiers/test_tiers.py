@@ -293,6 +293,20 @@ async def test_a_failing_tier_is_explained_in_chinese_and_its_error_is_no_partia
             assert (await ch.wait_sent(4, timeout=5))[3].text == f"计划没能完成：{failed}"
 
 
+async def test_a_tier_cut_off_while_thinking_shows_none_of_its_thinking(tmp_path: Path) -> None:
+    # Its whole text an unclosed <think>: "深度思考没能完成：<think>用户问的是……" went to the chat.
+    thought = "<think>用户问的是内部事情，群里的张三昨天私聊说"
+    async with FakeOpenAIServer() as think_server, FakeOpenAIServer() as plan_server:
+        think_server.script(Reply(thought))
+        plan_server.script(Delay(0.2, Reply(thought)))
+        async with running(tmp_path, ScriptedModel([text("x")]), think=tier(think_server),
+                           plan=tier(plan_server, reply_within_s=0.05)) as (_, ch):
+            private = ch.chat("u1", kind="private")
+            assert await ask(ch, "/deep_think 6*7", chat=private) == "深度思考没能完成，请稍后再试。"
+            await ask(ch, "/plan 订会议室", chat=private)
+            assert (await ch.wait_sent(3, timeout=5))[2].text == "计划没能完成，请稍后再试。"
+
+
 async def test_two_plans_one_message_started_both_report_back(tmp_path: Path) -> None:
     """Both reports were keyed by the message alone: the outbox took the second for the first's
     duplicate, and that plan's work (already paid for) was never told."""
