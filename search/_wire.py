@@ -28,8 +28,10 @@ __all__ = [
 Endpoint = Literal["agent", "chat"]
 CITATION_MARKER = re.compile(r"\[([1-9]\d{0,2})\]")
 """A citation marker such as ``[3]`` in answer text."""
-# An unclosed block runs to the end: the answer was cut off (output-token limit) while still thinking.
-_THINK = re.compile(r"<think>.*?(?:</think>\s*|\Z)", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+# A block never closed: the output-token limit cut the model off while it was thinking. Only then (and
+# never in a finished answer, which may well mention "<think>") does it run to the end.
+_UNCLOSED = re.compile(r"<think>(?:(?!</think>).)*\Z", re.DOTALL)
 
 
 class WireError(ValueError):
@@ -85,7 +87,7 @@ def parse_chat(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer:
     citations = [c for c in _list(data.get("citations")) if isinstance(c, str) and c]
     urls = citations or [r["url"] for r in results]
     numbered = {n: _source(url, by_url.get(url, {})) for n, url in enumerate(urls, 1)}
-    text, sources = _renumber(_clean(content), numbered)
+    text, sources = _renumber(_clean(content, truncated), numbered)
     usage = _mapping(data.get("usage"))
     counts = SearchUsage(
         prompt_tokens=_int(usage, "prompt_tokens"),
@@ -133,7 +135,10 @@ def parse_agent(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer
         if source.url not in known:
             numbered[max(numbered, default=0) + 1] = source
             known.add(source.url)
-    text, sources = _renumber(_clean("\n\n".join(texts)), numbered)
+    # "incomplete" (OpenAI Responses) is how an output-token limit shows on the Agent API.
+    truncated = status == "incomplete" or any(
+        item.get("type") == "message" and item.get("status") == "incomplete" for item in output)
+    text, sources = _renumber(_clean("\n\n".join(texts), truncated), numbered)
     usage = _mapping(data.get("usage"))
     web_search = _mapping(_mapping(usage.get("tool_calls_details")).get("web_search"))
     counts = SearchUsage(
@@ -141,9 +146,6 @@ def parse_agent(data: Mapping[str, Any], *, fallback_model: str) -> SearchAnswer
         completion_tokens=_int(usage, "output_tokens"),
         num_search_queries=_int(web_search, "invocation") or queries,
     )
-    # "incomplete" (OpenAI Responses) is how an output-token limit shows on the Agent API.
-    truncated = status == "incomplete" or any(
-        item.get("type") == "message" and item.get("status") == "incomplete" for item in output)
     return _answer(text, sources, counts, "agent", _str(data, "model") or fallback_model, truncated)
 
 
@@ -213,9 +215,10 @@ def _renumber(text: str, numbered: Mapping[int, Source]) -> tuple[str, list[Sour
     return CITATION_MARKER.sub(sub, text), sources
 
 
-def _clean(text: str | None) -> str:
+def _clean(text: str | None, truncated: bool) -> str:
     # sonar-reasoning models put their chain of thought in <think> blocks ahead of the answer.
-    return _THINK.sub("", text or "").strip()
+    text = _THINK.sub("", text or "")
+    return (_UNCLOSED.sub("", text) if truncated else text).strip()
 
 
 def _title(title: str | None, url: str) -> str:

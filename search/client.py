@@ -51,6 +51,14 @@ from search._wire import (
     parse_agent,
     parse_chat,
 )
+from search.errors import (
+    SearchAuthError,
+    SearchError,
+    SearchNotConfigured,
+    SearchRateLimited,
+    SearchRejected,
+    SearchUnavailable,
+)
 from search.settings import Recency, SearchSettings
 
 __all__ = [
@@ -104,45 +112,6 @@ _MISSING_STATUSES = frozenset({404, 405, 501})
 _MODEL_STATUSES = frozenset({400, 422})
 # Chat completions answering these after "auto" switched to it: it moved away; try the agent again.
 _CHAT_GONE_STATUSES = frozenset({404, 410})
-
-
-class SearchError(Exception):
-    """Base of every search failure; ``str(exc)`` is fit to show a chat user."""
-
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-
-
-class SearchNotConfigured(SearchError):
-    """No Perplexity API key is configured."""
-
-
-class SearchAuthError(SearchError):
-    """Perplexity rejected the API key (HTTP 401/403)."""
-
-
-class SearchRateLimited(SearchError):
-    """Perplexity is rate-limiting (HTTP 429); ``retry_after`` is in seconds when known."""
-
-    def __init__(
-        self, message: str, *, retry_after: float | None = None, status_code: int | None = 429
-    ) -> None:
-        super().__init__(message, status_code=status_code)
-        self.retry_after = retry_after
-
-
-class SearchRejected(SearchError):
-    """Perplexity refused the request as invalid; ``detail`` holds its own words (key scrubbed)."""
-
-    def __init__(self, message: str, *, status_code: int | None = None, detail: str | None = None) -> None:
-        super().__init__(message, status_code=status_code)
-        self.detail = detail
-
-
-class SearchUnavailable(SearchError):
-    """Perplexity could not be reached in time, failed, or answered unreadably."""
 
 
 class PerplexityClient:
@@ -241,10 +210,19 @@ class PerplexityClient:
     async def _call(self, attempt: Callable[[openai.AsyncOpenAI], Awaitable[object]]) -> object:
         sdk = self._sdk
         assert sdk is not None
+        tries = 0
+
+        async def counted() -> object:
+            nonlocal tries
+            tries += 1
+            return await attempt(sdk)
+
         try:
-            return await self._retrying(lambda: attempt(sdk))
+            return await self._retrying(counted)
         except (openai.OpenAIError, TimeoutError, ValueError) as exc:
-            raise self._translate(exc) from None
+            error = self._translate(exc)
+            error.attempts = tries
+            raise error from None
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""

@@ -132,7 +132,9 @@ class ResearchService:
             try:
                 await self._submit(job)
             except SearchError as exc:
-                await self._not_started(job.id, refused=isinstance(exc, _REFUSED))
+                # Refused on the first try: no run started. A refusal of the retry may follow an attempt
+                # Perplexity took (a 502 after it started the run): counted.
+                await self._not_started(job.id, refused=isinstance(exc, _REFUSED) and exc.attempts <= 1)
                 raise ToolError(f"deep research could not start: {exc}",
                                 user_message=f"深度研究没能开始：{exc}") from None
         return job

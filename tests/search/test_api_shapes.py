@@ -201,6 +201,11 @@ async def test_a_reasoning_answer_cut_off_while_thinking_never_shows_the_thinkin
         answer = await client.search("q")
     assert answer.text == TEXT and answer.truncated
     assert "reasoning" not in format_answer(answer, max_chars=500, max_sources=5)
+    # A finished answer that mentions the tag keeps every word (it was cut at the mention).
+    mentions = "DeepSeek-R1 writes its reasoning after a <think> tag, then the answer [1]."
+    server.answer(mentions, SOURCES)
+    async with client_for(server, endpoint=endpoint) as client:
+        assert (await client.search("q")).text == mentions
 
 
 async def test_422_detail_list_reaches_the_error_text(server: FakePerplexityServer) -> None:

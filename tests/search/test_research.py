@@ -275,6 +275,22 @@ async def test_a_research_perplexity_refused_to_start_does_not_use_up_the_day(
     assert [tuple(r) for r in stored] == [("failed",)]  # the refused one left nothing behind
 
 
+async def test_a_refusal_of_the_retry_counts_the_run_the_first_attempt_may_have_started(
+        tmp_path: Path, server: FakePerplexityServer) -> None:
+    # A 502 (the run started all the same), then a 429 to the retry: the job was deleted as "refused",
+    # and a second paid run could start the same day.
+    bot, ch = make_bot(tmp_path, settings_for(server, research_per_user_day=1))
+    await bot.start()
+    try:
+        server.next_status(502)
+        server.next_status(429)
+        first = await ask(ch, "/research 固态电池")
+        again = await ask(ch, "/research 固态电池")
+    finally:
+        await bot.stop()
+    assert "没能开始" in first.text and "每天 1 次" in again.text
+
+
 async def test_a_moved_groups_research_follows_it_and_forget_me_there_reaches_it(tmp_path: Path) -> None:
     async with FakePerplexityServer(api_key=KEY) as server:
         server.answer(REPORT, SOURCES)
