@@ -65,8 +65,8 @@ def allowed_tools(bot: Bot, settings: ReminderSettings) -> Allowed:
     """Resolve both lists through ``bot.tools`` (a name or a /command alias).
 
     An entry naming no tool of this bot raises :class:`ConfigError` (at start-up, not at the first
-    reminder). A default entry is dropped instead: the defaults name other plugins' tools, which
-    may not be loaded.
+    reminder). A default entry is dropped instead, set or not (``qunbot init`` writes the defaults
+    out): the defaults name other plugins' tools, which may not be loaded.
     """
     def resolve(field: str) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -75,7 +75,7 @@ def allowed_tools(bot: Bot, settings: ReminderSettings) -> Allowed:
             tool = bot.tools.resolve(shown) if shown else None
             if tool is not None:
                 found[shown] = tool.name
-            elif field in settings.model_fields_set:
+            elif field in settings.model_fields_set and entry not in getattr(ReminderSettings(), field):
                 raise ConfigError(f"[reminders] {field}: {entry!r} is no tool or command of this bot (is its plugin "
                                   f"in [bot] plugins?); known: {', '.join(sorted(bot.tools.names()))}")
         return found
