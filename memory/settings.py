@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 __all__ = ["MemorySettings"]
+
+log = logging.getLogger("memory")
 
 
 class MemorySettings(BaseModel):
@@ -41,9 +44,16 @@ class MemorySettings(BaseModel):
     embedding_model: str | None = Field(default=None, description="OpenAI-compatible embedding model; None: lexical only")
     embedding_base_url: str | None = Field(default=None, description="the /v1 root of the embedding API")
     embedding_api_key: SecretStr | None = None
-    embedding_timeout_s: float = Field(default=15, gt=0, le=20, description="seconds an embedding may take, retry "
-                                       "included (the tools time out at 30); then lexical")
+    embedding_timeout_s: float = Field(default=15, gt=0, le=120, description="seconds an embedding may take, retry "
+                                       "included; then lexical (at most 20 is used: the tools time out at 30)")
     min_similarity: float = Field(default=0.3, ge=-1, le=1, description="cosine below which a vector is no match")
+
+    @field_validator("embedding_timeout_s")
+    @classmethod
+    def _capped(cls, value: float) -> float:
+        if value > 20:  # (accepted up to 120 before: an older config still starts, and is told)
+            log.warning("[memory] embedding_timeout_s = %g: at most 20 s is used (the tools time out at 30)", value)
+        return value
 
     @field_validator("sleep_time")
     @classmethod

@@ -18,6 +18,13 @@ from robot import chat_key
 
 __all__ = ["PROMPT_ALLOWANCE", "SummarySettings"]
 
+
+def _prompt_key(text: str) -> str:
+    """A ``[summary] prompts`` key: a chat key names one chat; ``platform:id`` any chat of that id (as it
+    always did). A key no chat can have is refused, not ignored."""
+    platform, kind, chat = chat_key(text).split(":", 2)
+    return f"{platform}:{kind}:{chat}" if text.strip().startswith(f"{platform}:{kind}:") else f"{platform}:{chat}"
+
 # Room the map/reduce instructions need besides the chat text (see mapreduce.py).
 PROMPT_ALLOWANCE = 400
 
@@ -44,8 +51,9 @@ class SummarySettings(BaseModel):
     user_cooldown_s: float = Field(60, ge=0, description="seconds between one member's AI summaries in a chat (0: none)")
     prompt: str = Field("", max_length=500, description="the owner's extra instructions for every AI summary (style, persona)")
     prompts: dict[str, str] = Field(default_factory=dict,
-                                    description='per chat, "<platform>:<group id>" (or the chat key '
-                                    '"<platform>:private:<id>") = instructions; overrides prompt there')
+                                    description='per chat, "<platform>:<chat id>" (a group or a person of that id; '
+                                    'or one chat: "<platform>:group:<id>", "<platform>:private:<id>") = instructions; '
+                                    'overrides prompt there')
 
     @field_validator("prompts")
     @classmethod
@@ -53,7 +61,7 @@ class SummarySettings(BaseModel):
         long = [k for k, v in value.items() if len(v) > 500]
         if long:
             raise ValueError(f"prompts longer than 500 characters: {', '.join(long)}")
-        return {chat_key(k): v for k, v in value.items()}  # a key no chat has did nothing
+        return {_prompt_key(k): v for k, v in value.items()}
 
     @model_validator(mode="after")
     def _reduce_can_progress(self) -> SummarySettings:

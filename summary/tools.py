@@ -357,7 +357,7 @@ async def _summarise(ctx: ToolContext[SummaryDeps], args: SummaryArgs, chat: Cha
     cooled = f"{here.key}|{caller.user_id}"
     deps.last_run[cooled] = ctx.now()
     where = "群聊" if chat.kind == "group" else "私聊"
-    prompt = settings.prompts.get(chat.key, settings.prompt) or None
+    prompt = settings.prompts.get(chat.key, settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt)) or None
     try:
         done = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, zone,
                                          where, prompt)

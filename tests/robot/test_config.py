@@ -234,14 +234,13 @@ def test_loop_stages_out_of_order_are_refused() -> None:
 
 
 def test_limits_a_tool_would_override_in_silence_are_refused_at_start() -> None:
-    # A plan allowed 600 s was cancelled at its tool's 600 s and never reported; an embedding allowed
-    # 60 s was given up at 20. Refused with the reason, not overridden where nobody sees it.
+    # A plan allowed 600 s was cancelled at its tool's 600 s and never reported: refused with the reason.
+    # An embedding allowed 60 s is given up at 20: said in the log (refusing it broke configs that worked).
     from memory.settings import MemorySettings
 
     with pytest.raises(ValueError, match="reply_within_s"):
         Settings(llm={"plan": {"model": "m", "reply_within_s": 600}})
-    with pytest.raises(ValueError, match="embedding_timeout_s"):
-        MemorySettings(embedding_timeout_s=60)
+    assert MemorySettings(embedding_timeout_s=60).embedding_timeout_s == 60  # (valid before: still starts, told)
 
 
 def test_settings_can_be_built_directly_for_tests(tmp_path: Path) -> None:
