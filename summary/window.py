@@ -3,7 +3,7 @@
 The mark is the ``history`` row id of the newest message a summary covered, kept in this
 plugin's own table ``summary_marks``. Row ids grow in the order messages are stored, so
 "since the last summary" means ``id > last_id``: a message stored after a summary is never
-skipped (on PostgreSQL a summary's read waits for the history inserts in flight) and never counted twice, even when platform timestamps are whole seconds (OneBot) and
+skipped (on PostgreSQL a summary's read waits for the writes in flight) and never counted twice, even when platform timestamps are whole seconds (OneBot) and
 it carries the same second as the mark.
 
 The message that asked for the summary (``Caller.message_id``) is never part of the window,
@@ -15,6 +15,7 @@ but the mark moves past it, so the request is not summarised next time either.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 MARKS_TABLE = "summary_marks"
+_SETTLE_S = 3.0  # the longest a summary's read waits for the writes in flight on PostgreSQL (see _settled)
 OPTOUT_TABLE = "summary_optout"
 
 
@@ -222,12 +224,7 @@ async def fetch(db: Engine, chat: ChatRef, *, limit: int, after_id: int | None =
         kept += " AND from_bot = 0"
 
     def work(db: Tx) -> Fetched:
-        # One call on the single DB thread: no message can land between these reads. PostgreSQL hands
-        # ids out at INSERT and shows rows at COMMIT: a slower unit's message could get an id below the
-        # mark and show after it, and no summary would ever read it. Its inserts are waited for (they
-        # are short), and later ones wait for this read: every id below the mark is then visible.
-        if db.dialect == "postgresql":
-            db.execute("LOCK TABLE history IN SHARE MODE")
+        # One call on the single DB thread: no message can land between these reads.
         newest = db.execute(f"SELECT MAX(id) FROM history WHERE {window}", params).fetchone()[0]
         total = int(db.execute(f"SELECT COUNT(*) FROM history WHERE {kept}", kept_params).fetchone()[0])
         rows = db.execute_returning_dicts(
@@ -235,7 +232,25 @@ async def fetch(db: Engine, chat: ChatRef, *, limit: int, after_id: int | None =
         )
         return Fetched([_entry(r) for r in reversed(rows)], total, None if newest is None else int(newest))
 
+    await _settled(db)
     return await db.run(work)
+
+
+async def _settled(db: Engine) -> None:
+    """PostgreSQL hands ids out at INSERT and shows rows at COMMIT: a slower unit's message could take an
+    id below the mark and show after it, and no summary would ever read it. So the read waits (a few
+    seconds at most) until every transaction that was writing has ended. Nothing waits on the summary
+    (a table lock made every process's intake queue behind it, and it behind a long retention pass)."""
+    if db.dialect != "postgresql":
+        return
+    horizon = await db.run(lambda tx: str(tx.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())").fetchone()[0]))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _SETTLE_S
+    while not await db.run(lambda tx: bool(tx.execute(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot()) >= ?::xid8", [horizon]).fetchone()[0])):
+        if loop.time() > deadline:  # (a long transaction, likely no insert of history: read what is there)
+            return
+        await asyncio.sleep(0.05)
 
 
 def forget_summaries_sync(db: Tx, request: ForgetRequest) -> int:
