@@ -145,7 +145,7 @@ class ConsoleChannel(Channel):
                 try:
                     await self.deliver(message)
                 except NotTaken:  # typed while the bot stops: said so, not dropped in silence
-                    self._write("(qunbot is stopping: this line was not taken)\n")
+                    self._write("(qunbot is stopping: this line is answered when it starts again)\n")
                     return
             self._show_prompt()
 
