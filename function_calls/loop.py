@@ -256,10 +256,18 @@ class Runner:
         state = env.state
         messages = [*state.messages, {"role": "system", "content": _FINAL_NOTE.format(why=why)}]
         final = self.limits.final_answer_max_tokens
-        if state.usage.total_tokens + estimate_messages(messages) + final > 2 * token_cap:
+        cost = estimate_messages(messages) + final
+        if state.usage.total_tokens + cost > 2 * token_cap:
             # The run with its last answer never spends more than twice its cap (a pasted novel, a
             # tool's huge page): past that the person is told, the model not asked again.
             return self._finish(state, reason, env.detector, detail=why, text=_TOO_LARGE)
+        try:  # nor more than is left today (42,203 were recorded against a cap of 30,000)
+            day = await self.budget.remaining(env.caller) if self.budget is not None else None
+        except Exception:
+            log.exception("budget hook failed; no last answer")
+            day = 0
+        if day is not None and cost > day:
+            return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail=why)
         request = ModelRequest(messages=messages, max_tokens=final)
         try:
             response = await self._call_model(env, request, on_text)

@@ -297,6 +297,24 @@ async def test_a_tool_that_leaves_less_of_the_day_ends_the_run_at_what_is_left()
     assert result.stop is StopReason.DAILY_BUDGET and len(model.requests) == 1
 
 
+async def test_the_last_answer_after_the_run_cap_never_spends_past_the_day() -> None:
+    """The run's cap, not the day's, stopped it: the last answer (up to twice the run's cap) was asked for
+    with less of the day left than it costs: 42,203 recorded against a cap of 30,000."""
+    class Spending(Budget):
+        async def charge(self, caller: Caller, usage: Usage) -> None:
+            await super().charge(caller, usage)
+            if self.left is not None:
+                self.left -= usage.total_tokens
+
+    budget = Spending(1_200)  # more than the run's cap (1,000): the run's cap binds, not the day's
+    page = counting_tool("look", [], result="很长的网页内容" * 170)  # ~1,190 tokens: the last answer fits twice the cap
+    model = ScriptedModel([call("look", {}), text("never asked")])
+    result = await Runner(model, budget=budget, limits=Limits(max_run_tokens=1_000, final_answer_max_tokens=200)).run(
+        USER, Toolset("s", [page]))
+    assert result.stop is StopReason.DAILY_BUDGET and len(model.requests) == 1
+    assert sum(u.total_tokens for _, u in budget.charged) <= 1_200
+
+
 async def test_a_budget_that_cannot_be_read_refuses_the_run() -> None:
     class Broken(Budget):
         async def remaining(self, caller: Caller) -> int | None:

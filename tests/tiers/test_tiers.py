@@ -23,6 +23,7 @@ import tiers
 import tiers.tools
 from function_calls import ModelRequest, ModelResponse
 from function_calls.testing import Call, Delay, FakeOpenAIServer, Fault, Reply, ScriptedModel, call, text
+from function_calls.testing.server import Usage as ServerUsage
 from robot.bot import Bot
 from robot.config import Settings
 from robot.config_file import load_settings
@@ -305,6 +306,20 @@ async def test_a_tier_cut_off_while_thinking_shows_none_of_its_thinking(tmp_path
             assert await ask(ch, "/deep_think 6*7", chat=private) == "深度思考没能完成，请稍后再试。"
             await ask(ch, "/plan 订会议室", chat=private)
             assert (await ch.wait_sent(3, timeout=5))[2].text == "计划没能完成，请稍后再试。"
+
+
+async def test_a_tier_sized_to_what_is_left_today_asks_no_last_answer_past_it(tmp_path: Path) -> None:
+    # Its hook said nothing of the day: a long context made the sub-run ask for a last answer allowed
+    # twice its cap, and 5,348 tokens were recorded against a day's cap of 4,000.
+    context = "会议纪要：" + "项目进度讨论，预算调整。" * 400
+    async with FakeOpenAIServer() as think_server:
+        reported = ServerUsage(prompt_tokens=4_500, completion_tokens=500)  # as a provider counts that prompt
+        think_server.script(Reply("结论：……", usage=reported), Reply("结论：……", usage=reported))
+        async with running(tmp_path, ScriptedModel([text("x")]), think=tier(think_server),
+                           limits={"user_burst": 50, "chat_burst": 50, "user_daily_tokens": 4_000,
+                                   "chat_daily_tokens": None}) as (bot, ch):
+            await ask(ch, f"/deep_think 总结要点 context={context}", chat=ch.chat("u1", kind="private"))
+            assert await bot.budget.used("user:memory:u1") <= 4_000
 
 
 async def test_two_plans_one_message_started_both_report_back(tmp_path: Path) -> None:
