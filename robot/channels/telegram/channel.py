@@ -76,7 +76,7 @@ class TelegramChannel(WebhookIntake):
         self.username = ""
         self.migrated: dict[str, str] = {}
         self._poller: asyncio.Task[None] | None = None
-        self._commit: asyncio.Task[None] | None = None
+        self._commit: asyncio.Task[bool] | None = None
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._typing: dict[str, asyncio.Task[None]] = {}
@@ -167,16 +167,18 @@ class TelegramChannel(WebhookIntake):
             elif time.monotonic() - asked < 1:  # nothing usable, answered at once: no busy loop either
                 pause = self.settings.retry_delay_s
 
-    async def _save_offset(self, previous: asyncio.Task[None] | None, batch: list[asyncio.Task[bool]], at: int) -> None:
-        if previous is not None:
-            await asyncio.gather(previous, return_exceptions=True)
+    async def _save_offset(self, previous: asyncio.Task[bool] | None, batch: list[asyncio.Task[bool]], at: int) -> bool:
+        """Save ``at`` once this batch (and every earlier one) was taken by the bot; whether it was."""
+        if previous is not None and (await asyncio.gather(previous, return_exceptions=True))[0] is not True:
+            return False
         results = await asyncio.gather(*batch, return_exceptions=True)
-        if any(isinstance(r, asyncio.CancelledError) for r in results):
-            return  # cut short by stop(): a restart replays this batch
+        if any(r is not True for r in results):  # cut short by stop(), or not taken as the bot stopped: the
+            return False  # process that polls next (another one, on a shared database) gets this batch again
         try:
             await self.state.save_offset(self.bot_id, at)
         except OSError:
             log.exception("telegram: could not save the update offset")
+        return True
 
     def _accept(self, update: dict[str, Any], polled: bool = False) -> asyncio.Task[bool] | None:
         """Hand one update to the bot in the background; returns the delivery task (False: not taken)."""

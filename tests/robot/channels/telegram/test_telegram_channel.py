@@ -238,8 +238,10 @@ async def test_the_offset_is_saved_and_a_restart_neither_loses_nor_repeats(
 async def test_a_message_polled_while_the_bot_stops_is_delivered_after_the_restart(
         tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
     # Polling again would confirm it to Telegram, and the stopping bot no longer takes it: spooled.
+    late: list[dict[str, Any]] = []
+
     async def teardown(_: None) -> None:  # the bot is stopping (it takes no more messages) meanwhile
-        fake.message(PRIVATE, ALICE, "停机时到的")  # the poll in flight returns it at once
+        late.append(fake.message(PRIVATE, ALICE, "停机时到的"))  # the poll in flight returns it at once
         await asyncio.sleep(0.3)  # its delivery meets the stopping bot; without the fix, the next poll confirmed it
 
     polls = 0
@@ -252,6 +254,11 @@ async def test_a_message_polled_while_the_bot_stops_is_delivered_after_the_resta
     polls = len(fake.offsets)
     await bot.stop()
     assert len(fake.offsets) <= polls + 1  # no poll after the one in flight: it confirmed nothing new
+    db = Database(tmp_path / "qunbot.sqlite3")  # nor was the offset saved past it (another process polls next)
+    await db.open()
+    saved = await ChannelState(db).get("telegram", BOT_ID, "offset")
+    await db.close()
+    assert saved is None or int(saved) <= late[0]["update_id"]
     bot2, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
     chat = ChatRef(platform="telegram", chat_id="777", kind="private")
 
