@@ -141,6 +141,10 @@ class ReminderService(Passes):
         for task in list(self._prompts.values()):
             task.cancel()
         await asyncio.gather(*self._prompts.values(), return_exceptions=True)
+        try:  # what they were running is run elsewhere (or at the next start) now, not 15 minutes late
+            await self.store.release_runs(self._holder)
+        except Exception:  # (the database going away as the bot stops): their claims expire as before
+            log.warning("reminders: could not give up the prompts this process was running", exc_info=True)
 
     # --- the timer -------------------------------------------------------------------------
     def _arm_now(self, items: Sequence[tuple[str, datetime, str]]) -> int:

@@ -226,3 +226,30 @@ async def test_allowed_commands_naming_no_tool_fail_the_start(launch: Any) -> No
         await launch(at(SH, "2030-01-07 07:00"), plugins=[reminders.plugin], cfg={"prompt_tools": ["weather"]})
     # The default, as `qunbot init` writes it out, with the search plugin left out: dropped, the bot starts.
     await launch(at(SH, "2030-01-07 07:00"), plugins=[reminders.plugin], cfg={"prompt_tools": ["perplexity_search"]})
+
+
+async def test_a_prompt_running_as_the_bot_stops_cleanly_runs_again_at_once(launch: Any) -> None:
+    # Its run claim outlived the clean stop by 15 minutes: neither another process nor this one
+    # restarted could run the digest before then.
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Any) -> Any:
+        started.set()
+        await release.wait()
+        return text("今天的摘要")
+
+    bot, ch, clock = await launch(at(SH, "2030-01-07 07:00"), model=ScriptedModel(slow), plugins=[reminders.plugin],
+                                  timezone=SH)
+    await ch.inject("/remind daily 08:00 总结今天 prompt", at_bot=True)
+    await ch.wait_sent(1)
+    service = bot.deps_for(reminders.reminder_set).service
+    clock.now = at(SH, "2030-01-07 08:00")
+    firing = asyncio.create_task(service.fire_due(clock.now))
+    await asyncio.wait_for(started.wait(), 5)
+    await bot.stop(flush_timeout_s=0.2)
+    firing.cancel()
+    again, ch2, clock2 = await launch(at(SH, "2030-01-07 08:00"), model=ScriptedModel([text("今天的摘要")]),
+                                      plugins=[reminders.plugin], timezone=SH)
+    await again.deps_for(reminders.reminder_set).service.fire_due(clock2.now)
+    await again.outbox.flush()
+    assert [m.text for m in ch2.sent] == ["今天的摘要"]
