@@ -147,7 +147,7 @@ class Bot:
         self.pipeline = Pipeline(self)
         self.parked = ParkedMessages(self.db, self.clock)  # what came as it stopped: handled at the next start
         self.forgetters.append(Forgetter("parked", "条未处理的消息", self.parked.forget))
-        self._replay: asyncio.Task[int] | None = None
+        self._replay: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._housekeeping: asyncio.Task[None] | None = None
         self.started = False
@@ -329,7 +329,7 @@ class Bot:
             for channel in self.channels.values():
                 await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(housekeep(self), name="qunbot-housekeeping")
-            self._replay = asyncio.create_task(self.parked.replay(self.handle), name="qunbot-parked")
+            self._replay = asyncio.create_task(self.parked.keep_replaying(self.handle), name="qunbot-parked")
             self.one_process.started()
         except BaseException:
             await self.stop(flush_timeout_s=0)

@@ -1,11 +1,13 @@
-"""Messages the bot turned away as it stopped (:class:`robot.NotTaken`), kept for its next start.
+"""Messages the bot turned away as it stopped (:class:`robot.NotTaken`), kept to be answered later.
 
 Some platforms never send a message again once their channel took it: OneBot's sockets, a WeCom
 callback answered "success", the web playground. What the stopping bot no longer takes is kept here
-and handed to the bot at its next start. A channel whose platform does redeliver (a poll cursor, a
+and answered at the next start, or by another process still running on the same database (every
+:attr:`ParkedMessages.every_s`). A channel whose platform does redeliver (a poll cursor, a
 callback's retry) leaves the message unacknowledged as well: the pipeline's dedupe drops the
-second copy. A row lives until that start has handled it (a day at most), and ``/forget me`` clears
-the person's (:meth:`ParkedMessages.forget`, a :class:`~robot.privacy.Forgetter` of the bot's).
+second copy. A row lives until it was handled (a day at most, then dropped with a warning), and
+``/forget me`` clears the person's (:meth:`ParkedMessages.forget`, a :class:`~robot.privacy.Forgetter`
+of the bot's).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class ParkedMessages:
 
     def __init__(self, db: Engine, clock: Callable[[], datetime]) -> None:
         self.db, self.clock = db, clock
+        self.every_s = 30.0  #: how often a running process looks for messages another one kept
         db.migrate("parked", [_SCHEMA])
 
     async def park(self, message: Message) -> None:
@@ -58,20 +61,31 @@ class ParkedMessages:
                                       [chat, request.user_id]).rowcount) for chat in dict.fromkeys(chats))
         return await self.db.run(work)
 
+    async def keep_replaying(self, handle: Callable[[Message], Awaitable[None]]) -> None:
+        """:meth:`replay` now and every :attr:`every_s`: with several processes on one database, what one
+        kept as it stopped is answered by another still running (a rolling restart, a scale-down),
+        not only by a process starting later. Two taking the same row answer it once (the pipeline's
+        dedupe)."""
+        while True:
+            await self.replay(handle)
+            await asyncio.sleep(self.every_s)
+
     async def replay(self, handle: Callable[[Message], Awaitable[None]]) -> int:
         """Hand every kept message to ``handle`` (the bot's sink), then forget it; returns how many were handed."""
         cutoff = iso(self.clock() - KEEP)
 
-        def take(db: Tx) -> list[tuple[str, str, str]]:
-            db.execute("DELETE FROM parked_messages WHERE parked_at < ?", [cutoff])
-            return [(str(r[0]), str(r[1]), str(r[2])) for r in db.execute(
+        def take(db: Tx) -> tuple[int, list[tuple[str, str, str]]]:
+            stale = int(db.execute("DELETE FROM parked_messages WHERE parked_at < ?", [cutoff]).rowcount)
+            return stale, [(str(r[0]), str(r[1]), str(r[2])) for r in db.execute(
                 "SELECT platform, message_id, body FROM parked_messages ORDER BY parked_at").fetchall()]
 
         try:
-            rows = await self.db.run(take)
-        except Exception:  # (a database refusing work): kept for the next start
-            log.exception("could not read the messages kept from the last stop")
+            stale, rows = await self.db.run(take)
+        except Exception:  # (a database refusing work): kept for the next pass
+            log.exception("could not read the messages kept from a stop")
             return 0
+        if stale:
+            log.warning("%d message(s) kept from a stop waited longer than %s and are dropped unanswered", stale, KEEP)
         messages: list[Message] = []
         for platform, message_id, body in rows:
             try:

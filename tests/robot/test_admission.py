@@ -272,3 +272,18 @@ async def test_a_kept_message_this_version_cannot_read_holds_up_none_of_the_othe
     await eventually(lambda: sorted(m.text for m in channel.sent) == ["好的：问题0", "好的：问题1"])
     left = await bot.db.run(lambda db: [r[0] for r in db.execute("SELECT message_id FROM parked_messages")])
     assert left == ["m9"]
+
+
+async def test_a_message_another_process_kept_as_it_stopped_is_answered_by_one_still_running(make_bot: Any) -> None:
+    # A rolling restart or a scale-down: nobody starts, and the kept message waited a day to be dropped.
+    from datetime import UTC, datetime
+
+    from robot.message import Message, Sender
+
+    bot, channel = await make_bot(ScriptedModel(lambda r: text("好的：" + str(r.messages[-1]["content"]))),
+                                  start=False)
+    bot.parked.every_s = 0.1
+    await bot.start()
+    await bot.parked.park(Message(chat=G1, sender=Sender(user_id="u7"), message_id="elsewhere-1", text="还在吗",
+                                  timestamp=datetime.now(UTC), mentions_bot=True))  # as the other process did
+    await eventually(lambda: [m.text for m in channel.sent] == ["好的：还在吗"])
