@@ -99,3 +99,6 @@ class ModelAPIError(FunctionCallError):
         self.retry_after = retry_after
         #: Text already reached the user through streaming: replaying would show it twice.
         self.text_shown = text_shown
+        #: The provider may have done (and billed) the work, it timed out or its stream broke off: the
+        #: output tokens received by then (0: none); None when nothing was done (a refusal, no connection).
+        self.billed_output: int | None = None

@@ -227,7 +227,12 @@ class Runner:
                     log.exception("chat model %s raised", getattr(self.model, "name", "?"))
                     raise ModelAPIError(f"the model call failed ({type(exc).__name__})") from None
             except ModelAPIError as exc:
-                state.usage = state.usage + Usage(requests=1, prompt_tokens=0)
+                # A request the provider may have billed (it timed out, its stream broke off) is charged
+                # its estimate: 4 timed-out tries and a 7,800-character stream cut short were charged 0.
+                out = exc.billed_output
+                state.usage = state.usage + (Usage(requests=1) if out is None else Usage(
+                    prompt_tokens=estimate_messages(request.messages, request.tools), completion_tokens=out,
+                    requests=1, estimated=1))
                 if not exc.retryable or exc.text_shown or state.api_retries >= self.retry.max_retries:
                     raise
                 left = self.retry.patience_s - state.retry_wait_s

@@ -34,7 +34,7 @@ from function_calls.reply import (
     str_or_none,
     text_of,
 )
-from function_calls.tokens import estimate_messages
+from function_calls.tokens import estimate_messages, estimate_tokens
 
 __all__ = [
     "ChatModel",
@@ -242,7 +242,10 @@ class OpenAIChatModel:
         try:
             resp = await self._client.chat.completions.create(**self._params(request))
         except Exception as exc:
-            raise translate_error(exc) from None
+            error = translate_error(exc)
+            if isinstance(exc, openai.APITimeoutError):  # sent: the provider may have done the work
+                error.billed_output = 0
+            raise error from None
         try:
             choice = resp.choices[0] if resp.choices else None
             if choice is None or choice.message is None:
@@ -307,11 +310,13 @@ class OpenAIChatModel:
                     finish = str_or_none(getattr(choice, "finish_reason", None)) or finish
         except Exception as exc:
             if isinstance(exc, openai.APIError) and not (isinstance(exc, openai.APIConnectionError) and received):
-                raise translate_error(exc, text_shown=shower.shown) from None
-            # Transport errors surface raw while a stream is being read: the stream broke off.
-            raise ModelAPIError(
-                f"the model stream broke off ({type(exc).__name__})", retryable=True, text_shown=shower.shown,
-                network=True) from None
+                error = translate_error(exc, text_shown=shower.shown)
+            else:  # Transport errors surface raw while a stream is being read: the stream broke off.
+                error = ModelAPIError(f"the model stream broke off ({type(exc).__name__})", retryable=True,
+                                      text_shown=shower.shown, network=True)
+            if received or isinstance(exc, openai.APITimeoutError):  # billed all the same, what came included
+                error.billed_output = estimate_tokens("".join(text_parts) + "".join(thoughts))
+            raise error from None
         calls = acc.result()
         if finish is None:
             # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be

@@ -514,3 +514,17 @@ async def test_several_bad_calls_of_one_turn_are_one_failed_try(env: Env) -> Non
     result = await env.run(Reply(tool_calls=[_call("weather", {"town": c}) for c in cities]),
                            Reply(tool_calls=[_call("weather", {"city": c}) for c in cities]), Reply("北京、上海、广州都是晴天"))
     assert result.stop is StopReason.COMPLETED and len(env.ran) == 3
+
+
+async def test_a_stream_cut_short_is_charged_what_the_provider_did(env: Env) -> None:
+    # 7,800 characters reached the person, the connection broke before the usage chunk: 0 tokens charged.
+    shown: list[str] = []
+
+    async def show(text: str) -> None:
+        shown.append(text)
+
+    result = await env.run(Reply("字" * 2000, chunk_size=100, break_after=6), on_text=show)
+    assert result.stop is StopReason.MODEL_ERROR and len("".join(shown)) >= 500
+    assert result.usage.completion_tokens >= 500 and result.usage.prompt_tokens > 0 and result.usage.estimated
+    refused = await env.run(Fault(400))  # refused: nothing was done, nothing charged
+    assert refused.usage.total_tokens == 0 and refused.usage.requests == 1
