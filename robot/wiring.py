@@ -49,7 +49,7 @@ def build_channels(settings: Settings) -> list[Channel]:
             from robot.channels.weixin.web_login import login_app
 
             # The channel's own state: where the bot attaches its database, a login lands there too.
-            playground.mount("/weixin", login_app(cfg.weixin, weixin.state))
+            playground.mount("/weixin", lambda: login_app(cfg.weixin, weixin.state))
     return channels
 
 

@@ -20,6 +20,7 @@ import abc
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -50,6 +51,7 @@ __all__ = [
     "SendFailed",
     "SendReceipt",
     "SendRejected",
+    "cut_mention",
     "transport_failure",
 ]
 
@@ -67,6 +69,15 @@ log = logging.getLogger(__name__)
 ACCOUNT_LEASE = "account:{platform}:{account}"
 #: The lease of a channel that runs in one process only (:attr:`Channel.one_process`).
 CHANNEL_LEASE = "channel:{platform}"
+
+
+def cut_mention(mention: re.Pattern[str], text: str) -> str:
+    """The text without ``mention``'s matches (each with the blanks after it): one space stays between two
+    words, the message's own spaces (code's indentation) stay as sent (the playground's and the console's)."""
+    def one(m: re.Match[str]) -> str:
+        before, after = text[m.start() - 1:m.start()], text[m.end():m.end() + 1]
+        return " " if before.strip() and after.strip() else ""
+    return mention.sub(one, text).strip()
 
 
 class ChannelError(Exception):

@@ -1,9 +1,9 @@
 """The console channel: a REPL on stdin/stdout, as a private chat or a simulated group.
 
 In group mode (``qunbot chat --group``) a line ``name: text`` speaks as that member (a new
-name joins the group), and plain lines speak as the current member; ``@<bot name>`` or
-``<bot name>: text`` addresses the bot (the bot's name is never taken as a member's). With a
-terminal on both ends, an input prompt names the speaker and is redrawn below each reply. Reading stdin happens in a daemon thread, so the event loop never blocks on input and
+name joins the group; ``12:30 …``, ``https://…`` and ``note:x`` name nobody), and plain lines
+speak as the current member; ``@<bot name>`` or ``<bot name>: text`` addresses the bot (the
+bot's name is never taken as a member's). With a terminal on both ends, an input prompt names the speaker and is redrawn below each reply. Reading stdin happens in a daemon thread, so the event loop never blocks on input and
 a read still waiting at shutdown does not keep the process alive.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
-from robot.channels.base import Capabilities, Channel, NotTaken, SendReceipt
+from robot.channels.base import Capabilities, Channel, NotTaken, SendReceipt, cut_mention
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["ConsoleChannel"]
@@ -52,7 +52,7 @@ class ConsoleChannel(Channel):
         #: Show "name › " while waiting for input; by default only when talking to a terminal.
         self.prompt = prompt if prompt is not None else _isatty(self.stdin) and _isatty(self.stdout)
         self._prompt_shown = False
-        self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])", re.I)
+        self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])[ \t]*", re.I)
 
     @property
     def chat(self) -> ChatRef:
@@ -72,7 +72,7 @@ class ConsoleChannel(Channel):
 
     def _show_prompt(self) -> None:
         if self.prompt and not self._prompt_shown and not self._line_open:
-            self.stdout.write(f"{self.user} › ")
+            self.stdout.write(_CONTROLS.sub("", f"{self.user} › "))  # --user or a typed name: as _write
             self.stdout.flush()
             self._prompt_shown = True
 
@@ -107,17 +107,24 @@ class ConsoleChannel(Channel):
             if not sep:
                 head, sep, rest = text.partition("：")
             name = head.strip()
-            if (sep and name and " " not in name and not name.startswith(("/", "@"))
-                    and name.casefold() != self.bot_name.casefold()):  # "qunbot: /summary" talks to the bot
-                speaker, text = head.strip(), rest.strip()
+            if sep and self._is_name(name, sep, rest):
+                speaker, text = name, rest.strip()
                 self.user = speaker
                 self._names.setdefault(speaker, speaker)
         # A whole-word @name only (bob@qunbot.io and @qunbotfan do not call the bot), as the playground reads it.
         at_bot = self.group and self._mention.search(text) is not None
         if at_bot:
-            text = re.sub(r"[ \t]{2,}", " ", self._mention.sub(" ", text)).strip()
+            text = cut_mention(self._mention, text)
         return Message(chat=self.chat, sender=Sender(user_id=speaker, name=speaker), message_id=uuid.uuid4().hex,
                        text=text, timestamp=datetime.now(UTC), mentions_bot=at_bot)
+
+    def _is_name(self, name: str, colon: str, rest: str) -> bool:
+        """Whether ``name`` before ``colon`` names a speaker (not a time, a link, a heading like "note:x")."""
+        if (not name or len(name.split()) > 1 or name.startswith(("/", "@")) or name.isdigit() or rest.startswith("//")
+                or _CONTROLS.search(name) or name.casefold() == self.bot_name.casefold()):
+            return False  # ("qunbot: /summary" talks to the bot)
+        # As the help puts it, "name: text": a new name needs the space after an ASCII colon.
+        return name in self._names or colon != ":" or rest[:1] in (" ", "\t")
 
     def _pump(self, loop: asyncio.AbstractEventLoop, lines: asyncio.Queue[str]) -> None:
         while True:

@@ -46,6 +46,15 @@ def test_only_a_whole_word_mention_calls_the_bot() -> None:
     assert called is not None and called.mentions_bot and called.text == "你好 ，在吗"
 
 
+def test_mentioning_the_bot_keeps_the_spaces_of_the_rest_of_the_line() -> None:
+    """Cutting the @mention folded every run of spaces in the line (aligned code, a table)."""
+    ch, _ = console(group=True)
+    for line, said in (("@qunbot   x =   [1,   2]", "x =   [1,   2]"), ("a   b @qunbot  c", "a   b c"),
+                       ("a   b，@qunbot", "a   b，"), ("你好@qunbot  在吗", "你好 在吗")):
+        got = ch.parse_line(line)
+        assert got is not None and got.mentions_bot and got.text == said, line
+
+
 async def test_no_control_sequence_the_bot_writes_reaches_the_terminal() -> None:
     """A reply quoting anyone (a search result) could set the window title, write the clipboard (OSC 52)
     or erase lines."""
@@ -118,6 +127,32 @@ def test_in_group_mode_the_bots_name_before_a_colon_addresses_the_bot() -> None:
     msg = ch.parse_line("qunbot: /summary")
     assert msg is not None and msg.sender.user_id == "小明" and msg.text == "qunbot: /summary"
     assert ch.parse_line("QunBot：在吗") is not None and ch.user == "小明"  # any case, full-width colon
+
+
+def test_a_time_a_link_or_a_heading_is_not_taken_for_a_speakers_name() -> None:
+    """Any colon before the first space switched the speaker: "12:30 开会" was said by "12", and stayed so."""
+    ch, _ = console(group=True)
+    for line in ("12:30 开会，别迟到", "https://example.com/a 大家看看", "note:bring cake", "12: 开会"):
+        msg = ch.parse_line(line)
+        assert msg is not None and (msg.sender.user_id, msg.text) == ("me", line), line
+    assert ch.user == "me"
+    assert (m := ch.parse_line("小明: 你好")) is not None and m.sender.user_id == "小明"  # as the help says
+    assert (m := ch.parse_line("me:我回来了")) is not None and (m.sender.user_id, m.text) == ("me", "我回来了")
+    assert (m := ch.parse_line("小明:好的")) is not None and (m.sender.user_id, m.text) == ("小明", "好的")  # known
+
+
+async def test_no_control_sequence_in_a_name_reaches_the_terminal() -> None:
+    """The prompt wrote the speaker's name raw: a pasted "name: text" line or --user could set the window
+    title or write the clipboard (OSC 52)."""
+    out = io.StringIO()
+    ch = ConsoleChannel(bot_name="qunbot", group=True, user="\x1b]0;title\x07me", stdin=io.StringIO(""),
+                        stdout=out, prompt=True)
+    ch._show_prompt()
+    msg = ch.parse_line("\x1b]52;c;Y3VybA==\x07bob: 大家好")
+    assert msg is not None and msg.sender.user_id == ch.user == "\x1b]0;title\x07me"  # not a name
+    await ch.send(OutgoingMessage(key="k", chat=ch.chat, text="你好", mention=(msg.sender.user_id,)))
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
+    assert out.getvalue().endswith("]0;titleme › ")
 
 
 async def test_the_prompt_names_the_speaker_and_is_redrawn_below_each_reply() -> None:

@@ -39,6 +39,7 @@ from robot.channels.base import (
     PanelProvider,
     SendReceipt,
     SendRejected,
+    cut_mention,
 )
 from robot.channels.web.page import HEADERS, QUEUE, Page
 from robot.channels.web.panels import members, panel_frame
@@ -85,12 +86,12 @@ class WebChannel(Channel):
         super().__init__()
         self.settings, self.bot_name = settings, bot_name
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])", re.I) \
+        self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])[ \t]*", re.I) \
             if bot_name else None  # ("你好@qunbot在吗" yes; bob@qunbot.io, @qunbotfan no)
         self._panels: dict[str, PanelProvider] = {}
         self._history: ChatHistory | None = None
         self._zone_for: Callable[[ChatRef], ZoneInfo] | None = None
-        self._restored: OrderedDict[str, None] = OrderedDict()
+        self._restored: OrderedDict[str, asyncio.Task[list[dict[str, Any]]]] = OrderedDict()
         self._pages: dict[web.WebSocketResponse, Page] = {}
         self._names: dict[str, str] = dict(MEMBERS)
         self._transcripts: OrderedDict[str, deque[tuple[int, dict[str, Any]]]] = OrderedDict()
@@ -98,7 +99,7 @@ class WebChannel(Channel):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
-        self._mounts: list[tuple[str, web.Application]] = []
+        self._mounts: list[tuple[str, Callable[[], web.Application]]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -109,8 +110,8 @@ class WebChannel(Channel):
         app.router.add_get("/ws", self._socket)
         app.router.add_get("/favicon.ico", self._favicon)
         app.router.add_static("/static/", STATIC)
-        for prefix, sub in self._mounts:
-            app.add_subapp(prefix, sub)
+        for prefix, make in self._mounts:
+            app.add_subapp(prefix, make())  # a fresh one: aiohttp freezes a mounted app for good
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -142,9 +143,12 @@ class WebChannel(Channel):
         if runner is not None:
             await runner.cleanup()
 
-    def mount(self, prefix: str, app: web.Application) -> None:
-        """Serve another channel's page under ``prefix`` (behind the same guard); before :meth:`start`."""
-        self._mounts.append((prefix, app))
+    def mount(self, prefix: str, factory: Callable[[], web.Application]) -> None:
+        """Serve another channel's page under ``prefix`` (behind the same guard); before :meth:`start`.
+
+        ``factory`` builds the sub-application anew on each start (the playground restarts when its
+        lease is lost and retaken)."""
+        self._mounts.append((prefix, factory))
 
     @property
     def port(self) -> int:
@@ -287,7 +291,7 @@ class WebChannel(Channel):
         text, mentions_bot = frame.text, False
         if self._mention is not None and self._mention.search(text):
             mentions_bot = True
-            text = re.sub(r"[ \t]{2,}", " ", self._mention.sub(" ", text)).strip()
+            text = cut_mention(self._mention, text)
         self._remember(user.id, user.name)
         message = Message(chat=chat, sender=Sender(user_id=user.id, name=user.name), message_id=uuid.uuid4().hex,
                           text=text, timestamp=self._clock(), mentions_bot=mentions_bot, raw={"text": frame.text})
@@ -313,14 +317,25 @@ class WebChannel(Channel):
         await self._push_panels(chat, page)
 
     async def _restore(self, chat: ChatRef) -> list[dict[str, Any]]:
-        """Put the chat's newest stored messages before its transcript (once per run); returns their frames."""
-        if self._history is None or chat.key in self._restored:
+        """Put the chat's newest stored messages before its transcript (once per run); returns their frames,
+        to each caller that came while they were read (two pages connecting together both need them)."""
+        if self._history is None:
             return []
-        self._restored[chat.key] = None  # bounded: a page may name any number of chats
-        while len(self._restored) > 10 * _CHATS:
-            self._restored.popitem(last=False)
+        reading = self._restored.get(chat.key)
+        if reading is None or reading.cancelled():  # (cancelled: the channel stopped while reading)
+            reading = self._restored[chat.key] = asyncio.create_task(self._read(chat, self._history))
+            self._tasks.add(reading)
+            reading.add_done_callback(self._tasks.discard)
+            while len(self._restored) > 10 * _CHATS:  # bounded: a page may name any number of chats
+                self._restored.popitem(last=False)
+        elif reading.done():
+            return []  # the pages have them already
+        # Shielded: a page closing while it waits must not cancel the read the others wait for.
+        return await asyncio.shield(reading)
+
+    async def _read(self, chat: ChatRef, history: ChatHistory) -> list[dict[str, Any]]:
         try:
-            entries = await self._history(chat, _RESTORE)
+            entries = await history(chat, _RESTORE)
         except Exception:
             log.exception("web playground could not read the history of %s", chat.key)
             return []

@@ -184,6 +184,18 @@ async def test_an_at_inside_a_word_or_an_address_does_not_mention_the_bot(bot: B
         assert (await until(page, lambda f: f["type"] == "message"))["mentions_bot"] is True
 
 
+async def test_mentioning_the_bot_keeps_the_indentation_of_pasted_code(bot: Bot, http: aiohttp.ClientSession) -> None:
+    """Cutting the @mention folded every run of spaces in the message: code reached the bot flattened."""
+    code = "def f(xs):\n    for x in xs:\n        if x:  # 真\n            return x"
+    page, _ = await connect(http, bot)
+    await page.send_json(send("group", A, "@qunbot  为什么报错？\n" + code))
+    await until(page, lambda f: f["type"] == "reply")
+    await page.send_json(send("group", A, "看看   这段 @qunbot  x =   [1,   2]"))
+    await until(page, lambda f: f["type"] == "reply")
+    said = [h.text for h in await bot.history.recent(GROUP, 10) if h.user_id == A["id"]]
+    assert said == ["为什么报错？\n" + code, "看看   这段 x =   [1,   2]"]
+
+
 async def test_replies_sent_while_no_page_is_open_arrive_on_connect(bot: Bot, http: aiohttp.ClientSession) -> None:
     channel = web(bot)
     assert channel.pages == 0
@@ -273,3 +285,57 @@ async def test_a_page_opened_after_forget_me_no_longer_shows_the_message(tmp_pat
         await later.close()
     finally:
         await b.stop()
+
+
+async def test_the_playground_and_its_wechat_login_page_serve_again_after_a_restart(
+        tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """Losing and retaking the web lease stops and starts the playground: the second start re-mounted the
+    login page frozen by the first ("Cannot add frozen application"), and the playground never came back."""
+    from robot.bot import build_channels
+
+    settings = Settings(bot={"data_dir": tmp_path}, channels={"web": {"enabled": True, "port": 0},
+                                                             "weixin": {"enabled": True}})
+    (playground,) = [c for c in build_channels(settings) if isinstance(c, WebChannel)]
+    for _ in range(2):
+        await playground.start()
+        try:
+            for path in ("", "weixin/"):
+                async with http.get(playground.url + path) as resp:
+                    assert resp.status == 200, path
+        finally:
+            await playground.stop()
+
+
+async def test_two_pages_connecting_together_both_get_the_stored_messages(http: aiohttp.ClientSession) -> None:
+    """After a restart two tabs reconnect at once: the second found the chats being read for the first, did not
+    wait, and showed them empty for good."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    from robot.history import HistoryEntry
+
+    release, reads = asyncio.Event(), []
+
+    async def history(chat: ChatRef, limit: int) -> list[HistoryEntry]:
+        reads.append(chat.key)
+        await release.wait()  # both pages connect while the store answers
+        return [HistoryEntry(chat=chat.key, message_id=f"m-{chat.chat_id}", user_id="u-alice", name="Alice",
+                             text=f"stored in {chat.chat_id}", at=datetime(2025, 1, 1, tzinfo=UTC))]
+
+    channel = WebChannel(WebSettings(enabled=True, port=0), bot_name="qunbot")
+    channel.attach_chats(history, lambda chat: ZoneInfo("UTC"))
+    await channel.start()
+    try:
+        first = asyncio.ensure_future(http.ws_connect(channel.url + "ws"))
+        second = asyncio.ensure_future(http.ws_connect(channel.url + "ws"))
+        pages = await asyncio.gather(first, second)
+        await asyncio.sleep(0.1)  # both handshakes done, the first read waiting on the store
+        release.set()
+        for page in pages:
+            assert (await page.receive_json(timeout=5))["type"] == "welcome"
+            shown = {f["text"] for f in (await page.receive_json(timeout=5))["frames"]}
+            assert shown == {f"stored in {chat}" for chat in ("playground", "u-xiaoming", "u-aqiang", "u-alice")}
+            await page.close()
+        assert sorted(reads) == sorted(set(reads))  # each chat read once
+    finally:
+        await channel.stop()
