@@ -203,8 +203,10 @@ class _Session:
                     raise self._failed()
                 try:
                     response = await self.model.complete(ModelRequest(messages=messages, max_tokens=max_tokens))
-                except ModelAPIError as exc:
-                    self._add(Usage(requests=1))
+                except ModelAPIError as exc:  # billed all the same when it timed out or broke off (estimated)
+                    out = exc.billed_output
+                    self._add(Usage(requests=1) if out is None else Usage(
+                        prompt_tokens=estimate_messages(messages), completion_tokens=out, requests=1, estimated=1))
                     if attempt == 0 and exc.retryable:
                         await asyncio.sleep(min(1.0 if exc.retry_after is None else exc.retry_after, 5.0))
                         continue

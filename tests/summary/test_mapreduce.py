@@ -190,6 +190,16 @@ async def test_a_retryable_failure_is_retried_once() -> None:
     assert result.text == "终于好了" and result.usage.requests == 2
 
 
+async def test_a_request_that_timed_out_is_counted_as_the_provider_bills_it() -> None:
+    # It was counted 0 tokens: the provider did the work (and bills it) all the same.
+    timed_out = ModelAPIError("the model endpoint timed out", retryable=True, network=True)
+    timed_out.billed_output = 0
+    model = ScriptedModel([timed_out, text("终于好了")])
+    result = await map_reduce(entries(3), model, SummarySettings(), zone=ZONE)
+    assert result.usage.requests == 2 and result.usage.estimated == 1
+    assert result.usage.prompt_tokens >= 2 * estimate_messages(model.requests[1].messages) - 10
+
+
 def test_truncate_tokens_cuts_to_the_limit() -> None:
     assert truncate_tokens("short", 10) == "short"
     cut = truncate_tokens("汉" * 100, 10)
