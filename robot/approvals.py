@@ -6,8 +6,8 @@ entitled presents the code (``/approve LQ5RZ``); the row moves ``pending -> appr
 guarded UPDATE, so two approvals (or two processes) resume it exactly once; the frozen chain
 continues and its replies go out through the outbox in the transaction that ends the snapshot.
 A crash after the claim and before the run finished does not re-run the call (such rows are
-reported as interrupted at the next start, unless another living process runs them): a risky call
-runs at most once.
+reported as interrupted once their process is known dead: at the next start, or by a living process
+within about ``[storage] lease_s`` of its lease lapsing): a risky call runs at most once.
 
 Only calls that need a person create a snapshot; ordinary multi-step chains never do.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import secrets
@@ -29,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from function_calls import Caller, RunResult, RunState, StopReason, Tool, ToolCall
 from robot import snapshots
-from robot.approvals_panel import PANEL, PendingPanel, pending_text
+from robot.approvals_panel import PANEL, PendingPanel, approver_notices, pending_text
+from robot.approvals_watch import AnswerWatch
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.commands import refusal
 from robot.config import ApprovalsSection
@@ -61,8 +61,8 @@ class Approvals:
         self._task: asyncio.Task[None] | None = None
         self._resuming: set[asyncio.Task[None]] = set()
         self._notices: list[OutgoingMessage] = []
-        #: Chat keys with a pending input or requester snapshot: only their messages are looked up.
-        self._watch: set[str] = set()
+        #: Chat keys with a pending input or requester snapshot (any process's): only their messages are looked up.
+        self.watch = AnswerWatch(self.store)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -70,14 +70,9 @@ class Approvals:
             self.store.secret = await asyncio.to_thread(load_secret, self.secret_path)
         else:
             self.store.secret = secrets.token_bytes(32)  # an in-memory bot: its snapshots die with it
-        leases = self.bot.leases.leases
-        for row in await self.store.with_status("approved"):
-            # Not one another living process is running (two processes, one database): its own left it so.
-            if row.get("runner") and await self.bot.db.run(functools.partial(leases.alive_sync, holder=str(row["runner"]))):
-                continue
-            if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
-                await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
-        self._watch = await self.store.answerable_chats()
+        await self._interrupt_orphans()
+        self.watch.follow(self.bot.db)
+        await self.watch.reload()
         self.bot.panels.setdefault(PANEL, PendingPanel(self))  # the web playground's approve/deny buttons
         self._task = asyncio.create_task(self._expiry_loop(), name="qunbot-snapshots")
 
@@ -149,7 +144,7 @@ class Approvals:
             "created_at": iso(now), "expires_at": iso(now + ttl), "tools": json.dumps(tools, ensure_ascii=False),
         })
         if kind == "input" or approver == "requester":
-            self._watch.add(chat.key)
+            self.watch.add(chat.key)
         self._wake.set()
         log.info("run paused for %s (%s)", caller.qualified_user, kind)
         if kind == "input":
@@ -167,22 +162,8 @@ class Approvals:
         return [*self.bot.settings.bot.admins, *self.settings.approvers]
 
     def _queue_notices(self, chat: ChatRef, code: str, what: str, caller: Caller) -> None:
-        """Approvers hear of it (after the requester's reply, see :meth:`announce`): @-ed in a group,
-        privately otherwise, on the chat's platform."""
-        same = [q.split(":", 1)[1] for q in self.approver_ids() if q.split(":", 1)[0] == chat.platform]
-        if not same:
-            log.warning("an approval waits, but no approver is configured on %s ([bot] admins, [approvals] "
-                        "approvers)", chat.platform)
-            return
-        text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
-        key = snapshots.notice_key(chat, caller.user_id) + code  # and ``about``: the requester's /forget me finds them
-        if chat.kind == "group":
-            self._notices.append(OutgoingMessage(key=f"{key}:group", chat=chat, text=text, mention=tuple(same),
-                                                 about=caller.user_id))
-        for user_id in (u for u in same if u != caller.user_id and chat.kind != "group"):
-            target = chat.model_copy(update={"chat_id": user_id, "kind": "private"})
-            self._notices.append(OutgoingMessage(key=f"{key}:{user_id}", chat=target, about=caller.user_id,
-                                                 text=f"{snapshots.notice_prefix(chat)}{text}"))
+        """Approvers hear of it after the requester's reply (see :meth:`announce`)."""
+        self._notices += approver_notices(self.approver_ids(), chat, code, what, caller)
 
     async def announce(self) -> None:
         """Queue the approvers' notices of the requests paused so far (after the requester's reply)."""
@@ -237,14 +218,14 @@ class Approvals:
         if not self.store.verify(row):
             log.error("snapshot %s failed its integrity check (edited?); refusing to resume it", row["id"])
             await self.store.transition(str(row["id"]), "refused", frm="pending", now=self.bot.clock())
-            self._watch = await self.store.answerable_chats()
+            await self.watch.reload()
             return False
         return await self.store.transition(str(row["id"]), to, frm="pending", now=self.bot.clock(), by=by,
                                            runner=self.bot.leases.leases.holder if to == "approved" else None)
 
     async def intercept(self, chat: ChatRef, caller: Caller, text: str) -> bool:
         """A message that answers a paused run (``ask_user``, or a plain "确认"): consumed, routed nowhere else."""
-        if chat.key not in self._watch:
+        if chat.key not in self.watch:
             return False
         row = await self.store.latest_answerable(chat.key, caller.qualified_user)
         if row is None or parse_iso(str(row["expires_at"])) <= self.bot.clock():
@@ -288,13 +269,29 @@ class Approvals:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
     async def expire_due(self) -> float:
-        """Expire what is due (an unanswered ``ask_user`` resumes with "用户暂未回复"); seconds to the next."""
+        """Expire what is due (an unanswered ``ask_user`` resumes with "用户暂未回复"), report calls whose
+        process died as interrupted, re-read the watched chats; seconds to the next pass."""
+        others = await self._interrupt_orphans()
+        await self.watch.reload()
         for row in await self.store.due(self.bot.clock()):
             await self._expire(row)
         nxt = await self.store.next_expiry()
+        # Another process's running call is looked at again within a lease: its process may die (a restart
+        # sooner than its lease lapses took it for alive), and nobody else would ever report it.
+        wait = self.bot.leases.leases.ttl.total_seconds() if others else 30.0
         if nxt is None:
-            return 30.0
-        return max(0.05, min(30.0, (parse_iso(nxt) - self.bot.clock()).total_seconds()))
+            return wait
+        return max(0.05, min(wait, (parse_iso(nxt) - self.bot.clock()).total_seconds()))
+
+    async def _interrupt_orphans(self) -> bool:
+        """Report approved calls whose process died mid-run as interrupted (never retried); True while
+        another living process runs one."""
+        leases = self.bot.leases.leases
+        dead, living = await self.store.orphans(leases.alive_sync)
+        for row in dead:
+            if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
+                await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
+        return bool(living - {leases.holder})
 
     async def _expire(self, row: Row) -> None:
         if row["kind"] == "input":
@@ -313,7 +310,7 @@ class Approvals:
             log.exception("resuming snapshot %s failed", row["id"])
             await self.store.transition(str(row["id"]), "failed", frm="approved", now=self.bot.clock())
             await self._send(row, "继续执行时出错了，请稍后重新发起。", suffix="failed")
-        self._watch = await self.store.answerable_chats()
+        await self.watch.reload()
 
     def _outgoing(self, row: Row, text: str, key: str) -> OutgoingMessage:
         chat = ChatRef.from_key(str(row["chat"]))

@@ -4,23 +4,28 @@ Each row shows only what the chat already saw: the code, the call's summary, who
 the code expires; never the run state. A row's buttons (keys starting with ``/``) send
 ``/approve CODE`` or ``/deny CODE`` as the page's current identity, so the bot's usual checks
 decide who may approve; the panel grants nothing. In an approver's private chat the panel also
-lists what waits for their approval in the platform's other chats (as ``/pending`` does).
+lists what waits for their approval in the platform's other chats (as ``/pending`` does); and the
+approvers' notices of a new request (:func:`approver_notices`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING
 
 from function_calls import Caller
-from robot.message import ChatRef
+from robot import snapshots
+from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import Row, summarize
 from robot.store import parse_iso
 
 if TYPE_CHECKING:
     from robot.approvals import Approvals
 
-__all__ = ["PANEL", "PendingPanel", "pending_text"]
+__all__ = ["PANEL", "PendingPanel", "approver_notices", "pending_text"]
+
+log = logging.getLogger(__name__)
 
 #: The panel's name in ``bot.panels``.
 PANEL = "待批准"
@@ -86,3 +91,20 @@ async def pending_text(approvals: Approvals, caller: Caller) -> str:
     if not lines:
         return "没有等待中的请求。"
     return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"
+
+
+def approver_notices(approvers: list[str], chat: ChatRef, code: str, what: str, caller: Caller) -> list[OutgoingMessage]:
+    """The notices of a request paused in ``chat`` for ``approvers`` (qualified ids) on the chat's platform:
+    @-ed in a group, privately otherwise."""
+    same = [q.split(":", 1)[1] for q in approvers if q.split(":", 1)[0] == chat.platform]
+    if not same:
+        log.warning("an approval waits, but no approver is configured on %s ([bot] admins, [approvals] "
+                    "approvers)", chat.platform)
+        return []
+    text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
+    key = snapshots.notice_key(chat, caller.user_id) + code  # and ``about``: the requester's /forget me finds them
+    if chat.kind == "group":
+        return [OutgoingMessage(key=f"{key}:group", chat=chat, text=text, mention=tuple(same), about=caller.user_id)]
+    return [OutgoingMessage(key=f"{key}:{user_id}", chat=chat.model_copy(update={"chat_id": user_id, "kind": "private"}),
+                            about=caller.user_id, text=f"{snapshots.notice_prefix(chat)}{text}")
+            for user_id in same if user_id != caller.user_id]

@@ -28,8 +28,8 @@ from robot.message import ChatRef
 from robot.storage import Tx
 from robot.store import Engine, iso
 
-__all__ = ["ALPHABET", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret", "new_code",
-           "notice_key", "notice_prefix", "summarize"]
+__all__ = ["ALPHABET", "ANSWERABLE", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret",
+           "new_code", "notice_key", "notice_prefix", "summarize"]
 
 #: Credentials use no 0/O/1/I: they are read off a phone screen and typed back.
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
@@ -38,6 +38,8 @@ _SIGNED = ("id", "code", "kind", "approver", "requester", "chat", "account", "ca
 #: Signed only when set, so rows written before the column existed still verify (and resume fail-closed).
 _OPTIONAL = frozenset({"tools"})
 Row = dict[str, Any]
+#: Notification channel: the chat key of a new row its chat's next message may answer (any process takes it).
+ANSWERABLE = "snapshots"
 
 
 class SnapshotError(Exception):
@@ -117,6 +119,8 @@ class SnapshotStore:
                 # No error on a taken code (it would abort a PostgreSQL transaction): no row, draw again.
                 if db.execute(f"INSERT INTO snapshots ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)}) "
                               "ON CONFLICT DO NOTHING", list(row.values())).rowcount == 1:
+                    if row["kind"] == "input" or row["approver"] == "requester":
+                        db.notify(ANSWERABLE, str(row["chat"]))
                     return str(row["code"])
             raise SnapshotError("no free credential after 20 draws")
 
@@ -161,6 +165,21 @@ class SnapshotStore:
         rows = await self._rows("SELECT MIN(expires_at) AS at FROM snapshots WHERE status = 'pending'", [])
         return str(rows[0]["at"]) if rows and rows[0]["at"] is not None else None
 
+    async def orphans(self, alive: Callable[[Tx, str], bool]) -> tuple[list[Row], set[str]]:
+        """Approved rows whose runner is not ``alive`` (or unknown), and the living runners of the others."""
+        def work(db: Tx) -> tuple[list[Row], set[str]]:
+            dead: list[Row] = []
+            living: set[str] = set()
+            for row in db.query("SELECT * FROM snapshots WHERE status = 'approved' ORDER BY created_at DESC"):
+                runner = str(row.get("runner") or "")
+                if runner and alive(db, runner):
+                    living.add(runner)
+                else:
+                    dead.append(row)
+            return dead, living
+
+        return await self.db.run(work)
+
     async def answerable_chats(self) -> set[str]:
         rows = await self._rows("SELECT DISTINCT chat FROM snapshots WHERE status = 'pending' "
                                 "AND (kind = 'input' OR approver = 'requester')", [])
@@ -193,6 +212,8 @@ class SnapshotStore:
                 db.execute("UPDATE snapshots SET chat = ?, caller = ?, mac = ? WHERE id = ?",
                            [row["chat"], row["caller"], self.mac(row), row["id"]])
                 moved += 1
+                if row["status"] == "pending" and (row["kind"] == "input" or row["approver"] == "requester"):
+                    db.notify(ANSWERABLE, new.key)
             return moved
 
         return await self.db.run(work)

@@ -253,3 +253,65 @@ async def test_a_process_starting_leaves_alone_a_call_another_living_process_is_
     # It ran, and the requester was told it was interrupted and not run (asking again would pay twice)
     assert PAID == [42] and not any("中断" in t for t in out) and "done: paid 42" in out
     assert await a.db.run(status) == ["resumed"]
+
+
+async def test_a_call_whose_runner_died_after_this_process_started_is_reported_interrupted(
+        make_bot: Any, pg_url: str, tmp_path: Path) -> None:
+    # systemd restarts a killed process sooner than its process lease expires: at the restart the dead
+    # predecessor still looks alive, so its approved call must be looked at again once the lease lapses.
+    PAID.clear()
+    a, ch = await make_bot(ScriptedModel(pay_script), plugins=[PAY], data_dir=tmp_path / "a",
+                           storage={"url": pg_url}, bot={"admins": ["memory:9"]})
+    await ch.inject("pay 42", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(1))[0].text)
+
+    def crashed_mid_call(db: Any) -> None:  # approved and running in process-dead, which was then killed
+        db.execute("UPDATE snapshots SET status = 'approved', runner = 'process-dead'")
+        db.execute("INSERT INTO leases (name, holder, expires_at, acquired_at) VALUES (?, ?, ?, ?)",
+                   ["process:process-dead", "process-dead", "2999-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00"])
+
+    await a.db.run(crashed_mid_call)
+    await a.stop(flush_timeout_s=0.5)
+    chb = MemoryChannel()
+    b, _ = await make_bot(ScriptedModel(pay_script), plugins=[PAY], data_dir=tmp_path / "b",
+                          storage={"url": pg_url}, bot={"admins": ["memory:9"]}, channel=chb)
+    status = "SELECT status FROM snapshots"
+    assert await b.db.run(lambda db: [r[0] for r in db.execute(status).fetchall()]) == ["approved"]
+    assert await b.approvals.expire_due() <= b.settings.storage.lease_s  # looked at again within a lease
+    await b.db.run(lambda db: db.execute("UPDATE leases SET expires_at = '2000-01-01T00:00:00+00:00' "
+                                         "WHERE holder = 'process-dead'"))  # the dead lease lapses
+    await b.approvals.expire_due()
+    assert await b.db.run(lambda db: [r[0] for r in db.execute(status).fetchall()]) == ["interrupted"]
+    await chb.inject(f"/approve {code}", user="9", message_id="b-1")  # (ids are one dedupe across processes)
+    said = [m.text for m in await chb.wait_sent(2)]
+    assert any("中断" in t for t in said) and not any("正在执行" in t for t in said) and PAID == []
+
+
+def asking(req: ModelRequest) -> ModelResponse:
+    done = [m for m in req.messages if m["role"] == "tool"]
+    if done:
+        return text(f"按 {done[-1]['content']} 来")
+    return call("ask_user", {"tip": "几点开始？", "timeout_s": 600}) if "会议室" in str(
+        req.messages[-1].get("content")) else text("（一条新消息）")
+
+
+async def test_an_answer_that_reaches_another_process_resumes_the_paused_run(make_bot: Any, pg_url: str,
+                                                                              tmp_path: Path, until: Any) -> None:
+    _, cha = await make_bot(ScriptedModel(asking), plugins=[PLUGIN], data_dir=tmp_path / "a", storage={"url": pg_url})
+    chb = MemoryChannel()
+    b, _ = await make_bot(ScriptedModel(asking), plugins=[PLUGIN], data_dir=tmp_path / "b", storage={"url": pg_url},
+                          channel=chb)  # started before A paused the run
+    private = cha.chat("u1", "private")
+    await cha.inject("帮我订会议室", user="u1", chat=private)
+    assert (await cha.wait_sent(1))[0].text == "几点开始？"
+    await until(lambda: private.key in b.approvals.watch)  # told by A's notification, no message needed
+    await chb.inject("下午三点", user="u1", chat=private, message_id="b-1")  # the answer reaches process B
+    await b.approvals.idle()
+
+    def said() -> list[str]:
+        return [m.text for m in [*cha.sent, *chb.sent]]
+
+    await until(lambda: "按 下午三点 来" in said())  # (either process may send it)
+    assert "（一条新消息）" not in said()
+    assert await b.db.run(lambda db: [r[0] for r in db.execute("SELECT status FROM snapshots").fetchall()]) == [
+        "resumed"]
