@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -119,8 +119,7 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
                    "(status != 'pending' OR requester = ?)", [key, requester])
         # The approvers' notices quote their calls: in the chat (an @ of the admins), in admins' private chats.
         notices, private, prefix = notice_key(chat, request.user_id), f"{request.platform}:private:", notice_prefix(chat)
-        db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE substr(key, 1, ?) = ? AND status != 'pending'",
-                   [len(notices), notices])
+        _unsend(db, "substr(key, 1, ?) = ?", [len(notices), notices])
         replies += db.execute(f"DELETE FROM history WHERE chat{c} >= ? AND chat{c} < ? AND from_bot = 1 AND "
                               "to_user = ? AND substr(text, 1, ?) = ?", [private, private[:-1] + ";", request.user_id,
                                                                          len(prefix), prefix]).rowcount
@@ -131,7 +130,7 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
                                [key, request.user_id]).rowcount
         if chat.kind == "private":  # a private chat is one conversation with them: every bot message there goes
             replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1", [key]).rowcount
-            db.execute("UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND status != 'pending'", [key])
+            _unsend(db, "chat = ?", [key])
             continue
         # Bot messages addressed to them (@ them: answers, their reminders firing) go with their messages.
         replies += db.execute(f"DELETE FROM history WHERE {TO_USER}", [key, request.user_id, request.user_id]).rowcount
@@ -139,20 +138,29 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
         for batch, marks in in_chunks(ids):
             replies += db.execute(f"DELETE FROM history WHERE chat = ? AND from_bot = 1 AND reply_to IN ({marks})",
                                   [key, *batch]).rowcount
-            db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE chat = ? AND reply_to IN ({marks}) "
-                       "AND status != 'pending'", [key, *batch])
+            _unsend(db, f"chat = ? AND reply_to IN ({marks})", [key, *batch])
     HistoryStore.prune_addressees_sync(db)
     return messages, replies
 
 
+def _unsend(db: Tx, where: str, params: list[Any]) -> None:
+    """The outbox rows ``where`` picks: those still waiting never go out (they quote the person: a reply
+    queued while the platform was down went out after /forget me), the others keep no text."""
+    db.execute(f"DELETE FROM outbox WHERE {where} AND status = 'pending'", params)
+    db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE {where} AND status != 'pending'", params)
+
+
 def _blank_mentioning(db: Tx, chat: str, user_id: str) -> None:
-    """Clear the text of the chat's unsent-for-good outbox rows that @ the person (alone or with others:
-    a reminder message shared by a chat's people)."""
-    rows = db.execute("SELECT key, mention FROM outbox WHERE chat = ? AND status != 'pending' AND text != '' "
-                      "AND mention != '[]'", [chat]).fetchall()
-    keys = [str(k) for k, mention in rows if user_id in json.loads(str(mention))]
+    """Clear the text of the chat's outbox rows that @ the person (alone or with others: a reminder message
+    shared by a chat's people); one still waiting that @s them alone never goes out."""
+    rows = db.execute("SELECT key, mention, status FROM outbox WHERE chat = ? AND text != '' AND mention != '[]'",
+                      [chat]).fetchall()
+    keys = [str(k) for k, mention, status in rows if user_id in json.loads(str(mention)) and status != "pending"]
+    alone = [str(k) for k, mention, status in rows if json.loads(str(mention)) == [user_id] and status == "pending"]
     for batch, marks in in_chunks(keys):
         db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE key IN ({marks})", batch)
+    for batch, marks in in_chunks(alone):
+        db.execute(f"DELETE FROM outbox WHERE key IN ({marks})", batch)
 
 
 def bytewise(db: Tx) -> str:

@@ -311,3 +311,22 @@ async def test_forget_me_all_across_hundreds_of_chats_works_on_postgresql(make_b
         while not heard:
             await asyncio.sleep(0.02)
     assert heard == ["*"]
+
+
+async def test_a_reply_still_waiting_to_go_out_never_goes_after_forget_me(make_bot: Any, until: Any) -> None:
+    # The platform was down: the bot's reply quoting them waited in the outbox, and went out once it was
+    # back, after "/forget me" had told them their messages were gone.
+    bot, ch = await make_bot(ScriptedModel(echo))
+    ch.down = True
+    await ch.inject(f"记一下 {SECRET}", at_bot=True)
+    await ch.inject(f"私聊里 {SECRET_ZH}", chat=ch.chat("u1", kind="private"))
+
+    async def waiting() -> int:
+        return len(await bot.outbox.rows("pending"))
+
+    assert await waiting() == 2  # (inject returns once the message was answered: its reply is queued)
+    await ch.inject("/forget me all", chat=ch.chat("u1", kind="private"))
+    ch.down = False
+    await until(lambda: any("已删除" in m.text or "删除" in m.text for m in ch.sent))
+    await bot.outbox.flush()
+    assert not [m.text for m in ch.sent if SECRET in m.text or SECRET_ZH in m.text]
