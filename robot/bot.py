@@ -262,11 +262,13 @@ class Bot:
         except TimeoutError:
             raise ToolError(f"/{name} timed out", user_message=f"/{name} 执行超时（{tool.timeout_s:g} 秒）。") from None
 
-    def command_arguments(self, tool: Tool, line: str, zone: ZoneInfo) -> dict[str, Any]:
-        """A command line's arguments, read as a typed ``/command``: the tool's own syntax if it has one."""
+    def command_arguments(self, tool: Tool, line: str, zone: ZoneInfo, sent: datetime | None = None) -> dict[str, Any]:
+        """A command line's arguments, read as a typed ``/command``: the tool's own syntax if it has one. Its
+        times ("明天8点", "10分钟后") count from when it was ``sent`` (never later than now)."""
         syntax = self.command_syntax.get(tool.name)
         if syntax is not None:
-            return syntax.parse(CommandLine(tool, line, zone, self.clock(), self.router is not None))
+            now = self.clock() if sent is None else min(sent, self.clock())
+            return syntax.parse(CommandLine(tool, line, zone, now, self.router is not None))
         return build_arguments(tool, line)
 
     async def invoke_tool(self, tool: Tool, args: BaseModel | None, caller: Caller, zone: ZoneInfo, *,

@@ -12,18 +12,12 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolError, Toolset
 from robot.admission import Admission
-from robot.commands import (
-    CommandError,
-    clip,
-    format_argument_error,
-    help_text,
-    parse_command,
-    refusal,
-)
+from robot.commands import CommandError, clip, format_argument_error, help_text, parse_command, refusal
 from robot.history import HistoryEntry
 from robot.hooks import RunExtras, observe
 from robot.limits import BudgetExceeded, RateDecision
@@ -218,7 +212,7 @@ class Pipeline:
         caller = bot.caller_for(message, addressed=explicit)
         if command is not None:
             started = time.perf_counter()
-            reply_text = await self.run_command(caller, command.name, command.rest)
+            reply_text = await self.run_command(caller, command.name, command.rest, message.timestamp)
             await self.reply(message, [reply_text])
             await bot.approvals.announce()
             await self.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
@@ -229,7 +223,7 @@ class Pipeline:
         else:
             await self.run_llm(message, caller, text, context)
 
-    async def run_command(self, caller: Caller, name: str, rest: str) -> str:
+    async def run_command(self, caller: Caller, name: str, rest: str, sent: datetime | None = None) -> str:
         bot = self.bot
         unavailable = bot.unavailable_tools()
         if name in ("help", "帮助"):
@@ -257,7 +251,7 @@ class Pipeline:
         syntax = bot.command_syntax.get(tool.name)
         zone = bot.zone_for(ChatRef.of(caller))
         try:
-            raw = bot.command_arguments(tool, rest, zone)
+            raw = bot.command_arguments(tool, rest, zone, sent)  # ("明天" from when it was said: a kept message)
             args = tool.parse_arguments(raw)
             if tool.confirm:
                 return await bot.approvals.pause_command(tool, raw, caller, ChatRef.of(caller),

@@ -172,3 +172,19 @@ async def test_a_redelivered_relative_remind_finds_the_reminder_it_made(start: S
         chat.clock.now += timedelta(minutes=2)
     assert made[0].data["id"] == made[1].data["id"] and made[1].data["next_fire"].startswith("2030-01-07T04:10")
     assert await chat.active() == ["喝水"]
+
+
+async def test_a_time_phrase_counts_from_when_the_message_was_sent(start: Start) -> None:
+    # Sent Monday 23:58, handled Tuesday 00:05 (kept while the bot restarted, or behind a burst):
+    # "明天8点" was Wednesday, a day late, and "10分钟后" counted from 00:05.
+    from datetime import timedelta
+    from zoneinfo import ZoneInfo
+
+    chat = await start()
+    sent = datetime(2030, 1, 7, 23, 58, tzinfo=ZoneInfo("Asia/Shanghai"))
+    chat.clock.now = sent + timedelta(minutes=7)
+    for line, expected in (("/remind 明天8点 开会", "2030-01-08 08:00"), ("/remind 10分钟后 喝水", "2030-01-08 00:08")):
+        before = len(chat.ch.sent)
+        await chat.ch.inject(line, chat=chat.ch.chat("g1"), at_bot=True, at=sent.astimezone(UTC))
+        reply = (await chat.ch.wait_sent(before + 1))[before].text
+        assert expected in reply, reply
