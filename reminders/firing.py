@@ -95,8 +95,11 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
         outcome, key, text = "delivered", f"rem:{r.id}:{iso(latest)}", None
     elif failed:
         outcome, key = "failed", f"rem:{r.id}:{iso(latest)}:failed"
-        text = None if r.failure_reported else (
-            f"⚠️ 定时任务「{r.content[:60]}」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。")
+        if following is None:  # (a one-time task: it said "will try again on time", and never did)
+            text = f"⚠️ 定时任务「{r.content[:60]}」没能执行（一次性任务，不会再试），请重新设置。"
+        else:
+            text = None if r.failure_reported else (
+                f"⚠️ 定时任务「{r.content[:60]}」这次没能执行，之后仍会按时尝试（连续失败不再重复通知）。")
     else:
         outcome, key = "delivered", f"rem:{r.id}:{iso(latest)}"
         text = answer if r.mode != "text" and answer else f"⏰ 提醒：{r.content}"

@@ -270,6 +270,16 @@ async def test_prompt_failure_is_reported_once_until_it_succeeds_again(rig_facto
     assert (await rig.row(r)).failure_reported
 
 
+async def test_a_one_time_prompt_that_fails_does_not_promise_another_try(rig_factory: Factory) -> None:
+    # It said "之后仍会按时尝试" and was done: the person did not set it again.
+    rig = await rig_factory(at(SH, "2030-01-07 07:00"),
+                            model=ScriptedModel(lambda r: ModelAPIError("upstream 500", status=500)))
+    r = await rig.add("once", "2030-01-07 08:00", "天气", mode="prompt")
+    await rig.fire(at(SH, "2030-01-07 08:00"))
+    assert await rig.texts() == ["⚠️ 定时任务「天气」没能执行（一次性任务，不会再试），请重新设置。"]
+    assert (await rig.row(r)).status == "done"
+
+
 async def test_deleting_while_the_prompt_runs_sends_nothing(rig_factory: Factory) -> None:
     called, release = asyncio.Event(), asyncio.Event()
 
