@@ -51,6 +51,7 @@ __all__ = [
     "SendFailed",
     "SendReceipt",
     "SendRejected",
+    "batch_taken",
     "cut_mention",
     "transport_failure",
 ]
@@ -78,6 +79,15 @@ def cut_mention(mention: re.Pattern[str], text: str) -> str:
         before, after = text[m.start() - 1:m.start()], text[m.end():m.end() + 1]
         return " " if before.strip() and after.strip() else ""
     return mention.sub(one, text).strip()
+
+
+async def batch_taken(previous: asyncio.Task[bool] | None, batch: Sequence[asyncio.Task[bool]]) -> bool:
+    """Whether a poll's deliveries (``_deliver_logged`` tasks), and the batch before them (``previous``: its
+    own check), were all taken by the bot: only then may a poll cursor move past them. A delivery cut
+    short by ``stop()`` or not taken as the bot stops (:class:`NotTaken`) keeps it where it was."""
+    if previous is not None and (await asyncio.gather(previous, return_exceptions=True))[0] is not True:
+        return False  # a cursor past this batch covers the earlier one too
+    return all(r is True for r in await asyncio.gather(*batch, return_exceptions=True))
 
 
 class ChannelError(Exception):

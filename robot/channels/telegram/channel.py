@@ -33,6 +33,7 @@ from robot.channels.base import (
     ChannelUnavailable,
     SendReceipt,
     SendRejected,
+    batch_taken,
     transport_failure,
 )
 from robot.channels.state_store import ChannelState
@@ -169,11 +170,8 @@ class TelegramChannel(WebhookIntake):
 
     async def _save_offset(self, previous: asyncio.Task[bool] | None, batch: list[asyncio.Task[bool]], at: int) -> bool:
         """Save ``at`` once this batch (and every earlier one) was taken by the bot; whether it was."""
-        if previous is not None and (await asyncio.gather(previous, return_exceptions=True))[0] is not True:
+        if not await batch_taken(previous, batch):  # the process polling next (maybe another) gets it again
             return False
-        results = await asyncio.gather(*batch, return_exceptions=True)
-        if any(r is not True for r in results):  # cut short by stop(), or not taken as the bot stopped: the
-            return False  # process that polls next (another one, on a shared database) gets this batch again
         try:
             await self.state.save_offset(self.bot_id, at)
         except OSError:

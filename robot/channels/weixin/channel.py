@@ -28,6 +28,7 @@ from robot.channels.base import (
     ChannelUnavailable,
     SendReceipt,
     SendRejected,
+    batch_taken,
     transport_failure,
 )
 from robot.channels.state_store import ChannelState
@@ -250,11 +251,8 @@ class WeixinChannel(Channel):
     async def _commit(self, acc: LiveAccount, previous: asyncio.Task[bool] | None,
                       batch: list[asyncio.Task[bool]], buf: str) -> bool:
         """Write ``buf`` once this batch (and every earlier one) has been taken by the bot; whether it was."""
-        if previous is not None and (await asyncio.gather(previous, return_exceptions=True))[0] is not True:
-            return False  # ``buf`` covers the earlier batch too: never past a message that was not taken
-        results = await asyncio.gather(*batch, return_exceptions=True)
-        if any(r is not True for r in results):  # cut short by stop(), or refused as the bot stops:
-            return False  # leave the old cursor so the restart replays this batch
+        if not await batch_taken(previous, batch):  # the old cursor stays: the restart replays the batch
+            return False
         try:
             await self.state.save_cursor(acc.bot_id, buf)
         except OSError:  # the batch was taken: a later cursor still covers it
