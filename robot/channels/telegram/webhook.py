@@ -39,6 +39,11 @@ class WebhookIntake(Channel):
     _runner: web.AppRunner | None
     _url: str | None
 
+    @property
+    def _spool(self) -> Path:
+        """The folder of updates answered 200 (or polled) that the bot has not taken yet."""
+        return self.state_dir / f"{self.bot_id}-webhook"
+
     @abc.abstractmethod
     def _accept(self, update: dict[str, Any], polled: bool = False) -> asyncio.Task[bool] | None:
         """Hand one update to the bot in the background; returns the delivery task (False: not taken)."""
@@ -61,8 +66,7 @@ class WebhookIntake(Channel):
         taken = await self._deliver_logged(message)
         if not taken and polled:  # the bot is stopping, and Telegram counts the update confirmed: a start delivers it
             with contextlib.suppress(OSError, TypeError, ValueError):
-                await asyncio.to_thread(write_private, self.state_dir / f"{self.bot_id}-webhook"
-                                        / f"{update['update_id']}.json", update, sync=True)
+                await asyncio.to_thread(write_private, self._spool / f"{update['update_id']}.json", update, sync=True)
         return taken
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
@@ -80,7 +84,7 @@ class WebhookIntake(Channel):
         if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id < 2 ** 63:
             log.warning("telegram: webhook update without a usable update_id skipped")
             return web.Response(status=200)
-        path = self.state_dir / f"{self.bot_id}-webhook" / f"{update_id}.json"
+        path = self._spool / f"{update_id}.json"
         try:  # durably ours before the 200: after it Telegram never sends this update again
             await asyncio.to_thread(write_private, path, update, sync=True)
         except (OSError, TypeError, ValueError):
@@ -105,7 +109,7 @@ class WebhookIntake(Channel):
         done.add_done_callback(self._deliveries.discard)
 
     async def _replay_spool(self) -> None:
-        spooled = await asyncio.to_thread(read_spool, self.state_dir / f"{self.bot_id}-webhook")
+        spooled = await asyncio.to_thread(read_spool, self._spool)
         if spooled:
             log.warning("telegram: delivering %d webhook update(s) left from the last run", len(spooled))
         for update, path in spooled:
