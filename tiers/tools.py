@@ -167,11 +167,16 @@ def _tiers(result: RunResult, own: str) -> dict[str, int]:
     return out
 
 
-def _partial(result: RunResult) -> str:
-    """What the model answered before a bound stopped it; "" when the text is the runner's own notice
-    (a provider failure, a loop: "AI 服务暂时不可用……" is no partial result)."""
+def _the_models(result: RunResult) -> bool:
+    """Whether the run's text is the model's own last answer, not the runner's notice (a provider
+    failure, a loop: "AI 服务暂时不可用……")."""
     said = next((m.get("content") for m in reversed(result.messages) if m.get("role") == "assistant"), None)
-    return strip_reasoning(result.text) if result.text.strip() and result.text == said else ""
+    return result.text == said
+
+
+def _partial(result: RunResult) -> str:
+    """What the model answered before a bound stopped it; "" when the text is the runner's own notice."""
+    return strip_reasoning(result.text) if result.text.strip() and _the_models(result) else ""
 
 
 def _stopped(result: RunResult, own: str) -> str:
@@ -179,8 +184,7 @@ def _stopped(result: RunResult, own: str) -> str:
     name = _NAMES.get(own, own)
     if partial := _partial(result):
         return f"{name}没能在限额内完成，已有的结果：\n{partial}"
-    said = next((m.get("content") for m in reversed(result.messages) if m.get("role") == "assistant"), None)
-    notice = result.text.strip() if result.text != said else ""  # the runner's own words, never the model's thinking
+    notice = "" if _the_models(result) else result.text.strip()  # the runner's words, never the model's thinking
     return f"{name}没能完成：{notice}" if notice else f"{name}没能完成，请稍后再试。"
 
 
