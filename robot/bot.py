@@ -118,9 +118,11 @@ class Bot:
             self.router = FunctionCallRouter(runner, bot_name=settings.bot.name, persona=settings.bot.persona,
                                              history_tokens=llm.history_tokens)
         self.channels = {c.platform: c for c in (build_channels(settings) if channels is None else channels)}
-        if self.router is not None:  # what it is called where its name is another (OneBot's bot_name)
-            self.router.names = {p: n for p, c in self.channels.items()
-                                 if isinstance(n := getattr(c, "bot_name", None), str) and n and n != settings.bot.name}
+        #: Its name on a platform where it goes by another (OneBot's bot_name): the gate answers to it, the model is told.
+        self.platform_names = {p: n for p, c in self.channels.items()
+                               if isinstance(n := getattr(c, "bot_name", None), str) and n and n != settings.bot.name}
+        if self.router is not None:
+            self.router.names = self.platform_names
         merged = Toolset("bot", privacy.toolset)  # /forget me is always there, whatever plugins are loaded
         for plugin in self.plugins:
             merged = merged.merge(plugin.tools)

@@ -75,8 +75,7 @@ class Pipeline:
     def _name_prefix(self, text: str, platform: str = "") -> str | None:
         """The text after the bot's name (``[bot] name``, or its own on the platform: OneBot's ``bot_name``)
         when it starts with it as a word ("qunbot, hi"; not "qunbotty")."""
-        own = getattr(self.bot.channels.get(platform), "bot_name", None)
-        for name in sorted({self.bot.settings.bot.name, own if isinstance(own, str) else ""}, key=len, reverse=True):
+        for name in sorted({self.bot.settings.bot.name, self.bot.platform_names.get(platform, "")}, key=len, reverse=True):
             rest = text[len(name):] if name and text.lower().startswith(name.lower()) else None
             if rest is not None and (not rest or rest[0].isspace() or rest[0] in _AFTER_NAME):
                 return rest.lstrip(" ,，:：、~～")
