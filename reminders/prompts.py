@@ -68,6 +68,8 @@ def allowed_tools(bot: Bot, settings: ReminderSettings) -> Allowed:
     reminder). A default entry is dropped instead, set or not (``qunbot init`` writes the defaults
     out): the defaults name other plugins' tools, which may not be loaded.
     """
+    defaults = ReminderSettings()
+
     def resolve(field: str) -> dict[str, str]:
         found: dict[str, str] = {}
         for entry in getattr(settings, field):
@@ -75,7 +77,7 @@ def allowed_tools(bot: Bot, settings: ReminderSettings) -> Allowed:
             tool = bot.tools.resolve(shown) if shown else None
             if tool is not None:
                 found[shown] = tool.name
-            elif field in settings.model_fields_set and entry not in getattr(ReminderSettings(), field):
+            elif entry not in getattr(defaults, field):  # (a field left unset holds only defaults)
                 raise ConfigError(f"[reminders] {field}: {entry!r} is no tool or command of this bot (is its plugin "
                                   f"in [bot] plugins?); known: {', '.join(sorted(bot.tools.names()))}")
         return found
