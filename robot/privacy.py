@@ -155,8 +155,9 @@ def _blank_mentioning(db: Tx, chat: str, user_id: str) -> None:
     shared by a chat's people); one still waiting that @s them alone never goes out."""
     rows = db.execute("SELECT key, mention, status FROM outbox WHERE chat = ? AND text != '' AND mention != '[]'",
                       [chat]).fetchall()
-    keys = [str(k) for k, mention, status in rows if user_id in json.loads(str(mention)) and status != "pending"]
-    alone = [str(k) for k, mention, status in rows if json.loads(str(mention)) == [user_id] and status == "pending"]
+    mentioning = [(str(k), json.loads(str(mention)), status) for k, mention, status in rows]
+    keys = [k for k, mention, status in mentioning if user_id in mention and status != "pending"]
+    alone = [k for k, mention, status in mentioning if mention == [user_id] and status == "pending"]
     for batch, marks in in_chunks(keys):
         db.execute(f"UPDATE outbox SET text = '', mention = '[]' WHERE key IN ({marks})", batch)
     for batch, marks in in_chunks(alone):
