@@ -266,10 +266,12 @@ class Bot:
 
     def command_arguments(self, tool: Tool, line: str, zone: ZoneInfo, sent: datetime | None = None) -> dict[str, Any]:
         """A command line's arguments, read as a typed ``/command``: the tool's own syntax if it has one. Its
-        times ("明天8点", "10分钟后") count from when it was ``sent`` (never later than now)."""
+        times ("明天8点", "10分钟后") count from when it was ``sent``: never later than now, nor a day
+        earlier (no message is kept longer: an older stamp is a sender's wrong clock)."""
         syntax = self.command_syntax.get(tool.name)
         if syntax is not None:
-            now = self.clock() if sent is None else min(sent, self.clock())
+            now = self.clock()
+            now = sent if sent is not None and now - timedelta(days=1) <= sent < now else now
             return syntax.parse(CommandLine(tool, line, zone, now, self.router is not None))
         return build_arguments(tool, line)
 

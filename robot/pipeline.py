@@ -323,7 +323,7 @@ class Pipeline:
                 text, caller=caller, tools=tools,
                 history=[h.turn() for h in history if h.message_id != message.message_id],
                 zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
-                on_event=on_event, context=[m for e in extras for m in e.messages],
+                on_event=on_event, context=[m for e in extras for m in e.messages], sent=message.timestamp,
             )
         for extra in extras:
             if extra.settle is not None:

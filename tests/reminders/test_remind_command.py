@@ -188,3 +188,14 @@ async def test_a_time_phrase_counts_from_when_the_message_was_sent(start: Start)
         await chat.ch.inject(line, chat=chat.ch.chat("g1"), at_bot=True, at=sent.astimezone(UTC))
         reply = (await chat.ch.wait_sent(before + 1))[before].text
         assert expected in reply, reply
+
+
+async def test_a_stamp_from_a_wrong_clock_does_not_move_a_time_phrase(start: Start) -> None:
+    # A bridge whose clock is wrong (OneBot "time": 1 is 1970): no message is kept a day, so "10分钟后"
+    # counts from now, not from 1970 (which was refused as a time already past).
+    chat = await start()
+    chat.clock.now = datetime(2030, 1, 7, 16, 0, tzinfo=UTC)
+    await chat.ch.inject("/remind 10分钟后 喝水", chat=chat.ch.chat("g1"), at_bot=True,
+                         at=datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC))
+    reply = (await chat.ch.wait_sent(1))[0].text
+    assert "2030-01-08 00:10" in reply, reply

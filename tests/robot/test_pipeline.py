@@ -279,6 +279,23 @@ async def test_the_model_sees_this_chats_recent_history_only(make_bot: Any) -> N
     assert {"role": "assistant", "content": "re: which fruits?"} in model.requests[1].messages
 
 
+async def test_the_model_is_told_when_a_late_answered_message_was_sent(make_bot: Any) -> None:
+    # Sent 23:58, answered 00:05 (kept while the bot restarted): the model, told only "现在是 00:05", set
+    # "明天8点" a day late. It is told the sent time; a message answered at once adds nothing.
+    from datetime import UTC, datetime, timedelta
+
+    model = echo_model()
+    bot, ch = await make_bot(model)
+    zone = bot.zone_for(G1)
+    sent = datetime.now(UTC) - timedelta(minutes=7)
+    await ch.inject("明天8点提醒我开会", at_bot=True, at=sent)
+    await ch.inject("现在几点", at_bot=True)
+    await ch.wait_sent(2)
+    late, prompt = (str(r.messages[0]["content"]) for r in model.requests)
+    assert f"这条消息发送于 {sent.astimezone(zone):%Y-%m-%d %H:%M}" in late and "相对时间从发送时算起" in late
+    assert "发送于" not in prompt
+
+
 async def test_a_message_left_unanswered_by_a_crash_gets_its_context_on_redelivery(make_bot: Any) -> None:
     # The window is read with the message's record; a redelivery of a recorded but unanswered
     # message is not recorded again, so its window must still be read.
