@@ -243,6 +243,23 @@ async def test_a_dream_spends_no_model_tokens_beyond_the_bots_daily_budget(tmp_p
     assert model.requests == [] and "梦里闪过" in reply and "浇水" in reply  # the plain dream, no model
 
 
+async def test_a_dream_whose_request_timed_out_is_charged_what_the_provider_may_have_billed(tmp_path: Path) -> None:
+    """A timed-out request may have been done and billed: it was charged 0, and a hung provider's
+    nightly dreams never counted against the bot's daily cap."""
+    from function_calls import ModelAPIError
+    from function_calls.testing import ScriptedModel
+
+    timed_out = ModelAPIError("the model call timed out", network=True, retryable=True)
+    timed_out.billed_output = 0  # as OpenAIChatModel says of a request it sent and heard nothing back from
+    clock = Clock()
+    async with running(tmp_path, model=ScriptedModel([timed_out]), clock=clock,
+                       limits={"bot_daily_tokens": 10_000}) as (bot, ch):
+        await ask(ch, "/remember 阳台的花要浇水 group")
+        clock.now = clock.now.replace(hour=20)
+        assert "浇水" in await ask(ch, "/sleep", user="boss")  # the plain dream still
+        assert await bot.budget.used("bot") > 0
+
+
 async def test_forget_an_id_with_all_is_answered_clearly_and_deletes_nothing(tmp_path: Path) -> None:
     """``/forget 3 all`` mixes two commands: say so rather than ignore ``all``; the memory stays."""
     async with running(tmp_path) as (_, ch):
