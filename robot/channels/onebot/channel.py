@@ -84,6 +84,7 @@ class OneBotChannel(Channel):
         self.bot_name = settings.bot_name or bot_name
         self.self_id: str | None = None
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
+        self._own: set[str] = set()  # every account this channel has spoken for (its sibling's sends are the bot's)
         #: Each account's logged-in state, from heartbeats, lifecycle events and ``get_status``.
         self.presence = Presence(self.announce_connected)
         self._conns = Sockets(self.serve_accounts_soon)
@@ -312,6 +313,7 @@ class OneBotChannel(Channel):
         self._conns.add(conn)
         if self_id:
             self.self_id = self_id
+            self._own.add(self_id)
         if role != "Event":
             self._connected.set()
             self.announce_connected()
@@ -379,6 +381,7 @@ class OneBotChannel(Channel):
                             claimed, conn.self_id)
                 return
             self.self_id = self._conns.learn(conn, claimed)
+            self._own.add(claimed)
         if post_type == "meta_event":
             self.presence.on_meta(conn.self_id or "", event)
         elif post_type == "message":
@@ -387,7 +390,9 @@ class OneBotChannel(Channel):
             except (ValueError, ValidationError) as exc:
                 log.warning("onebot: dropping a malformed message event: %s", exc)
                 return
-            if message is not None:
+            if message is not None and message.sender.user_id in self._own:  # another account's reply, seen by
+                log.debug("onebot: ignoring account %s's own message", message.sender.user_id)  # a sibling: not a
+            elif message is not None:  # member's words (/forget me left them, the model read them as a member's)
                 self.deliver_soon(message)
         else:
             # message_sent (our own sends echoed back), notice and request events are not chat input.

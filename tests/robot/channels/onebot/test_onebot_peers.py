@@ -367,6 +367,26 @@ async def test_two_accounts_on_one_url_each_reply_through_their_own_socket(
                                                text="?"))
 
 
+async def test_one_accounts_reply_seen_by_another_account_in_the_group_is_not_a_members_message(
+    channel: OneBotChannel, inbox: asyncio.Queue[Message]
+) -> None:
+    # QQ shows account 10001's reply to account 10002, a member of the same group too: taken as member
+    # 10001's words, it outlived /forget me and reached the model as a member's message.
+    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
+            OneBotTestPeer(self_id=10002, access_token=TOKEN, first_message_id=9001) as b:
+        await a.connect(channel.url)
+        await b.connect(channel.url)
+        async with asyncio.timeout(5):
+            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
+                await asyncio.sleep(0.01)
+        echo = {**EVENTS["group_message_at_bot"], "self_id": 10002, "user_id": 10001, "message_id": 7001,
+                "message": [{"type": "text", "data": {"text": "好的，记下了"}}], "raw_message": "好的，记下了"}
+        await b.send_event(echo)
+        await b.send_event({**echo, "user_id": 20002, "message_id": 7002})  # a member's, through the same account
+        message = await asyncio.wait_for(inbox.get(), 5)
+        assert (message.sender.user_id, message.chat.account) == ("20002", "10002") and inbox.empty()
+
+
 async def test_a_socket_cannot_take_over_another_accounts_chats(
     channel: OneBotChannel, peer: OneBotTestPeer, inbox: asyncio.Queue[Message], caplog: pytest.LogCaptureFixture
 ) -> None:
