@@ -10,7 +10,14 @@ __all__ = ["redact_url"]
 #: Query keys whose values are credentials (compared in lower case).
 _SECRET_KEYS = frozenset({"access_token", "token", "key", "api_key", "apikey", "secret", "password", "sig",
                           "signature", "auth", "authorization", "corpsecret", "encodingaeskey"})
+#: ...and the endings of such keys' other spellings (``x-api-key``, ``client_secret``, ``refresh-token``).
+_SECRET_ENDINGS = ("token", "secret", "key", "password", "signature")
 MASK = "***"
+
+
+def _secret_key(key: str) -> bool:
+    folded = key.lower().replace("-", "_")
+    return folded in _SECRET_KEYS or folded.endswith(_SECRET_ENDINGS)
 #: A Telegram Bot API path carries the token: ``/bot<id>:<secret>/method`` (the id is public).
 _BOT_PATH = re.compile(r"(/bot\d+:)[^/]+")
 
@@ -32,7 +39,7 @@ def redact_url(url: str) -> str:
         query = parts.query
         if query:
             pairs = parse_qsl(query, keep_blank_values=True)
-            query = urlencode([(k, MASK if k.lower() in _SECRET_KEYS else v) for k, v in pairs], safe="*")
+            query = urlencode([(k, MASK if _secret_key(k) else v) for k, v in pairs], safe="*")
         path = _BOT_PATH.sub(lambda m: m.group(1) + MASK, parts.path)
         return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
     except ValueError:

@@ -248,7 +248,8 @@ def test_no_token_survives_redaction() -> None:
     from hypothesis import given
     from hypothesis import strategies as st
 
-    @given(token=st.text(min_size=1, max_size=40), key=st.sampled_from(["access_token", "Token", "KEY", "secret"]))
+    @given(token=st.text(min_size=1, max_size=40), key=st.sampled_from(["access_token", "Token", "KEY", "secret", "api-key", "X-Api-Key",
+                                                                     "access-token", "client_secret", "refresh_token"]))
     def check(token: str, key: str) -> None:
         url = f"ws://127.0.0.1:3001/onebot?x=1&{key}={quote(token, safe='')}"
         assert redact_url(url) == f"ws://127.0.0.1:3001/onebot?x=1&{key}=***"
