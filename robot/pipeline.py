@@ -23,6 +23,7 @@ from robot.hooks import RunExtras, observe
 from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.storage import Tx
+from robot.storage.base import CommitUnknown
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -382,6 +383,9 @@ class Pipeline:
                 self._unmarked.discard(ident)
             for item in out:
                 bot.outbox.notify(item.chat.platform, item.chat.key, item.chat.account)
+        except CommitUnknown as exc:  # (a connection lost at COMMIT) maybe queued: sent directly too, it went twice
+            bot.pending.add(enqueue, f"queueing the reply to {message.platform} message {message.message_id}", exc,
+                            idempotent=True)  # (a queued key is kept as it is: retrying until it lands is safe)
         except Exception:
             # The database cannot take the reply (disk full, locked): say it now rather than never.
             log.exception("queueing the reply to %s message %s failed; sending it directly",

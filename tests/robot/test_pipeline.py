@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -282,8 +282,6 @@ async def test_the_model_sees_this_chats_recent_history_only(make_bot: Any) -> N
 async def test_the_model_is_told_when_a_late_answered_message_was_sent(make_bot: Any) -> None:
     # Sent 23:58, answered 00:05 (kept while the bot restarted): the model, told only "现在是 00:05", set
     # "明天8点" a day late. It is told the sent time; a message answered at once adds nothing.
-    from datetime import UTC, datetime, timedelta
-
     model = echo_model()
     bot, ch = await make_bot(model)
     zone = bot.zone_for(G1)
@@ -310,6 +308,32 @@ async def test_a_message_left_unanswered_by_a_crash_gets_its_context_on_redelive
     seen = contents(model.requests[0])
     assert any("moved to 3pm" in c for c in seen)
     assert seen[-1] == "when is it?" and sum("when is it?" in c for c in seen) == 1
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_reply_whose_commit_is_in_doubt_goes_out_once(make_bot: Any, landed: bool) -> None:
+    # PostgreSQL's connection lost at COMMIT (CommitUnknown): the reply was sent directly as well as
+    # by the outbox when the commit had landed (twice). Retried until it lands, it goes out once.
+    from robot.storage.base import CommitUnknown
+
+    bot, ch = await make_bot(echo_model())
+    bot.pending.first_s = 0.02
+    real, doubted = bot.db.transaction, []
+
+    async def transaction(fn: Any, **kw: Any) -> Any:
+        if getattr(fn, "__name__", "") == "enqueue" and not doubted:
+            doubted.append(1)
+            if landed:
+                await real(fn, **kw)
+            raise CommitUnknown("the connection failed while committing")
+        return await real(fn, **kw)
+
+    bot.db.transaction = transaction
+    await ch.inject("hello", at_bot=True, message_id="m1")
+    await ch.wait_sent(1)
+    await bot.outbox.flush()
+    await asyncio.sleep(0.1)
+    assert doubted and [m.text for m in ch.sent] == ["re: hello"]
 
 
 async def test_a_message_whose_reply_is_queued_is_handled_even_if_what_follows_fails(make_bot: Any) -> None:
