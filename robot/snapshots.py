@@ -26,6 +26,7 @@ from typing import Any
 from function_calls import Caller, RunState, ToolCall
 from robot.message import ChatRef
 from robot.storage import Tx
+from robot.storage.base import as_stored
 from robot.store import Engine, iso
 
 __all__ = ["ALPHABET", "ANSWERABLE", "Row", "SnapshotError", "SnapshotStore", "describe_call", "load_secret",
@@ -110,7 +111,9 @@ class SnapshotStore:
 
     async def insert(self, row: Row) -> str:
         """Store a new pending row under a fresh code (unique among pending rows); returns the code."""
-        row = {**row, "id": row.get("id") or uuid.uuid4().hex, "status": "pending"}
+        # Signed as stored: a NUL in a tip, kept by PostgreSQL as U+FFFD, failed its check when read back.
+        row = {**{k: as_stored(v) if isinstance(v, str) else v for k, v in row.items()},
+               "id": row.get("id") or uuid.uuid4().hex, "status": "pending"}
 
         def work(db: Tx) -> str:
             for _ in range(20):

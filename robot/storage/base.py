@@ -22,12 +22,18 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from function_calls.problems import mend_text
 
-__all__ = ["CommitUnknown", "Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "iso", "mend_params",
-           "mend_rows", "parse_iso", "ticks", "unit_error", "utcnow"]
+__all__ = ["CommitUnknown", "Cursor", "Dialect", "Engine", "Listener", "Step", "StorageError", "Tx", "as_stored", "iso",
+           "mend_params", "mend_rows", "parse_iso", "ticks", "unit_error", "utcnow"]
 
 T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
 log = logging.getLogger(__name__)
+
+
+def as_stored(text: str) -> str:
+    """``text`` as every engine stores it: NUL (which PostgreSQL's text cannot hold) as U+FFFD, a lone
+    surrogate mended. What is signed before it is stored (a snapshot's MAC) must be signed so."""
+    return mend_text(text.replace("\x00", "\ufffd") if "\x00" in text else text)
 
 
 def mend_params(params: Sequence[Any]) -> tuple[Any, ...]:

@@ -7,8 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from function_calls.problems import mend_text
-from robot.storage.base import Dialect
+from robot.storage.base import Dialect, as_stored
 
 __all__ = ["CHANNEL", "PostgresTx"]
 
@@ -31,7 +30,7 @@ def _clean(value: Any) -> Any:
     becomes U+FFFD, in writes and lookups alike, rather than failing the whole unit of work (and so
     does a lone surrogate, which UTF-8 cannot carry: :func:`mend_text`)."""
     if isinstance(value, str):
-        return mend_text(value.replace("\x00", "\ufffd") if "\x00" in value else value)
+        return as_stored(value)
     if isinstance(value, list):
         return _array(value)
     return value

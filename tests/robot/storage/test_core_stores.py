@@ -60,6 +60,20 @@ async def test_paused_runs_get_unique_codes_and_one_transition_wins(engine: Engi
         await engine.close()
 
 
+async def test_a_paused_run_whose_text_holds_nul_passes_its_check_on_every_engine(engine: Engine) -> None:
+    # PostgreSQL keeps NUL as U+FFFD: a tip signed as given never matched what was read back, and the
+    # person's answer voided the run ("记录校验失败"). Signed as stored, it matches on both engines.
+    store = SnapshotStore(engine)
+    store.secret = b"k" * 32
+    await engine.open()
+    try:
+        code = await store.insert(snapshot_row(kind="input", approver="requester", tip="which one\x00?\ud800"))
+        row = await store.by_code(code)
+        assert row is not None and store.verify(row) and row["tip"] == "which one\ufffd?\ufffd"
+    finally:
+        await engine.close()
+
+
 async def test_forget_removes_a_persons_traces_and_nobody_elses(engine: Engine) -> None:
     history = HistoryStore(engine)
     snapshots = SnapshotStore(engine)
