@@ -101,8 +101,7 @@ class Bot:
                                   clock=self.clock, leases=self.leases.leases, pending=self.pending)
         self.model = model if model is not None else build_model(settings)
         in_memory = str(getattr(self.db, "path", "")) == ":memory:"
-        #: Questions a running plan asked the user, answered by their next message in the chat.
-        self.questions = Questions()
+        self.questions = Questions()  #: a running plan's questions, answered by the asker's next message
         self.approvals = Approvals(self, settings.approvals,
                                    None if in_memory else settings.bot.data_dir / "secret.key")
         #: Channels' cursors and credentials, shared by every process on the database (credentials sealed).
@@ -223,8 +222,14 @@ class Bot:
         """The chat's zone (``[bot] zones``), else the bot's."""
         return self.settings.zone_for(chat.key)
 
+    def ignores(self, chat: ChatRef) -> bool:
+        """Whether the gate ignores ``chat`` (``[gate] never``, outside ``allowlist``): nothing goes there."""
+        return self.pipeline.ignored(chat)
+
     async def send(self, chat: ChatRef, text: str, *, key: str, mention: Sequence[str] = ()) -> bool:
-        """Queue a message through the outbox; ``key`` makes it idempotent."""
+        """Queue a message through the outbox (``key`` makes it idempotent); not to a chat the gate ignores."""
+        if self.ignores(chat):  # (a digest, a dream post set up before the owner closed that group)
+            return False
         return bool(await self.outbox.enqueue(OutgoingMessage(key=key, chat=chat, text=text, mention=tuple(mention))))
 
     async def run_scheduled(self, prompt: str, caller: Caller, allow: Sequence[str],
@@ -265,9 +270,8 @@ class Bot:
             raise ToolError(f"/{name} timed out", user_message=f"/{name} 执行超时（{tool.timeout_s:g} 秒）。") from None
 
     def command_arguments(self, tool: Tool, line: str, zone: ZoneInfo, sent: datetime | None = None) -> dict[str, Any]:
-        """A command line's arguments, read as a typed ``/command``: the tool's own syntax if it has one. Its
-        times ("明天8点", "10分钟后") count from when it was ``sent``: never later than now, nor a day
-        earlier (no message is kept longer: an older stamp is a sender's wrong clock)."""
+        """A command line's arguments (a typed ``/command``: the tool's own syntax if any). "明天8点" counts from
+        when it was ``sent``, unless later than now or a day before (kept no longer: a wrong clock)."""
         syntax = self.command_syntax.get(tool.name)
         if syntax is not None:
             now = self.clock()

@@ -22,6 +22,9 @@ async def run_scheduled(bot: Bot, prompt: str, caller: Caller, allow: Sequence[s
     approval is posted in the chat and resumes there. None without an LLM."""
     if bot.router is None:
         return None
+    # A prompt caught up at start (due while the bot was down) may call a later plugin's tool: not before
+    # that plugin is set up (its tool got the Bot as its deps, failed, and a one-time task was lost).
+    await bot._plugins_ready.wait()
     chat = ChatRef.of(caller)
     try:
         with bot.tool_scope(allow):

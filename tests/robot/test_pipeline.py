@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from function_calls import ModelAPIError, ModelRequest, Toolset
+from function_calls import Caller, ModelAPIError, ModelRequest, ToolContext, Toolset, tool_function
 from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.config import Settings
@@ -514,3 +514,47 @@ async def test_a_channel_whose_typing_or_trace_raises_still_gets_its_reply(make_
     await ch.inject("question", at_bot=True)
     (sent,) = await ch.wait_sent(1)
     assert sent.text == "answer"
+
+
+class CityArgs(BaseModel):
+    city: str
+
+
+class Forecast:
+    today = "晴，-3°C"
+
+
+@tool_function()
+async def weather(ctx: ToolContext[Forecast], args: CityArgs) -> str:
+    """The weather in a city."""
+    return f"{args.city}：{ctx.deps.today}"
+
+
+async def test_a_scheduled_run_started_while_plugins_set_up_waits_for_them(make_bot: Any) -> None:
+    # A prompt caught up at start (reminders' setup, due while the bot was down) called a later
+    # plugin's tool before that plugin was set up: the tool got the Bot as its deps and failed.
+    async def slow_setup(bot: Bot) -> Forecast:
+        await asyncio.sleep(0.2)
+        return Forecast()
+
+    runs: list[asyncio.Task[Any]] = []
+    caller = Caller(platform="memory", user_id="u1", user_name="u1", chat_id="g1", chat_kind="group")
+
+    async def catch_up(bot: Bot) -> None:
+        runs.append(asyncio.create_task(bot.run_scheduled("北京天气", caller, ["weather"])))
+
+    model = ScriptedModel(lambda req: call("weather", {"city": "北京"}) if req.messages[-1]["role"] == "user"
+                          else text(str(req.messages[-1]["content"])))
+    await make_bot(model, plugins=[Plugin("first", Toolset("first", []), setup=catch_up),
+                                   Plugin("weather", Toolset("weather", [weather]), setup=slow_setup)])
+    result = await runs[0]
+    assert result is not None and result.replies == ["北京：晴，-3°C"], result
+
+
+async def test_a_plugin_cannot_post_into_a_chat_the_gate_ignores(make_bot: Any) -> None:
+    # A digest or a dream post set up before the owner put the group in [gate] never went out there.
+    bot, ch = await make_bot(None, gate={"never": ["memory:g2"]})
+    assert bot.ignores(G2) and not await bot.send(G2, "【群聊总结】…", key="digest-g2")
+    assert await bot.send(G1, "【群聊总结】…", key="digest-g1")
+    await bot.outbox.flush()
+    assert [m.chat.chat_id for m in ch.sent] == ["g1"]
