@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 
 from function_calls import Caller, Usage
 from robot.budget_rows import SCHEMA, BudgetExceeded, day_before, reap_sync, rows_sync, settle_sync
+from robot.message import group_key
 from robot.reservation import Reservation
 from robot.reservation import active as _active
 from robot.storage import Engine, Pending, Tx
@@ -80,7 +81,8 @@ class DailyBudget:
 
     @staticmethod
     def _scopes(caller: Caller) -> tuple[str, str, str]:
-        return f"user:{caller.qualified_user}", f"chat:{caller.platform}:{caller.chat_kind}:{caller.chat_id}", "bot"
+        chat = group_key(f"{caller.platform}:{caller.chat_kind}:{caller.chat_id}")  # (a forum topic spends its group's)
+        return f"user:{caller.qualified_user}", f"chat:{chat}", "bot"
 
     def _capped(self, caller: Caller) -> dict[str, int]:
         caps = (self.user_tokens, self.chat_tokens, self.bot_tokens)

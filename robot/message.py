@@ -9,13 +9,24 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from function_calls import Caller
 from function_calls.problems import mend_text
 
-__all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender"]
+__all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender", "group_key"]
 
 ChatKind = Literal["group", "private"]
 #: Text as UTF-8 can carry it: a peer's lone surrogate (half an emoji) becomes U+FFFD at the boundary,
 #: so the database, the model's request and the platform's send all take it.
 Text = Annotated[str, AfterValidator(mend_text)]
 Role = Literal["owner", "admin", "member"]
+
+
+def group_key(key: str) -> str:
+    """The key of the group a thread's chat is part of: a group chat id ``<group>/<thread>`` (a Telegram
+    forum topic, ``telegram:group:-100900/42``) gives ``telegram:group:-100900``; any other key is its own.
+    What an owner sets for a group (the gate, zones, daily budgets, rate limits) holds in all its topics,
+    while each topic keeps its own history and replies."""
+    platform, _, rest = key.partition(":")
+    kind, _, chat_id = rest.partition(":")
+    base, slash, thread = chat_id.partition("/")
+    return f"{platform}:{kind}:{base}" if kind == "group" and slash and base and thread else key
 
 
 class ChatRef(BaseModel):
@@ -37,6 +48,11 @@ class ChatRef(BaseModel):
     def key(self) -> str:
         """A stable string key, e.g. ``onebot:group:123456``."""
         return f"{self.platform}:{self.kind}:{self.chat_id}"
+
+    @property
+    def group_key(self) -> str:
+        """:func:`group_key` of :attr:`key`: the whole group's, for a thread of one."""
+        return group_key(self.key)
 
     @classmethod
     def of(cls, caller: Caller) -> ChatRef:

@@ -91,11 +91,11 @@ class Pipeline:
         """A group the bot is told to ignore (``gate.never``, outside ``gate.allowlist``): nothing is kept."""
         if chat.kind == "private":
             return False
-        gate = self.bot.settings.gate
-        short = f"{chat.platform}:{chat.chat_id}"
-        if chat.key in gate.never or short in gate.never:
+        gate, key = self.bot.settings.gate, chat.group_key  # (a forum topic: its group's)
+        short = f"{chat.platform}:{key.split(':', 2)[2]}"
+        if key in gate.never or short in gate.never:
             return True
-        return bool(gate.allowlist) and chat.key not in gate.allowlist and short not in gate.allowlist
+        return bool(gate.allowlist) and key not in gate.allowlist and short not in gate.allowlist
 
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
@@ -105,8 +105,8 @@ class Pipeline:
         """
         text = message.text.strip()
         chat = message.chat
-        gate = self.bot.settings.gate
-        short = f"{chat.platform}:{chat.chat_id}"
+        gate, key = self.bot.settings.gate, chat.group_key
+        short = f"{chat.platform}:{key.split(':', 2)[2]}"
         if chat.kind == "private":
             return True, True, text
         if self.ignored(chat):
@@ -117,7 +117,7 @@ class Pipeline:
         # In a group only a known /command addresses the bot: "/usr/bin" pasted in chat does not.
         if message.mentions_bot or message.reply_to_bot or replied_to_bot or self.is_command(text):
             return True, True, text
-        return chat.key in gate.always or short in gate.always, False, text
+        return key in gate.always or short in gate.always, False, text
 
     async def handle(self, message: Message) -> bool:
         """Store the message with its dedupe row, answer it, then mark it handled (a crash before leaves it to
@@ -197,7 +197,7 @@ class Pipeline:
         command = parse_command(text)
         # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
         if message.platform not in bot.settings.limits.exempt_platforms:
-            chat_key, user_key, is_command = message.chat.key, message.qualified_sender, command is not None
+            chat_key, user_key, is_command = message.chat.group_key, message.qualified_sender, command is not None
             decision = bot.limiter.check(chat_key, user_key, command=is_command)
             if decision is RateDecision.SILENT:
                 return
@@ -272,7 +272,7 @@ class Pipeline:
             return f"/{name} 执行失败了，请稍后再试。"
         # A command that called a model (or left a model's run going: /plan's background) spends model rate
         if (result.usage is not None and result.usage.requests) or (result.data or {}).get("background"):
-            bot.limiter.charge(ChatRef.of(caller).key, caller.qualified_user)
+            bot.limiter.charge(ChatRef.of(caller).group_key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 
     async def trace_command(self, message: Message, name: str, rest: str, answer: str, seconds: float) -> None:

@@ -558,3 +558,34 @@ async def test_a_plugin_cannot_post_into_a_chat_the_gate_ignores(make_bot: Any) 
     assert await bot.send(G1, "【群聊总结】…", key="digest-g1")
     await bot.outbox.flush()
     assert [m.chat.chat_id for m in ch.sent] == ["g1"]
+
+
+async def test_a_forum_topic_is_held_to_its_groups_gate_zone_budget_and_rate(make_bot: Any) -> None:
+    # A Telegram forum topic's chat is "<group>/<thread>": what the owner set for the group missed every
+    # topic (an ignored group answered in its topics, a fresh chat budget per topic, Shanghai's hour).
+    from zoneinfo import ZoneInfo
+
+    model = echo_model()
+    bot, ch = await make_bot(model, gate={"never": ["memory:-100800"]},
+                             bot={"zones": {"memory:-100900": "America/New_York"}}, limits={"user_burst": 1000, "chat_burst": 1, "chat_per_minute": 1})
+    topic, other_topic = ch.chat("-100900/42"), ch.chat("-100900/43")
+    closed = ch.chat("-100800/7")
+    assert bot.zone_for(topic) == ZoneInfo("America/New_York") and bot.ignores(closed)
+    await ch.inject("机密议程", at_bot=True, chat=closed)
+    await ch.inject("你好", at_bot=True, chat=topic, user="u1")
+    await ch.wait_sent(1)
+    await ch.inject("你好", at_bot=True, chat=other_topic, user="u2")  # the group's one-a-minute is spent
+    await ch.wait_sent(2)
+    assert ch.sent[0].text == "re: 你好" and "re:" not in ch.sent[1].text and len(model.requests) == 1
+    assert await bot.budget.used("chat:memory:group:-100900") > 0
+    assert await bot.history.recent(closed) == []
+
+
+@pytest.mark.parametrize(("key", "group"), [
+    ("telegram:group:-100900/42", "telegram:group:-100900"), ("telegram:group:-100900", "telegram:group:-100900"),
+    ("web:private:a/b", "web:private:a/b"), ("x:group:/5", "x:group:/5"), ("x:group:a/", "x:group:a/"),
+    ("nonsense", "nonsense")])
+def test_only_a_groups_thread_takes_its_groups_settings(key: str, group: str) -> None:
+    from robot.message import group_key
+
+    assert group_key(key) == group
