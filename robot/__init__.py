@@ -22,7 +22,7 @@ from robot.config_file import load_settings
 from robot.history import HistoryEntry, HistoryStore
 from robot.hooks import ContextHook, ForgetHook, RunExtras
 from robot.limits import BudgetExceeded, DailyBudget, Reservation
-from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender
+from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender, group_key
 from robot.outbox import Outbox
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
@@ -72,6 +72,7 @@ __all__ = [
     "bytewise",
     "chat_key",
     "columns",
+    "group_key",
     "in_chunks",
     "iso",
     "load_plugin",
