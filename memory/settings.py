@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from robot import check_url
+
 __all__ = ["MemorySettings"]
 
 log = logging.getLogger("memory")
@@ -69,3 +71,6 @@ class MemorySettings(BaseModel):
         if isinstance(value, str) and not value.strip():
             return None
         return value.strip() if isinstance(value, str) else value  # (a key's trailing \r broke its header)
+
+    # A mistyped port ("Invalid port: 'Pa55'", a password's start) failed at the first embedding, in a traceback.
+    _url = field_validator("embedding_base_url")(check_url)

@@ -19,6 +19,7 @@ from robot.channels.base import (
 from robot.commands import CommandError, CommandLine, CommandSyntax, split_words
 from robot.config import ConfigError, Settings, chat_key
 from robot.config_file import load_settings
+from robot.config_values import check_url
 from robot.history import HistoryEntry, HistoryStore
 from robot.hooks import ContextHook, ForgetHook, RunExtras
 from robot.limits import BudgetExceeded, DailyBudget, Reservation
@@ -71,6 +72,7 @@ __all__ = [
     "Tx",
     "bytewise",
     "chat_key",
+    "check_url",
     "columns",
     "group_key",
     "in_chunks",

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from robot.config import ConfigError, Settings, _explain
@@ -66,11 +66,19 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
         overrides = sorted(k for k in os.environ if k.startswith("QUNBOT_") and "__" in k)
         source = f"{file or 'defaults'}" + (f" with {', '.join(overrides)} set" if overrides else "")
         raise ConfigError(f"{source}: " + _explain(exc)) from None
-    llm = settings.llm
+    llm, fallback = settings.llm, {}
     if (llm.api_key is None or not llm.api_key.get_secret_value()) and os.environ.get("OPENAI_API_KEY"):
-        llm = llm.model_copy(update={"api_key": SecretStr(os.environ["OPENAI_API_KEY"].strip())})
+        fallback["api_key"] = os.environ["OPENAI_API_KEY"]
     if llm.base_url is None and os.environ.get("OPENAI_BASE_URL"):
-        llm = llm.model_copy(update={"base_url": os.environ["OPENAI_BASE_URL"]})
+        fallback["base_url"] = os.environ["OPENAI_BASE_URL"]
+    if fallback:  # checked as the table's own values are (a copy skipped it: "Invalid port: 'Pa55'", a traceback)
+        try:
+            llm = type(llm).model_validate({**llm.model_dump(exclude=set(fallback)), **fallback})
+        except ValidationError as exc:
+            names = {"api_key": "OPENAI_API_KEY", "base_url": "OPENAI_BASE_URL"}
+            raise ConfigError("environment: " + "; ".join(
+                f"{names.get(str(e['loc'][0]), e['loc'][0])}: {str(e['msg']).removeprefix('Value error, ')}"
+                for e in exc.errors())) from None
     settings = settings.model_copy(update={"llm": llm})
     data_dir = _anchored(settings.bot.data_dir, "QUNBOT_BOT__DATA_DIR", file)
     if data_dir != settings.bot.data_dir:

@@ -79,6 +79,27 @@ def test_openai_variables_are_fallbacks(tmp_path: Path, monkeypatch: pytest.Monk
     assert own.llm.base_url == "http://own/v1"
 
 
+@pytest.mark.parametrize("url", ["http://admin:Pa55#word@127.0.0.1/v1", "http://127.0.0.1:11434x/v1"])
+def test_a_fallback_url_with_a_bad_port_is_refused_by_name_and_shows_no_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    # Copied in unchecked, it failed at start in a traceback quoting "Invalid port: 'Pa55'"; an
+    # OPENAI_API_KEY with a newline inside was reported as "连接不上".
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-ab\ncd")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path / "q.toml", '[llm]\nmodel = "m"\n'))
+    shown = str(caught.value)
+    assert "OPENAI_BASE_URL: has a port that is not a number" in shown and "OPENAI_API_KEY: contains" in shown
+    assert "Pa55" not in shown and "sk-ab" not in shown
+
+
+def test_the_embedding_url_is_checked_like_the_models() -> None:
+    from memory.settings import MemorySettings
+
+    with pytest.raises(ValueError, match="port that is not a number"):
+        MemorySettings(embedding_base_url="http://admin:Pa55#word@127.0.0.1/v1")
+
+
 # --- plugin tables ------------------------------------------------------------------------------
 
 def test_plugin_sections_validate_with_env_overrides_and_fallbacks(
