@@ -53,7 +53,7 @@ from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.parked import ParkedMessages
 from robot.pipeline import _CORE_COMMANDS, Pipeline
-from robot.plugin import Plugin, load_plugin
+from robot.plugin import Plugin, distinct, load_plugin, set_up
 from robot.privacy import Forgetter
 from robot.scheduled import run_scheduled
 from robot.storage import Engine, Pending
@@ -76,7 +76,7 @@ class Bot:
                  clock: Callable[[], datetime] | None = None, database: str | None = None) -> None:
         self.settings, self.zone = settings, settings.zone
         specs = plugins if plugins is not None else settings.bot.plugins
-        self.plugins: list[Plugin[Any]] = [p if isinstance(p, Plugin) else load_plugin(p) for p in specs]
+        self.plugins: list[Plugin[Any]] = distinct([p if isinstance(p, Plugin) else load_plugin(p) for p in specs])
         check_tables(settings, [p.name for p in self.plugins])
         store = settings.storage
         self.db: Engine = Database(database) if database else store.engine(settings.bot.data_dir)
@@ -325,7 +325,7 @@ class Bot:
             await self.one_process.start()  # web, console, WeCom: in one process, the others stand by
             for plugin in self.plugins:
                 if plugin.setup is not None:
-                    self._deps[plugin.name] = await plugin.setup(self)
+                    self._deps[plugin.name] = await set_up(plugin, self)
             self._plugins_ready.set()
             for channel in self.channels.values():
                 self.outbox.register(channel)

@@ -7,6 +7,7 @@ typed dependencies its tools receive as ``ctx.deps``), or just module-level tool
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,11 +20,12 @@ from pydantic import BaseModel
 from function_calls import Toolset, collect_tools
 from robot.commands import CommandSyntax
 from robot.message import ChatRef
+from robot.redact import redact_text
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["Plugin", "PluginError", "load_plugin"]
+__all__ = ["Plugin", "PluginError", "distinct", "load_plugin", "set_up"]
 
 D = TypeVar("D")
 
@@ -82,7 +84,7 @@ def load_plugin(name: str) -> Plugin[Any]:
     module_name = _BUILTIN.get(name, name)
     try:
         module = _import(module_name)
-    except (ImportError, TypeError, ValueError) as exc:  # ("..mine" is relative: TypeError; "" a ValueError)
+    except (ImportError, SyntaxError, TypeError, ValueError) as exc:  # ("..mine": TypeError; "": a ValueError)
         raise PluginError(f"plugin {name!r}: cannot import module {module_name!r}: {exc}") from exc
     declared = getattr(module, "plugin", None)
     if isinstance(declared, Plugin):
@@ -91,3 +93,26 @@ def load_plugin(name: str) -> Plugin[Any]:
     if not len(tools):
         raise PluginError(f"plugin {name!r}: module {module_name!r} defines no tools and no `plugin`")
     return Plugin(name=name, tools=tools)
+
+
+def distinct(plugins: list[Plugin[Any]]) -> list[Plugin[Any]]:
+    """``plugins``, unless two share a name: their deps and tables would be one plugin's (the second's setup
+    replaced the first's deps, and a tool of the first crashed on them)."""
+    seen: dict[str, Plugin[Any]] = {}
+    for plugin in plugins:
+        if plugin.name in seen:
+            raise PluginError(f"two plugins are named {plugin.name!r}: give each its own Plugin(name=...)")
+        seen[plugin.name] = plugin
+    return plugins
+
+
+async def set_up(plugin: Plugin[Any], bot: Bot) -> Any:
+    """``plugin``'s deps from its ``setup``; a failure is a :class:`PluginError` naming the plugin (a
+    line for the owner, not a traceback ending in some library's frame)."""
+    assert plugin.setup is not None
+    try:
+        return await plugin.setup(bot)
+    except (PluginError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        raise PluginError(f"plugin {plugin.name!r}: setup failed: {type(exc).__name__}: {redact_text(str(exc))[:200]}") from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["redact_url"]
+__all__ = ["redact_text", "redact_url"]
 
 #: Query keys whose values are credentials (compared in lower case).
 _SECRET_KEYS = frozenset({"access_token", "token", "key", "api_key", "apikey", "secret", "password", "sig",
@@ -44,3 +44,11 @@ def redact_url(url: str) -> str:
         return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
     except ValueError:
         return MASK
+
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
+
+
+def redact_text(text: str) -> str:
+    """``text`` (an exception's message) with every URL in it passed through :func:`redact_url`."""
+    return _URL.sub(lambda m: redact_url(m.group(0)), text)
