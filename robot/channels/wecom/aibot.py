@@ -6,7 +6,9 @@ Protocol (developer.work.weixin.qq.com/document/path/100719 接收消息, 101031
 
 * A user message arrives as ``{"encrypt": ...}`` (receive_id ``""``) whose plaintext has
   ``msgid, aibotid, chatid, chattype ("single"|"group"), from.userid, response_url, msgtype``
-  and ``text.content`` (``"@RobotA hello"`` in groups). We answer at once with an encrypted
+  and ``text.content`` (``"@RobotA hello"`` in groups), ``voice.content`` (WeCom's transcription),
+  ``image.url`` / ``file.url`` (encrypted media, shown as ``[图片]`` / ``[文件]``) or
+  ``mixed.msg_item``. We answer at once with an encrypted
   ``{"msgtype": "stream", "stream": {"id": <new>, "finish": false, "content": ""}}``.
 * Until a stream reply says ``finish: true`` (for up to 6 minutes), WeCom polls with
   ``msgtype: "stream"`` callbacks carrying ``stream.id``; each answer carries the whole
@@ -15,6 +17,9 @@ Protocol (developer.work.weixin.qq.com/document/path/100719 接收消息, 101031
   long answer in parts, each a ``send`` of its own: later parts join the bubble while it has
   room and WeCom has not seen it finished (it is shown finished only after a moment with no
   further part, since WeCom stops polling then).
+* A message the bot handled without an answer (rate-limited into silence, an ask_user answer, a
+  duplicate) has its bubble finished as it stands (empty: no noise) at the first refresh
+  :data:`_UNANSWERED` seconds after its handling ended.
 * Encrypted replies are JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}``.
 * With no open stream (a reminder, a part the bubble cannot take), ``send`` falls back to the
   message's ``response_url`` (plain JSON markdown, single use, valid one hour); a URL is spent
@@ -52,24 +57,39 @@ _STREAM_KEEP = 420.0  # finished streams still answer late polls for a while
 _RESPONSE_URL_TTL = 3500.0  # response_url is valid for one hour
 _STREAM_BYTES = 20480  # stream.content limit
 _SETTLE = 1.0  # a finished bubble shows as finished once no further part came for this long
+# The bot's sink returns once the message is handled and any answer committed to the outbox, whose
+# send into the bubble (in memory, no network) follows within milliseconds, a second or two behind
+# other chats' sends when the outbox is crowded. A bubble still open this long after is one the bot
+# left unanswered (rate-limited into silence, an ask_user answer, a duplicate): it is finished, not
+# left spinning for WeCom's 6 minutes. An answer later still is not lost: it uses the response_url.
+_UNANSWERED = 3.0
 _PART_GAP = "\n\n"  # between the parts of a long answer in one bubble (they were cut at a break)
 _MAX_STREAMS = 1024
 _LEADING_MENTION = re.compile(r"^\s*@\S+\s*")
+_PLACEHOLDERS = {"image": "[图片]", "file": "[文件]"}
+
+
+def _item_text(item: dict[str, Any]) -> str | None:
+    """One message (or mixed item) as text: a text's content, WeCom's transcription of a voice note, or a
+    placeholder for an image or a file (sent as encrypted URLs, no name); ``None`` for anything else."""
+    msgtype = item.get("msgtype")
+    if msgtype == "text":
+        return _str(_dict(item.get("text")).get("content"))
+    if msgtype == "voice":
+        said = _str(_dict(item.get("voice")).get("content")).strip()
+        return f"[语音] {said}" if said else "[语音]"
+    return _PLACEHOLDERS.get(_str(msgtype))
 
 
 def parse_aibot_message(data: dict[str, Any], *, bot_name: str = "", received_at: datetime) -> Message | None:
-    """Turn a decrypted AI-bot callback into a Message; ``None`` for events and media-only messages."""
-    msgtype = data.get("msgtype")
-    if msgtype == "text":
-        text = _str(_dict(data.get("text")).get("content"))
-    elif msgtype == "mixed":
+    """Turn a decrypted AI-bot callback into a Message (a voice note as ``[语音] 转写``, an image or a file
+    as ``[图片]`` / ``[文件]``: document/path/100719); ``None`` for events and stream refreshes."""
+    if data.get("msgtype") == "mixed":
         items = _dict(data.get("mixed")).get("msg_item")
-        parts = [
-            _str(_dict(item.get("text")).get("content"))
-            for item in (items if isinstance(items, list) else [])
-            if isinstance(item, dict) and item.get("msgtype") == "text"
-        ]
+        parts = [_item_text(item) for item in (items if isinstance(items, list) else []) if isinstance(item, dict)]
         text = "\n".join(p for p in parts if p)
+    elif (single := _item_text(data)) is not None:
+        text = single
     else:
         return None
     msgid = _str(data.get("msgid"))
@@ -124,6 +144,8 @@ class _Stream:
     finished_at: float = 0.0
     #: Nothing more joins it: WeCom saw it finished, or a later part went out below it.
     sealed: bool = False
+    #: When the bot was done handling its message (``None``: not yet).
+    handled_at: float | None = None
 
 
 class WeComAIBotChannel(WeComCallbackChannel):
@@ -186,7 +208,20 @@ class WeComAIBotChannel(WeComCallbackChannel):
         self.deliver_soon(message)
         return self._stream_reply(stream, query)
 
+    async def deliver(self, message: Message) -> None:
+        """Hand the message to the bot, then note when that ended (any answer is queued by then)."""
+        try:
+            await super().deliver(message)
+        finally:  # (taken or not: nothing more will come for it from this delivery)
+            now = self._now()
+            for stream in self._streams.values():
+                if stream.msgid == message.message_id and stream.chat_key == message.chat.key:
+                    stream.handled_at = now
+
     def _stream_reply(self, stream: _Stream, query: CallbackQuery) -> web.Response:
+        if not stream.finish and stream.handled_at is not None and self._now() - stream.handled_at >= _UNANSWERED:
+            log.info("wecom aibot: message %s was handled without an answer; finishing its bubble", stream.msgid)
+            stream.finish = stream.sealed = True
         # A part just sent may have more behind it (the outbox sends a long answer's parts one by one),
         # and WeCom polls no more once it sees the bubble finished: wait a moment before saying so.
         finish = stream.finish and (stream.sealed or self._now() - stream.finished_at >= _SETTLE)

@@ -1,7 +1,9 @@
 """Outgoing HTTP calls to the WeCom server API: access token and ``message/send``.
 
-Error mapping: network failures, HTTP 5xx/429, ``errcode`` -1 (system busy) and the
-rate-limit codes become :class:`ChannelUnavailable`; any other non-zero ``errcode`` becomes
+Error mapping: network failures, HTTP 5xx/429 and ``errcode`` -1 (system busy) become
+:class:`ChannelUnavailable` / :class:`SendFailed` (retried a bounded number of times); the
+rate-limit codes 45009/45033 a :class:`ChannelUnavailable` with ``retry_after_s=60`` (a flood
+wait, not counted against the message); any other non-zero ``errcode`` becomes
 :class:`SendRejected`. Tokens, secrets and webhook keys travel only as query parameters and
 never appear in messages or logs (aiohttp errors that carry the URL are not chained).
 """
@@ -20,6 +22,7 @@ from robot.channels.base import ChannelUnavailable, SendFailed, SendRejected, tr
 from robot.text_parts import whole
 
 __all__ = [
+    "RATE_LIMIT_ERRCODES",
     "RETRYABLE_ERRCODES",
     "TOKEN_ERRCODES",
     "WeComAPI",
@@ -34,6 +37,10 @@ log = logging.getLogger("robot.channels.wecom")
 TOKEN_ERRCODES = frozenset({40014, 42001})
 # -1 system busy, 45009 API frequency limit, 45033 concurrency limit: retry later.
 RETRYABLE_ERRCODES = frozenset({-1, 45009, 45033})
+# The rate limits count per minute (the webhook: 20 a minute), so the outbox's bounded backoff
+# (31 s in all) would give up inside the window: they are a flood wait of a whole minute instead.
+RATE_LIMIT_ERRCODES = frozenset({45009, 45033})
+_RATE_LIMIT_WAIT_S = 60.0
 _TOKEN_MARGIN = 300.0  # refresh this many seconds before WeCom says the token expires
 
 
@@ -90,12 +97,14 @@ def split_utf8(text: str, limit: int) -> list[str]:
 
 
 def raise_for_errcode(data: Mapping[str, Any], what: str) -> None:
-    """Map a non-zero ``errcode`` to ChannelUnavailable or SendRejected."""
+    """Map a non-zero ``errcode`` to SendFailed, ChannelUnavailable (a rate limit: wait a minute) or SendRejected."""
     code = data.get("errcode", 0)
     if code == 0:
         return
     msg = str(data.get("errmsg", ""))[:200]
     text = f"WeCom {what}: errcode {code} ({msg})"
+    if code in RATE_LIMIT_ERRCODES:
+        raise ChannelUnavailable(text, retry_after_s=_RATE_LIMIT_WAIT_S)
     if code in RETRYABLE_ERRCODES:
         raise SendFailed(text)
     raise SendRejected(text)

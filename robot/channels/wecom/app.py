@@ -1,12 +1,14 @@
 """The WeCom self-built app (自建应用) channel: XML callbacks in, ``message/send`` out.
 
-Only private chats exist here: every text message becomes a ``robot.Message`` in the chat
-``wecom:private:<FromUserName>``, and replies go to that user through the app.
+Only private chats exist here: every message (a picture, a voice note, a place or a link as a
+placeholder) becomes a ``robot.Message`` in the chat ``wecom:private:<FromUserName>``, and
+replies go to that user through the app.
 """
 
 from __future__ import annotations
 
 import logging
+import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 
 import aiohttp
@@ -24,18 +26,46 @@ __all__ = ["WeComChannel", "parse_app_message"]
 log = logging.getLogger("robot.channels.wecom")
 
 _TEXT_LIMIT = 2048  # message/send text content limit, in UTF-8 bytes
+_LABEL_LEN = 200
+_PLACEHOLDERS = {"image": "[图片]", "video": "[视频]"}
+
+
+def _label(text: str | None, limit: int = _LABEL_LEN) -> str:
+    # A sender's client chooses titles and labels: one short line, never a fake speaker line.
+    return " ".join((text or "").split())[:limit]
+
+
+def _message_text(root: ET.Element, msg_type: str) -> str | None:
+    """The text a message shows the bot: a text's content, a placeholder for the rest
+    (the types of document/path/90239); ``None`` for events and unknown types."""
+    if msg_type == "text":
+        return (root.findtext("Content") or "").strip()
+    if msg_type in _PLACEHOLDERS:
+        return _PLACEHOLDERS[msg_type]
+    if msg_type == "voice":  # (a transcription, when the corp has one turned on)
+        said = (root.findtext("Recognition") or "").strip()
+        return f"[语音] {said}" if said else "[语音]"
+    if msg_type == "location":
+        where = _label(root.findtext("Label")) or ", ".join(
+            p for p in (_label(root.findtext("Location_X")), _label(root.findtext("Location_Y"))) if p)
+        return f"[位置: {where}]" if where else "[位置]"
+    if msg_type == "link":
+        shown = " ".join(p for p in (_label(root.findtext("Title")), _label(root.findtext("Url"), 2000)) if p)
+        return f"[链接: {shown}]" if shown else "[链接]"
+    return None
 
 
 def parse_app_message(xml_text: str) -> Message | None:
-    """Turn a decrypted app callback into a Message; ``None`` for events and non-text messages."""
+    """Turn a decrypted app callback into a Message (media, places and links as placeholders such as
+    ``[图片]``, ``[语音] 转写``, ``[位置: 地点]``, ``[链接: 标题 url]``); ``None`` for events."""
     root = parse_xml(xml_text)
-    msg_type = root.findtext("MsgType") or ""
-    if msg_type != "text":
+    text = _message_text(root, root.findtext("MsgType") or "")
+    if text is None:
         return None
     user = root.findtext("FromUserName") or ""
     msg_id = root.findtext("MsgId") or ""
     if not user or not msg_id:
-        raise MalformedBody("text message without FromUserName or MsgId")
+        raise MalformedBody("message without FromUserName or MsgId")
     try:
         created = datetime.fromtimestamp(int(root.findtext("CreateTime") or ""), tz=UTC)
     except (ValueError, OverflowError, OSError):
@@ -45,7 +75,7 @@ def parse_app_message(xml_text: str) -> Message | None:
         chat=ChatRef(platform="wecom", chat_id=user, kind="private"),
         sender=Sender(user_id=user, name=user),
         message_id=msg_id,
-        text=(root.findtext("Content") or "").strip(),
+        text=text,
         timestamp=created,
         raw=raw,
     )
@@ -87,7 +117,7 @@ class WeComChannel(WeComCallbackChannel):
         plain = self.crypto.decrypt_xml(query.msg_signature, query.timestamp, query.nonce, body)
         message = parse_app_message(plain)
         if message is None:
-            log.debug("wecom: ignoring a non-text callback")
+            log.debug("wecom: ignoring an event callback")
         elif not self.taking:
             return self.not_taking(message)
         elif self.remember(message.message_id) is not None:

@@ -86,7 +86,10 @@ def to_message(account: str, msg: WeixinMessage) -> Message | None:
                    raw=msg.model_dump(mode="json", exclude_none=True))
 
 
-_FENCE = re.compile(r"^\s*```[^\n]*$", re.M)
+# A fence may be indented (inside a list item); a backtick fence's info string has no backtick.
+_FENCE_OPEN = re.compile(r"[ \t]*(`{3,}|~{3,})([^\n]*)")
+_FENCE_CLOSE = re.compile(r"[ \t]*(`{3,}|~{3,})\s*")
+_INLINE_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)[^)]*\)")
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)[^)]*\)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+", re.M)
@@ -96,13 +99,59 @@ _RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$", re.M)
 _STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _EM = re.compile(r"(?<![*\w])([*_])(?=\S)([^*_\n]+?)(?<=\S)\1(?![*\w])")
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
-_CODE = re.compile(r"`([^`\n]+)`")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$", re.M)
 
 
+def _hold_code(text: str) -> tuple[str, dict[int, str]]:
+    """``text`` with each fenced block's contents and each inline code span's contents replaced by one
+    placeholder character (a private-use one absent from ``text``), and what each stands for.
+
+    Code is copied by the user, so none of the prose rewriting may touch it: the fence lines and
+    the backticks go (the established rendering: WeChat shows no markdown), the code stays verbatim.
+    """
+    present = set(text)
+    spare = (c for c in map(chr, range(0xF0000, 0x110000)) if c not in present)
+    held: dict[int, str] = {}
+
+    def hold(code: str) -> str:
+        mark = next(spare, None)
+        if mark is None:  # more code spans than spare characters (absurd): the rest is flattened
+            return code
+        held[ord(mark)] = code
+        return mark
+
+    def span(m: re.Match[str]) -> str:
+        code = m[2]  # CommonMark: one space each side is padding (``` `` `x` `` ```)
+        if len(code) > 2 and code[0] == code[-1] == " " and code.strip(" "):
+            code = code[1:-1]
+        return hold(code)
+
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        opening = _FENCE_OPEN.fullmatch(lines[i])
+        if opening is None or (opening[1][0] == "`" and "`" in opening[2]):
+            out.append(_INLINE_CODE.sub(span, lines[i]))
+            i += 1
+            continue
+        fence = opening[1]
+        end = i + 1  # the first fence of the same character, at least as long; else the end of the text
+        while end < len(lines) and not (
+            (close := _FENCE_CLOSE.fullmatch(lines[end])) and close[1][0] == fence[0] and len(close[1]) >= len(fence)
+        ):
+            end += 1
+        code = "\n".join(lines[i + 1 : end])
+        closed = end < len(lines)  # an unclosed block ends the message: its trailing newlines go, as the prose's do
+        out += ["", hold(code if closed else code.rstrip("\n"))] + ([""] if closed else [])
+        i = end + 1
+    return "\n".join(out), held
+
+
 def flatten_markdown(text: str) -> str:
-    """Markdown to the plain text WeChat shows: no markers, links as ``text (url)``, lists as ``• ``."""
-    text = _FENCE.sub("", text)
+    """Markdown to the plain text WeChat shows: no markers, links as ``text (url)``, lists as ``• ``.
+
+    Code (fenced blocks and inline spans) passes through verbatim, only its fences and backticks dropped.
+    """
+    text, held = _hold_code(text)
     text = _IMAGE.sub(lambda m: f"[图片 {m.group(1)}] {m.group(2)}".replace("[图片 ] ", "[图片] "), text)
     text = _LINK.sub(lambda m: m.group(1) if m.group(1) == m.group(2) else f"{m.group(1)} ({m.group(2)})", text)
     text = _TABLE_RULE.sub("", text)
@@ -113,6 +162,5 @@ def flatten_markdown(text: str) -> str:
     text = _STRONG.sub(r"\2", text)
     text = _STRIKE.sub(r"\1", text)
     text = _EM.sub(r"\2", text)
-    text = _CODE.sub(r"\1", text)
     text = re.sub(r"\n{3,}", "\n\n", text)
-    return text.strip()
+    return text.strip().translate(held)

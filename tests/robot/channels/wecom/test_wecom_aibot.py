@@ -361,6 +361,66 @@ async def test_unknown_stream_events_and_bad_input(
     assert (await asyncio.wait_for(inbox.get(), 5)).text == "still here"
 
 
+async def test_a_message_the_bot_leaves_unanswered_has_its_bubble_finished(
+    http: aiohttp.ClientSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message rate-limited into silence (the real pipeline): its bubble does not spin until WeCom's 6 minutes."""
+    from robot.bot import Bot
+    from robot.config import Settings
+
+    channel = WeComAIBotChannel(WeComSettings(
+        enabled=True, mode="aibot", port=0, token=SecretStr(VECTORS["token"]),
+        encoding_aes_key=SecretStr(VECTORS["encoding_aes_key"]), bot_name="RobotA"))
+    clock = _Clock()
+    monkeypatch.setattr(channel, "_now", clock)
+    bot = Bot(Settings(bot={"data_dir": tmp_path}, limits={"user_burst": 1, "user_per_minute": 1}),
+              model=None, channels=[channel], plugins=[])
+    await bot.start()
+    try:
+        streams = []
+        for i in range(3):  # answered; the rate notice; silence
+            reply = await _callback(http, channel, _text(f"q{i}", f"@RobotA 问题{i}"))
+            assert reply is not None
+            streams.append(reply["stream"]["id"])
+        await channel.finish_deliveries(10)  # every message handled: what answers there are, are queued
+        for _ in range(500):
+            if [r["status"] for r in await bot.outbox.rows()] == ["sent", "sent"]:
+                break
+            await asyncio.sleep(0.01)
+        clock.now += 2  # past the settle of a finished bubble, not past the grace of a silent one
+        shown = [await _callback(http, channel, _refresh(sid)) for sid in streams]
+        assert [(r or {})["stream"]["finish"] for r in shown] == [True, True, False]
+        clock.now += 10
+        last = await _callback(http, channel, _refresh(streams[2]))
+        assert last is not None and last["stream"] == {"id": streams[2], "finish": True, "content": ""}
+    finally:
+        await bot.stop(flush_timeout_s=0.5)
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [  # the shapes of document/path/100719 (voice: WeCom's transcription; image and file: encrypted URLs)
+        ({"msgtype": "voice", "voice": {"content": "帮我订明天上午的会议室"}}, "[语音] 帮我订明天上午的会议室"),
+        ({"msgtype": "voice", "voice": {}}, "[语音]"),
+        ({"msgtype": "image", "image": {"url": "https://x/enc", "aeskey": "k"}}, "[图片]"),
+        ({"msgtype": "file", "file": {"url": "https://x/enc", "aeskey": "k"}}, "[文件]"),
+        ({"msgtype": "mixed", "mixed": {"msg_item": [{"msgtype": "text", "text": {"content": "看这张"}},
+                                                     {"msgtype": "image", "image": {"url": "https://x"}}]}},
+         "看这张\n[图片]"),
+    ],
+)
+async def test_a_private_voice_image_or_file_reaches_the_bot_as_a_placeholder(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message],
+    extra: dict[str, Any], text: str,
+) -> None:
+    payload = {**_text("media1", "", group=False), **extra}
+    del payload["text"]
+    reply = await _callback(http, bot, payload)
+    assert reply is not None and reply["stream"]["finish"] is False  # a bubble for the answer
+    msg = await asyncio.wait_for(inbox.get(), 5)
+    assert (msg.text, msg.message_id, msg.chat.kind) == (text, "media1", "private")
+
+
 async def test_url_verification_uses_empty_receive_id(
     bot: WeComAIBotChannel, http: aiohttp.ClientSession
 ) -> None:

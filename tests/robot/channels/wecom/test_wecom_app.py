@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from robot.channels.base import ChannelUnavailable, SendRejected
+from robot.channels.base import ChannelUnavailable, SendFailed, SendRejected
 from robot.channels.wecom import WeComChannel, WeComSettings, create_channel
 from robot.channels.wecom.testing import FakeWeComAPI, signed_query
 from robot.message import ChatRef, Message, OutgoingMessage
@@ -181,6 +181,46 @@ async def test_garbage_bodies_get_400_and_server_keeps_serving(
     assert (await asyncio.wait_for(inbox.get(), 5)).text == "still up"
 
 
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [  # the shapes of document/path/90239 (消息格式)
+        ("<MsgType><![CDATA[image]]></MsgType><PicUrl><![CDATA[http://x/p.jpg]]></PicUrl>"
+         "<MediaId><![CDATA[m1]]></MediaId>", "[图片]"),
+        ("<MsgType><![CDATA[voice]]></MsgType><MediaId><![CDATA[m2]]></MediaId><Format><![CDATA[amr]]></Format>",
+         "[语音]"),
+        ("<MsgType><![CDATA[voice]]></MsgType><MediaId><![CDATA[m2]]></MediaId><Format><![CDATA[amr]]></Format>"
+         "<Recognition><![CDATA[明天上午十点开会]]></Recognition>", "[语音] 明天上午十点开会"),
+        ("<MsgType><![CDATA[video]]></MsgType><MediaId><![CDATA[m3]]></MediaId>"
+         "<ThumbMediaId><![CDATA[t]]></ThumbMediaId>", "[视频]"),
+        ("<MsgType><![CDATA[location]]></MsgType><Location_X>23.134521</Location_X><Location_Y>113.358803</Location_Y>"
+         "<Scale>20</Scale><Label><![CDATA[广州市天河区]]></Label><AppType><![CDATA[wxwork]]></AppType>",
+         "[位置: 广州市天河区]"),
+        ("<MsgType><![CDATA[location]]></MsgType><Location_X>23.13</Location_X><Location_Y>113.26</Location_Y>",
+         "[位置: 23.13, 113.26]"),
+        ("<MsgType><![CDATA[link]]></MsgType><Title><![CDATA[周报\n第 3 周]]></Title><Description><![CDATA[d]]>"
+         "</Description><Url><![CDATA[https://example.com/r]]></Url><PicUrl><![CDATA[http://x/p]]></PicUrl>",
+         "[链接: 周报 第 3 周 https://example.com/r]"),
+    ],
+)
+async def test_a_picture_voice_location_or_link_reaches_the_bot_as_a_placeholder(
+    channel: WeComChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], body: str, text: str
+) -> None:
+    xml = (f"<xml><ToUserName><![CDATA[{VECTORS['receive_id']}]]></ToUserName><FromUserName><![CDATA[alice]]>"
+           f"</FromUserName><CreateTime>1700000000</CreateTime>{body}<MsgId>7001</MsgId><AgentID>1000002</AgentID></xml>")
+    assert await _post_message(http, channel, xml) == (200, "success")
+    msg = await asyncio.wait_for(inbox.get(), 5)
+    assert (msg.text, msg.message_id, msg.sender.user_id) == (text, "7001", "alice")
+
+
+async def test_a_text_mentioning_a_declaration_is_delivered(
+    channel: WeComChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message]
+) -> None:
+    """A pasted HTML page is a user's text in CDATA, not a DTD: delivered, not a 400 on every WeCom retry."""
+    text = "这个页面为什么白屏？<!DOCTYPE html><html><body></body></html>"
+    assert await _post_message(http, channel, _text_xml("alice", text, "8100")) == (200, "success")
+    assert (await asyncio.wait_for(inbox.get(), 5)).text == text
+
+
 async def test_send_caches_token_and_refreshes_after_expiry(
     channel: WeComChannel, fake: FakeWeComAPI
 ) -> None:
@@ -213,6 +253,11 @@ async def test_send_errors_are_classified(channel: WeComChannel, fake: FakeWeCom
     fake.fail_sends.append(-1)  # system busy
     with pytest.raises(ChannelUnavailable):
         await channel.send(OutgoingMessage(key="b", chat=chat, text="x"))
+    for code in (45009, 45033):  # per-minute limits: a flood wait of a minute, never a bounded retry
+        fake.fail_sends.append(code)
+        with pytest.raises(ChannelUnavailable, match=str(code)) as limited:
+            await channel.send(OutgoingMessage(key=f"r{code}", chat=chat, text="x"))
+        assert not isinstance(limited.value, SendFailed) and limited.value.retry_after_s == 60
     fake.fail_sends.extend([42001, 42001])  # refreshed once, then give up
     with pytest.raises(SendRejected, match="42001"):
         await channel.send(OutgoingMessage(key="c", chat=chat, text="x"))

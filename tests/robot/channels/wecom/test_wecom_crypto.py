@@ -147,6 +147,32 @@ def test_entity_declarations_refused(crypto: WeComCrypto) -> None:
         crypto.decrypt_json("sig", "1", "2", b"[1, 2]")
 
 
+@pytest.mark.parametrize(
+    "content",
+    ["这个页面为什么白屏？<!DOCTYPE html><html></html>", 'XML 里 <!ENTITY name "value"> 是什么意思？', "<!doctype x>"],
+)
+def test_a_text_mentioning_a_declaration_is_read(content: str) -> None:
+    """Only a real declaration is refused: the same characters inside CDATA are a user's text."""
+    xml = f"<xml><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{content}]]></Content></xml>"
+    assert parse_xml(xml).findtext("Content") == content
+    assert parse_xml(xml.encode("utf-16")).findtext("Content") == content
+
+
+@pytest.mark.parametrize(
+    "prolog",
+    [
+        "<!DOCTYPE xml>",
+        '<!DOCTYPE xml SYSTEM "file:///etc/passwd">',
+        '<!DOCTYPE xml [<!ENTITY a "aaaa">]>',
+        '<!DOCTYPE xml [<!ENTITY % p SYSTEM "http://127.0.0.1/x">%p;]>',
+        '<!DOCTYPE xml [<!ENTITY u SYSTEM "x" NDATA gif>]>',
+    ],
+)
+def test_a_real_declaration_is_still_refused(prolog: str) -> None:
+    with pytest.raises(MalformedBody):
+        parse_xml(f'<?xml version="1.0"?>{prolog}<xml><Content>x</Content></xml>')
+
+
 def test_errors_and_reprs_never_show_the_key(vectors: dict[str, Any]) -> None:
     key = vectors["encoding_aes_key"]
     crypto = WeComCrypto(vectors["token"], key, vectors["receive_id"])

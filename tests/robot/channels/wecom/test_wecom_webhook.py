@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
-from robot.channels.base import ChannelUnavailable, SendRejected
+from robot.channels.base import ChannelUnavailable, SendFailed, SendRejected
 from robot.channels.wecom import WeComSettings, WeComWebhook, WeComWebhookChannel
 from robot.channels.wecom.testing import FakeWeComAPI
 from robot.channels.wecom.webhook import SlidingWindowLimiter
+from robot.history import HistoryStore
 from robot.message import ChatRef, OutgoingMessage
+from robot.outbox import Outbox
+from robot.store import Database
 
 
 @pytest.fixture
@@ -51,8 +56,10 @@ async def test_errors_are_clear_and_hide_the_key(fake: FakeWeComAPI) -> None:
     right = WeComWebhook("hook-key", api_base=fake.base_url)
     try:
         fake.fail_webhooks.append(45009)  # WeCom's own rate limit: retry later
-        with pytest.raises(ChannelUnavailable):
+        with pytest.raises(ChannelUnavailable) as limited:
             await right.send_text("x")
+        # A per-minute limit: a flood wait (uncapped), not one of this message's bounded retries.
+        assert not isinstance(limited.value, SendFailed) and limited.value.retry_after_s == 60
     finally:
         await right.close()
 
@@ -105,3 +112,34 @@ async def test_webhook_channel_sends_to_its_group_only(fake: FakeWeComAPI) -> No
         await channel.stop()
     with pytest.raises(ValueError):
         WeComWebhookChannel.from_settings(WeComSettings())
+
+
+async def test_a_rate_limited_message_waits_a_minute_and_is_not_lost(fake: FakeWeComAPI, tmp_path: Path) -> None:
+    """45009 after a restart (the old process used the minute's 20 sends): the row waits, never 'failed'."""
+    fake.fail_webhooks.extend([45009] * 3)
+    channel = WeComWebhookChannel(WeComWebhook("hook-key", api_base=fake.base_url))
+    db = Database(tmp_path / "out.sqlite3")
+    outbox = Outbox(db, bot_name="qunbot", retry_base_s=0.01, retry_max_s=0.01, max_attempts=2)
+    HistoryStore(db)
+    await db.open()
+    outbox.register(channel)
+    await channel.start()
+    await outbox.start()
+    try:
+        group = ChatRef(platform="wecom-webhook", chat_id="webhook", kind="group")
+        await outbox.enqueue(OutgoingMessage(key="digest", chat=group, text="今日群聊摘要"))
+        for _ in range(200):
+            row = next(r for r in await outbox.rows() if r["key"] == "digest")
+            if row["status"] != "pending" or row["error"]:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # a capped retry (0.01 s backoff) would have used its attempts by now
+        row = next(r for r in await outbox.rows() if r["key"] == "digest")
+        assert row["status"] == "pending" and "45009" in str(row["error"])
+        wait = datetime.fromisoformat(str(row["next_at"])) - datetime.fromisoformat(str(row["created_at"]))
+        assert wait.total_seconds() >= 55
+        assert len(fake.calls_to("/cgi-bin/webhook/send")) == 1
+    finally:
+        await outbox.stop(flush_timeout_s=0.1)
+        await db.close()
+        await channel.stop()

@@ -106,6 +106,29 @@ def test_markdown_is_flattened_to_plain_text(markdown: str, plain: str) -> None:
     assert flatten_markdown(markdown) == plain
 
 
+def test_code_passes_through_verbatim() -> None:
+    """Code is copied by the user: its contents are never flattened (only the fence lines and backticks go)."""
+    code = ('# 初始化\nclass Config:\n    def __init__(self, **kwargs):\n        self.__dict__.update(kwargs)\n'
+            '\n\n\nif __name__ == "__main__":\n    print(handlers[0](cfg))  # [x](y) *em* ~~s~~')
+    yaml = "steps:\n- run: make\n> not a quote\n---"
+    answer = f"用这个类：\n\n```python\n{code}\n```\n\n~~~yaml\n{yaml}\n~~~\n\n**注意** `__init__` 和 `` a_`b`_c ``。"
+    assert flatten_markdown(answer) == f"用这个类：\n\n{code}\n\n{yaml}\n\n注意 __init__ 和 a_`b`_c。"
+    assert flatten_markdown("```\n    indented\n```") == "    indented"
+    # A fence is closed only by one as long (or longer); an unclosed one runs to the end.
+    assert flatten_markdown("说明\n````md\n```\n**x**\n") == "说明\n\n```\n**x**"
+
+
+_fence_free = st.text().filter(lambda s: not any(line.lstrip(" \t")[:3] in ("```", "~~~") for line in s.split("\n")))
+
+
+@settings(max_examples=100, deadline=None)
+@given(_fence_free, _fence_free, _fence_free, st.sampled_from(["```", "~~~~", "```python"]))
+def test_any_text_inside_a_fenced_block_comes_out_verbatim(before: str, code: str, after: str, fence: str) -> None:
+    closing = fence.rstrip("python")
+    flat = flatten_markdown(f"{before}\n{fence}\n{code}\n{closing}\n{after}")
+    assert code in flat
+
+
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                  max_size=3), max_leaves=12)
