@@ -92,7 +92,8 @@ class SearchSettings(BaseModel):
     user_rate_per_hour: int = Field(default=20, ge=0,
                                     description="answered searches one user may have per hour; 0 turns search off")
     chat_rate_per_hour: int = Field(default=60, ge=0,
-                                    description="answered searches one chat may have per hour; 0 turns search off")
+                                    description="answered searches one chat (a forum group: all its topics) may have "
+                                                "per hour; 0 turns search off")
     bot_rate_per_hour: int = Field(default=200, ge=0,
                                    description="answered searches the whole bot may have per hour (caps the bill); "
                                    "0 turns search off")

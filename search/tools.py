@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from function_calls import ToolContext, ToolError, ToolResult, tool_function
+from robot import group_key
 from search.client import (
     PerplexityClient,
     SearchAnswer,
@@ -164,7 +165,8 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
     if not deps.client.configured:
         raise ToolError("web search is not configured on this bot", user_message=HOW_TO_ENABLE)
     caller = ctx.caller
-    chat_key = f"{caller.platform}:{caller.chat_kind}:{caller.chat_id}"
+    # A forum group's topics share the group's allowance (each topic had a fresh one: N topics, N times the bill).
+    chat_key = group_key(f"{caller.platform}:{caller.chat_kind}:{caller.chat_id}")
     chat_word = "本群" if caller.chat_kind == "group" else "本聊天"
     off = disabled_reason(deps)
     if off is not None:

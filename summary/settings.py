@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from robot import chat_key
+from robot import ChatRef, chat_key
 
 __all__ = ["PROMPT_ALLOWANCE", "SummarySettings"]
 
@@ -48,12 +48,22 @@ class SummarySettings(BaseModel):
     fact_count: int = Field(12, ge=0, le=50, description="decisions and action items listed by the extractive summary")
     link_count: int = Field(8, ge=0, le=50, description="links listed (whole) by the extractive summary")
     top_members: int = Field(5, ge=1, le=20, description="most active members listed by the extractive summary")
-    user_cooldown_s: float = Field(60, ge=0, description="seconds between one member's AI summaries in a chat (0: none)")
+    user_cooldown_s: float = Field(60, ge=0, description="seconds between one member's AI summaries in a chat "
+                                   "(a forum group's topics together; 0: none)")
     prompt: str = Field("", max_length=500, description="the owner's extra instructions for every AI summary (style, persona)")
     prompts: dict[str, str] = Field(default_factory=dict,
                                     description='per chat, "<platform>:<chat id>" (a group or a person of that id; '
                                     'or one chat: "<platform>:group:<id>", "<platform>:private:<id>") = instructions; '
-                                    'overrides prompt there')
+                                    'overrides prompt there (a group\'s, in its forum topics too)')
+
+    def prompt_for(self, chat: ChatRef) -> str:
+        """The owner's instructions for ``chat``: its own ``prompts`` entry (by chat key, then ``platform:id``),
+        else its group's (a forum topic's: what is set for a group holds in its topics), else ``prompt``."""
+        group = ChatRef.from_key(chat.group_key)
+        for key in (chat.key, f"{chat.platform}:{chat.chat_id}", group.key, f"{group.platform}:{group.chat_id}"):
+            if key in self.prompts:
+                return self.prompts[key]
+        return self.prompt
 
     @field_validator("prompts")
     @classmethod

@@ -3,9 +3,10 @@
 * :func:`is_noise`: stickers and media placeholders (``[动画表情]``), laughter (哈哈, 233, lol),
   ``+1``/``666``/``👍`` and one-character replies. Noise is neither counted as activity nor
   quoted, nor sent to the model.
-* :func:`classify`: a message's :class:`Signals`: a decision (结论/决定/定了/推迟到/改到 ...), an
-  action item (a commitment such as "我来" or "@X 你负责", a deadline), the date or time it
-  names, the people it @-mentions and the links it holds (whole, never cut).
+* :func:`classify`: a message's :class:`Signals`: a decision (结论/决定/定了/推迟到/改到 ..., not
+  after a negation: 还不确定, 还没决定), an action item (a commitment such as "我来" or "@X 你负责",
+  a deadline), the date or time it names, the people it @-mentions and the links it holds (whole,
+  never cut).
 * :func:`clip_keeping_links`: shortens text without ever cutting inside a URL.
 """
 
@@ -25,9 +26,10 @@ __all__ = [
     "weekday",
 ]
 
-LINK = re.compile(r"https?://[^\s<>\"'，。、；：！？（）「」『』【】]+|www\.[^\s<>\"'，。、；：！？（）「」『』【】]+",
-                  re.IGNORECASE)
-"""A link as a chat client would make it clickable (ends before CJK punctuation or space)."""
+LINK = re.compile(r"(?:https?://|www\.)[^\x00-\x20\x7f-\U0010ffff<>\"']+",
+                  re.IGNORECASE | re.ASCII)  # (ASCII: no "ſ" folding to "s" in the range)
+"""A link as WeChat and QQ make it clickable: it ends at a space or the first non-ASCII character (a
+Chinese word or punctuation typed right after it); a percent-encoded link is ASCII, whole."""
 _PLACEHOLDER = re.compile(r"\[(?:[^\[\]]{1,8})\]")  # [动画表情] [图片] [Sticker] [捂脸]
 _EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\ufe0f\u200d]")
 _LAUGH = re.compile(r"^(?:[哈呵嘿嘻嘎h]+|2333*|lol+|lmao|xswl|笑死(?:我了)?|草+|hhh+)$", re.IGNORECASE)
@@ -39,6 +41,10 @@ _DECISION = re.compile(
     r"改到|改成|改为|改期|换到|定在|定为|统一用|以后都|从今天起|截止|deadline|ddl",
     re.IGNORECASE,
 )
+# A deciding word after a negation or a wait is undecided ("还不确定", "还没决定", "等老板拍板"); a change
+# word is not ("不推迟了" decides), nor a negation after the word ("决定不去了") or further back ("不错，定了").
+_DECIDING = re.compile(r"结论|决|定|拍板|通过|批准|同意")
+_UNDECIDED = re.compile(r"(?:(?:不|没|未|待)(?:有|太|能|会|好|曾)?|等\w{0,4})$")
 _COMMIT = re.compile(r"我来|我负责|我去(?:订|买|办|联系|问|拿|约|写|做|处理|搞)|我(?:明天|今晚|下午|周.)?(?:会)?(?:提交|交|发|写|订|买|整理|跟进)|"
                      r"交给我|包在我身上|我认领|我报名")
 _ASSIGN = re.compile(r"@\S+\s*(?:你|您)?(?:负责|来|跟进|处理|准备|整理|提交|记得|帮忙)|(?:负责人|由)\s*[:：]?\s*@?\S{1,12}\s*(?:负责|来)|"
@@ -101,19 +107,26 @@ def links(text: str) -> list[str]:
     return list(dict.fromkeys(m.group(0).rstrip(".,)") for m in LINK.finditer(text)))
 
 
+def _decides(text: str) -> bool:
+    return any(not (_DECIDING.search(m.group(0)) and _UNDECIDED.search(text, 0, m.start()))
+               for m in _DECISION.finditer(text))
+
+
 def classify(text: str) -> Signals:
-    """The :class:`Signals` of one message."""
-    when = _WHEN.search(text)
-    action = bool(_COMMIT.search(text) or _ASSIGN.search(text))
+    """The :class:`Signals` of one message; all but its links read from its words (a link's
+    "s2/123" is no date, its "@name" no mention)."""
+    words = LINK.sub(" ", text)
+    when = _WHEN.search(words)
+    action = bool(_COMMIT.search(words) or _ASSIGN.search(words))
     # A question proposes; it does not decide ("改到周二？").
-    question = text.rstrip().endswith(("?", "？", "吗")) or "怎么办" in text
+    question = words.rstrip().endswith(("?", "？", "吗")) or "怎么办" in words
     return Signals(
-        decision=bool(_DECISION.search(text)) and not question,
+        decision=_decides(words) and not question,
         action=action,
         when=when.group(0).strip() if when else None,
-        mentions=[m.group(1) for m in _MENTION.finditer(text)],
+        mentions=[m.group(1) for m in _MENTION.finditer(words)],
         links=links(text),
-        number=any(ch.isdigit() for ch in LINK.sub("", text)),
+        number=any(ch.isdigit() for ch in words),
     )
 
 

@@ -37,14 +37,7 @@ from function_calls import (
     Usage,
     tool_function,
 )
-from robot import (
-    ChatRef,
-    DailyBudget,
-    Engine,
-    Forgetter,
-    HistoryEntry,
-    HistoryStore,
-)
+from robot import ChatRef, DailyBudget, Engine, Forgetter, HistoryEntry, HistoryStore
 from summary.digest import schedule_digest, schedule_words, send_to_me
 from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
 from summary.mapreduce import SummaryFailed, SummaryUnaffordable
@@ -60,6 +53,7 @@ from summary.window import (
     parse_period,
     read_mark,
     set_optout,
+    split_member,
 )
 
 if TYPE_CHECKING:
@@ -104,9 +98,10 @@ class SummaryArgs(BaseModel):
     def _one_window(self) -> SummaryArgs:
         schedule_words(self)
         period = (self.period or "").strip()
-        if period.startswith(("@", "＠")) and self.member is None:  # "/summary @小明"
-            self.period, self.member, period = None, period, ""
-        elif period.startswith(("#", "＃")) and len(period) > 1:  # "/summary #123456" (in private)
+        member, rest = split_member(period) if self.member is None else (None, period)
+        if member is not None:  # "/summary @小明", "/summary @小明 昨天", "/summary 昨天 @小明"
+            self.member, self.period, period = member, rest or None, rest
+        if period.startswith(("#", "＃")) and len(period) > 1:  # "/summary #123456" (in private)
             self.group, self.period, period = period[1:].strip(), None, ""
         elif period.replace(".", "", 1).isdigit() and len(period.partition(".")[2]) < 2 and self.hours is None:
             # "/summary 3" and "/summary 1.5" are hours; "/summary 11.20" is a date (parse_period)
@@ -134,7 +129,7 @@ class SummaryDeps:
     commands: frozenset[str]
     """This bot's command names: ``/summary`` lines are requests, not conversation."""
     last_run: dict[str, datetime] = field(default_factory=dict)
-    """When each member last had a model summary in each chat (the cool-down)."""
+    """When each member last had a model summary in each chat, a forum group's topics as one (the cool-down)."""
     call_tool: Callable[..., Awaitable[ToolResult]] | None = None
     """``bot.call_tool``: a scheduled digest is a command-mode reminder set through the reminders tool."""
     send: Callable[..., Awaitable[bool]] | None = None
@@ -276,8 +271,9 @@ async def _elsewhere(deps: SummaryDeps, caller: Caller, group: str) -> ChatRef:
 
 
 def _cooling(deps: SummaryDeps, caller: Caller, now: datetime) -> float:
-    """Seconds the caller must still wait before another model summary in this chat (0: none)."""
-    last = deps.last_run.get(f"{ChatRef.of(caller).key}|{caller.user_id}")
+    """Seconds the caller must still wait before another model summary in this chat (0: none); in any
+    topic of a forum group (one each had let a member run them back to back)."""
+    last = deps.last_run.get(f"{ChatRef.of(caller).group_key}|{caller.user_id}")
     if last is None or not deps.settings.user_cooldown_s:
         return 0.0
     return max(0.0, deps.settings.user_cooldown_s - (now - last).total_seconds())
@@ -354,10 +350,10 @@ async def _summarise(ctx: ToolContext[SummaryDeps], args: SummaryArgs, chat: Cha
     if wait:
         text = f"你刚总结过，请 {max(1, round(wait))} 秒后再试（每人每次 AI 总结间隔 {settings.user_cooldown_s:g} 秒）。"
         raise ToolError(f"summary cool-down: {wait:.0f} s left", user_message=text)
-    cooled = f"{here.key}|{caller.user_id}"
+    cooled = f"{here.group_key}|{caller.user_id}"  # a forum group's topics share it (see _cooling)
     deps.last_run[cooled] = ctx.now()
     where = "群聊" if chat.kind == "group" else "私聊"
-    prompt = settings.prompts.get(chat.key, settings.prompts.get(f"{chat.platform}:{chat.chat_id}", settings.prompt)) or None
+    prompt = settings.prompt_for(chat) or None
     try:
         done = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, zone,
                                          where, prompt)

@@ -10,7 +10,8 @@ The message that asked for the summary (``Caller.message_id``) is never part of 
 but the mark moves past it, so the request is not summarised next time either.
 
 :func:`parse_period` reads the windows people name: ``昨天``, ``2026-11-20``, ``09:00-12:00``,
-``昨天 09:00-12:00``. ``summary_optout`` holds the members who asked not to be summarised in a chat.
+``昨天 09:00-12:00``. ``summary_optout`` holds the members who asked not to be summarised in a chat
+(in a whole group: a forum topic's opt-out is its group's).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "parse_period",
     "read_mark",
     "set_optout",
+    "split_member",
 ]
 
 MARKS_TABLE = "summary_marks"
@@ -73,23 +75,40 @@ def move_chat_sync(db: Tx, old: str, new: str) -> None:
                                               private[:-1] + ";", len(before), before])
 
 
-async def set_optout(db: Engine, chat: ChatRef, user_id: str, out: bool) -> bool:
-    """Opt ``user_id`` out of (or back into) summaries in ``chat``; whether anything changed."""
-    def work(db: Tx) -> bool:
-        if out:
-            sql = f"INSERT INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?) ON CONFLICT (chat, user_id) DO NOTHING"
-        else:
-            sql = f"DELETE FROM {OPTOUT_TABLE} WHERE chat = ? AND user_id = ?"
-        return bool(db.execute(sql, [chat.key, user_id]).rowcount)
+def _optout_where(db: Tx, chat: ChatRef) -> tuple[str, list[object]]:
+    """The opt-out rows that hold in ``chat``: its group's (a forum topic's group), and, for a group, the
+    rows kept per topic before opt-outs were the group's (``<group>/<topic>``: they cover it all too)."""
+    group = chat.group_key
+    if chat.kind != "group":
+        return "chat = ?", [group]
+    c = bytewise(db)  # "<group>/" up to "<group>0": the topics' keys, and no other group's
+    return f"(chat = ? OR (chat{c} >= ? AND chat{c} < ?))", [group, group + "/", group + "0"]
 
-    return await db.run(work)
+
+async def set_optout(db: Engine, chat: ChatRef, user_id: str, out: bool) -> bool:
+    """Opt ``user_id`` out of (or back into) summaries in ``chat``, a forum group's topics all together;
+    whether anything changed."""
+    def work(db: Tx) -> bool:
+        where, params = _optout_where(db, chat)
+        if not out:
+            return bool(db.execute(f"DELETE FROM {OPTOUT_TABLE} WHERE {where} AND user_id = ?",
+                                   [*params, user_id]).rowcount)
+        if db.execute(f"SELECT 1 FROM {OPTOUT_TABLE} WHERE {where} AND user_id = ?", [*params, user_id]).fetchone():
+            return False
+        return bool(db.execute(f"INSERT INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?) "
+                               "ON CONFLICT (chat, user_id) DO NOTHING", [chat.group_key, user_id]).rowcount)
+
+    return await db.transaction(work)
 
 
 async def opted_out(db: Engine, chat: ChatRef) -> frozenset[str]:
-    """The members of ``chat`` whose messages summaries leave out."""
-    rows = await db.run(lambda db: db.execute(f"SELECT user_id FROM {OPTOUT_TABLE} WHERE chat = ?",
-                                              [chat.key]).fetchall())
-    return frozenset(str(r[0]) for r in rows)
+    """The members whose messages summaries of ``chat`` leave out (an opt-out anywhere in a forum group
+    holds in all its topics)."""
+    def work(db: Tx) -> list[tuple[object, ...]]:
+        where, params = _optout_where(db, chat)
+        return db.execute(f"SELECT user_id FROM {OPTOUT_TABLE} WHERE {where}", params).fetchall()
+
+    return frozenset(str(r[0]) for r in await db.run(work))
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,29 @@ def parse_period(text: str, now: datetime, zone: ZoneInfo) -> Span:
     if start > now:
         raise ValueError(f"{named} {rest[0]} 还没到：只能总结已经说过的话")
     return Span(start, end, f"{named} {h1:02d}:{m1:02d}-{h2:02d}:{m2:02d}")
+
+
+def _shaped(words: list[str]) -> bool:
+    """Whether ``words`` read as a period (a day, a time range, or both), by their shape only."""
+    day = bool(words) and (words[0] in _DAYS or bool(_DATE.match(words[0])))
+    return (len(words) == 1 and (day or bool(_RANGE.match(words[0])))) or (
+        len(words) == 2 and day and bool(_RANGE.match(words[1])))
+
+
+def split_member(text: str) -> tuple[str | None, str]:
+    """``@name`` and the period typed with it, in either order: ``"@小明 昨天"``, ``"昨天 @小明"`` give
+    ``("@小明", "昨天")``; no ``@``: ``(None, text)``. A name may hold spaces (``"@John Smith"``), so only
+    period-shaped last words are taken off it."""
+    words = text.split()
+    at = next((i for i, word in enumerate(words) if word.startswith(("@", "＠"))), None)
+    if at is None:
+        return None, text
+    if at:  # "<period> @name": the period is what comes before
+        return " ".join(words[at:]), " ".join(words[:at])
+    for n in (2, 1):
+        if len(words) > n and _shaped(words[-n:]):
+            return " ".join(words[:-n]), " ".join(words[-n:])
+    return text.strip(), ""
 
 
 def _day(word: str, today: date) -> tuple[date, str]:

@@ -208,6 +208,19 @@ async def test_a_chat_limit_refusal_does_not_use_up_the_users_own_searches(
     assert len(perplexity.requests_to("chat")) == 2
 
 
+async def test_a_forum_groups_topics_share_the_groups_hourly_search_limit(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    """Each topic of a Telegram forum group (``<group>/<topic>``) had its own chat_rate_per_hour: 5 topics
+    got 10 paid searches with a limit of 2."""
+    topics = [ChatRef(platform="memory", chat_id=f"-100900/{n}", kind="group") for n in range(1, 4)]
+    general = ChatRef(platform="memory", chat_id="-100900", kind="group")
+    sent = await exchange(tmp_path, chat_cfg(perplexity, chat_rate_per_hour=2),
+                          *[(f"/search q{n}", {"user": f"u{n}", "chat": chat})
+                            for n, chat in enumerate([*topics, general])])
+    assert len(perplexity.requests_to("chat")) == 2
+    assert sum("本群的搜索次数已达上限（每小时 2 次）" in m.text for m in sent) == 2
+
+
 async def test_a_failed_search_does_not_count_against_the_limits(
         tmp_path: Path, perplexity: FakePerplexityServer) -> None:
     perplexity.next_status(503)

@@ -119,6 +119,19 @@ def test_extractive_summary_reports_count_period_members_and_salient_messages() 
     assert "Carol(3): 可以，地点定在 https://maps.example/abc" in text
 
 
+def test_an_ordinary_chinese_chat_gives_its_one_decision_and_clickable_links() -> None:
+    chat = [("1", "小明", "周末团建去哪？"), ("2", "小红", "我还不确定能不能去"), ("3", "小刚", "地点还没决定吧，等老板拍板"),
+            ("1", "小明", "攻略在这https://docs.qq.com/doc/DQ2abc大家看下"),
+            ("2", "小红", "报名表：https://wj.qq.com/s2/123你们填一下"), ("3", "小刚", "好的，定了：周六去爬香山")]
+    out = extractive_summary([msg(u, n, t, i) for i, (u, n, t) in enumerate(chat)], zone=ZONE, title="今天")
+    decisions = out.split("结论/决定：\n")[1].split("\n待办")[0].splitlines()
+    assert len(decisions) == 1 and decisions[0].endswith("定了：周六去爬香山")
+    assert out.split("链接：\n")[1].splitlines() == [
+        "- https://docs.qq.com/doc/DQ2abc （小明(1)，03-01 周六 10:03）",
+        "- https://wj.qq.com/s2/123 （小红(2)，03-01 周六 10:04）"]
+    assert "何时" not in out  # (a due date "2/12" was read from inside the link)
+
+
 async def test_summary_command_without_a_model_is_extractive_and_stays_in_its_chat(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     ch = MemoryChannel()

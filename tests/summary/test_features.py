@@ -132,6 +132,32 @@ async def test_summarise_one_member_by_their_name(tmp_path: Path) -> None:
     assert "没有找到「小刚」的发言" in missing[1].text
 
 
+def test_a_member_and_a_period_typed_together_are_told_apart() -> None:
+    """"/summary @小明 昨天" looked for a member called "小明 昨天"; "/summary 昨天 @小明" was a bad period."""
+    from summary.tools import SummaryArgs
+
+    for typed, member, period in (("@小明 昨天", "@小明", "昨天"), ("昨天 @小明", "@小明", "昨天"),
+                                  ("@小明 昨天 09:00-12:00", "@小明", "昨天 09:00-12:00"),
+                                  ("11-20 @小明", "@小明", "11-20"), ("＠小明 09:00-12:00", "＠小明", "09:00-12:00"),
+                                  ("@John Smith", "@John Smith", None), ("@小明", "@小明", None),
+                                  ("@今天", "@今天", None)):
+        args = SummaryArgs(period=typed)
+        assert (args.member, args.period) == (member, period), typed
+    assert (SummaryArgs(period="3 @小明").hours, SummaryArgs(period="3 @小明").member) == (3, "@小明")
+
+
+async def test_one_members_words_of_a_named_day_by_command(tmp_path: Path) -> None:
+    async with running(tmp_path) as (_bot, ch):
+        await ch.inject("明天下午三点开会，我来订会议室", user="1", name="小明", at=sh(22, 20))
+        await ch.inject("好的", user="2", name="小红", at=sh(22, 20, 1))
+        await ch.inject("今天的话", user="1", name="小明", at=sh(23, 9))
+        for n, typed in enumerate(("/summary @小明 昨天", "/summary 昨天 @小明")):
+            await ch.inject(typed, user="3", at=NOW)
+            reply = (await ch.wait_sent(n + 1))[n].text
+            assert reply.startswith("【群聊总结】昨天（11-22 周日） · 小明 的发言"), typed
+            assert "订会议室" in reply and "今天的话" not in reply and "好的" not in reply, typed
+
+
 # -- opt-out ---------------------------------------------------------------------------------------
 async def test_a_member_who_opts_out_is_neither_quoted_nor_sent_to_the_model(tmp_path: Path) -> None:
     model = summariser()
@@ -165,6 +191,48 @@ async def test_opting_out_also_keeps_messages_out_of_the_extractive_summary(tmp_
     assert "周五发版本" not in sent[1].text and "我来写测试用例" in sent[1].text
 
 
+FORUM = ChatRef(platform="memory", chat_id="-100900", kind="group")  # a Telegram forum group (its General)
+TOPIC_42 = ChatRef(platform="memory", chat_id="-100900/42", kind="group")
+TOPIC_7 = ChatRef(platform="memory", chat_id="-100900/7", kind="group")
+
+
+async def test_opting_out_in_a_forum_group_or_one_of_its_topics_covers_all_its_topics(tmp_path: Path) -> None:
+    """"/summary optout" said "本群" but held in one topic only: the member's words went to the model from
+    the others."""
+    model = summariser()
+    async with running(tmp_path, model, user_cooldown_s=0) as (_bot, ch):
+        await ch.inject("/summary optout", user="2", chat=FORUM, at=NOW - timedelta(minutes=70))
+        await ch.inject("/summary optout", user="3", chat=TOPIC_42, at=NOW - timedelta(minutes=70))
+        for chat in (FORUM, TOPIC_42, TOPIC_7):
+            await ch.inject("我家住幸福路 8 号", user="2", name="小红", chat=chat, at=NOW - timedelta(minutes=9))
+            await ch.inject("我的私事", user="3", name="小刚", chat=chat, at=NOW - timedelta(minutes=8))
+            await ch.inject("明天开会", user="1", name="小明", chat=chat, at=NOW - timedelta(minutes=7))
+            model.requests.clear()
+            await ch.inject("/summary hours=1", user="1", chat=chat, at=NOW)
+            assert model_lines(model) == ["小明(1): 明天开会"], chat
+        await ch.inject("/summary optin", user="3", chat=TOPIC_7, at=NOW)  # back in, in the whole group
+        model.requests.clear()
+        await ch.inject("/summary hours=1", user="1", chat=TOPIC_42, at=NOW)
+    assert "小刚(3): 我的私事" in model_lines(model) and "小红(2): 我家住幸福路 8 号" not in model_lines(model)
+
+
+async def test_an_opt_out_stored_for_one_topic_before_covers_its_whole_group(tmp_path: Path) -> None:
+    """Rows stored per topic (before opt-outs were the group's) keep a member out of every topic, and
+    "/summary optin" anywhere in the group removes them."""
+    from summary.window import OPTOUT_TABLE, opted_out
+
+    async with running(tmp_path) as (bot, ch):
+        await bot.db.run(lambda db: db.execute(f"INSERT INTO {OPTOUT_TABLE} (chat, user_id) VALUES (?, ?)",
+                                               [TOPIC_42.key, "2"]))
+        other = ChatRef(platform="memory", chat_id="-1009001", kind="group")  # a group whose id starts the same
+        assert [await opted_out(bot.db, c) for c in (FORUM, TOPIC_7, other)] == [{"2"}, {"2"}, frozenset()]
+        await ch.inject("/summary optout", user="2", chat=FORUM)
+        await ch.inject("/summary optin", user="2", chat=TOPIC_7)
+        sent = await ch.wait_sent(2)
+        assert "已经退出本群的总结" in sent[0].text and "重新包括你的消息" in sent[1].text
+        assert await opted_out(bot.db, TOPIC_42) == frozenset() == await opted_out(bot.db, FORUM)
+
+
 # -- cool-down -------------------------------------------------------------------------------------
 async def test_a_member_waits_between_ai_summaries_but_others_do_not(tmp_path: Path) -> None:
     model, clock = summariser(), Clock()
@@ -180,6 +248,18 @@ async def test_a_member_waits_between_ai_summaries_but_others_do_not(tmp_path: P
         await ch.inject("/summary hours=1", user="1", at=clock.now)
         later = await ch.wait_sent(4)
     assert later[3].text.endswith("模型总结")
+
+
+async def test_a_members_cool_down_holds_across_a_forum_groups_topics(tmp_path: Path) -> None:
+    """The cool-down was per topic: a member ran back-to-back AI summaries in several topics of one group."""
+    model = summariser()
+    async with running(tmp_path, model, user_cooldown_s=60) as (_bot, ch):
+        for chat in (TOPIC_42, TOPIC_7):
+            await ch.inject("结论：周六去爬山", user="1", chat=chat, at=NOW - timedelta(minutes=9))
+            await ch.inject("/summary hours=1", user="1", chat=chat, at=NOW)
+        sent = await ch.wait_sent(2)
+    texts = {m.chat: m.text for m in sent}  # (two topics' replies go out in either order)
+    assert texts[TOPIC_42].endswith("模型总结") and "请 60 秒后再试" in texts[TOPIC_7]
 
 
 # -- the owner's prompt ----------------------------------------------------------------------------
@@ -199,6 +279,19 @@ async def test_a_groups_own_prompt_shapes_its_summaries_only(tmp_path: Path) -> 
     assert all("只对私聊" not in s for s in systems)  # a private chat's prompt is not the same-id group's
     # The owner's words come after the rules and cannot replace them.
     assert systems[1].index("不要照做") < systems[1].index("武侠")
+
+
+async def test_a_groups_prompt_holds_in_its_forum_topics(tmp_path: Path) -> None:
+    """``prompts`` set for a forum group ("memory:-100900") were not used for summaries of its topics."""
+    model = summariser()
+    for key in ("memory:-100900", "memory:group:-100900"):
+        model.requests.clear()
+        async with running(tmp_path / key.replace(":", "_"), model, user_cooldown_s=0, prompts={key: "用武侠小说的口吻。"}) \
+                as (_bot, ch):
+            await ch.inject("结论：周六去爬山", user="1", chat=TOPIC_42, at=NOW - timedelta(minutes=9))
+            await ch.inject("/summary hours=1", user="1", chat=TOPIC_42, at=NOW)
+            await ch.wait_sent(1)
+        assert "用武侠小说的口吻。" in str(model.requests[0].messages[0]["content"]), key
 
 
 # -- somewhere else ----------------------------------------------------------------------------------

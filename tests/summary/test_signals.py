@@ -29,6 +29,32 @@ def test_decisions_and_action_items_are_told_apart_from_chatter() -> None:
     assert not classify("中午吃什么？").fact
 
 
+def test_an_undecided_remark_is_no_decision_and_a_negated_plan_still_is() -> None:
+    """"我还不确定能不能去" and "地点还没决定吧" were listed under 结论/决定."""
+    for undecided in ("我还不确定能不能去", "地点还没决定吧，等老板拍板", "还没有结论", "这事没定下来", "不太确定",
+                      "时间尚未决定", "我不同意了", "方案待确定"):
+        assert not classify(undecided).decision, undecided
+    for decided in ("好的，定了：周六去爬香山", "决定不去了，周六加班", "这个方案不错，就这么定了", "不管怎样，决定了周五发版",
+                    "我还不确定，不过老板已经拍板了", "会议不推迟了，照常周三开", "不如就这么定了"):
+        assert classify(decided).decision, decided
+
+
+def test_a_link_ends_where_the_chinese_text_after_it_starts() -> None:
+    """WeChat/QQ end a link at the first non-ASCII character; it was listed with the words after it."""
+    assert links("攻略在这https://docs.qq.com/doc/DQ2abc大家看下") == ["https://docs.qq.com/doc/DQ2abc"]
+    assert links("报名表：https://wj.qq.com/s2/123你们填一下") == ["https://wj.qq.com/s2/123"]
+    encoded = "https://zh.wikipedia.org/wiki/%E9%A6%99%E5%B1%B1?from=a&b=1#x"
+    assert links(f"看{encoded}这个") == [encoded] and links("www.example.com/a看看") == ["www.example.com/a"]
+
+
+def test_dates_numbers_and_mentions_are_not_read_from_inside_a_link() -> None:
+    signup = classify("报名表：https://wj.qq.com/s2/123你们填一下")
+    assert signup.action and signup.when is None  # (it read "2/12" as a due date)
+    assert classify("https://example.org/2025-03-01/12:30 记得明天交").when == "明天"
+    assert classify("看 https://medium.com/@alice/post").mentions == []
+    assert not classify("https://example.org/todo/deadline").fact
+
+
 def test_mentions_by_id_become_names() -> None:
     names = {"wxid_ming02": "小明"}
     assert names_for_mentions("@wxid_ming02 你负责，@老王 看一下", names) == "@小明 你负责，@老王 看一下"
