@@ -10,11 +10,12 @@ from pathlib import Path
 from function_calls.provider_errors import translate_error
 from robot import maintenance
 from robot.bot import Bot
+from robot.channels.telegram.settings import TelegramSettings
 from robot.config import ConfigError, Settings
 from robot.config_file import load_plugins
 from robot.doctor_storage import storage_checks
 from robot.plugin import PluginError
-from robot.redact import redact_url
+from robot.redact import redact_text, redact_url
 
 __all__ = ["doctor"]
 
@@ -33,6 +34,24 @@ async def _switched_off(settings: Settings) -> dict[str, str]:
                     if p.tools.names() and p.tools.names()[0] in blocked}
         finally:
             await bot.stop(flush_timeout_s=0)
+
+
+async def _telegram(settings: TelegramSettings) -> tuple[bool, str, str]:
+    """``getMe`` with the bot's token, as the channel asks it at start (the token is never shown)."""
+    import aiohttp
+
+    from robot.channels.telegram import TelegramApi, TelegramError
+
+    token = settings.token.get_secret_value()
+    async with aiohttp.ClientSession() as session:
+        try:
+            me = await TelegramApi(session, settings.api_base, token, timeout_s=10).call("getMe")
+        except TelegramError as exc:  # (its text never holds the URL, so never the token: replaced all the same)
+            return False, "channel telegram", str(exc).replace(token, "***") if token else str(exc)
+        except Exception as exc:  # a malformed api_base: the report goes on
+            return False, "channel telegram", f"cannot reach {redact_url(settings.api_base)}: {type(exc).__name__}"
+    name = me.get("username") if isinstance(me, dict) else None
+    return True, "channel telegram", f"@{name or '?'} answers at {redact_url(settings.api_base)}"
 
 
 async def doctor(settings: Settings, source: Path | None) -> int:
@@ -55,8 +74,8 @@ async def doctor(settings: Settings, source: Path | None) -> int:
             print(f"off {name}: {reason}")
     except (PluginError, ConfigError) as exc:
         report(False, "plugins", str(exc))
-    except Exception as exc:  # a plugin's setup failed: the report goes on with the next check
-        report(False, "plugins", f"setup failed: {type(exc).__name__}: {str(exc)[:200]}")
+    except Exception as exc:  # a plugin's settings or deps failed: the report goes on with the next check
+        report(False, "plugins", f"failed: {type(exc).__name__}: {redact_text(str(exc))[:200]}")
     for check in await storage_checks(settings):
         report(*check)
     try:  # the storage check above has said why the database cannot be read: the other checks go on
@@ -95,7 +114,9 @@ async def doctor(settings: Settings, source: Path | None) -> int:
     for name, enabled, host, port in (("web", web_on, ch.web.host, ch.web.port),
                                       ("onebot", ch.onebot.enabled and ch.onebot.mode == "reverse",
                                        ch.onebot.host, ch.onebot.port),
-                                      ("wecom", ch.wecom.enabled, ch.wecom.host, ch.wecom.port)):
+                                      ("wecom", ch.wecom.enabled, ch.wecom.host, ch.wecom.port),
+                                      ("telegram", ch.telegram.enabled and ch.telegram.mode == "webhook",
+                                       ch.telegram.host, ch.telegram.port)):
         if not enabled:
             continue
         with socket.socket() as sock:
@@ -112,5 +133,7 @@ async def doctor(settings: Settings, source: Path | None) -> int:
                 report(True, "channel onebot", f"connected to {redact_url(ch.onebot.url)}")
         except Exception as exc:
             report(False, "channel onebot", f"cannot connect to {redact_url(ch.onebot.url)}: {type(exc).__name__}")
+    if ch.telegram.enabled:
+        report(*await _telegram(ch.telegram))
     print("all good" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0

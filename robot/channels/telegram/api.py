@@ -1,6 +1,6 @@
 """A thin aiohttp client for the few Telegram Bot API methods the channel uses.
 
-Why not aiogram 3: we call six methods; the project already speaks HTTP through aiohttp; a
+Why not aiogram 3: we call eight methods; the project already speaks HTTP through aiohttp; a
 ``429 retry_after`` and a ``migrate_to_chat_id`` must reach our outbox as our own exceptions
 rather than be retried or swallowed inside another framework's session; and a base URL is all a
 fake Bot API server needs. aiogram would add its own dispatcher, models and pinned versions.

@@ -5,12 +5,13 @@ so its history stays apart and replies keep ``message_thread_id``. A group that 
 supergroup (``migrate_to_chat_id``) is remembered, so replies and reminders addressed to the old
 id reach the new one.
 
-Polling: the ``offset`` is stored (:mod:`.state`) only after every update of a batch has been handed to
-the bot (deduplicated and recorded), so a restart replays rather than loses; the bot drops replays.
-Webhook (:mod:`.webhook`): ``X-Telegram-Bot-Api-Secret-Token`` must match ``webhook_secret`` or the
-request gets 401; an update is spooled to disk before its 200. Once the bot stops taking messages
-the poller asks no more (a poll confirms the updates before its offset), and what it got but the bot
-did not take is spooled too: the next start delivers it.
+Polling: a poll confirms to Telegram every update before its ``offset`` (never sent again), so a
+batch is spooled to disk (fsync'ed, :mod:`.webhook`) before the next poll, and a start delivers what a
+crash left there; the stored ``offset`` (:mod:`.state`) moves only once every update of a batch has
+been taken by the bot (recorded), so another process polling next gets the unconfirmed rest again;
+the bot drops replays. Webhook (:mod:`.webhook`): ``X-Telegram-Bot-Api-Secret-Token`` must match
+``webhook_secret`` or the request gets 401; an update is spooled to disk before its 200. Once the bot
+stops taking messages the poller asks no more.
 """
 
 from __future__ import annotations
@@ -43,8 +44,18 @@ from robot.channels.telegram.api import (
     TelegramApiError,
     TelegramError,
     TooManyRequests,
+    utf16_len,
 )
-from robot.channels.telegram.convert import LIMIT, placeholder, read_entities, sender_of, split_utf16
+from robot.channels.telegram.convert import (
+    LIMIT,
+    mention_prefix,
+    placeholder,
+    read_entities,
+    sender_of,
+    split_utf16,
+    start_as_help,
+    user_name,
+)
 from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.telegram.state import TelegramState
 from robot.channels.telegram.webhook import WebhookIntake
@@ -54,6 +65,7 @@ __all__ = ["TelegramChannel"]
 
 log = logging.getLogger(__name__)
 _COMMAND = re.compile(r"^[a-z0-9_]{1,32}$")
+_MENTIONS = 20  # people @-ed in one message at most
 
 
 class TelegramChannel(WebhookIntake):
@@ -67,7 +79,7 @@ class TelegramChannel(WebhookIntake):
         super().__init__()
         self.settings = settings
         # One outbox part, one message (a character is 2 UTF-16 units at most): a retry doubled earlier pieces
-        self.capabilities = Capabilities(max_text_len=LIMIT // 2, mentions=False, markdown=False)
+        self.capabilities = Capabilities(max_text_len=LIMIT // 2, mentions=True, markdown=False)
         self.state_dir = settings.state_dir or Path(data_dir) / "telegram"
         self.state = TelegramState(self.state_dir)
         self._session = session
@@ -81,6 +93,8 @@ class TelegramChannel(WebhookIntake):
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._typing: dict[str, asyncio.Task[None]] = {}
+        self._spooled: dict[str, asyncio.Task[bool]] = {}
+        self._names: dict[int, str] = {}  # user id -> name, from their messages: a mention's label
         self._stopping = asyncio.Event()
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -160,13 +174,17 @@ class TelegramChannel(WebhookIntake):
             if not isinstance(updates, list) or not updates:  # answered empty at once (timeout 0, a proxy):
                 pause = self.settings.retry_delay_s if time.monotonic() - asked < 1 else 0.0  # no busy loop
                 continue
-            batch = [t for t in (self._accept(u, polled=True) for u in updates if isinstance(u, dict)) if t is not None]
             ids = [u["update_id"] for u in updates if isinstance(u, dict) and isinstance(u.get("update_id"), int)]
-            if ids:
-                offset = max(ids) + 1
-                self._commit = asyncio.create_task(self._save_offset(self._commit, batch, offset))
-            elif time.monotonic() - asked < 1:  # nothing usable, answered at once: no busy loop either
-                pause = self.settings.retry_delay_s
+            if not ids:
+                if time.monotonic() - asked < 1:  # nothing usable, answered at once: no busy loop either
+                    pause = self.settings.retry_delay_s
+                continue
+            # The next poll confirms this batch to Telegram, which never sends it again: ours on disk first.
+            batch = await self._take_batch([u for u in updates if isinstance(u, dict)])
+            if batch is None:
+                return  # not on disk and not taken (the bot stops): left unconfirmed, Telegram sends it again
+            offset = max(ids) + 1
+            self._commit = asyncio.create_task(self._save_offset(self._commit, batch, offset))
 
     async def _save_offset(self, previous: asyncio.Task[bool] | None, batch: list[asyncio.Task[bool]], at: int) -> bool:
         """Save ``at`` once this batch (and every earlier one) was taken by the bot; whether it was."""
@@ -178,7 +196,7 @@ class TelegramChannel(WebhookIntake):
             log.exception("telegram: could not save the update offset")
         return True
 
-    def _accept(self, update: dict[str, Any], polled: bool = False) -> asyncio.Task[bool] | None:
+    def _accept(self, update: dict[str, Any]) -> asyncio.Task[bool] | None:
         """Hand one update to the bot in the background; returns the delivery task (False: not taken)."""
         try:
             message = self.to_message(update)
@@ -187,7 +205,7 @@ class TelegramChannel(WebhookIntake):
             return None
         if message is None:
             return None
-        task = asyncio.create_task(self._take(update, message, polled), name=f"telegram-deliver-{message.message_id}")
+        task = asyncio.create_task(self._deliver_logged(message), name=f"telegram-deliver-{message.message_id}")
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         return task
@@ -215,16 +233,21 @@ class TelegramChannel(WebhookIntake):
         text = msg.get("text") if isinstance(msg.get("text"), str) else msg.get("caption") or ""
         entities = msg.get("entities") or msg.get("caption_entities") or []
         text, mentions, mentions_bot = read_entities(str(text), entities, self.username, self.bot_id)
-        if not text:
-            text = placeholder(msg)
+        marker = placeholder(msg)  # (a caption comes after its photo's marker)
+        text = f"{marker} {text}" if marker and text else marker or text
+        if chat_type == "private" or mentions_bot:
+            text = start_as_help(text)
         reply = msg.get("reply_to_message") or {}
         # In a forum every message "replies" to the topic's first message; that is not a reply.
         if reply and thread is not None and reply.get("message_id") == thread:
             reply = {}
+        who = sender_of(msg, chat_id)
+        if who.user_id.isdigit():
+            self._remember_name(int(who.user_id), who.name)
         return Message(
             chat=ChatRef(platform=self.platform, chat_id=key_id, kind="private" if chat_type == "private" else "group",
                          account=self.bot_id),
-            sender=sender_of(msg, chat_id),
+            sender=who,
             message_id=f"{chat_id}:{msg['message_id']}",  # ids are per chat in Telegram
             text=text, timestamp=datetime.fromtimestamp(int(msg["date"]), UTC), mentions=mentions,
             mentions_bot=mentions_bot,
@@ -266,16 +289,48 @@ class TelegramChannel(WebhookIntake):
         if message.chat.account and self.bot_id and message.chat.account != self.bot_id:
             raise SendRejected(f"telegram bot {message.chat.account} is not this bot ({self.bot_id})")
         await self._stop_typing(message.chat)
+        prefix, entities = await self._mentions(message)
         receipt = SendReceipt()
-        for part in split_utf16(message.text):
-            receipt = await self._send_part(message, part)
+        for i, part in enumerate(split_utf16(prefix + message.text)):
+            receipt = await self._send_part(message, part, [e for e in entities if i == 0 and
+                                                            e["offset"] + e["length"] <= utf16_len(part)])
         return receipt
 
-    async def _send_part(self, message: OutgoingMessage, text: str) -> SendReceipt:
+    async def _mentions(self, message: OutgoingMessage) -> tuple[str, list[dict[str, Any]]]:
+        """The labels of the people to @ in a group (a reminder's owner, approvers) and their entities. Not on
+        a reply: its quote notifies the one it answers; not for an id that is no user's (a chat's, anonymous)."""
+        if message.chat.kind != "group" or message.reply_to:
+            return "", []
+        ids = [int(m) for m in dict.fromkeys(message.mention) if m.isdigit()][:_MENTIONS]
+        return mention_prefix([(uid, await self._name_of(message.chat, uid)) for uid in ids])
+
+    async def _name_of(self, chat: ChatRef, user_id: int) -> str:
+        """The name of ``user_id``: seen in a message, else asked (getChatMember); else the id."""
+        if user_id not in self._names and self.api is not None:
+            try:
+                member = await self.api.call("getChatMember", {"chat_id": self._target(chat)[0], "user_id": user_id},
+                                             timeout_s=5)
+            except TelegramError as exc:
+                log.debug("telegram: getChatMember failed: %s", exc)
+                self._remember_name(user_id, "")  # not asked again per send: the id stands in until they speak
+            else:
+                if isinstance(member, dict) and isinstance(member.get("user"), dict):
+                    self._remember_name(user_id, user_name(member["user"]))
+        return self._names.get(user_id) or str(user_id)
+
+    def _remember_name(self, user_id: int, name: str) -> None:
+        self._names.pop(user_id, None)
+        self._names[user_id] = name
+        if len(self._names) > 4096:  # the least recently seen goes
+            self._names.pop(next(iter(self._names)))
+
+    async def _send_part(self, message: OutgoingMessage, text: str, entities: list[dict[str, Any]]) -> SendReceipt:
         assert self.api is not None
         for _ in range(2):  # a second try after learning of a migration
             chat_id, thread = self._target(message.chat)
             payload: dict[str, Any] = {"chat_id": chat_id, "text": text}
+            if entities:
+                payload["entities"] = entities
             if thread is not None:
                 payload["message_thread_id"] = thread
             if message.reply_to:  # a message of this chat only (a migrated group's numbers are another's)

@@ -1,4 +1,4 @@
-"""Telegram text rules: entity offsets in UTF-16 units, the 4096-unit limit, media placeholders."""
+"""Telegram text rules: entity offsets in UTF-16 units, the 4096-unit limit, mentions, media placeholders."""
 
 from __future__ import annotations
 
@@ -8,9 +8,30 @@ from robot.channels.telegram.api import utf16_len
 from robot.message import Sender
 from robot.text_parts import whole
 
-__all__ = ["LIMIT", "placeholder", "read_entities", "sender_of", "split_utf16"]
+__all__ = ["LIMIT", "mention_prefix", "placeholder", "read_entities", "sender_of", "split_utf16", "start_as_help",
+           "user_name"]
 
 LIMIT = 4096
+_NAME = 32  # characters of a mention's label at most
+
+
+def user_name(user: dict[str, Any]) -> str:
+    """A Bot API ``User``'s name as people see it: first and last name, else the username, else the id."""
+    return " ".join(str(p) for p in (user.get("first_name"), user.get("last_name")) if p) or \
+        str(user.get("username") or user.get("id") or "")
+
+
+def mention_prefix(people: list[tuple[int, str]]) -> tuple[str, list[dict[str, Any]]]:
+    """``"@name @name "`` to put before a text, with a ``text_mention`` entity on each label (offsets in
+    UTF-16 units, no parse_mode): it notifies the person by id, with or without a username."""
+    prefix, entities = "", []
+    for user_id, name in people:
+        name = " ".join(name.split()) or str(user_id)
+        label = "@" + (name[:whole(name, _NAME)] if len(name) > _NAME else name)
+        entities.append({"type": "text_mention", "offset": utf16_len(prefix), "length": utf16_len(label),
+                         "user": {"id": user_id}})
+        prefix += label + " "
+    return prefix, entities
 
 
 def split_utf16(text: str, limit: int = LIMIT) -> list[str]:
@@ -67,14 +88,26 @@ def read_entities(text: str, entities: list[dict[str, Any]], username: str, bot_
 
 
 def placeholder(msg: dict[str, Any]) -> str:
+    """The marker of what ``msg`` carries besides text (``[图片]``, ``[投票: 周五聚餐?]``); "" for none."""
     for key, label in (("photo", "[图片]"), ("voice", "[语音]"), ("audio", "[音频]"), ("video", "[视频]"),
-                       ("sticker", "[贴纸]"), ("animation", "[动图]"), ("location", "[位置]")):
+                       ("video_note", "[视频]"), ("sticker", "[贴纸]"), ("animation", "[动图]"), ("story", "[动态]")):
         if msg.get(key):
             return label
-    doc = msg.get("document")
-    if isinstance(doc, dict):
-        return f"[文件: {doc['file_name']}]" if doc.get("file_name") else "[文件]"
-    return ""
+    for key, label, detail in (("document", "文件", lambda d: d.get("file_name")),
+                               ("poll", "投票", lambda d: d.get("question")),
+                               ("contact", "联系人", user_name),  # (the name only: not the phone number)
+                               ("dice", "骰子", lambda d: f"{d.get('emoji') or ''}: {d.get('value')}".strip()),
+                               ("venue", "位置", lambda d: ", ".join(str(p) for p in (d.get("title"), d.get("address"))
+                                                                   if p))):
+        if isinstance(part := msg.get(key), dict):
+            shown = detail(part)
+            return f"[{label}{' ' if key == 'dice' else ': '}{shown}]" if shown else f"[{label}]"
+    return "[位置]" if msg.get("location") else ""
+
+
+def start_as_help(text: str) -> str:
+    """``/start`` (``/start <payload>``: a deep link), what a client sends first, as ``/help``: the greeting."""
+    return "/help" if text == "/start" or text.startswith(("/start ", "/start\n")) else text
 
 
 def sender_of(msg: dict[str, Any], chat_id: str) -> Sender:
@@ -85,6 +118,4 @@ def sender_of(msg: dict[str, Any], chat_id: str) -> Sender:
     if isinstance(as_chat := msg.get("sender_chat"), dict) and as_chat.get("id") is not None:
         return Sender(user_id=f"chat:{as_chat['id']}", name=str(as_chat.get("title") or as_chat["id"]),
                       anonymous=str(as_chat["id"]) == chat_id)
-    name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p) or \
-        str(sender.get("username") or sender["id"])
-    return Sender(user_id=str(sender["id"]), name=name)
+    return Sender(user_id=str(sender["id"]), name=user_name(sender) or str(sender["id"]))

@@ -3,7 +3,8 @@
 It answers as https://core.telegram.org/bots/api describes: ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error_code", "description", "parameters"}``; ``getUpdates`` confirms every update
 below ``offset`` and long-polls up to ``timeout``; ``sendMessage`` checks the text (1-4096 UTF-16
-units), ``reply_parameters`` and ``message_thread_id``; a migrated group answers 400 with
+units), ``entities`` (inside the text, a ``text_mention`` names a user id), ``reply_parameters`` and
+``message_thread_id``; ``getChatMember`` knows the users of the messages it queued; a migrated group answers 400 with
 ``migrate_to_chat_id``; ``flood(n)`` makes the next sends answer 429 with ``retry_after``.
 A request the real API would refuse for its shape is answered 400 and listed in ``errors``.
 """
@@ -37,6 +38,7 @@ class Sent:
     message_id: int
     thread_id: int | None = None
     reply_to: int | None = None
+    entities: list[dict[str, Any]] = field(default_factory=list)
     at: float = field(default_factory=time.time)  # when it arrived (UTC epoch seconds)
 
 
@@ -57,6 +59,7 @@ class FakeBotAPI(LoopbackServer):
         self.webhook: dict[str, Any] | None = None
         self.migrated: dict[int, int] = {}
         self.errors: list[str] = []
+        self.users: dict[int, dict[str, Any]] = {}  # who wrote the queued messages: getChatMember's answers
         self.calls: list[str] = []
         self._flood: list[int] = []
         self.fail_sends: list[int] = []  # HTTP statuses (5xx) for the next sendMessage calls
@@ -73,8 +76,9 @@ class FakeBotAPI(LoopbackServer):
                 entities: list[dict[str, Any]] | None = None, reply_to: dict[str, Any] | None = None,
                 thread: int | None = None, **extra: Any) -> dict[str, Any]:
         """Queue an update with a new message; returns the update."""
+        self.users[user_id] = {"id": user_id, "is_bot": False, "first_name": first_name}
         msg: dict[str, Any] = {"message_id": next(self._message_ids), "date": int(time.time()), "chat": chat,
-                               "from": {"id": user_id, "is_bot": False, "first_name": first_name}, **extra}
+                               "from": dict(self.users[user_id]), **extra}
         if text:
             msg["text"] = text
         if entities:
@@ -135,7 +139,7 @@ class FakeBotAPI(LoopbackServer):
         if not isinstance(body, dict):
             return self._fail(400, "Bad Request: body must be an object", shape=True)
         handler = {"getme": self._get_me, "getupdates": self._get_updates, "sendmessage": self._send_message,
-                   "setmycommands": self._set_my_commands, "sendchataction": self._send_chat_action,
+                   "setmycommands": self._set_my_commands, "sendchataction": self._send_chat_action, "getchatmember": self._get_chat_member,
                    "setwebhook": self._set_webhook, "deletewebhook": self._delete_webhook}.get(method)
         if handler is None:
             return self._fail(404, "Not Found: method not found", shape=True)
@@ -176,6 +180,14 @@ class FakeBotAPI(LoopbackServer):
         reply = body.get("reply_parameters")
         if reply is not None and not (isinstance(reply, dict) and isinstance(reply.get("message_id"), int)):
             return self._fail(400, "Bad Request: invalid reply_parameters", shape=True)
+        entities = body.get("entities") or []
+        units = len(text.encode("utf-16-le")) // 2
+        if not isinstance(entities, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("offset"), int) and isinstance(e.get("length"), int)
+                and e["offset"] >= 0 and e["length"] > 0 and e["offset"] + e["length"] <= units
+                and (e.get("type") != "text_mention" or isinstance((e.get("user") or {}).get("id"), int))
+                for e in entities):
+            return self._fail(400, "Bad Request: can't parse entities", shape=True)
         if chat in self.migrated:
             return self._fail(400, "Bad Request: group chat was upgraded to a supergroup chat",
                               {"migrate_to_chat_id": self.migrated[chat]})
@@ -183,7 +195,7 @@ class FakeBotAPI(LoopbackServer):
             wait = self._flood.pop(0)
             return self._fail(429, f"Too Many Requests: retry after {wait}", {"retry_after": wait})
         mid = next(self._message_ids)
-        self.sent.append(Sent(chat, text, mid, thread, reply["message_id"] if reply else None))
+        self.sent.append(Sent(chat, text, mid, thread, reply["message_id"] if reply else None, entities))
         return self._ok({"message_id": mid, "date": int(time.time()), "chat": {"id": chat},
                          "from": self.bot, "text": text})
 
@@ -201,6 +213,12 @@ class FakeBotAPI(LoopbackServer):
             return self._fail(400, "Bad Request: wrong parameter action in request", shape=True)
         self.actions.append((int(body["chat_id"]), str(body["action"])))
         return self._ok(True)
+
+    async def _get_chat_member(self, body: dict[str, Any]) -> web.Response:
+        user = self.users.get(body.get("user_id"))  # type: ignore[arg-type]
+        if user is None:
+            return self._fail(400, "Bad Request: user not found")
+        return self._ok({"status": "member", "user": user})
 
     async def _set_webhook(self, body: dict[str, Any]) -> web.Response:
         if not isinstance(body.get("url"), str):

@@ -21,7 +21,7 @@ from robot.channels.state_store import ChannelState
 from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf16
 from robot.channels.telegram.convert import read_entities
 from robot.channels.telegram.testing import FakeBotAPI
-from robot.message import ChatRef, Message
+from robot.message import ChatRef, Message, OutgoingMessage
 from robot.plugin import Plugin
 from robot.store import Database, iso, parse_iso
 
@@ -466,7 +466,8 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
                          st.sampled_from(["id", "type", "text", "chat", "from", "date", "message_id", "entities",
                                           "offset", "length", "user", "reply_to_message", "message_thread_id",
-                                          "is_topic_message", "migrate_to_chat_id", "caption", "document"]),
+                                          "is_topic_message", "migrate_to_chat_id", "caption", "document", "poll",
+                                          "contact", "dice", "venue", "question", "title", "value"]),
                          inner, max_size=6), max_leaves=20)
 
 
@@ -507,3 +508,182 @@ def test_a_message_keeps_its_own_spaces_only_the_cut_mention_leaves_none() -> No
     said = "看看  @qun_test_bot  这段：\n    return 1"
     clean, _, hit = read_entities(said, [mention(said, "@qun_test_bot")], "qun_test_bot", "1")
     assert hit and clean == "看看  这段：\n    return 1"
+
+
+_CHILD = """
+import asyncio, sys
+from pathlib import Path
+from robot.channels.telegram import TelegramChannel, TelegramSettings
+
+async def main() -> None:
+    channel = TelegramChannel(TelegramSettings(enabled=True, token=sys.argv[1], api_base=sys.argv[2], poll_timeout_s=1,
+                                               state_dir=Path(sys.argv[3]), retry_delay_s=0.05, backoff_max_s=0.1))
+    async def busy(message) -> None:  # the bot has not recorded it yet (a slow turn, a busy database)
+        print("GOT", message.text, flush=True)
+        await asyncio.Event().wait()
+    channel.bind(busy)
+    await channel.start()
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_polled_message_survives_a_sigkill_after_telegram_counted_it_delivered(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message], until: Until) -> None:
+    """The next getUpdates confirms the batch before it (Telegram never sends it again): it must be ours by then."""
+    import os
+    import signal
+    import sys
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, fake.token, fake.url, str(tmp_path / "tg"), stdout=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[4], env={k: v for k, v in os.environ.items() if not k.startswith("QUNBOT_")})
+    try:
+        assert child.stdout is not None
+        update = fake.message(PRIVATE, ALICE, "/note 牛奶")
+        assert (await asyncio.wait_for(child.stdout.readline(), 30)).decode().startswith("GOT")
+        await until(lambda: any(o > update["update_id"] for o in fake.offsets))  # confirmed to Telegram
+    finally:
+        child.send_signal(signal.SIGKILL)
+        await child.wait()
+    assert fake.updates == []  # Telegram holds it no more
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+        assert message.text == "/note 牛奶"
+        await until(lambda: not list((tmp_path / "tg").glob("*-webhook/*.json")))  # taken: the spool is empty
+
+
+async def test_a_polled_update_is_spooled_until_the_bot_took_it(
+        tmp_path: Path, fake: FakeBotAPI, until: Until) -> None:
+    release = asyncio.Event()
+    got: list[str] = []
+
+    async def slow(message: Message) -> None:
+        got.append(message.text)
+        await release.wait()
+
+    channel = TelegramChannel(settings(tmp_path, fake))
+    channel.bind(slow)
+    await channel.start()
+    try:
+        update = fake.message(PRIVATE, ALICE, "一")
+        await until(lambda: any(o > update["update_id"] for o in fake.offsets))
+        spooled = list((tmp_path / "tg").glob("*-webhook/*.json"))
+        assert [p.name for p in spooled] == [f"{update['update_id']}.json"] and got == ["一"]
+        assert spooled[0].stat().st_mode & 0o777 == 0o600
+        release.set()
+        await until(lambda: not list((tmp_path / "tg").glob("*-webhook/*.json")))
+    finally:
+        await channel.stop()
+
+
+async def test_group_mentions_carry_a_text_mention_entity_at_utf16_offsets(
+        tmp_path: Path, fake: FakeBotAPI, running: Any) -> None:
+    """A reminder or an approval notice in a group names and notifies its person (Telegram: a text_mention)."""
+    fake.message(GROUP, ALICE, "随便说一句", first_name="Alice😀")  # the channel learns the name (or asks getChatMember)
+    group = ChatRef(platform="telegram", chat_id=str(GROUP["id"]), kind="group", account=BOT_ID)
+    async with running(TelegramChannel(settings(tmp_path, fake))) as channel:
+        await channel.send(OutgoingMessage(key="rem:1", chat=group, text="⏰ 提醒：交周报", mention=(str(ALICE), "888")))
+        long = "😀" * 2040 + "\n" + "尾" * 30  # the mention pushes it past 4096 units: split, the entity in part one
+        await channel.send(OutgoingMessage(key="rem:2", chat=group, text=long, mention=(str(ALICE),)))
+        await channel.send(OutgoingMessage(key="r:3", chat=group, text="回答", mention=(str(ALICE),),
+                                           reply_to=f"{GROUP['id']}:5"))  # a quote notifies its author already
+        private = ChatRef(platform="telegram", chat_id="777", kind="private", account=BOT_ID)
+        await channel.send(OutgoingMessage(key="p:4", chat=private, text="私聊", mention=(str(ALICE),)))
+    assert fake.errors == []
+    first = fake.sent[0]
+    assert first.text.endswith("⏰ 提醒：交周报") and first.text.startswith("@Alice😀")
+    units = first.text.encode("utf-16-le")
+    labels = [units[e["offset"] * 2:(e["offset"] + e["length"]) * 2].decode("utf-16-le") for e in first.entities]
+    assert labels == ["@Alice😀", "@888"]  # 888 is nobody the bot knows: the id stands in for the name
+    assert [(e["type"], e["user"]["id"]) for e in first.entities] == [("text_mention", ALICE), ("text_mention", 888)]
+    assert len(fake.sent) == 5 and fake.sent[1].entities and not fake.sent[2].entities
+    assert fake.sent[1].text.startswith("@Alice😀 ") and fake.sent[2].text.endswith("尾" * 30)
+    assert fake.sent[3].text == "回答" and not fake.sent[3].entities
+    assert fake.sent[4].text == "私聊" and not fake.sent[4].entities
+
+
+@pytest.mark.parametrize(("chat", "text", "entities"), [
+    (PRIVATE, "/start", [{"type": "bot_command", "offset": 0, "length": 6}]),
+    (PRIVATE, "/start ref_group42", [{"type": "bot_command", "offset": 0, "length": 6}]),
+    (GROUP, "/start@qun_test_bot", [{"type": "bot_command", "offset": 0, "length": 19}]),
+])
+async def test_start_is_answered_with_the_help(tmp_path: Path, fake: FakeBotAPI, running: Any,
+                                               inbox: asyncio.Queue[Message], chat: dict[str, Any], text: str,
+                                               entities: list[dict[str, Any]]) -> None:
+    fake.message(chat, ALICE, text, entities=entities)
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "/help"
+
+
+async def test_a_start_for_another_bot_is_left_alone(tmp_path: Path, fake: FakeBotAPI, running: Any,
+                                                     inbox: asyncio.Queue[Message]) -> None:
+    fake.message(GROUP, ALICE, "/start@other_bot", entities=[{"type": "bot_command", "offset": 0, "length": 16}])
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "/start@other_bot"
+
+
+_PHOTO = [{"file_id": "a", "file_unique_id": "b", "width": 90, "height": 90}]
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"photo": _PHOTO, "caption": "这张图里是什么花？"}, "[图片] 这张图里是什么花？"),
+    ({"video_note": {"file_id": "x", "file_unique_id": "y", "length": 240, "duration": 3}}, "[视频]"),
+    ({"contact": {"phone_number": "+8613800000000", "first_name": "Bob", "last_name": "Li"}}, "[联系人: Bob Li]"),
+    ({"poll": {"id": "1", "question": "周五聚餐?", "options": [], "total_voter_count": 0, "is_closed": False,
+               "is_anonymous": True, "type": "regular", "allows_multiple_answers": False}}, "[投票: 周五聚餐?]"),
+    ({"dice": {"emoji": "🎲", "value": 3}}, "[骰子 🎲: 3]"),
+    ({"venue": {"location": {"latitude": 1, "longitude": 2}, "title": "咖啡馆", "address": "x路1号"},
+      "location": {"latitude": 1, "longitude": 2}}, "[位置: 咖啡馆, x路1号]"),
+    ({"story": {"chat": PRIVATE, "id": 3}}, "[动态]"),
+])
+def test_media_reach_the_bot_with_a_marker(tmp_path: Path, extra: dict[str, Any], expected: str) -> None:
+    channel = TelegramChannel(TelegramSettings(enabled=True, token="1:x", state_dir=tmp_path))
+    channel.bot_id, channel.username = BOT_ID, "qun_test_bot"
+    update = {"update_id": 1, "message": {"message_id": 2, "date": 1_790_000_000, "chat": PRIVATE,
+                                          "from": {"id": ALICE, "first_name": "Alice"}, **extra}}
+    message = channel.to_message(update)
+    assert message is not None and message.text == expected
+
+
+async def test_two_copies_of_one_webhook_update_at_once_both_get_200(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    cfg = settings(tmp_path, fake, mode="webhook", webhook_secret="s3cret", port=0)
+    headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret"}
+    async with running(TelegramChannel(cfg)) as channel, aiohttp.ClientSession() as http:
+        for i in range(5):
+            update = {"update_id": 100 + i, "message": {"message_id": 5 + i, "date": 1_790_000_000, "chat": PRIVATE,
+                                                        "from": {"id": ALICE, "first_name": "A"}, "text": f"第{i}条"}}
+            answers = await asyncio.gather(*(http.post(channel.location(), json=update, headers=headers)
+                                             for _ in range(4)))
+            assert [r.status for r in answers] == [200] * 4
+            for r in answers:
+                r.release()
+
+
+async def test_a_batch_that_cannot_be_spooled_is_confirmed_only_once_the_bot_took_it(
+        tmp_path: Path, fake: FakeBotAPI, until: Until) -> None:
+    (tmp_path / "tg").mkdir()
+    (tmp_path / "tg" / f"{BOT_ID}-webhook").write_text("a file where the spool folder goes")  # (a full disk, say)
+    release = asyncio.Event()
+    got: list[str] = []
+
+    async def slow(message: Message) -> None:
+        got.append(message.text)
+        await release.wait()
+
+    channel = TelegramChannel(settings(tmp_path, fake))
+    channel.bind(slow)
+    await channel.start()
+    try:
+        update = fake.message(PRIVATE, ALICE, "一")
+        await until(lambda: got == ["一"])
+        await asyncio.sleep(0.3)
+        assert all(o <= update["update_id"] for o in fake.offsets)  # not confirmed while only in memory
+        release.set()
+        await until(lambda: any(o > update["update_id"] for o in fake.offsets))
+    finally:
+        await channel.stop()
