@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from function_calls import Toolset
 from robot import ChatRef, Forgetter, Plugin
 from search.client import PerplexityClient, SearchAnswer, SearchError, Source
+from search.commands import SEARCH_SYNTAX
 from search.format import format_answer, format_for_model
 from search.research import ResearchService
 from search.settings import SearchSettings
@@ -73,4 +74,5 @@ async def chat_moved(deps: SearchDeps, old: ChatRef, new: ChatRef) -> None:
 plugin: Plugin[SearchDeps] = Plugin(
     name="search", tools=Toolset("search", [perplexity_search, deep_research]), setup=_setup, teardown=_teardown,
     unavailable=_unavailable, settings_model=SearchSettings, chat_moved=chat_moved,
+    commands={"perplexity_search": SEARCH_SYNTAX},
 )

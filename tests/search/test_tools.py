@@ -94,6 +94,17 @@ async def test_model_gets_results_with_sources_and_answers_in_its_own_voice(
     assert perplexity.last_request.authorization == f"Bearer {KEY}"
 
 
+async def test_a_typed_question_reaches_perplexity_as_typed_and_recency_only_by_name(
+        tmp_path: Path, perplexity: FakePerplexityServer) -> None:
+    # "day" in the question filled the recency field: "how many hours in a" was asked of the last day's pages.
+    lines = ["/search how many hours in a day", "/search how many hours in a day does a cat sleep",
+             "/search 最近的固态电池新闻 recency=week", "/search recency=month 2024 year in review"]
+    await exchange(tmp_path, chat_cfg(perplexity), *lines)
+    asked = [(r.body["messages"][-1]["content"], r.body.get("search_recency_filter")) for r in perplexity.requests]
+    assert asked == [("how many hours in a day", None), ("how many hours in a day does a cat sleep", None),
+                     ("最近的固态电池新闻", "week"), ("2024 year in review", "month")]
+
+
 async def test_search_command_shows_numbered_citations_and_sources(tmp_path: Path,
                                                                    perplexity: FakePerplexityServer) -> None:
     sent = await exchange(tmp_path, {"api_key": KEY, "base_url": perplexity.base_url, "max_answer_chars": 400},
