@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from function_calls import Toolset, collect_tools
 from robot.commands import CommandSyntax
+from robot.config import ConfigError
 from robot.message import ChatRef
 from robot.redact import redact_text
 
@@ -112,7 +113,7 @@ async def set_up(plugin: Plugin[Any], bot: Bot) -> Any:
     assert plugin.setup is not None
     try:
         return await plugin.setup(bot)
-    except (PluginError, asyncio.CancelledError):
+    except (PluginError, ConfigError, asyncio.CancelledError):  # (a setting of its table: named already)
         raise
     except Exception as exc:
         raise PluginError(f"plugin {plugin.name!r}: setup failed: {type(exc).__name__}: {redact_text(str(exc))[:200]}") from exc
