@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from robot import check_url
+
 __all__ = [
     "AGENT_SONAR_MODELS",
     "CHAT_MODELS",
@@ -125,7 +127,7 @@ class SearchSettings(BaseModel):
         value = value.strip().rstrip("/")
         if not value.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://")
-        return value
+        return check_url(value) or value  # (a port that is no number failed at the first search, in a traceback)
 
     @field_validator("model")
     @classmethod

@@ -93,11 +93,13 @@ def test_a_fallback_url_with_a_bad_port_is_refused_by_name_and_shows_no_password
     assert "Pa55" not in shown and "sk-ab" not in shown
 
 
-def test_the_embedding_url_is_checked_like_the_models() -> None:
+def test_the_embedding_and_search_urls_are_checked_like_the_models() -> None:
     from memory.settings import MemorySettings
 
     with pytest.raises(ValueError, match="port that is not a number"):
         MemorySettings(embedding_base_url="http://admin:Pa55#word@127.0.0.1/v1")
+    with pytest.raises(ValueError, match="port that is not a number"):
+        SearchSettings(base_url="http://127.0.0.1:11434x")
 
 
 # --- plugin tables ------------------------------------------------------------------------------
