@@ -17,11 +17,12 @@ from reminders.store import Reminder
 from robot import ChatRef, OutgoingMessage
 from robot import iso as _iso
 
-__all__ = ["MERGE_MAX", "ON_TIME", "Draft", "FireReport", "Outcome", "catch_up", "compose", "format_local", "merge"]
+__all__ = ["MERGE_MAX", "ON_TIME", "Draft", "FireReport", "Outcome", "catch_up", "compose", "format_local", "merge",
+           "skip"]
 
 ON_TIME = timedelta(seconds=60)
 """Up to this late a reminder counts as on time: no late note, and never "missed"."""
-Outcome = Literal["delivered", "missed", "failed", "broken"]
+Outcome = Literal["delivered", "missed", "failed", "broken", "skipped"]
 iso = functools.lru_cache(maxsize=4096)(_iso)  # a burst formats the same few instants thousands of times
 MERGE_MAX = 50
 """At most this many on-time reminders of one chat, due at the same instant, share one message."""
@@ -41,6 +42,8 @@ class FireReport:
     missed: int = 0
     failed: int = 0
     broken: int = 0
+    #: Due in a chat the gate ignores (``[gate] never``, outside ``allowlist``): nothing sent, nothing run.
+    skipped: int = 0
     keys: list[str] = field(default_factory=list)
 
     def add(self, outcome: Outcome, key: str | None) -> None:
@@ -115,6 +118,20 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
         return after, outcome, None
     chat = r.chat_ref
     return after, outcome, Draft(key, chat, text, (r.owner_id,) if chat.kind == "group" else ())
+
+
+def skip(r: Reminder, now: datetime) -> tuple[Reminder, Outcome, None]:
+    """A due reminder's state when its chat is one the gate ignores: no message, no model run, and
+    the schedule moves past ``now``, so a recurring one fires again once the chat is allowed.
+
+    A one-time reminder ends as ``missed``: kept active it would stay due, taken up by every pass
+    (and its prompt by every one) while the chat is closed, and a note days late when it reopens
+    is noise; it was not delivered, so it is not ``done``.
+    """
+    assert r.next_fire is not None
+    following = catch_up(r.schedule, r.next_fire, now)[2]
+    after = r.evolve(next_fire=following, status="active" if following is not None else "missed", updated_at=now)
+    return after, "skipped", None
 
 
 def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, Draft | None]],

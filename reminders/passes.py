@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from reminders.ahead import Ahead, Fired, Place, Prepared
-from reminders.firing import Draft, FireReport, Outcome, compose, merge
+from reminders.firing import Draft, FireReport, Outcome, compose, merge, skip
 from reminders.settings import ReminderSettings
 from reminders.store import Reminder, ReminderStore
 from robot import OutgoingMessage, Tx
@@ -202,6 +202,8 @@ class Passes:
     def _compose(self, r: Reminder, now: datetime, *, answer: str | None = None,
                  failed: bool = False) -> tuple[Reminder, Outcome, Draft | None]:
         try:
+            if self.bot.ignores(r.chat_ref):  # the owner closed the chat since: nothing goes (or is kept) there
+                return skip(r, now)
             return compose(r, now, self.grace, answer=answer, failed=failed)
         except Exception:  # one corrupted row must not block every other reminder
             log.exception("reminders: %s cannot be fired; marking it broken", r.id)

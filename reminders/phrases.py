@@ -4,9 +4,11 @@
 returns a :class:`Phrase`: the schedule fields ``reminder_set`` takes (the same arguments a model
 would send) and the content after the phrase. What it understands::
 
-    10分钟后 / 半小时后 / 一个半小时后 / 3天后 / in 10 minutes / in half an hour
-    明天8点 / 明早8:30 / 后天下午3点 / 今晚9点 / 11月24日 15:00 / 2026-11-24 15:00
+    10分钟后 / 半小时后 / 一个半小时后 / 1小时30分钟后 / 3天后 / in 10 minutes / in 2 hours 30 minutes
+    明天8点 / 明早8:30 / 后天下午3点 / 今晚9点 / 明天8点1刻 / 11月24日 15:00 / 2026-11-24 15:00
     下周一 9:30 / 周五 18:00 (the coming Friday) / tomorrow 8am / tonight at 9pm / monday 9:30
+    5pm tomorrow / 3pm friday / at 10 tonight / 下午3点 明天 (the day after the clock, standing alone)
+    at 3.30pm / 9.15am (a dot only with at or am/pm)
     8点 / 下午3点 / 8:30 / 8am / 明天中午 (the next such time: today, or tomorrow if it has passed; 今天3点
     said at noon is 15:00, as 3点 is)
     每天 8:00 / 每周五 18:00 / 工作日 9:00 / 周末 10:00 / 每周一三五 7:00 / 每周1,3,5 7:00 (周1 = Monday)
@@ -14,8 +16,10 @@ would send) and the content after the phrase. What it understands::
     every day 8am / daily 8:00 / every friday 6pm / weekdays 9:00
 
 Every phrase it accepts resolves to an instant in the future (:attr:`Phrase.first`, in the chat's
-zone); anything else raises :class:`PhraseError` with a Chinese explanation. Pure: no I/O, no
-clock reads.
+zone); anything else raises :class:`PhraseError` with a Chinese explanation, and so does content
+that starts with what looks like more of the time (a day: "tomorrow 5pm friday review", "3点
+明天开会"; a piece of a clock: ".30", "4刻"; another unit after an English relative time): a guess
+there confirmed a time the person did not mean. Pure: no I/O, no clock reads.
 
 Errors::
 
@@ -32,6 +36,8 @@ from datetime import date, datetime, timedelta
 from datetime import time as dt_time
 from zoneinfo import ZoneInfo
 
+from reminders.clocks import NUM as _NUM
+from reminders.clocks import Cursor, PhraseError, clock, relative
 from reminders.schedule import WORKDAYS, Kind, Schedule, ScheduleError, days_mask, first_fire, parse_schedule
 from reminders.weekdays import EN_DAY, ZH_DAY, weekday_number, weekday_set
 
@@ -39,14 +45,6 @@ __all__ = ["EXAMPLES", "Phrase", "PhraseError", "parse_phrase"]
 
 EXAMPLES = ("/remind 10分钟后 喝水", "/remind 明天8点 开会", "/remind 每周五 18:00 交周报")
 """Three command lines that work (``/help`` and the parse-error reply show them)."""
-
-_CN_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
-              "九": 9}
-_NUM = r"(?:\d{1,4}|[零〇一二两三四五六七八九十]{1,3})"
-
-
-class PhraseError(ValueError):
-    """No usable time phrase; ``str(exc)`` is the Chinese reason, for the person."""
 
 
 @dataclass(frozen=True)
@@ -71,44 +69,10 @@ class Phrase:
         return args
 
 
-def _cn_int(text: str) -> int:
-    """``"8"``, ``"八"``, ``"十五"``, ``"二十三"`` -> int (up to 99 for Chinese numerals)."""
-    if text.isdigit():
-        return int(text)
-    if "十" in text:
-        tens, _, ones = text.partition("十")
-        if "十" in ones or len(tens) > 1 or len(ones) > 1:
-            raise PhraseError(f"看不懂数字“{text}”。")
-        return (_CN_DIGITS.get(tens, -100) if tens else 1) * 10 + (_CN_DIGITS.get(ones, -100) if ones else 0)
-    if len(text) == 1 and text in _CN_DIGITS:
-        return _CN_DIGITS[text]
-    if len(text) == 2 and text[0] in "零〇" and text[1] in _CN_DIGITS:  # 三点零五
-        return _CN_DIGITS[text[1]]
-    raise PhraseError(f"看不懂数字“{text}”。")
-
-
-@dataclass
-class _Cursor:
-    text: str
-    pos: int = 0
-
-    def take(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
-        m = pattern.match(self.text, self.pos)
-        if m:
-            self.pos = m.end()
-        return m
-
-    def skip_space(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos] in " \t\n,，":
-            self.pos += 1
-
-
 _p = re.compile
 
 
 _LEAD = _p(r"(?:提醒我|提醒大家|提醒|叫我|remind me(?: to)?\b|remind us(?: to)?\b)\s*")
-_REL_ZH = _p(rf"(?P<n>{_NUM}(?:\.\d+)?|半)\s*(?:个)?\s*(?P<half>半)?\s*(?P<unit>分钟|分|小时|钟头|个钟|天|日)\s*(?:后|以后|之后)")
-_REL_EN = _p(r"in\s+(?P<n>\d+(?:\.\d+)?|an?|one|half an?|a half)\s*(?P<unit>minutes?|mins?|m|hours?|hrs?|h|days?|d)\b")
 _EVERY_ZH = _p(rf"(?:每天|每日|天天)(?P<period>早上|早晨|上午|中午|下午|傍晚|晚上|夜里)?|每(?P<p2>早|晚)"
                rf"|(?P<work>(?:每个|每)?工作日|(?:每)?周一(?:到|至|-|~)周五)"
                rf"|(?P<weekend>(?:每个|每)?周末)"
@@ -119,91 +83,8 @@ _DAY_ZH = _p(rf"(?P<word>大后天|后天|明天|明日|今天|今日)|(?P<short
              rf"|(?P<next>下个?|这个?|本)?(?:周|星期|礼拜)(?P<day>{ZH_DAY})"
              rf"|(?:(?P<y>\d{{4}})[-/年])?(?P<mo>\d{{1,2}})(?:[-/]|月)(?P<d>\d{{1,2}})[日号]?")
 _DAY_EN = _p(rf"(?P<word>the day after tomorrow|tomorrow|today|tonight)\b|(?:(?P<next>next|this)\s+|on\s+)?(?P<day>{EN_DAY})\b")
-_PERIOD_ZH = _p(r"凌晨|早上|早晨|上午|早|中午|下午|午后|傍晚|晚上|夜里|夜间|晚")
-_AMPM = r"(?P<ampm>am|pm|a\.m\.|p\.m\.)(?![a-z])"  # not the start of a word ("9:00 PMP考试")
-_CLOCK = _p(rf"(?:at\s+)?(?P<h>\d{{1,2}})[:：](?P<m>\d{{2}})(?::(?P<s>\d{{2}}))?(?:\s*{_AMPM})?")
-# Minutes follow 点 directly, without 分 only as said (10, 十五, 零五): "8点 一起吃饭" was 8:01 "起吃饭"
-_CLOCK_ZH = _p(rf"(?P<h>{_NUM})\s*(?:点钟|点|时)(?:(?P<half>半)|(?P<q>一刻|三刻)|(?P<m>{_NUM})分"
-               r"|(?P<m2>\d{2}|[零〇][一二三四五六七八九]|[一二三四五]?十[一二三四五六七八九]?)(?![\d分])"
-               r"|整(?![理齐个天体修改合顿套份洁]))?")
-_CLOCK_EN = _p(rf"(?:at\s+)?(?P<h>\d{{1,2}})\s*{_AMPM}|at\s+(?P<bare>\d{{1,2}})\b|(?P<word>noon|midnight)\b")
-
-_AFTERNOON = frozenset({"下午", "午后", "傍晚"})
-_NIGHT = frozenset({"晚上", "夜里", "夜间", "晚", "今晚", "今夜", "明晚", "tonight"})
 _COLON = _p(r"[:：]\s*")
 _OF = _p(r"的\s*")
-
-
-def _clock(cur: _Cursor, period: str | None) -> tuple[dt_time, int, bool] | None:
-    """A time of day at the cursor, a day carry (1 for "今晚12点" = midnight, "晚上1点" = 01:00 next day),
-    and whether it could be either half of the day ("3点", "at 3": no 下午, no pm, no HH:MM)."""
-    start = cur.pos
-    p = cur.take(_PERIOD_ZH)
-    period = p[0] if p else period
-    cur.skip_space()
-    hour = minute = second = 0
-    ampm: str | None = None
-    if m := cur.take(_CLOCK):
-        hour, minute, second, ampm = int(m["h"]), int(m["m"]), int(m["s"] or 0), m["ampm"]
-    elif m := cur.take(_CLOCK_ZH):
-        hour = _cn_int(m["h"])
-        said = m["m"] or m["m2"]
-        minute = 30 if m["half"] else 15 if m["q"] == "一刻" else 45 if m["q"] else _cn_int(said) if said else 0
-    elif m := cur.take(_CLOCK_EN):
-        if m["word"]:
-            hour = 12 if m["word"] == "noon" else 24
-        else:
-            hour, ampm = int(m["h"] or m["bare"]), m["ampm"]
-    elif period == "中午":  # "明天中午", "每天中午" name their hour: noon
-        hour = 12
-    else:
-        cur.pos = start
-        return None
-    carry = 0
-    either_half = period is None and ampm is None and m is not None and m.re is not _CLOCK and 1 <= hour <= 11
-    if ampm:
-        if not 1 <= hour <= 12:
-            raise PhraseError(f"时间 {hour}{ampm} 不存在。")
-        hour = hour % 12 + (12 if ampm.startswith("p") else 0)
-    elif period in _NIGHT:
-        if hour == 12 or hour <= 3:  # the small hours after that evening
-            hour, carry = hour % 12, 1
-        elif hour < 12:
-            hour += 12
-    elif period == "中午" and 3 < hour < 11:  # 中午10点 is no noon: 22:00 was a silent guess
-        raise PhraseError(f"“中午{hour}点”是几点？请写 上午{hour}点 或 晚上{hour}点。")
-    elif (period in _AFTERNOON and hour < 12) or (period == "中午" and hour <= 3):
-        hour += 12
-    elif period == "凌晨" and hour == 12:
-        hour = 0
-    if hour == 24 and minute == 0 and second == 0:
-        hour, carry = 0, carry + 1
-    if hour > 23 or minute > 59 or second > 59:
-        raise PhraseError(f"时间 {hour}:{minute:02d} 不存在（小时 0-23，分钟 0-59）。")
-    return dt_time(hour, minute, second), carry, either_half
-
-
-def _relative(m: re.Match[str]) -> timedelta:
-    raw, unit = m["n"], m["unit"]
-    if raw in ("半", "half a", "half an", "a half"):
-        amount = 0.5
-    elif raw in ("a", "an", "one"):
-        amount = 1.0
-    elif re.fullmatch(r"\d+(?:\.\d+)?", raw):
-        amount = float(raw)
-    else:
-        amount = float(_cn_int(raw))
-    if m.groupdict().get("half"):
-        amount += 0.5
-    if unit in ("分钟", "分") or unit.startswith("m"):
-        delta = timedelta(minutes=amount)
-    elif unit in ("天", "日") or unit.startswith("d"):
-        delta = timedelta(days=amount)
-    else:
-        delta = timedelta(hours=amount)
-    if not timedelta(minutes=1) <= delta <= timedelta(days=3660):
-        raise PhraseError("相对时间要在 1 分钟到 10 年之间。")
-    return delta
 
 
 def _wall_after(target: datetime, zone: ZoneInfo, now: datetime) -> str:
@@ -240,8 +121,37 @@ def _normalise(text: str) -> tuple[str, list[int]]:
     return "".join(out), index
 
 
-def _content(original: str, index: list[int], cur: _Cursor) -> str:
+_TIME_LEFT = _p(rf"[.:]\d|{_NUM}\s*刻(?!钟)")
+"""What is left of a clock the phrase did not read (".30pm", "4刻"); "一刻钟" is a duration, content."""
+_UNIT_LEFT = _p(r"(?:and\s+)?(?:a\s+half\b|(?:\d+(?:\.\d+)?|an?|one)\s*"
+                r"(?:seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d)\b)")
+"""Another unit after an English relative time, one it did not read ("in 1 minute 30 seconds")."""
+_ALONE = _p(r"\s|[,，:：]|$")
+_WORDS = frozenset({"sun", "sat", "wed"})  # words as well as days: "9am sun cream" names no day
+
+
+def _day_at(cur: Cursor) -> tuple[re.Match[str], bool] | None:
+    """A day phrase at the cursor (which stays) and whether it stands alone, a space, a comma or the
+    end after it: "明天 开会" names a day, "明天开会" may be the content. A bare "3-4" is none here."""
+    m = _DAY_ZH.match(cur.text, cur.pos) or _DAY_EN.match(cur.text, cur.pos)
+    if m is None or (m.groupdict().get("mo") and not (m["y"] or "月" in m[0])):
+        return None
+    return m, _ALONE.match(cur.text, m.end()) is not None and m[0] not in _WORDS
+
+
+def _leftover(original: str, index: list[int], cur: Cursor) -> PhraseError:
+    word = original[index[cur.pos]:].split(maxsplit=1)[0][:20]
+    return PhraseError(f"“{word}”是时间的一部分吗？请把时间写在内容前面、写在一起，例如：明天下午5点 开会、"
+                       "tomorrow 5pm call mom。")
+
+
+def _content(original: str, index: list[int], cur: Cursor, *, english_relative: bool = False) -> str:
+    """The text after the phrase; refused when it starts with what looks like more of the time."""
     cur.skip_space()
+    day = _day_at(cur)
+    if (day is not None and day[1]) or _TIME_LEFT.match(cur.text, cur.pos) or (
+            english_relative and _UNIT_LEFT.match(cur.text, cur.pos)):
+        raise _leftover(original, index, cur)
     cur.take(_COLON)
     cur.take(_LEAD)
     return original[index[cur.pos]:].strip()
@@ -249,6 +159,40 @@ def _content(original: str, index: list[int], cur: _Cursor) -> str:
 
 def _next_weekday(today: date, day: int) -> date:
     return today + timedelta(days=(day - today.weekday()) % 7)
+
+
+def _day(m: re.Match[str], today: date) -> tuple[date, bool, str | None]:
+    """The day a ``_DAY_ZH`` / ``_DAY_EN`` match names; whether it is strict (passed: an error, not the
+    next one); the half of the day it implies (今晚, tonight)."""
+    groups = m.groupdict()
+    word = groups.get("word") or groups.get("short")
+    if word:
+        offsets = {"今天": 0, "今日": 0, "today": 0, "tonight": 0, "明天": 1, "明日": 1, "tomorrow": 1,
+                   "后天": 2, "the day after tomorrow": 2, "大后天": 3}
+        offsets.update({w: 0 for w in ("今早", "今晨", "今晚", "今夜")})
+        offsets.update({w: 1 for w in ("明早", "明晨", "明晚")})
+        implied = word if groups.get("short") or word == "tonight" else None  # 今晚 says evening, 今天 no half
+        return today + timedelta(days=offsets[word]), True, implied
+    if groups.get("day"):
+        number = weekday_number(("周" if groups["day"].isdigit() else "") + groups["day"])
+        assert number is not None
+        nxt = groups.get("next")
+        if nxt in ("下", "下个", "next"):
+            return today - timedelta(days=today.weekday()) + timedelta(days=7 + number), True, None
+        if nxt in ("这", "这个", "本", "this"):
+            return today - timedelta(days=today.weekday()) + timedelta(days=number), True, None
+        return _next_weekday(today, number), False, None
+    year = int(groups["y"]) if groups.get("y") else today.year
+    try:
+        day = date(year, int(groups["mo"]), int(groups["d"]))
+    except ValueError:
+        raise PhraseError(f"日期“{m[0]}”不存在。") from None
+    if not groups.get("y") and day < today:
+        try:
+            day = day.replace(year=year + 1)
+        except ValueError:
+            raise PhraseError(f"明年没有{m[0]}。") from None
+    return day, True, None
 
 
 def parse_phrase(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
@@ -264,25 +208,25 @@ def parse_phrase(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
 
 def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
     norm, index = _normalise(text)
-    cur = _Cursor(norm)
+    cur = Cursor(norm)
     cur.skip_space()
     cur.take(_LEAD)
     cur.skip_space()
     local_now = now.astimezone(zone)
     today = local_now.date()
 
-    if m := cur.take(_REL_ZH) or cur.take(_REL_EN):
-        delta, in_days = _relative(m), m["unit"] in ("天", "日") or m["unit"].startswith("d")
+    if rel := relative(cur):
+        delta, in_days, english = rel
         cur.skip_space()
-        if (clock := _clock(cur, None) if in_days else None) and delta < timedelta(days=1):
+        if (got := clock(cur, None) if in_days else None) and delta < timedelta(days=1):
             raise PhraseError("“半天后”和几点只能写一个：例如 12小时后，或 明天8点。")  # (its clock was dropped)
-        if clock:
-            day = (local_now + delta).date() + timedelta(days=clock[1])
-            return _once(day, clock[0], zone, now, _content(text, index, cur))
+        content = _content(text, index, cur, english_relative=english)
+        if got:
+            return _once((local_now + delta).date() + timedelta(days=got[1]), got[0], zone, now, content)
         if in_days and delta % timedelta(days=1) == timedelta(0):  # N days later: the wall time too, over DST
             at = local_now.replace(tzinfo=None) + delta + timedelta(seconds=30)
-            return _once(at.date(), at.time().replace(second=0, microsecond=0), zone, now, _content(text, index, cur))
-        return _once_at(_wall_after(now + delta, zone, now), zone, now, _content(text, index, cur))
+            return _once(at.date(), at.time().replace(second=0, microsecond=0), zone, now, content)
+        return _once_at(_wall_after(now + delta, zone, now), zone, now, content)
 
     if m := cur.take(_EVERY_ZH) or cur.take(_EVERY_EN):
         groups = m.groupdict()
@@ -297,12 +241,12 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
             days = [weekday_number(groups["day"]) or 0]
         cur.skip_space()
         period = groups.get("period") or {"早": "早上", "晚": "晚上"}.get(groups.get("p2") or "")
-        clock = _clock(cur, period)
-        if clock is None:
+        got = clock(cur, period)
+        if got is None:
             raise PhraseError("重复提醒要写上几点，例如：每天 8:00、每周五 18:00。")
-        tod = clock[0]
-        if days is not None and clock[1]:  # 每周五晚上12点: the midnight that ends Friday, as for one day
-            days = [(d + clock[1]) % 7 for d in days]
+        tod = got[0]
+        if days is not None and got[1]:  # 每周五晚上12点: the midnight that ends Friday, as for one day
+            days = [(d + got[1]) % 7 for d in days]
         wall = tod.strftime("%H:%M:%S" if tod.second else "%H:%M")
         content = _content(text, index, cur)
         if days is None:
@@ -315,47 +259,31 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
     implied: str | None = None
     strict = False  # a named day that has passed is an error, not "the next one"
     if m := cur.take(_DAY_ZH) or cur.take(_DAY_EN):
-        groups = m.groupdict()
-        word = groups.get("word") or groups.get("short")
-        if word:
-            offsets = {"今天": 0, "今日": 0, "today": 0, "tonight": 0, "明天": 1, "明日": 1, "tomorrow": 1,
-                       "后天": 2, "the day after tomorrow": 2, "大后天": 3}
-            offsets.update({w: 0 for w in ("今早", "今晨", "今晚", "今夜")})
-            offsets.update({w: 1 for w in ("明早", "明晨", "明晚")})
-            day_, strict = today + timedelta(days=offsets[word]), True
-            implied = word if groups.get("short") or word == "tonight" else None  # 今晚 says evening, 今天 no half
-        elif groups.get("day"):
-            number = weekday_number(("周" if groups["day"].isdigit() else "") + groups["day"])
-            assert number is not None
-            nxt = groups.get("next")
-            if nxt in ("下", "下个", "next"):
-                day_ = today - timedelta(days=today.weekday()) + timedelta(days=7 + number)
-                strict = True
-            elif nxt in ("这", "这个", "本", "this"):
-                day_, strict = today - timedelta(days=today.weekday()) + timedelta(days=number), True
-            else:
-                day_ = _next_weekday(today, number)
-        else:
-            year = int(groups["y"]) if groups.get("y") else today.year
-            try:
-                day_ = date(year, int(groups["mo"]), int(groups["d"]))
-            except ValueError:
-                raise PhraseError(f"日期“{m[0]}”不存在。") from None
-            if not groups.get("y") and day_ < today:
-                try:
-                    day_ = day_.replace(year=year + 1)
-                except ValueError:
-                    raise PhraseError(f"明年没有{m[0]}。") from None
-            strict = True
+        day_, strict, implied = _day(m, today)
         cur.skip_space()
         cur.take(_OF)
-
-    clock = _clock(cur, implied)
-    if clock is None:
+    start = cur.pos
+    got = clock(cur, implied)
+    if got is None:
         if day_ is not None:
             raise PhraseError("请写上几点，例如：明天8点、下周一 9:30。")
         raise PhraseError("没有看懂提醒时间。")
-    tod, carry, either_half = clock
+    if day_ is None:  # "5pm tomorrow", "下午3点 明天 开会": the day after the clock
+        end = cur.pos
+        cur.skip_space()
+        if (after := _day_at(cur)) is None:
+            cur.pos = end
+        elif not after[1]:  # "3点 明天开会": tomorrow at 3, or "明天开会" at 3? Not guessed
+            raise _leftover(text, index, cur)
+        else:
+            day_, strict, implied = _day(after[0], today)
+            end = after[0].end()
+            if implied:  # "at 10 tonight": the evening's 10 o'clock
+                cur.pos = start
+                got = clock(cur, implied)
+                assert got is not None
+            cur.pos = end
+    tod, carry, either_half = got
     content = _content(text, index, cur)
     if day_ is None:  # a bare time: the next one; "3点" at noon is 15:00 today, not 03:00 tomorrow
         day_, carry = today + timedelta(days=carry), 0

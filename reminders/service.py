@@ -6,8 +6,10 @@ occurrence) together with their outbox rows in one transaction; on-time reminder
 at the same instant share a message (:func:`reminders.firing.merge`). The outbox key
 ``rem:<id>:<occurrence>`` makes a refire of the same occurrence a no-op, so a crash anywhere
 neither loses nor duplicates a reminder. Deleted reminders never fire: the pass selects
-``status = 'active'`` inside the transaction. On PostgreSQL, where several processes fire, a
-pass claims its rows with ``FOR UPDATE SKIP LOCKED``: each occurrence is fired by one process.
+``status = 'active'`` inside the transaction; one due in a chat the gate now ignores sends nothing
+and runs no model, its schedule only moves on (:func:`reminders.firing.skip`). On PostgreSQL,
+where several processes fire, a pass claims its rows with ``FOR UPDATE SKIP LOCKED``: each
+occurrence is fired by one process.
 
 The timer (:mod:`reminders.timer`) holds one APScheduler job per distinct instant due within
 ``horizon`` (at most ``max_armed`` reminders, soonest first); a ``rem:refill`` job re-arms the
@@ -205,9 +207,11 @@ class ReminderService(Passes):
         try:
             latest = catch_up(r.schedule, planned, now)[0]
             zone: ZoneInfo | None = ZoneInfo(r.zone)
+            ignored = self.bot.ignores(r.chat_ref)
         except (ScheduleError, ZoneInfoNotFoundError, ValueError):
-            latest, zone = planned, None  # a corrupted row: the commit below marks it broken
-        if zone is not None and now - latest <= self.grace:  # run the model only for what will be delivered
+            latest, zone, ignored = planned, None, False  # a corrupted row: the commit below marks it broken
+        # The model runs only for what will be delivered: on time, and not into a chat the gate ignores.
+        if zone is not None and now - latest <= self.grace and not ignored:
             async with self._running:
                 # Still due (a queued run may wait a while; deleted meanwhile, it is skipped) and ours:
                 # of several processes, only the one holding the claim runs the model.

@@ -62,7 +62,8 @@ class ReminderArgs(BaseModel):
         default="text",
         description="text = send content as is; prompt = at fire time run content as a request to the assistant "
         "and send its answer (e.g. 'tell me Beijing's weather'); command = at fire time run content as a "
-        "/command of this bot (e.g. '/summary': a daily digest) and send its reply")
+        "/command of this bot (e.g. '/summary': a daily digest; in a group only its admins may schedule that) and "
+        "send its reply")
 
 
 class DeleteArgs(BaseModel):
@@ -163,7 +164,7 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
         raise ToolError("mode 'prompt' needs an LLM, and this bot has none configured; use mode 'text'",
                         user_message="这个机器人没有接入大模型，不能设置定时任务（prompt 模式），只能设置普通文字提醒。")
     if args.mode == "command":
-        _check_command(deps, content)
+        _check_command(deps, content, ctx.caller)
     what = {"prompt": "定时任务", "command": "定时命令"}.get(args.mode, "提醒")
 
     def confirmation(made: Reminder, short: str) -> str:
@@ -191,8 +192,15 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     return ToolResult.reply(text, data={"id": reminder.id, "short_id": short, "next_fire": iso(reminder.next_fire)})
 
 
-def _check_command(deps: ReminderDeps, content: str) -> None:
-    """A command-mode reminder stores one of ``[reminders] command_tools``, as ``/name args``."""
+_GROUP_DIGESTS = frozenset({"summary"})
+"""Commands a group's admins alone may schedule in it: a scheduled ``/summary`` is the group's digest,
+posted to everyone and moving the group's summary mark, which ``/summary daily`` leaves to them. (The
+summary tool checks that inside ``/summary daily``, where a stored command cannot see it.)"""
+
+
+def _check_command(deps: ReminderDeps, content: str, caller: Caller) -> None:
+    """A command-mode reminder stores one of ``[reminders] command_tools``, as ``/name args``, that
+    ``caller`` may run here themselves: it runs as them at its time."""
     name, _ = command_name(content)
     tool = deps.service.bot.tools.resolve(name) if name else None
     allowed = deps.service.allowed
@@ -201,6 +209,17 @@ def _check_command(deps: ReminderDeps, content: str) -> None:
         raise ToolError(f"mode 'command' runs one of these commands: {', '.join(allowed.commands) or 'none'}; "
                         f"content must start with it, e.g. '/summary'",
                         user_message=f"设置提醒失败：定时命令只能是 {shown}。")
+    # A group_admin tool too: its run cannot see a group role (no live message), only a bot admin passes then.
+    if (tool.admin_only or tool.group_admin) and not caller.bot_admin:
+        who, en = "机器人管理员", "bot admins"
+    elif tool.name in _GROUP_DIGESTS and caller.chat_kind == "group" and not caller.group_admin:
+        who, en = "群主、群管理员或机器人管理员", "the group's admins and bot admins"
+    elif not tool.allowed_for(caller.model_copy(update={"addressed": True})):  # its scope: group or private only
+        raise ToolError(f"/{name} cannot run in this chat", user_message=f"设置提醒失败：/{name} 不能在这个聊天里使用。")
+    else:
+        return
+    raise ToolError(f"refused: only {en} may schedule /{name} here; tell the user so",
+                    user_message=f"设置提醒失败：只有{who}可以在这里定时执行 /{name}。")
 
 
 @tool_function(aliases=["reminders"])

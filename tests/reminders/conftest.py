@@ -21,6 +21,7 @@ from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, Reminder, ReminderStore
 from reminders.tools import ReminderDeps
+from robot import OutgoingMessage
 from robot.bot import Bot
 from robot.config import Settings
 from robot.message import Role
@@ -92,6 +93,11 @@ class Rig:
         await self.bot.outbox.flush()
         return [m.text for m in self.ch.sent]
 
+    async def texts_sent(self) -> list[OutgoingMessage]:
+        """Every message sent so far, once the outbox is flushed."""
+        await self.bot.outbox.flush()
+        return list(self.ch.sent)
+
     async def row(self, reminder: Reminder) -> Reminder:
         found = await self.service.store.get(reminder.id)
         assert found is not None
@@ -101,13 +107,14 @@ class Rig:
 class Launch(Protocol):
     async def __call__(self, now: datetime, *, model: ChatModel | None = None,
                        plugins: Sequence[Plugin[Any]] = (), cfg: dict[str, Any] | None = None,
-                       limits: dict[str, Any] | None = None,
+                       limits: dict[str, Any] | None = None, gate: dict[str, Any] | None = None,
                        **bot_section: Any) -> tuple[Bot, MemoryChannel, Clock]: ...
 
 
 class Start(Protocol):
     async def __call__(self, *, model: ChatModel | None = None, cfg: dict[str, Any] | None = None,
-                       admins: tuple[str, ...] = (), zones: dict[str, str] | None = None) -> Chat: ...
+                       admins: tuple[str, ...] = (), zones: dict[str, str] | None = None,
+                       plugins: Sequence[Plugin[Any]] = ()) -> Chat: ...
 
 
 class RigFactory(Protocol):
@@ -120,19 +127,22 @@ class RigFactory(Protocol):
 async def launch(tmp_path: Path) -> AsyncIterator[Launch]:
     """Start a bot on a MemoryChannel whose clock starts at ``now``; every bot is stopped at teardown.
 
-    ``cfg`` is the [reminders] table, ``limits`` the [limits] one (defaults if None), the rest is [bot].
+    ``cfg`` is the [reminders] table, ``limits`` the [limits] one and ``gate`` the [gate] one (defaults if
+    None), the rest is [bot].
     """
     bots: list[Bot] = []
 
     async def make(now: datetime, *, model: ChatModel | None = None, plugins: Sequence[Plugin[Any]] = (),
                    cfg: dict[str, Any] | None = None, limits: dict[str, Any] | None = None,
-                   **bot_section: Any) -> tuple[Bot, MemoryChannel, Clock]:
+                   gate: dict[str, Any] | None = None, **bot_section: Any) -> tuple[Bot, MemoryChannel, Clock]:
         clock = Clock(now)
         ch = MemoryChannel(clock=clock)
         sections: dict[str, Any] = {"bot": {"data_dir": tmp_path, **bot_section},
                                     "reminders": cfg or {}}
         if limits is not None:
             sections["limits"] = limits
+        if gate is not None:
+            sections["gate"] = gate
         bot = Bot(Settings(**sections), model=model, channels=[ch], plugins=list(plugins), clock=clock)
         await bot.start()
         bots.append(bot)
@@ -145,14 +155,16 @@ async def launch(tmp_path: Path) -> AsyncIterator[Launch]:
 
 @pytest.fixture
 def start(launch: Launch) -> Start:
-    """``await start(model=, cfg=, admins=, zones=)``: a ``Chat`` with the reminders plugin at ``NOW``.
+    """``await start(model=, cfg=, admins=, zones=, plugins=)``: a ``Chat`` with the reminders plugin (and
+    ``plugins``) at ``NOW``.
 
     The bot's zone is Asia/Shanghai; rate limits are raised so tests can talk freely.
     """
 
     async def make(*, model: ChatModel | None = None, cfg: dict[str, Any] | None = None,
-                   admins: tuple[str, ...] = (), zones: dict[str, str] | None = None) -> Chat:
-        bot, ch, clock = await launch(NOW, model=model, plugins=[reminders.plugin], cfg=cfg,
+                   admins: tuple[str, ...] = (), zones: dict[str, str] | None = None,
+                   plugins: Sequence[Plugin[Any]] = ()) -> Chat:
+        bot, ch, clock = await launch(NOW, model=model, plugins=[reminders.plugin, *plugins], cfg=cfg,
                                       limits={"user_burst": 100, "chat_burst": 100},
                                       timezone=SH, zones=zones or {}, admins=list(admins))
         return Chat(bot, ch, clock)

@@ -341,3 +341,27 @@ async def test_a_reminder_leaves_through_the_account_that_owns_its_chat(rig_fact
     await rig.fire(at(SH, "2030-01-07 09:00"))
     (sent,) = rig.ch.sent
     assert sent.chat.account == "bot-b" and sent.chat.key == "memory:group:g1"
+
+
+async def test_a_chat_the_gate_ignores_gets_nothing_but_its_reminders_move_on_and_resume_when_allowed(
+        rig_factory: Factory) -> None:
+    """The owner put g1 in ``[gate] never`` after its reminders were set: nothing is posted there, no
+    model runs for it and nothing is recorded, but the schedules move on; allowed again, they fire."""
+    model = ScriptedModel(lambda request: text("北京晴"))
+    rig = await rig_factory(at(SH, "2030-01-07 08:00"), model=model, gate={"never": ["memory:g1"]})
+    daily = await rig.add("daily", "09:00", "打卡")
+    prompt = await rig.add("daily", "09:00", "北京天气", mode="prompt")
+    once = await rig.add("once", "2030-01-07 09:00", "开会")
+    await rig.add("once", "2030-01-07 09:00", "别的群", caller=ALICE.model_copy(update={"chat_id": "g2"}))
+    rig.clock.now = at(SH, "2030-01-07 09:00")
+    report = await rig.service.fire_due(rig.clock.now)
+    assert [(m.chat.key, m.text) for m in await rig.texts_sent()] == [("memory:group:g2", "⏰ 提醒：别的群")]
+    assert model.requests == [] and (report.delivered, report.skipped) == (1, 3)
+    assert await rig.bot.history.recent(rig.ch.chat("g1")) == []
+    assert [(await rig.row(r)).next_fire for r in (daily, prompt)] == [at(SH, "2030-01-08 09:00")] * 2
+    # A one-time reminder's moment has passed unannounced: kept active it would be due at every pass.
+    assert (await rig.row(once)).status == "missed"
+    await rig.bot.stop()
+    allowed = await rig_factory(at(SH, "2030-01-08 08:00"), model=model)  # same database, g1 no longer ignored
+    await allowed.fire(at(SH, "2030-01-08 09:00"))
+    assert sorted(m.text for m in allowed.ch.sent) == ["⏰ 提醒：打卡", "北京晴"]

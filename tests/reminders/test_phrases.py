@@ -82,6 +82,30 @@ def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
     ("明天8点10 开会", "once", "2026-11-24 08:10", None, "开会"),
     ("明天三点零五 开会", "once", "2026-11-24 03:05", None, "开会"),
     ("明天中午1点 午饭", "once", "2026-11-24 13:00", None, "午饭"),
+    # The day after the clock, a dotted time, a quarter by its digit, two units: these were today's 17:00 "tomorrow
+    # call mom", 15:00 ".30pm call", 08:00 "1刻 开会", 13:25 "30 minutes stretch"
+    ("5pm tomorrow call mom", "once", "2026-11-24 17:00", None, "call mom"),
+    ("3pm friday review", "once", "2026-11-27 15:00", None, "review"),
+    ("9am monday standup", "once", "2026-11-30 09:00", None, "standup"),
+    ("at 10 tomorrow dentist", "once", "2026-11-24 10:00", None, "dentist"),
+    ("at 10 tonight call", "once", "2026-11-23 22:00", None, "call"),
+    ("8pm next monday review", "once", "2026-11-30 20:00", None, "review"),
+    ("6pm on friday: drinks", "once", "2026-11-27 18:00", None, "drinks"),
+    ("下午3点 明天 开会", "once", "2026-11-24 15:00", None, "开会"),
+    ("at 3.30pm call", "once", "2026-11-23 15:30", None, "call"),
+    ("at 3.30 call", "once", "2026-11-23 15:30", None, "call"),  # as "at 3" is 15:00 at this hour
+    ("tomorrow 9.15am standup", "once", "2026-11-24 09:15", None, "standup"),
+    ("every day 7.45am pills", "daily", "07:45", None, "pills"),
+    ("in 2 hours 30 minutes stretch", "once", "2026-11-23 13:55", None, "stretch"),
+    ("in 1 hour and 15 minutes tea", "once", "2026-11-23 12:40", None, "tea"),
+    ("in 1h 30m stretch", "once", "2026-11-23 12:55", None, "stretch"),
+    ("1小时30分钟后 喝水", "once", "2026-11-23 12:55", None, "喝水"),
+    ("两小时十五分钟后 取快递", "once", "2026-11-23 13:40", None, "取快递"),
+    ("明天8点1刻 开会", "once", "2026-11-24 08:15", None, "开会"),
+    ("明天8点2刻 开会", "once", "2026-11-24 08:30", None, "开会"),
+    ("明天8点3刻 开会", "once", "2026-11-24 08:45", None, "开会"),
+    ("明天8点 周五的报告", "once", "2026-11-24 08:00", None, "周五的报告"),  # a day word inside the content
+    ("每天8点 今天的待办", "daily", "08:00", None, "今天的待办"),
 ])
 def test_common_phrases(text: str, kind: str, time: str, extra: object, content: str) -> None:
     got = read(text)
@@ -99,6 +123,16 @@ def test_common_phrases(text: str, kind: str, time: str, extra: object, content:
     ("2月30日 8:00 x", "不存在"),
     ("中午10点 开会", "是几点"),  # it was 22:00
     ("0.5天后8点 开会", "只能写一个"),  # it was 12 hours later, "8点 开会" the content
+    # A day or a piece of the time left at the start of the content is refused, not guessed
+    ("3点 明天开会", "是时间的一部分吗"),  # tomorrow at 3, or at 3 today "明天开会"?
+    ("5pm tomorrow's meeting", "是时间的一部分吗"),
+    ("tomorrow 5pm friday review", "是时间的一部分吗"),
+    ("每天8点 明天 开始", "是时间的一部分吗"),
+    ("明天8点4刻 开会", "是时间的一部分吗"),
+    ("明天8点 1刻 开会", "是时间的一部分吗"),
+    ("at 3 .30pm call", "是时间的一部分吗"),
+    ("in 1 minute 30 seconds tea", "是时间的一部分吗"),
+    ("at 3.75pm call", "不存在"),
 ])
 def test_what_it_cannot_use_is_explained_in_chinese(text: str, reason: str) -> None:
     with pytest.raises(PhraseError, match=reason):
@@ -126,7 +160,8 @@ def test_n_days_later_keeps_the_wall_time_over_a_clock_change() -> None:
 
 
 PHRASES = st.sampled_from(["明天8点", "明天下午3点", "今晚9点", "每天8点", "每周五下午5点", "明天 9:00", "明天8点整",
-                           "明天8点半", "后天十点一刻", "明天 8:00", "工作日 9:00", "3天后", "明天中午"])
+                           "明天8点半", "后天十点一刻", "明天 8:00", "工作日 9:00", "3天后", "明天中午", "明天8点1刻",
+                           "5pm tomorrow", "at 10 friday", "at 3.30pm", "in 2 hours 30 minutes", "1小时30分钟后"])
 CONTENTS = st.sampled_from(["一起吃饭", "3楼开会", "10个人开会", "两周一次的复盘", "整理文档", "半价", "PMP考试", "一刻钟后出发", "十五个人", "零食", "开会"])
 
 
@@ -165,7 +200,8 @@ PIECES = st.lists(st.one_of(
     NUM), max_size=8).map("".join)
 
 
-CLOCK = st.tuples(st.integers(0, 25), st.sampled_from(["点", "点半", "点一刻", "点15分", ":00", ":30", ":59", "am", "pm", "时"])
+CLOCK = st.tuples(st.integers(0, 25), st.sampled_from(["点", "点半", "点一刻", "点15分", ":00", ":30", ":59", "am", "pm", "时",
+                                                      "点1刻", "点3刻", ".30pm", ".05am"])
                   ).map(lambda p: f"{p[0]}{p[1]}")
 WELL_FORMED = st.one_of(
     st.tuples(st.sampled_from(["", "今天", "明天", "后天", "大后天", "今早", "明早", "今晚", "明晚", "下周一", "周三", "这周五",
@@ -177,6 +213,10 @@ WELL_FORMED = st.one_of(
     st.tuples(st.one_of(NUM, st.integers(1, 5000).map(str)), st.sampled_from(["分钟后", "个小时后", "小时后", "天后", "天后 8点"])
               ).map("".join),
     st.integers(1, 5000).map(lambda n: f"in {n} minutes"),
+    st.tuples(st.integers(0, 30), st.integers(0, 90)).map(lambda p: f"in {p[0]} hours {p[1]} minutes"),
+    st.tuples(st.integers(0, 30), st.integers(0, 90)).map(lambda p: f"{p[0]}小时{p[1]}分钟后"),
+    st.tuples(st.sampled_from(["at ", ""]), st.integers(0, 25).map(str), st.sampled_from(["", "am", "pm", ".30", ".30pm", ":15"]),
+              st.sampled_from([" tomorrow", " tonight", " today", " friday", " next monday", " on sunday"])).map("".join),
 ).map(lambda phrase: f"{phrase} 开会")
 
 

@@ -26,7 +26,7 @@ from reminders.schedule import parse_schedule
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import SCHEMA, Reminder, ReminderStore, new_id
-from robot import OutgoingMessage, Tx
+from robot import ChatRef, OutgoingMessage, Tx
 from robot.storage.leases import SCHEMA as LEASES
 from robot.storage.leases import LeaseKeeper, Leases
 from robot.storage.pgtesting import pgbouncer
@@ -57,6 +57,10 @@ class Host:
         self.outbox = CountingOutbox()
         self.leases = leases
         self.tools = Toolset("none")  # where the allowed commands and prompt tools are looked up
+
+    def ignores(self, chat: ChatRef) -> bool:
+        """No chat is closed by a gate here."""
+        return False
 
 
 FIRED = ["CREATE TABLE fired (n {id}, key TEXT NOT NULL, chat TEXT NOT NULL, text TEXT NOT NULL)"]

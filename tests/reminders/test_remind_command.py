@@ -39,6 +39,10 @@ Start = Callable[..., Awaitable[Any]]
     ("/remind weekly 周三 09:30 周报", "每周三 09:30 (Asia/Shanghai)，下次: 2030-01-09 09:30 周三"),
     ("/remind weekdays 周末 10:00 爬山", "周末 10:00 (Asia/Shanghai)，下次: 2030-01-12 10:00 周六"),
     ("/remind daily 08:00 don't forget the pills", "内容：don't forget the pills"),  # shlex: "No closing quotation"
+    ("/remind 5pm tomorrow call mom", "2030-01-08 17:00 (Asia/Shanghai)，下次: 2030-01-08 17:00 周二\n内容：call mom"),
+    ("/remind at 3.30pm call", "2030-01-07 15:30 (Asia/Shanghai)，下次: 2030-01-07 15:30 周一\n内容：call"),
+    ("/remind in 2 hours 30 minutes stretch", "2030-01-07 14:30 (Asia/Shanghai)，下次: 2030-01-07 14:30 周一\n内容：stretch"),
+    ("/remind 明天8点1刻 开会", "2030-01-08 08:15 (Asia/Shanghai)，下次: 2030-01-08 08:15 周二\n内容：开会"),
 ])
 async def test_time_phrases_set_reminders_without_a_model(start: Start, line: str, expected: str) -> None:
     chat = await start()
@@ -56,6 +60,16 @@ async def test_what_cannot_be_read_gets_three_examples_that_work(start: Start) -
     for example in [*shown, '/remind once "2030-01-08 08:00" 开会']:
         assert (await chat.say(example)).startswith("好的，已设置提醒 #")
     assert "请写上提醒内容" in await chat.say("/remind 明天8点")
+
+
+@pytest.mark.parametrize(("line", "left"), [("/remind 3点 明天开会", "明天开会"), ("/remind 明天8点4刻 开会", "4刻"),
+                                          ("/remind tomorrow 5pm friday review", "friday")])
+async def test_more_of_the_time_left_in_the_content_is_refused_not_guessed(start: Start, line: str, left: str) -> None:
+    """These were confirmed for a time the person did not mean, the rest of the time kept as the content."""
+    chat = await start()
+    reply = await chat.say(line)
+    assert reply.startswith(f"没有看懂提醒时间：“{left}”是时间的一部分吗？"), reply
+    assert await chat.active() == []
 
 
 async def test_a_trailing_prompt_is_the_mode_not_the_content(start: Start) -> None:
@@ -122,7 +136,8 @@ async def test_every_remind_command_the_readme_shows_works(launch: Any) -> None:
     shown = re.findall(r"`(/remind [^`]+)`", readme)
     assert len(shown) >= 5
     _bot, ch, _clock = await launch(datetime(2026, 11, 23, 3, 0, tzinfo=UTC), plugins=[reminders.plugin],
-                                   timezone="Asia/Shanghai", limits={"user_burst": 100, "chat_burst": 100})
+                                   timezone="Asia/Shanghai", limits={"user_burst": 100, "chat_burst": 100},
+                                   cfg={"create_per_10min": 50})
     for i, line in enumerate(shown):
         await ch.inject(line, at_bot=True)
         assert (await ch.wait_sent(i + 1))[i].text.startswith("好的，已设置提醒 #"), line

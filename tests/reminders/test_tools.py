@@ -12,9 +12,11 @@ import pytest
 
 import reminders
 import reminders.service
-from function_calls import ArgumentError
+import summary
+from function_calls import ArgumentError, ToolContext, Toolset, tool_function
 from function_calls.testing import ScriptedModel, call, text
 from robot import iso
+from robot.plugin import Plugin
 
 # ``start`` and ``Chat`` live in conftest.py: the clock starts at Monday 2030-01-07 12:00 in Asia/Shanghai.
 Start = Callable[..., Awaitable[Any]]
@@ -218,3 +220,36 @@ async def test_a_new_reminder_gets_its_timer_job_and_deleting_removes_it(start: 
     assert service.armed_at(second.id) is None
     await chat.say(f"/unremind {soon}")
     assert service.armed_at(first.id) is None and scheduler.get_jobs() == [scheduler.get_job("rem:refill")]
+
+
+@tool_function(admin_only=True)
+async def restart_service(ctx: ToolContext[object]) -> str:
+    """Restart the service (bot admins only)."""
+    return "restarted"
+
+
+ADMIN_TOOL: Plugin[object] = Plugin("fake_admin", Toolset("fake_admin", [restart_service]))
+
+
+async def test_a_command_reminder_needs_the_permissions_the_command_itself_needs(start: Start) -> None:
+    """A scheduled command runs as the person who set it: what they may not run, they may not schedule."""
+    chat = await start(plugins=[ADMIN_TOOL], cfg={"command_tools": ["restart_service"]}, admins=("memory:boss",))
+    refused = await chat.say("/remind daily 08:00 /restart_service mode=command")
+    assert refused.startswith("设置提醒失败") and "只有机器人管理员" in refused, refused
+    assert await chat.active() == []
+    assert (await chat.say("/remind daily 08:00 /restart_service mode=command", user="boss")).startswith(
+        "好的，已设置定时命令")
+
+
+@pytest.mark.parametrize("ask", ["/remind 每天 22:00 /summary mode=command", "/remind daily 22:00 /summary hours=24 mode=command"])
+async def test_only_a_groups_admins_schedule_its_digest_as_summary_daily_requires(start: Start, ask: str) -> None:
+    """``/summary daily`` in a group is for its admins; a command reminder storing ``/summary`` is that
+    same daily digest (posted to everyone, moving the group's summary mark), so the same rule holds."""
+    chat = await start(plugins=[summary.plugin])
+    assert (await chat.say("/summary daily 22:00")).startswith("只有群主")
+    refused = await chat.say(ask)
+    assert refused.startswith("设置提醒失败") and "只有群主、群管理员或机器人管理员" in refused, refused
+    assert await chat.active() == []
+    assert (await chat.say(ask, user="mod", role="admin")).startswith("好的，已设置定时命令")
+    # In private the digest is of the person's own chat with the bot: anyone's to schedule.
+    assert (await chat.say(ask, chat="u1", kind="private")).startswith("好的，已设置定时命令")
