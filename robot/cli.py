@@ -137,7 +137,13 @@ async def _run(settings: Settings, channels: list[Channel] | None = None) -> Non
 
 def _log_to_file(path: Path) -> None:
     """The console is the chat: log lines go to a file instead of between the messages."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Made before the database would make the folder 0700 (`qunbot chat` as the first command): as private.
+    with contextlib.suppress(FileExistsError):  # the owner's own folder keeps its mode
+        path.parent.mkdir(parents=True, mode=0o700)
+        path.parent.chmod(0o700)  # mkdir's mode is cut by the umask
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # what the chat says is logged
+    if path.stat().st_mode & 0o077:  # (made 0644 by an older qunbot)
+        path.chmod(0o600)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stderr, sys.stdout):
@@ -156,7 +162,9 @@ async def _chat(settings: Settings, group: bool, user: str) -> None:
     stop = asyncio.Event()
     console = ConsoleChannel(bot_name=settings.bot.name, group=group, user=user,
                              on_eof=lambda: stop.set())
-    await _serve(Bot(settings, channels=[console]), stop)
+    bot = Bot(settings, channels=[console])
+    console.park = bot.parked.park  # a line still unanswered as the bot stops: answered at the next start
+    await _serve(bot, stop)
 
 
 _FLAGS = (("@", "in a group, runs only when the message @-mentions the bot (or starts with its name)"),

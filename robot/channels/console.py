@@ -4,7 +4,9 @@ In group mode (``qunbot chat --group``) a line ``name: text`` speaks as that mem
 name joins the group; ``12:30 …``, ``https://…`` and ``note:x`` name nobody), and plain lines
 speak as the current member; ``@<bot name>`` or ``<bot name>: text`` addresses the bot (the
 bot's name is never taken as a member's). With a terminal on both ends, an input prompt names the speaker and is redrawn below each reply. Reading stdin happens in a daemon thread, so the event loop never blocks on input and
-a read still waiting at shutdown does not keep the process alive.
+a read still waiting at shutdown does not keep the process alive. A line is answered in a task of its own
+(the next line waits for it): a stop gives it :attr:`ConsoleChannel.stop_grace_s` to finish, then keeps it
+for the next start (:attr:`ConsoleChannel.park`), since no platform sends it again.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
-from robot.channels.base import Capabilities, Channel, NotTaken, SendReceipt, cut_mention
+from robot.channels.base import Capabilities, Channel, SendReceipt, cut_mention
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
 
 __all__ = ["ConsoleChannel"]
 
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 but tab and newline
+_PART = re.compile(r"#\d+$")  # the outbox's key of one part of a reply it split (robot.outbox)
 
 
 class ConsoleChannel(Channel):
@@ -45,7 +48,13 @@ class ConsoleChannel(Channel):
         self.stdout = stdout or sys.stdout
         self.on_eof = on_eof
         self._reader: asyncio.Task[None] | None = None
-        self._lines: asyncio.Queue[str] | None = None
+        #: Typed lines, each with a notice to show first (a line that was not valid text), or None.
+        self._lines: asyncio.Queue[tuple[str, str | None]] | None = None
+        self._answering: dict[asyncio.Task[bool], Message] = {}
+        #: Seconds a stop gives the line being answered, after the bot's own grace (``Bot.stop``).
+        self.stop_grace_s = 2.0
+        #: Where a line still unanswered then is kept for the next start (``qunbot chat``: ``bot.parked.park``).
+        self.park: Callable[[Message], Awaitable[None]] | None = None
         self._streaming: dict[str, str] = {}
         self._line_open = False
         self._names: dict[str, str] = {user: user}
@@ -91,10 +100,15 @@ class ConsoleChannel(Channel):
 
     async def stop(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
+            self._reader.cancel()  # (not the answer it waits for: that one gets the grace below)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
             self._reader = None
+        answering = dict(self._answering)
+        await self.finish_deliveries(self.stop_grace_s)
+        for task, message in answering.items():
+            if task.cancelled() and self.park is not None:  # cut short: the terminal never sends it again
+                await self.park(message)
 
     def parse_line(self, line: str) -> Message | None:
         """One typed line -> a message (None for an empty line)."""
@@ -126,35 +140,61 @@ class ConsoleChannel(Channel):
         # As the help puts it, "name: text": a new name needs the space after an ASCII colon.
         return name in self._names or colon != ":" or rest[:1] in (" ", "\t")
 
-    def _pump(self, loop: asyncio.AbstractEventLoop, lines: asyncio.Queue[str]) -> None:
+    def _pump(self, loop: asyncio.AbstractEventLoop, lines: asyncio.Queue[tuple[str, str | None]]) -> None:
         while True:
             try:
-                line = self.stdin.readline()
+                line = self._readline()
             except (OSError, ValueError):  # stdin closed under us: same as end of input
-                line = ""
+                line = ("", None)
             try:
                 loop.call_soon_threadsafe(lines.put_nowait, line)
             except RuntimeError:  # the loop is closed: the bot has stopped
                 return
-            if line == "":
+            if line[0] == "":
                 return
 
-    async def _read_loop(self, lines: asyncio.Queue[str]) -> None:
+    def _readline(self) -> tuple[str, str | None]:
+        """One line of input, and a notice when some of its bytes were not text in stdin's encoding."""
+        raw = getattr(self.stdin, "buffer", None)
+        if raw is None:  # text without bytes beneath (a StringIO)
+            return self.stdin.readline(), None
+        # Decoded here, not by the text layer: its decode error (a line pasted from a GBK terminal) lost
+        # the line and ended the session; a lone byte is no reason to stop reading the terminal.
+        data: bytes = raw.readline()
+        encoding = getattr(self.stdin, "encoding", None) or "utf-8"
+        try:
+            return data.decode(encoding), None
+        except UnicodeDecodeError:
+            return (data.decode(encoding, "replace"),
+                    f"(this line was not valid {encoding}: what could not be read is shown as \ufffd)\n")
+
+    async def _read_loop(self, lines: asyncio.Queue[tuple[str, str | None]]) -> None:
         while True:
-            line = await lines.get()
+            line, notice = await lines.get()
             if line == "":
                 if self.on_eof is not None:
                     self.on_eof()
                 return
             self._prompt_shown = False  # Enter ended the prompt's line
+            if notice is not None:
+                self._write(notice)
             message = self.parse_line(line)
-            if message is not None:
-                try:
-                    await self.deliver(message)
-                except NotTaken:  # typed while the bot stops: said so, not dropped in silence
-                    self._write("(qunbot is stopping: this line is answered when it starts again)\n")
-                    return
+            if message is not None and not await self._answer(message):
+                # typed while the bot stops: said so, not dropped in silence
+                self._write("(qunbot is stopping: this line is answered when it starts again)\n")
+                return
             self._show_prompt()
+
+    async def _answer(self, message: Message) -> bool:
+        """Deliver ``message`` in a task of its own and wait for it: False if the bot did not take it."""
+        # The reader waits, so lines are answered one after another; a stop cancels the reader only.
+        task = asyncio.create_task(self._deliver_logged(message), name=f"console-deliver-{message.message_id}")
+        self._deliveries.add(task)
+        self._answering[task] = message
+        task.add_done_callback(self._deliveries.discard)
+        task.add_done_callback(lambda t: self._answering.pop(t, None))
+        await asyncio.wait({task})
+        return task.cancelled() or task.result()
 
     async def stream_delta(self, chat: ChatRef, run_id: str, delta: str) -> None:
         if run_id not in self._streaming:
@@ -170,9 +210,14 @@ class ConsoleChannel(Channel):
             self._write("\n")
             self._line_open = False
         streamed = self._streaming.get(message.reply_to) if message.reply_to else None
+        part = message.text.strip()
         # A run may send a tool's message before its streamed final text: match the text, not the order.
-        if streamed is not None and message.text.strip() and streamed.strip().endswith(message.text.strip()):
-            del self._streaming[str(message.reply_to)]
+        # A long reply comes in parts (max_text_len): each is on screen already, the last ends the stream.
+        if streamed is not None and part and streamed.rstrip().endswith(part):
+            del self._streaming[str(message.reply_to)]  # the reply's last part: its stream is over
+            self._show_prompt()
+            return SendReceipt(platform_message_id=message.key)  # already on screen
+        if streamed is not None and part and _PART.search(message.key) and part in streamed:
             self._show_prompt()
             return SendReceipt(platform_message_id=message.key)  # already on screen
         self._write(f"{self.bot_name} ▸ {at}{message.text}\n")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,8 @@ from typing import Any
 import pytest
 
 from function_calls.testing import FakeOpenAIServer, Reply
-from robot.cli import main
+from robot.channels.telegram.testing import FakeBotAPI
+from robot.cli import _log_to_file, main
 from robot.config import ConfigError
 from robot.config_file import load_settings
 from robot.history import HistoryStore
@@ -631,6 +634,28 @@ async def test_chat_group_keeps_logs_off_the_screen_and_the_bots_name_addresses_
     assert "阿强" in shown.split("qunbot ▸", 1)[1] and "没有 /" not in shown
 
 
+def test_chat_as_the_first_command_keeps_the_data_dir_and_its_log_private(tmp_path: Path) -> None:
+    """`qunbot chat` made the data dir 0755 for good (its log went in first, before the database would
+    make it 0700) and console.log 0644, readable by every local user."""
+    root = logging.getLogger()
+    handlers, umask = list(root.handlers), os.umask(0o022)  # the usual umask
+    try:
+        _log_to_file(tmp_path / "data" / "console.log")
+        (tmp_path / "old").mkdir(mode=0o755)
+        (tmp_path / "old" / "console.log").write_text("an older qunbot's log\n", encoding="utf-8")
+        _log_to_file(tmp_path / "old" / "console.log")
+    finally:
+        os.umask(umask)
+        for handler in set(root.handlers) - set(handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in sorted(tmp_path.rglob("*"))}
+    assert modes == {"data": 0o700, "data/console.log": 0o600, "old": 0o755, "old/console.log": 0o600}
+
+
 def test_doctor_reports_a_plugin_whose_setup_fails_and_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "qb_broken_setup.py").write_text(PLUGIN_SOURCE.replace(
@@ -646,7 +671,7 @@ def test_doctor_reports_a_plugin_whose_setup_fails_and_goes_on(
     finally:
         sys.modules.pop("qb_broken_setup", None)
     out = capsys.readouterr().out
-    assert "FAIL plugins: setup failed: RuntimeError: no database driver" in out
+    assert "FAIL plugins: plugin 'broken': setup failed: RuntimeError: no database driver" in out
     assert "ok  llm" in out and "ok  channel web" in out and "1 problem(s)" in out
 
 
@@ -803,3 +828,23 @@ async def test_ctrl_c_while_a_database_does_not_answer_stops_at_once(tmp_path: P
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         server.close()
+
+
+async def test_doctor_checks_the_telegram_token_and_the_webhook_port(
+        plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with FakeBotAPI("42:real-token") as fake:
+        good = config(plugin_dir, f'[channels.telegram]\nenabled = true\ntoken = "42:real-token"\n'
+                                  f'api_base = "{fake.url}"\n')
+        assert await asyncio.to_thread(main, ["--config", str(good), "doctor"]) == 0
+        out = capsys.readouterr().out
+        assert "ok  channel telegram: @qun_test_bot" in out and "real-token" not in out
+        with taken_port() as taken:
+            port = taken.getsockname()[1]
+            bad = config(plugin_dir, f'[channels.telegram]\nenabled = true\ntoken = "42:wrong-token"\n'
+                                     f'api_base = "{fake.url}"\nmode = "webhook"\nwebhook_secret = "s3cret"\n'
+                                     f'port = {port}\n')
+            assert await asyncio.to_thread(main, ["--config", str(bad), "doctor"]) == 1
+        out = capsys.readouterr().out
+    assert "FAIL channel telegram: getMe: 401 Unauthorized" in out
+    assert f"FAIL channel telegram: cannot listen on 127.0.0.1:{port}" in out and "2 problem(s)" in out
+    assert "wrong-token" not in out

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
+import sqlite3
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
-from function_calls import ToolContext, ToolResult, Toolset, tool_function
+from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
 from function_calls.testing import ScriptedModel, call, text
 from robot.channels.console import ConsoleChannel
 from robot.message import ChatRef, OutgoingMessage
@@ -185,3 +188,86 @@ async def test_a_restarted_console_still_reads_every_line(make_bot: Any, until: 
         await until(all_recorded)
         assert [e.text for e in await bot.history.recent(ch.chat)] == [f"第{i}行" for i in range(6)]
         await bot.stop()
+
+
+async def test_a_line_that_is_not_valid_text_is_read_with_replacements_and_the_session_goes_on(
+        make_bot: Any, until: Until) -> None:
+    """A line typed in a GBK terminal (你好 is c4e3 bac3) ended the whole session: its decode error was
+    taken for the end of input, and every later line went unanswered."""
+    ended: list[bool] = []
+    out = io.StringIO()
+    typed = io.BytesIO("/n 牛奶\n".encode() + b"/n \xc4\xe3\xba\xc3\n" + "/n 面包\n".encode())
+    stdin = io.TextIOWrapper(typed, encoding="utf-8", errors="strict")
+    ch = ConsoleChannel(bot_name="qunbot", stdin=stdin, stdout=out, on_eof=lambda: ended.append(True))
+    bot, _ = await make_bot(None, channel=ch)
+    await until(lambda: ended == [True])
+    await bot.outbox.flush()
+    shown = out.getvalue()
+    replies = [line for line in shown.splitlines() if line.startswith("qunbot ▸")]
+    assert len(replies) == 3 and "noted for me: 面包 x1" in replies[2], shown
+    assert "\ufffd" in replies[1] and "not valid utf-8" in shown  # said so, before its answer
+    assert shown.index("not valid utf-8") < shown.index(replies[1])
+
+
+def slow_model(answer: str, after: asyncio.Event) -> ScriptedModel:
+    async def script(request: ModelRequest) -> ModelResponse:
+        await after.wait()
+        return text(answer)
+    return ScriptedModel(script)
+
+
+async def test_a_question_being_answered_when_the_bot_stops_is_answered(make_bot: Any, until: Until) -> None:
+    """Ctrl-C (or SIGTERM, SIGHUP) while the model worked cancelled the console's reader, and the
+    question's handling with it: no answer, nothing kept for the next start."""
+    out, answered = io.StringIO(), asyncio.Event()
+    model = slow_model("周末去爬山吧", answered)
+    ch = ConsoleChannel(bot_name="qunbot", stdin=io.StringIO("周末去哪\n"), stdout=out)
+    bot, _ = await make_bot(model, channel=ch)
+    await until(lambda: len(model.requests) == 1)
+    stopping = asyncio.create_task(bot.stop(flush_timeout_s=0.05))  # the bot's own grace runs out first
+    await until(lambda: ch._reader is None)  # the console is stopping: its reader is gone
+    answered.set()  # within the console's grace
+    await stopping
+    assert out.getvalue().count("周末去爬山吧") == 1  # streamed to the screen as the bot stopped
+    db = sqlite3.connect(bot.db.path)
+    kept = db.execute("SELECT text, status FROM outbox").fetchall()
+    db.close()
+    assert kept in ([("周末去爬山吧", "pending")], [("周末去爬山吧", "sent")])  # and kept, if the outbox had stopped
+
+
+async def test_a_question_still_unanswered_after_the_grace_is_answered_at_the_next_start(
+        make_bot: Any, until: Until, tmp_path: Path) -> None:
+    never = asyncio.Event()
+    model = slow_model("不会到的回答", never)
+    ch = ConsoleChannel(bot_name="qunbot", stdin=io.StringIO("周末去哪\n"), stdout=io.StringIO())
+    ch.stop_grace_s = 0.05
+    bot, _ = await make_bot(model, channel=ch)
+    ch.park = bot.parked.park
+    await until(lambda: len(model.requests) == 1)
+    await bot.stop(flush_timeout_s=0.05)
+    out = io.StringIO()
+    again = ConsoleChannel(bot_name="qunbot", stdin=io.StringIO(""), stdout=out)
+    bot2, _ = await make_bot(ScriptedModel([text("去爬山吧")]), channel=again, data_dir=tmp_path)
+
+    async def answered() -> bool:
+        await bot2.outbox.flush()
+        return "去爬山吧" in out.getvalue()
+
+    await until(answered)
+    assert [e.text for e in await bot2.history.recent(again.chat)] == ["周末去哪", "去爬山吧"]
+
+
+async def test_a_streamed_answer_longer_than_one_message_is_printed_once(make_bot: Any) -> None:
+    """The outbox sends a long reply in parts of max_text_len: every part but the last was printed again
+    after the streamed whole."""
+    out = io.StringIO()
+    ch = ConsoleChannel(bot_name="qunbot", stdin=io.StringIO(""), stdout=out)
+    lines = [f"第{i}行：这是一段很长的回答。" for i in range(1200)]  # ~20,000 characters: three parts
+    bot, _ = await make_bot(ScriptedModel([text("\n".join(lines)), text("短回答")]), channel=ch)
+    await ch.deliver(ch.parse_line("讲个长故事") or _never())
+    await bot.outbox.flush()
+    await ch.deliver(ch.parse_line("再来") or _never())  # what was streamed for the first is forgotten
+    await bot.outbox.flush()
+    shown = out.getvalue()
+    assert all(shown.count(f"第{i}行：") == 1 for i in range(1200)), len(shown)
+    assert shown.count("短回答") == 1 and not ch._streaming
