@@ -90,6 +90,7 @@ def to_message(account: str, msg: WeixinMessage) -> Message | None:
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,}|~{3,})([^\n]*)")
 _FENCE_CLOSE = re.compile(r"[ \t]*(`{3,}|~{3,})\s*")
 _INLINE_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+_URL = re.compile(r"https?://[^\s<>()\[\]`*]+")  # (no "*": "**https://…**" keeps its emphasis markers out)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)[^)]*\)")
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)[^)]*\)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+", re.M)
@@ -103,21 +104,25 @@ _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$", r
 
 
 def _hold_code(text: str) -> tuple[str, dict[int, str]]:
-    """``text`` with each fenced block's contents and each inline code span's contents replaced by one
-    placeholder character (a private-use one absent from ``text``), and what each stands for.
+    """``text`` with each fenced block's contents, each inline code span's contents and each URL replaced
+    by one placeholder character (a private-use one absent from ``text``), and what each stands for.
 
     Code is copied by the user, so none of the prose rewriting may touch it: the fence lines and
     the backticks go (the established rendering: WeChat shows no markdown), the code stays verbatim.
+    A URL too: emphasis markers read inside it cut ``__init__.py`` to ``init.py`` in a cited source.
     """
     present = set(text)
     spare = (c for c in map(chr, range(0xF0000, 0x110000)) if c not in present)
     held: dict[int, str] = {}
+    marks: dict[str, str] = {}  # one mark per text: a link's text that is its URL still reads as equal
 
     def hold(code: str) -> str:
+        if code in marks:
+            return marks[code]
         mark = next(spare, None)
         if mark is None:  # more code spans than spare characters (absurd): the rest is flattened
             return code
-        held[ord(mark)] = code
+        held[ord(mark)], marks[code] = code, mark
         return mark
 
     def span(m: re.Match[str]) -> str:
@@ -130,7 +135,7 @@ def _hold_code(text: str) -> tuple[str, dict[int, str]]:
     while i < len(lines):
         opening = _FENCE_OPEN.fullmatch(lines[i])
         if opening is None or (opening[1][0] == "`" and "`" in opening[2]):
-            out.append(_INLINE_CODE.sub(span, lines[i]))
+            out.append(_URL.sub(lambda m: hold(m[0]), _INLINE_CODE.sub(span, lines[i])))
             i += 1
             continue
         fence = opening[1]

@@ -106,6 +106,19 @@ def test_markdown_is_flattened_to_plain_text(markdown: str, plain: str) -> None:
     assert flatten_markdown(markdown) == plain
 
 
+def test_urls_reach_wechat_whole() -> None:
+    # Emphasis read inside a cited source's URL: "#object.__init__" became "#object.init", "/_static_/" "/static/".
+    sources = ("[1] https://docs.python.org/3/reference/datamodel.html#object.__init__\n"
+               "[2] https://github.com/python/cpython/blob/main/Lib/json/__init__.py\n"
+               "[3] **https://example.com/docs/_static_/guide.html**\n"
+               "[4] [https://a.example/c_d_](https://a.example/c_d_) · [说明](https://b.example/__x__)")
+    assert flatten_markdown(sources) == (
+        "[1] https://docs.python.org/3/reference/datamodel.html#object.__init__\n"
+        "[2] https://github.com/python/cpython/blob/main/Lib/json/__init__.py\n"
+        "[3] https://example.com/docs/_static_/guide.html\n"
+        "[4] https://a.example/c_d_ · 说明 (https://b.example/__x__)")
+
+
 def test_code_passes_through_verbatim() -> None:
     """Code is copied by the user: its contents are never flattened (only the fence lines and backticks go)."""
     code = ('# 初始化\nclass Config:\n    def __init__(self, **kwargs):\n        self.__dict__.update(kwargs)\n'
