@@ -1,6 +1,6 @@
 """qunbot's function-calling core: typed tools, two-stage validation and a guarded invoke loop."""
 
-from function_calls.context import Caller, ToolContext, ToolResult
+from function_calls.context import Allowance, Caller, ToolContext, ToolResult
 from function_calls.errors import (
     ArgumentError,
     FieldProblem,
@@ -19,6 +19,7 @@ from function_calls.tokens import estimate_messages, estimate_tokens
 from function_calls.tool import Confirm, Scope, Tool, Toolset, collect_tools, tool_function
 
 __all__ = [
+    "Allowance",
     "ArgumentError",
     "BudgetHook",
     "Caller",

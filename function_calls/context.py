@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from function_calls.model import Usage
 
-__all__ = ["Caller", "ToolContext", "ToolResult"]
+__all__ = ["Allowance", "Caller", "ToolContext", "ToolResult"]
 
 D = TypeVar("D")
 
@@ -49,6 +49,30 @@ class Caller(BaseModel):
         return self.bot_admin or (self.is_admin and self.chat_kind == "group")
 
 
+@dataclass
+class Allowance:
+    """What the calling run may still let its tools spend, shared by the calls of one turn: a tool that
+    spends model tokens (a tier's sub-run) takes its cap from it before it starts, and gives back what it
+    did not use. Each of the turn's ``calls`` may take an even part at most: calls run at once can neither
+    each take all of it nor leave nothing to the others (two plans asked for at once both run)."""
+
+    left: int
+    calls: int = 1
+
+    def __post_init__(self) -> None:
+        self._each = self.left // max(1, self.calls)
+
+    def take(self, tokens: int) -> int:
+        """Up to ``tokens`` of what is left, within a call's part (0 when nothing is), now taken."""
+        got = max(0, min(tokens, self.left, self._each))
+        self.left -= got
+        return got
+
+    def give_back(self, tokens: int) -> None:
+        """Return what a tool took and did not spend."""
+        self.left += max(0, tokens)
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -66,6 +90,8 @@ class ToolContext(Generic[D]):
     #: "model" when the LLM called the tool, "command" for a /command typed by a person,
     #: "scheduled" for a command its owner stored to run later (a reminder in command mode).
     via: Literal["model", "command", "scheduled"] = "model"
+    #: What the run that called it has left for its tools (None: no run's cap binds it, a /command).
+    allowance: Allowance | None = None
 
     def now(self) -> datetime:
         """The current instant, aware UTC (a test clock when one is injected)."""

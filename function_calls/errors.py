@@ -102,3 +102,5 @@ class ModelAPIError(FunctionCallError):
         #: The provider may have done (and billed) the work, it timed out or its stream broke off: the
         #: output tokens received by then (0: none); None when nothing was done (a refusal, no connection).
         self.billed_output: int | None = None
+        #: The prompt tokens the provider reported for it (a reply it broke off); None: estimate them.
+        self.billed_prompt: int | None = None

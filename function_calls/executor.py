@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from function_calls.context import Caller, ToolContext, ToolResult
+from function_calls.context import Allowance, Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolError
 from function_calls.guards import Limits, LoopDetector, LoopLevel, args_key, result_key
 from function_calls.model import ToolCall, Usage
@@ -63,6 +63,8 @@ class CallExecutor:
     #: Tools whose arguments failed in this turn: several bad calls of one turn are one failed try (the
     #: model sees all their errors at once, and corrects them together).
     turn_failed: set[str] = field(default_factory=set)
+    #: What this turn's calls may spend of the run's tokens (see :class:`Allowance`), set for each turn.
+    allowance: Allowance | None = None
 
     async def emit(self, event: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -178,7 +180,7 @@ class CallExecutor:
                 return self._refuse(call, verdict, note="declined")
         try:
             ctx = ToolContext(deps=self.deps_for(tool), caller=self.caller, zone=self.zone, run_id=state.run_id,
-                              tool_call_id=call.id, clock=self.clock)
+                              tool_call_id=call.id, clock=self.clock, allowance=self.allowance)
             async with asyncio.timeout(tool.timeout_s):  # wait_for made a task per call (3.11); this does not
                 result = await tool.invoke(ctx, args)
         except ToolError as exc:

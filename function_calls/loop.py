@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from function_calls.context import Caller
+from function_calls.context import Allowance, Caller
 from function_calls.errors import ModelAPIError
 from function_calls.executor import CallExecutor
 from function_calls.guards import BudgetHook, Limits, LoopConfig, LoopDetector, RetryPolicy
@@ -42,7 +42,9 @@ _STOP_TEXT = {
     StopReason.EMPTY_ANSWER: "我这次没能给出回答（{detail}），请换个说法再试。",
 }
 
-#: Below this many tokens left in the run's cap, each turn's output is capped at what is left.
+#: Below this many tokens left in the run's cap, the cap on a turn's output is sent as ``max_tokens``; above,
+#: none is (a model refuses one above its own limit, and every model takes this many) and a streamed turn
+#: is left once it passes what is left (``ModelRequest.output_limit``).
 _OUTPUT_CAP = 4096
 _UNREADABLE = "暂时无法核对 AI 用量额度，请稍后再试。"
 _TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
@@ -138,14 +140,16 @@ class Runner:
 
     async def _drive(self, env: CallExecutor, token_cap: int, daily_cap: bool, on_text: TextCallback | None) -> RunResult:
         state = env.state
-        if state.pending:  # resuming after an approval pause
-            calls, state.pending = state.pending, []
-            state.tool_calls = max(0, state.tool_calls - len(calls))  # a paused call counts once
-            stop = await self._run_calls(env, calls, resume=True)
-            if stop is not None:
-                return stop
         defs = [_definition(t, self.strict_tools) for t in env.tools]  # the same every turn and run
         defs_tokens = sum(_definition_tokens(t, self.strict_tools) for t in env.tools)
+        if calls := state.pending:
+            state.pending = []
+            state.tool_calls = max(0, state.tool_calls - len(calls))  # a paused call counts once
+            share = self._share(env, token_cap, defs_tokens, len(calls))
+            stop = await self._run_calls(env, calls, share, resume=True)
+            if stop is not None:
+                return stop
+            await self._charge(env, tools=True)
         while True:
             why = ""
             # What is left after this turn's prompt (an estimate was a hot spot: once per turn)
@@ -161,11 +165,9 @@ class Runner:
                 return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail=why)
             if why:
                 return await self._final_answer(env, reason, why, on_text, token_cap)
-            # The output is capped too once what is left is small: a turn must not spend past the cap.
-            # Not always: a model refuses a cap above its own limit, and every model takes _OUTPUT_CAP.
+            # The output is capped too: a turn must not spend past the cap (see _OUTPUT_CAP).
             try:
-                response = await self._call_model(
-                    env, _request(state.messages, defs, max(1, left) if left < _OUTPUT_CAP else None), on_text)
+                response = await self._call_model(env, _request(state.messages, defs, left), on_text, token_cap)
             except ModelAPIError as exc:
                 busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
                 # The person reads Chinese; the trace and the logs keep the provider's English detail.
@@ -179,7 +181,8 @@ class Runner:
                     why = "只有思考过程，没有回答" if response.reasoning else "回答是空的"
                     return self._finish(state, StopReason.EMPTY_ANSWER, env.detector, detail=why)
                 return self._finish(state, StopReason.COMPLETED, env.detector, text=response.text)
-            stop = await self._run_calls(env, response.tool_calls)
+            stop = await self._run_calls(env, response.tool_calls,
+                                         self._share(env, token_cap, defs_tokens, len(response.tool_calls)))
             if stop is not None:
                 return stop
             await self._charge(env, tools=True)
@@ -189,8 +192,16 @@ class Runner:
                                     text=_UNREADABLE)
             token_cap, daily_cap = capped
 
-    async def _run_calls(self, env: CallExecutor, calls: list[ToolCall], *, resume: bool = False) -> RunResult | None:
+    def _share(self, env: CallExecutor, token_cap: int, defs_tokens: int, calls: int) -> Allowance:
+        """What a turn's tools may spend of the run's cap: what is left less what the run needs to read their
+        answers and write its own (four deep_thinks, each sized by the day, spent 2.9 times the cap)."""
+        need = estimate_messages(env.state.messages) + defs_tokens + self.limits.final_answer_max_tokens
+        return Allowance(max(0, token_cap - env.state.usage.total_tokens - need), calls)
+
+    async def _run_calls(self, env: CallExecutor, calls: list[ToolCall], share: Allowance, *,
+                         resume: bool = False) -> RunResult | None:
         state = env.state
+        env.allowance = share
         outcomes = await env.execute(calls)
         # On resume a call already has a "waiting for approval" answer: replace it (one answer per id).
         answered = {m.get("tool_call_id"): i for i, m in enumerate(state.messages) if resume and m["role"] == "tool"}
@@ -215,26 +226,43 @@ class Runner:
             return self._finish(state, StopReason.ANSWERED_BY_TOOL, env.detector)
         return None
 
-    async def _call_model(self, env: CallExecutor, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+    async def _call_model(self, env: CallExecutor, request: ModelRequest, on_text: TextCallback | None,
+                          cap: int) -> ModelResponse:
+        """One turn's request, retried as the policy allows while the run's usage stays within ``cap``."""
         state = env.state
+        prompt = estimate_messages(request.messages, request.tools)
         while True:
             try:
                 try:
                     response = await self.model.complete(request, on_text=on_text)
-                except ModelAPIError:
+                except (ModelAPIError, asyncio.CancelledError):
                     raise
                 except Exception as exc:  # any ChatModel: a bug in it ends the run typed, never raised
                     log.exception("chat model %s raised", getattr(self.model, "name", "?"))
                     raise ModelAPIError(f"the model call failed ({type(exc).__name__})") from None
+            except asyncio.CancelledError as exc:
+                # Cancelled in flight (a tier's tool timeout, a stop): the provider has the prompt and bills
+                # it, with what it streamed by then. It was charged nothing.
+                out = getattr(exc, "billed_output", 0)  # (what OpenAIChatModel had read, when it was reading)
+                out = out if isinstance(out, int) else 0
+                state.usage = state.usage + Usage(prompt_tokens=prompt, completion_tokens=out, requests=1, estimated=1)
+                await self._charge(env)
+                raise
             except ModelAPIError as exc:
                 # A request the provider may have billed (it timed out, its stream broke off) is charged
                 # its estimate: 4 timed-out tries and a 7,800-character stream cut short were charged 0.
                 out = exc.billed_output
                 state.usage = state.usage + (Usage(requests=1) if out is None else Usage(
-                    prompt_tokens=estimate_messages(request.messages, request.tools), completion_tokens=out,
+                    prompt_tokens=prompt if exc.billed_prompt is None else exc.billed_prompt, completion_tokens=out,
                     requests=1, estimated=1))
+                await self._charge(env)  # now: a retry, or a tool after it, sees what is left
                 if not exc.retryable or exc.text_shown or state.api_retries >= self.retry.max_retries:
                     raise
+                if (room := cap - state.usage.total_tokens - prompt) <= 0:
+                    # 4 attempts of 2,700 tokens each were charged 11,808 against 3,000 left
+                    log.warning("model call failed (%s); not retried: the request's tokens are spent", exc)
+                    raise
+                request = _lowered(request, room)
                 left = self.retry.patience_s - state.retry_wait_s
                 asked = exc.retry_after
                 if asked is not None and (asked > self.retry.max_retry_after_s or asked > left):
@@ -274,8 +302,9 @@ class Runner:
         if day is not None and cost > day:
             return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail=why)
         request = ModelRequest(messages=messages, max_tokens=final)
+        cap = 2 * token_cap if day is None else min(2 * token_cap, state.usage.total_tokens + day)
         try:
-            response = await self._call_model(env, request, on_text)
+            response = await self._call_model(env, request, on_text, cap)
             text = response.text if response.text.strip() else ""  # a blank answer is no answer
         except ModelAPIError as exc:
             log.warning("final answer after %s failed: %s", reason, exc)
@@ -330,10 +359,18 @@ def _definition_tokens(tool: Tool, strict: bool) -> int:
     return counts[strict]
 
 
-def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]], cap: int | None) -> ModelRequest:
+def _request(messages: list[dict[str, Any]], defs: list[dict[str, Any]], left: int) -> ModelRequest:
     """The turn's request: a snapshot of the message list (a model reads the messages, never changes them)."""
     return ModelRequest.model_construct(messages=list(messages), tools=defs, tool_choice="auto" if defs else None,
-                                        max_tokens=cap)
+                                        max_tokens=max(1, left) if left < _OUTPUT_CAP else None,
+                                        output_limit=max(1, left))
+
+
+def _lowered(request: ModelRequest, left: int) -> ModelRequest:
+    """``request`` writing at most ``left`` tokens (a retry after attempts that were charged)."""
+    limit = min(left, request.output_limit or request.max_tokens or left)
+    sent = min(limit, request.max_tokens) if request.max_tokens is not None else limit if limit < _OUTPUT_CAP else None
+    return request.model_copy(update={"max_tokens": sent, "output_limit": limit})
 
 
 def _assistant_message(response: ModelResponse) -> dict[str, Any]:

@@ -12,6 +12,8 @@ Qwen). A failing ``on_text`` callback is the bot's fault: it is logged and strea
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -23,18 +25,21 @@ from function_calls.errors import ModelAPIError
 from function_calls.problems import mend_text
 from function_calls.provider_errors import classify_status, translate_error
 from function_calls.reply import (
+    Received,
     Shower,
     TextCallback,
     as_text,
+    bill,
     check_finish,
     complete_json,
-    count,
     made_up_id,
+    output_of,
     reasoning_of,
+    reported,
     str_or_none,
     text_of,
 )
-from function_calls.tokens import estimate_messages, estimate_tokens
+from function_calls.tokens import estimate_messages
 
 __all__ = [
     "ChatModel",
@@ -92,6 +97,9 @@ class ModelRequest(BaseModel):
     tools: list[dict[str, Any]] = Field(default_factory=list)  # factories: a default is deep-copied per use
     tool_choice: Literal["auto", "none", "required"] | None = None
     max_tokens: int | None = None
+    #: The most the turn may write (text, reasoning and tool arguments, estimated), sent or not: a streamed
+    #: reply is left once it passes it (a provider may ignore ``max_tokens``). None: ``max_tokens``.
+    output_limit: int | None = None
 
 
 class ModelResponse(BaseModel):
@@ -187,7 +195,9 @@ class OpenAIChatModel:
     ``reasoning_pass_back`` sends each assistant turn's ``reasoning_content`` back with the next
     request (DeepSeek's thinking mode answers HTTP 400 without it during tool calls); otherwise it
     is stripped. ``token_param`` names the output cap: reasoning models accept only
-    ``max_completion_tokens``.
+    ``max_completion_tokens``. ``timeout_s`` bounds each read (the SDK's timeout), so all of a reply
+    that is not streamed; ``deadline_s`` (default five times ``timeout_s``) bounds a request in all, a
+    stream that keeps trickling included.
     """
 
     def __init__(
@@ -203,6 +213,7 @@ class OpenAIChatModel:
         reasoning_pass_back: bool = False,
         token_param: TokenParam = "max_tokens",
         client: openai.AsyncOpenAI | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         self.name = model
         self.temperature = temperature
@@ -210,6 +221,7 @@ class OpenAIChatModel:
         self.strict_tools = strict_tools
         self.reasoning_pass_back = reasoning_pass_back
         self.token_param = token_param
+        self.deadline_s = deadline_s if deadline_s is not None else 5 * timeout_s
         self._client = client or openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0
         )
@@ -237,8 +249,26 @@ class OpenAIChatModel:
         return params
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
-        if self.stream:
-            return await self._complete_stream(request, Shower(on_text))
+        shower, got = Shower(on_text), Received()
+        deadline = asyncio.timeout(self.deadline_s)
+        try:
+            async with deadline:
+                if self.stream:
+                    return await self._complete_stream(request, shower, got)
+                return await self._complete_once(request, shower)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            # Not retried: another try would keep the person waiting as long again. What came is billed.
+            error = ModelAPIError(f"the model's reply took longer than {self.deadline_s:g}s in all",
+                                  text_shown=shower.shown, network=True)
+            error.billed_output = got.tokens
+            raise error from None
+        except asyncio.CancelledError as exc:  # (a tier's timeout, a stop): the runner charges what came
+            exc.billed_output = got.tokens  # type: ignore[attr-defined]
+            raise
+
+    async def _complete_once(self, request: ModelRequest, shower: Shower) -> ModelResponse:
         try:
             resp = await self._client.chat.completions.create(**self._params(request))
         except Exception as exc:
@@ -266,22 +296,24 @@ class OpenAIChatModel:
             response = ModelResponse(text=text, tool_calls=calls, finish_reason=finish,
                                      reasoning=mend_text(reasoning_of(message)))
             response.usage = self._usage(resp.usage, request, response)
-        except ModelAPIError:
-            raise
+        except ModelAPIError as error:  # the provider answered: it billed what it did
+            raise bill(error, getattr(resp, "usage", None), output_of(resp)) from None
         except Exception as exc:  # a reply shape nobody expected: the provider's fault, and not transient
             log.warning("unreadable model reply: %s", type(exc).__name__, exc_info=True)
-            raise ModelAPIError(f"the model's reply could not be read ({type(exc).__name__})") from None
+            raise bill(ModelAPIError(f"the model's reply could not be read ({type(exc).__name__})"),
+                       getattr(resp, "usage", None), output_of(resp)) from None
         if text:
-            await Shower(on_text).show(text)
+            await shower.show(text)
         return response
 
-    async def _complete_stream(self, request: ModelRequest, shower: Shower) -> ModelResponse:
+    async def _complete_stream(self, request: ModelRequest, shower: Shower, got: Received) -> ModelResponse:
         text_parts: list[str] = []
         thoughts: list[str] = []
         acc = ToolCallAccumulator()
         finish: str | None = None
         usage_obj: Any = None
-        received = False
+        received = capped = False
+        limit = request.output_limit if request.output_limit is not None else request.max_tokens
         try:
             stream = await self._client.chat.completions.create(
                 **self._params(request), stream=True, stream_options={"include_usage": True}
@@ -300,14 +332,22 @@ class OpenAIChatModel:
                     content = text_of(getattr(delta, "content", None))
                     if content:
                         text_parts.append(content)
+                        got.add(content)
                         await shower.show(content)
                     if thought := reasoning_of(delta):
                         thoughts.append(thought)
+                        got.add(thought)
                     for tc in getattr(delta, "tool_calls", None) or ():
                         fn = getattr(tc, "function", None)
                         acc.feed(getattr(tc, "index", None), getattr(tc, "id", None), getattr(fn, "name", None),
                                  getattr(fn, "arguments", None))
+                        got.add(as_text(getattr(fn, "arguments", None)))
                     finish = str_or_none(getattr(choice, "finish_reason", None)) or finish
+                if limit is not None and got.tokens > limit:
+                    # Past its cap (ignored by the provider, or not sent): left as if the provider had cut it
+                    # (60,000 tokens of thought were read against a cap of 24,000). What came is charged.
+                    finish, usage_obj, capped = "length", None, True
+                    break
         except Exception as exc:
             if isinstance(exc, openai.APIError) and not (isinstance(exc, openai.APIConnectionError) and received):
                 error = translate_error(exc, text_shown=shower.shown)
@@ -315,36 +355,45 @@ class OpenAIChatModel:
                 error = ModelAPIError(f"the model stream broke off ({type(exc).__name__})", retryable=True,
                                       text_shown=shower.shown, network=True)
             if received or isinstance(exc, openai.APITimeoutError):  # billed all the same, what came included
-                error.billed_output = estimate_tokens("".join(text_parts) + "".join(thoughts))
+                error.billed_output = got.tokens
             raise error from None
-        calls = acc.result()
-        if finish is None:
-            # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be
-            # accepted is a stream cut short: nothing at all, or tool-call JSON left unfinished.
-            cut = not (text_parts or thoughts or calls) or any(
-                c.arguments.strip() and not complete_json(c.arguments) for c in calls)
-            if cut:
-                raise ModelAPIError("the model stream ended before it finished", retryable=True,
-                                    text_shown=shower.shown)
-            finish = "tool_calls" if calls else "stop"
-        check_finish(finish, shown=shower.shown)
+        finally:
+            with contextlib.suppress(Exception):  # left early (its cap, a deadline): the connection goes now
+                await stream.close()
+        calls = [c for c in acc.result() if not capped or complete_json(c.arguments)]  # (one cut off: never made)
+        try:
+            if finish is None:
+                # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be
+                # accepted is a stream cut short: nothing at all, or tool-call JSON left unfinished.
+                cut = not (text_parts or thoughts or calls) or any(
+                    c.arguments.strip() and not complete_json(c.arguments) for c in calls)
+                if cut:
+                    raise ModelAPIError("the model stream ended before it finished", retryable=True,
+                                        text_shown=shower.shown)
+                finish = "tool_calls" if calls else "stop"
+            check_finish(finish, shown=shower.shown)
+        except ModelAPIError as error:  # read: the provider did the work and billed it
+            raise bill(error, usage_obj, got.tokens) from None
         calls = [c.model_copy(update={"arguments": mend_text(c.arguments)}) for c in calls]  # (a pair split by deltas
         response = ModelResponse(text=mend_text("".join(text_parts)), tool_calls=calls,  # is joined again first)
                                  finish_reason=finish, reasoning=mend_text("".join(thoughts)))
-        response.usage = self._usage(usage_obj, request, response)
+        response.usage = self._usage(usage_obj, request, response, got.tokens if capped else 0)
         return response
 
-    def _usage(self, usage: Any, request: ModelRequest, reply: ModelResponse) -> Usage:
+    def _usage(self, usage: Any, request: ModelRequest, reply: ModelResponse, output: int = 0) -> Usage:
         """The provider's counts; what it did not report (many relays, Ollama and vLLM builds) is
-        estimated, and said so: an output counted as 0 was never charged to any budget."""
-        prompt, completion = count(getattr(usage, "prompt_tokens", None)), count(
-            getattr(usage, "completion_tokens", None))
+        estimated, and said so: an output counted as 0 was never charged to any budget. A 0 the request
+        or the reply contradicts is no count (a relay that sends usage {0, 0} on every chunk)."""
+        prompt, completion = reported(usage)
+        prompt = None if prompt == 0 and request.messages else prompt
+        completion = None if completion == 0 and (reply.text or reply.reasoning or reply.tool_calls) else completion
         if prompt is not None and completion is not None:
             return Usage(prompt_tokens=prompt, completion_tokens=completion, requests=1)
         if completion is None:
             said = {"role": "assistant", "content": reply.text, "reasoning_content": reply.reasoning,
                     "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls]}
-            completion = estimate_messages([said])
+            completion = max(estimate_messages([said]), output)
         if prompt is None:
             prompt = estimate_messages(request.messages, request.tools)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, requests=1, estimated=1)
+

@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from function_calls.errors import ModelAPIError
+from function_calls.tokens import estimate_tokens
 
-__all__ = ["ABORTED", "Shower", "TextCallback", "as_text", "check_finish", "complete_json", "count", "made_up_id",
-           "reasoning_of", "str_or_none", "text_of"]
+__all__ = ["ABORTED", "Received", "Shower", "TextCallback", "as_text", "bill", "check_finish", "complete_json", "count",
+           "made_up_id", "output_of", "reasoning_of", "reported", "str_or_none", "text_of"]
 
 TextCallback = Callable[[str], Awaitable[None]]
 
@@ -51,6 +52,40 @@ def check_finish(finish: str | None, *, shown: bool) -> None:
     """An answer the provider broke off is no answer: retried (unless part of it was shown)."""
     if finish in ABORTED:
         raise ModelAPIError(f"the model broke its answer off ({finish})", retryable=True, text_shown=shown)
+
+
+class Received:
+    """What a streamed reply has brought so far, in estimated output tokens (text, reasoning, tool calls)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def add(self, piece: str) -> None:
+        if piece:
+            self.tokens += estimate_tokens(piece)
+
+
+def reported(usage: Any) -> tuple[int | None, int | None]:
+    """The provider's (prompt, completion) counts, each None when not reported as a count."""
+    return count(getattr(usage, "prompt_tokens", None)), count(getattr(usage, "completion_tokens", None))
+
+
+def bill(error: ModelAPIError, usage: Any, output: int) -> ModelAPIError:
+    """``error`` for a reply the provider made and billed: what it reported it spent, else ``output``
+    (estimated; a reported 0 is no count once output came)."""
+    prompt, completion = reported(usage)
+    error.billed_output = completion or output
+    error.billed_prompt = prompt or None
+    return error
+
+
+def output_of(resp: Any) -> int:
+    """A whole reply's text and reasoning in estimated tokens, whatever its shape (0 when none can be read)."""
+    try:
+        message = resp.choices[0].message
+        return estimate_tokens(text_of(message.content) + reasoning_of(message))
+    except Exception:
+        return 0
 
 
 def made_up_id() -> str:

@@ -29,6 +29,9 @@ def estimate_tokens(text: str) -> int:
     """Approximate token count of ``text``."""
     if text.isascii():  # no wide character possible: skip the scan
         return (len(text) + 3) // 4
+    if len(text) < 64:  # a streamed delta: remembering it would only push the history's counts out
+        wide = sum(map(len, _WIDE.findall(text)))
+        return wide + (len(text) - wide + 3) // 4
     # A run counts its history window several times (the window, each turn's guard) and the next
     # message's run the same turns again: the scan is remembered (a string keeps its hash).
     known = _counted.get(text)

@@ -14,7 +14,8 @@
 
 Accounting: every sub-run's usage comes back as the tool's ``usage`` (so the calling run and the
 user's and chat's daily budgets count it) and per tier in ``data["tiers"]`` (the trace shows it).
-A tier refuses to start when the caller's daily budget is spent (fail closed).
+A tier refuses to start when the caller's daily budget is spent (fail closed), or what the calling run
+has left for its tools (:class:`~function_calls.Allowance`, shared by the calls of one turn).
 """
 
 from __future__ import annotations
@@ -110,16 +111,20 @@ class ExecuteArgs(BaseModel):
     context: str = Field(default="", max_length=8000, description="what the executor needs to know")
 
 
-async def _budget(deps: TierDeps, caller: Caller, cap: int) -> int:
-    """The token cap for a sub-run: the tier's, within what is left of the caller's day."""
+async def _budget(deps: TierDeps, ctx: ToolContext[Any], cap: int) -> int:
+    """The token cap for a sub-run: the tier's, within what is left of the caller's day and of the calling
+    run's (taken from it: calls run at once share it; four deep_thinks sized by the day spent 2.9 times it)."""
     try:
-        left = await deps.bot.budget.remaining(caller)
+        left = await deps.bot.budget.remaining(ctx.caller)
     except Exception:  # a budget that cannot be checked refuses
         log.exception("budget check failed")
         raise ToolError("budget unavailable", user_message="暂时无法核对今天的 AI 用量，请稍后再试。") from None
     if left is not None and left <= 0:
         raise ToolError("the daily AI budget is spent", user_message="今天的 AI 用量已达上限。")
-    return cap if left is None else min(cap, left)
+    cap = cap if left is None else min(cap, left)
+    if ctx.allowance is not None and (cap := ctx.allowance.take(cap)) <= 0:
+        raise ToolError("this request's token budget is spent", user_message="这次请求的 AI 用量已达上限。")
+    return cap
 
 
 def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
@@ -129,7 +134,7 @@ def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
 
 async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limits: Limits,
                    messages: list[dict[str, Any]], tools: Toolset, held: list[Reservation] | None = None) -> RunResult:
-    cap = await _budget(deps, ctx.caller, limits.max_run_tokens)
+    cap = await _budget(deps, ctx, limits.max_run_tokens)
 
     def deps_for(tool: Tool) -> Any:  # ``execute`` is no plugin's tool: its deps are these
         return deps if tool.name in _OWN else deps.bot.deps_for(tool)
@@ -147,10 +152,15 @@ async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limi
             llm = deps.bot.settings.llm
             runner = Runner(model, limits=bounded, budget=hold.hook(), strict_tools=llm.strict_tools,
                             loop_config=LoopConfig(warn=llm.loop_warn, critical=llm.loop_critical, breaker=llm.loop_breaker))
-            return await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
-                                    clock=ctx.clock)
+            result = await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
+                                      clock=ctx.clock)
     except BudgetExceeded as exc:
+        if ctx.allowance is not None:
+            ctx.allowance.give_back(cap)
         raise ToolError(f"the daily AI budget is spent ({exc.scope})", user_message=exc.user_message) from None
+    if ctx.allowance is not None:  # (cancelled, it keeps what it took: what it spent is not known here)
+        ctx.allowance.give_back(cap - result.usage.total_tokens)
+    return result
 
 
 def _answer(result: RunResult) -> str:

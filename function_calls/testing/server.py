@@ -350,6 +350,7 @@ class _Built:
         self.finish = step.finish_reason or ("tool_calls" if self.calls else "stop")
         u = step.usage or Usage()
         completion_guess = len(step.text or "") // 4 + sum(len(nm) + len(a) for _, nm, a in self.calls) // 4
+        completion_guess = max(completion_guess, 1) if step.text or self.calls else 0  # as a provider counts
         prompt_guess = len(json.dumps(body.get("messages", []), ensure_ascii=False)) // 4
         prompt = u.prompt_tokens if u.prompt_tokens is not None else prompt_guess
         completion = u.completion_tokens if u.completion_tokens is not None else completion_guess

@@ -1,5 +1,6 @@
 """Guards: loop detection, run limits, token and daily budgets, and the reliability scenario."""
 
+import contextlib
 import itertools
 import re
 from collections.abc import Callable
@@ -347,3 +348,83 @@ async def test_a_run_and_its_last_answer_spend_at_most_twice_the_cap() -> None:
     result = await Runner(model, limits=Limits(max_run_tokens=1_000)).run(USER, Toolset("s", [tool_function(page)]))
     assert result.stop is StopReason.TOKEN_BUDGET and result.usage.total_tokens <= 2_000
     assert len(model.requests) == 1 and "太长" in result.replies[0]  # the last answer would cost more
+
+
+async def test_a_turn_far_from_the_cap_is_still_bounded_by_what_is_left() -> None:
+    """No max_tokens is sent far from the cap (a model refuses one above its own limit), but the turn may
+    still write only what the run has left: a reasoning model thought 60,000 tokens against a cap of 24,000."""
+    roomy = ScriptedModel([text("short")])
+    await Runner(roomy, limits=Limits(max_run_tokens=24_000)).run(USER, Toolset("s"))
+    [request] = roomy.requests
+    assert request.max_tokens is None and request.output_limit == 24_000 - estimate_messages(request.messages)
+
+
+def endless_thought(chunks: int) -> Any:
+    from function_calls.testing import Raw, chunk
+
+    thought = [chunk({"role": "assistant", "reasoning_content": "想" * 100})]
+    return Raw(thought + [chunk({"reasoning_content": "想" * 100}) for _ in range(chunks)]
+               + [chunk({"content": "答案"}, "stop")])
+
+
+async def test_a_thinking_stream_past_the_run_cap_is_cut_there() -> None:
+    """Through the real SDK: a stream of 10,000 tokens of thought against a run cap of 2,000 is left at the cap,
+    and the run ends saying it has no answer (what came is charged)."""
+    from function_calls import OpenAIChatModel
+    from function_calls.testing import FakeOpenAIServer
+
+    async with FakeOpenAIServer() as server:
+        server.script(endless_thought(100))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="k")
+        budget = Budget(None)
+        result = await Runner(model, limits=Limits(max_run_tokens=2_000), budget=budget).run(USER, Toolset("s"))
+        await model.aclose()
+    assert result.stop is StopReason.EMPTY_ANSWER and len(server.requests) == 1
+    assert 2_000 < result.usage.total_tokens <= 2_100  # one chunk past the cap at most
+    assert sum(u.total_tokens for _, u in budget.charged) == result.usage.total_tokens
+
+
+async def test_a_model_request_cancelled_in_flight_is_charged() -> None:
+    """A tier's tool timeout (or a stop) cancels the request: the provider has the prompt and bills it, and
+    what it streamed by then. It was charged nothing."""
+    import asyncio
+
+    from function_calls import OpenAIChatModel
+    from function_calls.testing import FakeOpenAIServer, Reply
+
+    async with FakeOpenAIServer() as server:
+        server.script(Reply("想" * 400, chunk_size=10, chunk_delay=0.01))
+        model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="k")
+        budget = Budget(None)
+        long_prompt = [{"role": "user", "content": "背景" * 500}]
+        run = asyncio.ensure_future(Runner(model, budget=budget).run(long_prompt, Toolset("s")))
+        await asyncio.sleep(0.15)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await model.aclose()
+    charged = [u for _, u in budget.charged]
+    assert sum(u.prompt_tokens for u in charged) >= 1000 and sum(u.requests for u in charged) == 1
+    assert 20 <= sum(u.completion_tokens for u in charged) < 400
+
+
+async def test_tools_share_what_the_run_has_left() -> None:
+    """A tool that spends tokens (a tier's sub-run) takes them from what its run has left, less what the run
+    needs to read the answers; tools run at once cannot each take all of it, nor one of them all."""
+    from function_calls import ToolContext
+
+    taken: list[int] = []
+
+    async def spend(ctx: ToolContext[None], args: Query) -> ToolResult:
+        """Spend tokens."""
+        assert ctx.allowance is not None
+        got = ctx.allowance.take(5_000)
+        taken.append(got)
+        ctx.allowance.give_back(got // 2)  # it used half
+        return ToolResult(content="spent", usage=Usage(prompt_tokens=got - got // 2, requests=1))
+
+    model = ScriptedModel([call("spend", {"q": "a"}, ("spend", {"q": "b"}), ("spend", {"q": "c"})), text("done")])
+    result = await Runner(model, limits=Limits(max_run_tokens=3_000)).run(USER, Toolset("s", [tool_function(spend)]))
+    assert result.stop is StopReason.COMPLETED
+    left = 3_000 - estimate_messages(model.requests[0].messages)
+    assert 300 < taken[0] == taken[1] == taken[2] and 3 * taken[0] < left - 400  # an even part each

@@ -1,5 +1,6 @@
 """OpenAIChatModel through the real openai SDK against FakeOpenAIServer."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -7,7 +8,7 @@ import pytest
 
 from function_calls import ModelAPIError, ModelRequest, OpenAIChatModel, ToolCall
 from function_calls.model import ToolCallAccumulator
-from function_calls.testing import Call, Delay, Disconnect, FakeOpenAIServer, Fault, Reply
+from function_calls.testing import Call, Delay, Disconnect, FakeOpenAIServer, Fault, Raw, Reply, chunk
 from function_calls.testing.server import Usage as WireUsage
 
 SECRET = "sk-test-SECRET-123"
@@ -181,3 +182,96 @@ def test_one_id_reused_under_two_indexes_is_two_calls_with_ids_of_their_own() ->
     first, second = acc.result()
     assert (first.name, first.arguments, first.id) == ("weather", '{"city": "北京"}', "call_0")
     assert (second.name, second.arguments) == ("weather", '{"city": "上海"}') and second.id != "call_0"
+
+
+def thinking(chunks: int, *, per: int = 10, tail: list[dict[str, Any]] | None = None) -> Raw:
+    """A stream of ``chunks`` reasoning deltas of ``per`` tokens each (one CJK character is one token)."""
+    events = [chunk({"role": "assistant", "content": None, "reasoning_content": "想" * per})]
+    events += [chunk({"reasoning_content": "想" * per}) for _ in range(chunks - 1)]
+    return Raw(events + (tail if tail is not None else [chunk({"content": "答案"}, "stop")]))
+
+
+def long_arguments(chunks: int) -> Raw:
+    events = [chunk({"role": "assistant", "tool_calls": [
+        {"index": 0, "id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "'}}]})]
+    events += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": "北" * 10}}]}) for _ in range(chunks)]
+    return Raw([*events, chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"}'}}]}, "tool_calls")])
+
+
+@pytest.mark.parametrize("case", ["max_tokens ignored", "no max_tokens sent", "tool arguments"])
+async def test_a_stream_is_abandoned_once_its_output_passes_its_cap(server: FakeOpenAIServer, case: str) -> None:
+    """A provider that ignores max_tokens, or a turn whose cap was not sent (a model refuses one above its own
+    limit), is not read to its end: 60,000 tokens were read and charged against a cap of 24,000."""
+    usage = {"prompt_tokens": 10, "completion_tokens": 2000, "total_tokens": 2010}
+    server.script(long_arguments(200) if case == "tool arguments" else
+                  thinking(200, tail=[chunk({"content": "答案"}, "stop"), chunk(choices=False, usage=usage)]))
+    limit = {"max_tokens": 100} if case == "max_tokens ignored" else {"output_limit": 100}
+    model = make_model(server, stream=True)
+    response = await model.complete(REQUEST.model_copy(update=limit))
+    await model.aclose()
+    assert response.finish_reason == "length" and response.text == "" and response.tool_calls == []
+    assert 100 < response.usage.completion_tokens <= 115 and response.usage.estimated == 1
+    assert ("max_tokens" in server.last_request.body) is (case == "max_tokens ignored")
+
+
+@pytest.mark.parametrize("case", ["stream cut", "stream aborted", "reply aborted"])
+async def test_a_reply_that_fails_after_it_was_read_is_billed(server: FakeOpenAIServer, case: str) -> None:
+    """The provider did the work: 4 broken attempts of 2,700 tokens each were charged 0."""
+    usage = {"prompt_tokens": 300, "completion_tokens": 2700, "total_tokens": 3000}
+    if case == "stream cut":  # [DONE] with a tool call's JSON unfinished, no finish_reason, no usage
+        server.script(thinking(27, per=100, tail=[chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                                           "function": {"name": "w", "arguments": '{"c'}}]})]))
+    elif case == "stream aborted":  # DeepSeek short of capacity, its usage reported
+        server.script(thinking(27, per=100, tail=[chunk({}, "insufficient_system_resource"),
+                                                  chunk(choices=False, usage=usage)]))
+    else:
+        message = {"role": "assistant", "content": None, "reasoning_content": "想" * 2700}
+        server.script(Raw(body={"id": "x", "object": "chat.completion", "created": 0, "model": "fake-model",
+                                "choices": [{"index": 0, "message": message,
+                                             "finish_reason": "insufficient_system_resource"}], "usage": usage}))
+    model = make_model(server, stream=case != "reply aborted")
+    with pytest.raises(ModelAPIError) as info:
+        await model.complete(REQUEST)
+    await model.aclose()
+    assert info.value.retryable
+    if case == "stream cut":
+        assert 2700 <= (info.value.billed_output or 0) <= 2710 and info.value.billed_prompt is None
+    else:
+        assert (info.value.billed_prompt, info.value.billed_output) == (300, 2700)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reported_zeros_the_reply_contradicts_are_estimated(server: FakeOpenAIServer, stream: bool) -> None:
+    """A relay that reports usage {0, 0} for a long prompt and a long answer: it was charged 0."""
+    zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    if stream:
+        server.script(Raw([{**event, "usage": zero} for event in thinking(20).events if isinstance(event, dict)]))
+    else:
+        message = {"role": "assistant", "content": "答案", "reasoning_content": "想" * 200}
+        server.script(Raw(body={"id": "x", "object": "chat.completion", "created": 0, "model": "fake-model",
+                                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": zero}))
+    model = make_model(server, stream=stream)
+    response = await model.complete(REQUEST)
+    await model.aclose()
+    assert response.usage.prompt_tokens > 0 and response.usage.completion_tokens >= 200
+    assert response.usage.estimated == 1
+    server.script(Reply("", usage=WireUsage(prompt_tokens=50, completion_tokens=0)))  # an empty answer's 0 is true
+    model = make_model(server, stream=stream)
+    empty = await model.complete(REQUEST)
+    await model.aclose()
+    assert (empty.usage.prompt_tokens, empty.usage.completion_tokens, empty.usage.estimated) == (50, 0, 0)
+
+
+async def test_a_stream_has_a_deadline_in_all(server: FakeOpenAIServer) -> None:
+    """The SDK's timeout is per read: a stream that trickles on was read for as long as it went. Five times
+    ``timeout_s`` in all by default (a reply that is not streamed has ``timeout_s`` for all of it)."""
+    server.script(Reply("想" * 1000, chunk_size=1, chunk_delay=0.01))
+    model = make_model(server, stream=True, timeout_s=0.06)
+    assert model.deadline_s == pytest.approx(0.3)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ModelAPIError) as info:
+        await model.complete(REQUEST)
+    await model.aclose()
+    assert asyncio.get_running_loop().time() - started < 0.6
+    assert "0.3" in str(info.value) and info.value.network and not info.value.retryable
+    assert 5 <= (info.value.billed_output or 0) < 100  # what came was billed

@@ -146,3 +146,36 @@ async def test_a_broken_stream_nobody_saw_is_retried(server: FakeOpenAIServer) -
     result, delays, _ = await run(server, broken, Reply("whole answer"), stream=True)
     assert result.stop is StopReason.COMPLETED and result.text == "whole answer"
     assert len(server.requests) == 2 and len(delays) == 1
+
+
+class Left:
+    """A budget hook with ``left`` tokens today, recording what it is charged."""
+
+    def __init__(self, left: int) -> None:
+        self.left, self.charged = left, 0
+
+    async def remaining(self, caller: Any) -> int | None:
+        return self.left
+
+    async def charge(self, caller: Any, usage: Any) -> None:
+        self.charged += usage.total_tokens
+
+
+@pytest.mark.parametrize(("left", "attempts"), [(1_570, 1), (4_000, 3)])
+async def test_a_retry_never_spends_past_what_is_left(server: FakeOpenAIServer, left: int, attempts: int) -> None:
+    """Each attempt streams 1,500 tokens, then the connection drops (the provider billed them). A retry is made
+    only while the run has room for its prompt, and may write only what is left: 4 attempts of 2,700 tokens
+    each were charged 11,808 against 3,000 left."""
+    server.script(*[Reply("想" * 1500, chunk_size=100, break_after=16) for _ in range(4)])
+    model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key=SECRET)
+    budget = Left(left)
+
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    result = await Runner(model, budget=budget, sleep=no_wait).run(USER, TOOLS)
+    await model.aclose()
+    assert len(server.requests) == attempts
+    caps = [r.body["max_tokens"] for r in server.requests]
+    assert caps == sorted(caps, reverse=True) and len(set(caps)) == len(caps)  # each retry may write less
+    assert budget.charged == result.usage.total_tokens <= left + 100  # one streamed chunk past it at most

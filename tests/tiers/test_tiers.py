@@ -21,7 +21,7 @@ import pytest
 import memory
 import tiers
 import tiers.tools
-from function_calls import ModelRequest, ModelResponse
+from function_calls import ModelRequest, ModelResponse, Usage
 from function_calls.testing import Call, Delay, FakeOpenAIServer, Fault, Reply, ScriptedModel, call, text
 from function_calls.testing.server import Usage as ServerUsage
 from robot.bot import Bot
@@ -452,8 +452,8 @@ async def test_deep_think_may_spend_what_the_days_last_run_holds(tmp_path: Path)
 
 
 async def test_two_deep_thinks_at_once_cannot_both_spend_what_the_run_holds(tmp_path: Path) -> None:
-    """Each may write as much as its cap lets it (the worst case): the first borrows what the run has not
-    spent, the second finds nothing left, and the day is not overspent."""
+    """Each may write as much as its cap lets it (the worst case): each borrows its part of what the run has
+    not spent, less what the run needs to read their answers, and the day is not overspent."""
     from function_calls import Caller, Usage
     from function_calls.testing.server import Usage as WireUsage
 
@@ -471,9 +471,57 @@ async def test_two_deep_thinks_at_once_cannot_both_spend_what_the_run_holds(tmp_
         async with running(tmp_path, ScriptedModel(parent), limits, think=tier(server, max_run_tokens=5000),
                            max_run_tokens=4000) as (bot, ch):
             await bot.budget.charge(Caller(platform="memory", user_id="u1"), Usage(prompt_tokens=7000))
-            # They spent the whole day: the run ends saying so (a last answer would overspend it)
-            assert await ask(ch, "两道题", chat=ch.chat("u1", kind="private")) == "今天的 AI 用量已达上限，明天再来吧。"
-            assert len(server.requests) == 1 and server.requests[0].body["max_tokens"] > 1000
+            # They left the run what it needs to read their answers (they spent the whole day: the answers
+            # were thrown away)
+            assert await ask(ch, "两道题", chat=ch.chat("u1", kind="private")) == "好了"
+            assert len(server.requests) == 2 and server.requests[0].body["max_tokens"] > 100
             results = sorted(str(e["result"]) for e in ch.events if e.get("type") == "tool")
-            assert results == ["the daily AI budget is spent", "答案"]
-            assert 9000 < await bot.budget.used("user:memory:u1") <= 10_000
+            assert results == ["答案", "答案"]
+            assert 8000 < await bot.budget.used("user:memory:u1") <= 10_000
+
+
+def honest(body: dict[str, Any]) -> Reply:
+    """A think model that writes as much as its request lets it (its cap honoured, 5,000 without one)."""
+    out = int(body.get("max_tokens") or 5000)
+    return Reply("想好了", usage=ServerUsage(300, out, 300 + out))
+
+
+async def test_deep_thinks_at_once_share_what_the_calling_run_has_left(tmp_path: Path) -> None:
+    """Four deep_thinks in one turn, each tier run capped at 5,000, in a request capped at 6,000: each was sized
+    by the day, and the request spent 2.9 times its cap (its answers then thrown away)."""
+    def parent(request: ModelRequest) -> ModelResponse:
+        if tool_result(request):
+            return text("综合结论")
+        return call("deep_think", {"question": "方面 0"}, *[("deep_think", {"question": f"方面 {i}"}) for i in range(1, 4)])
+
+    async with FakeOpenAIServer(honest) as think_server:
+        limits = {"user_burst": 50, "chat_burst": 50, "user_daily_tokens": 200_000}
+        async with running(tmp_path, ScriptedModel(parent), limits, think=tier(think_server, max_run_tokens=5000),
+                           max_run_tokens=6000) as (bot, ch):
+            assert await ask(ch, "全面想想", chat=ch.chat("u1", kind="private")) == "综合结论"  # answered
+            end = next(e for e in ch.events if e.get("type") == "run_end")
+            think = end["tiers"]["think"]  # type: ignore[index]
+            assert think > 1000 and int(end["tokens"]) <= 6000  # type: ignore[call-overload]
+            assert await bot.budget.used("user:memory:u1") == end["tokens"]
+            caps = sorted(r.body["max_tokens"] for r in think_server.requests)  # an even part each
+            assert len(caps) == 4 and caps[0] == caps[-1] and 4 * caps[0] < 6000
+
+
+async def test_a_plans_steps_share_what_the_plan_has_left(tmp_path: Path) -> None:
+    """[llm.plan] max_run_tokens counts its sub-calls: four execute steps at once, each sized by the day, spent
+    4.9 times it."""
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        names = {t["function"]["name"] for t in request.tools}
+        if "plan" in names:  # the chat run
+            result = tool_result(request)
+            return text(result or "") if result else call("plan", {"goal": "安排团建"})
+        cap = request.max_tokens or request.output_limit or 0  # a step that writes all it may
+        return ModelResponse(text="步骤完成", usage=Usage(prompt_tokens=100, completion_tokens=max(0, cap), requests=1))
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Reply(tool_calls=[Call("execute", {"task": f"第 {i} 步"}) for i in range(4)],
+                                 usage=ServerUsage(400, 60, 460)), Reply("全部完成", usage=ServerUsage(900, 20, 920)))
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server, max_run_tokens=5000)) as (_b, ch):
+            await ask(ch, "帮我安排团建", chat=ch.chat("u1", kind="private"))
+            used = next(e for e in ch.events if e.get("type") == "tool" and e.get("name") == "plan")["data"]["tiers"]
+            assert sum(used.values()) <= 5000 and used["execute"] > 1000  # type: ignore[union-attr]
