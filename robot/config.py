@@ -123,7 +123,8 @@ class TierSection(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint (default: [llm] base_url)")
     api_key: SecretStr | None = Field(None, description="API key (default: [llm] api_key)")
     temperature: float | None = Field(None, ge=0, le=2)
-    timeout_s: float = Field(120.0, gt=0, description="per-request timeout")
+    timeout_s: float = Field(120.0, gt=0, description="seconds per read (all of a reply not streamed); a streamed "
+                             "reply gets five times this in all")
     max_iterations: int = Field(6, ge=1, le=50, description="model turns per call of the tier")
     max_tool_calls: int = Field(8, ge=0, le=100, description="tool calls per call of the tier")
     max_run_tokens: int = Field(24_000, ge=500, description="tokens per call of the tier, its sub-calls included")
@@ -145,7 +146,8 @@ class LLMSection(_Section):
     model: str | None = Field(None, description="model name; no model = commands only")
     stream: bool = Field(True, description="stream replies to channels that can show them")
     temperature: float | None = Field(None, ge=0, le=2)
-    timeout_s: float = Field(60.0, gt=0, description="per-request timeout")
+    timeout_s: float = Field(60.0, gt=0, description="seconds per read (all of a reply not streamed); a streamed "
+                             "reply gets five times this in all")
     strict_tools: bool = Field(False, description="send strict tool schemas")
     max_iterations: int = Field(6, ge=1, description="model turns per request")
     max_tool_calls: int = Field(5, ge=0, description="tool calls per request (a paused call counts once)")
