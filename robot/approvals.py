@@ -20,6 +20,7 @@ import json
 import logging
 import secrets
 import time
+import unicodedata
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from function_calls import Caller, RunResult, RunState, StopReason, Tool, ToolCall
 from robot import snapshots
-from robot.approvals_panel import PANEL, PendingPanel, approver_notices, pending_text
+from robot.approvals_panel import PANEL, PendingPanel, admin_prompt, approver_notices, pending_text
 from robot.approvals_watch import AnswerWatch
 from robot.ask_user import GRANT, AskUserArgs, Grant
 from robot.commands import refusal
@@ -154,16 +155,13 @@ class Approvals:
         if approver == "requester":
             return (f"确定要执行 {what} 吗？回复 /approve {code} 确认（或直接回复“确认”），"
                     f"/deny {code} 取消；{minutes} 分钟内有效。")
-        self._queue_notices(chat, code, what, caller)
-        return (f"这个操作需要管理员批准：{what}。已通知管理员，批准后我会继续；"
-                f"管理员可回复 /approve {code} 批准，/deny {code} 拒绝（{minutes} 分钟内有效）。")
+        notices = await approver_notices(self, chat, code, what, caller)
+        self._notices += notices  # approvers hear of it after the requester's reply (see :meth:`announce`)
+        return admin_prompt(what, code, minutes, notified=bool(notices),
+                            own=caller.qualified_user in self.approver_ids())
 
     def approver_ids(self) -> list[str]:
         return [*self.bot.settings.bot.admins, *self.settings.approvers]
-
-    def _queue_notices(self, chat: ChatRef, code: str, what: str, caller: Caller) -> None:
-        """Approvers hear of it after the requester's reply (see :meth:`announce`)."""
-        self._notices += approver_notices(self.approver_ids(), chat, code, what, caller)
 
     async def announce(self) -> None:
         """Queue the approvers' notices of the requests paused so far (after the requester's reply)."""
@@ -187,8 +185,12 @@ class Approvals:
         """``/approve CODE`` or ``/deny CODE [reason]``: the reply for the person who typed it."""
         if self._cooling(chat, caller):
             return f"确认码输错次数过多，请 {self.settings.cooldown_minutes} 分钟后再试。"
-        code = code.strip().upper()
-        row = await self.store.by_code(code) if len(code) == 5 and set(code) <= set(ALPHABET) else None
+        # As typed in an IME's full-width mode, or ending a sentence ("ＬＱ５ＲＺ。"): the command name is read so too.
+        code = unicodedata.normalize("NFKC", code).strip(_PUNCT).upper()
+        if len(code) != 5 or not set(code) <= set(ALPHABET):
+            # Not counted as a wrong code: it can match no request, so it is no guess worth limiting.
+            return "这不是确认码：确认码是 5 位字母和数字（不含 0、O、1、I），如 /approve LQ5RZ。发送 /pending 查看等待中的请求。"
+        row = await self.store.by_code(code)
         # A code from another chat reads as unknown: it reveals nothing the person could not see.
         if row is None or not (row["chat"] == chat.key or caller.qualified_user in self.approver_ids()
                                or caller.qualified_user == row["requester"]):
@@ -227,19 +229,20 @@ class Approvals:
         """A message that answers a paused run (``ask_user``, or a plain "确认"): consumed, routed nowhere else."""
         if chat.key not in self.watch:
             return False
-        row = await self.store.latest_answerable(chat.key, caller.qualified_user)
-        if row is None or parse_iso(str(row["expires_at"])) <= self.bot.clock():
-            return False
-        if row["kind"] == "approval":
+        by = caller.qualified_user
+        row, now = await self.store.latest_answerable(chat.key, by), self.bot.clock()
+        if row is not None and (row["kind"] == "approval" or parse_iso(str(row["expires_at"])) <= now):
             # A bare yes answers the prompt only while it is the bot's last word here: a "好的" to a later
             # question of the model's ran the wipe paused before it.
-            if text.strip(_PUNCT).lower() not in _YES or not await self._prompt_is_last(chat, str(row["code"])):
-                return False
-            answer = await self.decide(caller, chat, str(row["code"]), approve=True)
-            await self.bot.outbox.enqueue(OutgoingMessage(key=f"snapshot:{row['id']}:ack", chat=chat, text=answer,
-                                                          mention=(caller.user_id,) if chat.kind == "group" else ()))
-            return True
-        if self.bot.pipeline.is_command(text) or not await self._claim(row, "approved", caller.qualified_user):
+            if (row["kind"] == "approval" and parse_iso(str(row["expires_at"])) > now
+                    and text.strip(_PUNCT).lower() in _YES and await self._prompt_is_last(chat, str(row["code"]))):
+                answer = await self.decide(caller, chat, str(row["code"]), approve=True)
+                await self.bot.outbox.enqueue(OutgoingMessage(key=f"snapshot:{row['id']}:ack", chat=chat, text=answer,
+                                                              mention=(caller.user_id,) if chat.kind == "group" else ()))
+                return True
+            mine = await self.store.pending(now, requester=by, chat=chat.key)  # else it may answer an older
+            row = next((r for r in reversed(mine) if r["kind"] == "input"), None)  # question (a newer /wipe hid it)
+        if row is None or self.bot.pipeline.is_command(text) or not await self._claim(row, "approved", by):
             return False  # (a /deny typed while a question waits is no answer to it)
         self._spawn(row, True, answer=text)
         return True

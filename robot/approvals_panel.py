@@ -3,9 +3,10 @@
 Each row shows only what the chat already saw: the code, the call's summary, who asked and when
 the code expires; never the run state. A row's buttons (keys starting with ``/``) send
 ``/approve CODE`` or ``/deny CODE`` as the page's current identity, so the bot's usual checks
-decide who may approve; the panel grants nothing. In an approver's private chat the panel also
-lists what waits for their approval in the platform's other chats (as ``/pending`` does); and the
-approvers' notices of a new request (:func:`approver_notices`).
+decide who may approve; the panel grants nothing (it names who may: the requester, or the
+approvers). In an approver's private chat the panel also lists what waits for their approval in the
+platform's other chats (as ``/pending`` does); and the approvers' notices of a new request
+(:func:`approver_notices`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from function_calls import Caller
 from robot import snapshots
+from robot.channels.base import ACCOUNT_LEASE
 from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import Row, summarize
 from robot.store import parse_iso
@@ -23,7 +25,7 @@ from robot.store import parse_iso
 if TYPE_CHECKING:
     from robot.approvals import Approvals
 
-__all__ = ["PANEL", "PendingPanel", "approver_notices", "pending_text"]
+__all__ = ["PANEL", "PendingPanel", "admin_prompt", "approver_notices", "pending_text"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ class PendingPanel:
                "发起人": asker, "到期": f"{local:%H:%M}（还剩 {left} 分钟）"}
         if row["kind"] == "approval":
             out |= {"/批准": f"/approve {code}", "/拒绝": f"/deny {code}"}
+            # Who the bot lets press them (``@``, see robot.channels.web.panels): the requester alone, or an approver.
+            platform, requester = str(row["requester"]).split(":", 1)
+            mine = [requester] if platform == chat.platform else []
+            out["@"] = " ".join(mine if row["approver"] == "requester" else self.approvers(chat.platform))
         return out
 
 
@@ -93,18 +99,63 @@ async def pending_text(approvals: Approvals, caller: Caller) -> str:
     return "等待中的请求：\n" + "\n".join(lines) + "\n批准：/approve 码；拒绝：/deny 码 [理由]"
 
 
-def approver_notices(approvers: list[str], chat: ChatRef, code: str, what: str, caller: Caller) -> list[OutgoingMessage]:
-    """The notices of a request paused in ``chat`` for ``approvers`` (qualified ids) on the chat's platform:
-    @-ed in a group, privately otherwise."""
+async def approver_notices(approvals: Approvals, chat: ChatRef, code: str, what: str,
+                           caller: Caller) -> list[OutgoingMessage]:
+    """The notices of a request paused in ``chat``: approvers on the chat's platform are @-ed in a group, told
+    privately otherwise; those on another platform privately there. One who cannot be reached (no channel for
+    their platform, no telling which account reaches them) is logged and skipped; [] when nobody is reached."""
+    approvers = [q for q in dict.fromkeys(approvals.approver_ids()) if q != caller.qualified_user]
     same = [q.split(":", 1)[1] for q in approvers if q.split(":", 1)[0] == chat.platform]
-    if not same:
-        log.warning("an approval waits, but no approver is configured on %s ([bot] admins, [approvals] "
-                    "approvers)", chat.platform)
-        return []
     text = f"{caller.user_name or caller.user_id} 请求执行 {what}，需要批准：/approve {code} 批准，/deny {code} 拒绝。"
     key = snapshots.notice_key(chat, caller.user_id) + code  # and ``about``: the requester's /forget me finds them
-    if chat.kind == "group":
-        return [OutgoingMessage(key=f"{key}:group", chat=chat, text=text, mention=tuple(same), about=caller.user_id)]
-    return [OutgoingMessage(key=f"{key}:{user_id}", chat=chat.model_copy(update={"chat_id": user_id, "kind": "private"}),
-                            about=caller.user_id, text=f"{snapshots.notice_prefix(chat)}{text}")
-            for user_id in same if user_id != caller.user_id]
+    out: list[OutgoingMessage] = []
+    if same and chat.kind == "group":
+        out.append(OutgoingMessage(key=f"{key}:group", chat=chat, text=text, mention=tuple(same), about=caller.user_id))
+    elif same:
+        out += [OutgoingMessage(key=f"{key}:{user_id}", chat=chat.model_copy(update={"chat_id": user_id}),
+                                about=caller.user_id, text=f"{snapshots.notice_prefix(chat)}{text}") for user_id in same]
+    # Elsewhere without the call or the requester's name: /forget me looks for copies on their own platform only.
+    where = f"{chat.platform} {'群聊 ' + chat.chat_id if chat.kind == 'group' else '私聊'}"
+    brief = f"（来自 {where}）有一个请求需要批准：/approve {code} 批准，/deny {code} 拒绝；发送 /pending 查看内容。"
+    for qualified in approvers:
+        platform, user_id = qualified.split(":", 1)
+        if platform == chat.platform:
+            continue
+        account = await _account(approvals, platform)
+        if account is None:
+            log.warning("an approval waits, but approver %s cannot be notified: %s", qualified,
+                        f"no {platform} channel runs" if platform not in approvals.bot.channels else
+                        f"{platform} has several accounts (or none connected): which one reaches them is unknown")
+            continue
+        out.append(OutgoingMessage(key=f"{key}:{platform}:{user_id}", about=caller.user_id, text=brief,
+                                   chat=ChatRef(platform=platform, chat_id=user_id, kind="private", account=account)))
+    if not out:
+        log.warning("an approval waits in %s, but no approver can be notified ([bot] admins, [approvals] "
+                    "approvers)", chat.key)
+    return out
+
+
+async def _account(approvals: Approvals, platform: str) -> str | None:
+    """The account a private message on ``platform`` leaves through: "" where the platform has one connection,
+    its only account (live in any process) where it has several; None when it cannot be told."""
+    channel = approvals.bot.channels.get(platform)
+    if channel is None:
+        return None
+    if not channel.account_leases:
+        return ""
+    if default := channel.default_account():
+        return default
+    prefix = ACCOUNT_LEASE.format(platform=platform, account="")
+    accounts = {name[len(prefix):] for name in await approvals.bot.leases.leases.holders(prefix)}
+    return accounts.pop() if len(accounts) == 1 else None
+
+
+def admin_prompt(what: str, code: str, minutes: int, *, notified: bool, own: bool) -> str:
+    """What the requester of an admin's approval is told: whether an approver was notified (or may be them)."""
+    how = f"/approve {code} 批准，/deny {code} 拒绝"
+    if notified:
+        return f"这个操作需要管理员批准：{what}。已通知管理员，批准后我会继续；管理员可回复 {how}（{minutes} 分钟内有效）。"
+    if own:
+        return f"这个操作需要管理员批准：{what}。你是管理员，可回复 {how}（{minutes} 分钟内有效）。"
+    return (f"这个操作需要管理员批准：{what}。目前没有能通知到的管理员，请自行联系管理员；请求保留 {minutes} 分钟，"
+            f"管理员可回复 {how}。")

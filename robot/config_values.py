@@ -53,8 +53,21 @@ def chat_key(text: str) -> str:
     return f"{found[1]}:{found[2] or 'group'}:{found[3]}"
 
 
+_PLATFORM = re.compile(r"[a-z][a-z0-9_-]*")
+
+
 def qualified(value: list[str], what: str) -> list[str]:
-    bad = [a for a in value if ":" not in a or not a.split(":", 1)[1]]
-    if bad:
-        raise ValueError(f"{what} must be platform-qualified like 'onebot:10001', not {bad[0]!r}")
+    """Ids as ``platform:user_id``, written as messages name them: an entry that could never match a sender
+    (a space around the colon or the id, an upper-case platform) is refused, naming it. Any lower-case
+    platform name passes: a plugin's own channel may bring one."""
+    for entry in value:
+        platform, colon, user_id = entry.partition(":")
+        if not colon or not user_id:
+            raise ValueError(f"{what} must be platform-qualified like 'onebot:10001', not {entry!r}")
+        if any(c.isspace() or not c.isprintable() for c in entry):
+            raise ValueError(f"{what}: {entry!r} holds a space (or a control character); write it as "
+                             f"'onebot:10001', with nothing around the colon or the id")
+        if not _PLATFORM.fullmatch(platform):
+            hint = f"{platform.lower()}:{user_id}" if _PLATFORM.fullmatch(platform.lower()) else "onebot:10001"
+            raise ValueError(f"{what}: {entry!r} names no platform: platforms are lower-case names, e.g. {hint!r}")
     return value

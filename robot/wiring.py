@@ -42,7 +42,7 @@ def build_channels(settings: Settings) -> list[Channel]:
         from robot.channels.web import WebChannel
         from robot.channels.web.protocol import is_loopback
 
-        playground = WebChannel(cfg.web, bot_name=settings.bot.name)
+        playground = WebChannel(cfg.web, bot_name=settings.bot.name, max_message_chars=settings.limits.max_message_chars)
         channels.append(playground)
         # Binding a WeChat account is the owner's act: only a loopback playground offers the login page.
         if cfg.weixin.enabled and is_loopback(cfg.web.host):

@@ -527,3 +527,90 @@ async def test_an_answer_to_ask_user_is_held_to_the_message_size_limit(make_bot:
     await bot.approvals.idle()
     await ch.wait_sent(2)
     assert ASKS == ["三" * 100]
+
+
+async def test_a_full_width_code_approves_and_a_malformed_one_does_not_lock_the_admin_out(make_bot: Any) -> None:
+    """A code typed in an IME's full-width mode (the command name already was read so) approves at once;
+    text that is no code at all is answered as such and is no guess: five of them lock nobody out."""
+    bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")))
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    for typo in ("0O1IL", "好的", "ABC", "ABCDEF", "—"):  # 0, O, 1, I are never in a code
+        await ch.inject(f"/approve {typo}", user=ADMIN)
+    sent = await ch.wait_sent(7)
+    assert all("不是确认码" in m.text for m in sent[2:7]), [m.text for m in sent[2:7]]
+    full_width = "".join(chr(ord(c) + 0xFEE0) for c in code.lower())
+    await ch.inject(f"／ａｐｐｒｏｖｅ　{full_width}。", user=ADMIN)
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(9)
+    assert "已批准，正在执行。" in [m.text for m in sent[7:]] and RUNS == [("transfer", 42)]
+
+
+class Accounts(MemoryChannel):
+    """A platform with per-account connections (as OneBot's): a private chat leaves through one account."""
+
+    account_leases = True
+
+
+async def test_approvers_on_another_platform_are_told_privately_and_the_unreachable_are_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Approvers only on other platforms: each hears of the request in their private chat there, through
+    the platform's one account; one whose platform has no channel, or several accounts, is skipped and logged."""
+    from robot.bot import Bot
+    from robot.config import Settings
+
+    home, chat2, multi = MemoryChannel(), MemoryChannel("chat2"), Accounts("multi")
+    bot = Bot(Settings(bot={"data_dir": tmp_path, "admins": ["chat2:boss", "multi:b2", "gone:b3"]},
+                       limits={"user_burst": 1000, "chat_burst": 1000}),
+              model=ScriptedModel(after_tool("完成")), channels=[home, chat2, multi], plugins=[PLUGIN])
+    await bot.start()
+    try:
+        leases = bot.leases.leases
+        assert await leases.acquire("account:multi:self1")  # its only account (a live process holds it)
+        await home.inject("转 42 块", at_bot=True, user="u1")
+        ask = (await home.wait_sent(1))[0]
+        code = code_in(ask.text)
+        assert "已通知管理员" in ask.text
+        [notice] = await chat2.wait_sent(1)
+        assert notice.chat == chat2.chat("boss", kind="private") and f"/approve {code}" in notice.text
+
+        def queued(db: Any) -> list[tuple[str, str]]:
+            return [(str(r["chat"]), str(r["account"])) for r in db.query(
+                "SELECT chat, account FROM outbox WHERE platform = 'multi'", [])]
+
+        assert await bot.db.run(queued) == [("multi:private:b2", "self1")]
+        await chat2.inject(f"/approve {code}", user="boss", chat=chat2.chat("boss", kind="private"))
+        await bot.approvals.idle()
+        assert RUNS == [("transfer", 42)]
+
+        assert await leases.acquire("account:multi:self2")  # two accounts: which one knows b2 is a guess
+        with caplog.at_level(logging.WARNING):
+            await home.inject("再转 42 块", at_bot=True, user="u1")
+            await chat2.wait_sent(3)
+        assert len(await bot.db.run(queued)) == 1
+        logged = " ".join(r.getMessage() for r in caplog.records)
+        assert "multi:b2" in logged and "gone:b3" in logged
+    finally:
+        await bot.stop(flush_timeout_s=0.5)
+
+
+async def test_a_requester_whose_request_reaches_no_approver_is_told_so(make_bot: Any) -> None:
+    _bot, ch = await start_bot(make_bot, ScriptedModel(after_tool("完成")), bot={"admins": ["gone:b3"]})
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    [ask] = await ch.wait_sent(1)
+    assert "已通知" not in ask.text and "没有能通知到的管理员" in ask.text and "/approve " in ask.text
+    assert "30 分钟" in ask.text
+
+
+async def test_an_answer_reaches_the_question_behind_the_askers_own_newer_confirmation(make_bot: Any) -> None:
+    """ask_user waits for u1; then u1's /wipe waits for their own 确认: "100" is no yes, so it answers the question."""
+    ASKS.clear()
+    bot, ch = await start_bot(make_bot, ScriptedModel(asking_model))
+    await ch.inject("帮我约个会", at_bot=True, user="u1")
+    await ch.inject("/wipe", user="u1")
+    assert "确定要执行 wipe()" in (await ch.wait_sent(2))[1].text
+    await ch.inject("100", user="u1")
+    await bot.approvals.idle()
+    assert ASKS == ["100"] and (await ch.wait_sent(3))[2].text == "收到：100"
+    assert [r["kind"] for r in await bot.approvals.store.pending(bot.clock())] == ["approval"]  # /wipe still waits
+    assert RUNS == []

@@ -95,11 +95,12 @@ def test_a_fallback_url_with_a_bad_port_is_refused_by_name_and_shows_no_password
 
 def test_the_embedding_and_search_urls_are_checked_like_the_models() -> None:
     from memory.settings import MemorySettings
+    from search.settings import SearchSettings as PerplexitySettings
 
     with pytest.raises(ValueError, match="port that is not a number"):
         MemorySettings(embedding_base_url="http://admin:Pa55#word@127.0.0.1/v1")
     with pytest.raises(ValueError, match="port that is not a number"):
-        SearchSettings(base_url="http://127.0.0.1:11434x")
+        PerplexitySettings(base_url="http://127.0.0.1:11434x")
 
 
 # --- plugin tables ------------------------------------------------------------------------------
@@ -134,6 +135,12 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
     ('[limits]\nuser_burst = "lots"\n', ["limits.user_burst", "valid integer"]),
     ('[llm]\nmodle = "gpt"\n', ["llm.modle", "Extra inputs are not permitted"]),
     ('[bot]\nadmins = ["10001"]\n', ["bot.admins", "platform-qualified"]),
+    # each loaded and never matched anyone: a space, an upper-case platform
+    ('[bot]\nadmins = ["onebot: 10001"]\n', ["bot.admins", "'onebot: 10001'", "space"]),
+    ('[bot]\nadmins = ["onebot:1", " web:admin"]\n', ["bot.admins", "' web:admin'", "space"]),
+    ('[bot]\nadmins = ["onebot:10003 "]\n', ["bot.admins", "'onebot:10003 '"]),
+    ('[bot]\nadmins = ["OneBot:10002"]\n', ["bot.admins", "'OneBot:10002'", "lower-case"]),
+    ('[approvals]\napprovers = ["QQ:10004"]\n', ["approvals.approvers", "'QQ:10004'", "lower-case"]),
     ('[channels.onebot]\nport = 70000\n', ["channels.onebot.port", "less than or equal"]),
     ("debug = true\n", ["unknown key 'debug'"]),
     ('[storage]\nlisten_url = "postgresql://db/q"\n', ["storage", "listen_url is for PostgreSQL"]),  # SQLite
@@ -157,6 +164,13 @@ def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml:
     for needle in needles:
         assert needle in str(err.value)
     assert str(path) in str(err.value) and "Ab3" not in str(err.value) and "sk-a" not in str(err.value)
+
+
+def test_admins_on_a_platform_this_build_does_not_know_still_load(tmp_path: Path) -> None:
+    """A plugin's own channel may bring its platform: only the shape of the id is checked."""
+    settings, _ = load_settings(write(tmp_path / "q.toml", '[bot]\nadmins = ["matrix:@a:example.org"]\n'
+                                      '[approvals]\napprovers = ["my-chat_2:u1"]\n'))
+    assert settings.bot.admins == ["matrix:@a:example.org"] and settings.approvals.approvers == ["my-chat_2:u1"]
 
 
 def test_an_api_key_with_a_trailing_newline_or_cr_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

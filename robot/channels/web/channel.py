@@ -7,9 +7,9 @@ is connected wait in a bounded per-chat transcript that each page receives on co
 
 The playground has no login: it binds 127.0.0.1 by default, and when bound to a loopback address
 it refuses requests whose ``Host`` is not loopback (DNS rebinding; bound beyond, a ``Host`` that is
-no IP address nor in ``[web] allowed_hosts``) and WebSockets opened from another origin (a web
-site the user visits must not drive the bot). Nothing from the config but
-the bot's name and the web approvers' ids (:mod:`robot.channels.web.panels`) reaches the page.
+no IP address nor in ``[web] allowed_hosts``) and WebSockets opened from another origin (a web site
+the user visits must not drive the bot). Nothing from the config but the bot's name, its message
+size limit and the web approvers' ids (:mod:`robot.channels.web.panels`) reaches the page.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from robot.channels.base import (
 from robot.channels.web.page import HEADERS, QUEUE, Page
 from robot.channels.web.panels import members, panel_frame
 from robot.channels.web.protocol import (
+    MAX_MESSAGE,
     MAX_TEXT,
     FrameError,
     PanelsFrame,
@@ -82,9 +83,10 @@ class WebChannel(Channel):
     capabilities = Capabilities(max_text_len=MAX_TEXT, streaming=True, markdown=False)
 
     def __init__(self, settings: WebSettings, *, bot_name: str = "qunbot",
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None, max_message_chars: int = MAX_MESSAGE) -> None:
         super().__init__()
         self.settings, self.bot_name = settings, bot_name
+        self.max_text = max_message_chars  # what a page may send: the bot's [limits] max_message_chars
         self._clock = clock or (lambda: datetime.now(UTC))
         self._mention = re.compile(r"(?<![A-Za-z0-9_.@])@" + re.escape(bot_name) + r"(?![A-Za-z0-9_.])[ \t]*", re.I) \
             if bot_name else None  # ("你好@qunbot在吗" yes; bob@qunbot.io, @qunbotfan no)
@@ -179,8 +181,8 @@ class WebChannel(Channel):
         mention = [{"id": uid, "name": self._names.get(uid, uid)} for uid in message.mention] \
             if chat.kind == "group" else []
         self._publish(chat, {"type": "reply", "chat": address(chat), "id": message.key, "text": message.text,
-                             "mention": mention, "reply_to": message.reply_to, "time": self._now(),
-                             "zone": self._zone(chat)})
+                             "mention": mention, "reply_to": message.reply_to,
+                             "time": self._clock().astimezone(UTC).isoformat(), "zone": self._zone(chat)})
         self._refresh_panels(chat)  # what the bot says may change them (a request paused, approved, …)
         return SendReceipt(platform_message_id=message.key)
 
@@ -244,14 +246,14 @@ class WebChannel(Channel):
         return web.FileResponse(STATIC / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=64 * 1024)
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=max(64 * 1024, 6 * self.max_text + 4096))
         await ws.prepare(request)
         page = Page(ws)
         # After a restart: the group and the presets' private chats from the store (others when opened).
         for chat_id, kind in ((GROUP_ID, "group"), *((uid, "private") for uid, _ in MEMBERS)):
             await self._restore(ChatRef(platform=self.platform, chat_id=chat_id, kind=kind))
-        page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID, "max_text_len": MAX_TEXT,
-                   "members": members(self._panels, self.platform, MEMBERS)})
+        page.push({"type": "welcome", "bot_name": self.bot_name, "group_id": GROUP_ID,
+                   "max_text_len": self.max_text, "members": members(self._panels, self.platform, MEMBERS)})
         page.push({"type": "history", "frames": self._newest()})
         page.writer = asyncio.create_task(page.write(), name="web-page-writer")
         self._pages[ws] = page
@@ -271,7 +273,7 @@ class WebChannel(Channel):
 
     def _on_frame(self, page: Page, raw: str) -> None:
         try:
-            frame = parse_frame(raw)
+            frame = parse_frame(raw, self.max_text)
         except FrameError as exc:
             log.info("web playground refused a frame: %s", exc)
             page.push({"type": "error", "error": str(exc)})
@@ -392,9 +394,6 @@ class WebChannel(Channel):
         self._names[user_id] = name
         while len(self._names) > _NAMES:
             del self._names[next(iter(self._names))]
-
-    def _now(self) -> str:
-        return self._clock().astimezone(UTC).isoformat()
 
     def _zone(self, chat: ChatRef) -> str | None:  # the page shows times in the zone the bot speaks in
         return self._zone_for(chat).key if self._zone_for is not None else None

@@ -3,7 +3,9 @@
 A provider returns rows of ``{label: value}``. A key starting with ``/`` is a button instead of a
 field: its label is the rest of the key and its value is the ``/command`` the button sends as the
 page's current identity (e.g. ``{"/批准": "/approve LQ5RZ"}``). A button is only a shortcut for
-typing: the bot checks the identity as for any message. A provider that also has an
+typing: the bot checks the identity as for any message. The key ``@`` names who it lets press a
+row's buttons (user ids on the chat's platform, separated by spaces), so that the page can say
+whether the current identity may; it is not shown. A provider that also has an
 ``approvers(platform)`` method (:class:`ApproverSource`) names the identities that may approve;
 the page offers and marks them.
 """
@@ -39,6 +41,8 @@ def split_row(row: Mapping[Any, Any]) -> tuple[dict[str, str], list[dict[str, st
     buttons: list[dict[str, str]] = []
     for key, value in row.items():
         label, text = str(key), str(value)
+        if label == "@":
+            continue
         if not label.startswith("/"):
             fields[label] = text
         elif text.startswith("/") and len(text) <= MAX_TEXT and label[1:].strip():
@@ -53,7 +57,8 @@ async def panel_frame(providers: Mapping[str, PanelProvider], chat: ChatRef) -> 
     panels: list[dict[str, Any]] = []
     for name, provider in list(providers.items()):
         try:
-            rows = [split_row(row) for row in (await provider(chat))[:_ROWS]]
+            raw = (await provider(chat))[:_ROWS]
+            rows = [split_row(row) for row in raw]
         except Exception:
             log.exception("web panel %r failed for %s", name, chat.key)
             panels.append({"name": name, "rows": [], "error": "could not load this panel"})
@@ -61,6 +66,8 @@ async def panel_frame(providers: Mapping[str, PanelProvider], chat: ChatRef) -> 
         panel: dict[str, Any] = {"name": name, "rows": [fields for fields, _ in rows]}
         if any(buttons for _, buttons in rows):
             panel["actions"] = [buttons for _, buttons in rows]
+        if any("@" in row for row in raw):
+            panel["actors"] = [str(row["@"]).split() if "@" in row else None for row in raw]
         panels.append(panel)
     return {"type": "panels", "chat": address(chat), "panels": panels}
 

@@ -15,7 +15,9 @@ every frame and shows the chat it is on::
     {"type": "welcome", "bot_name", "group_id", "members": [{"id", "name", "approver"?}], "max_text_len"}
                                            always first; members are the presets, then the web platform's
                                            approvers (``[bot] admins``/``[approvals] approvers``), marked
-                                           ``"approver": true``
+                                           ``"approver": true``; ``max_text_len``: the most characters a
+                                           ``send`` may carry (``[limits] max_message_chars``): a longer
+                                           one is refused, and the page keeps it unsent, with a notice
     {"type": "history", "frames": [...]}   recent message/reply/trace frames of every chat, oldest first;
                                            also what a page missed while none was connected, and after a
                                            restart a chat's newest stored messages (sent again when a page
@@ -30,11 +32,12 @@ every frame and shows the chat it is on::
                                            duration_ms, note), "retry" (error, delay_s) or "run_end" (stop,
                                            detail, tokens, model_calls); ``event.message_id`` is the run;
                                            a /command is traced as one "tool" event and run_end stop "command"
-    {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "actions"?, "error"?}]}
+    {"type": "panels", "chat", "panels": [{"name", "rows": [{label: value}], "actions"?, "actors"?, "error"?}]}
                                            side panels, pushed on request, after each run_end and each bot
                                            message (for that chat and for each chat a page shows);
                                            ``actions[i]`` lists row i's buttons ``[{"label", "text"}]``: the
-                                           page sends ``text`` (a /command) as its current identity
+                                           page sends ``text`` (a /command) as its current identity;
+                                           ``actors[i]``: the ids the bot lets press them (null: not said)
     {"type": "error", "error": "..."}      the page's last frame was refused; the socket stays open
     {"type": "pong"}
 
@@ -53,14 +56,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from yarl import URL
 
+from robot.config import LimitsSection
 from robot.history import HistoryEntry
 from robot.message import ChatKind, ChatRef
 
-__all__ = ["MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address",
+__all__ = ["MAX_MESSAGE", "MAX_TEXT", "ChatAddress", "FrameError", "PanelsFrame", "PingFrame", "SendFrame", "UserRef", "address",
            "answers_to", "authority", "is_loopback", "parse_frame", "stored_frames", "trim"]
 
 _ID = r"^[A-Za-z0-9_.\-]{1,64}$"
-MAX_TEXT = 4000
+MAX_TEXT = 4000  # the bot's messages are sent in parts of this size
+#: The longest text a page may send unless the channel is told ``[limits] max_message_chars``.
+MAX_MESSAGE: int = LimitsSection().max_message_chars
 _LONG = 4000  # trace strings are cut here
 
 
@@ -100,7 +106,7 @@ class SendFrame(_Frame):
     type: Literal["send"]
     kind: ChatKind
     user: UserRef
-    text: str = Field(min_length=1, max_length=MAX_TEXT)
+    text: str = Field(min_length=1)  # (at most the channel's limit: see parse_frame)
 
 
 class PanelsFrame(_Frame):
@@ -121,8 +127,9 @@ _INBOUND: TypeAdapter[SendFrame | PanelsFrame | PingFrame] = TypeAdapter(Inbound
 _TYPES = ("send", "panels", "ping")
 
 
-def parse_frame(raw: str) -> SendFrame | PanelsFrame | PingFrame:
-    """Parse and validate one page frame; :class:`FrameError` says what is wrong."""
+def parse_frame(raw: str, max_text: int = MAX_MESSAGE) -> SendFrame | PanelsFrame | PingFrame:
+    """Parse and validate one page frame (a ``send`` of at most ``max_text`` characters); :class:`FrameError`
+    says what is wrong."""
     try:
         data: Any = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -136,11 +143,15 @@ def parse_frame(raw: str) -> SendFrame | PanelsFrame | PingFrame:
     if data.get("type") not in _TYPES:
         raise FrameError(f"unknown frame type {str(data.get('type'))[:40]!r}; expected one of {', '.join(_TYPES)}")
     try:
-        return _INBOUND.validate_python(data)
+        frame = _INBOUND.validate_python(data)
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
         raise FrameError(f"bad {data['type']} frame: {where}: {first['msg']}") from None
+    if isinstance(frame, SendFrame) and len(frame.text) > max_text:
+        raise FrameError(f"太长：{len(frame.text)}/{max_text} (text longer than this bot takes: "
+                         "[limits] max_message_chars)")
+    return frame
 
 
 def address(chat: ChatRef) -> dict[str, str]:

@@ -35,11 +35,21 @@ async def transfer(ctx: ToolContext[object], args: TransferArgs) -> ToolResult:
     return ToolResult(content=f"transferred {args.amount}")
 
 
+@tool_function(confirm="requester")
+async def wipe(ctx: ToolContext[object]) -> ToolResult:
+    """Delete my notes (I confirm myself)."""
+    RUNS.append(-1)
+    return ToolResult(content=f"wiped the notes of {ctx.caller.user_id}")
+
+
 def responder(body: dict[str, Any]) -> Reply:
-    """The model: asks for the transfer the user named, then reports what the tool (or the approver) said."""
+    """The model: asks for the transfer the user named (or the wipe), then reports what the tool (or the
+    approver) said."""
     last = body["messages"][-1]
     if last["role"] == "tool":
         return Reply(f"结果：{last['content']}")
+    if "wipe" in str(last["content"]):
+        return Reply(tool_calls=[Call("wipe", {})])
     amount = re.search(r"\d+", str(last["content"]))
     return Reply(tool_calls=[Call("transfer", {"amount": int(amount.group()) if amount else 1})])
 
@@ -51,7 +61,7 @@ async def bot(tmp_path: Path) -> AsyncIterator[Bot]:
         model = OpenAIChatModel(model="fake-model", base_url=server.base_url, api_key="sk-test-secret", stream=True)
         b = Bot(Settings(bot={"data_dir": tmp_path, "admins": ["web:admin"]}), model=model,
                 channels=[WebChannel(WebSettings(enabled=True, port=0))],
-                plugins=[Plugin("risky", Toolset("risky", [transfer]))])
+                plugins=[Plugin("risky", Toolset("risky", [transfer, wipe]))])
         await b.start()
         try:
             yield b
@@ -94,7 +104,7 @@ async def test_admin_identity_approves_and_denies_from_the_panel(bot: Bot) -> No
                 assert part in shown, shown
             text = await panel.inner_text()
             assert "sk-test-secret" not in text and "tool_call" not in text and "给小明转" not in text  # no run state
-            assert "不可批准" in text and "可批准的身份：admin" in text
+            assert "可批准：admin（当前身份不可批准）" in shown
             await page.screenshot(path="/tmp/playground-approvals-panel.png")
 
             # As 阿强 (not an approver) the button is refused by the bot, with its usual message.
@@ -105,7 +115,7 @@ async def test_admin_identity_approves_and_denies_from_the_panel(bot: Bot) -> No
 
             # As admin the same button runs the tool once, the model's reply arrives, and the panel empties.
             await admin.click()
-            assert "（可批准）" in await panel.inner_text()
+            assert "可批准：admin（当前身份可批准）" in await row.inner_text()
             await row.locator("button.action", has_text="批准").click()
             await page.locator(".msg.bot .bubble", has_text="已批准，正在执行").wait_for(timeout=5000)
             await page.locator(".msg.bot .bubble", has_text="结果：transferred 42").wait_for(timeout=5000)
@@ -138,5 +148,37 @@ async def test_admin_identity_approves_and_denies_from_the_panel(bot: Bot) -> No
             assert [r["status"] for r in await bot.approvals.store.with_status(None)] == ["denied", "resumed"]
             await page.screenshot(path="/tmp/playground-approvals.png")
             assert errors == []
+        finally:
+            await browser.close()
+
+
+async def test_each_row_says_who_may_press_its_buttons(bot: Bot) -> None:
+    """A request its requester confirms: the panel named the admin, and the requester 不可批准 (the opposite)."""
+    channel = bot.channels["web"]
+    assert isinstance(channel, WebChannel)
+    async with playwright.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            await page.goto(channel.url)
+            await page.wait_for_selector("#status[data-state=open]", timeout=5000)
+            await page.click("[data-member=u-xiaoming]")
+            await page.fill("#input", "@qunbot wipe my notes")
+            await page.press("#input", "Enter")
+            await page.fill("#input", "@qunbot 转 42 块")
+            await page.press("#input", "Enter")
+            panel = page.locator('[data-panel="待批准"]')
+            mine, admins = panel.locator("li", has_text="发起人确认"), panel.locator("li", has_text="管理员批准")
+            await mine.wait_for(timeout=5000)
+            await admins.wait_for(timeout=5000)
+            assert "可批准：小明（当前身份可批准）" in await mine.inner_text()
+            assert "可批准：admin（当前身份不可批准）" in await admins.inner_text()
+            await page.click("[data-member=admin]")
+            await panel.locator("li", has_text="可批准：小明（当前身份不可批准）").wait_for(timeout=5000)
+            assert "可批准：admin（当前身份可批准）" in await admins.inner_text()
+            await page.click("[data-member=u-xiaoming]")
+            await mine.locator("button.action", has_text="批准").click()
+            await page.locator(".msg.bot .bubble", has_text="wiped the notes of u-xiaoming").wait_for(timeout=5000)
+            assert RUNS == [-1]
         finally:
             await browser.close()

@@ -33,6 +33,12 @@ async def transfer(ctx: ToolContext[object], args: TransferArgs) -> ToolResult:
     return ToolResult(content=f"transferred {args.amount}")
 
 
+@tool_function(confirm="requester", aliases=["wipe"])
+async def wipe(ctx: ToolContext[object]) -> ToolResult:
+    """Delete my notes (I confirm myself)."""
+    return ToolResult.reply("wiped")
+
+
 def model() -> ScriptedModel:
     def script(req: ModelRequest) -> ModelResponse:
         asked = str(req.messages[-1].get("content"))
@@ -46,7 +52,7 @@ def model() -> ScriptedModel:
 
 
 async def started(make_bot: Any) -> tuple[Any, Any, PendingPanel]:
-    bot, ch = await make_bot(model(), plugins=[Plugin("risky", Toolset("risky", [transfer]))],
+    bot, ch = await make_bot(model(), plugins=[Plugin("risky", Toolset("risky", [transfer, wipe]))],
                              bot={"admins": ["memory:9", "onebot:10001"]},
                              approvals={"approvers": ["memory:boss", "memory:9"]})
     panel = bot.panels[PANEL]
@@ -62,7 +68,7 @@ async def test_a_chat_sees_its_own_requests_and_an_approver_sees_them_privately(
     [row] = await panel(ch.chat("g1"))
     code = row["码"]
     assert row == {"码": code, "等待": "管理员批准", "内容": "transfer(amount=42)", "发起人": "小明",
-                   "到期": row["到期"], "/批准": f"/approve {code}", "/拒绝": f"/deny {code}"}
+                   "到期": row["到期"], "/批准": f"/approve {code}", "/拒绝": f"/deny {code}", "@": "9 boss"}
     assert row["到期"].endswith("（还剩 30 分钟）")
     # Another group and a non-approver's private chat see nothing; an approver's private chat sees where it waits.
     assert await panel(ch.chat("g2")) == []
@@ -81,14 +87,23 @@ async def test_questions_have_no_buttons_and_an_edited_row_says_so(make_bot: Any
     await ch.wait_sent(1)
     [row] = await panel(ch.chat("g1"))
     assert row["等待"] == "发起人回答" and row["内容"] == "几点开会？"
-    assert not [k for k in row if k.startswith("/")]  # an answer is typed, not approved
+    assert not [k for k in row if k.startswith(("/", "@"))]  # an answer is typed, not approved
     await bot.db.run(lambda db: db.execute("UPDATE snapshots SET tip = '改过的问题'"))
     [row] = await panel(ch.chat("g1"))
     assert row["内容"] == "（记录校验失败：批准会被拒绝）"
 
 
+async def test_a_request_its_requester_confirms_names_the_requester_as_who_may_press(make_bot: Any) -> None:
+    _bot, ch, panel = await started(make_bot)
+    await ch.inject("/wipe", user="u1", name="小明")
+    await ch.wait_sent(1)
+    [row] = await panel(ch.chat("g1"))
+    assert row["等待"] == "发起人确认" and row["@"] == "u1" and "/批准" in row  # not the approvers 9 and boss
+
+
 def test_buttons_are_only_commands() -> None:
-    fields, buttons = split_row({"码": "ABCDE", "/批准": "/approve ABCDE", "/打开": "https://evil.example", "/": "/x"})
+    fields, buttons = split_row({"码": "ABCDE", "/批准": "/approve ABCDE", "/打开": "https://evil.example", "/": "/x",
+                                 "@": "admin"})
     assert fields == {"码": "ABCDE"}
     assert buttons == [{"label": "批准", "text": "/approve ABCDE"}]
 
@@ -98,14 +113,14 @@ async def test_panel_frame_carries_buttons_per_row_and_survives_a_failing_panel(
         raise RuntimeError("boom")
 
     async def codes(chat: ChatRef) -> list[dict[str, str]]:
-        return [{"码": "AAAAA", "/批准": "/approve AAAAA"}, {"码": "note"}]
+        return [{"码": "AAAAA", "/批准": "/approve AAAAA", "@": "admin boss"}, {"码": "note"}]
 
     chat = ChatRef(platform="web", chat_id="playground", kind="group")
     frame = await panel_frame({"broken": broken, PANEL: codes}, chat)
     assert frame["panels"] == [
         {"name": "broken", "rows": [], "error": "could not load this panel"},
         {"name": PANEL, "rows": [{"码": "AAAAA"}, {"码": "note"}],
-         "actions": [[{"label": "批准", "text": "/approve AAAAA"}], []]},
+         "actions": [[{"label": "批准", "text": "/approve AAAAA"}], []], "actors": [["admin", "boss"], None]},
     ]
 
 

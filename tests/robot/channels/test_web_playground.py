@@ -250,3 +250,30 @@ async def test_the_conversation_comes_back_from_the_store_after_a_restart(tmp_pa
                 await second.stop()
         finally:
             await browser.close()
+
+
+async def test_a_long_paste_stays_whole_and_one_over_the_limit_is_held_with_a_notice(bot: Bot) -> None:
+    """The box cut a 7,000-character paste to 4,000 without a word; the limit is the bot's own
+    ([limits] max_message_chars, 8000), told by the server: over it the text stays, unsent, with a notice."""
+    channel = bot.channels["web"]
+    assert isinstance(channel, WebChannel)
+    article = "".join(f"第{i:04d}段。" for i in range(1000))  # 7,000 characters
+    async with playwright.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(channel.url)
+            await page.wait_for_selector("#status[data-state=open]", timeout=5000)
+            await page.focus("#input")
+            await page.keyboard.insert_text(article + "多" * 2000)
+            await page.press("#input", "Enter")
+            await page.locator("#notice", has_text="太长：9000/8000").wait_for(timeout=5000)
+            assert len(await page.input_value("#input")) == 9000 and await page.locator(".msg.self").count() == 0
+            await page.fill("#input", "")
+            await page.keyboard.insert_text(article)
+            await page.press("#input", "Enter")
+            sent = page.locator(".msg.self .text")
+            await sent.wait_for(timeout=5000)
+            assert await sent.inner_text() == article and await page.input_value("#input") == ""
+        finally:
+            await browser.close()

@@ -339,3 +339,36 @@ async def test_two_pages_connecting_together_both_get_the_stored_messages(http: 
         assert sorted(reads) == sorted(set(reads))  # each chat read once
     finally:
         await channel.stop()
+
+
+async def test_the_page_is_told_the_bots_message_limit_and_a_longer_text_is_refused(
+        tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """One number: [limits] max_message_chars (the page holds a longer text with a notice; the server refuses it)."""
+    from robot.config import LimitsSection
+
+    assert WebChannel(WebSettings()).max_text == LimitsSection().max_message_chars == 8000
+    channel = WebChannel(WebSettings(enabled=True, port=0), bot_name="qunbot", max_message_chars=300)
+    bot = Bot(Settings(bot={"data_dir": tmp_path}, limits={"max_message_chars": 300}), model=None, channels=[channel])
+    await bot.start()
+    try:
+        page, _ = await connect(http, bot)
+        await page.close()
+        page = await http.ws_connect(channel.url + "ws")
+        assert (await page.receive_json(timeout=5))["max_text_len"] == 300
+        await page.send_json(send("private", A, "长" * 301))
+        error = await until(page, lambda f: f["type"] == "error")
+        assert "301" in error["error"] and "300" in error["error"]
+        await page.send_json(send("private", A, "长" * 300))
+        assert (await until(page, lambda f: f["type"] == "message"))["text"] == "长" * 300
+    finally:
+        await bot.stop()
+
+
+def test_the_playground_takes_the_bots_message_limit_from_the_settings() -> None:
+    from robot.bot import build_channels
+    from robot.channels.web import WebChannel
+    from robot.config import Settings
+
+    built = build_channels(Settings(limits={"max_message_chars": 500}))
+    web = next(c for c in built if isinstance(c, WebChannel))
+    assert web.max_text == 500

@@ -17,7 +17,7 @@
   };
 
   const S = {
-    botName: 'qunbot', groupId: 'playground', maxLen: 4000,
+    botName: 'qunbot', groupId: 'playground', maxLen: 8000,  // maxLen: the welcome's max_text_len
     presets: [], extra: store.get('extraMembers', []), meId: store.get('me', null), mode: store.get('mode', 'group'),
     chats: new Map(),   // chat key -> [item]
     seen: new Set(),    // ids of rendered messages and replies
@@ -100,7 +100,6 @@
     $('bot-name').textContent = f.bot_name;
     $('group-label').textContent = f.group_id;
     $('at-bot').textContent = '@' + f.bot_name;
-    $('input').maxLength = f.max_text_len;
     renderMembers(); renderAll(); requestPanels();
   }
   function addItem(key, item, replay) {
@@ -292,6 +291,8 @@
             li.append(line);
           }
           const buttons = (p.actions && p.actions[i]) || [];
+          const actors = p.actors && p.actors[i];
+          if (buttons.length && actors) li.append(mayAct(actors));
           if (buttons.length) {
             const bar = el('div', 'actions');
             for (const a of buttons) {
@@ -312,13 +313,20 @@
 
   // Panel buttons send a /command as the current identity: the bot decides, exactly as if it were typed.
   function actingAs() {
-    const approvers = members().filter((m) => m.approver).map((m) => m.name);
-    const who = me();
     const line = el('p', 'acting');
-    line.append(el('span', null, '按钮以当前身份「' + who.name + '」发送'));
-    line.append(el('span', who.approver ? 'ok' : 'warn', who.approver ? '（可批准）' : '（不可批准）'));
-    line.append(el('span', null, approvers.length ? '；可批准的身份：' + approvers.join('、')
-      : '；没有可批准的身份：在 [bot] admins 中加入 "web:admin"'));
+    line.append(el('span', null, '按钮以当前身份「' + me().name + '」发送，机器人会核对身份'));
+    return line;
+  }
+  // Per row, who the bot lets press its buttons (the panel's "actors": its requester, or the approvers).
+  function mayAct(ids) {
+    const line = el('div', 'who');
+    const names = ids.map((id) => (members().find((m) => m.id === id) || { name: id }).name);
+    if (!names.length) {
+      line.append(el('span', 'warn', '可批准：没有（在 [bot] admins 中加入 "web:admin"）'));
+      return line;
+    }
+    const ok = ids.includes(me().id);
+    line.append(el('span', null, '可批准：' + names.join('、')), el('span', ok ? 'ok' : 'warn', ok ? '（当前身份可批准）' : '（当前身份不可批准）'));
     return line;
   }
   function act(text) {
@@ -338,10 +346,14 @@
     if (S.mode === 'private') requestPanels();
     $('input').focus();
   }
+  // Characters as the bot counts them (an emoji is one). A longer text stays in the box, unsent: no silent cut.
+  const tooLong = (text) => { const n = Array.from(text).length; return n > S.maxLen ? '太长：' + n + '/' + S.maxLen + '，请删减后再发送' : ''; };
   function submit() {
     const input = $('input');
     const text = input.value.trim();
     if (!text) return;
+    const over = tooLong(text);
+    if (over) { notice(over); return; }
     const who = me();
     if (sendFrame({ type: 'send', kind: S.mode, user: { id: who.id, name: who.name }, text })) input.value = '';
   }
@@ -354,6 +366,7 @@
   $('tab-group').addEventListener('click', () => switchChat('group'));
   $('tab-private').addEventListener('click', () => switchChat('private'));
   $('send-form').addEventListener('submit', (e) => { e.preventDefault(); submit(); });
+  $('input').addEventListener('input', () => { const over = tooLong($('input').value.trim()); if (over) notice(over); });
   $('input').addEventListener('keydown', (e) => {
     // isComposing: Enter that confirms an IME candidate must not send.
     if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
