@@ -348,21 +348,20 @@ class Bot:
                  self.model.name if self.model else None)
 
     def wire(self, channel: Channel) -> None:
-        """Give ``channel`` the bot's sink, leases, panels, forgetters, history and state (before it starts)."""
+        """Give ``channel`` the bot's sink, leases, panels, forgetters, history (recalls deleted) and state (before it
+        starts)."""
         channel.attach_leases(self.leases)
         channel.bind(self.handle)
         channel.bind_moves(self.move_chat)
         channel.attach_panels(self.panels)
         channel.attach_forgetters(self.forgetters)
         channel.attach_chats(self.history.recent, self.zone_for)
+        channel.bind_recalls(self.history.forget_message)
         channel.attach_state(self.channel_state)
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
-        """Finish in-flight work, stop plugins, flush the outbox, then close channels and the store.
-
-        Channels close last so that the outbox can still deliver; anything not delivered by
-        then stays in SQLite and goes out on the next start.
-        """
+        """Finish in-flight work, stop plugins, flush the outbox, then close the channels (last: the outbox
+        can still deliver) and the store; what was not delivered stays stored and goes out at the next start."""
         if not self.started:
             return
         self.started = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -48,6 +49,8 @@ TO_USER = ("chat = ? AND from_bot = 1 AND (to_user = ? OR id IN "
            "(SELECT history_id FROM history_to WHERE user_id = ?))")
 
 _COLUMNS = "chat, user_id, name, text, ts, from_bot, message_id"
+#: ``robot.privacy.FORGOTTEN`` (that module imports this one): chats whose cached copies every process drops.
+_FORGOTTEN = "forgotten"
 
 
 _windows: dict[str, dict[tuple[object, ...], HistoryEntry]] = {}
@@ -227,6 +230,17 @@ class HistoryStore:
         return db.execute("DELETE FROM history_to WHERE NOT EXISTS "
                           "(SELECT 1 FROM history WHERE history.id = history_to.history_id)").rowcount
 
+    @staticmethod
+    def unsay_sync(db: Tx, chat: str, key: str, kept: str = "") -> None:
+        """The bot's message queued as outbox ``key`` in ``chat`` (a key) was never delivered: its row
+        holds only ``kept`` (the parts that went out), or goes when nothing did (the outbox's failed mark)."""
+        where = "chat = ? AND from_bot = 1 AND message_id = ?"
+        if kept:
+            db.execute(f"UPDATE history SET text = ? WHERE {where}", [kept, chat, key])
+            return
+        db.execute(f"DELETE FROM history_to WHERE history_id IN (SELECT id FROM history WHERE {where})", [chat, key])
+        db.execute(f"DELETE FROM history WHERE {where}", [chat, key])
+
     def cut(self, text: str) -> str:
         """``text`` as stored: at most ``max_text_chars``, a longer one cut with a note saying so."""
         if len(text) <= self.max_text_chars:
@@ -311,6 +325,25 @@ class HistoryStore:
         return await self.db.run(lambda db: db.execute(
             "DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0", [chat.key, user_id]
         ).rowcount)
+
+    async def forget_message(self, chat: ChatRef, message_id: str, sender: str | None = None) -> int:
+        """Delete one stored incoming message, recalled on its platform, by its id in ``chat``: only if
+        ``sender`` wrote it (when known); returns how many rows went. Every process drops its copies."""
+        if not message_id:
+            return 0
+        where, params = "chat = ? AND message_id = ? AND from_bot = 0", [chat.key, message_id]
+        if sender is not None:
+            where, params = where + " AND user_id = ?", [*params, sender]
+
+        def work(db: Tx) -> int:
+            removed = int(db.execute(f"DELETE FROM history WHERE {where}", params).rowcount)
+            if removed:
+                db.notify(_FORGOTTEN, json.dumps([chat.key]))
+            return removed
+
+        removed = await self.db.run(work)
+        drop_windows([chat.key])
+        return removed
 
     async def apply_retention(self, now: datetime) -> int:
         """Drop messages older than ``max_age`` and beyond ``max_messages`` per chat."""

@@ -24,7 +24,8 @@ row once at the next start; at most ``max_in_flight`` rows (per channel) can be 
 A database that goes away (or crashes and loses its last commits) while the process runs resends
 nothing: the keys delivered lately are remembered, and such a row is marked when it comes back.
 Platforms that take a client message id can use ``OutgoingMessage.key`` to make that resend
-idempotent.
+idempotent. A send that may have happened unanswered (a timeout, a OneBot socket closed after the
+frame went out) is :class:`SendFailed`: its resend may double it, and ``max_attempts`` bounds them.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from robot.admission import Crowd
 from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox_claims import CLAIM_LIMIT, Claimed, Scope, claim_many_sync, release_sync
-from robot.outbox_store import SCHEMA, OutboxRows
+from robot.outbox_store import SCHEMA, OutboxRows, said_of
 from robot.storage import Tx
 from robot.storage.batch import Batched
 from robot.storage.leases import LeaseKeeper, process_id
@@ -366,12 +367,14 @@ class Outbox(OutboxRows):
                 key=f"{key}#{index}" if len(parts) > 1 else key, chat=chat, text=parts[index],
                 mention=mention if index == 0 else (), reply_to=str(row["reply_to"]) if row["reply_to"] else None,
             )
+            said = said_of(parts, index)  # what the chat has seen of it, should this part be its last
             try:
                 sent = await channel.send(out)
             except SendRejected as exc:
-                return await self._fail(chat, key, f"refused: {exc}")
+                return await self._fail(chat, key, f"refused: {exc}", said=said)
             except SendFailed as exc:
-                return await self._retry(chat, key, int(str(row["attempts"])) + 1, str(exc), exc.retry_after_s)
+                attempts = int(str(row["attempts"])) + 1
+                return await self._retry(chat, key, attempts, str(exc), exc.retry_after_s, said=said)
             except ChannelUnavailable as exc:
                 if exc.retry_after_s:  # the platform's flood wait: not a failure of this message, and uncapped
                     wait = [iso(self.clock() + timedelta(seconds=exc.retry_after_s)), str(exc)[:500], key]
@@ -382,7 +385,8 @@ class Outbox(OutboxRows):
                 return "parked"
             except Exception as exc:  # a channel bug: retried like a transient failure, and logged
                 log.exception("outbox %s: unexpected send failure", chat.key)
-                return await self._retry(chat, key, int(str(row["attempts"])) + 1, f"{type(exc).__name__}: {exc}")
+                attempts = int(str(row["attempts"])) + 1
+                return await self._retry(chat, key, attempts, f"{type(exc).__name__}: {exc}", said=said)
             receipt = sent.platform_message_id if sent else None
             self._delivered[key] = (index + 1, receipt)
             if len(self._delivered) > _REMEMBERED:

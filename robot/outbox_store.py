@@ -20,7 +20,7 @@ from robot.storage import Engine, Step, Tx, iso, parse_iso
 from robot.storage.base import columns, in_chunks, padded, unnest
 from robot.storage.batch import Batched
 
-__all__ = ["LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "queue_sync"]
+__all__ = ["LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "queue_sync", "said_of"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
 #: The platforms whose channels serve an account from one process at a time (``Channel.account_leases``).
@@ -102,13 +102,22 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
         new.discard(message.key)
         chat = message.chat
         tx.notify("outbox", json.dumps([chat.platform, chat.key, chat.account, *([claim[0]] if claim else [])]))
+        # (message_id: its key, so that a failed mark can take back what was never said: _mark_many)
         said.append(Said(message.chat, bot_id, bot_name, message.text, message.created_at or now, from_bot=True,
-                         reply_to=message.reply_to,
+                         message_id=message.key, reply_to=message.reply_to,
                          to_user=message.about or (message.mention[0] if message.mention else None),
                          to_users=(message.about,) if message.about else message.mention))
         added.append(True)
     HistoryStore.insert_many_sync(tx, said)
     return added
+
+
+def said_of(parts: Sequence[str], sent: int) -> str:
+    """What a chat saw of a message split in ``parts`` when only the first ``sent`` went out, for its
+    history ("" when none did: the history row goes)."""
+    if sent <= 0:
+        return ""
+    return "\n".join(parts[:sent]) + f"…〔后 {len(parts) - sent} 段未送达〕"
 
 
 class OutboxRows:
@@ -236,19 +245,21 @@ class OutboxRows:
 
         return await self.db.run(work, urgent=True)
 
-    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None) -> str:
+    async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None,
+                     *, said: str = "") -> str:
         if attempts >= self.max_attempts:
-            return await self._fail(chat, key, f"gave up after {attempts} attempts: {error}")
+            return await self._fail(chat, key, f"gave up after {attempts} attempts: {error}", said=said)
         delay = max(min(self.retry_max_s, self.retry_base_s * 2 ** min(attempts - 1, 16)), at_least_s or 0.0)
         log.warning("outbox %s: message %s failed (%s); retry %d in %.1fs", chat.key, key, error[:200], attempts, delay)
         params = [attempts, iso(self.clock() + timedelta(seconds=delay)), error[:500], key]
         await self._update("UPDATE outbox SET attempts = ?, next_at = ?, error = ? WHERE key = ?", params)
         return "retry"
 
-    async def _fail(self, chat: ChatRef, key: str, error: str) -> str:
+    async def _fail(self, chat: ChatRef, key: str, error: str, *, said: str = "") -> str:
+        """Mark the row failed; its history row keeps ``said`` (the parts delivered), or goes."""
         log.error("outbox %s: message %s not delivered: %s (qunbot doctor lists such failures)",
                   chat.key, key, error[:300])
-        await self._mark(key, "failed", error=error[:500])
+        await self._mark(key, "failed", error=error[:500], said=said)
         return "failed"
 
     async def _set_parts(self, key: str, parts: int, chat: ChatRef | None = None, receipt: str | None = None) -> None:
@@ -279,14 +290,16 @@ class OutboxRows:
         await self.db.run(lambda db: db.execute(sql, params), urgent=True)
 
     async def _mark(self, key: str, status: str, *, error: str | None = None, receipt: str | None = None,
-                    parts: int | None = None) -> None:
-        """Mark a row finished; marks made together (a burst's lanes) share a transaction."""
-        await self._marks([status, iso(self.clock()), error, receipt, parts, key])
+                    parts: int | None = None, said: str = "") -> None:
+        """Mark a row finished; marks made together (a burst's lanes) share a transaction. A failed row's
+        history row is taken back (:meth:`HistoryStore.unsay_sync`) in it: ``said`` stays of it."""
+        await self._marks([status, iso(self.clock()), error, receipt, parts, key, said])
 
     @staticmethod
-    def _mark_many(db: Tx, rows: list[list[object]]) -> list[None]:
+    def _mark_many(db: Tx, marks: list[list[object]]) -> list[None]:
         # A finished row keeps key, receipt and status, never the text: the history holds the
         # conversation (under its retention and /forget me), the outbox is no second copy.
+        rows = [m[:6] for m in marks]
         if db.dialect == "postgresql" and len(rows) > 1:  # two statements, not a round trip per row
             # Locked in the order claims lock rows (claim_many_sync): two transactions never wait in a cycle.
             db.execute(f"SELECT 1 FROM outbox WHERE key = ANY(?::text[]) ORDER BY chat, {order_by(db)} FOR UPDATE",
@@ -298,4 +311,9 @@ class OutboxRows:
         else:
             db.executemany("UPDATE outbox SET status = ?, sent_at = ?, error = ?, receipt = ?, text = '', "
                            "mention = '[]', parts_sent = coalesce(?, parts_sent) WHERE key = ?", rows)
-        return [None] * len(rows)
+        # (after the outbox's rows: the order /forget me locks them in, so neither waits on the other in a cycle)
+        for key, said in [(str(m[5]), str(m[6])) for m in marks if m[0] == "failed"]:
+            chat = db.execute("SELECT chat FROM outbox WHERE key = ?", [key]).fetchone()
+            if chat is not None:
+                HistoryStore.unsay_sync(db, str(chat[0]), key, said)
+        return [None] * len(marks)

@@ -45,6 +45,7 @@ __all__ = [
     "ChannelUnavailable",
     "ChatHistory",
     "ChatMoved",
+    "MessageRecalled",
     "MessageSink",
     "NotTaken",
     "PanelProvider",
@@ -59,6 +60,9 @@ __all__ = [
 MessageSink = Callable[[Message], Awaitable[None]]
 #: Told when the platform moved a chat to a new id (a Telegram group became a supergroup).
 ChatMoved = Callable[[ChatRef, ChatRef], Awaitable[None]]
+#: Deletes the stored copy of a message recalled on its platform: (chat, its id as received, its sender
+#: if known) -> rows deleted (``HistoryStore.forget_message``).
+MessageRecalled = Callable[[ChatRef, str, str | None], Awaitable[int]]
 #: A side-panel source, e.g. a chat's reminders: rows of short label -> value strings.
 PanelProvider = Callable[[ChatRef], Awaitable[list[dict[str, str]]]]
 #: A chat's newest stored messages, oldest first (``HistoryStore.recent``).
@@ -165,10 +169,12 @@ class Channel(abc.ABC):
     one_process: bool = False
     #: This process's leases, once the bot attached them (:meth:`attach_leases`); None: serve anyway.
     leases: LeaseKeeper | None = None
+    recall_retry_s: tuple[float, ...] = (2.0, 15.0)  #: seconds before looking again for a recalled message
 
     def __init__(self) -> None:
         self._sink: MessageSink | None = None
         self._on_moved: ChatMoved | None = None
+        self._on_recalled: MessageRecalled | None = None
         self._deliveries: set[asyncio.Task[Any]] = set()
         #: False once the bot is stopping (:meth:`stop_taking`): a message arriving now is not taken
         #: (:class:`NotTaken`); a poller stops asking, a callback answers with a failure.
@@ -281,6 +287,33 @@ class Channel(abc.ABC):
             await self._on_moved(old, new)
         except Exception:
             log.exception("%s: moving chat %s to %s failed", self.platform, old.key, new.key)
+
+    def bind_recalls(self, callback: MessageRecalled) -> None:
+        """Set who deletes a stored message its sender (or an admin) recalled on the platform (the bot:
+        ``HistoryStore.forget_message``)."""
+        self._on_recalled = callback
+
+    def recall_soon(self, chat: ChatRef, message_id: str, sender: str | None = None) -> None:
+        """For channels: the platform says message ``message_id`` (as received) was recalled; its stored
+        copy goes, in the background (the model and summaries no longer read it). A message still on
+        its way to the history (delivered a moment before) is looked for again after each of
+        :attr:`recall_retry_s`."""
+        task = asyncio.create_task(self._recall(chat, message_id, sender), name=f"{self.platform}-recall")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _recall(self, chat: ChatRef, message_id: str, sender: str | None) -> None:
+        if self._on_recalled is None:
+            log.warning("%s: message %s was recalled, but nothing deletes its stored copy", self.platform, message_id)
+            return
+        for wait in (0.0, *self.recall_retry_s):
+            await asyncio.sleep(wait)
+            try:
+                if await self._on_recalled(chat, message_id, sender):
+                    log.info("%s: recalled message %s deleted from the history", self.platform, message_id)
+                    return
+            except Exception:
+                log.exception("%s: deleting recalled message %s failed", self.platform, message_id)
 
     def stop_taking(self) -> None:
         """The bot is stopping: take no more messages (the outbox may still send)."""

@@ -240,3 +240,37 @@ async def test_a_flood_reaches_the_provider_a_few_requests_at_a_time_and_each_me
             await bot.stop(flush_timeout_s=0.5)
     assert replies == sorted(f"收到：第{i}个问题" for i in range(count))
     assert len(server.requests) == count and 1 < peak <= at_once
+
+
+async def test_a_recalled_message_leaves_the_history(rig: Rig, until: Until) -> None:
+    """A member recalls (撤回) a message, or an admin recalls it for them: the model and summaries no longer
+    read it. A notice from another group, or naming another sender, takes nothing."""
+    group = ChatRef(platform="onebot", chat_id="123456", kind="group", account="10001")
+
+    def line(message_id: int, text: str, user_id: int = 20002) -> dict[str, Any]:
+        return {**AT_BOT, "message_id": message_id, "user_id": user_id,
+                "sender": {**AT_BOT["sender"], "user_id": user_id},
+                "message": [{"type": "text", "data": {"text": text}}], "raw_message": text}
+
+    def recall(message_id: int, user_id: int, operator_id: int, group_id: int = 123456) -> dict[str, Any]:
+        return {"time": 1, "self_id": 10001, "post_type": "notice", "notice_type": "group_recall",
+                "group_id": group_id, "user_id": user_id, "operator_id": operator_id, "message_id": message_id}
+
+    async def texts() -> list[str]:
+        return [e.text for e in await rig.bot.history.recent(group) if not e.from_bot]
+
+    for message_id, text, user_id in [(2001, "我的身份证号 110101199003071234", 20002), (2002, "发错群了", 20003),
+                                      (2003, "留着", 20002)]:
+        await rig.peer.send_event(line(message_id, text, user_id))
+    await until(lambda: _has(texts, 3))
+    await rig.peer.send_event(recall(2001, 20002, 20002))  # the member's own recall
+    await rig.peer.send_event(recall(2002, 20003, 30001))  # an admin recalls another member's message
+    await rig.peer.send_event(recall(2003, 20002, 20002, group_id=654321))  # the same id in another group
+    await rig.peer.send_event(recall(2003, 20009, 20009))  # a notice naming someone who did not write it
+    await until(lambda: _has(texts, 1))
+    await asyncio.sleep(0.1)
+    assert await texts() == ["留着"]
+
+
+async def _has(texts: Callable[[], Awaitable[list[str]]], n: int) -> bool:
+    return len(await texts()) == n

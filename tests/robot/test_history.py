@@ -106,6 +106,20 @@ async def test_forget_user_deletes_one_persons_messages_in_one_chat(store: Histo
     assert [e.text for e in await store.recent(G2)] == ["mine elsewhere"]
 
 
+async def test_forget_message_deletes_one_recalled_message_of_its_sender_only(store: HistoryStore) -> None:
+    """A message recalled on its platform: its row goes, and no other (the same id in another chat,
+    another person's message under that id, a bot message)."""
+    await store.record(msg("recalled", 0, user="u1"))
+    await store.record(msg("kept", 1, user="u1"))
+    await store.record(msg("same id, other chat", 0, user="u1", chat=G2))
+    assert await store.forget_message(G1, "g1-0", "u2") == 0  # not u2's message: a notice naming them takes nothing
+    assert await store.forget_message(G1, "") == 0
+    assert await store.forget_message(G1, "g1-0", "u1") == 1
+    assert [e.text for e in await store.recent(G1)] == ["kept"]
+    assert [e.text for e in await store.recent(G2)] == ["same id, other chat"]
+    assert await store.forget_message(G2, "g2-0") == 1  # sender unknown (an anonymous member): by id alone
+
+
 async def test_retention_drops_old_and_excess_messages(store: HistoryStore) -> None:
     await store.record(msg("ancient", -3000))
     for i in range(5):

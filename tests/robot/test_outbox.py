@@ -212,6 +212,49 @@ async def test_a_transient_failure_is_retried_a_bounded_number_of_times_then_rep
     assert [r["key"] for r in await outbox.failures(datetime(2000, 1, 1, tzinfo=UTC))] == ["k1"]
 
 
+async def said_by_bot(rig: Rig, chat: ChatRef = G1) -> list[str]:
+    assert rig.db is not None
+    return [e.text for e in await HistoryStore(rig.db).recent(chat) if e.from_bot]
+
+
+async def test_a_reply_never_delivered_is_not_left_in_history_as_said(rig: Rig, until: Until) -> None:
+    """Refused (the bot kicked) or given up after max_attempts (NapCat's 1200 every time): the model and
+    /summary read it as something the bot said to the chat, which never saw it."""
+    ch = PickyChannel()
+    ch.reject.add("refused words")
+    outbox = await rig.up(ch, max_attempts=2)
+    await outbox.enqueue(out("a", "refused words"), out("b", "fine words"))
+    await until(lambda: _is(outbox, "b", "sent"))
+    assert await said_by_bot(rig) == ["fine words"]
+    await rig.down()
+    outbox = await rig.up(FlakyChannel(), max_attempts=2)
+    await outbox.enqueue(out("c", "never answered"))
+    await until(lambda: _is(outbox, "c", "failed"))
+    assert await said_by_bot(rig) == ["fine words"]
+
+
+class CutsOffAfter(MemoryChannel):
+    """Takes ``parts`` parts, then refuses the rest (the bot muted in the middle of a long answer)."""
+
+    def __init__(self, parts: int) -> None:
+        super().__init__(max_text_len=50)
+        self.parts = parts
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        if len(self.sent) >= self.parts:
+            raise SendRejected("muted")
+        return await super().send(message)
+
+
+async def test_a_long_reply_cut_off_keeps_in_history_only_the_parts_that_went_out(rig: Rig, until: Until) -> None:
+    outbox = await rig.up(CutsOffAfter(2))
+    await outbox.enqueue(out("long", LONG))
+    await until(lambda: _is(outbox, "long", "failed"))
+    parts = split_text(LONG, 50)
+    (kept,) = await said_by_bot(rig)
+    assert kept.startswith("\n".join(parts[:2])) and parts[2] not in kept and "未送达" in kept
+
+
 async def test_a_restart_does_not_inherit_the_previous_runs_backoff(rig: Rig) -> None:
     ch = MemoryChannel()
     outbox = await rig.up(ch, start=False)

@@ -2,6 +2,7 @@
 
 from robot.channels.onebot.channel import OneBotChannel
 from robot.channels.onebot.connection import (
+    ActionLost,
     ActionTimeout,
     ClientRole,
     Connection,
@@ -32,12 +33,13 @@ from robot.channels.onebot.cq import (
     to_cq,
     unescape,
 )
-from robot.channels.onebot.events import chat_scope, message_from_event
+from robot.channels.onebot.events import Recall, chat_scope, message_from_event, recall_from_event
 from robot.channels.onebot.presence import Presence, online_of
 from robot.channels.onebot.settings import OneBotSettings
 from robot.channels.onebot.testing import OneBotTestPeer
 
 __all__ = [
+    "ActionLost",
     "ActionTimeout",
     "CQCodeError",
     "ClientRole",
@@ -48,6 +50,7 @@ __all__ = [
     "OneBotTestPeer",
     "PendingActions",
     "Presence",
+    "Recall",
     "Segment",
     "Sockets",
     "at_targets",
@@ -65,6 +68,7 @@ __all__ = [
     "peer_rejection",
     "placeholder",
     "plain_text",
+    "recall_from_event",
     "receipt_of",
     "reply_id",
     "role_for",

@@ -13,8 +13,8 @@ out through the socket of the account that owns the chat, never another account'
 Errors (the tree of :mod:`robot.channels.base`)::
 
     ChannelError
-    ├── ChannelUnavailable        not connected, the socket dropped, or the account is logged out of QQ
-    │   └── SendFailed            no answer in time
+    ├── ChannelUnavailable        not connected (the socket gone before the send), or logged out of QQ
+    │   └── SendFailed            no answer in time, or the socket dropped after the send went out
     └── SendRejected
         └── OneBotActionFailed    the implementation answered ``status: failed`` (has ``retcode``)
 """
@@ -53,7 +53,7 @@ from robot.channels.onebot.connection import (
     wire_id,
 )
 from robot.channels.onebot.cq import compose_message, to_array
-from robot.channels.onebot.events import chat_scope, message_from_event
+from robot.channels.onebot.events import chat_scope, message_from_event, recall_from_event
 from robot.channels.onebot.presence import Presence
 from robot.channels.onebot.settings import OneBotSettings
 from robot.message import OutgoingMessage
@@ -394,6 +394,7 @@ class OneBotChannel(Channel):
                 log.debug("onebot: ignoring account %s's own message", message.sender.user_id)  # a sibling: not a
             elif message is not None:  # member's words (/forget me left them, the model read them as a member's)
                 self.deliver_soon(message)
-        else:
-            # message_sent (our own sends echoed back), notice and request events are not chat input.
+        elif post_type == "notice" and (recall := recall_from_event(event, self_id=conn.self_id)) is not None:
+            self.recall_soon(*recall)  # (撤回: the chat's own message id, on this account's socket)
+        else:  # message_sent (our own sends echoed back), other notices and request events: not chat input
             log.debug("onebot: ignoring %s event", post_type)

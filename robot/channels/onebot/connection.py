@@ -19,6 +19,7 @@ from aiohttp import web
 from robot.channels.base import ChannelUnavailable, SendFailed, SendReceipt, SendRejected
 
 __all__ = [
+    "ActionLost",
     "ActionTimeout",
     "ClientRole",
     "Connection",
@@ -54,6 +55,11 @@ class OneBotActionFailed(SendRejected):
 
 class ActionTimeout(SendFailed):
     """No answer within ``action_timeout_s``: the action may still have happened (retried, bounded)."""
+
+
+class ActionLost(SendFailed):
+    """The socket closed after the action's frame was written, before its answer: the action may have
+    happened (retried, a bounded number of times: the chat may see a message twice)."""
 
 
 @dataclass(eq=False)
@@ -248,6 +254,9 @@ class PendingActions:
             try:
                 async with asyncio.timeout(timeout_s):
                     response = await future
+            except ChannelUnavailable as exc:  # (fail(): the socket closed) the frame went out: it may have acted
+                raise ActionLost(f"onebot: the socket closed after {action!r} went out, before its answer: it may "
+                                 "have happened (a message sent again, the chat may see it twice)") from exc
             except TimeoutError:
                 if on_late is not None:
                     self._late[echo] = (on_late, conn)
@@ -277,7 +286,7 @@ class PendingActions:
         return True
 
     def fail(self, conn: Connection) -> None:
-        """The socket closed: callers waiting on it get :class:`ChannelUnavailable` now."""
+        """The socket closed: callers waiting on it fail now (:class:`ActionLost`: their frames were written)."""
         for future, owner in self._pending.values():
             if owner is conn and not future.done():
                 future.set_exception(ChannelUnavailable("onebot: the socket closed before answering"))

@@ -10,10 +10,13 @@ from typing import Any
 from robot.channels.onebot.cq import at_targets, parse_message, plain_text, reply_id
 from robot.message import ChatRef, Message, Role, Sender
 
-__all__ = ["chat_scope", "message_from_event"]
+__all__ = ["Recall", "chat_scope", "message_from_event", "recall_from_event"]
 
 log = logging.getLogger("robot.channels.onebot.channel")
 _ROLES: dict[str, Role] = {"owner": "owner", "admin": "admin", "member": "member"}
+_ANONYMOUS = "80000000"  # the user_id QQ gives every anonymous member
+#: A recalled message: its chat, its id as received (scoped), its sender (None: an anonymous member).
+Recall = tuple[ChatRef, str, str | None]
 
 
 def _id(value: object) -> str | None:
@@ -98,3 +101,26 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
         reply_to=chat_scope(chat) + replied if (replied := reply_id(segments)) else None,
         raw=dict(event),
     )
+
+
+def recall_from_event(event: Mapping[str, Any], *, self_id: str | None = None) -> Recall | None:
+    """A ``group_recall`` / ``friend_recall`` notice as the message it takes back; ``None`` for other
+    events, incomplete ones and the bot's own messages (not stored as received).
+
+    The sender is ``user_id`` (who wrote it), not ``operator_id``: an admin may recall a member's message.
+    """
+    notice = event.get("notice_type")
+    if notice not in ("group_recall", "friend_recall"):
+        return None
+    bot_id = _id(event.get("self_id")) or self_id
+    user_id, message_id = _id(event.get("user_id")), _id(event.get("message_id"))
+    if user_id is None or message_id is None or user_id == bot_id:
+        return None
+    if notice == "group_recall":
+        group_id = _id(event.get("group_id"))
+        if group_id is None:
+            return None
+        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group", account=bot_id or "")
+    else:
+        chat = ChatRef(platform="onebot", chat_id=user_id, kind="private", account=bot_id or "")
+    return chat, chat_scope(chat) + message_id, None if user_id == _ANONYMOUS else user_id

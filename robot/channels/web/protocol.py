@@ -163,7 +163,7 @@ def stored_frames(chat: ChatRef, entries: Sequence[HistoryEntry], shown: Sequenc
                   zone: str | None) -> list[dict[str, Any]]:
     """``message``/``reply`` frames for stored messages, leaving out those already ``shown`` in this run."""
     seen_ids = {frame.get("id") for frame in shown}
-    # A reply's frame id is its outbox key, which history does not keep: match those by text.
+    # A reply's frame id is its outbox key, which older history rows do not keep: match replies by text.
     seen_replies = [frame.get("text") for frame in shown if frame.get("type") == "reply"]
     frames: list[dict[str, Any]] = []
     for n, entry in enumerate(entries):

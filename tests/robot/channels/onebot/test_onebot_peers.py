@@ -559,3 +559,62 @@ async def test_an_old_offline_report_is_checked_again_with_get_status() -> None:
     now[0] = 62.0
     await presence.check("10001", ask)
     assert (asked, back, presence.online("10001"), presence.online("10002")) == ([31.0, 62.0], [62.0], True, None)
+
+
+# -- a socket that drops with a send under way ---------------------------------------------------
+
+
+async def test_a_socket_dropped_after_the_send_went_out_spends_an_attempt_and_warns(
+    running: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NapCat restarts (a network blip) after the frame went out: QQ may have sent it. Not "never sent"
+    (parked, resent on reconnect for free, the chat saw it twice without a word): an attempt, and logged."""
+    caplog.set_level(logging.WARNING, logger="robot.outbox")
+    async with connected(running) as (ch, p), outbox_on(ch, tmp_path, retry_base_s=0.01, retry_max_s=0.02) as outbox:
+        p.ignore_next_action()
+        await outbox.enqueue(OutgoingMessage(key="drop1", chat=GROUP_A, text="明天下午三点开会"))
+        await p.wait_for_action()
+        await p.disconnect()
+        await until_gone(ch)
+        await p.connect(ch.url)
+        await eventually(lambda: _statuses(outbox, {"drop1": "sent"}))
+        assert (await outbox.rows())[0]["attempts"] == 1  # spent: max_attempts bounds such resends
+        assert any("drop1" in r.getMessage() and "twice" in r.getMessage() for r in caplog.records)
+        # Never written (the socket was gone before): nothing can have reached the chat, and no attempt is spent.
+        await p.disconnect()
+        await until_gone(ch)
+        with pytest.raises(ChannelUnavailable) as excinfo:
+            await ch.send(OutgoingMessage(key="drop2", chat=GROUP_A, text="x"))
+        assert not isinstance(excinfo.value, SendFailed)
+
+
+async def until_gone(channel: OneBotChannel) -> None:
+    async with asyncio.timeout(5):
+        while channel.connected:
+            await asyncio.sleep(0.01)
+
+
+async def test_a_message_the_implementation_drops_its_socket_on_is_given_up_after_max_attempts(
+    running: Running, tmp_path: Path
+) -> None:
+    """Every send of it makes the implementation drop its socket (NapCat crashing on the payload): it was
+    resent at every reconnect forever, and the chat's later messages waited behind it."""
+    async with connected(running) as (ch, p), \
+            outbox_on(ch, tmp_path, retry_base_s=0.01, retry_max_s=0.02, max_attempts=3) as outbox:
+        await outbox.enqueue(OutgoingMessage(key="poison", chat=GROUP_A, text="X" * 10),
+                             OutgoingMessage(key="next", chat=GROUP_A, text="下一条"))
+        for _ in range(5):
+            p.ignore_next_action()
+            action = await asyncio.wait_for(p.wait_for_action(), 5)
+            await p.disconnect()
+            await until_gone(ch)
+            await p.connect(ch.url)
+            if action["params"]["message"][0]["data"]["text"] != "X" * 10:
+                break
+        await eventually(lambda: _statuses(outbox, {"poison": "failed", "next": "sent"}))
+        texts = [a["params"]["message"][0]["data"]["text"] for a in sends(p)]
+        assert texts.count("X" * 10) == 3 and texts[-1] == "下一条"
+
+
+async def _statuses(outbox: Outbox, expected: dict[str, str]) -> bool:
+    return {str(row["key"]): row["status"] for row in await outbox.rows()} == expected

@@ -15,7 +15,13 @@ import pytest
 from pydantic import SecretStr
 
 from robot.channels.base import ChannelUnavailable, SendRejected
-from robot.channels.onebot import OneBotActionFailed, OneBotChannel, OneBotSettings, OneBotTestPeer
+from robot.channels.onebot import (
+    OneBotActionFailed,
+    OneBotChannel,
+    OneBotSettings,
+    OneBotTestPeer,
+    recall_from_event,
+)
 from robot.message import ChatRef, Message, OutgoingMessage
 
 VECTORS: dict[str, Any] = json.loads(
@@ -306,3 +312,43 @@ async def test_tokens_never_reach_the_logs(
     assert "rejected a connection" in caplog.text
     assert TOKEN not in caplog.text
     assert "wrong-but-secret" not in caplog.text
+
+
+def test_recall_notices_name_the_recalled_message_its_chat_and_its_author() -> None:
+    group = {"time": 1, "self_id": 10001, "post_type": "notice", "notice_type": "group_recall",
+             "group_id": 123456, "user_id": 20002, "operator_id": 30001, "message_id": 2001}
+    assert recall_from_event(group) == (GROUP, "group:123456:2001", "20002")  # an admin's recall: still 20002's
+    friend = {"time": 1, "self_id": 10001, "post_type": "notice", "notice_type": "friend_recall",
+              "user_id": 20002, "message_id": 7}
+    private = ChatRef(platform="onebot", chat_id="20002", kind="private", account="10001")
+    assert recall_from_event(friend) == (private, "private:20002:7", "20002")
+    assert recall_from_event({**group, "user_id": 80000000})[2] is None  # type: ignore[index]  # anonymous
+    assert recall_from_event({**group, "user_id": 10001}) is None  # the bot's own message
+    assert recall_from_event({**group, "group_id": None}) is None
+    assert recall_from_event({**group, "message_id": None}) is None
+    assert recall_from_event({**group, "notice_type": "group_increase"}) is None
+
+
+async def test_a_recall_that_overtakes_its_message_is_applied_once_the_message_is_stored(
+    channel: OneBotChannel, peer: OneBotTestPeer
+) -> None:
+    """The recall notice came while the message was still on its way to the history (a busy bot):
+    looked for again a moment later, not left stored."""
+    asked: list[tuple[ChatRef, str, str | None]] = []
+
+    async def forget(chat: ChatRef, message_id: str, sender: str | None) -> int:
+        asked.append((chat, message_id, sender))
+        return int(len(asked) >= 2)  # stored by the second look
+
+    channel.bind_recalls(forget)
+    channel.recall_retry_s = (0.05, 0.05)
+    await peer.send_event({"time": 1, "self_id": 10001, "post_type": "notice", "notice_type": "group_recall",
+                           "group_id": 123456, "user_id": 20002, "operator_id": 20002, "message_id": 2001})
+    await until(lambda: len(asked) >= 2)
+    await asyncio.sleep(0.15)
+    assert asked == [(GROUP, "group:123456:2001", "20002")] * 2
+    # A recall on this account's socket for another account's chats is dropped (as its messages are).
+    await peer.send_event({"time": 1, "self_id": 10002, "post_type": "notice", "notice_type": "group_recall",
+                           "group_id": 123456, "user_id": 20002, "operator_id": 20002, "message_id": 2002})
+    await asyncio.sleep(0.1)
+    assert len(asked) == 2
