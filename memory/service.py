@@ -20,13 +20,17 @@ shown but not used, and those that ranked below, are not touched: a peek is neve
 ``sleep_sample`` non-long-term memories, applies the miss rule, deletes those at −1, and turns
 the deleted texts the whole chat may see (not a member's own memories in a group) into a short
 dream with the bot's (execute-tier) model; the dream is stored, and posted only when
-``post_dreams`` is on. Memory text never goes into logs.
+``post_dreams`` is on; a chat the gate ignores is not dreamt. A dream is held in the database, with
+whose memories it quotes, while the model writes it: a ``/forget me`` meanwhile takes it.
+Memory text never goes into logs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,10 +128,15 @@ class MemoryService:
             except (EmbeddingError, TimeoutError) as exc:
                 log.warning("memory embedding failed (%s); stored for lexical recall only", str(exc) or "timeout")
 
+        share = max(1, math.ceil(self.settings.max_per_scope * self.settings.group_share))
+
         def work(db: Any) -> int:
             if self.store.count_scope(db, chat, kind, caller.user_id) >= self.settings.max_per_scope:
                 raise ToolError("memory limit reached", user_message=(
                     f"这里已经保存了 {self.settings.max_per_scope} 条记忆，请先用 /forget 删除一些。"))
+            if kind == "group" and (mine := self.store.count_scope(db, chat, kind, caller.user_id, by=True)) >= share:
+                raise ToolError("the member's share of group memories is reached", user_message=(
+                    f"你在这里已经保存了 {mine} 条群记忆（每人最多 {share} 条），请先用 /forget 删除一些。"))
             mid = self.store.insert(db, chat=chat, kind=kind, user_id=caller.user_id,
                                     user_name=caller.user_name.replace("\x00", ""), text=text, now=now, vector=vector)
             self.index.announce(db, [chat])
@@ -223,8 +232,8 @@ class MemoryService:
                 continue
             line = describe(row, zone)
             cost = estimate_tokens(line) + 1
-            if cost > budget:
-                break
+            if cost > budget:  # (a long one ranked first must not hide the short ones below it)
+                continue
             budget -= cost
             lines.append(line)
             shown.append(row)
@@ -247,17 +256,20 @@ class MemoryService:
         chat = ChatRef.of(caller).key
         return await self.db.run(lambda db: self.store.listing(db, chat, caller.user_id, limit))
 
-    async def delete(self, caller: Caller, mid: int) -> str:
-        """Delete one memory: its author, or for a group memory that group's admins and the bot's."""
+    async def delete(self, caller: Caller, mid: int) -> str | None:
+        """Delete one memory: its author, or for a group memory that group's admins and the bot's.
+        None when ``mid`` is no memory (another plugin's forget hook may own it)."""
         chat = ChatRef.of(caller).key
 
-        def work(db: Any) -> str:
+        def work(db: Any) -> str | None:
             row = self.store.get(db, mid)
-            # Another chat's memory, or someone else's personal one, is reported as missing:
-            # whether it exists is itself private.
+            if row is None:
+                return None
+            # Another chat's memory, or someone else's personal one, is reported as missing, in the
+            # words the bot uses for an id nobody has: whether it exists is itself private.
             # (to a bot admin too: a personal memory is its author's alone, as the README says)
-            if row is None or row.chat != chat or (row.kind != "group" and row.user_id != caller.user_id):
-                return f"没有找到编号为 {mid} 的记忆。"
+            if row.chat != chat or (row.kind != "group" and row.user_id != caller.user_id):
+                return f"没有找到编号为 {mid} 的记录。"
             if row.user_id != caller.user_id and not (row.kind == "group" and (caller.is_admin or caller.bot_admin)):
                 return f"记忆 #{mid} 是别人保存的群记忆，只有保存者和群管理员可以删除。"
             self.store.delete(db, [mid], scrub=True)
@@ -277,14 +289,17 @@ class MemoryService:
         """Every memory a person saved in ``chats`` (None: every chat on the platform), and the dreams of
         those chats, of ``dreams_in`` (where they left a trace) and of every chat they still had a memory in.
 
-        Dreams go whole: one may quote any forgotten memory of its chat, one that slept away too.
+        Dreams go whole: one may quote any forgotten memory of its chat, one that slept away too; so do
+        the chats' dreams quoting what they saved (one still being written too), wherever asked.
         """
 
         def work(db: Any) -> list[tuple[str, int]]:
             owned = self.store.owned_by(db, platform, user_id, chats)
-            self.store.delete(db, [mid for _, mid in owned], scrub=True)
+            self.store.delete(db, [mid for _, mid in owned])
+            self.store.scrub(db)  # always: a memory of theirs that faded away left its words until the night's pass
             self.index.announce(db, {c for c, _ in owned})
-            for chat in {c for c, _ in owned} | set(chats or ()) | set(dreams_in):
+            quoting = self.store.dreamt_of(db, platform, user_id, chats)
+            for chat in {c for c, _ in owned} | set(chats or ()) | set(dreams_in) | quoting:
                 self.store.delete_dreams(db, chat, said=self.bot is not None)  # (a bot's history holds them)
             return owned
 
@@ -294,11 +309,13 @@ class MemoryService:
         return len(gone)
 
     # --- S -----------------------------------------------------------------------------------
-    async def sleep(self, chat: str) -> SleepReport:
-        """One night for one chat (see the module docstring)."""
+    async def sleep(self, chat: str, *, scrub: bool = True) -> SleepReport:
+        """One night for one chat (see the module docstring); ``scrub``: the index at once (else the caller does)."""
         now = self.clock()
+        # A chat the gate ignores gets no dream (a model run nobody reads); its memories fade as in a quiet chat.
+        dreaming = self.bot is None or not self.bot.ignores(ChatRef.from_key(chat))
 
-        def work(db: Any) -> tuple[int, int, list[MemoryRow]]:
+        def work(db: Any) -> tuple[int, int, list[MemoryRow], int | None]:
             sample = self.store.sample(db, chat, self.settings.sleep_sample)
             changes: list[tuple[int, Strength]] = []
             dead: list[MemoryRow] = []
@@ -309,19 +326,28 @@ class MemoryService:
                 elif after != row.strength:
                     changes.append((row.id, after))
             self.store.save_strength(db, changes)
-            self.store.delete(db, [r.id for r in dead])
+            self.store.delete(db, [r.id for r in dead], scrub=scrub)
             self.index.announce(db, [chat] if dead else [])
-            return len(sample), len(changes), dead
+            # A member's own memory in a group is theirs alone: it fades without a dream the group would read.
+            # Held (empty) while the model writes it: a /forget me by an author meanwhile takes it.
+            told = [r for r in dead if r.kind != "user"] if dreaming else []
+            held = self.store.add_dream(db, chat, now, len(told), "", [r.user_id for r in told]) if told else None
+            return len(sample), len(changes), dead, held
 
-        sampled, weakened, dead = await self.db.transaction(work)
+        sampled, weakened, dead, held = await self.db.transaction(work)
         self.index.discard(chat, [r.id for r in dead])
-        # A member's own memory in a group is theirs alone: it fades without a dream the group would read
-        fragments = [r.text for r in dead if r.kind != "user"]
-        dream = await make_dream(self.model, self.bot, chat, fragments) if fragments else None
-        if dream is not None:
-            dream_id = await self.db.run(lambda db: self.store.add_dream(db, chat, now, len(fragments), dream))
-            if self.settings.post_dreams and self.bot is not None:
-                await self.bot.send(ChatRef.from_key(chat), f"{DREAM_POST}{dream}", key=f"memory-dream:{chat}:{dream_id}")
+        dream = None
+        if held is not None:
+            try:
+                told = await make_dream(self.model, self.bot, chat, [r.text for r in dead if r.kind != "user"])
+            except BaseException:  # (cancelled: the bot stops) no held dream stays behind
+                with contextlib.suppress(Exception):
+                    await self.db.transaction(lambda db: self.store.drop_dream(db, held))
+                raise
+            if await self.db.transaction(lambda db: self.store.fill_dream(db, held, told)):
+                dream = told
+        if dream is not None and self.settings.post_dreams and self.bot is not None:
+            await self.bot.send(ChatRef.from_key(chat), f"{DREAM_POST}{dream}", key=f"memory-dream:{chat}:{held}")
         log.info("memory sleep %s: sampled %d, weakened %d, deleted %d", chat, sampled, weakened, len(dead))
         return SleepReport(chat, sampled, weakened, len(dead), dream)
 
@@ -341,11 +367,13 @@ class MemoryService:
             if not claimed:
                 continue
             try:
-                reports.append(await self.sleep(chat))
+                reports.append(await self.sleep(chat, scrub=False))
             except Exception:
                 log.exception("memory sleep for %s failed", chat)  # released: the next check tries again
                 await self.db.transaction(
                     lambda db, c=chat, d=day, b=before: self.store.release_night(db, c, d, b))  # type: ignore[misc]
+        if reports:  # once per pass: what the nights and the day's recalls deleted leaves no words in the file
+            await self.db.transaction(self.store.scrub)
         return reports
 
     def start(self) -> None:

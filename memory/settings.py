@@ -35,6 +35,8 @@ class MemorySettings(BaseModel):
     level_cap: int = Field(default=6, ge=1, le=30, description="level at which a memory becomes long-term")
     max_chars: int = Field(default=1500, ge=20, le=10000, description="longest memory (about 300 words)")
     max_per_scope: int = Field(default=2000, ge=1, description="memories one person (or group) may keep per chat")
+    group_share: float = Field(default=0.25, gt=0, le=1, description="share of a group's max_per_scope one member's "
+                               "group memories may take (so one member cannot fill it)")
     lexical: Literal["bigram", "trigram"] = Field(
         default="bigram", description="bigram: CJK bigrams + words (matches 2-character queries); trigram: SQLite's")
     auto_context: bool = Field(default=True, description="show relevant memories to the model before each run")

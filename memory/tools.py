@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from function_calls import ToolContext, ToolError, ToolResult, Toolset, tool_function
 from memory.service import MemoryService
-from memory.store import SLEEP_REPORT, describe
+from memory.store import LISTED, RECALLED, SLEEP_REPORT, describe
 from robot import ChatRef
 
 __all__ = ["MemoryDeps", "RecallArgs", "RememberArgs", "memories", "recall", "remember", "sleep", "toolset"]
@@ -54,7 +54,7 @@ async def remember(ctx: ToolContext[MemoryDeps], args: RememberArgs) -> ToolResu
 async def recall(ctx: ToolContext[MemoryDeps], args: RecallArgs) -> ToolResult:
     """回忆 (recall): 在本聊天保存的记忆中查找与 query 相关的内容，按相关度返回前几条。"""
     rows = await ctx.deps.service.recall(ctx.caller, args.query)
-    text = "相关的记忆：\n" + "\n".join(describe(r, ctx.zone) for r in rows) if rows else "没有找到相关的记忆。"
+    text = f"{RECALLED}\n" + "\n".join(describe(r, ctx.zone) for r in rows) if rows else "没有找到相关的记忆。"
     if ctx.via == "command":
         return ToolResult.reply(text, data={"ids": [r.id for r in rows]})
     return ToolResult(content=text, data={"ids": [r.id for r in rows]})
@@ -67,7 +67,7 @@ async def memories(ctx: ToolContext[MemoryDeps]) -> ToolResult:
     if not rows:
         return ToolResult.reply("这里还没有你的记忆。说「记住……」或用 /remember 保存。")
     lines = [describe(r, ctx.zone) for r in rows]
-    return ToolResult.reply("记忆（L=等级）：\n" + "\n".join(lines) + "\n删除一条：/forget <编号>")
+    return ToolResult.reply(f"{LISTED}\n" + "\n".join(lines) + "\n删除一条：/forget <编号>")
 
 
 @tool_function(admin_only=True, examples=["/sleep"])

@@ -144,3 +144,15 @@ def test_used_in() -> None:
     assert used_in("我对花生过敏", "记得你对花生过敏")
     assert not used_in("我对花生过敏", "今天不开会")
     assert used_in("standup at nine", "Your standup is at nine.")
+
+
+async def test_a_long_memory_ranked_first_does_not_hide_the_short_ones_below_it(tmp_path: Path) -> None:
+    """A 400-character group note ranked first does not fit the 300 tokens: the memories below it still show."""
+    model = ScriptedModel(lambda r: text("嗯"))
+    async with running(tmp_path, model=model) as (_, ch):
+        await ask(ch, "/remember 我对花生过敏", user="u1")
+        await ask(ch, "/remember 过敏须知：" + "过敏的人请注意，聚餐时先问清楚菜里有什么。" * 20 + " group", user="u2")
+        await ask(ch, "聚餐时要注意什么？我对什么过敏？", user="u1", at_bot=True)
+        shown = memory_messages(model.requests[0])
+        assert len(shown) == 1 and "我对花生过敏" in shown[0]["content"]
+        assert estimate_tokens(shown[0]["content"]) <= 300

@@ -418,3 +418,148 @@ async def test_forget_me_in_a_migrated_group_reaches_the_admins_private_summarie
         await bot.move_chat(old, new)
         assert "已删除" in await ask(ch, "/forget me", user="u1", chat=new)
         assert await bot.db.run(copies) == []
+
+
+@pytest.mark.parametrize("how", ["/sleep", "nightly", "recall miss"])
+async def test_a_memory_that_faded_away_leaves_no_words_in_any_file_after_forget_me(tmp_path: Path, how: str) -> None:
+    """A decay's FTS5 DELETE is a tombstone: the words stayed in the index file, and /forget me, finding no
+    memory of theirs left, did not rewrite it."""
+    secret = "zanzibarpasscode"
+    clock = Clock()
+    settings = {"sleep_time": "00:00"} if how == "nightly" else {"top_n": 1} if how == "recall miss" else {}
+    async with running(tmp_path, clock=clock, memory=settings) as (bot, ch):
+        await ask(ch, f"/remember 站会的暗号是 {secret}", user="u1")
+        await ask(ch, "/remember 每天的站会在九点 group", user="u2")
+        clock.now = clock.now.replace(hour=14)  # idle for two hours: a miss takes a level-0 memory away
+        if how == "/sleep":
+            assert "遗忘 2 条" in await ask(ch, "/sleep", user="boss")
+        elif how == "nightly":
+            assert [r.deleted for r in await deps(bot).service.nightly()] == [2]
+        else:
+            assert "九点" in await ask(ch, "/recall 每天的站会在九点", user="u1")
+        assert "没有找到" in await ask(ch, "/recall 暗号", user="u1")  # it faded away
+        await ask(ch, "/forget me", user="u1")
+        blocks = await bot.db.run(lambda db: db.execute("SELECT block FROM memory_terms_data").fetchall())
+        assert not any(secret.encode() in bytes(block) for (block,) in blocks)
+        files = b"".join(f.read_bytes() for f in tmp_path.rglob("*") if f.is_file())
+        assert secret.encode() not in files
+
+
+async def test_forget_me_all_takes_a_dream_of_theirs_after_the_retention_dropped_their_messages(
+        tmp_path: Path) -> None:
+    """With no message of theirs left in the group, the dream quoting their slept-away memory was not found."""
+    from datetime import timedelta
+
+    clock = Clock()
+    async with running(tmp_path, clock=clock) as (bot, ch):
+        await ask(ch, "/remember 老王的手机号是一三八零零 group", user="u1")
+        await ask(ch, "/remember 阳台的花要浇水 group", user="u2", chat=ch.chat("g2"))
+        clock.now += timedelta(hours=8)
+        for group in ("g1", "g2"):
+            await deps(bot).service.sleep(f"memory:group:{group}")
+        clock.now += timedelta(days=31)
+        await bot.history.apply_retention(clock.now)
+        assert "已删除" in await ask(ch, "/forget me all", user="u1", chat=ch.chat("u1", kind="private"))
+        dreams = await bot.db.run(lambda db: db.execute("SELECT chat, text FROM memory_dreams").fetchall())
+        assert [tuple(d) for d in dreams] == [("memory:group:g2", "梦里闪过：阳台的花要浇水")]  # only u2's stays
+
+
+async def test_a_dream_being_written_when_its_author_forgets_is_neither_kept_nor_posted(tmp_path: Path) -> None:
+    from function_calls import ModelRequest, ModelResponse
+    from function_calls.testing import ScriptedModel, text
+
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class SlowModel(ScriptedModel):
+        async def complete(self, request: ModelRequest, *, on_text: Any = None) -> ModelResponse:
+            started.set()
+            await release.wait()  # a dream takes seconds at a real provider
+            return await super().complete(request, on_text=on_text)
+
+    clock = Clock()
+    model = SlowModel(lambda r: text("梦里老王念着一三八零零"))
+    async with running(tmp_path, model=model, clock=clock, memory={"post_dreams": True}) as (bot, ch):
+        await ask(ch, "/remember 老王的手机号是一三八零零 group", user="u1")
+        clock.now = clock.now.replace(hour=20)
+        night = asyncio.create_task(deps(bot).service.sleep("memory:group:g1"))
+        await started.wait()
+        assert "已删除" in await ask(ch, "/forget me", user="u1")
+        release.set()
+        report = await night
+        await bot.outbox.flush()
+        assert report.dream is None
+        assert await bot.db.run(lambda db: db.execute("SELECT * FROM memory_dreams").fetchall()) == []
+        assert not [m for m in ch.sent if "一三八" in m.text]
+        left = await bot.db.run(lambda db: db.execute("SELECT text FROM history WHERE text LIKE '%一三八%'").fetchall())
+        assert left == []
+
+
+async def test_forget_me_takes_other_members_recall_and_listing_replies_quoting_their_memory(tmp_path: Path) -> None:
+    secret = "老王的手机号是一三八零零"
+    async with running(tmp_path) as (bot, ch):
+        await ask(ch, f"/remember {secret} group", user="u1")
+        assert secret in await ask(ch, "/recall 老王", user="u2")
+        assert secret in await ask(ch, "/memories", user="u3")
+        await ask(ch, "/remember 我对猫过敏", user="u2", chat=ch.chat("g2"))
+        assert "猫" in await ask(ch, "/memories", user="u2", chat=ch.chat("g2"))
+        assert "1 条记忆" in await ask(ch, "/forget me", user="u1")
+        window = await bot.history.recent(ch.chat("g1"), 50)
+        assert [h.text for h in window if secret in h.text] == []
+        rows = await bot.db.run(lambda db: db.execute("SELECT chat FROM history WHERE text LIKE ?",
+                                                      [f"%{secret}%"]).fetchall())
+        assert rows == []
+        assert [h.text for h in await bot.history.recent(ch.chat("g2"), 50) if "猫" in h.text]  # another chat's stay
+
+
+async def test_one_member_cannot_fill_the_chats_group_memories(tmp_path: Path) -> None:
+    async with running(tmp_path, memory={"max_per_scope": 4, "group_share": 0.5}) as (_, ch):
+        for i in range(2):
+            assert "记住了" in await ask(ch, f"/remember 广告{i} 加我微信 group", user="spammer")
+        refused = await ask(ch, "/remember 广告2 group", user="spammer")
+        assert "2 条" in refused and "记住了" not in refused
+        assert "记住了" in await ask(ch, "/remember 我对花生过敏", user="spammer")  # their own: another quota
+        assert "记住了" in await ask(ch, "/remember 周会改到周四 group", user="u2")
+
+
+async def test_nightly_sleep_asks_no_model_for_a_chat_the_gate_ignores(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from function_calls.testing import ScriptedModel, text
+
+    clock = Clock()
+    async with running(tmp_path, clock=clock) as (_, ch):
+        for i in range(3):
+            await ask(ch, f"/remember 第{i}件群里的事 group", user="u1")
+        await ask(ch, "/remember 第三件事 group", user="u1", chat=ch.chat("g2"))
+    model = ScriptedModel(lambda r: text("梦见一片花海"))
+    clock.now += timedelta(days=1)
+    async with running(tmp_path, model=model, clock=clock, memory={"post_dreams": True},
+                       gate={"never": ["memory:group:g1"]}) as (bot, ch):
+        reports = {r.chat: r for r in await deps(bot).service.nightly()}
+        assert reports["memory:group:g1"].deleted == 3 and reports["memory:group:g1"].dream is None
+        assert reports["memory:group:g2"].dream == "梦见一片花海"
+        assert len(model.requests) == 1  # g2's only
+        dreams = await bot.db.run(lambda db: db.execute("SELECT chat FROM memory_dreams").fetchall())
+        assert [d[0] for d in dreams] == ["memory:group:g2"]
+
+
+async def test_forget_by_an_id_that_is_no_memory_here_reaches_the_next_hook(tmp_path: Path) -> None:
+    """A forget hook answers for its own ids only (robot.hooks): memory's swallowed every /forget <id>."""
+    async with running(tmp_path) as (bot, ch):
+        mine = ids_in(await ask(ch, "/remember 我对花生过敏", user="u1"))[0]
+        deleted: list[str] = []
+
+        async def forget_note(caller: Any, item: str) -> str | None:
+            if item in ("7", str(mine)):
+                deleted.append(item)
+                return f"已删除笔记 #{item}。"
+            return None
+
+        bot.forget_hooks.append(forget_note)
+        assert await ask(ch, "/forget 7", user="u1") == "已删除笔记 #7。"
+        # Someone else's memory is "not found" in the very words of an id nobody has: its existence is private.
+        assert await ask(ch, "/forget 8", user="u1") == "没有找到编号为 8 的记录。"
+        assert await ask(ch, f"/forget {mine}", user="u2") == f"没有找到编号为 {mine} 的记录。"
+        assert await ask(ch, f"/forget {mine}", user="u1", chat=ch.chat("g2")) == f"没有找到编号为 {mine} 的记录。"
+        assert f"已删除记忆 #{mine}" in await ask(ch, f"/forget {mine}", user="u1")
+        assert deleted == ["7"]

@@ -97,6 +97,22 @@ async def test_forget_a_person_and_the_chats_dreams(service: MemoryService) -> N
     assert texts(await service.recall(person("u2"), "过敏")) == ["我对猫过敏"]
 
 
+async def test_forget_person_takes_the_dreams_quoting_their_memories_wherever_asked(service: MemoryService) -> None:
+    """A dream records whose memories it quotes: found without any other trace of them in its chat."""
+    clock = service.clock
+    assert isinstance(clock, Clock)
+    await service.remember(person("u1"), "老王的手机号是一三八", "group")
+    await service.remember(person("u2", chat="g2"), "阳台的花要浇水", "group")
+    clock.now = T0 + timedelta(hours=8)
+    for group in ("g1", "g2"):
+        assert (await service.sleep(f"t:group:{group}")).dream
+    dreamt = lambda chat: service.db.run(lambda db: service.store.dreams(db, chat))  # noqa: E731
+    assert await service.forget_person("t", "u1", ["t:group:g3"]) == 0
+    assert len(await dreamt("t:group:g1")) == 1  # not among the chats asked for
+    assert await service.forget_person("t", "u1", None) == 0
+    assert await dreamt("t:group:g1") == [] and len(await dreamt("t:group:g2")) == 1
+
+
 async def test_misses_decay_and_sleep_deletes_and_dreams(service: MemoryService) -> None:
     clock = service.clock
     assert isinstance(clock, Clock)
@@ -139,11 +155,11 @@ async def test_two_processes_sleep_a_chat_once_a_night(service: MemoryService, m
     clock.now = T0.replace(hour=21, minute=5)
     failing = ["t:group:g0"]
 
-    async def flaky(chat: str) -> object:
+    async def flaky(chat: str, **kw: bool) -> object:
         if chat in failing:
             failing.remove(chat)
             raise RuntimeError("the model fell over")
-        return await MemoryService.sleep(service, chat)
+        return await MemoryService.sleep(service, chat, **kw)
 
     monkeypatch.setattr(service, "sleep", flaky)
     monkeypatch.setattr(other, "sleep", flaky)
