@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import jsonschema
 from pydantic import BaseModel
 from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
 
 from function_calls.errors import ToolDefinitionError
 
-__all__ = ["EMPTY_PARAMETERS", "compact_schema", "strict_schema"]
+__all__ = ["EMPTY_PARAMETERS", "compact_schema", "drop_nulls", "not_strict", "strict_schema"]
 
 JSON = dict[str, Any]
 
@@ -137,3 +138,49 @@ def _make_nullable(node: JSON) -> None:
         node["type"] = [*kind, "null"]
     elif kind is None and "anyOf" in node and {"type": "null"} not in node["anyOf"]:
         node["anyOf"] = [*node["anyOf"], {"type": "null"}]
+
+
+def not_strict(schema: JSON, path: str = "") -> str | None:
+    """Where ``schema`` has a map (``dict[str, X]``: an object with free keys), which OpenAI's strict
+    mode cannot describe (it wants ``additionalProperties: false`` on every object); None if nowhere."""
+    if ("object" in _kinds(schema) or "properties" in schema) and schema.get("additionalProperties", False) is not False:
+        return path or "<root>"
+    subs = [(f"{path}.{n}".lstrip("."), sub) for n, sub in schema.get("properties", {}).items()]
+    subs += [(f"{path}[]", sub) for sub in (schema.get("items"), *schema.get("prefixItems", [])) if isinstance(sub, dict)]
+    subs += [(path, sub) for key in ("anyOf", "oneOf", "allOf") for sub in schema.get(key, [])]
+    return next((found for where, sub in subs if (found := not_strict(sub, where)) is not None), None)
+
+
+def drop_nulls(value: Any, schema: JSON) -> Any:
+    """``value`` (as the strict variant of ``schema`` asks: a null for every optional field) without
+    the nulls ``schema`` does not allow, at any depth, so the model's defaults apply. In a union the
+    branch the value matches decides (a field one branch requires may be null)."""
+    branch = _branch(value, schema)
+    if isinstance(value, dict):
+        props: JSON = branch.get("properties", {})
+        free = branch.get("additionalProperties")
+        subs = {key: props.get(key, free if isinstance(free, dict) else {}) for key in value}
+        return {key: drop_nulls(v, subs[key]) for key, v in value.items()
+                if v is not None or key not in props or "null" in _kinds(subs[key]) or _null_branch(subs[key])}
+    if isinstance(value, list) and isinstance(items := branch.get("items"), dict):
+        return [drop_nulls(v, items) for v in value]
+    return value
+
+
+def _kinds(schema: JSON) -> list[Any]:
+    return kind if isinstance(kind := schema.get("type"), list) else [kind]
+
+
+def _null_branch(schema: JSON) -> bool:
+    return any(b.get("type") == "null" or "null" in _kinds(b) for b in schema.get("anyOf", []) + schema.get("oneOf", []))
+
+
+def _branch(value: Any, schema: JSON) -> JSON:
+    """The alternative of ``schema`` that ``value`` (an object or a list) belongs to: the only one of its
+    kind, else the first whose strict variant it is valid under."""
+    alternatives = [*schema.get("anyOf", []), *schema.get("oneOf", [])] or [schema]
+    kind = "object" if isinstance(value, dict) else "array" if isinstance(value, list) else None
+    same = [b for b in alternatives if kind in _kinds(b) or (kind == "object" and "properties" in b)]
+    if len(same) > 1:
+        return next((b for b in same if jsonschema.Draft202012Validator(strict_schema(b)).is_valid(value)), same[0])
+    return same[0] if same else schema

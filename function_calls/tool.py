@@ -7,9 +7,10 @@ Decorating mutates no global state: tools are collected from the modules a bot l
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import inspect
 import json
+import logging
 import re
 import types
 import typing
@@ -23,14 +24,18 @@ from pydantic import BaseModel, ValidationError
 from function_calls.context import Caller, ToolContext, ToolResult
 from function_calls.errors import ArgumentError, FieldProblem, ToolDefinitionError
 from function_calls.problems import field_path, schema_problems, short_value
-from function_calls.schema import EMPTY_PARAMETERS, compact_schema, strict_schema
+from function_calls.schema import EMPTY_PARAMETERS, compact_schema, drop_nulls, not_strict, strict_schema
+from function_calls.threads import SyncCalls
 
 __all__ = ["Confirm", "Scope", "Tool", "Toolset", "collect_tools", "tool_function"]
+
+log = logging.getLogger(__name__)
 
 Scope = Literal["group", "private", "both"]
 #: Who must agree before a ``confirm`` tool runs (see :attr:`Tool.confirm`).
 Confirm = Literal["requester", "admin", "input"]
-Handler = Callable[..., Awaitable[ToolResult | str] | ToolResult | str]
+Result = ToolResult | str | dict[str, Any] | None
+Handler = Callable[..., Awaitable[Result] | Result]
 #: Larger argument strings are refused before parsing: no tool needs them, and parsing costs.
 MAX_ARGUMENT_CHARS = 64_000
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts for a function name
@@ -59,9 +64,13 @@ class Tool:
     sequential: bool = False
     aliases: tuple[str, ...] = ()
     hash_exclude: tuple[str, ...] = ()
+    #: False when OpenAI's strict mode cannot describe its arguments (a dict field): with ``strict_tools``
+    #: it is still sent, and checked, non-strict (``strict: false``).
+    strict_ok: bool = True
     _takes_ctx: bool = field(default=False, repr=False)
     _validator: Any = field(default=None, repr=False)
     _strict_validator: Any = field(default=None, repr=False)
+    _sync: SyncCalls = field(default_factory=SyncCalls, repr=False)
 
     def definition(self, *, strict: bool = False) -> dict[str, Any]:
         """The OpenAI ``tools`` entry for this tool."""
@@ -71,7 +80,7 @@ class Tool:
             "parameters": self.strict_parameters if strict else self.parameters,
         }
         if strict:
-            fn["strict"] = True
+            fn["strict"] = self.strict_ok
         return {"type": "function", "function": fn}
 
     def allowed_for(self, caller: Caller) -> bool:
@@ -91,6 +100,7 @@ class Tool:
 
     def parse_arguments(self, raw: str | dict[str, Any] | None, *, strict: bool = False) -> BaseModel | None:
         """Raw JSON -> JSON Schema (as sent) -> Pydantic. Raises :class:`ArgumentError`."""
+        strict = strict and self.strict_ok
         if isinstance(raw, dict):
             data: Any = raw
         else:
@@ -116,7 +126,7 @@ class Tool:
         if self.args_model is None:
             return None
         if strict:  # strict mode sends null for optional fields, nested ones too; the model's defaults apply
-            data = _drop_nulls(data, self.parameters)
+            data = drop_nulls(data, self.parameters)
         try:
             return self.args_model.model_validate(data)
         except ValidationError as exc:
@@ -129,7 +139,8 @@ class Tool:
             ) from None
 
     async def invoke(self, ctx: ToolContext[Any], args: BaseModel | None) -> ToolResult:
-        """Run the handler (sync handlers in a worker thread) and normalise its result."""
+        """Run the handler and normalise its result. A sync handler runs on a thread of the tools' own
+        pool; past its timeout it keeps running (a thread cannot be stopped), see :mod:`function_calls.threads`."""
         call_args: list[Any] = []
         if self._takes_ctx:
             call_args.append(ctx)
@@ -138,14 +149,27 @@ class Tool:
         if inspect.iscoroutinefunction(self.handler):
             result = await self.handler(*call_args)
         else:
-            result = await asyncio.to_thread(_run_sync, self.handler, *call_args)
+            result = await self._sync.run(self.name, self.timeout_s, _run_sync, self.handler, *call_args)
             if inspect.isawaitable(result):
                 result = await result
-        if isinstance(result, str):
-            return ToolResult(content=result)
-        if isinstance(result, ToolResult):
-            return result
-        raise ToolDefinitionError(f"tool {self.name!r} returned {type(result).__name__}, not ToolResult or str")
+        return _as_result(self.name, result)
+
+
+def _as_result(name: str, result: object) -> ToolResult:
+    """A handler's return value as a result. Whatever it returned, it ran: the model must never hear
+    of a failure (it would call again, and the action happen twice)."""
+    if isinstance(result, ToolResult):
+        return result
+    if isinstance(result, str):
+        return ToolResult(content=result)
+    if result is None:
+        return ToolResult(content="done")
+    if isinstance(result, dict):
+        with contextlib.suppress(TypeError, ValueError, RecursionError):  # (a key that is not text, a cycle)
+            return ToolResult(content=json.dumps(result, ensure_ascii=False, default=str), data=result)
+    log.error("tool %s returned %s, not ToolResult, str, dict or None", name, type(result).__name__)
+    return ToolResult(content=f"`{name}` ran, but its result could not be read (it returned "
+                              f"{type(result).__name__}); do not call it again for this.")
 
 
 def _run_sync(handler: Callable[..., Any], *args: Any) -> Any:
@@ -156,33 +180,6 @@ def _run_sync(handler: Callable[..., Any], *args: Any) -> Any:
         return handler(*args)
     except StopIteration as exc:
         raise RuntimeError("the tool's handler raised StopIteration") from exc
-
-
-def _drop_nulls(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    """``data`` without the nulls ``schema`` (the non-strict one) does not allow, at any depth."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if value is None and not _nullable(schema, key):
-            continue
-        prop = _object_schema(schema.get("properties", {}).get(key, {}))
-        if isinstance(value, dict) and "properties" in prop:
-            value = _drop_nulls(value, prop)
-        elif isinstance(value, list) and "properties" in (items := _object_schema(prop.get("items", {}))):
-            value = [_drop_nulls(v, items) if isinstance(v, dict) else v for v in value]
-        out[key] = value
-    return out
-
-
-def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema itself, or its non-null branch (an optional field's ``anyOf``); {} for none."""
-    branches = [schema, *schema.get("anyOf", [])]
-    return next((b for b in branches if "properties" in b or "items" in b), {})
-
-
-def _nullable(schema: dict[str, Any], prop: str) -> bool:
-    sub = schema.get("properties", {}).get(prop, {})
-    kind = sub.get("type")
-    return kind == "null" or (isinstance(kind, list) and "null" in kind) or {"type": "null"} in sub.get("anyOf", [])
 
 
 def _classify(tool: str, fn: Callable[..., Any]) -> tuple[bool, type[BaseModel] | None]:
@@ -219,12 +216,12 @@ def _classify(tool: str, fn: Callable[..., Any]) -> tuple[bool, type[BaseModel] 
             )
     ret = hints.get("return")
     if ret is not None and not _returns_ok(ret):
-        raise ToolDefinitionError(f"tool {tool!r}: return annotation must be ToolResult, str or their union")
+        raise ToolDefinitionError(f"tool {tool!r}: return annotation must be ToolResult, str, dict, None or a union")
     return takes_ctx, model
 
 
 def _returns_ok(ret: Any) -> bool:
-    if ret in (ToolResult, str):
+    if ret in (ToolResult, str, dict, type(None)) or get_origin(ret) is dict:
         return True
     if get_origin(ret) in (typing.Union, types.UnionType):
         return all(_returns_ok(a) for a in get_args(ret))
@@ -289,7 +286,10 @@ def tool_function(
             raise ToolDefinitionError(f"tool {tool_name!r}: needs a docstring or description= (the model reads it)")
         takes_ctx, model = _classify(tool_name, func)
         params = compact_schema(model, tool_name) if model is not None else dict(EMPTY_PARAMETERS)
-        strict = strict_schema(params)
+        if (where := not_strict(params)) is not None:
+            log.info("tool %r: field %s is a dict, which OpenAI strict mode cannot describe: the tool is sent "
+                     "with strict: false even when [llm] strict_tools is on", tool_name, where)
+        strict = strict_schema(params) if where is None else params  # (never an invalid strict schema)
         validator_cls = jsonschema.Draft202012Validator
         for schema in (params, strict):
             validator_cls.check_schema(schema)
@@ -300,7 +300,8 @@ def tool_function(
             confirm="admin" if confirm is True else (confirm or None), retries=retries,
             timeout_s=timeout_s, sequential=sequential,
             aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),
-            _takes_ctx=takes_ctx, _validator=validator_cls(params), _strict_validator=validator_cls(strict),
+            strict_ok=where is None, _takes_ctx=takes_ctx, _validator=validator_cls(params),
+            _strict_validator=validator_cls(strict),
         )
         return tool
 
@@ -322,9 +323,9 @@ class Toolset:
             raise ToolDefinitionError(f"toolset {self.name!r}: {tool!r} is not a Tool (decorate it with @tool_function)")
         if tool.name in self._tools:
             raise ToolDefinitionError(f"toolset {self.name!r}: two tools are named {tool.name!r}")
-        taken = {a for t in self._tools.values() for a in (t.name, *t.aliases)}
-        # A name equal to another tool's alias would make /name ambiguous too.
-        clash = [a for a in (tool.name, *tool.aliases) if a in taken]
+        taken = {a.casefold() for t in self._tools.values() for a in (t.name, *t.aliases)}
+        # A name equal to another tool's alias would make /name ambiguous too; a typed /command has no case.
+        clash = [a for a in (tool.name, *tool.aliases) if a.casefold() in taken]
         if clash:
             raise ToolDefinitionError(f"toolset {self.name!r}: tool {tool.name!r}: name or alias {clash[0]!r} is already taken")
         self._tools[tool.name] = tool
@@ -344,9 +345,12 @@ class Toolset:
         return self._tools.get(name)
 
     def resolve(self, name_or_alias: str) -> Tool | None:
-        """A tool by name or by command alias."""
+        """A tool by name or by command alias, whatever its case (a typed ``/command`` is lowercased)."""
         key = name_or_alias.lstrip("/")
-        return self._tools.get(key) or next((t for t in self._tools.values() if key in t.aliases), None)
+        if (exact := self._tools.get(key)) is not None:
+            return exact
+        key = key.casefold()
+        return next((t for t in self._tools.values() if key in (a.casefold() for a in (t.name, *t.aliases))), None)
 
     def names(self) -> list[str]:
         return list(self._tools)
@@ -371,13 +375,21 @@ class Toolset:
 
 
 def collect_tools(module: types.ModuleType) -> Toolset:
-    """The tools a module defines: every module-level :class:`Tool`, in definition order."""
+    """The tools a module defines: every module-level :class:`Tool`, in definition order.
+
+    A tool it imported (``from search import perplexity_search``) is another plugin's, not offered
+    with this one; a package's own submodules' tools are its own. To offer another's tool, declare a
+    ``plugin = Plugin(...)`` listing it.
+    """
+    inside = f"{module.__name__}." if hasattr(module, "__path__") else None
     seen: set[int] = set()
     found: list[Tool] = []
     for value in vars(module).values():
         candidates = list(value) if isinstance(value, Toolset) else [value]
         for tool in candidates:
-            if isinstance(tool, Tool) and id(tool) not in seen:
+            where = str(getattr(tool.handler, "__module__", "")) if isinstance(tool, Tool) else ""
+            mine = where == module.__name__ or (inside is not None and where.startswith(inside))
+            if isinstance(tool, Tool) and id(tool) not in seen and mine:
                 seen.add(id(tool))
                 found.append(tool)
     return Toolset(module.__name__.rsplit(".", 1)[-1], found)

@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from function_calls import Caller, RunResult, RunState, StopReason, Tool, ToolCall
+from function_calls import Caller, RunResult, RunState, StopReason, Tool, ToolCall, ToolError
 from robot import snapshots
 from robot.approvals_panel import PANEL, PendingPanel, admin_prompt, approver_notices, pending_text
 from robot.approvals_watch import AnswerWatch
@@ -388,9 +388,9 @@ class Approvals:
                 result = await self.bot.invoke_tool(tool, tool.parse_arguments(call.arguments), caller,
                                                     self.bot.zone_for(chat), via="command", run_id="command",
                                                     call_id=call.id)
-            except Exception as exc:
+            except Exception as exc:  # a ToolError's words for the person are the tool's own (as Pipeline.run_command)
                 log.warning("approved command %s failed: %s", call.name, type(exc).__name__)
-                out.append(f"/{call.name} 执行失败了。")
+                out.append(exc.user_message or exc.message if isinstance(exc, ToolError) else f"/{call.name} 执行失败了。")
                 continue
             out.extend(result.user_messages or (result.content,))
         return out

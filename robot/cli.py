@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from function_calls import Tool, ToolDefinitionError
+from function_calls import Tool, ToolDefinitionError, Toolset
 from robot import maintenance
 from robot.bot import Bot
 from robot.channels.base import Channel, ChannelError
@@ -187,8 +187,10 @@ def _describe(tool: Tool) -> list[str]:
 
 
 def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
-    plugins = load_plugins(settings)
-    tools = [t for p in plugins for t in p.tools]
+    merged = Toolset("bot")  # as the bot merges them: a tool two plugins offer is an error, not listed twice
+    for plugin in load_plugins(settings):
+        merged = merged.merge(plugin.tools)
+    tools = list(merged)
     if as_json:
         print(json.dumps([t.definition(strict=strict) for t in tools], ensure_ascii=False, indent=2))
     else:

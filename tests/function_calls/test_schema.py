@@ -145,6 +145,25 @@ def test_strict_variant_requires_everything_and_makes_optionals_nullable() -> No
     assert "strict" not in tool.definition()["function"]
 
 
+class Counts(BaseModel):
+    counts: dict[str, int] = {}
+    extra: dict[str, Any] = {}
+    name: str = ""
+
+
+def test_a_tool_with_a_dict_field_is_sent_non_strict(caplog: pytest.LogCaptureFixture) -> None:
+    # OpenAI strict mode wants additionalProperties: false on every object: the request was refused
+    # (counts), or the model could pass no key at all (extra).
+    with caplog.at_level("INFO", logger="function_calls.tool"):
+        tool = _tool(Counts)
+    assert "counts" in caplog.text and "strict" in caplog.text
+    fn = tool.definition(strict=True)["function"]
+    assert fn["strict"] is False and fn["parameters"] == tool.parameters
+    parsed = tool.parse_arguments(json.dumps({"counts": {"a": 1}, "extra": {"k": [1]}}), strict=True)
+    assert parsed == Counts(counts={"a": 1}, extra={"k": [1]})
+    assert _tool(ReminderArgs).definition(strict=True)["function"]["strict"] is True
+
+
 def test_strict_schema_does_not_mutate_its_input() -> None:
     compact = compact_schema(ReminderArgs, "t")
     before = json.dumps(compact, sort_keys=True)

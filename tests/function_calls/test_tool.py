@@ -1,6 +1,8 @@
 """@tool_function, Tool.invoke, Toolset and collect_tools."""
 
 import asyncio
+import contextlib
+import json
 import sys
 import threading
 import types
@@ -14,14 +16,17 @@ from pydantic import BaseModel, Field
 import function_calls
 from function_calls import (
     Caller,
+    Runner,
     Tool,
     ToolContext,
     ToolDefinitionError,
+    ToolError,
     ToolResult,
     Toolset,
     collect_tools,
     tool_function,
 )
+from function_calls.testing import ScriptedModel, call, text
 
 
 class Args(BaseModel):
@@ -122,6 +127,44 @@ async def test_sync_handler_runs_in_a_worker_thread() -> None:
     assert threads and threads[0] != threading.get_ident()
 
 
+async def test_a_sync_handler_past_its_timeout_holds_no_thread_others_need() -> None:
+    # It kept a thread of the loop's default pool: once full, every to_thread and DNS lookup waited.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from function_calls.threads import MAX_OVERDUE
+
+    release = threading.Event()
+    ran: list[str] = []
+
+    @tool_function(timeout_s=0.05)
+    def hangs(a: Args) -> str:
+        """A blocking client with no timeout of its own."""
+        ran.append(a.city)
+        release.wait(10)
+        return "late"
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    try:
+        for _ in range(MAX_OVERDUE):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(hangs.timeout_s):
+                    await hangs.invoke(ctx(), Args(city="a"))
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 1) == "free"
+        await asyncio.wait_for(loop.getaddrinfo("localhost", 80), 1)
+        with pytest.raises(ToolError, match=r"still running.*timeout") as refused:
+            await hangs.invoke(ctx(), Args(city="b"))
+        assert refused.value.user_message and len(ran) == MAX_OVERDUE  # refused before it ran
+    finally:
+        release.set()
+    for _ in range(100):  # once the earlier calls end, it runs again
+        await asyncio.sleep(0.01)
+        with contextlib.suppress(ToolError):
+            assert (await hangs.invoke(ctx(), Args(city="c"))).content == "late"
+            break
+    assert ran[-1] == "c"
+
+
 async def test_a_sync_handler_raising_stop_iteration_fails_at_once_like_an_async_one() -> None:
     # asyncio refuses StopIteration on a future: passed through, the call would hang until its timeout.
     @tool_function
@@ -134,14 +177,38 @@ async def test_a_sync_handler_raising_stop_iteration_fails_at_once_like_an_async
     assert isinstance(caught.value.__cause__, StopIteration)
 
 
-async def test_str_result_becomes_tool_result_and_bad_return_is_a_definition_error() -> None:
+async def test_a_result_of_another_type_is_reported_as_run_never_as_a_failure_to_retry() -> None:
+    # It ran (its action is done): "failed internally" made the model call it again.
     @tool_function
     async def sneaky() -> str:
         """Returns the wrong type despite its annotation."""
         return 42  # type: ignore[return-value]
 
-    with pytest.raises(ToolDefinitionError, match="sneaky"):
-        await sneaky.invoke(ctx(), None)
+    result = await sneaky.invoke(ctx(), None)
+    assert "sneaky" in result.content and "ran" in result.content and "could not be read" in result.content
+    assert "failed" not in result.content and "not call it again" in result.content
+
+
+async def test_a_handler_returning_none_or_a_dict_ran() -> None:
+    sent: list[str] = []
+
+    @tool_function
+    async def send_sms(a: Args):  # type: ignore[no-untyped-def]  # (no annotation: None at run time)
+        """Send an SMS."""
+        sent.append(a.city)
+
+    @tool_function
+    def create_ticket(a: Args) -> dict[str, Any]:
+        """Open a ticket."""
+        return {"id": 42, "status": "open", "city": a.city}
+
+    model = ScriptedModel([call("send_sms", {"city": "Oslo"}), call("create_ticket", {"city": "Oslo"}), text("ok")])
+    await Runner(model).run([{"role": "user", "content": "go"}], Toolset("t", [send_sms, create_ticket]))
+    told = [m for m in model.requests[-1].messages if m.get("role") == "tool"]
+    assert sent == ["Oslo"] and told[0]["content"] == "done"
+    assert json.loads(told[1]["content"]) == {"id": 42, "status": "open", "city": "Oslo"}
+    ticket = await create_ticket.invoke(ctx(), Args(city="Rome"))
+    assert ticket.data == {"id": 42, "status": "open", "city": "Rome"} and not ticket.is_error
 
 
 def _define_missing_annotation() -> Tool:
@@ -256,11 +323,13 @@ def test_scope_require_at_and_admin_only_decide_who_may_use_a_tool() -> None:
     assert not moderate.allowed_for(Caller(chat_kind="private", is_admin=True))
 
 
-def _tool(name: str, aliases: tuple[str, ...] = ()) -> Tool:
+def _tool(name: str, aliases: tuple[str, ...] = (), module: str | None = None) -> Tool:
     async def handler(a: Args) -> str:
         """Doc."""
         return name
 
+    if module is not None:  # as if defined in that module
+        handler.__module__ = module
     return tool_function(name=name, aliases=aliases)(handler)
 
 
@@ -291,6 +360,18 @@ def test_toolset_merge_names_both_sets_on_conflict_and_resolves_aliases() -> Non
         Toolset("p").add(lambda: None)  # type: ignore[arg-type]
 
 
+def test_names_and_aliases_resolve_whatever_their_case_and_clash_alike() -> None:
+    # /getWeather was listed in /help but never found: a typed command is lowercased.
+    tools = Toolset("p", [_tool("getWeather", ("TR",))])
+    for typed in ("getweather", "/GETWEATHER", "tr", "/Tr"):
+        found = tools.resolve(typed)
+        assert found is not None and found.name == "getWeather"
+    with pytest.raises(ToolDefinitionError, match="'gw'"):
+        Toolset("p", [_tool("weather", ("GW",)), _tool("gw")])
+    with pytest.raises(ToolDefinitionError, match="'Weather'"):
+        Toolset("p", [_tool("weather"), _tool("Weather")])
+
+
 def _module_state() -> dict[str, str]:
     mods = [m for name, m in sys.modules.items() if name.split(".")[0] == "function_calls"]
     return {f"{m.__name__}.{k}": repr(v) for m in mods for k, v in vars(m).items() if not k.startswith("__")}
@@ -303,7 +384,7 @@ def test_decorating_registers_nothing_and_collect_tools_finds_module_level_tools
     assert _module_state() == before  # no registry anywhere got the tool
 
     module = types.ModuleType("myplugin.tools")
-    first, second = _tool("first"), _tool("second")
+    first, second = _tool("first", module="myplugin.tools"), _tool("second", module="myplugin.tools")
     module.first = first  # type: ignore[attr-defined]
     module.helper = 42  # type: ignore[attr-defined]
     module.toolset = Toolset("x", [second, first])  # type: ignore[attr-defined]
@@ -314,6 +395,20 @@ def test_decorating_registers_nothing_and_collect_tools_finds_module_level_tools
     assert "local_only" not in found
     assert len(collect_tools(types.ModuleType("empty"))) == 0
     assert len(collect_tools(function_calls)) == 0
+
+
+def test_collect_tools_leaves_out_the_tools_a_module_only_imported() -> None:
+    # `from search import perplexity_search` offered /search with the owner's search plugin left out.
+    module = types.ModuleType("myhelpers")
+    module.echo = _tool("echo", module="myhelpers")  # type: ignore[attr-defined]
+    module.perplexity_search = _tool("perplexity_search", module="search.tools")  # type: ignore[attr-defined]
+    module.theirs = Toolset("search", [_tool("search_news", module="search")])  # type: ignore[attr-defined]
+    assert collect_tools(module).names() == ["echo"]
+    package = types.ModuleType("mypkg")
+    package.__path__ = []  # a package: the tools of its own submodules are its own
+    package.remind = _tool("remind", module="mypkg.tools")  # type: ignore[attr-defined]
+    package.other = _tool("other", module="mypkgx.tools")  # type: ignore[attr-defined]
+    assert collect_tools(package).names() == ["remind"]
 
 
 def test_tool_context_clock_and_zone() -> None:

@@ -161,6 +161,40 @@ def test_strict_nulls_take_defaults_at_any_depth() -> None:
     assert tool.parse_arguments(json.dumps({**sent, "back": None}), strict=True).back is None  # type: ignore[union-attr]
 
 
+class Cat(BaseModel):
+    meows: bool
+
+
+class Dog(BaseModel):
+    barks: bool
+    owner: str | None  # required, and may be null
+
+
+class Cell(BaseModel):
+    v: int
+    note: str = "-"
+
+
+class Yard(BaseModel):
+    pet: Cat | Dog
+    rows: list[list[Cell]] = []
+
+
+def test_strict_nulls_are_dropped_against_the_branch_the_value_matches_at_any_list_depth() -> None:
+    # The first object branch was used (Dog's owner dropped: "Field required"), and one list level only.
+    async def yard(args: Yard) -> str:
+        """Fill the yard."""
+        return "ok"
+
+    tool = tool_function(yard)
+    sent = {"pet": {"barks": True, "owner": None}, "rows": [[{"v": 1, "note": None}]]}
+    assert not list(tool._strict_validator.iter_errors(sent))  # valid under the strict schema sent
+    parsed = tool.parse_arguments(json.dumps(sent), strict=True)
+    assert parsed == Yard(pet=Dog(barks=True, owner=None), rows=[[Cell(v=1)]])
+    cat = tool.parse_arguments(json.dumps({"pet": {"meows": False}, "rows": None}), strict=True)
+    assert cat == Yard(pet=Cat(meows=False))
+
+
 async def test_in_a_run_the_error_reaches_the_model_and_it_corrects_itself() -> None:
     seen: list[Order] = []
     model = ScriptedModel([call("order", {"kind": "pickup", "items": []}), call("order", GOOD), text("done")])

@@ -19,6 +19,7 @@ from function_calls import (
     ModelResponse,
     ToolCall,
     ToolContext,
+    ToolError,
     ToolResult,
     Toolset,
     tool_function,
@@ -137,6 +138,20 @@ async def test_requester_confirms_with_a_plain_yes_and_commands_pause_too(make_b
     sent = await ch.wait_sent(3)
     assert RUNS == [("wipe", 0)]
     assert [m.text for m in sent[1:]] == ["好的，正在执行。", "wiped for u1"]
+
+
+async def test_an_approved_command_shows_the_tools_own_words_when_it_refuses(make_bot: Any) -> None:
+    # After /approve, a ToolError's message for the person became a bare "执行失败了".
+    @tool_function(confirm="requester")
+    async def pay(ctx: ToolContext[object], args: TransferArgs) -> ToolResult:
+        """Pay (I confirm myself)."""
+        raise ToolError("insufficient balance", user_message="余额不足：还差 30 元，没有转账。")
+
+    _bot, ch = await make_bot(None, plugins=[Plugin("pay", Toolset("pay", [pay]))])
+    await ch.inject("/pay 50", user="u1")
+    ask = (await ch.wait_sent(1))[0].text
+    await ch.inject(f"/approve {code_in(ask)}", user="u1")
+    assert (await ch.wait_sent(3))[-1].text == "余额不足：还差 30 元，没有转账。"
 
 
 async def test_unknown_foreign_and_repeated_wrong_codes(make_bot: Any) -> None:

@@ -117,6 +117,21 @@ def test_tools_lists_names_aliases_and_flags(plugin_dir: Path, capsys: pytest.Ca
     assert line.startswith("weather  /w  (admin)\n    Weather for a city.")
 
 
+def test_tools_merges_plugins_as_the_bot_does(plugin_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two plugins offering /weather: the bot refuses to start, and `qunbot tools` listed both.
+    (plugin_dir / "qb_cli_twin.py").write_text(PLUGIN_SOURCE.replace('"clikit"', '"twin"'), encoding="utf-8")
+    path = config(plugin_dir)
+    path.write_text(path.read_text(encoding="utf-8").replace('plugins = ["qb_cli_plugin"]',
+                                                             'plugins = ["qb_cli_plugin", "qb_cli_twin"]'),
+                    encoding="utf-8")
+    try:
+        assert main(["-c", str(path), "tools"]) == 2
+    finally:
+        sys.modules.pop("qb_cli_twin", None)
+    out, err = capsys.readouterr()
+    assert "weather" in err and "'twin'" in err and out.count("weather") <= 1
+
+
 def test_a_bad_config_or_plugin_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[bot]\ntimezone = 'Nowhere/Land'\n", encoding="utf-8")

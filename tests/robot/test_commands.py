@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
+from datetime import date, datetime, time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from function_calls import Caller, ToolContext, ToolResult, Toolset, tool_function
+from function_calls import ArgumentError, Caller, ToolContext, ToolResult, Toolset, tool_function
 from function_calls.testing import ScriptedModel, call, text
-from robot.commands import CommandError, build_arguments, help_text, parse_command, split_words
+from robot.commands import CommandError, build_arguments, help_text, parse_command, split_words, usage_line
 from robot.message import ChatRef
 from robot.plugin import Plugin
 
@@ -320,3 +324,145 @@ def test_any_command_line_splits_into_words_where_they_were_typed(line: str) -> 
     assert all(0 <= w.start < w.end <= len(line) for w in words)
     assert all(a.end <= b.start for a, b in itertools.pairwise(words))
     assert "".join(line[w.start:w.end] for w in words).replace(" ", "") or not line.strip(" \t")
+
+
+# --- typed positional values: unions, dates and times, lists, objects ----------------------------
+
+class TipArgs(BaseModel):
+    to: str = Field(description="who gets the tip")
+    amount: Decimal = Field(Decimal("1"), gt=0)
+
+
+class BookArgs(BaseModel):
+    room: str
+    day: date
+    at: time
+
+
+class TagArgs(BaseModel):
+    tags: list[str]
+    counts: list[int] = []
+
+
+class Place(BaseModel):
+    x: int
+
+
+class ShapeArgs(BaseModel):
+    name: str
+    where: Place | None = None
+
+
+class MeetArgs(BaseModel):
+    when: datetime
+    what: str
+
+
+class MixArgs(BaseModel):
+    what: str
+    more: list[str] | None = None
+    pt: tuple[int, int] | None = None
+    on: bool = False
+
+
+@functools.cache
+def _typed_tools() -> dict[str, Any]:
+    async def tip(args: TipArgs) -> str:
+        """Tip."""
+        return ""
+
+    async def book(args: BookArgs) -> str:
+        """Book."""
+        return ""
+
+    async def tag(args: TagArgs) -> str:
+        """Tag."""
+        return ""
+
+    async def shape(args: ShapeArgs) -> str:
+        """Shape."""
+        return ""
+
+    async def meet(args: MeetArgs) -> str:
+        """Meet."""
+        return ""
+
+    async def mix(args: MixArgs) -> str:
+        """Mix."""
+        return ""
+
+    return {f.__name__: tool_function(f) for f in (tip, book, tag, shape, meet, mix)}
+
+
+def parsed(tool: Any, line: str) -> Any:
+    return tool.parse_arguments(build_arguments(tool, line))
+
+
+def test_a_value_typed_by_position_goes_into_its_field_whatever_its_schema() -> None:
+    # "/tip alice 5" tipped "alice 5" one yuan (Decimal is an anyOf); "/book A101 2026-12-01 10:00" was refused.
+    tools = _typed_tools()
+    assert parsed(tools["tip"], "alice 5") == TipArgs(to="alice", amount=Decimal("5"))
+    assert parsed(tools["tip"], "alice 0.5") == TipArgs(to="alice", amount=Decimal("0.5"))
+    assert parsed(tools["tip"], "alice smith") == TipArgs(to="alice smith")  # a word continues the text
+    assert parsed(tools["book"], "A101 2026-12-01 10:00") == BookArgs(room="A101", day=date(2026, 12, 1),
+                                                                      at=time(10, 0))
+    assert parsed(tools["book"], "A101 2026/12/1 9：30") == BookArgs(room="A101", day=date(2026, 12, 1),
+                                                                     at=time(9, 30))
+    assert parsed(tools["meet"], "2026-11-22 15:00 lunch with Bo") == MeetArgs(
+        when=datetime(2026, 11, 22, 15, 0), what="lunch with Bo")  # a date-time typed unquoted stays one value
+
+
+def test_lists_are_typed_with_commas_and_objects_by_name_as_json() -> None:
+    tools = _typed_tools()
+    tag, shape = tools["tag"], tools["shape"]
+    assert parsed(tag, "tags=a,b") == TagArgs(tags=["a", "b"])
+    assert parsed(tag, "a,b counts=1,2") == TagArgs(tags=["a", "b"], counts=[1, 2])
+    assert parsed(tag, "a b") == TagArgs(tags=["a", "b"])  # the last field: the surplus is more items
+    assert parsed(tag, "a 1,2") == TagArgs(tags=["a"], counts=[1, 2])
+    assert parsed(shape, "box of tools") == ShapeArgs(name="box of tools")  # an object is never positional
+    assert parsed(shape, "box where='{\"x\": 3}'") == ShapeArgs(name="box", where=Place(x=3))
+    assert usage_line(tag) == "/tag <tags,…> [counts,…]"
+    assert usage_line(shape) == "/shape <name> [where={…}]"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["tip", "book", "tag", "shape", "meet", "mix"]),
+       st.lists(st.sampled_from([*"a1 ,，=\"':-/{}[]中.\t", "null", "2026-12-01", "10:00", "more="]),
+                max_size=12).map("".join))
+def test_any_line_gives_arguments_or_says_what_is_wrong(name: str, line: str) -> None:
+    tool = _typed_tools()[name]
+    try:
+        args = build_arguments(tool, line)
+    except CommandError:
+        return
+    with contextlib.suppress(ArgumentError):
+        tool.parse_arguments(args)
+
+
+def test_a_tuple_takes_its_items_by_position() -> None:
+    mix = _typed_tools()["mix"]
+    assert parsed(mix, "x pt=1,2 more=a,b on=yes") == MixArgs(what="x", more=["a", "b"], pt=(1, 2), on=True)
+    assert parsed(mix, "x a,b c") == MixArgs(what="x", more=["a", "b", "c"])
+    assert parsed(mix, "x a,b pt=1,2 on=no null") == MixArgs(what="x", more=["a", "b", "null"], pt=(1, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[a-z\u4e00-\u4e09]{1,8}", fullmatch=True), st.integers(1, 10**6),
+       st.dates(date(2000, 1, 1), date(2099, 12, 31)), st.times().map(lambda t: t.replace(second=0, microsecond=0)))
+def test_typed_values_after_a_text_word_land_in_their_fields(who: str, amount: int, day: date, at: time) -> None:
+    tools = _typed_tools()
+    assert parsed(tools["tip"], f"{who} {amount}") == TipArgs(to=who, amount=Decimal(amount))
+    assert parsed(tools["book"], f"{who} {day.isoformat()} {at.strftime('%H:%M')}") == BookArgs(
+        room=who, day=day, at=at)
+
+
+async def test_a_tool_or_alias_with_capitals_runs_as_a_command(make_bot: Any) -> None:
+    @tool_function(aliases=["TR"])
+    async def getWeather(ctx: ToolContext[object], args: QueryArgs) -> ToolResult:
+        """Weather for a city."""
+        return ToolResult.reply(f"{args.q}: sunny")
+
+    _bot, ch = await make_bot(None, plugins=[Plugin("w", Toolset("w", [getWeather]))])
+    await ch.inject("/getWeather 北京")
+    await ch.inject("/TR 上海")
+    assert [m.text for m in await ch.wait_sent(2)] == ["北京: sunny", "上海: sunny"]
