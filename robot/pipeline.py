@@ -63,6 +63,12 @@ def tier_tokens(result: RunResult) -> dict[str, int]:
     return tiers
 
 
+def _names(entries: Sequence[str], chat: ChatRef) -> bool:
+    """Whether a ``[gate]`` list names ``chat`` (its key or ``platform:id``), or the group it is a forum topic of."""
+    return any(key in entries or f"{chat.platform}:{key.split(':', 2)[2]}" in entries
+               for key in dict.fromkeys((chat.key, chat.group_key)))
+
+
 class Pipeline:
     """The bot's message path; stateless apart from the bot it serves and the messages in hand."""
 
@@ -91,11 +97,8 @@ class Pipeline:
         """A group the bot is told to ignore (``gate.never``, outside ``gate.allowlist``): nothing is kept."""
         if chat.kind == "private":
             return False
-        gate, key = self.bot.settings.gate, chat.group_key  # (a forum topic: its group's)
-        short = f"{chat.platform}:{key.split(':', 2)[2]}"
-        if key in gate.never or short in gate.never:
-            return True
-        return bool(gate.allowlist) and key not in gate.allowlist and short not in gate.allowlist
+        gate = self.bot.settings.gate
+        return _names(gate.never, chat) or (bool(gate.allowlist) and not _names(gate.allowlist, chat))
 
     def gate(self, message: Message, *, replied_to_bot: bool = False) -> tuple[bool, bool, str]:
         """(answer?, explicitly addressed?, text without the name prefix).
@@ -105,8 +108,6 @@ class Pipeline:
         """
         text = message.text.strip()
         chat = message.chat
-        gate, key = self.bot.settings.gate, chat.group_key
-        short = f"{chat.platform}:{key.split(':', 2)[2]}"
         if chat.kind == "private":
             return True, True, text
         if self.ignored(chat):
@@ -117,7 +118,7 @@ class Pipeline:
         # In a group only a known /command addresses the bot: "/usr/bin" pasted in chat does not.
         if message.mentions_bot or message.reply_to_bot or replied_to_bot or self.is_command(text):
             return True, True, text
-        return key in gate.always or short in gate.always, False, text
+        return _names(self.bot.settings.gate.always, chat), False, text
 
     async def handle(self, message: Message) -> bool:
         """Store the message with its dedupe row, answer it, then mark it handled (a crash before leaves it to

@@ -581,6 +581,16 @@ async def test_a_forum_topic_is_held_to_its_groups_gate_zone_budget_and_rate(mak
     assert await bot.history.recent(closed) == []
 
 
+async def test_a_gate_entry_naming_one_forum_topic_still_holds_for_that_topic(make_bot: Any) -> None:
+    # Owners listed topics before a group's entries covered its topics: such an entry then matched nothing.
+    model = echo_model()
+    bot, ch = await make_bot(model, gate={"allowlist": ["memory:-100900/42"], "always": ["memory:group:-100900/42"]})
+    topic, other = ch.chat("-100900/42"), ch.chat("-100900/43")
+    assert not bot.ignores(topic) and bot.ignores(other)
+    await ch.inject("不用@也回答", chat=topic)
+    assert [m.text for m in await ch.wait_sent(1)] == ["re: 不用@也回答"]
+
+
 @pytest.mark.parametrize(("key", "group"), [
     ("telegram:group:-100900/42", "telegram:group:-100900"), ("telegram:group:-100900", "telegram:group:-100900"),
     ("web:private:a/b", "web:private:a/b"), ("x:group:/5", "x:group:/5"), ("x:group:a/", "x:group:a/"),
