@@ -90,7 +90,9 @@ def to_message(account: str, msg: WeixinMessage) -> Message | None:
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,}|~{3,})([^\n]*)")
 _FENCE_CLOSE = re.compile(r"[ \t]*(`{3,}|~{3,})\s*")
 _INLINE_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
-_URL = re.compile(r"https?://[^\s<>()\[\]`*]+")  # (no "*": "**https://…**" keeps its emphasis markers out)
+# ASCII only: it stops at a held code span's mark (and at Chinese text running on after a link); no "*":
+# "**https://…**" keeps its emphasis markers out.
+_URL = re.compile(r"https?://[^\x00-\x20<>()\[\]`*\x7f-\U0010ffff]+")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)[^)]*\)")
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)[^)]*\)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+", re.M)

@@ -117,6 +117,9 @@ def test_urls_reach_wechat_whole() -> None:
         "[2] https://github.com/python/cpython/blob/main/Lib/json/__init__.py\n"
         "[3] https://example.com/docs/_static_/guide.html\n"
         "[4] https://a.example/c_d_ · 说明 (https://b.example/__x__)")
+    # Code right after a URL (no space between, as in Chinese): the URL's hold swallowed the code's mark.
+    assert flatten_markdown("文档见https://docs.python.org/3/，例如`__init__`方法。https://e.example/`x`") == (
+        "文档见https://docs.python.org/3/，例如__init__方法。https://e.example/x")
 
 
 def test_code_passes_through_verbatim() -> None:
