@@ -233,8 +233,8 @@ class TelegramChannel(WebhookIntake):
         text = msg.get("text") if isinstance(msg.get("text"), str) else msg.get("caption") or ""
         entities = msg.get("entities") or msg.get("caption_entities") or []
         text, mentions, mentions_bot = read_entities(str(text), entities, self.username, self.bot_id)
-        marker = placeholder(msg)  # (a caption comes after its photo's marker)
-        text = f"{marker} {text}" if marker and text else marker or text
+        marker = placeholder(msg)  # (a caption comes after its photo's marker; a /command caption stays one)
+        text = (f"{text} {marker}" if text.startswith("/") else f"{marker} {text}") if marker and text else marker or text
         if chat_type == "private" or mentions_bot:
             text = start_as_help(text)
         reply = msg.get("reply_to_message") or {}

@@ -639,6 +639,7 @@ _PHOTO = [{"file_id": "a", "file_unique_id": "b", "width": 90, "height": 90}]
     ({"venue": {"location": {"latitude": 1, "longitude": 2}, "title": "咖啡馆", "address": "x路1号"},
       "location": {"latitude": 1, "longitude": 2}}, "[位置: 咖啡馆, x路1号]"),
     ({"story": {"chat": PRIVATE, "id": 3}}, "[动态]"),
+    ({"photo": _PHOTO, "caption": "/remind 明天9点 交这张表"}, "/remind 明天9点 交这张表 [图片]"),  # still a command
 ])
 def test_media_reach_the_bot_with_a_marker(tmp_path: Path, extra: dict[str, Any], expected: str) -> None:
     channel = TelegramChannel(TelegramSettings(enabled=True, token="1:x", state_dir=tmp_path))
