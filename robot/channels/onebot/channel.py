@@ -6,9 +6,8 @@ Forward mode: the channel connects to the implementation's server at ``url`` and
 exponential backoff. Either way actions go out as ``{"action", "params", "echo"}`` frames and
 their answers are matched by ``echo``.
 
-Several accounts may connect to one reverse URL: each socket speaks for its ``X-Self-ID`` (or
-the ``self_id`` of its first events), messages carry it in ``ChatRef.account``, and a send goes
-out through the socket of the account that owns the chat, never another account's.
+Several accounts may connect to one reverse URL: each socket speaks for its ``X-Self-ID`` (or its first
+events' ``self_id``), messages carry it in ``ChatRef.account``, and a send leaves through that account's.
 
 Errors (the tree of :mod:`robot.channels.base`)::
 
@@ -36,6 +35,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from robot.channels.base import Capabilities, Channel, SendFailed, SendReceipt, SendRejected
+from robot.channels.onebot.accounts import OwnAccounts
 from robot.channels.onebot.connection import (
     ActionTimeout,
     ClientRole,
@@ -84,7 +84,7 @@ class OneBotChannel(Channel):
         self.bot_name = settings.bot_name or bot_name
         self.self_id: str | None = None
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
-        self._own: set[str] = set()  # every account this channel has spoken for (its sibling's sends are the bot's)
+        self._own = OwnAccounts(lambda: self.leases)  # a sibling account's sends are the bot's, never a member's
         #: Each account's logged-in state, from heartbeats, lifecycle events and ``get_status``.
         self.presence = Presence(self.announce_connected)
         self._conns = Sockets(self.serve_accounts_soon)
