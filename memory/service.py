@@ -263,13 +263,11 @@ class MemoryService:
 
         def work(db: Any) -> str | None:
             row = self.store.get(db, mid)
-            if row is None:
-                return None
-            # Another chat's memory, or someone else's personal one, is reported as missing, in the
-            # words the bot uses for an id nobody has: whether it exists is itself private.
+            # Another chat's memory, or someone else's personal one, is no memory here, answered as an id nobody
+            # has (the bot's own words, the id as typed): whether it exists is itself private.
             # (to a bot admin too: a personal memory is its author's alone, as the README says)
-            if row.chat != chat or (row.kind != "group" and row.user_id != caller.user_id):
-                return f"没有找到编号为 {mid} 的记录。"
+            if row is None or row.chat != chat or (row.kind != "group" and row.user_id != caller.user_id):
+                return None
             if row.user_id != caller.user_id and not (row.kind == "group" and (caller.is_admin or caller.bot_admin)):
                 return f"记忆 #{mid} 是别人保存的群记忆，只有保存者和群管理员可以删除。"
             self.store.delete(db, [mid], scrub=True)

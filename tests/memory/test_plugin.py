@@ -547,19 +547,20 @@ async def test_forget_by_an_id_that_is_no_memory_here_reaches_the_next_hook(tmp_
     """A forget hook answers for its own ids only (robot.hooks): memory's swallowed every /forget <id>."""
     async with running(tmp_path) as (bot, ch):
         mine = ids_in(await ask(ch, "/remember 我对花生过敏", user="u1"))[0]
-        deleted: list[str] = []
+        asked: list[str] = []
 
         async def forget_note(caller: Any, item: str) -> str | None:
-            if item in ("7", str(mine)):
-                deleted.append(item)
-                return f"已删除笔记 #{item}。"
-            return None
+            asked.append(item)
+            return "已删除笔记 #7。" if item == "7" else None
 
         bot.forget_hooks.append(forget_note)
         assert await ask(ch, "/forget 7", user="u1") == "已删除笔记 #7。"
-        # Someone else's memory is "not found" in the very words of an id nobody has: its existence is private.
+        # Someone else's memory is "not found" in the very words of an id nobody has, the id as typed: its
+        # existence is private ("0001" was answered "1" for a memory that exists, "0002" for one that does not).
         assert await ask(ch, "/forget 8", user="u1") == "没有找到编号为 8 的记录。"
         assert await ask(ch, f"/forget {mine}", user="u2") == f"没有找到编号为 {mine} 的记录。"
+        assert await ask(ch, f"/forget 000{mine}", user="u2") == f"没有找到编号为 000{mine} 的记录。"
         assert await ask(ch, f"/forget {mine}", user="u1", chat=ch.chat("g2")) == f"没有找到编号为 {mine} 的记录。"
+        asked.clear()
         assert f"已删除记忆 #{mine}" in await ask(ch, f"/forget {mine}", user="u1")
-        assert deleted == ["7"]
+        assert asked == []  # (the memory was the owner's: no other hook was asked)
