@@ -129,7 +129,7 @@ class Bot:
             merged = merged.merge(Toolset("core", [ask_user]))
         # /help, /approve, /deny and /pending are answered before any tool: one named so would never run.
         for tool in merged:
-            clash = [n for n in (tool.name, *tool.aliases) if n in _CORE_COMMANDS]
+            clash = [n for n in (tool.name, *tool.aliases) if n.casefold() in _CORE_COMMANDS]  # (/Help is /help)
             if clash:
                 raise ToolDefinitionError(f"tool {tool.name!r}: /{clash[0]} is a built-in command; choose another name")
         self.tools = merged

@@ -44,3 +44,16 @@ def test_a_plugin_module_with_a_syntax_error_is_a_plugin_error(tmp_path: Path, m
     assert main(["--config", str(cfg), "tools"]) == 2
     err = capsys.readouterr().err
     assert "broken_plugin" in err and "Traceback" not in err
+
+
+def test_a_tool_named_like_a_built_in_command_in_capitals_is_refused(tmp_path: Path) -> None:
+    # Names resolve whatever their case, so /Help is /help, answered first: such a tool never ran.
+    from function_calls import ToolDefinitionError, tool_function
+
+    @tool_function(aliases=["Help"])
+    async def assist() -> str:
+        """Helps."""
+        return "ok"
+
+    with pytest.raises(ToolDefinitionError, match="/Help is a built-in command"):
+        Bot(Settings(bot={"data_dir": tmp_path}), plugins=[Plugin("x", Toolset("x", [assist]))])
