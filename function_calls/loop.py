@@ -44,7 +44,7 @@ _STOP_TEXT = {
 
 #: Below this many tokens left in the run's cap, the cap on a turn's output is sent as ``max_tokens``; above,
 #: none is (a model refuses one above its own limit, and every model takes this many) and a streamed turn
-#: is left once it passes what is left (``ModelRequest.output_limit``).
+#: is left once it passes what is left (``ModelRequest.output_limit``; half as much again once it was sent).
 _OUTPUT_CAP = 4096
 _UNREADABLE = "暂时无法核对 AI 用量额度，请稍后再试。"
 _TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"

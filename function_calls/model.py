@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import openai
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from function_calls.errors import ModelAPIError
 from function_calls.problems import mend_text
@@ -28,6 +27,8 @@ from function_calls.reply import (
     Received,
     Shower,
     TextCallback,
+    ToolCall,
+    ToolCallAccumulator,
     as_text,
     bill,
     check_finish,
@@ -37,6 +38,8 @@ from function_calls.reply import (
     reasoning_of,
     reported,
     str_or_none,
+    stream_limit,
+    stream_refused,
     text_of,
 )
 from function_calls.tokens import estimate_messages
@@ -57,16 +60,6 @@ __all__ = [
 TokenParam = Literal["max_tokens", "max_completion_tokens"]
 
 log = logging.getLogger(__name__)
-
-
-class ToolCall(BaseModel):
-    """One function call requested by the model; ``arguments`` is the raw JSON text."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    name: str
-    arguments: str = ""
 
 
 class Usage(BaseModel):
@@ -98,7 +91,8 @@ class ModelRequest(BaseModel):
     tool_choice: Literal["auto", "none", "required"] | None = None
     max_tokens: int | None = None
     #: The most the turn may write (text, reasoning and tool arguments, estimated), sent or not: a streamed
-    #: reply is left once it passes it (a provider may ignore ``max_tokens``). None: ``max_tokens``.
+    #: reply is left once it passes it (a provider may ignore ``max_tokens``), or half as much again when
+    #: ``max_tokens`` was sent (the provider keeps to that by its own count). None: ``max_tokens``.
     output_limit: int | None = None
 
 
@@ -121,72 +115,6 @@ class ChatModel(Protocol):
     name: str
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse: ...
-
-
-@dataclass
-class _Partial:
-    id: str
-    name: str = ""
-    arguments: str = ""
-
-
-@dataclass
-class ToolCallAccumulator:
-    """Assembles streamed tool-call deltas.
-
-    Providers disagree: some omit ``index``, some label every call 0, some reuse an index for
-    a new call, some send no ids, and vLLM can send a fresh ``id`` on every delta of one call.
-    A delta continues the call its index points to (or else the call seen last) unless it names
-    another tool, or names a tool after that call's arguments are complete JSON, or brings a new
-    id with a name, or a new id after complete arguments: then it starts a call. An id already
-    seen under another index is one id reused for two calls: the second gets an id of its own.
-    """
-
-    calls: list[_Partial] = field(default_factory=list)
-    _by_index: dict[int, _Partial] = field(default_factory=dict)
-    _by_id: dict[str, _Partial] = field(default_factory=dict)
-    _last: _Partial | None = None
-
-    def feed(self, index: Any, call_id: Any, name: Any, arguments: Any) -> None:
-        index = index if isinstance(index, int) and not isinstance(index, bool) else None
-        call_id, name, args = str_or_none(call_id), str_or_none(name), as_text(arguments)
-        part = self._by_id.get(call_id) if call_id else None
-        if part is not None and index is not None and self._by_index.get(index) is not part \
-                and part in self._by_index.values():
-            part = None  # its id under another index: one id reused for two calls (ids numbered per turn)
-        if part is None:
-            known = self._by_index.get(index) if index is not None else self._last
-            part = known if known is not None and self._continues(known, call_id, name) else self._new(call_id or "")
-            if call_id:
-                if call_id not in self._by_id:  # an id another call holds is not this one's
-                    part.id = part.id or call_id
-                self._by_id[call_id] = part
-        if index is not None:
-            self._by_index[index] = part
-        if name and not part.name:
-            part.name = name
-        part.arguments += args
-        self._last = part
-
-    @staticmethod
-    def _continues(known: _Partial, call_id: str | None, name: str | None) -> bool:
-        if name and known.name and name != known.name:
-            return False  # another tool: another call, even under the same index and no id
-        done = complete_json(known.arguments)
-        if call_id is None:
-            return not (name and done)
-        # A new id: a regenerated one (vLLM) while the call is unfinished and no other name is given.
-        return not done and (name is None or known.arguments != "" or not known.name)
-
-    def _new(self, call_id: str) -> _Partial:
-        part = _Partial(id="" if call_id in self._by_id else call_id)  # a reused id: made up in result()
-        self.calls.append(part)
-        return part
-
-    def result(self) -> list[ToolCall]:
-        for p in self.calls:
-            p.id = p.id or made_up_id()  # kept: a second result() names the calls alike
-        return [ToolCall(id=p.id, name=p.name, arguments=p.arguments) for p in self.calls if p.name or p.arguments]
 
 
 class OpenAIChatModel:
@@ -249,7 +177,7 @@ class OpenAIChatModel:
         return params
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
-        shower, got = Shower(on_text), Received()
+        shower, got = Shower(on_text), Received(stream_limit(request.output_limit, request.max_tokens))
         deadline = asyncio.timeout(self.deadline_s)
         try:
             async with deadline:
@@ -313,13 +241,18 @@ class OpenAIChatModel:
         finish: str | None = None
         usage_obj: Any = None
         received = capped = False
-        limit = request.output_limit if request.output_limit is not None else request.max_tokens
         try:
             stream = await self._client.chat.completions.create(
                 **self._params(request), stream=True, stream_options={"include_usage": True}
             )
         except Exception as exc:  # the SDK wraps what the network does: anything else failed here
-            raise translate_error(exc, text_shown=shower.shown) from None
+            if not stream_refused(exc):
+                raise translate_error(exc, text_shown=shower.shown) from None
+            response = await self._complete_once(request, shower)  # (unread past its cap, as any unstreamed reply)
+            log.warning("%s refused to stream (%s): its replies are not streamed from now on", self.name,
+                        translate_error(exc))  # (the provider's own words may quote what it was sent)
+            self.stream = False  # once the unstreamed request worked: a 400 it refuses too changes nothing
+            return response
         try:
             async for chunk in stream:
                 received = True
@@ -343,10 +276,11 @@ class OpenAIChatModel:
                                  getattr(fn, "arguments", None))
                         got.add(as_text(getattr(fn, "arguments", None)))
                     finish = str_or_none(getattr(choice, "finish_reason", None)) or finish
-                if limit is not None and got.tokens > limit:
+                if got.over:
                     # Past its cap (ignored by the provider, or not sent): left as if the provider had cut it
-                    # (60,000 tokens of thought were read against a cap of 24,000). What came is charged.
-                    finish, usage_obj, capped = "length", None, True
+                    # (60,000 tokens of thought were read against a cap of 24,000). What came is charged, or the
+                    # count this chunk brings when less (an earlier chunk's is no count of all that came).
+                    finish, usage_obj, capped = "length", getattr(chunk, "usage", None), True
                     break
         except Exception as exc:
             if isinstance(exc, openai.APIError) and not (isinstance(exc, openai.APIConnectionError) and received):
@@ -387,6 +321,7 @@ class OpenAIChatModel:
         prompt, completion = reported(usage)
         prompt = None if prompt == 0 and request.messages else prompt
         completion = None if completion == 0 and (reply.text or reply.reasoning or reply.tool_calls) else completion
+        completion = min(completion, output) if completion is not None and output else completion  # (a cut stream)
         if prompt is not None and completion is not None:
             return Usage(prompt_tokens=prompt, completion_tokens=completion, requests=1)
         if completion is None:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["estimate_messages", "estimate_tokens", "forget_texts"]
+__all__ = ["estimate_messages", "estimate_tokens", "forget_texts", "wide_chars"]
 
 _MESSAGE_OVERHEAD = 4
 
@@ -23,6 +23,11 @@ _WIDE = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\U00020
 
 
 _counted: dict[str, int] = {}
+
+
+def wide_chars(text: str) -> int:
+    """How many of ``text``'s characters count one token each (CJK); the others count one per four."""
+    return 0 if text.isascii() else sum(map(len, _WIDE.findall(text)))
 
 
 def estimate_tokens(text: str) -> int:

@@ -135,6 +135,9 @@ class TierSection(_Section):
         "max_completion_tokens")
     reasoning_pass_back: bool | None = Field(None, description="send reasoning_content back during tool calls "
                                              "(default: [llm] reasoning_pass_back)")
+    stream: bool | None = Field(None, description="stream its replies (default: [llm] stream); false for a model its "
+                                "provider will not stream (a refused stream is asked again unstreamed); a streamed "
+                                "reply is left once it passes its cap")
 
     _url = field_validator("base_url")(check_url)
     _key = field_validator("api_key")(clean_key)

@@ -39,12 +39,14 @@ def _tier(bot: Bot, section: Any) -> Tier | None:
     llm = bot.settings.llm
     key = section.api_key or llm.api_key
     # The tier's own settings, else [llm]'s: a reasoning model refused max_tokens (HTTP 400) on the think tier.
-    # Streamed as [llm] is: a streamed turn is left once it writes past what the run has left (one that is not
-    # streamed is read whole, however far past its cap a provider that ignores max_tokens goes).
+    # Streamed as [llm] is unless it says otherwise (a provider may refuse to stream one model): a streamed turn
+    # is left once it writes past what the run has left (one that is not streamed is read whole, however far
+    # past its cap a provider that ignores max_tokens goes).
     pass_back = llm.reasoning_pass_back if section.reasoning_pass_back is None else section.reasoning_pass_back
+    stream = llm.stream if section.stream is None else section.stream
     model: ChatModel = OpenAIChatModel(model=section.model, base_url=section.base_url or llm.base_url,
                                        api_key=key.get_secret_value() if key else None,
-                                       temperature=section.temperature, timeout_s=section.timeout_s, stream=llm.stream,
+                                       temperature=section.temperature, timeout_s=section.timeout_s, stream=stream,
                                        strict_tools=llm.strict_tools, reasoning_pass_back=pass_back,
                                        token_param=section.token_param or llm.token_param)
     limits = Limits(max_iterations=section.max_iterations, max_tool_calls=section.max_tool_calls,

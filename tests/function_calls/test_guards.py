@@ -380,7 +380,9 @@ async def test_a_thinking_stream_past_the_run_cap_is_cut_there() -> None:
         result = await Runner(model, limits=Limits(max_run_tokens=2_000), budget=budget).run(USER, Toolset("s"))
         await model.aclose()
     assert result.stop is StopReason.EMPTY_ANSWER and len(server.requests) == 1
-    assert 2_000 < result.usage.total_tokens <= 2_100  # one chunk past the cap at most
+    # The cap was sent (under 4,096 left) and is given half more, since the provider keeps to it by its own count
+    # (which the estimate may pass); one chunk past that at most
+    assert 2_000 < result.usage.total_tokens <= 3_100
     assert sum(u.total_tokens for _, u in budget.charged) == result.usage.total_tokens
 
 

@@ -1,6 +1,7 @@
 """OpenAIChatModel through the real openai SDK against FakeOpenAIServer."""
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -201,7 +202,8 @@ def long_arguments(chunks: int) -> Raw:
 @pytest.mark.parametrize("case", ["max_tokens ignored", "no max_tokens sent", "tool arguments"])
 async def test_a_stream_is_abandoned_once_its_output_passes_its_cap(server: FakeOpenAIServer, case: str) -> None:
     """A provider that ignores max_tokens, or a turn whose cap was not sent (a model refuses one above its own
-    limit), is not read to its end: 60,000 tokens were read and charged against a cap of 24,000."""
+    limit), is not read to its end: 60,000 tokens were read and charged against a cap of 24,000. A cap that was
+    sent is given half more (the provider keeps to it by its own count, which the estimate may pass)."""
     usage = {"prompt_tokens": 10, "completion_tokens": 2000, "total_tokens": 2010}
     server.script(long_arguments(200) if case == "tool arguments" else
                   thinking(200, tail=[chunk({"content": "答案"}, "stop"), chunk(choices=False, usage=usage)]))
@@ -210,7 +212,8 @@ async def test_a_stream_is_abandoned_once_its_output_passes_its_cap(server: Fake
     response = await model.complete(REQUEST.model_copy(update=limit))
     await model.aclose()
     assert response.finish_reason == "length" and response.text == "" and response.tool_calls == []
-    assert 100 < response.usage.completion_tokens <= 115 and response.usage.estimated == 1
+    cut = 150 if case == "max_tokens ignored" else 100
+    assert cut < response.usage.completion_tokens <= cut + 15 and response.usage.estimated == 1
     assert ("max_tokens" in server.last_request.body) is (case == "max_tokens ignored")
 
 
@@ -275,3 +278,66 @@ async def test_a_stream_has_a_deadline_in_all(server: FakeOpenAIServer) -> None:
     assert asyncio.get_running_loop().time() - started < 0.6
     assert "0.3" in str(info.value) and info.value.network and not info.value.retryable
     assert 5 <= (info.value.billed_output or 0) < 100  # what came was billed
+
+
+ENGLISH = re.findall(r" ?[A-Za-z]+|[^\sA-Za-z]| ", "Okay, so the user asks about the weather today. Let me think: first "
+                     "I check whether they want the forecast or the current conditions, because they go out later. ")
+
+
+@pytest.mark.parametrize("case", ["one English token per delta, no cap sent", "Chinese within the max_tokens sent"])
+async def test_a_reply_within_its_cap_is_read_whole(server: FakeOpenAIServer, case: str) -> None:
+    """The estimate that cuts a stream is the whole text's, and a cap the provider keeps to is given room: 1,600
+    reasoning tokens streamed one per delta (DeepSeek, Qwen) were cut at 1,000 (each delta rounded up on its own)
+    and the answer lost; 1,300 characters written within max_tokens=992 (930 tokens) were cut at 994."""
+    if case.startswith("one English"):
+        deltas, answer, limit = [ENGLISH[i % len(ENGLISH)] for i in range(1600)], "多云，带伞。", {"output_limit": 2000}
+        events = [chunk({"role": "assistant", "content": ""}), *(chunk({"reasoning_content": d}) for d in deltas),
+                  chunk({"content": answer}, "stop")]
+        out = 1610
+    else:
+        answer, limit = ("这是一个比较长的中文回答，" * 120)[:1300], {"max_tokens": 992, "output_limit": 992}
+        events = [chunk({"role": "assistant", "content": ""}),
+                  *(chunk({"content": answer[i:i + 2]}) for i in range(0, 1300, 2)), chunk({}, "stop")]
+        out = 930
+    server.script(Raw([*events, chunk(choices=False, usage={"prompt_tokens": 30, "completion_tokens": out,
+                                                            "total_tokens": 30 + out})]))
+    model = make_model(server, stream=True)
+    response = await model.complete(REQUEST.model_copy(update=limit))
+    await model.aclose()
+    assert (response.text, response.finish_reason) == (answer, "stop")
+    assert (response.usage.completion_tokens, response.usage.estimated) == (out, 0)
+
+
+async def test_a_cut_stream_is_charged_what_the_provider_counted_by_then(server: FakeOpenAIServer) -> None:
+    """A relay that reports its running count on every chunk: a stream cut at its cap is charged that count when
+    it is below the estimate (1.4 characters a token), not the estimate."""
+    events = [chunk({"role": "assistant", "content": None, "reasoning_content": "想" * 14},
+                    usage={"prompt_tokens": 30, "completion_tokens": 10 * (i + 1), "total_tokens": 40 + 10 * i})
+              for i in range(100)]
+    server.script(Raw(events))
+    model = make_model(server, stream=True)
+    response = await model.complete(REQUEST.model_copy(update={"output_limit": 200}))
+    await model.aclose()
+    assert response.finish_reason == "length"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.estimated) == (30, 150, 0)
+
+
+@pytest.mark.parametrize(("message", "refused_stream"), [
+    ("Your organization must be verified to stream this model.", True),
+    ("upstream model rejected the request", False)])
+async def test_a_stream_refused_is_asked_again_unstreamed(message: str, refused_stream: bool) -> None:
+    """A provider that will not stream a model (OpenAI's o3 for an organisation not verified) answers it
+    unstreamed: the request is sent again so, and so are the next. Another HTTP 400 is not sent again."""
+    def responder(body: dict[str, Any]) -> Fault | Reply:
+        return Fault(400, message, code="unsupported_value") if body.get("stream") else Reply("答案是 42")
+
+    async with FakeOpenAIServer(responder) as srv:
+        model = make_model(srv, stream=True)
+        if refused_stream:
+            assert (await model.complete(REQUEST)).text == (await model.complete(REQUEST)).text == "答案是 42"
+            assert [bool(r.body.get("stream")) for r in srv.requests] == [True, False, False]
+        else:
+            with pytest.raises(ModelAPIError):
+                await model.complete(REQUEST)
+            assert len(srv.requests) == 1 and model.stream
+        await model.aclose()

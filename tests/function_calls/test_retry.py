@@ -178,4 +178,6 @@ async def test_a_retry_never_spends_past_what_is_left(server: FakeOpenAIServer, 
     assert len(server.requests) == attempts
     caps = [r.body["max_tokens"] for r in server.requests]
     assert caps == sorted(caps, reverse=True) and len(set(caps)) == len(caps)  # each retry may write less
-    assert budget.charged == result.usage.total_tokens <= left + 100  # one streamed chunk past it at most
+    # One streamed chunk past it at most, and half the last cap sent (the provider keeps to that one by its own
+    # count, which the estimate may pass: a provider that ignores it is left that much later)
+    assert budget.charged == result.usage.total_tokens <= left + caps[-1] // 2 + 100

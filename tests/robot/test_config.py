@@ -336,3 +336,12 @@ def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     settings, _ = load_settings(path)
     assert settings.bot.name == "小Q"
 
+
+
+def test_a_tier_streams_as_llm_unless_it_says_otherwise(tmp_path: Path) -> None:
+    """A provider may refuse to stream one model (OpenAI's o3 for an unverified organisation): [llm.think]
+    stream = false was refused as an unknown key."""
+    path = write(tmp_path / "qunbot.toml", '[llm.think]\nmodel = "o3"\nstream = false\n[llm.plan]\nmodel = "p"\n')
+    settings, _ = load_settings(path)
+    assert settings.llm.think is not None and settings.llm.think.stream is False
+    assert settings.llm.plan is not None and settings.llm.plan.stream is None

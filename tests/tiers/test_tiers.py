@@ -525,3 +525,23 @@ async def test_a_plans_steps_share_what_the_plan_has_left(tmp_path: Path) -> Non
             await ask(ch, "帮我安排团建", chat=ch.chat("u1", kind="private"))
             used = next(e for e in ch.events if e.get("type") == "tool" and e.get("name") == "plan")["data"]["tiers"]
             assert sum(used.values()) <= 5000 and used["execute"] > 1000  # type: ignore[union-attr]
+
+
+def refuses_to_stream(body: dict[str, Any]) -> Fault | Reply:
+    """OpenAI's o3 for an organisation not verified: HTTP 400 to a streamed request, an answer otherwise."""
+    if body.get("stream"):
+        return Fault(400, "Your organization must be verified to stream this model.", code="unsupported_value")
+    return Reply("答案是 42")
+
+
+@pytest.mark.parametrize("setting", ["[llm.think] stream = false", "none"])
+async def test_deep_think_on_a_model_its_provider_will_not_stream(tmp_path: Path, setting: str) -> None:
+    """Tiers follow [llm] stream: /deep_think failed every time on such a model, and [llm.think] had no
+    stream key of its own. With one it is not streamed; without, the refused stream is asked again unstreamed."""
+    async with FakeOpenAIServer(refuses_to_stream) as server:
+        think = tier(server, **({"stream": False} if setting != "none" else {}))
+        async with running(tmp_path, ScriptedModel([text("好")]), think=think) as (_bot, ch):
+            for _ in range(2):
+                assert await ask(ch, "/deep_think 6×7 等于几", chat=ch.chat("u1", kind="private")) == "答案是 42"
+        streamed = [bool(r.body.get("stream")) for r in server.requests]
+        assert streamed == ([False, False] if setting != "none" else [True, False, False])  # refused once, not again
