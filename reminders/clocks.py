@@ -59,15 +59,19 @@ _p = re.compile
 _REL_ZH = _p(rf"(?P<n>{NUM}(?:\.\d+)?|半)\s*(?:个)?\s*(?P<half>半)?\s*(?P<unit>分钟|分|小时|钟头|个钟|天|日)")
 _REL_ZH_END = _p(r"\s*(?:后|以后|之后)")
 _IN = _p(r"in\s+")
-_REL_EN = _p(r"(?P<n>\d+(?:\.\d+)?|an?|one|half an?|a half)\s*(?P<unit>minutes?|mins?|m|hours?|hrs?|h|days?|d)\b")
-_AND = _p(r"\s*,?\s*(?:and\s+)?")
+# A word number takes a unit word after a space ("an hour"; "ad", "and" are words); a letter unit takes digits
+_REL_EN = _p(r"(?:(?P<n>\d+(?:\.\d+)?)\s*|(?P<w>an?|one|half an?|a half)\s+)"
+             r"(?P<unit>seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d)\b")
+_JOINT = _p(r"\s*(?P<joint>,?\s*and\s+|,\s*)?")
+_HALF = _p(r"a\s+half\b")
+_RANK = {"s": 0, "m": 1, "分": 1, "h": 2, "小": 2, "钟": 2, "个": 2, "d": 3, "天": 3, "日": 3}
 _PERIOD_ZH = _p(r"凌晨|早上|早晨|上午|早|中午|下午|午后|傍晚|晚上|夜里|夜间|晚")
 _AMPM = r"(?P<ampm>am|pm|a\.m\.|p\.m\.)(?![a-z])"  # not the start of a word ("9:00 PMP考试")
 _CLOCK = _p(rf"(?:at\s+)?(?P<h>\d{{1,2}})[:：](?P<m>\d{{2}})(?::(?P<s>\d{{2}}))?(?:\s*{_AMPM})?")
 # "3.30pm", "at 3.30": a dot between hour and minutes only with "at" or am/pm (else it may be a decimal)
 _CLOCK_DOT = _p(rf"(?P<at>at\s+)?(?P<h>\d{{1,2}})\.(?P<m>\d{{2}})(?![\d.])(?:\s*{_AMPM})?")
 # Minutes follow 点 directly, without 分 only as said (10, 十五, 零五): "8点 一起吃饭" was 8:01 "起吃饭"
-_CLOCK_ZH = _p(rf"(?P<h>{NUM})\s*(?:点钟|点|时)(?:(?P<half>半)|(?P<q>[一二三123])刻|(?P<m>{NUM})分"
+_CLOCK_ZH = _p(rf"(?P<h>{NUM})\s*(?:点钟|点|时)(?:(?P<half>半)|(?P<q>[一二三123])刻(?!钟)|(?P<m>{NUM})分"
                r"|(?P<m2>\d{2}|[零〇][一二三四五六七八九]|[一二三四五]?十[一二三四五六七八九]?)(?![\d分刻])"
                r"|整(?![理齐个天体修改合顿套份洁]))?")
 _CLOCK_EN = _p(rf"(?:at\s+)?(?P<h>\d{{1,2}})\s*{_AMPM}|at\s+(?P<bare>\d{{1,2}})\b|(?P<word>noon|midnight)\b")
@@ -138,32 +142,63 @@ def _dotted(cur: Cursor) -> re.Match[str] | None:
 
 def relative(cur: Cursor) -> tuple[timedelta, bool, bool] | None:
     """A relative time at the cursor ("10分钟后", "1小时30分钟后", "in 2 hours 30 minutes"): how far,
-    whether it counts whole days only ("3天后": a clock may follow), and whether it was English."""
+    whether it counts whole days only ("3天后": a clock may follow), and whether an English one is followed
+    by a smaller unit it did not read ("in 1 minute 30 seconds"; the cursor stays before it)."""
     start = cur.pos
     english = cur.take(_IN) is not None
-    part = _REL_EN if english else _REL_ZH
     parts: list[re.Match[str]] = []
-    while m := cur.take(part):
-        parts.append(m)
+    unread = False
+    while True:
         joint = cur.pos
-        if english:
-            cur.take(_AND)
-        else:
+        joined = ""  # what came between this part and the last: "and", a comma, or nothing
+        if parts and english:
+            j = cur.take(_JOINT)
+            joined = (j["joint"] or "") if j else ""
+        elif parts:
             cur.skip_space()
-        if part.match(cur.text, cur.pos) is None:
+        m = _part(cur, english, more=bool(parts))
+        if m is None or (not parts and m["unit"][0] == "s"):  # seconds are too fine for a reminder
+            unread = "and" in joined and _HALF.match(cur.text, cur.pos) is not None  # "in 1 hour and a half"
             cur.pos = joint
             break
+        if parts and not _follows(parts[-1], m, joined):
+            # A larger unit starts the content ("in 5 minutes 2 days left"); a smaller one is more of the time
+            unread = _RANK[m["unit"][0]] < _RANK[parts[-1]["unit"][0]] and (m["n"] is not None or "and" in joined)
+            cur.pos = joint
+            break
+        parts.append(m)
     if not parts or (not english and cur.take(_REL_ZH_END) is None):
         cur.pos = start
         return None
     delta = sum((_amount(m) for m in parts), timedelta())
     if not timedelta(minutes=1) <= delta <= timedelta(days=3660):
         raise PhraseError("相对时间要在 1 分钟到 10 年之间。")
-    return delta, all(m["unit"] in ("天", "日") or m["unit"].startswith("d") for m in parts), english
+    return delta, all(_RANK[m["unit"][0]] == 3 for m in parts), unread
+
+
+def _part(cur: Cursor, english: bool, *, more: bool) -> re.Match[str] | None:
+    m = (_REL_EN if english else _REL_ZH).match(cur.text, cur.pos)
+    if m is None or (english and m["w"] and len(m["unit"]) == 1):  # "a d": no unit
+        return None
+    if more and cur.text.startswith("-", m.end()):  # "in 1 day and an hour-long call": content
+        return None
+    cur.pos = m.end()
+    return m
+
+
+def _follows(last: re.Match[str], m: re.Match[str], joined: str) -> bool:
+    """Whether ``m`` goes on the relative time ``last`` ended: a smaller unit, and in English after "and",
+    or as digits after a comma, with a unit word ("2 hours 30 minutes") or a letter after a letter ("1h 30m").
+    "in 2 hours, a minute of silence": the rest is content."""
+    if _RANK[m["unit"][0]] >= _RANK[last["unit"][0]] or m["unit"][0] == "s":
+        return False
+    if "w" not in m.groupdict() or "and" in joined:
+        return True
+    return m["n"] is not None and (bool(joined) or len(m["unit"]) > 1 or len(last["unit"]) == 1)
 
 
 def _amount(m: re.Match[str]) -> timedelta:
-    raw, unit = m["n"], m["unit"]
+    raw, unit = m.groupdict().get("w") or m["n"], m["unit"]
     if raw in ("半", "half a", "half an", "a half"):
         amount = 0.5
     elif raw in ("a", "an", "one"):

@@ -17,9 +17,10 @@ would send) and the content after the phrase. What it understands::
 
 Every phrase it accepts resolves to an instant in the future (:attr:`Phrase.first`, in the chat's
 zone); anything else raises :class:`PhraseError` with a Chinese explanation, and so does content
-that starts with what looks like more of the time (a day: "tomorrow 5pm friday review", "3点
-明天开会"; a piece of a clock: ".30", "4刻"; another unit after an English relative time): a guess
-there confirmed a time the person did not mean. Pure: no I/O, no clock reads.
+that starts with what looks like more of the time (after a clock, a day: "tomorrow 5pm friday review",
+"3点 明天开会", or a piece of it: ".30", "4刻"; a smaller unit after an English relative time: "in 1 minute
+30 seconds"): a guess there confirmed a time the person did not mean. A larger unit is content ("in 5
+minutes 2 days left"). Pure: no I/O, no clock reads.
 
 Errors::
 
@@ -123,20 +124,17 @@ def _normalise(text: str) -> tuple[str, list[int]]:
 
 _TIME_LEFT = _p(rf"[.:]\d|{_NUM}\s*刻(?!钟)")
 """What is left of a clock the phrase did not read (".30pm", "4刻"); "一刻钟" is a duration, content."""
-_UNIT_LEFT = _p(r"(?:and\s+)?(?:a\s+half\b|(?:\d+(?:\.\d+)?|an?|one)\s*"
-                r"(?:seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d)\b)")
-"""Another unit after an English relative time, one it did not read ("in 1 minute 30 seconds")."""
 _ALONE = _p(r"\s|[,，:：]|$")
 _WORDS = frozenset({"sun", "sat", "wed"})  # words as well as days: "9am sun cream" names no day
 
 
 def _day_at(cur: Cursor) -> tuple[re.Match[str], bool] | None:
     """A day phrase at the cursor (which stays) and whether it stands alone, a space, a comma or the
-    end after it: "明天 开会" names a day, "明天开会" may be the content. A bare "3-4" is none here."""
+    end after it: "明天 开会" names a day, "明天开会" may be the content. A bare "3-4" or "sun" is none here."""
     m = _DAY_ZH.match(cur.text, cur.pos) or _DAY_EN.match(cur.text, cur.pos)
-    if m is None or (m.groupdict().get("mo") and not (m["y"] or "月" in m[0])):
+    if m is None or (m.groupdict().get("mo") and not (m["y"] or "月" in m[0])) or m[0] in _WORDS:
         return None
-    return m, _ALONE.match(cur.text, m.end()) is not None and m[0] not in _WORDS
+    return m, _ALONE.match(cur.text, m.end()) is not None
 
 
 def _leftover(original: str, index: list[int], cur: Cursor) -> PhraseError:
@@ -145,12 +143,12 @@ def _leftover(original: str, index: list[int], cur: Cursor) -> PhraseError:
                        "tomorrow 5pm call mom。")
 
 
-def _content(original: str, index: list[int], cur: Cursor, *, english_relative: bool = False) -> str:
-    """The text after the phrase; refused when it starts with what looks like more of the time."""
+def _content(original: str, index: list[int], cur: Cursor, *, after_clock: bool = True) -> str:
+    """The text after the phrase; refused when it starts with what looks like more of the time. No day or
+    piece of a clock goes on a relative time ("10分钟后 明天 交材料"): there it is content."""
     cur.skip_space()
-    day = _day_at(cur)
-    if (day is not None and day[1]) or _TIME_LEFT.match(cur.text, cur.pos) or (
-            english_relative and _UNIT_LEFT.match(cur.text, cur.pos)):
+    day = _day_at(cur) if after_clock else None
+    if (day is not None and day[1]) or (after_clock and _TIME_LEFT.match(cur.text, cur.pos)):
         raise _leftover(original, index, cur)
     cur.take(_COLON)
     cur.take(_LEAD)
@@ -216,11 +214,13 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
     today = local_now.date()
 
     if rel := relative(cur):
-        delta, in_days, english = rel
+        delta, in_days, unread = rel
         cur.skip_space()
+        if unread:  # "in 1 minute 30 seconds": the seconds were no content
+            raise _leftover(text, index, cur)
         if (got := clock(cur, None) if in_days else None) and delta < timedelta(days=1):
             raise PhraseError("“半天后”和几点只能写一个：例如 12小时后，或 明天8点。")  # (its clock was dropped)
-        content = _content(text, index, cur, english_relative=english)
+        content = _content(text, index, cur, after_clock=got is not None)
         if got:
             return _once((local_now + delta).date() + timedelta(days=got[1]), got[0], zone, now, content)
         if in_days and delta % timedelta(days=1) == timedelta(0):  # N days later: the wall time too, over DST

@@ -106,6 +106,32 @@ def read(text: str, zone: ZoneInfo = SH, now: datetime = NOW) -> Phrase:
     ("明天8点3刻 开会", "once", "2026-11-24 08:45", None, "开会"),
     ("明天8点 周五的报告", "once", "2026-11-24 08:00", None, "周五的报告"),  # a day word inside the content
     ("每天8点 今天的待办", "daily", "08:00", None, "今天的待办"),
+    # The content after an English relative time is content, not more time (these were 3 days, a day ("a d"),
+    # 2 days, 1h30 later, and refused as "an d")
+    ("in 10 minutes 3d printer should be done", "once", "2026-11-23 11:35", None, "3d printer should be done"),
+    ("in 15 min ad campaign review", "once", "2026-11-23 11:40", None, "ad campaign review"),
+    ("in 5 minutes 2 days left to submit", "once", "2026-11-23 11:30", None, "2 days left to submit"),
+    ("in 30 mins an hour-long call", "once", "2026-11-23 11:55", None, "an hour-long call"),
+    ("in 10 minutes and call mom", "once", "2026-11-23 11:35", None, "and call mom"),
+    ("in 2 hours a minute of silence", "once", "2026-11-23 13:25", None, "a minute of silence"),
+    ("in 1 hour and an hour-long call", "once", "2026-11-23 12:25", None, "and an hour-long call"),
+    ("in 1 day, an hour-long meeting", "once", "2026-11-24 11:25", None, "an hour-long meeting"),
+    ("in 1 day and an hour-long call", "once", "2026-11-24 11:25", None, "and an hour-long call"),
+    ("in 2 hours, a minute of silence", "once", "2026-11-23 13:25", None, "a minute of silence"),
+    ("in 1 day, 2 hours tea", "once", "2026-11-24 13:25", None, "tea"),
+    ("in 1 hour, and a minute: tea", "once", "2026-11-23 12:26", None, "tea"),
+    ("in 2d 3h review", "once", "2026-11-25 14:25", None, "review"),
+    # No day or piece of a clock goes on a relative time: what follows is content (these were refused)
+    ("10分钟后 明天 交材料", "once", "2026-11-23 11:35", None, "明天 交材料"),
+    ("10分钟后 一刻也不停", "once", "2026-11-23 11:35", None, "一刻也不停"),
+    ("in 10 minutes tomorrow standup", "once", "2026-11-23 11:35", None, "tomorrow standup"),
+    # 一刻钟 is a duration: these were 08:15 "钟后出发"
+    ("明天8点1刻钟后出发", "once", "2026-11-24 08:00", None, "1刻钟后出发"),
+    ("明天8点一刻钟后出发", "once", "2026-11-24 08:00", None, "一刻钟后出发"),
+    # Words that are days too, after a bare clock, are content (these were refused)
+    ("9am sun cream", "once", "2026-11-24 09:00", None, "sun cream"),
+    ("8am sat exam", "once", "2026-11-24 08:00", None, "sat exam"),
+    ("at 9 wed dinner", "once", "2026-11-23 21:00", None, "wed dinner"),
 ])
 def test_common_phrases(text: str, kind: str, time: str, extra: object, content: str) -> None:
     got = read(text)
@@ -132,6 +158,8 @@ def test_common_phrases(text: str, kind: str, time: str, extra: object, content:
     ("明天8点 1刻 开会", "是时间的一部分吗"),
     ("at 3 .30pm call", "是时间的一部分吗"),
     ("in 1 minute 30 seconds tea", "是时间的一部分吗"),
+    ("in 2 hours 30m stretch", "是时间的一部分吗"),  # a compact unit after a word: 2h30, or "30m stretch"?
+    ("in 1 hour and a half tea", "是时间的一部分吗"),
     ("at 3.75pm call", "不存在"),
 ])
 def test_what_it_cannot_use_is_explained_in_chinese(text: str, reason: str) -> None:

@@ -43,6 +43,9 @@ Start = Callable[..., Awaitable[Any]]
     ("/remind at 3.30pm call", "2030-01-07 15:30 (Asia/Shanghai)，下次: 2030-01-07 15:30 周一\n内容：call"),
     ("/remind in 2 hours 30 minutes stretch", "2030-01-07 14:30 (Asia/Shanghai)，下次: 2030-01-07 14:30 周一\n内容：stretch"),
     ("/remind 明天8点1刻 开会", "2030-01-08 08:15 (Asia/Shanghai)，下次: 2030-01-08 08:15 周二\n内容：开会"),
+    ("/remind in 10 minutes 3d printer", "2030-01-07 12:10 (Asia/Shanghai)，下次: 2030-01-07 12:10 周一\n内容：3d printer"),
+    ("/remind in 10 minutes and call mom", "2030-01-07 12:10 (Asia/Shanghai)，下次: 2030-01-07 12:10 周一\n内容：and call mom"),
+    ("/remind 8am sat exam", "2030-01-08 08:00 (Asia/Shanghai)，下次: 2030-01-08 08:00 周二\n内容：sat exam"),
 ])
 async def test_time_phrases_set_reminders_without_a_model(start: Start, line: str, expected: str) -> None:
     chat = await start()
