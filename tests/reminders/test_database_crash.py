@@ -47,6 +47,8 @@ class Recording(MemoryChannel):
         return await super().send(message)
 
 
+@pytest.mark.unrehearsed(reason="two server crashes (15 s); the firing units it runs are rehearsed by test_firing's and "
+                               "test_processes' tests")
 async def test_reminders_fire_once_each_across_two_database_crashes(own_pg_cluster: PgCluster,
                                                                      tmp_path: Path) -> None:
     cluster = own_pg_cluster

@@ -358,7 +358,7 @@ def wall_exists(day: date, tod: dt_time, tz: ZoneInfo) -> bool:
     return wall.astimezone(UTC).astimezone(tz).replace(tzinfo=None) == wall.replace(tzinfo=None)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     zone=st.sampled_from(ZONES),
     stamp=st.integers(min_value=START, max_value=END),

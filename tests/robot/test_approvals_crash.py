@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel, Field
 
 from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, tool_function
@@ -85,6 +86,7 @@ def _lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in path.read_text("utf-8").splitlines()] if path.exists() else []
 
 
+@pytest.mark.unrehearsed(reason="its bots are child processes: a rehearsal in this process reaches none of their units")
 def test_killed_after_the_request_the_approval_after_restart_runs_the_call_once(tmp_path: Path) -> None:
     proc = _run("request", tmp_path)
     assert proc.stdout is not None

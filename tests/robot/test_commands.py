@@ -316,7 +316,7 @@ async def test_an_optional_choice_is_explained_without_python_s_none(make_bot: A
     assert "只能是 fast、slow" in sent.text and "None" not in sent.text  # it read "fast 、slow 、None"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab =\"' \\\t中x")), max_size=40))
 def test_any_command_line_splits_into_words_where_they_were_typed(line: str) -> None:
     # "1+1=" at the end of a line read past it (IndexError: "执行失败了").
@@ -425,7 +425,7 @@ def test_lists_are_typed_with_commas_and_objects_by_name_as_json() -> None:
     assert usage_line(shape) == "/shape <name> [where={…}]"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["tip", "book", "tag", "shape", "meet", "mix"]),
        st.lists(st.sampled_from([*"a1 ,，=\"':-/{}[]中.\t", "null", "2026-12-01", "10:00", "more="]),
                 max_size=12).map("".join))

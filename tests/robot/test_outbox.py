@@ -282,6 +282,8 @@ async def test_a_refused_message_fails_for_good_and_its_chat_moves_on(rig: Rig, 
     assert ch.attempts.count("forbidden words") == 1  # never retried
 
 
+@pytest.mark.unrehearsed(reason="slow (waits out retries on both engines); the same units are rehearsed by this "
+                               "module's other tests")
 async def test_a_held_message_keeps_its_chats_order_but_not_other_chats(rig: Rig, until: Until) -> None:
     ch = PickyChannel()
     ch.hold.add("first")
@@ -400,6 +402,8 @@ async def test_a_restart_mid_way_resumes_at_the_first_unsent_part(rig: Rig) -> N
     assert [m.text for m in sent] == expected[2:]
 
 
+@pytest.mark.unrehearsed(reason="slow (waits out retries on both engines); the same units are rehearsed by this "
+                               "module's other tests")
 async def test_what_was_delivered_while_the_database_took_no_write_is_recorded_later_not_sent_again(
         rig: Rig, until: Until, monkeypatch: pytest.MonkeyPatch) -> None:
     # The database goes away just after the platform took a message (its 'sent' mark fails) and

@@ -471,7 +471,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st
                          inner, max_size=6), max_leaves=20)
 
 
-@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(update=st.dictionaries(st.sampled_from(["update_id", "message", "edited_message"]), _json, max_size=3))
 def test_any_update_is_read_or_skipped_never_raised(tmp_path: Path, update: dict[str, Any]) -> None:
     channel = TelegramChannel(TelegramSettings(enabled=True, token="1:x", state_dir=tmp_path))
@@ -491,7 +491,7 @@ def test_any_update_is_read_or_skipped_never_raised(tmp_path: Path, update: dict
     assert all(m.chat.platform == "telegram" and m.chat.account == "1" for m in got)
 
 
-@hsettings(max_examples=300, deadline=None)
+@hsettings(max_examples=150, deadline=None)
 @given(words=st.text(max_size=30), entities=st.lists(st.fixed_dictionaries({
     "type": st.sampled_from(["mention", "bot_command", "text_mention", "url"]),
     "offset": st.integers(-5, 40), "length": st.integers(-5, 40),
