@@ -145,7 +145,7 @@ class Runner:
         if calls := state.pending:
             state.pending = []
             state.tool_calls = max(0, state.tool_calls - len(calls))  # a paused call counts once
-            share = self._share(env, token_cap, defs_tokens, len(calls))
+            share = self._share(env, token_cap, estimate_messages(state.messages) + defs_tokens, len(calls))
             stop = await self._run_calls(env, calls, share, resume=True)
             if stop is not None:
                 return stop
@@ -153,7 +153,8 @@ class Runner:
         while True:
             why = ""
             # What is left after this turn's prompt (an estimate was a hot spot: once per turn)
-            left = token_cap - state.usage.total_tokens - estimate_messages(state.messages) - defs_tokens
+            asked = estimate_messages(state.messages) + defs_tokens
+            left = token_cap - state.usage.total_tokens - asked
             if state.iterations >= self.limits.max_iterations:
                 why, reason = f"{state.iterations} model turns", StopReason.ITERATION_LIMIT
             elif state.tool_calls >= self.limits.max_tool_calls:
@@ -181,8 +182,9 @@ class Runner:
                     why = "只有思考过程，没有回答" if response.reasoning else "回答是空的"
                     return self._finish(state, StopReason.EMPTY_ANSWER, env.detector, detail=why)
                 return self._finish(state, StopReason.COMPLETED, env.detector, text=response.text)
+            read = asked + estimate_messages(state.messages[-1:])  # (the turn's own message: the rest is counted)
             stop = await self._run_calls(env, response.tool_calls,
-                                         self._share(env, token_cap, defs_tokens, len(response.tool_calls)))
+                                         self._share(env, token_cap, read, len(response.tool_calls)))
             if stop is not None:
                 return stop
             await self._charge(env, tools=True)
@@ -192,10 +194,11 @@ class Runner:
                                     text=_UNREADABLE)
             token_cap, daily_cap = capped
 
-    def _share(self, env: CallExecutor, token_cap: int, defs_tokens: int, calls: int) -> Allowance:
+    def _share(self, env: CallExecutor, token_cap: int, read: int, calls: int) -> Allowance:
         """What a turn's tools may spend of the run's cap: what is left less what the run needs to read their
-        answers and write its own (four deep_thinks, each sized by the day, spent 2.9 times the cap)."""
-        need = estimate_messages(env.state.messages) + defs_tokens + self.limits.final_answer_max_tokens
+        answers (``read``: its messages and tools so far) and write its own (four deep_thinks, each sized by
+        the day, spent 2.9 times the cap)."""
+        need = read + self.limits.final_answer_max_tokens
         return Allowance(max(0, token_cap - env.state.usage.total_tokens - need), calls)
 
     async def _run_calls(self, env: CallExecutor, calls: list[ToolCall], share: Allowance, *,
@@ -230,7 +233,7 @@ class Runner:
                           cap: int) -> ModelResponse:
         """One turn's request, retried as the policy allows while the run's usage stays within ``cap``."""
         state = env.state
-        prompt = estimate_messages(request.messages, request.tools)
+        prompt = 0  # the request's estimate, made only when an attempt fails (a hot spot on every turn else)
         while True:
             try:
                 try:
@@ -243,6 +246,7 @@ class Runner:
             except asyncio.CancelledError as exc:
                 # Cancelled in flight (a tier's tool timeout, a stop): the provider has the prompt and bills
                 # it, with what it streamed by then. It was charged nothing.
+                prompt = prompt or estimate_messages(request.messages, request.tools)
                 out = getattr(exc, "billed_output", 0)  # (what OpenAIChatModel had read, when it was reading)
                 out = out if isinstance(out, int) else 0
                 state.usage = state.usage + Usage(prompt_tokens=prompt, completion_tokens=out, requests=1, estimated=1)
@@ -251,6 +255,7 @@ class Runner:
             except ModelAPIError as exc:
                 # A request the provider may have billed (it timed out, its stream broke off) is charged
                 # its estimate: 4 timed-out tries and a 7,800-character stream cut short were charged 0.
+                prompt = prompt or estimate_messages(request.messages, request.tools)
                 out = exc.billed_output
                 state.usage = state.usage + (Usage(requests=1) if out is None else Usage(
                     prompt_tokens=prompt if exc.billed_prompt is None else exc.billed_prompt, completion_tokens=out,

@@ -26,7 +26,8 @@ _counted: dict[str, int] = {}
 
 
 def wide_chars(text: str) -> int:
-    """How many of ``text``'s characters count one token each (CJK); the others count one per four."""
+    """How many of ``text``'s characters count one token each (CJK); the others count one per four. Not
+    remembered: for a stream's deltas (:class:`function_calls.reply.Received`), each seen once."""
     return 0 if text.isascii() else sum(map(len, _WIDE.findall(text)))
 
 
@@ -34,9 +35,6 @@ def estimate_tokens(text: str) -> int:
     """Approximate token count of ``text``."""
     if text.isascii():  # no wide character possible: skip the scan
         return (len(text) + 3) // 4
-    if len(text) < 64:  # a streamed delta: remembering it would only push the history's counts out
-        wide = sum(map(len, _WIDE.findall(text)))
-        return wide + (len(text) - wide + 3) // 4
     # A run counts its history window several times (the window, each turn's guard) and the next
     # message's run the same turns again: the scan is remembered (a string keeps its hash).
     known = _counted.get(text)
