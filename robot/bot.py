@@ -51,7 +51,7 @@ from robot.limits import DailyBudget, RateLimiter
 from robot.maintenance import housekeep
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
-from robot.parked import ParkedMessages
+from robot.parked import KEEP, ParkedMessages
 from robot.pipeline import _CORE_COMMANDS, Pipeline
 from robot.plugin import Plugin, distinct, load_plugin, set_up
 from robot.privacy import Forgetter
@@ -275,7 +275,7 @@ class Bot:
         syntax = self.command_syntax.get(tool.name)
         if syntax is not None:
             now = self.clock()
-            now = sent if sent is not None and now - timedelta(days=1) <= sent < now else now
+            now = sent if sent is not None and now - KEEP <= sent < now else now
             return syntax.parse(CommandLine(tool, line, zone, now, self.router is not None))
         return build_arguments(tool, line)
 

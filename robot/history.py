@@ -16,7 +16,7 @@ from robot.storage import Tx
 from robot.storage.base import columns, padded, render_step, unnest
 from robot.store import Engine, iso, parse_iso
 
-__all__ = ["TO_USER", "HistoryEntry", "HistoryStore", "Said", "drop_windows"]
+__all__ = ["FORGOTTEN", "TO_USER", "HistoryEntry", "HistoryStore", "Said", "drop_windows"]
 
 
 class HistoryEntry(HistoryTurn):
@@ -49,8 +49,9 @@ TO_USER = ("chat = ? AND from_bot = 1 AND (to_user = ? OR id IN "
            "(SELECT history_id FROM history_to WHERE user_id = ?))")
 
 _COLUMNS = "chat, user_id, name, text, ts, from_bot, message_id"
-#: ``robot.privacy.FORGOTTEN`` (that module imports this one): chats whose cached copies every process drops.
-_FORGOTTEN = "forgotten"
+#: Notification channel: the chat keys whose data a /forget (or a recall) deleted; every process drops
+#: its cached copies (``robot.privacy`` listens).
+FORGOTTEN = "forgotten"
 
 
 _windows: dict[str, dict[tuple[object, ...], HistoryEntry]] = {}
@@ -338,7 +339,7 @@ class HistoryStore:
         def work(db: Tx) -> int:
             removed = int(db.execute(f"DELETE FROM history WHERE {where}", params).rowcount)
             if removed:
-                db.notify(_FORGOTTEN, json.dumps([chat.key]))
+                db.notify(FORGOTTEN, json.dumps([chat.key]))
             return removed
 
         removed = await self.db.run(work)

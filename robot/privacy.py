@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from function_calls import FunctionCallRouter, ToolContext, ToolError, ToolResult, Toolset, tool_function
 from function_calls.tokens import forget_texts
-from robot.history import TO_USER, HistoryStore, drop_windows
+from robot.history import FORGOTTEN, TO_USER, HistoryStore, drop_windows
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
 from robot.snapshots import notice_key, notice_prefix
@@ -53,7 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-FORGOTTEN = "forgotten"  #: notification channel: the chat keys whose data a /forget deleted
 
 
 @dataclass(frozen=True)
