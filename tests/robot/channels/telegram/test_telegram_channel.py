@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -554,8 +555,9 @@ async def test_a_polled_message_survives_a_sigkill_after_telegram_counted_it_del
         await until(lambda: not list((tmp_path / "tg").glob("*-webhook/*.json")))  # taken: the spool is empty
 
 
-async def test_a_polled_update_is_spooled_until_the_bot_took_it(
-        tmp_path: Path, fake: FakeBotAPI, until: Until) -> None:
+@contextlib.asynccontextmanager
+async def holding(tmp_path: Path, fake: FakeBotAPI) -> AsyncIterator[tuple[list[str], asyncio.Event]]:
+    """A running polling channel whose bot notes each message's text and holds it until the event is set."""
     release = asyncio.Event()
     got: list[str] = []
 
@@ -567,6 +569,14 @@ async def test_a_polled_update_is_spooled_until_the_bot_took_it(
     channel.bind(slow)
     await channel.start()
     try:
+        yield got, release
+    finally:
+        await channel.stop()
+
+
+async def test_a_polled_update_is_spooled_until_the_bot_took_it(
+        tmp_path: Path, fake: FakeBotAPI, until: Until) -> None:
+    async with holding(tmp_path, fake) as (got, release):
         update = fake.message(PRIVATE, ALICE, "一")
         await until(lambda: any(o > update["update_id"] for o in fake.offsets))
         spooled = list((tmp_path / "tg").glob("*-webhook/*.json"))
@@ -574,8 +584,6 @@ async def test_a_polled_update_is_spooled_until_the_bot_took_it(
         assert spooled[0].stat().st_mode & 0o777 == 0o600
         release.set()
         await until(lambda: not list((tmp_path / "tg").glob("*-webhook/*.json")))
-    finally:
-        await channel.stop()
 
 
 async def test_group_mentions_carry_a_text_mention_entity_at_utf16_offsets(
@@ -669,22 +677,10 @@ async def test_a_batch_that_cannot_be_spooled_is_confirmed_only_once_the_bot_too
         tmp_path: Path, fake: FakeBotAPI, until: Until) -> None:
     (tmp_path / "tg").mkdir()
     (tmp_path / "tg" / f"{BOT_ID}-webhook").write_text("a file where the spool folder goes")  # (a full disk, say)
-    release = asyncio.Event()
-    got: list[str] = []
-
-    async def slow(message: Message) -> None:
-        got.append(message.text)
-        await release.wait()
-
-    channel = TelegramChannel(settings(tmp_path, fake))
-    channel.bind(slow)
-    await channel.start()
-    try:
+    async with holding(tmp_path, fake) as (got, release):
         update = fake.message(PRIVATE, ALICE, "一")
         await until(lambda: got == ["一"])
         await asyncio.sleep(0.3)
         assert all(o <= update["update_id"] for o in fake.offsets)  # not confirmed while only in memory
         release.set()
         await until(lambda: any(o > update["update_id"] for o in fake.offsets))
-    finally:
-        await channel.stop()
