@@ -11,7 +11,15 @@ from function_calls.errors import (
 )
 from function_calls.guards import BudgetHook, Limits, LoopConfig, LoopDetector, RetryPolicy
 from function_calls.loop import Runner
-from function_calls.model import ChatModel, ModelRequest, ModelResponse, OpenAIChatModel, ToolCall, Usage
+from function_calls.model import (
+    ChatModel,
+    ModelRequest,
+    ModelResponse,
+    OpenAIChatModel,
+    ToolCall,
+    Usage,
+    failed_usage,
+)
 from function_calls.router import FunctionCallRouter, HistoryTurn
 from function_calls.run import RunResult, RunState, StopReason, ToolTrace
 from function_calls.schema import compact_schema, strict_schema
@@ -55,6 +63,7 @@ __all__ = [
     "compact_schema",
     "estimate_messages",
     "estimate_tokens",
+    "failed_usage",
     "strict_schema",
     "tool_function",
 ]

@@ -8,7 +8,6 @@ paused run (an approval) resumes after a restart.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -21,7 +20,15 @@ from function_calls.context import Allowance, Caller
 from function_calls.errors import ModelAPIError
 from function_calls.executor import CallExecutor
 from function_calls.guards import BudgetHook, Limits, LoopConfig, LoopDetector, RetryPolicy
-from function_calls.model import ChatModel, ModelRequest, ModelResponse, TextCallback, ToolCall, Usage
+from function_calls.model import (
+    ChatModel,
+    ModelRequest,
+    ModelResponse,
+    TextCallback,
+    ToolCall,
+    Usage,
+    failed_usage,
+)
 from function_calls.run import Approver, EventCallback, RunResult, RunState, StopReason, ToolTrace
 from function_calls.tokens import estimate_messages
 from function_calls.tool import Tool, Toolset
@@ -175,7 +182,7 @@ class Runner:
                 shown = f"接口返回 HTTP {exc.status}" if exc.status else "连接不上或超时" if exc.network else "返回的内容无法读取"
                 busy = busy or _STOP_TEXT[StopReason.MODEL_ERROR].format(detail=shown)
                 return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc), text=busy)
-            state.messages.append(_assistant_message(response))
+            state.messages.append(response.as_message())
             if not response.tool_calls:
                 if not response.text.strip() and not state.user_messages:
                     # Reasoning models can think until the cap and answer nothing: say so, never reply blank.
@@ -247,19 +254,14 @@ class Runner:
                 # Cancelled in flight (a tier's tool timeout, a stop): the provider has the prompt and bills
                 # it, with what it streamed by then. It was charged nothing.
                 prompt = prompt or estimate_messages(request.messages, request.tools)
-                out = getattr(exc, "billed_output", 0)  # (what OpenAIChatModel had read, when it was reading)
-                out = out if isinstance(out, int) else 0
-                state.usage = state.usage + Usage(prompt_tokens=prompt, completion_tokens=out, requests=1, estimated=1)
+                state.usage = state.usage + failed_usage(exc, prompt)
                 await self._charge(env)
                 raise
             except ModelAPIError as exc:
                 # A request the provider may have billed (it timed out, its stream broke off) is charged
                 # its estimate: 4 timed-out tries and a 7,800-character stream cut short were charged 0.
                 prompt = prompt or estimate_messages(request.messages, request.tools)
-                out = exc.billed_output
-                state.usage = state.usage + (Usage(requests=1) if out is None else Usage(
-                    prompt_tokens=prompt if exc.billed_prompt is None else exc.billed_prompt, completion_tokens=out,
-                    requests=1, estimated=1))
+                state.usage = state.usage + failed_usage(exc, prompt)
                 await self._charge(env)  # now: a retry, or a tool after it, sees what is left
                 if not exc.retryable or exc.text_shown or state.api_retries >= self.retry.max_retries:
                     raise
@@ -377,23 +379,3 @@ def _lowered(request: ModelRequest, left: int) -> ModelRequest:
     sent = min(limit, request.max_tokens) if request.max_tokens is not None else limit if limit < _OUTPUT_CAP else None
     return request.model_copy(update={"max_tokens": sent, "output_limit": limit})
 
-
-def _assistant_message(response: ModelResponse) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": response.text or None}
-    if response.reasoning:  # the model decides whether to send it back (DeepSeek's thinking mode needs it)
-        message["reasoning_content"] = response.reasoning
-    if response.tool_calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _sendable(c.arguments)}}
-            for c in response.tool_calls
-        ]
-    return message
-
-
-def _sendable(arguments: str) -> str:
-    """Arguments the next request can carry: vLLM and DashScope refuse a history whose call is not a JSON
-    object (HTTP 400), and the model never saw its correction. The error it gets quotes what it sent."""
-    try:
-        return arguments if isinstance(json.loads(arguments), dict) else "{}"
-    except (ValueError, RecursionError):
-        return "{}"

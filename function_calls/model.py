@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -54,6 +55,7 @@ __all__ = [
     "ToolCallAccumulator",
     "Usage",
     "classify_status",
+    "failed_usage",
     "translate_error",
 ]
 
@@ -83,6 +85,30 @@ class Usage(BaseModel):
         )
 
 
+def failed_usage(error: BaseException, prompt_estimate: int) -> Usage:
+    """What a failed request costs: nothing but the request when the provider did no work (a refusal, no
+    connection), else what it reported, or ``prompt_estimate`` and the output read by then (estimated). A
+    request cancelled in flight was sent: the provider has its prompt and bills it."""
+    if isinstance(error, ModelAPIError):
+        out, prompt = error.billed_output, error.billed_prompt
+    else:  # (what OpenAIChatModel had read, when it was reading)
+        read = getattr(error, "billed_output", 0)
+        out, prompt = (read if isinstance(read, int) else 0), None
+    if out is None:
+        return Usage(requests=1)
+    return Usage(prompt_tokens=prompt_estimate if prompt is None else prompt, completion_tokens=out, requests=1,
+                 estimated=1)
+
+
+def _sendable(arguments: str) -> str:
+    """Arguments the next request can carry: vLLM and DashScope refuse a history whose call is not a JSON
+    object (HTTP 400), and the model never saw its correction. The error it gets quotes what it sent."""
+    try:
+        return arguments if isinstance(json.loads(arguments), dict) else "{}"
+    except (ValueError, RecursionError):
+        return "{}"
+
+
 class ModelRequest(BaseModel):
     """What one model turn is asked: OpenAI-format messages and tool definitions."""
 
@@ -105,6 +131,18 @@ class ModelResponse(BaseModel):
     finish_reason: str | None = None
     #: The model's thinking (``reasoning_content``), kept so it can be sent back when the provider needs it.
     reasoning: str = ""
+
+    def as_message(self) -> dict[str, Any]:
+        """The turn as the assistant message the next request carries."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if self.reasoning:  # the model decides whether to send it back (DeepSeek's thinking mode needs it)
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _sendable(c.arguments)}}
+                for c in self.tool_calls
+            ]
+        return message
 
 
 @runtime_checkable

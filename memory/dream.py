@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from function_calls import Caller, ChatModel, ModelAPIError, ModelRequest, Usage, estimate_messages
+from function_calls import Caller, ChatModel, ModelAPIError, ModelRequest, estimate_messages, failed_usage
 from robot import BudgetExceeded, ChatRef
 
 if TYPE_CHECKING:
@@ -43,9 +43,7 @@ async def dream(model: ChatModel | None, bot: Bot | None, chat: str, fragments: 
                     response = await model.complete(request)
                 except ModelAPIError as exc:
                     if bot is not None and exc.billed_output is not None:  # timed out: maybe done and billed
-                        await bot.budget.charge(sleeper, Usage(
-                            prompt_tokens=estimate_messages(request.messages), completion_tokens=exc.billed_output,
-                            requests=1, estimated=1))
+                        await bot.budget.charge(sleeper, failed_usage(exc, estimate_messages(request.messages)))
                     raise
                 if bot is not None and response.usage.requests:
                     await bot.budget.charge(sleeper, response.usage)

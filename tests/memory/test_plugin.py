@@ -260,6 +260,23 @@ async def test_a_dream_whose_request_timed_out_is_charged_what_the_provider_may_
         assert await bot.budget.used("bot") > 0
 
 
+async def test_a_dream_cut_off_after_the_provider_reported_its_prompt_is_charged_that_prompt(tmp_path: Path) -> None:
+    """A reply broken off after the provider reported its usage is charged the reported prompt, as the agent
+    loop charges it: the dream charged its own short estimate (a few dozen tokens for a 9,000-token prompt)."""
+    from function_calls import ModelAPIError
+    from function_calls.testing import ScriptedModel
+
+    cut = ModelAPIError("the model's reply broke off", network=True, retryable=True)
+    cut.billed_output, cut.billed_prompt = 40, 9_000
+    clock = Clock()
+    async with running(tmp_path, model=ScriptedModel([cut]), clock=clock,
+                       limits={"bot_daily_tokens": 100_000}) as (bot, ch):
+        await ask(ch, "/remember 阳台的花要浇水 group")
+        clock.now = clock.now.replace(hour=20)
+        assert "浇水" in await ask(ch, "/sleep", user="boss")
+        assert await bot.budget.used("bot") == 9_040
+
+
 async def test_forget_an_id_with_all_is_answered_clearly_and_deletes_nothing(tmp_path: Path) -> None:
     """``/forget 3 all`` mixes two commands: say so rather than ignore ``all``; the memory stays."""
     async with running(tmp_path) as (_, ch):
