@@ -54,6 +54,14 @@ class ChatRef(BaseModel):
         """:func:`group_key` of :attr:`key`: the whole group's, for a thread of one."""
         return group_key(self.key)
 
+    @property
+    def setting_names(self) -> tuple[str, ...]:
+        """The names a per-chat setting may give this chat, the most specific first: its key, ``platform:id``
+        (any chat of that id), then the same two of the group it is a forum topic of."""
+        group = self.group_key
+        names = (self.key, f"{self.platform}:{self.chat_id}", group, f"{self.platform}:{group.split(':', 2)[2]}")
+        return tuple(dict.fromkeys(names))
+
     @classmethod
     def of(cls, caller: Caller) -> ChatRef:
         """The chat a tool call comes from."""

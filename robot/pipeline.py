@@ -65,8 +65,7 @@ def tier_tokens(result: RunResult) -> dict[str, int]:
 
 def _names(entries: Sequence[str], chat: ChatRef) -> bool:
     """Whether a ``[gate]`` list names ``chat`` (its key or ``platform:id``), or the group it is a forum topic of."""
-    return any(key in entries or f"{chat.platform}:{key.split(':', 2)[2]}" in entries
-               for key in dict.fromkeys((chat.key, chat.group_key)))
+    return any(name in entries for name in chat.setting_names)
 
 
 class Pipeline:

@@ -59,11 +59,7 @@ class SummarySettings(BaseModel):
     def prompt_for(self, chat: ChatRef) -> str:
         """The owner's instructions for ``chat``: its own ``prompts`` entry (by chat key, then ``platform:id``),
         else its group's (a forum topic's: what is set for a group holds in its topics), else ``prompt``."""
-        group = ChatRef.from_key(chat.group_key)
-        for key in (chat.key, f"{chat.platform}:{chat.chat_id}", group.key, f"{group.platform}:{group.chat_id}"):
-            if key in self.prompts:
-                return self.prompts[key]
-        return self.prompt
+        return next((self.prompts[n] for n in chat.setting_names if n in self.prompts), self.prompt)
 
     @field_validator("prompts")
     @classmethod
