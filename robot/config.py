@@ -320,6 +320,22 @@ class Settings(BaseSettings):
     approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
 
+    @model_validator(mode="after")
+    def _no_web_approvers_beyond_loopback(self) -> Settings:
+        # The playground has no login: bound beyond loopback anyone reaching it could speak as a web: admin
+        # and approve, for every platform, what approvers alone may.
+        from robot.channels.web.protocol import is_loopback
+
+        web, ch = self.channels.web, self.channels
+        others = any(c.enabled for c in (ch.console, ch.onebot, ch.wecom, ch.weixin, ch.telegram))
+        served = web.enabled or not (others or ch.wecom.webhook_key is not None)  # (as wiring opens it)
+        named = [a for a in (*self.bot.admins, *self.approvals.approvers) if a.startswith("web:")]
+        if served and named and not is_loopback(web.host):
+            raise ValueError(f"[channels.web] host = {web.host!r} serves other machines and the playground has no "
+                             f"login: {', '.join(dict.fromkeys(named))} in [bot] admins / [approvals] approvers would "
+                             f"let anyone who reaches it approve; bind it to 127.0.0.1 or remove the web: entries")
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -156,6 +156,10 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
     ('[bot]\nplugins = [""]\n', ["bot.plugins", "not be empty"]),
     ('[gate]\nnever = ["123456"]\n', ["gate.never", '"platform:group_id"', "'123456'"]),  # it matched nothing
     ('[gate]\nallowlist = ["onebot:1", "QQ群 2"]\n', ["gate.allowlist", "'QQ群 2'"]),
+    # the playground has no login: served to other machines, anyone reaching it approved as web:admin
+    ('[bot]\nadmins = ["web:admin"]\n[channels.web]\nhost = "0.0.0.0"\n', ["'0.0.0.0'", "web:admin", "127.0.0.1"]),
+    ('[approvals]\napprovers = ["web:boss"]\n[channels.web]\nenabled = true\nhost = "192.168.1.5"\n'
+     '[channels.console]\nenabled = true\n', ["web:boss", "no login"]),
 ])
 def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml: str, needles: list[str]) -> None:
     path = write(tmp_path / "q.toml", toml)
@@ -164,6 +168,13 @@ def test_bad_files_and_values_name_the_key_and_the_problem(tmp_path: Path, toml:
     for needle in needles:
         assert needle in str(err.value)
     assert str(path) in str(err.value) and "Ab3" not in str(err.value) and "sk-a" not in str(err.value)
+
+
+def test_web_approvers_load_with_a_loopback_playground_or_none_served(tmp_path: Path) -> None:
+    """Only a playground others can reach refuses web: approvers: on loopback (or not opened) they stay."""
+    for toml in ('[bot]\nadmins = ["web:admin"]\n[channels.web]\nhost = "::1"\n',
+                 '[bot]\nadmins = ["web:admin"]\n[channels.web]\nhost = "0.0.0.0"\n[channels.console]\nenabled = true\n'):
+        assert load_settings(write(tmp_path / "q.toml", toml))[0].bot.admins == ["web:admin"]
 
 
 def test_admins_on_a_platform_this_build_does_not_know_still_load(tmp_path: Path) -> None:
