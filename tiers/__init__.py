@@ -75,7 +75,8 @@ def unavailable(deps: TierDeps) -> Mapping[str, str] | None:
 
 
 async def teardown(deps: TierDeps) -> None:
-    """Cancel plans still running in the background, and close the tiers' clients."""
+    """Cancel plans still running in the background (each tells its chat, through the outbox, which the bot
+    stops after its plugins), and close the tiers' clients."""
     for task in list(deps.tasks):
         task.cancel()
     for task in list(deps.tasks):

@@ -6,11 +6,13 @@
 * ``plan(goal, context)``: the plan tier in a loop bounded by ``[llm.plan]`` (iterations, tool
   calls, tokens; sub-calls included). Its tools: ``recall``, ``remember``, ``deep_think`` (when
   the think tier exists) and ``execute(task, context)``, which is the bot's own model (M1) with
-  the chat's tools (not ``plan``/``deep_think``: no recursion), and ``ask_user`` (the question goes
+  the chat's tools (not ``plan``/``deep_think``: no recursion; not the chat's ``ask_user``; a call that
+  needs someone's approval is refused, saying it must be asked for directly), and ``ask_user`` (the question goes
   to the chat; the asker's next message there is the answer), unless nobody waits on the plan (a
   scheduled run). When the plan takes longer than
   ``reply_within_s`` (at most nine tenths of the tool's timeout), the chat gets a short note now and
-  the result later, through the outbox. A person who typed the command reads a failure in Chinese.
+  the result later, through the outbox (or, if the bot stops first, that the plan was interrupted).
+  A person who typed the command reads a failure in Chinese.
 
 Accounting: every sub-run's usage comes back as the tool's ``usage`` (so the calling run and the
 user's and chat's daily budgets count it) and per tier in ``data["tiers"]`` (the trace shows it).
@@ -38,6 +40,7 @@ from function_calls import (
     RunResult,
     StopReason,
     Tool,
+    ToolCall,
     ToolContext,
     ToolError,
     ToolResult,
@@ -61,6 +64,11 @@ PLAN_PROMPT = ("你是规划助手。把目标拆成几个步骤，逐步完成�
                "（它能使用聊天中的工具），需要深入推理时用 deep_think，需要时用 recall/remember 读写记忆。"
                "全部完成后，用简洁的中文给出最终结果。")
 _OWN = frozenset({"execute", "deep_think", "plan", "ask_user"})
+#: A tier run's answer to a call that needs someone's yes: nobody can be asked from inside it (the bot's
+#: approvals pause and resume a chat run; a tier's run lives only in this process), so it never runs.
+NEEDS_APPROVAL = ("「{name}」需要确认（批准）才能执行，但计划中的步骤无法请求确认，所以没有执行。"
+                  "请如实告诉用户：需要的话请直接（不通过计划）向我提出这个操作。")
+INTERRUPTED = "这个计划因为机器人停止运行被中断了，没有完成；需要的话请重新发起。"
 _NAMES = {"think": "深度思考", "plan": "计划", "execute": "执行"}
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|\Z)", re.S | re.I)
 
@@ -132,6 +140,11 @@ def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+async def _no_approvals(call: ToolCall, tool: Tool, caller: Caller) -> str:
+    """Refuse a ``confirm`` call in a tier's run, saying why (not "approvals are not enabled": they may be)."""
+    return NEEDS_APPROVAL.format(name=tool.name)
+
+
 async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limits: Limits,
                    messages: list[dict[str, Any]], tools: Toolset, held: list[Reservation] | None = None) -> RunResult:
     cap = await _budget(deps, ctx, limits.max_run_tokens)
@@ -151,6 +164,7 @@ async def _sub_run(deps: TierDeps, ctx: ToolContext[Any], model: ChatModel, limi
                              max_run_tokens=max(hold.held, 1))
             llm = deps.bot.settings.llm
             runner = Runner(model, limits=bounded, budget=hold.hook(), strict_tools=llm.strict_tools,
+                            approver=_no_approvals,
                             loop_config=LoopConfig(warn=llm.loop_warn, critical=llm.loop_critical, breaker=llm.loop_breaker))
             result = await runner.run(messages, tools, caller=ctx.caller, deps_for=deps_for, zone=ctx.zone,
                                       clock=ctx.clock)
@@ -235,7 +249,9 @@ async def execute(ctx: ToolContext[TierDeps], args: ExecuteArgs) -> ToolResult:
     model = deps.bot.model
     if model is None:
         raise ToolError("the bot has no execute model")
-    tools = deps.bot.offered_tools().filter(lambda t: t.name not in ("plan", "deep_think", "execute"))
+    # Not the chat's ask_user either (confirm="input": it could only be refused here; the plan asks itself)
+    tools = deps.bot.offered_tools().filter(lambda t: t.name not in ("plan", "deep_think", "execute")
+                                            and t.confirm != "input")
     system = "你是执行助手：用可用的工具完成下面这个具体任务，然后简要报告结果。"
     result = await _sub_run(deps, ctx, model, deps.execute_limits, _messages(system, args.task, args.context), tools)
     return _result(result, "execute")
@@ -293,10 +309,15 @@ async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
 
 async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[RunResult], key: str) -> None:
     """Send the plan's outcome to the chat through the outbox, and charge what it used."""
+    mention = (caller.user_id,) if caller.chat_kind == "group" else ()
     try:
         result = await work
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # the bot stops (tiers.teardown): the chat was promised a report
         work.cancel()
+        try:  # queued in the outbox before it stops (what it cannot deliver now goes out at the next start)
+            await deps.bot.send(ChatRef.of(caller), INTERRUPTED, key=f"{key}:interrupted", mention=mention)
+        except Exception:
+            log.exception("could not tell %s that its plan was interrupted", ChatRef.of(caller).key)
         raise
     except ToolError as exc:
         text = exc.user_message or "计划没能开始。"
@@ -311,7 +332,6 @@ async def _report_later(deps: TierDeps, caller: Caller, work: asyncio.Future[Run
         text = f"计划完成：\n{answer}" if done else _stopped(result, "plan")
     if usage.requests:  # recorded by the sub-run's hold; the trace still shows it
         log.info("background plan for %s used %d tokens", caller.qualified_user, usage.total_tokens)
-    mention = (caller.user_id,) if caller.chat_kind == "group" else ()
     await deps.bot.send(ChatRef.of(caller), text, key=key, mention=mention)
 
 

@@ -17,16 +17,18 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from pydantic import BaseModel, Field
 
 import memory
 import tiers
 import tiers.tools
-from function_calls import ModelRequest, ModelResponse, Usage
+from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, Usage, tool_function
 from function_calls.testing import Call, Delay, FakeOpenAIServer, Fault, Reply, ScriptedModel, call, text
 from function_calls.testing.server import Usage as ServerUsage
 from robot.bot import Bot
 from robot.config import Settings
 from robot.config_file import load_settings
+from robot.plugin import Plugin
 from robot.testing import MemoryChannel
 from tiers import strip_reasoning
 
@@ -271,6 +273,71 @@ async def test_a_cancelled_plan_takes_its_work_with_it(tmp_path: Path) -> None:
             await asyncio.sleep(0.5)
             assert len(plan_server.requests) == 1 and model.requests == []
             assert not bot.deps_for(tiers.tools.plan).tasks
+
+
+async def test_a_background_plan_stopped_by_a_restart_tells_the_chat(tmp_path: Path) -> None:
+    """The bot stopped (a deploy) while a plan it had promised to report on ("完成后我会在这里汇报结果") worked:
+    the plan was cancelled and the chat heard nothing, then or after the restart."""
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        result = tool_result(request)
+        return text(result) if result is not None else call("plan", {"goal": "安排下周团建"})
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Delay(5, Reply("计划：周五爬山")))
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server, reply_within_s=0.1)) as (bot, ch):
+            assert "完成后我会在这里汇报" in await ask(ch, "帮我们安排团建", at_bot=True)
+            assert bot.deps_for(tiers.tools.plan).tasks  # still working as the bot stops
+        # Queued through the outbox before it stopped (what it could not deliver goes out at the next start)
+        assert [m.text for m in ch.sent][1:] == ["这个计划因为机器人停止运行被中断了，没有完成；需要的话请重新发起。"]
+        assert ch.sent[1].mention == ("u1",)
+
+
+class Amount(BaseModel):
+    amount: int = Field(ge=0)
+
+
+TRANSFERS: list[int] = []
+
+
+@tool_function(confirm="admin")
+async def transfer(ctx: ToolContext[object], args: Amount) -> ToolResult:
+    """Move money (an admin must approve)."""
+    TRANSFERS.append(args.amount)
+    return ToolResult(content=f"transferred {args.amount}")
+
+
+async def test_a_plans_step_says_honestly_that_it_cannot_ask_for_approval(tmp_path: Path) -> None:
+    """A plan's execute step reached a tool an admin must approve, approvals configured: it was refused with
+    "审批功能尚未启用" (approvals are not enabled), relayed as such, and the step was offered the chat's
+    ask_user, which can only fail the same way."""
+    offered: list[set[str]] = []
+    results: list[str] = []
+
+    def bot_model(request: ModelRequest) -> ModelResponse:
+        names = {t["function"]["name"] for t in request.tools}
+        result = tool_result(request)
+        if "plan" in names:  # the chat run
+            return text(result) if result is not None else call("plan", {"goal": "给张三转 42"})
+        offered.append(names)
+        if result is not None:
+            results.append(result)
+            return text(f"没有执行：{result}")
+        return call("transfer", {"amount": 42})
+
+    async with FakeOpenAIServer() as plan_server:
+        plan_server.script(Reply(tool_calls=[Call("execute", {"task": "转 42"})]), Reply("转账需要你直接找我办。"))
+        settings = Settings(bot={"data_dir": tmp_path, "admins": ["memory:9"]}, llm={"plan": tier(plan_server)},
+                            limits={"user_burst": 50, "chat_burst": 50})
+        bot = Bot(settings, model=ScriptedModel(bot_model), channels=[ch := MemoryChannel(clock=lambda: NOW)],
+                  plugins=[tiers.plugin, Plugin("risky", Toolset("risky", [transfer]))], clock=lambda: NOW)
+        await bot.start()
+        try:
+            assert await ask(ch, "帮我规划并给张三转 42", at_bot=True) == "转账需要你直接找我办。"
+        finally:
+            await bot.stop()
+    assert TRANSFERS == [] and offered[0] == {"transfer"}  # not ask_user: nobody can answer it there
+    assert len(results) == 1 and "尚未启用" not in results[0]
+    assert "计划" in results[0] and "直接" in results[0]  # why, and what the person can do instead
 
 
 async def test_a_failing_tier_is_explained_in_chinese_and_its_error_is_no_partial_result(tmp_path: Path) -> None:
