@@ -20,6 +20,10 @@ Protocol (developer.work.weixin.qq.com/document/path/100719 接收消息, 101031
 * A message the bot handled without an answer (rate-limited into silence, an ask_user answer, a
   duplicate) has its bubble finished as it stands (empty: no noise) at the first refresh
   :data:`_UNANSWERED` seconds after its handling ended.
+* When the bot stops (its outbox has stopped: no part can follow), a polled bubble shows finished at
+  once, and the stop waits up to :data:`_COLLECT` seconds for WeCom to collect the answers still in
+  their bubbles; one it did not collect goes through the chat's unused ``response_url`` instead (after
+  a restart the bubble is unknown, and WeCom's next poll of it would get it ended, empty).
 * Encrypted replies are JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}``.
 * With no open stream (a reminder, a part the bubble cannot take), ``send`` falls back to the
   message's ``response_url`` (plain JSON markdown, single use, valid one hour); a URL is spent
@@ -28,6 +32,8 @@ Protocol (developer.work.weixin.qq.com/document/path/100719 接收消息, 101031
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -41,7 +47,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from robot.channels.base import Capabilities, SendFailed, SendReceipt, SendRejected
+from robot.channels.base import Capabilities, ChannelError, SendFailed, SendReceipt, SendRejected
 from robot.channels.wecom.api import call_json, raise_for_errcode, split_utf8
 from robot.channels.wecom.callback import CallbackQuery, WeComCallbackChannel
 from robot.channels.wecom.crypto import MalformedBody
@@ -63,6 +69,8 @@ _SETTLE = 1.0  # a finished bubble shows as finished once no further part came f
 # left unanswered (rate-limited into silence, an ask_user answer, a duplicate): it is finished, not
 # left spinning for WeCom's 6 minutes. An answer later still is not lost: it uses the response_url.
 _UNANSWERED = 3.0
+# WeCom polls an open bubble about every second; a stopping bot waits this long for it to collect answers.
+_COLLECT = 2.0
 _PART_GAP = "\n\n"  # between the parts of a long answer in one bubble (they were cut at a break)
 _MAX_STREAMS = 1024
 _LEADING_MENTION = re.compile(r"^\s*@\S+\s*")
@@ -146,6 +154,8 @@ class _Stream:
     sealed: bool = False
     #: When the bot was done handling its message (``None``: not yet).
     handled_at: float | None = None
+    #: WeCom was served it finished, so with all of its content: nothing of it is left to hand over.
+    collected: bool = False
 
 
 class WeComAIBotChannel(WeComCallbackChannel):
@@ -164,6 +174,45 @@ class WeComAIBotChannel(WeComCallbackChannel):
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
         self._response_urls: dict[str, tuple[str, float]] = {}
         self._posting: set[str] = set()  # response_urls a send is posting to now
+        self._closing = False  # the stop has begun: no part can follow
+        self._polled = asyncio.Event()  # WeCom was served a bubble
+
+    async def start(self) -> None:
+        self._closing = False
+        await super().start()
+
+    async def before_close(self) -> None:
+        """Let WeCom collect the answers still in their bubbles, for up to :data:`_COLLECT` seconds."""
+        self._closing = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_COLLECT):
+                while self._uncollected():
+                    self._polled.clear()
+                    await self._polled.wait()
+
+    async def after_close(self) -> None:
+        """Post the answers WeCom did not collect through their chats' unused response_urls: the outbox
+        recorded them sent, and after a restart their bubbles end empty."""
+        chats: dict[str, list[_Stream]] = {}
+        for stream in self._uncollected():
+            chats.setdefault(stream.chat_key, []).append(stream)
+        await asyncio.gather(*(self._hand_over(key, streams) for key, streams in chats.items()))
+
+    async def _hand_over(self, chat_key: str, streams: list[_Stream]) -> None:
+        url = self._unused_url(chat_key)
+        try:
+            if not url:
+                raise SendRejected("no unused response_url")
+            await self._post(chat_key, url, _PART_GAP.join(s.content for s in streams))
+        except ChannelError as exc:
+            log.warning("wecom aibot: %d answer(s) in %s were not collected from their bubbles before the stop, "
+                        "and could not be posted instead: %s", len(streams), chat_key, exc)
+            return
+        for stream in streams:  # a poll of a bubble kept in memory (the channel restarted) shows it ended, empty
+            stream.content, stream.collected = "", True
+
+    def _uncollected(self) -> list[_Stream]:
+        return [s for s in self._streams.values() if s.finish and s.content and not s.collected]
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -224,8 +273,10 @@ class WeComAIBotChannel(WeComCallbackChannel):
             stream.finish = stream.sealed = True
         # A part just sent may have more behind it (the outbox sends a long answer's parts one by one),
         # and WeCom polls no more once it sees the bubble finished: wait a moment before saying so.
-        finish = stream.finish and (stream.sealed or self._now() - stream.finished_at >= _SETTLE)
+        finish = stream.finish and (stream.sealed or self._closing or self._now() - stream.finished_at >= _SETTLE)
         stream.sealed = stream.sealed or finish
+        stream.collected = stream.collected or finish
+        self._polled.set()
         plain = json.dumps(
             {
                 "msgtype": "stream",
@@ -260,8 +311,8 @@ class WeComAIBotChannel(WeComCallbackChannel):
         """Send through the chat's unused ``response_url``; it is spent only once WeCom took the post
         (or refused it for good), so a post that failed for now is retried with it."""
         key = message.chat.key
-        url, received = self._response_urls.get(key, ("", 0.0))
-        if not url or self._now() - received > _RESPONSE_URL_TTL:
+        url = self._unused_url(key)
+        if not url:
             if full:
                 raise SendRejected(
                     f"WeCom AI bot: no way left to deliver this part of the answer to {message.reply_to} in {key}: "
@@ -270,6 +321,14 @@ class WeComAIBotChannel(WeComCallbackChannel):
             raise SendRejected(
                 f"WeCom AI bot cannot start a conversation in {key}: no open stream and no unused response_url"
             )
+        await self._post(key, url, message.text)
+        return SendReceipt()
+
+    def _unused_url(self, key: str) -> str:
+        url, received = self._response_urls.get(key, ("", 0.0))
+        return url if url and self._now() - received <= _RESPONSE_URL_TTL else ""
+
+    async def _post(self, key: str, url: str, text: str) -> None:
         if url in self._posting:  # it may still fail for now and be free again: try later
             raise SendFailed(f"WeCom AI bot: the response_url of {key} is in use by another send")
         self._posting.add(url)
@@ -279,7 +338,7 @@ class WeComAIBotChannel(WeComCallbackChannel):
                 "POST",
                 url,
                 what="aibot response_url",
-                payload={"msgtype": "markdown", "markdown": {"content": _cap(message.text)}},
+                payload={"msgtype": "markdown", "markdown": {"content": _cap(text)}},
                 request_timeout=self.settings.request_timeout,
             )
             raise_for_errcode(data, "aibot response_url")
@@ -289,7 +348,6 @@ class WeComAIBotChannel(WeComCallbackChannel):
         finally:
             self._posting.discard(url)
         self._spend(key, url)
-        return SendReceipt()
 
     def _spend(self, chat_key: str, url: str) -> None:
         if self._response_urls.get(chat_key, ("", 0.0))[0] == url:  # not a newer one that came meanwhile

@@ -2,8 +2,9 @@
 
 GET ``path`` answers WeCom's URL verification with the decrypted echostr; POST ``path``
 hands the raw body to the subclass. A bad signature, or a timestamp further than
-``timestamp_window_s`` from now (a replay), gets 403; any other unreadable request 400 and a
-log line; a handler bug gets 500 and a logged traceback. Messages are delivered to
+``timestamp_window_s`` from now (a replay), gets 403; a body not received within
+:data:`_BODY_DEADLINE` 408; any other unreadable request 400 and a log line; a handler bug gets 500
+and a logged traceback. Messages are delivered to
 the bot in background tasks so WeCom (which retries after 5 s) gets its answer at once; one
 that arrives once the bot is stopping (:attr:`Channel.taking` is off) gets 503, not "success",
 and is left to WeCom's retry.
@@ -12,7 +13,9 @@ and is left to WeCom's retry.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,6 +36,12 @@ log = logging.getLogger("robot.channels.wecom")
 _MAX_BODY = 256 * 1024  # callbacks are small; refuse anything bigger early
 _DEDUPE_SIZE = 2048
 _STOP_GRACE = 5.0
+# WeCom sends a few hundred bytes at once and gives up after 5 s; a body slower than this is no callback.
+_BODY_DEADLINE = 5.0
+# Requests in flight when the server closes get this long: a body never finished must not hold the stop
+# past systemd's TimeoutStopSec=30 (aiohttp's default is 60 s).
+_SHUTDOWN_S = 1.0
+_SIGNATURE = re.compile(r"[0-9a-fA-F]{40}")  # a SHA-1 hex digest
 
 
 class StaleTimestamp(WeComCryptoError):
@@ -54,6 +63,8 @@ class CallbackQuery:
         if not all(values):
             raise MalformedBody("missing msg_signature, timestamp or nonce")
         sig, ts, nonce = (str(v) for v in values)
+        if not _SIGNATURE.fullmatch(sig):  # refused before its body is waited for
+            raise SignatureError("msg_signature is not a SHA-1 hex digest")
         return cls(sig, ts, nonce)
 
 
@@ -103,7 +114,7 @@ class WeComCallbackChannel(Channel, abc.ABC):
         app = web.Application(client_max_size=_MAX_BODY)
         app.router.add_get(self.settings.path, self._on_get)
         app.router.add_post(self.settings.path, self._on_post)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.settings.host, self.settings.port).start()
@@ -118,9 +129,12 @@ class WeComCallbackChannel(Channel, abc.ABC):
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
         if runner is not None:
+            await self.before_close()
             await runner.cleanup()
         # Let deliveries in flight finish; the pipeline dedupes, so a cut-off one is not lost twice.
         await self.finish_deliveries(_STOP_GRACE)
+        if runner is not None:
+            await self.after_close()
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -137,6 +151,12 @@ class WeComCallbackChannel(Channel, abc.ABC):
     @abc.abstractmethod
     async def handle_callback(self, query: CallbackQuery, body: bytes) -> web.StreamResponse:
         """Answer one signed POST callback; raise WeComCryptoError for bad input."""
+
+    async def before_close(self) -> None:
+        """For subclasses: :meth:`stop` is about to close the server, which still answers WeCom now."""
+
+    async def after_close(self) -> None:
+        """For subclasses: :meth:`stop` closed the server; the client session is still open."""
 
     def remember(self, msgid: str, value: str = "") -> str | None:
         """Record ``msgid``; return the value stored for it if it was seen before (a WeCom retry)."""
@@ -190,7 +210,16 @@ class WeComCallbackChannel(Channel, abc.ABC):
         try:
             query = CallbackQuery.from_request(request)
             self.check_timestamp(query)
-            body = await request.read()
+            # The signature covers the body's ciphertext: only the query could be checked before it is read.
+            try:
+                async with asyncio.timeout(_BODY_DEADLINE):
+                    body = await request.read()
+            except TimeoutError:
+                log.warning("wecom: callback body from %s not received within %gs", request.remote, _BODY_DEADLINE)
+                return web.Response(status=408, text="request timeout")
+            except (ConnectionError, aiohttp.ClientPayloadError):
+                log.info("wecom: callback from %s ended before its body did", request.remote)
+                return web.Response(status=400, text="bad request")
             return await self.handle_callback(query, body)
         except SignatureError:
             log.warning("wecom: callback with a bad signature from %s", request.remote)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -15,6 +16,8 @@ from pydantic import SecretStr
 
 from robot.channels.base import SendFailed, SendRejected
 from robot.channels.wecom import WeComAIBotChannel, WeComSettings, create_channel
+from robot.channels.wecom import aibot as aibot_module
+from robot.channels.wecom import callback as callback_module
 from robot.channels.wecom.testing import FakeWeComAPI, signed_query
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.text_parts import split_text
@@ -28,6 +31,12 @@ VECTORS = json.loads(
 async def fake() -> AsyncIterator[FakeWeComAPI]:
     async with FakeWeComAPI() as api:
         yield api
+
+
+@pytest.fixture(autouse=True)
+def _quick_collect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No WeCom polls here: a stop waits only a moment for answers left in bubbles (they go by response_url)."""
+    monkeypatch.setattr(aibot_module, "_COLLECT", 0.05)
 
 
 @pytest.fixture
@@ -427,3 +436,65 @@ async def test_url_verification_uses_empty_receive_id(
     own = bot.crypto.encrypt("echo-123")
     async with http.get(bot.url, params={**signed_query(bot.crypto, own), "echostr": own}) as resp:
         assert resp.status == 200 and await resp.text() == "echo-123"
+
+
+async def _unfinished_post(bot: WeComAIBotChannel) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An unsigned callback whose body never finishes: a current timestamp, one byte of 100,000."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", bot.port)
+    writer.write(f"POST {bot.settings.path}?msg_signature={'0' * 40}&timestamp={int(time.time())}&nonce=1 HTTP/1.1\r\n"
+                 "Host: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def test_a_callback_body_that_never_finishes_is_answered_408(
+    bot: WeComAIBotChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(callback_module, "_BODY_DEADLINE", 0.2, raising=False)
+    reader, writer = await _unfinished_post(bot)
+    try:
+        async with asyncio.timeout(3):
+            status = await reader.readline()
+    finally:
+        writer.close()
+    assert status.split()[1] == b"408"
+
+
+async def test_an_unfinished_callback_body_does_not_hold_the_stop(bot: WeComAIBotChannel) -> None:
+    """systemd (TimeoutStopSec=30) SIGKILLed a bot whose stop waited 60 s for such a request."""
+    _, writer = await _unfinished_post(bot)
+    await asyncio.sleep(0.1)  # the handler is reading the body now
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(5):
+            await bot.stop()
+    finally:
+        writer.close()
+    assert time.monotonic() - started < 2.5
+
+
+async def test_an_answer_wecom_did_not_collect_before_the_stop_goes_through_the_response_url(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], fake: FakeWeComAPI
+) -> None:
+    """The outbox recorded it sent; after a restart WeCom's poll of the bubble would get an empty, ended one."""
+    _, msg = await _ask(http, bot, inbox, "s2", fake.response_url)
+    await bot.send(OutgoingMessage(key="answer", chat=msg.chat, text="the answer", reply_to="s2"))
+    await bot.stop()
+    calls = fake.calls_to("/cgi-bin/aibot/response")
+    assert [c.body for c in calls] == [{"msgtype": "markdown", "markdown": {"content": "the answer"}}]
+
+
+async def test_the_stop_lets_wecom_collect_a_filled_bubble_first(
+    bot: WeComAIBotChannel, http: aiohttp.ClientSession, inbox: asyncio.Queue[Message], fake: FakeWeComAPI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(aibot_module, "_COLLECT", 2.0)
+    stream_id, msg = await _ask(http, bot, inbox, "s3", fake.response_url)
+    await bot.send(OutgoingMessage(key="answer", chat=msg.chat, text="the answer", reply_to="s3"))
+    stopping = asyncio.create_task(bot.stop())
+    await asyncio.sleep(0.01)
+    polled = await _callback(http, bot, _refresh(stream_id))  # shown finished at once: no part can follow now
+    assert polled is not None and polled["stream"] == {"id": stream_id, "finish": True, "content": "the answer"}
+    async with asyncio.timeout(1):  # collected: the stop waits no longer
+        await stopping
+    assert fake.calls_to("/cgi-bin/aibot/response") == []  # not twice
