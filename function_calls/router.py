@@ -29,7 +29,7 @@ from function_calls.model import TextCallback
 from function_calls.tokens import estimate_tokens
 from function_calls.tool import Tool, Toolset
 
-__all__ = ["FunctionCallRouter", "HistoryTurn"]
+__all__ = ["FunctionCallRouter", "HistoryTurn", "said_by"]
 
 log = logging.getLogger(__name__)
 _WEEKDAYS = "一二三四五六日"
@@ -46,6 +46,11 @@ def _fold_name(name: str, limit: int = _MAX_NAME) -> str:
     flat = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in name)
     flat = " ".join(flat.translate(_NAME_CHARS).split())
     return (flat[: limit - 1] + "…" if len(flat) > limit else flat) or "?"
+
+
+def said_by(user_id: str) -> re.Pattern[str]:
+    """What starts a history line of ``user_id`` in a run's window (see :meth:`FunctionCallRouter.window`)."""
+    return re.compile(rf"\[\d\d:\d\d\] [^\n]*?\(id:{re.escape(_fold_name(user_id, 64))}\): ")
 
 
 def _fold_text(text: str) -> str:

@@ -7,7 +7,8 @@ guarded UPDATE, so two approvals (or two processes) resume it exactly once; the 
 continues and its replies go out through the outbox in the transaction that ends the snapshot.
 A crash after the claim and before the run finished does not re-run the call (such rows are
 reported as interrupted once their process is known dead: at the next start, or by a living process
-within about ``[storage] lease_s`` of its lease lapsing): a risky call runs at most once.
+within about ``[storage] lease_s`` of its lease lapsing, with what its calls did: see
+:mod:`robot.approvals_resume`): a risky call runs at most once.
 
 Only calls that need a person create a snapshot; ordinary multi-step chains never do.
 """
@@ -22,22 +23,19 @@ import secrets
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from function_calls import Caller, RunResult, RunState, StopReason, Tool, ToolCall, ToolError
-from robot import snapshots
+from function_calls import Caller, RunResult, RunState, Tool, ToolCall
+from robot import approvals_resume as resuming
 from robot.approvals_panel import PANEL, PendingPanel, admin_prompt, approver_notices, pending_text
 from robot.approvals_watch import AnswerWatch
-from robot.ask_user import GRANT, AskUserArgs, Grant
-from robot.commands import refusal
+from robot.ask_user import GRANT, AskUserArgs
 from robot.config import ApprovalsSection
-from robot.limits import BudgetExceeded
 from robot.message import ChatRef, OutgoingMessage
 from robot.snapshots import ALPHABET, Row, SnapshotStore, describe_call, load_secret
-from robot.storage import Tx
 from robot.store import iso, parse_iso
 
 if TYPE_CHECKING:
@@ -89,18 +87,32 @@ class Approvals:
             await asyncio.wait(set(self._resuming), timeout=timeout)
 
     async def stop(self, timeout: float = 5.0) -> None:
+        """Wait ``timeout`` for resumed runs, then break them off before the store closes: what their
+        approved calls did is reported now (a run left behind was reported at the next start as not run)."""
         await self.idle(timeout)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        left = set(self._resuming)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
+            try:
+                await self._interrupt_orphans(mine=True)
+            except Exception:
+                log.exception("reporting the resumed runs broken off failed")
 
     # --- the runner's approver --------------------------------------------------------------
     async def approver(self, call: ToolCall, tool: Tool, caller: Caller) -> bool | str | None:
         """Inside a resumed run, the recorded verdict; otherwise pause (None)."""
         grant = GRANT.get()
-        return None if grant is None else grant.verdicts.pop((call.id, call.name, call.arguments), None)
+        verdict = None if grant is None else grant.verdicts.pop((call.id, call.name, call.arguments), None)
+        if verdict is True and (row_id := resuming.RESUMING.get()) is not None:
+            await self.store.ran(row_id, describe_call(call))  # before it runs: broken off now, it may have run
+        return verdict
 
     # --- pausing ----------------------------------------------------------------------------
     async def pause(self, result: RunResult, caller: Caller, chat: ChatRef, *, tools: Iterable[str],
@@ -205,6 +217,9 @@ class Approvals:
         if parse_iso(str(row["expires_at"])) <= self.bot.clock():
             await self._expire(row)
             return "这个请求已过期。"
+        if self.bot.ignores(ChatRef.from_key(str(row["chat"]))):  # the owner closed that group since ([gate])
+            await self._claim(row, "refused", caller.qualified_user)
+            return "这个请求所在的群已不再由机器人服务，请求已作废，没有执行。"
         if not await self._claim(row, "approved" if approve else "denied", caller.qualified_user):
             return "这个请求的记录校验失败，已作废，没有执行。请重新发起。" if not self.store.verify(row) else "这个请求刚刚已被处理。"
         if approve:
@@ -286,18 +301,21 @@ class Approvals:
             return wait
         return max(0.05, min(wait, (parse_iso(nxt) - self.bot.clock()).total_seconds()))
 
-    async def _interrupt_orphans(self) -> bool:
-        """Report approved calls whose process died mid-run as interrupted (never retried); True while
-        another living process runs one."""
+    async def _interrupt_orphans(self, *, mine: bool = False) -> bool:
+        """Report approved calls whose process died mid-run (``mine``: or this one's, stopping) as interrupted
+        (never retried), with what they did; True while another living process runs one."""
         leases = self.bot.leases.leases
-        dead, living = await self.store.orphans(leases.alive_sync)
+        dead, living = await self.store.orphans(
+            lambda db, runner: not (mine and runner == leases.holder) and leases.alive_sync(db, runner))
         for row in dead:
             if await self.store.transition(str(row["id"]), "interrupted", frm="approved", now=self.bot.clock()):
-                await self._send(row, "上次批准的操作在执行中被中断，为安全起见没有重试，请重新发起。", suffix="interrupted")
+                await resuming.send(self, row, resuming.interrupted_text(row), suffix="interrupted")
         return bool(living - {leases.holder})
 
     async def _expire(self, row: Row) -> None:
-        if row["kind"] == "input":
+        if self.bot.ignores(ChatRef.from_key(str(row["chat"]))):  # closed since ([gate]): no model, no message
+            await self._claim(row, "expired", "timeout")
+        elif row["kind"] == "input":
             if await self._claim(row, "approved", "timeout"):
                 self._spawn(row, True, answer=None)
         elif await self._claim(row, "expired", "timeout"):
@@ -308,92 +326,12 @@ class Approvals:
     async def _resume_logged(self, row: Row, verdict: bool | str, *, answer: str | None = None,
                              notice: str | None = None) -> None:
         try:
-            await self._resume(row, verdict, answer=answer, notice=notice)
+            await resuming.resume(self, row, verdict, answer=answer, notice=notice)
         except Exception:
             log.exception("resuming snapshot %s failed", row["id"])
             await self.store.transition(str(row["id"]), "failed", frm="approved", now=self.bot.clock())
-            await self._send(row, "继续执行时出错了，请稍后重新发起。", suffix="failed")
+            await resuming.send(self, row, "继续执行时出错了，请稍后重新发起。", suffix="failed")
         await self.watch.reload()
-
-    def _outgoing(self, row: Row, text: str, key: str) -> OutgoingMessage:
-        chat = ChatRef.from_key(str(row["chat"]))
-        if row.get("account") and "account" in ChatRef.model_fields:
-            chat = chat.model_copy(update={"account": row["account"]})
-        requester = str(row["requester"]).split(":", 1)[-1]
-        return OutgoingMessage(key=key, chat=chat, text=text, mention=(requester,) if chat.kind == "group" else (),
-                               reply_to=row.get("reply_to"))
-
-    async def _send(self, row: Row, text: str, *, suffix: str) -> None:
-        await self.bot.outbox.enqueue(self._outgoing(row, text, f"snapshot:{row['id']}:{suffix}"))
-
-    async def _resume(self, row: Row, verdict: bool | str, *, answer: str | None, notice: str | None) -> None:
-        state = RunState.model_validate_json(str(row["state"]))
-        caller = snapshots.stored_caller(row, self.bot.is_admin)
-        chat = ChatRef.from_key(str(row["chat"]))
-        if notice:
-            await self._send(row, notice, suffix="notice")
-        if row["origin"] == "command":
-            replies = await self._run_command(state.pending, caller, chat) if verdict is True else []
-        elif self.bot.router is None:
-            replies = ["暂时无法继续：没有配置大模型。"]
-        else:
-            # Only what the paused run was offered, if still offered (a row from before: its calls' tools)
-            names = set(json.loads(row["tools"]) if row.get("tools") else (c.name for c in state.pending))
-            granted = [c for c in state.pending if self._grants(row, c)]
-            if state.messages and state.messages[0].get("role") == "system":  # the time now, not the pause's
-                state.messages[0] = {"role": "system", "content": self.bot.router.retime(
-                    str(state.messages[0]["content"]), self.bot.zone_for(chat), self.bot.clock())}
-            token = GRANT.set(Grant(verdicts={(c.id, c.name, c.arguments): verdict for c in granted}, answer=answer))
-            try:  # held like any request's run (see Pipeline.run_llm): a budget that cannot be read refuses
-                with self.bot.tool_scope(names):
-                    async with self.bot.budget.for_run(caller, self.bot.settings.llm.max_run_tokens):
-                        result = await self.bot.router.runner.run(
-                            state, self.bot.offered_tools(), caller=caller, deps_for=self.bot.deps_for,
-                            zone=self.bot.zone_for(chat), clock=self.bot.clock)
-                replies = list(result.replies)
-            except BudgetExceeded as exc:
-                result, replies = None, [exc.user_message]
-            finally:
-                GRANT.reset(token)
-            if result is not None and result.stop is StopReason.AWAITING_APPROVAL:  # another confirm tool
-                replies = [*result.state.user_messages, await self.pause(
-                    result, caller, chat, tools=names, origin=str(row["origin"]), reply_to=row.get("reply_to"))]
-        messages = [self._outgoing(row, t, f"snapshot:{row['id']}:{i}") for i, t in enumerate(replies) if t.strip()]
-
-        def commit(db: Tx) -> None:
-            # The replies and the end of the snapshot commit together: a crash re-sends neither.
-            self.bot.outbox.enqueue_many_sync(db, messages)
-            SnapshotStore.finish_sync(db, str(row["id"]))
-
-        await self.bot.db.transaction(commit)
-        for platform in {m.chat.platform for m in messages}:
-            self.bot.outbox.notify(platform)
-        await self.announce()
-
-    def _grants(self, row: Row, call: ToolCall) -> bool:
-        """Whether ``row``'s verdict answers ``call``: an answer the questions, an admin's the admin calls, the
-        requester's their own. A call paused beside them pauses anew, for its own approver (an answer, or its
-        timeout, ran an admin's call; an admin's approval ran the requester's own wipe they never confirmed)."""
-        tool = self.bot.tools.get(call.name)
-        return tool is not None and tool.confirm == ("input" if row["kind"] == "input" else row["approver"])
-
-    async def _run_command(self, calls: Sequence[ToolCall], caller: Caller, chat: ChatRef) -> list[str]:
-        out: list[str] = []
-        for call in calls:
-            tool = self.bot.tools.get(call.name)
-            if tool is None or (refused := refusal(tool, caller)):  # (an admin removed since: no longer theirs)
-                out.append(f"/{call.name} 已不存在，没有执行。" if tool is None else str(refused))
-                continue
-            try:
-                result = await self.bot.invoke_tool(tool, tool.parse_arguments(call.arguments), caller,
-                                                    self.bot.zone_for(chat), via="command", run_id="command",
-                                                    call_id=call.id)
-            except Exception as exc:  # a ToolError's words for the person are the tool's own (as Pipeline.run_command)
-                log.warning("approved command %s failed: %s", call.name, type(exc).__name__)
-                out.append(exc.user_message or exc.message if isinstance(exc, ToolError) else f"/{call.name} 执行失败了。")
-                continue
-            out.extend(result.user_messages or (result.content,))
-        return out
 
 
 _DONE = {"approved": "这个请求已经批准了，正在执行。", "resumed": "这个请求已经批准并执行过了。",

@@ -3,10 +3,12 @@
 In the chat where it is sent (or, ``/forget me all`` in a private chat, in every chat):
 the person's stored messages; the bot's replies to them and messages addressed to them (an @:
 their reminders firing; in a private chat, every bot message there: the whole conversation was
-with them); the approvers' notices quoting their requests; the text of the outbox rows of those; and
-whatever plugins registered a :class:`Forgetter` for (reminders, summaries that may quote them,
-memories). On SQLite deleted pages are overwritten (``PRAGMA secure_delete``, see :mod:`robot.store`)
-and the WAL is checkpointed and truncated afterwards, so the text survives in no file; PostgreSQL
+with them); the approvers' notices quoting their requests; the text of the outbox rows of those; the
+paused runs that froze the conversation (the chat's finished ones and theirs; their lines taken out of
+another member's, which is signed anew); and whatever plugins registered a :class:`Forgetter` for
+(reminders, summaries that may quote them, memories). On SQLite deleted pages are overwritten
+(``PRAGMA secure_delete``, see :mod:`robot.store`) and the WAL is checkpointed and truncated
+afterwards, so the text survives in no file; PostgreSQL
 keeps dead row versions until VACUUM and its WAL until the next checkpoints (its operator's policy).
 What a process keeps in memory for the next message's context goes too, in every process sharing
 the database (a notification; after a gap in those, each drops all of it).
@@ -21,19 +23,31 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from function_calls import FunctionCallRouter, ToolContext, ToolError, ToolResult, Toolset, tool_function
+from function_calls import (
+    FunctionCallRouter,
+    RunState,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    Toolset,
+    tool_function,
+)
+from function_calls.router import said_by
 from function_calls.tokens import forget_texts
 from robot.history import FORGOTTEN, TO_USER, HistoryStore, drop_windows
 from robot.hooks import ForgetHook
 from robot.message import ChatRef
-from robot.snapshots import notice_key, notice_prefix
+from robot.snapshots import SnapshotStore, notice_key, notice_prefix
 from robot.storage import Tx
 from robot.storage.base import in_chunks
 from robot.store import Engine
+
+if TYPE_CHECKING:
+    from robot.approvals import Approvals
 
 __all__ = [
     "COMMAND_ONLY",
@@ -105,8 +119,9 @@ class ForgetReport:
         return f"已删除你在{where}的记录：" + "、".join(parts) + "。"
 
 
-def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
-    """The core part, in one transaction: (the person's messages, the bot's replies) deleted."""
+def forget_sync(db: Tx, request: ForgetRequest, snapshots: SnapshotStore | None = None) -> tuple[int, int]:
+    """The core part, in one transaction: (the person's messages, the bot's replies) deleted. ``snapshots``
+    signs anew the paused runs their words are taken out of (without it those are refused when approved)."""
     messages = replies = 0
     requester = f"{request.platform}:{request.user_id}"
     c = bytewise(db)
@@ -130,16 +145,60 @@ def forget_sync(db: Tx, request: ForgetRequest) -> tuple[int, int]:
         if chat.kind == "private":  # a private chat is one conversation with them: every bot message there goes
             replies += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1", [key]).rowcount
             _unsend(db, "chat = ?", [key])
+            _strip_snapshots(db, key, request, [], snapshots)
             continue
         # Bot messages addressed to them (@ them: answers, their reminders firing) go with their messages.
-        replies += db.execute(f"DELETE FROM history WHERE {TO_USER}", [key, request.user_id, request.user_id]).rowcount
+        to_them = [key, request.user_id, request.user_id]
+        said = [str(r[0]) for r in db.execute(f"SELECT text FROM history WHERE {TO_USER}", to_them).fetchall()]
+        replies += db.execute(f"DELETE FROM history WHERE {TO_USER}", to_them).rowcount
         _blank_mentioning(db, key, request.user_id)
         for batch, marks in in_chunks(ids):
-            replies += db.execute(f"DELETE FROM history WHERE chat = ? AND from_bot = 1 AND reply_to IN ({marks})",
-                                  [key, *batch]).rowcount
+            answers = f"FROM history WHERE chat = ? AND from_bot = 1 AND reply_to IN ({marks})"
+            said += [str(r[0]) for r in db.execute(f"SELECT text {answers}", [key, *batch]).fetchall()]
+            replies += db.execute(f"DELETE {answers}", [key, *batch]).rowcount
             _unsend(db, f"chat = ? AND reply_to IN ({marks})", [key, *batch])
+        _strip_snapshots(db, key, request, said, snapshots)
     HistoryStore.prune_addressees_sync(db)
     return messages, replies
+
+
+def _strip_snapshots(db: Tx, chat: str, request: ForgetRequest, said: list[str], store: SnapshotStore | None) -> None:
+    """The paused runs left in ``chat`` (another member's, waiting or running; their own running one) keep no
+    line of theirs: their messages and the bot's replies to them (``said``) leave the frozen conversation (all
+    of their own run's goes), and the row is signed anew; one that failed its check is not (an edit is never
+    laundered) and is refused when approved. (A run resuming in memory right now still holds its copy.)"""
+    requester = f"{request.platform}:{request.user_id}"
+    theirs = said_by(request.user_id)
+    replies = {_unfolded(t) for t in said}
+
+    def quotes(m: dict[str, Any]) -> bool:
+        content = m.get("content")
+        if not isinstance(content, str):
+            return False
+        if m.get("role") == "user":  # a history line of theirs (the message a run answers has no header)
+            return bool(theirs.match(content))
+        return m.get("role") == "assistant" and not m.get("tool_calls") and _unfolded(content) in replies
+
+    for row in db.execute_returning_dicts(
+            "SELECT * FROM snapshots WHERE chat = ? AND status IN ('pending', 'approved')", [chat]):
+        try:
+            state, whole = RunState.model_validate_json(str(row["state"])), row["requester"] == requester
+        except ValueError:
+            state, whole = RunState(messages=[]), True  # unreadable: nothing of it is kept
+        kept = [m for m in state.messages if not quotes(m)]
+        if not whole and len(kept) == len(state.messages):
+            continue
+        trusted = store is not None and store.verify(row)
+        row["state"] = (RunState(messages=[]) if whole else state.model_copy(update={"messages": kept})).model_dump_json()
+        mac = store.mac(row) if store is not None and trusted else str(row["mac"])
+        # Their own run's record of what its calls did names their arguments too: "maybe run" is all it keeps.
+        ran = "CASE WHEN ran IS NULL THEN NULL ELSE '[]' END" if whole else "ran"
+        db.execute(f"UPDATE snapshots SET state = ?, mac = ?, ran = {ran} WHERE id = ?", [row["state"], mac, row["id"]])
+
+
+def _unfolded(text: str) -> str:
+    """A bot message as history keeps it and as a run's window shows it (speaker-like lines indented) alike."""
+    return "\n".join(line.removeprefix("  | ") for line in text.splitlines())
 
 
 def _unsend(db: Tx, where: str, params: list[Any]) -> None:
@@ -190,6 +249,7 @@ class ForgetHost(Protocol):
     forgetters: list[Forgetter]
     forget_hooks: list[ForgetHook]
     router: FunctionCallRouter | None
+    approvals: Approvals
 
 
 def drop_caches(bot: ForgetHost, chats: list[str] | None) -> None:
@@ -212,7 +272,7 @@ async def forget_everything(bot: ForgetHost, request: ForgetRequest) -> ForgetRe
     """Run the core forget and every plugin's :class:`Forgetter`, then leave no copy in the WAL or
     the caches of the next message's context."""
     def work(db: Tx) -> tuple[int, int]:
-        done = forget_sync(db, request)
+        done = forget_sync(db, request, bot.approvals.store)
         # Every chat's window, in every process: rows went in chats beyond the request's too (an
         # approver's private notices, summaries quoting the person). Forgets are rare; rebuilding is cheap.
         db.notify(FORGOTTEN, "*")

@@ -3,7 +3,8 @@
 One row per paused run: the run state, the tools it was offered, the caller, the chat (and account), the kind
 (``approval`` or ``input``), who must answer (``requester`` or ``admin``), a five-character
 code, created and expiry times, and the status (pending -> approved -> resumed, or denied,
-expired, refused, interrupted, failed). Every field a resume trusts is covered by an HMAC under a
+expired, refused, interrupted, failed); an approved row also records what its calls did as they run
+(``ran``, unsigned: it is only reported). Every field a resume trusts is covered by an HMAC under a
 per-install secret (``secret.key`` in the data dir, mode 0600): an edited row fails
 :meth:`SnapshotStore.verify`. Status changes are guarded UPDATEs (``WHERE status = ?``), so one
 transition wins however many people (or processes) race for it.
@@ -76,7 +77,9 @@ class SnapshotStore:
         self.secret: bytes | None = None
         # ``runner``: the process (lease holder id) that runs an approved row: a start reports only the
         # approved rows of a dead one as interrupted, not what another living process is running.
-        db.migrate("snapshots", [self._schema, "ALTER TABLE snapshots ADD COLUMN runner TEXT"])
+        # ``ran``: what an approved row's calls did, recorded as they start and end (see :meth:`ran`).
+        db.migrate("snapshots", [self._schema, "ALTER TABLE snapshots ADD COLUMN runner TEXT",
+                                 "ALTER TABLE snapshots ADD COLUMN ran TEXT"])
 
     @staticmethod
     def _schema(db: Tx) -> None:
@@ -199,6 +202,25 @@ class SnapshotStore:
             return cur.rowcount == 1
 
         return await self.db.run(work)
+
+    async def ran(self, snapshot_id: str, call: str, result: str | None = None) -> None:
+        """Record on an approved row that ``call`` (as :func:`describe_call` shows it) starts, or ended with
+        ``result``: a run broken off after it is reported as run (or maybe run), never as not run."""
+        def work(db: Tx) -> None:
+            found = db.execute("SELECT ran FROM snapshots WHERE id = ? AND status = 'approved'",
+                               [snapshot_id]).fetchone()
+            if found is None:
+                return
+            calls: list[dict[str, str]] = json.loads(found[0]) if found[0] else []
+            started = next((c for c in reversed(calls) if c["call"] == call and "result" not in c), None)
+            if result is None or started is None:
+                calls.append({"call": call})
+                started = calls[-1]
+            if result is not None:
+                started["result"] = result
+            db.execute("UPDATE snapshots SET ran = ? WHERE id = ?", [json.dumps(calls, ensure_ascii=False), snapshot_id])
+
+        await self.db.transaction(work)
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
         """A chat's new id: its paused runs (their codes, answers and callers) follow it, signed anew;

@@ -629,3 +629,157 @@ async def test_an_answer_reaches_the_question_behind_the_askers_own_newer_confir
     assert ASKS == ["100"] and (await ch.wait_sent(3))[2].text == "收到：100"
     assert [r["kind"] for r in await bot.approvals.store.pending(bot.clock())] == ["approval"]  # /wipe still waits
     assert RUNS == []
+
+
+async def test_a_stop_right_after_an_approved_call_ran_reports_it_ran_never_to_ask_again(
+        make_bot: Any, tmp_path: Path) -> None:
+    """A deploy stops the bot while the model's turn after an approved transfer is still out: the requester
+    hears it ran (asking again would pay twice), at the stop or at the next start, never "请重新发起"."""
+
+    async def slow_after_tool(req: ModelRequest) -> ModelResponse:
+        if not any(m["role"] == "tool" for m in req.messages):
+            return call("transfer", {"amount": 42})
+        await asyncio.sleep(60)  # a slow provider: the stop does not wait for it
+        return text("已转账")
+
+    data = tmp_path / "d"
+    bot, ch = await start_bot(make_bot, ScriptedModel(slow_after_tool), data_dir=data)
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await ch.inject(f"/approve {code}", user=ADMIN)
+    async with asyncio.timeout(5):
+        while RUNS != [("transfer", 42)]:
+            await asyncio.sleep(0.01)
+    await bot.stop(flush_timeout_s=0.3)
+    bot2, ch2 = await start_bot(make_bot, ScriptedModel(after_tool("完成")), data_dir=data, start=False)
+    bot2.leases.leases.holder = "the-next-process"
+    await bot2.start()
+    await bot2.outbox.flush()  # (a start reports what it finds at once)
+    said = [m.text for m in [*ch.sent, *ch2.sent]]
+    assert RUNS == [("transfer", 42)]
+    assert not any("重新发起" in t for t in said), said
+    assert sum("已经执行" in t and "transfer(amount=42)" in t for t in said) == 1, said
+
+
+def wipe_plugin(confirm: str, unavailable: str | None = None) -> Plugin[Any]:
+    @tool_function(name="wipe", confirm=confirm)  # type: ignore[arg-type]
+    async def wipe_notes(ctx: ToolContext[object]) -> ToolResult:
+        """Delete the group's notes."""
+        RUNS.append(("wipe", 0))
+        return ToolResult.reply("已清空群笔记")
+
+    async def setup(bot: Any) -> object:
+        return bot
+
+    return Plugin("notes", Toolset("notes", [wipe_notes]), setup=setup,
+                  unavailable=(lambda deps: unavailable) if unavailable else None)
+
+
+async def test_an_approved_command_whose_tool_now_needs_an_admin_waits_for_one(make_bot: Any, tmp_path: Path) -> None:
+    """/wipe paused for the requester's own yes; the tool then became confirm="admin" (a restart): their
+    yes no longer runs it, an admin's approval does; a tool unavailable since is not run either."""
+    data, admins = tmp_path / "d", {"admins": [f"memory:{ADMIN}"]}
+    bot, ch = await make_bot(None, plugins=[wipe_plugin("requester")], data_dir=data, bot=admins)
+    await ch.inject("/wipe", user="u1")
+    code = code_in((await ch.wait_sent(1))[0].text)
+    await ch.inject("/wipe", user="u1", message_id="second")
+    second = code_in((await ch.wait_sent(2))[1].text)
+    await bot.stop(flush_timeout_s=0.3)
+    bot, ch = await make_bot(None, plugins=[wipe_plugin("admin")], data_dir=data, bot=admins)
+    await ch.inject(f"/approve {code}", user="u1", message_id="b2-1")
+    await bot.approvals.idle()
+    await bot.outbox.flush()
+    assert RUNS == []
+    again = next(m.text for m in ch.sent if "需要管理员批准" in m.text)
+    await ch.inject(f"/approve {code_in(again)}", user=ADMIN, message_id="b2-2")
+    await bot.approvals.idle()
+    await ch.wait_sent(5)
+    assert RUNS == [("wipe", 0)] and "已清空群笔记" in [m.text for m in ch.sent]
+    await bot.stop(flush_timeout_s=0.3)
+    RUNS.clear()
+    bot, ch = await make_bot(None, plugins=[wipe_plugin("requester", unavailable="没有配置 API key")],
+                             data_dir=data, bot=admins)
+    await ch.inject(f"/approve {second}", user="u1", message_id="b3-1")
+    await bot.approvals.idle()
+    sent = await ch.wait_sent(2)
+    assert RUNS == [] and any("暂不可用" in m.text for m in sent)
+
+
+async def test_a_run_paused_in_a_chat_the_gate_now_ignores_ends_without_the_model_or_a_message_there(
+        make_bot: Any, tmp_path: Path) -> None:
+    """The owner closed the group ([gate] allowlist) after runs paused there: an approval runs nothing and
+    tells the approver; a question's timeout asks no model; nothing goes into the group."""
+    ASKS.clear()
+    now = [datetime.now(UTC)]
+
+    def script(req: ModelRequest) -> ModelResponse:
+        if "约" in str(req.messages[-1].get("content")):
+            return call("ask_user", {"tip": "几点开会？", "timeout_s": 60})
+        return after_tool("完成")(req) if not ASKS else text("-")
+
+    data = tmp_path / "d"
+    bot, ch = await start_bot(make_bot, ScriptedModel(script), data_dir=data, gate={"allowlist": ["memory:g1"]})
+    bot.clock = lambda: now[0]
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    code = code_in((await ch.wait_sent(2))[0].text)
+    await ch.inject("帮我约个会", at_bot=True, user="u2")
+    await ch.wait_sent(3)
+    await bot.stop(flush_timeout_s=0.3)
+    model = ScriptedModel(script)
+    bot, ch = await start_bot(make_bot, model, data_dir=data, gate={"allowlist": ["memory:g2"]}, start=False)
+    bot.clock = lambda: now[0]
+    await bot.start()
+    admin_dm = ch.chat(ADMIN, kind="private")
+    await ch.inject(f"/approve {code}", user=ADMIN, chat=admin_dm, message_id="b2-1")
+    await bot.approvals.idle()
+    [answer] = await ch.wait_sent(1)
+    assert answer.chat == admin_dm and "没有执行" in answer.text
+    now[0] += timedelta(seconds=61)  # the question times out
+    await bot.approvals.expire_due()
+    await bot.approvals.idle()
+    await bot.outbox.flush()
+    assert RUNS == [] and model.requests == [] and len(ch.sent) == 1
+    statuses = await bot.db.run(lambda db: [r[0] for r in db.execute("SELECT status FROM snapshots")])
+    assert "pending" not in statuses and "approved" not in statuses
+
+
+async def test_a_reply_tools_message_sent_at_the_pause_is_not_sent_again_when_the_run_resumes(make_bot: Any) -> None:
+    """A note (its own reply) and a transfer in one turn: the note's message went out with the pause; the
+    approval and a second pause do not repeat it."""
+    from .conftest import note
+
+    def script(req: ModelRequest) -> ModelResponse:
+        done = [m for m in req.messages if m["role"] == "tool"]
+        if not done:
+            return call("note", {"text": "买牛奶"}, ("transfer", {"amount": 42}))
+        if len(done) == 2:
+            return call("transfer", {"amount": 7})
+        return text("转账完成")
+
+    bot, ch = await make_bot(ScriptedModel(script), plugins=[Plugin("risky", Toolset("risky", [transfer, note]))],
+                             bot={"admins": [f"memory:{ADMIN}"]})
+    await ch.inject("记下买牛奶并转 42", at_bot=True, user="u1")
+    for amount in (42, 7):
+        await bot.outbox.flush()
+        ask = next(m for m in ch.sent if f"amount={amount}" in m.text and m.mention == ("u1",))
+        await ch.inject(f"/approve {code_in(ask.text)}", user=ADMIN)
+        await bot.approvals.idle()
+    await bot.outbox.flush()
+    texts = [m.text for m in ch.sent]
+    assert RUNS == [("transfer", 42), ("transfer", 7)] and "转账完成" in texts
+    assert sum("noted for" in t for t in texts) == 1, texts
+
+
+async def test_an_answer_reaches_the_model_after_ask_user_was_turned_off(make_bot: Any, tmp_path: Path) -> None:
+    """A question waits; the owner sets [approvals] ask_user = false and restarts: the answer still resolves
+    the question the run paused at (the model hears it, not "Unknown tool")."""
+    ASKS.clear()
+    data = tmp_path / "d"
+    bot, ch = await start_bot(make_bot, ScriptedModel(asking_model), data_dir=data)
+    await ch.inject("帮我约个会", at_bot=True, user="u1")
+    assert (await ch.wait_sent(1))[0].text == "几点开会？"
+    await bot.stop(flush_timeout_s=0.3)
+    bot, ch = await start_bot(make_bot, ScriptedModel(asking_model), data_dir=data, approvals={"ask_user": False})
+    await ch.inject("下午三点", user="u1", message_id="b2-1")
+    await bot.approvals.idle()
+    assert ASKS == ["下午三点"] and (await ch.wait_sent(1))[0].text == "收到：下午三点"

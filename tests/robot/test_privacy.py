@@ -8,9 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, Field
 
 import reminders
-from function_calls import ModelRequest, ModelResponse, tokens
+from function_calls import (
+    ModelRequest,
+    ModelResponse,
+    ToolContext,
+    ToolResult,
+    Toolset,
+    tokens,
+    tool_function,
+)
 from function_calls.testing import ScriptedModel, call, text
 from robot import ForgetRequest, Forgetter, history
 from robot.cli import main
@@ -331,3 +340,55 @@ async def test_a_reply_still_waiting_to_go_out_never_goes_after_forget_me(make_b
     await until(lambda: any("已删除" in m.text or "删除" in m.text for m in ch.sent))
     await bot.outbox.flush()
     assert not [m.text for m in ch.sent if SECRET in m.text or SECRET_ZH in m.text]
+
+
+class Amount(BaseModel):
+    amount: int = Field(ge=0)
+
+
+TRANSFERRED: list[int] = []
+
+
+@tool_function(confirm="admin")
+async def transfer(ctx: ToolContext[object], args: Amount) -> ToolResult:
+    """Move money (an admin must approve)."""
+    TRANSFERRED.append(args.amount)
+    return ToolResult(content=f"transferred {args.amount}")
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
+async def test_forget_me_takes_their_words_out_of_another_members_paused_run(make_bot: Any, tmp_path: Path,
+                                                                             request: pytest.FixtureRequest,
+                                                                             storage: str) -> None:
+    """u1's transfer waits for an admin, its frozen conversation quoting u2 (and the bot's reply to them):
+    u2's /forget me takes both out of it; approved, the run goes on without them."""
+    TRANSFERRED.clear()
+
+    def script(req: ModelRequest) -> ModelResponse:
+        if "转" in str(req.messages[-1].get("content")):
+            return call("transfer", {"amount": 42})
+        return text("完成") if req.messages[-1]["role"] == "tool" else echo(req)
+
+    sections: dict[str, Any] = {"storage": {"url": request.getfixturevalue("pg_url")}} if storage != "sqlite" else {}
+    model = ScriptedModel(script)
+    bot, ch = await make_bot(model, plugins=[Plugin("risky", Toolset("risky", [transfer]))], data_dir=tmp_path / "d",
+                             bot={"admins": ["memory:9"]}, **sections)
+    await ch.inject(f"记一下 {SECRET}", at_bot=True, user="u2")  # the bot's reply quotes it
+    await ch.inject("转 42 块", at_bot=True, user="u1")
+    ask = next(m.text for m in await ch.wait_sent(3) if m.mention == ("u1",))
+    code = ask.split("/approve ")[1][:5]
+
+    def states(db: Any) -> list[str]:
+        return [str(r[0]) for r in db.execute("SELECT state FROM snapshots").fetchall()]
+
+    assert SECRET in "".join(await bot.db.run(states))  # frozen with the run: the test can see it
+    await ch.inject("/forget me", user="u2")
+    await ch.wait_sent(4)
+    assert SECRET not in "".join(await bot.db.run(states))
+    asked = len(model.requests)
+    await ch.inject("/approve " + code, user="9")
+    await bot.approvals.idle()
+    await ch.wait_sent(6)
+    assert TRANSFERRED == [42] and "完成" in [m.text for m in ch.sent]  # signed anew: it resumed
+    assert not any(SECRET in str(m.get("content")) for r in model.requests[asked:] for m in r.messages)
+    assert SECRET not in "".join(await bot.db.run(states))
