@@ -170,11 +170,11 @@ class Pipeline:
                                 .format(*ident), exc, idempotent=True)
 
     def _for_model(self, message: Message) -> bool:
-        """Whether the model is likely to answer ``message`` (addressed, not a command; no database)."""
+        """Whether the model is likely to answer ``message`` (answered, not as a command; no database)."""
         if self.bot.router is None or message.from_bot:
             return False
-        answer, _, text = self.gate(message)
-        return answer and parse_command(text) is None
+        answer, explicit, text = self.gate(message)
+        return answer and bool(text.strip()) and not (explicit and parse_command(text) is not None)
 
     async def _handle(self, message: Message, context: list[HistoryEntry] | None = None) -> None:
         bot = self.bot
@@ -192,9 +192,11 @@ class Pipeline:
         replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(
             message.chat, str(message.reply_to))
         answer, explicit, text = self.gate(message, replied_to_bot=replied)
-        if not answer:
+        # Unaddressed (a [gate] always group) a line is the model's alone: "/usr/bin/…", "/shrug" are talk, not
+        # unknown commands, and without a model it is left alone rather than told "no model" line after line.
+        if not answer or not (explicit or (bot.router is not None and text.strip())):
             return
-        command = parse_command(text)
+        command = parse_command(text) if explicit else None
         # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
         if message.platform not in bot.settings.limits.exempt_platforms:
             chat_key, user_key, is_command = message.chat.group_key, message.qualified_sender, command is not None

@@ -207,6 +207,37 @@ async def test_per_group_gate_overrides(make_bot: Any) -> None:
     assert sent.text == "re: plain talk" and sent.chat == G2
 
 
+async def test_an_unknown_slash_word_in_an_always_group_is_talk_for_the_model(make_bot: Any) -> None:
+    """It was answered "没有 /usr/bin/python3 这个命令" and never reached the model answering every other line."""
+    model = echo_model()
+    bot, ch = await make_bot(model, gate={"always": ["memory:g2"]})
+    await ch.inject("/usr/bin/python3 怎么升级？", chat=G2)
+    await ch.inject("/shrug", chat=G2)
+    await ch.inject("/n tea", chat=G2)  # a known command still runs as one
+    await ch.inject("/nosuch", chat=G2, at_bot=True)  # and asked of the bot, an unknown one is still told so
+    await ch.inject("/nosuch", chat=P1)
+    sent = await ch.wait_sent(5)
+    await bot.outbox.flush()
+    assert sorted(m.text for m in ch.sent) == sorted([
+        "re: /usr/bin/python3 怎么升级？", "re: /shrug", "noted for u1: tea x1",
+        "没有 /nosuch 这个命令。发送 /help 查看可用命令。", "没有 /nosuch 这个命令。发送 /help 查看可用命令。"])
+    assert len(sent) == 5 and len(model.requests) == 2
+
+
+async def test_without_an_llm_an_always_group_is_told_only_when_it_asks(make_bot: Any) -> None:
+    """Every line of an always group got the "no model yet" notice: 5 lines of chat, 5 replies."""
+    bot, ch = await make_bot(None, gate={"always": ["memory:g2"]},
+                             limits={"user_burst": 1, "chat_burst": 1, "user_per_minute": 1})
+    for i in range(5):
+        await ch.inject(f"大家晚上好 {i}", chat=G2, user=f"m{i}")
+    await ch.inject("/shrug", chat=G2)
+    await bot.outbox.flush()
+    assert ch.sent == []  # neither the notice nor a "too fast" one: nobody asked the bot anything
+    await ch.inject("在吗？", chat=G2, user="m9", at_bot=True)
+    await ch.inject("在吗？", chat=P1, user="m8")
+    assert [m.text for m in await ch.wait_sent(2)] == [NO_LLM_REPLY, NO_LLM_REPLY]
+
+
 async def test_allowlist_limits_groups_not_private_chats(make_bot: Any) -> None:
     _bot, ch = await make_bot(echo_model(), gate={"allowlist": ["memory:g1"]})
     await ch.inject("outside", chat=G2, at_bot=True)
