@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     tools = sub.add_parser("tools", parents=[common], help="list the loaded tools",
                            description="List the loaded tools with their commands and flags.")
     tools.add_argument("--json", action="store_true", help="print the OpenAI tool definitions as JSON")
-    tools.add_argument("--strict", action="store_true", help="with --json: the strict-mode variant")
+    tools.add_argument("--strict", action="store_true", help="with --json (needed): the strict-mode variant")
     init = sub.add_parser("init", parents=[common], help="write a commented qunbot.toml",
                           description="Write a commented qunbot.toml with every key and its default.")
     init.add_argument("--path", default=None, help="where to write it ('-' for stdout; default: --config, "
@@ -187,6 +187,9 @@ def _describe(tool: Tool) -> list[str]:
 
 
 def _tools(settings: Settings, as_json: bool, strict: bool) -> int:
+    if strict and not as_json:  # (accepted, and it did nothing)
+        print("error: --strict needs --json", file=sys.stderr)
+        return 2
     merged = Toolset("bot")  # as the bot merges them: a tool two plugins offer is an error, not listed twice
     for plugin in load_plugins(settings):
         merged = merged.merge(plugin.tools)
@@ -216,6 +219,13 @@ def _init(path: str, force: bool) -> int:
         sys.stdout.write(builtin_template())
         return 0
     target = Path(path)
+    # `.` ended in a traceback, and `newdir/` (meant as a folder) wrote a file named newdir
+    if path.endswith(("/", os.sep, "/.", f"{os.sep}.")) or target.name in ("", "..") or target.is_dir():
+        print(f"error: {path} names a folder; name the file, e.g. {target / 'qunbot.toml'}", file=sys.stderr)
+        return 2
+    if target.exists() and not target.is_file():  # --force renamed the config over a device or a pipe
+        print(f"error: {target} is not a regular file; name another path", file=sys.stderr)
+        return 2
     if target.exists() and not force:
         print(f"error: {target} exists; use --force to overwrite", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@ ports, checked one by one; each problem is one line and the rest is still checke
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import tempfile
 from pathlib import Path
@@ -13,7 +14,7 @@ from robot.bot import Bot
 from robot.channels.telegram.settings import TelegramSettings
 from robot.config import ConfigError, Settings
 from robot.config_file import load_plugins
-from robot.doctor_storage import storage_checks
+from robot.doctor_storage import storage_checks, weixin_logins
 from robot.plugin import PluginError
 from robot.redact import redact_text, redact_url
 
@@ -52,6 +53,27 @@ async def _telegram(settings: TelegramSettings) -> tuple[bool, str, str]:
             return False, "channel telegram", f"cannot reach {redact_url(settings.api_base)}: {type(exc).__name__}"
     name = me.get("username") if isinstance(me, dict) else None
     return True, "channel telegram", f"@{name or '?'} answers at {redact_url(settings.api_base)}"
+
+
+async def _weixin(settings: Settings) -> tuple[bool, str, str]:
+    """Whom ``qunbot run`` would serve on personal WeChat: it starts with no account, and only logs it."""
+    from robot.channels.weixin import WeixinState
+
+    cfg, what = settings.channels.weixin, "channel weixin"
+    root = cfg.state_dir or settings.bot.data_dir / "weixin"
+    # Files an older qunbot left are imported at the next start: they count as logged in
+    logged = {a.bot_id for a in await asyncio.to_thread(WeixinState(root).load_accounts_sync)}
+    try:
+        logged |= await weixin_logins(settings)
+    except Exception as exc:  # (the storage line says why; no text: it may quote a DSN)
+        return False, what, f"cannot read the logins from the database ({type(exc).__name__})"
+    missing = sorted(set(cfg.accounts) - logged)
+    if missing:
+        return False, what, (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not logged in "
+                             f"(logged in: {', '.join(sorted(logged)) or 'none'}): run `qunbot login weixin`")
+    if not logged:
+        return False, what, "no account is logged in: run `qunbot login weixin`"
+    return True, what, f"serves {', '.join(sorted(set(cfg.accounts) or logged))}"
 
 
 async def doctor(settings: Settings, source: Path | None) -> int:
@@ -135,5 +157,7 @@ async def doctor(settings: Settings, source: Path | None) -> int:
             report(False, "channel onebot", f"cannot connect to {redact_url(ch.onebot.url)}: {type(exc).__name__}")
     if ch.telegram.enabled:
         report(*await _telegram(ch.telegram))
+    if ch.weixin.enabled:
+        report(*await _weixin(settings))
     print("all good" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0

@@ -23,7 +23,7 @@ from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso
 from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.postgres import redact_dsn
 
-__all__ = ["Check", "storage_checks", "waiting_sync"]
+__all__ = ["Check", "storage_checks", "waiting_sync", "weixin_logins"]
 
 T = TypeVar("T")
 
@@ -120,6 +120,25 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
         checks.append(Check(False, "outbox", f"{row['n']} message(s) for {row['platform']} wait for {why} "
                                              f"(oldest queued {row['oldest'][:19]})"))
     return checks
+
+
+async def weixin_logins(settings: Settings) -> set[str]:
+    """The Weixin bot ids logged in in the database (none before its first start).
+
+    Only the ids are read, never the sealed values: whether this data_dir's ``secret.key`` opens them
+    is the ``secret.key`` line's business.
+    """
+    db = settings.storage.engine(settings.bot.data_dir)
+    if isinstance(db, SQLiteDatabase) and not await asyncio.to_thread(Path(db.path).is_file):
+        return set()
+    await db.open()
+    try:
+        none: list[dict[str, Any]] = []
+        rows = await _read(db, lambda tx: tx.query(
+            "SELECT account FROM channel_state WHERE platform = 'weixin' AND key = 'account'"), none)
+    finally:
+        await db.close()
+    return {str(r["account"]) for r in rows}
 
 
 async def _key_check(path: Path, stored: str | None) -> Check:

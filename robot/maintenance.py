@@ -153,14 +153,25 @@ def backup(settings: Settings, target: str, force: bool) -> int:
     if not source.is_file():
         print(f"error: no database at {source} (is [bot] data_dir right?)", file=sys.stderr)
         return 2
-    if dest.exists() and dest.resolve() in {source.resolve(), *(source.with_name(source.name + x).resolve()
-                                                              for x in ("-wal", "-shm"))}:
+    where = dest.resolve()
+    if where in {source.resolve(), *(source.with_name(source.name + x).resolve()
+                                     for x in ("-wal", "-shm", "-journal", ".lock"))}:
         # --force swapped the live database (its WAL left behind): corrupt at the next read
-        print(f"error: {dest} is the database itself; back it up to another file", file=sys.stderr)
+        print(f"error: {dest} is the database itself or one of its files; back it up to another file",
+              file=sys.stderr)
+        return 2
+    data_dir = settings.bot.data_dir.resolve()
+    if where == data_dir or data_dir in where.parents:
+        # --force made secret.key an SQLite file (the next start refused), or replaced a running bot's lock
+        print(f"error: {dest} is inside [bot] data_dir ({settings.bot.data_dir}), among the bot's own files; "
+              "write the backup elsewhere", file=sys.stderr)
         return 2
     if dest.is_dir():
         print(f"error: {dest} is a directory; name the backup file, e.g. {dest / 'qunbot-backup.sqlite3'}",
               file=sys.stderr)
+        return 2
+    if dest.exists() and not dest.is_file():  # a device or a pipe: renamed away by --force
+        print(f"error: {dest} is not a regular file; name a new file or an older backup", file=sys.stderr)
         return 2
     if dest.exists() and not force:
         print(f"error: {dest} exists; use --force to overwrite", file=sys.stderr)
