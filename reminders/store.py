@@ -13,8 +13,10 @@ Errors::
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import re
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, get_args
@@ -58,6 +60,12 @@ class LimitError(ReminderError):
     """Too many reminders (per person or chat) or created too quickly."""
 
 
+def _id_text(typed: str) -> str:
+    """A reminder id as a person typed it, as stored: NFKC folds an IME's full-width ``＃`` and
+    ``７ｂ`` to ASCII; no leading ``#``, lower case."""
+    return unicodedata.normalize("NFKC", typed).strip().lstrip("#").lower()
+
+
 def _rows(db: Tx, where: str, params: list[Any]) -> list[Reminder]:
     """The reminders ``WHERE ...`` (and any ORDER BY, LIMIT, FOR UPDATE) selects: their columns named
     (a v0.1 file's table has its later columns elsewhere), read as tuples (a burst reads thousands)."""
@@ -90,8 +98,9 @@ class ReminderStore:
                     now: datetime) -> Reminder:
         """Check the limits and insert, in the caller's transaction (so two requests cannot race).
 
-        Returns the stored reminder: the one made earlier by the same request (same ``source``),
-        if any, else ``reminder``.
+        Returns the stored reminder: the one made earlier by the same request (same ``source``), or
+        for a command, the chat's active one running the same command on the same schedule (typed
+        twice, or by two of a group's admins: its reply would be posted twice), if any, else ``reminder``.
         """
         if db.dialect == "postgresql":
             # Other processes create too: the counts below hold only while nobody else adds for this
@@ -102,6 +111,13 @@ class ReminderStore:
             earlier = _rows(db, "WHERE source = ?", [reminder.source])
             if earlier:
                 return earlier[0]
+        if reminder.mode == "command":
+            # Under the chat's lock above (PostgreSQL) or the one writer (SQLite): two creates cannot both miss it.
+            when = operator.attrgetter("account", "type", "wall", "zone", "weekday")
+            for twin in _rows(db, "WHERE chat = ? AND status = 'active' AND mode = 'command' AND content = ?",
+                              [reminder.chat, reminder.content]):
+                if when(twin) == when(reminder):
+                    return twin
 
         def count(sql: str, params: list[Any]) -> int:
             return int(db.execute(sql, params).fetchone()[0])
@@ -258,9 +274,10 @@ class ReminderStore:
         """Active reminders whose id starts with ``prefix``: ``owner``'s, or anyone's when ``owner`` is None;
         with ``chat``, that chat's only (chosen before the first 20 are: another chat's could crowd them out).
 
-        ``prefix`` may carry a leading ``#`` and any case; anything but hex matches nothing.
+        ``prefix`` may carry a leading ``#`` and any case, typed full-width too (``＃７ｂ``, as a Chinese
+        IME gives it); anything but hex matches nothing.
         """
-        text = prefix.strip().lstrip("#").lower()
+        text = _id_text(prefix)
         if not _HEX.fullmatch(text):
             return []
         # Every id with this prefix sorts in [prefix, prefix + "g"): the primary key index serves it.

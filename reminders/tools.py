@@ -12,6 +12,7 @@ owner/admins, otherwise the caller's own ones there.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 
@@ -241,7 +242,7 @@ async def reminder_delete(ctx: ToolContext[ReminderDeps], args: DeleteArgs) -> T
     """删除提醒 (delete one of the asking person's reminders by the id reminder_list shows, or a unique
     prefix; 'all' = every reminder they may delete in this chat)."""
     deps, caller = ctx.deps, ctx.caller
-    wanted = args.reminder_id.strip()
+    wanted = unicodedata.normalize("NFKC", args.reminder_id).strip()  # an IME's ＃７ｂ and ａｌｌ are #7b, all
     if wanted.lower() in _ALL:
         if ctx.via != "command" and caller.is_admin:
             # Clearing a whole chat is for a person to type, not for a model to infer from chat text.

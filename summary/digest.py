@@ -8,11 +8,12 @@ hears that it was sent.
 reminders plugin's ``reminder_set`` tool (resolved by ``bot.call_tool``, never imported): at its
 time the reminders scheduler runs the stored ``/summary`` as its owner and delivers the reply in
 its firing transaction, so digests survive restarts, show in ``/reminders`` and stop with
-``/unremind``. In a group (admins only) the digest covers the time since the group's last
-summary. With ``to me`` (or from a private chat with ``#<group>``) the reminder lives in the
-owner's private chat and stores ``/summary #<group> hours=<time since the previous digest>``,
-checked again at every run: the owner must still be a bot admin or, by their newest message in
-the group, one of its admins.
+``/unremind``. A time the chat already has a digest at is answered with that one's id (the
+reminders store keeps one command-mode reminder per chat, command and schedule). In a group
+(admins only) the digest covers the time since the group's last summary. With ``to me`` (or
+from a private chat with ``#<group>``) the reminder lives in the owner's private chat and stores
+``/summary #<group> hours=<time since the previous digest>``, checked again at every run: the
+owner must still be a bot admin or, by their newest message in the group, one of its admins.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ _CLOCK = re.compile(r"^([01]?\d|2[0-3])[:：]([0-5]\d)$")
 
 
 def schedule_words(args: SummaryArgs) -> None:
-    """Read "[#group] [daily HH:MM ...] [to me]" typed as a command line into the fields."""
+    """Read "[#group] [daily HH:MM ...] [to me]" typed as a command line into the fields.
+
+    Its ValueErrors are shown to the person as they are (the plugin's language, Chinese, like the
+    other checks of :class:`~summary.tools.SummaryArgs`)."""
     words = (args.period or "").split()
     if [w.lower() for w in words[-2:]] == ["to", "me"]:
         args.to_me, words = True, words[:-2]
@@ -47,22 +51,22 @@ def schedule_words(args: SummaryArgs) -> None:
         args.to_me, words = True, words[:-1]
     if len(words) > 1 and words[0][:1] in "#＃" and args.group is None:
         if not _GROUP.fullmatch(words[0][1:]):
-            raise ValueError(f"not a group id: {words[0]!r}")
+            raise ValueError(f"群号「{words[0][:20]}」不对：# 后面直接写群号，例如 #123456")
         args.group, words = words[0][1:], words[1:]
     if words and words[0].lower() in _DAILY:
         args.daily_at, words = [*(args.daily_at or []), *words[1:]], []
         if not args.daily_at:
-            raise ValueError("daily needs at least one time, e.g. /summary daily 22:00")
+            raise ValueError("daily 后面要写时间，例如 /summary daily 22:00")
     args.period = " ".join(words) or None
     if args.daily_at is not None:
         times = []
         for raw in args.daily_at:
             found = _CLOCK.match(raw.strip())
             if found is None:
-                raise ValueError(f"not a time of day: {raw!r}; use HH:MM, e.g. 22:00")
+                raise ValueError(f"时间「{raw.strip()[:20]}」不对：请写 HH:MM，例如 22:00")
             times.append(f"{int(found[1]):02d}:{found[2]}")
         if not 1 <= len(set(times)) <= 6:
-            raise ValueError("give 1 to 6 times a day")
+            raise ValueError("每天最多 6 个时间")
         args.daily_at = sorted(set(times))
 
 

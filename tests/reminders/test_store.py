@@ -117,6 +117,7 @@ async def test_match_by_prefix_is_scoped_to_the_owner(store: ReminderStore) -> N
     await store.db.run(lambda db: ReminderStore.insert_sync(db, [mine, theirs]))
     assert [r.id for r in await store.match("ABC", owner="memory:u1")] == [mine.id]
     assert [r.id for r in await store.match("#abc1", owner="memory:u1")] == [mine.id]
+    assert [r.id for r in await store.match("＃ＡＢＣ１", owner="memory:u1")] == [mine.id]  # typed full-width
     assert await store.match("abc2", owner="memory:u1") == []
     assert {r.id for r in await store.match("abc", owner=None)} == {mine.id, theirs.id}
     assert await store.match("x'; DROP TABLE reminders; --", owner=None) == []
@@ -293,6 +294,25 @@ async def test_the_same_request_twice_stores_one_reminder(store: ReminderStore) 
     stored = await asyncio.gather(store.create(first, ReminderSettings(), NOW),
                                   store.create(again, ReminderSettings(), NOW))
     assert stored[0].id == stored[1].id and len(await store.for_chat(GROUP)) == 1
+
+
+async def test_the_same_command_at_the_same_time_in_a_chat_is_stored_once(store: ReminderStore) -> None:
+    # "/summary daily 22:00" typed twice, or by two of the group's admins at once (on PostgreSQL on
+    # several connections, as from several processes): the group would get its digest twice.
+    def digest(owner: str = "memory:u1", **changes: object) -> Reminder:
+        return dataclasses.replace(make(owner=owner), **{"mode": "command", "content": "/summary", **changes})
+
+    limits = ReminderSettings()
+    stored = await asyncio.gather(*(store.create(digest(f"memory:a{i % 2}"), limits, NOW) for i in range(4)))
+    assert len({r.id for r in stored}) == 1 and len(await store.for_chat(GROUP)) == 1
+    # Another time, day, command or chat, or a plain text reminder, is another reminder.
+    for other in (digest(wall="10:00:00"), digest(type="weekly", weekday=0), digest(content="/summary #g2 hours=24"),
+                  digest(chat="memory:group:g2"), digest(mode="text"), digest(mode="text")):
+        assert (await store.create(other, limits, NOW)).id == other.id
+    assert (await store.create(digest(), limits, NOW)).id == stored[0].id
+    await store.delete(stored[0].id, NOW)  # once deleted, it may be set again
+    again = digest()
+    assert (await store.create(again, limits, NOW)).id == again.id
 
 
 async def test_a_claimed_occurrence_is_skipped_by_a_second_claim(store: ReminderStore) -> None:

@@ -140,6 +140,22 @@ async def test_delete_by_short_id_full_id_and_the_reminder_never_fires(start: St
     assert report.delivered == report.missed == 0
 
 
+def full_width(text: str) -> str:
+    """``text`` as a Chinese IME types it: every ASCII character in its full-width form (＃７ｂ...)."""
+    return text.translate({i: i + 0xFEE0 for i in range(0x21, 0x7F)})
+
+
+async def test_an_id_typed_full_width_is_read_as_the_id(start: Start) -> None:
+    chat = await start()
+    first = short_id(await chat.say("/remind daily 08:00 喝水"))
+    second = short_id(await chat.say("/remind daily 09:00 跑步"))
+    assert (await chat.say(f"/unremind ＃{first}")).startswith(f"已删除提醒 #{first} [本群] 每天 08:00")
+    assert (await chat.say(f"/unremind {full_width('#' + second)}")).startswith(f"已删除提醒 #{second} [本群]")
+    await chat.say("/remind daily 10:00 游泳")
+    assert await chat.say(f"/unremind {full_width('all')}") == "已删除你在本群的全部 1 个提醒。"
+    assert await chat.deps.store.for_owner("memory:u1") == []
+
+
 async def test_ambiguous_and_unknown_ids_list_the_callers_candidates(
     start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:

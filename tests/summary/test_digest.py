@@ -78,6 +78,17 @@ def test_schedule_words_and_gaps() -> None:
     assert gaps(["22:00", "12:00", "18:30"]) == {"12:00": 14, "18:30": 6.5, "22:00": 3.5}
 
 
+async def test_a_bad_schedule_is_explained_in_chinese(tmp_path: Path) -> None:
+    # [bot] language defaults to "zh": the line saying what is wrong is Chinese, like its frame.
+    async with running(tmp_path, Clock()) as (_bot, ch):
+        for line, why in [("/summary daily 25:00", "时间「25:00」不对：请写 HH:MM，例如 22:00"),
+                          ("/summary daily", "daily 后面要写时间，例如 /summary daily 22:00"),
+                          ("/summary daily 1:00 2:00 3:00 4:00 5:00 6:00 7:00", "每天最多 6 个时间"),
+                          ("/summary #a#b daily 22:00", "群号「#a#b」不对")]:
+            reply = (await say(ch, line, role="admin"))[0].text
+            assert reply.startswith("参数有误：\n- 参数：") and why in reply, reply
+
+
 async def test_a_daily_digest_survives_a_restart_lists_as_a_reminder_and_is_cancelled(tmp_path: Path) -> None:
     clock = Clock()
     model = ScriptedModel(lambda r: text("今天的总结：周六爬山"))
@@ -109,6 +120,29 @@ async def test_a_daily_digest_survives_a_restart_lists_as_a_reminder_and_is_canc
         report = await deps.service.fire_due(clock.now)
         await bot.outbox.flush()
         assert report.delivered == 0 and len(ch.sent) == count
+
+
+async def test_the_same_digest_scheduled_again_is_the_one_already_set(tmp_path: Path) -> None:
+    clock = Clock()
+    model = ScriptedModel(lambda r: text("今天的总结：周六爬山"))
+    async with running(tmp_path, clock, model) as (bot, ch):
+        await ch.inject("结论：周六去爬山", user="m1", at=sh(23, 15))
+        first = (await say(ch, "/summary daily 22:00", role="admin"))[0].text
+        again = (await say(ch, "/summary daily 22:00", role="admin"))[0].text
+        other = (await say(ch, "/summary daily 22:00", user="a2", role="owner"))[0].text  # another admin
+        short = first.split("#", 1)[1].split(" ", 1)[0]
+        assert f"#{short} 每天 22:00" in again and f"#{short} 每天 22:00" in other
+        mine = [(await say(ch, "/summary daily 22:00 to me", role="admin"))[0].text for _ in range(2)]
+        assert mine[0] == mine[1] and "私信发给你（群 g1）：\n#" in mine[0]  # the same id twice
+        store = bot.deps_for(reminders.reminder_set).store
+        assert len(await store.for_chat("memory:group:g1")) == 1
+        assert len(await store.for_chat("memory:private:a1")) == 1
+        before = len(ch.sent)
+        clock.now = sh(23, 22)
+        report = await bot.deps_for(reminders.reminder_set).service.fire_due(clock.now)
+        await bot.outbox.flush()
+        in_group = [m for m in ch.sent[before:] if m.chat == ch.chat("g1")]
+        assert report.delivered == 2 and len(in_group) == 1 and "周六爬山" in in_group[0].text
 
 
 async def test_a_group_admin_gets_the_digest_in_private_without_moving_the_groups_mark(tmp_path: Path) -> None:
