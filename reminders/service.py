@@ -35,7 +35,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -124,8 +124,11 @@ class ReminderService(Passes):
         if self.scheduler is not None:
             if not self.scheduler.running:
                 self.scheduler.start()
-            self.scheduler.add_job(self._refill, IntervalTrigger(seconds=max(1.0, self.horizon.total_seconds() / 2)),
-                                   id="rem:refill", replace_existing=True, misfire_grace_time=None, coalesce=True)
+            # Every trigger names UTC: without it APScheduler asks tzlocal for the host's TZ, and a POSIX one
+            # (TZ=CST-8) failed the plugin's setup.
+            self.scheduler.add_job(self._refill, IntervalTrigger(
+                seconds=max(1.0, self.horizon.total_seconds() / 2), timezone=UTC),
+                id="rem:refill", replace_existing=True, misfire_grace_time=None, coalesce=True)
         await self.fire_due(self.clock(), wait_prompts=False)
         await self.arm_window()
 
@@ -177,7 +180,7 @@ class ReminderService(Passes):
             armed += self._arm_now(upcoming[start:start + 250])
             await asyncio.sleep(0)
         if len(upcoming) >= self.max_armed:
-            self.scheduler.add_job(self._refill, DateTrigger(run_date=upcoming[-1][1]), id="rem:refill-next",
+            self.scheduler.add_job(self._refill, DateTrigger(run_date=upcoming[-1][1], timezone=UTC), id="rem:refill-next",
                                    replace_existing=True, misfire_grace_time=None, coalesce=True)
         # Whatever fell due before ``now`` (between start-up's pass and this query, say) has no job.
         due = await self.store.next_due()

@@ -14,7 +14,7 @@ __all__ = ["chat_key", "check_url", "check_zone", "clean_key", "qualified"]
 def check_zone(value: str, where: str = "") -> str:
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # ("Asia": a folder of zones, IsADirectoryError)
         raise ValueError(f"{where}unknown IANA time zone {value!r} (e.g. 'Asia/Shanghai')") from None
     return value
 

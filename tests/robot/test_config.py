@@ -132,6 +132,8 @@ def test_a_bad_plugin_value_names_the_table_and_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("toml", "needles"), [
     ("[llm\nmodel = 1\n", ["not valid TOML", "line 1"]),
     ('[bot]\ntimezone = "Mars/Olympus"\n', ["bot.timezone", "unknown IANA time zone"]),
+    ('[bot]\ntimezone = "Asia"\n', ["bot.timezone", "unknown IANA time zone 'Asia'"]),  # a folder of zones
+    ('[bot]\nzones = {"onebot:1" = "Europe"}\n', ["bot.zones", "unknown IANA time zone 'Europe'"]),
     ('[limits]\nuser_burst = "lots"\n', ["limits.user_burst", "valid integer"]),
     ('[llm]\nmodle = "gpt"\n', ["llm.modle", "Extra inputs are not permitted"]),
     ('[bot]\nadmins = ["10001"]\n', ["bot.admins", "platform-qualified"]),
