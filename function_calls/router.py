@@ -17,7 +17,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -50,7 +50,7 @@ def _fold_name(name: str, limit: int = _MAX_NAME) -> str:
 
 def said_by(user_id: str) -> re.Pattern[str]:
     """What starts a history line of ``user_id`` in a run's window (see :meth:`FunctionCallRouter.window`)."""
-    return re.compile(rf"\[\d\d:\d\d\] [^\n]*?\(id:{re.escape(_fold_name(user_id, 64))}\): ")
+    return re.compile(rf"\[(?:\d\d-\d\d )?\d\d:\d\d\] [^\n]*?\(id:{re.escape(_fold_name(user_id, 64))}\): ")
 
 
 def _fold_text(text: str) -> str:
@@ -71,9 +71,10 @@ class HistoryTurn(BaseModel):
     from_bot: bool = False
 
 
-_HEADER = re.compile(r"^(\[\d\d:\d\d\] .*\(id:)", re.MULTILINE)
+_HEADER = re.compile(r"^(\[(?:\d\d-\d\d )?\d\d:\d\d\] .*\(id:)", re.MULTILINE)
 #: A line that reads as a speaker's header, full-width and spaced variants too (checked after NFKC).
-_POSE = re.compile(r"^\s*\[\s*\d{1,2}\s*:\s*\d{2}\s*\].*\(\s*id\s*:", re.IGNORECASE)
+_POSE = re.compile(r"^\s*\[\s*(?:\d{1,4}\s*[-/.]\s*\d{1,2}\s*(?:[-/.]\s*\d{1,2}\s*)?)?\d{1,2}\s*:\s*\d{2}\s*\].*\(\s*id\s*:",
+                   re.IGNORECASE)
 
 
 def _fold_asked(text: str) -> str:
@@ -112,7 +113,7 @@ class FunctionCallRouter:
     names: dict[str, str] = field(default_factory=dict)
     #: id(turn) -> (turn, zone, content, tokens): a turn already shown (the same object, kept alive
     #: here so its id is not reused) is not formatted and counted again for the next message.
-    _shown: dict[int, tuple[HistoryTurn, str, str, int]] = field(default_factory=dict, init=False, repr=False,
+    _shown: dict[int, tuple[HistoryTurn, str, date | None, str, int]] = field(default_factory=dict, init=False, repr=False,
                                                                 compare=False)
 
     def forget_shown(self) -> None:
@@ -136,8 +137,10 @@ class FunctionCallRouter:
         approval or an answer must not reason from the time it paused at."""
         return _TIME.sub(_now(zone, now), system, count=1)
 
-    def window(self, history: Sequence[HistoryTurn], zone: ZoneInfo) -> list[dict[str, Any]]:
-        """The newest history that fits ``history_tokens``, oldest first."""
+    def window(self, history: Sequence[HistoryTurn], zone: ZoneInfo, now: datetime | None = None) -> list[dict[str, Any]]:
+        """The newest history that fits ``history_tokens``, oldest first; a line from before ``now``'s day is
+        stamped with its date ("[03-06 14:00]": Friday's "明天下午3点" read on Monday is not tomorrow)."""
+        today = now.astimezone(zone).date() if now is not None else None
         picked: list[dict[str, Any]] = []
         used = 0
         shown = self._shown
@@ -145,12 +148,12 @@ class FunctionCallRouter:
             shown.clear()
         for turn in reversed(history):
             known = shown.get(id(turn))
-            if known is not None and known[0] is turn and known[1] == zone.key:
-                content, cost = known[2], known[3]
+            if known is not None and known[0] is turn and known[1] == zone.key and known[2] == today:
+                content, cost = known[3], known[4]
             else:
-                content = self._content(turn, zone)
+                content = self._content(turn, zone, today)
                 cost = estimate_tokens(content) + 4
-                shown[id(turn)] = (turn, zone.key, content, cost)
+                shown[id(turn)] = (turn, zone.key, today, content, cost)
             if used + cost > self.history_tokens:
                 break
             used += cost
@@ -159,10 +162,11 @@ class FunctionCallRouter:
         return picked
 
     @staticmethod
-    def _content(turn: HistoryTurn, zone: ZoneInfo) -> str:
+    def _content(turn: HistoryTurn, zone: ZoneInfo, today: date | None = None) -> str:
         if turn.from_bot:  # (a reply can echo a member's text: its speaker-like lines are indented, whatever
             return _HEADER.sub(r"  | \1", "\n".join(turn.text.splitlines()))  # breaks them: \r, \u2028, \x85)
-        stamp = turn.at.astimezone(zone).strftime("%H:%M")
+        local = turn.at.astimezone(zone)
+        stamp = f"{local:%H:%M}" if today is None or local.date() == today else f"{local:%m-%d %H:%M}"
         speaker = f"{_fold_name(turn.name)}(id:{_fold_name(turn.user_id, 64)})"
         return f"[{stamp}] {speaker}: {_fold_text(turn.text)}"
 
@@ -186,9 +190,10 @@ class FunctionCallRouter:
         ``context``: extra messages (plugins' hooks, e.g. memories) between the history and the message.
         ``sent``: when the message was sent; the model is told if that was a while before now.
         """
+        now = clock()
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": self.system_prompt(caller, zone, clock(), sent)},
-            *self.window(history, zone),
+            {"role": "system", "content": self.system_prompt(caller, zone, now, sent)},
+            *self.window(history, zone, now),
             *context,
             {"role": "user", "content": _fold_asked(text)},
         ]
