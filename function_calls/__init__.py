@@ -20,7 +20,7 @@ from function_calls.model import (
     Usage,
     failed_usage,
 )
-from function_calls.router import FunctionCallRouter, HistoryTurn
+from function_calls.router import FunctionCallRouter, HistoryTurn, time_line
 from function_calls.run import RunResult, RunState, StopReason, ToolTrace
 from function_calls.schema import compact_schema, strict_schema
 from function_calls.tokens import estimate_messages, estimate_tokens
@@ -65,5 +65,6 @@ __all__ = [
     "estimate_tokens",
     "failed_usage",
     "strict_schema",
+    "time_line",
     "tool_function",
 ]
