@@ -47,6 +47,7 @@ from function_calls import (
     estimate_tokens,
 )
 from memory.dream import dream as make_dream
+from memory.nights import night_due
 from memory.settings import MemorySettings
 from memory.store import DREAM_POST, MIGRATIONS, Kind, MemoryRow, MemoryStore, describe
 from memory.strength import Rules, Strength
@@ -350,15 +351,14 @@ class MemoryService:
         return SleepReport(chat, sampled, weakened, len(dead), dream)
 
     async def nightly(self) -> list[SleepReport]:
-        """Sleep every chat whose local time passed ``sleep_time`` and that has not slept today."""
+        """Sleep every chat whose night is due (:mod:`memory.nights`) and not slept yet."""
         reports: list[SleepReport] = []
         now = self.clock()
         for chat in await self.db.run(self.store.chats):
             zone = self.bot.zone_for(ChatRef.from_key(chat)) if self.bot is not None else None
-            local = now.astimezone(zone) if zone is not None else now
-            if f"{local:%H:%M}" < self.settings.sleep_time:
+            day = night_due(now, zone, self.settings.sleep_time)  # (last night's, shortly after midnight)
+            if day is None:
                 continue
-            day = f"{local:%Y-%m-%d}"
             # Claimed first, atomically: of several processes sharing the database, one sleeps the chat.
             claimed, before = await self.db.transaction(
                 lambda db, c=chat, d=day: self.store.claim_night(db, c, d))  # type: ignore[misc]
@@ -376,7 +376,8 @@ class MemoryService:
 
     def start(self) -> None:
         """Check every ten minutes whether a chat's night has come (APScheduler, as reminders use)."""
-        self._scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": None, "coalesce": True})
+        # UTC named: without it APScheduler asks tzlocal for the host's TZ, which fails for a POSIX one (CST-8)
+        self._scheduler = AsyncIOScheduler(timezone=UTC, job_defaults={"misfire_grace_time": None, "coalesce": True})
         self._scheduler.add_job(self.nightly, "interval", minutes=10, id="memory-sleep")
         self._scheduler.start()
 

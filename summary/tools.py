@@ -52,6 +52,7 @@ from summary.window import (
     opted_out,
     parse_period,
     read_mark,
+    said_at,
     set_optout,
     split_member,
 )
@@ -166,9 +167,10 @@ class Window:
 async def _window(deps: SummaryDeps, caller: Caller, args: SummaryArgs, now: datetime, zone: ZoneInfo,
                   chat: ChatRef) -> Window:
     limit, skip = deps.settings.max_fetch, caller.message_id
-    if args.period:
+    if args.period:  # "今天" is the day the message asking was said (a kept one may be answered the next)
+        said = await said_at(deps.db, ChatRef.of(caller), caller.message_id, caller.user_id, now)
         try:
-            span = parse_period(args.period, now, zone)
+            span = parse_period(args.period, said, zone)
         except ValueError as exc:
             raise ToolError(f"bad period: {exc}", user_message=str(exc)) from None
         got = await fetch(deps.db, chat, limit=limit, start=span.start, end=span.end, skip_message_id=skip)

@@ -10,7 +10,7 @@ The message that asked for the summary (``Caller.message_id``) is never part of 
 but the mark moves past it, so the request is not summarised next time either.
 
 :func:`parse_period` reads the windows people name: ``昨天``, ``2026-11-20``, ``09:00-12:00``,
-``昨天 09:00-12:00``. ``summary_optout`` holds the members who asked not to be summarised in a chat
+``昨天 09:00-12:00``, from when the message asking was sent (:func:`said_at`). ``summary_optout`` holds the members who asked not to be summarised in a chat
 (in a whole group: a forum topic's opt-out is its group's).
 """
 
@@ -39,11 +39,14 @@ __all__ = [
     "opted_out",
     "parse_period",
     "read_mark",
+    "said_at",
     "set_optout",
     "split_member",
 ]
 
 MARKS_TABLE = "summary_marks"
+#: The longest a message waits for its answer (robot.parked.KEEP): a "sent" time older than this is a wrong clock.
+_KEPT = timedelta(days=1)
 _SETTLE_S = 3.0  # the longest a summary's read waits for the writes in flight on PostgreSQL (see _settled)
 OPTOUT_TABLE = "summary_optout"
 
@@ -199,6 +202,23 @@ def _day(word: str, today: date) -> tuple[date, str]:
     if day.year < 2000:  # (no chat history that old; 0001-01-01 overflowed in the chat's zone)
         raise ValueError(f"太早了：{word}，聊天记录没有那么早")
     return day, f"{day:%Y-%m-%d}"
+
+
+async def said_at(db: Engine, chat: ChatRef, message_id: str, user_id: str, now: datetime) -> datetime:
+    """When the member's message ``message_id`` in ``chat`` was sent, as stored: the instant its "今天" means
+    (one kept while the bot was down and answered after midnight asked for the day it was said). ``now``
+    for no such message, or one sent later than now or over a day before (a wrong clock), as commands read it."""
+    if not message_id:
+        return now
+
+    def work(db: Tx) -> object:
+        row = db.execute("SELECT ts FROM history WHERE chat = ? AND ts >= ? AND ts < ? AND from_bot = 0 AND "
+                         "message_id = ? AND user_id = ? ORDER BY id DESC LIMIT 1",
+                         [chat.key, iso(now - _KEPT), iso(now), message_id, user_id]).fetchone()
+        return None if row is None else row[0]
+
+    ts = await db.run(work)
+    return now if ts is None else parse_iso(str(ts))
 
 
 async def read_mark(db: Engine, chat: ChatRef) -> int | None:

@@ -46,6 +46,7 @@ from function_calls import (
     ToolResult,
     Toolset,
     Usage,
+    time_line,
     tool_function,
 )
 from robot import AskUserArgs, BudgetExceeded, ChatRef, Reservation
@@ -63,6 +64,7 @@ THINK_PROMPT = ("你是深度思考的助手。请一步一步仔细推理，检
 PLAN_PROMPT = ("你是规划助手。把目标拆成几个步骤，逐步完成：用 execute(task, context) 让执行模型完成具体任务"
                "（它能使用聊天中的工具），需要深入推理时用 deep_think，需要时用 recall/remember 读写记忆。"
                "全部完成后，用简洁的中文给出最终结果。")
+EXECUTE_PROMPT = "你是执行助手：用可用的工具完成下面这个具体任务，然后简要报告结果。"
 _OWN = frozenset({"execute", "deep_think", "plan", "ask_user"})
 #: A tier run's answer to a call that needs someone's yes: nobody can be asked from inside it (the bot's
 #: approvals pause and resume a chat run; a tier's run lives only in this process), so it never runs.
@@ -135,8 +137,11 @@ async def _budget(deps: TierDeps, ctx: ToolContext[Any], cap: int) -> int:
     return cap
 
 
-def _messages(system: str, body: str, context: str) -> list[dict[str, Any]]:
+def _messages(system: str, ctx: ToolContext[Any], body: str, context: str) -> list[dict[str, Any]]:
+    """A tier's first messages; its system prompt tells the time as the chat model's does ("明天下午3点"
+    becomes a reminder's 'YYYY-MM-DD HH:MM' only with today's date and the chat's zone)."""
     user = body if not context.strip() else f"{body}\n\n背景信息：\n{context}"
+    system = f"{system}\n{time_line(ctx.zone, ctx.clock())}。"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -238,7 +243,7 @@ async def deep_think(ctx: ToolContext[TierDeps], args: ThinkArgs) -> ToolResult:
         raise ToolError("no think tier is configured", user_message="没有配置深度思考模型（[llm.think]）。")
     tools = Toolset("think", _memory_tools(deps))
     result = await _sub_run(deps, ctx, deps.think.model, deps.think.limits,
-                            _messages(THINK_PROMPT, args.question, args.context), tools)
+                            _messages(THINK_PROMPT, ctx, args.question, args.context), tools)
     return _result(result, "think", ctx.via)
 
 
@@ -252,8 +257,8 @@ async def execute(ctx: ToolContext[TierDeps], args: ExecuteArgs) -> ToolResult:
     # Not the chat's ask_user either (confirm="input": it could only be refused here; the plan asks itself)
     tools = deps.bot.offered_tools().filter(lambda t: t.name not in ("plan", "deep_think", "execute")
                                             and t.confirm != "input")
-    system = "你是执行助手：用可用的工具完成下面这个具体任务，然后简要报告结果。"
-    result = await _sub_run(deps, ctx, model, deps.execute_limits, _messages(system, args.task, args.context), tools)
+    messages = _messages(EXECUTE_PROMPT, ctx, args.task, args.context)
+    result = await _sub_run(deps, ctx, model, deps.execute_limits, messages, tools)
     return _result(result, "execute")
 
 
@@ -283,7 +288,7 @@ async def plan(ctx: ToolContext[TierDeps], args: PlanArgs) -> ToolResult:
     tier = deps.plan
     if tier is None:
         raise ToolError("no plan tier is configured", user_message="没有配置规划模型（[llm.plan]）。")
-    messages = _messages(PLAN_PROMPT, args.goal, args.context)
+    messages = _messages(PLAN_PROMPT, ctx, args.goal, args.context)
     held: list[Reservation] = []
     work = asyncio.ensure_future(_sub_run(deps, ctx, tier.model, tier.limits, messages,
                                           _plan_tools(deps, ctx.caller), held))

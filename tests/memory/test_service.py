@@ -141,6 +141,26 @@ async def test_nightly_sleep_once_a_night(service: MemoryService) -> None:
     assert await service.nightly() == []
 
 
+async def test_a_sleep_time_just_before_midnight_is_slept_by_the_first_check_after_it(service: MemoryService) -> None:
+    """sleep_time "23:55" with checks every ten minutes at 23:53 and 00:03: the one after midnight sleeps
+    the night before (it compared "00:03" with "23:55" and never slept); still once a night."""
+    clock = service.clock
+    assert isinstance(clock, Clock)
+    service.settings = MemorySettings(sleep_time="23:55")
+    await service.remember(person("u1"), "阳台的花要浇水", "group")
+    clock.now = T0.replace(hour=23, minute=53)
+    assert await service.nightly() == []
+    clock.now += timedelta(minutes=10)  # 00:03 the next day
+    assert [r.chat for r in await service.nightly()] == ["t:group:g1"]
+    clock.now += timedelta(minutes=10)
+    assert await service.nightly() == []
+    await service.remember(person("u1"), "阳台的花要浇水", "group")
+    clock.now = T0.replace(day=3, hour=12)  # midday: last night is done and tonight's is not due
+    assert await service.nightly() == []
+    clock.now = T0.replace(day=3, hour=23, minute=57)
+    assert [r.chat for r in await service.nightly()] == ["t:group:g1"]
+
+
 async def test_two_processes_sleep_a_chat_once_a_night(service: MemoryService, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every process runs the nightly check: the night is claimed in the database, so one sleeps it."""
     engine = service.db

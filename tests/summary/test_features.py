@@ -116,6 +116,44 @@ async def test_summary_of_yesterday_a_date_and_a_morning_by_command(tmp_path: Pa
     assert "结束早于开始" in refused[-1].text
 
 
+async def test_a_late_handled_summary_reads_its_period_from_when_it_was_said(tmp_path: Path) -> None:
+    """"/summary 今天" said at 23:55 and handled at 00:10 (kept while the bot was down) means the day it was
+    said, as "/remind 明天8点" counts from then: typed or asked of the model alike."""
+    said, clock = sh(23, 23, 55), Clock()
+    clock.now = said + timedelta(minutes=15)
+    model = ScriptedModel(lambda r: call("summary", {"period": "今天"}) if r.tools else text("模型总结"))
+    async with running(tmp_path, model, clock, user_cooldown_s=0) as (_bot, ch):
+        await ch.inject("周一晚上的消息", user="1", at=sh(23, 21))
+        for typed in ("/summary 今天", "总结一下今天"):
+            model.requests.clear()
+            n = len(ch.sent)
+            await ch.inject(typed, user="9", at=said, at_bot=True)
+            reply = (await ch.wait_sent(n + 1))[n].text
+            assert reply.startswith("【群聊总结】今天（11-23 周一）"), (typed, reply)
+            assert model_lines(model) == ["1(1): 周一晚上的消息"], typed
+        n = len(ch.sent)  # a time from the future (a platform's wrong clock) is no anchor: now is
+        await ch.inject("/summary 今天", user="9", at=clock.now + timedelta(hours=2))
+        assert (await ch.wait_sent(n + 1))[n].text.startswith("【群聊总结】今天（11-24 周二）")
+
+
+async def test_when_a_message_was_said_is_read_on_both_engines_within_a_day(engine: Any) -> None:
+    from robot.history import HistoryStore
+    from summary.window import said_at
+
+    history = HistoryStore(engine)
+    await engine.open()
+    try:
+        for mid, user, at in (("m1", "9", NOW - timedelta(minutes=15)), ("m2", "9", NOW - timedelta(days=2)),
+                              ("m3", "9", NOW + timedelta(hours=1))):
+            await engine.transaction(lambda db, m=mid, u=user, t=at: history.insert_sync(
+                db, G2, u, "九", "/summary 今天", t, message_id=m))
+        assert await said_at(engine, G2, "m1", "9", NOW) == NOW - timedelta(minutes=15)
+        for mid, user in (("m1", "8"), ("m2", "9"), ("m3", "9"), ("", "9"), ("nope", "9")):  # not theirs, too old,
+            assert await said_at(engine, G2, mid, user, NOW) == NOW, (mid, user)  # from the future, none: now
+    finally:
+        await engine.close()
+
+
 # -- one member ----------------------------------------------------------------------------------
 async def test_summarise_one_member_by_their_name(tmp_path: Path) -> None:
     model = ScriptedModel(lambda r: call("summary", {"member": "@小明"}) if r.tools else text("小明的总结"))

@@ -612,3 +612,25 @@ async def test_deep_think_on_a_model_its_provider_will_not_stream(tmp_path: Path
                 assert await ask(ch, "/deep_think 6×7 等于几", chat=ch.chat("u1", kind="private")) == "答案是 42"
         streamed = [bool(r.body.get("stream")) for r in server.requests]
         assert streamed == ([False, False] if setting != "none" else [True, False, False])  # refused once, not again
+
+
+async def test_every_tier_is_told_the_date_time_and_zone(tmp_path: Path) -> None:
+    """"/plan 明天下午3点提醒我开会": the execute model sets the reminder ('YYYY-MM-DD HH:MM'), so it (and the
+    plan and think models) must know today's date and the chat's zone, as the chat model is told them."""
+    clock = "现在是 2026-03-02 20:00 星期一（时区 Asia/Shanghai）"
+    executed: list[str] = []
+
+    def bot_model(request: ModelRequest) -> ModelResponse:  # only the execute step reaches it (a /plan)
+        executed.append(str(request.messages[0]["content"]))
+        return text("提醒已设好") if tool_result(request) else call("remember", {"content": "开会", "scope": "me"})
+
+    async with FakeOpenAIServer() as plan_server, FakeOpenAIServer() as think_server:
+        plan_server.script(Reply(tool_calls=[Call("deep_think", {"question": "明天是几号"}),
+                                             Call("execute", {"task": "明天下午3点提醒用户开会"})]), Reply("好了"))
+        think_server.script(Reply("3 月 3 日"))
+        async with running(tmp_path, ScriptedModel(bot_model), plan=tier(plan_server),
+                           think=tier(think_server)) as (_bot, ch):
+            assert await ask(ch, "/plan 明天下午3点提醒我开会", at_bot=True) == "好了"
+    assert clock in plan_server.requests[0].body["messages"][0]["content"]
+    assert clock in think_server.requests[0].body["messages"][0]["content"]
+    assert executed and clock in executed[0]

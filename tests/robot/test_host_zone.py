@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import tzlocal
 
-import reminders
 from robot.bot import Bot
 from robot.config import Settings
+from robot.config_file import load_plugins
 from robot.testing import MemoryChannel
 
 
@@ -29,12 +29,13 @@ def posix_tz(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("posix_tz")
-async def test_the_reminders_plugin_starts_under_a_posix_tz(tmp_path: Path) -> None:
-    """Its scheduler's triggers asked tzlocal for the host's zone: the plugin's setup failed and the bot
-    did not start with its default plugins."""
-    bot = Bot(Settings(bot={"data_dir": tmp_path}), model=None, channels=[MemoryChannel()], plugins=[reminders.plugin])
+async def test_the_bot_starts_with_its_default_plugins_under_a_posix_tz(tmp_path: Path) -> None:
+    """The reminders' and memory's schedulers asked tzlocal for the host's zone: their setup failed and the
+    bot did not start with its default plugins."""
+    settings = Settings(bot={"data_dir": tmp_path})
+    bot = Bot(settings, model=None, channels=[MemoryChannel()], plugins=load_plugins(settings))
     await bot.start()
     try:
-        assert "reminder_set" in bot.tools
+        assert {"reminder_set", "remember"} <= set(bot.tools.names())
     finally:
         await bot.stop()
