@@ -294,8 +294,8 @@ class Bot:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
-        """The channels' sink. Errors are logged, never raised into a channel, but :class:`NotTaken`
-        for a message that arrives while the bot stops: its channel leaves it to redelivery."""
+        """The channels' sink. Errors are logged, never raised into a channel, but :class:`NotTaken` for a
+        message that arrives while the bot stops, or that failed with nobody told: left to redelivery."""
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
@@ -309,7 +309,7 @@ class Bot:
                 self._inflight.discard(task)
         if not taken:
             await self.parked.park(message)
-            raise NotTaken(f"{message.platform} message {message.message_id}: the bot is stopping")
+            raise NotTaken(f"{message.platform} message {message.message_id}: not taken (stopping, or failing)")
 
     async def start(self) -> None:
         """Open the store, set up plugins, start the channels, then the outbox.

@@ -21,9 +21,9 @@ from robot.commands import CommandError, clip, format_argument_error, help_text,
 from robot.history import HistoryEntry
 from robot.hooks import RunExtras, observe
 from robot.limits import BudgetExceeded, RateDecision
-from robot.message import ChatRef, Message, OutgoingMessage
+from robot.message import ChatRef, Message
+from robot.replies import Replies, reply_key
 from robot.storage import Tx
-from robot.storage.base import CommitUnknown
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -46,11 +46,6 @@ APPROVALS_HELP = (
     "需要确认的操作会给出一个 5 位确认码：/approve 码 批准，/deny 码 [理由] 拒绝，/pending 查看等待中的请求。"
     "需要你本人确认的操作，也可以在本群（或私聊）直接回复“确认”“好的”或“yes”（只对你最近的一个请求有效）。"
 )
-
-
-def reply_key(platform: str, chat_id: str, message_id: str, index: int = 0) -> str:
-    """The outbox key of the ``index``-th reply to a message (a tool may commit it ahead of the pipeline)."""
-    return f"{platform}:{chat_id}:{message_id}:{index}"
 
 
 def tier_tokens(result: RunResult) -> dict[str, int]:
@@ -77,6 +72,7 @@ class Pipeline:
         #: New messages being answered, not yet marked handled: their reply's unit of work marks them.
         self._unmarked: set[tuple[str, str]] = set()
         self.admission = Admission(bot.settings.limits.messages_at_once, bot.outbox.crowd)
+        self.replies = Replies(bot, self._unmarked)
 
     def _name_prefix(self, text: str, platform: str = "") -> str | None:
         """The text after the bot's name (``[bot] name``, or its own on the platform: OneBot's ``bot_name``)
@@ -121,17 +117,18 @@ class Pipeline:
 
     async def handle(self, message: Message) -> bool:
         """Store the message with its dedupe row, answer it, then mark it handled (a crash before leaves it to
-        redelivery); it starts in its turn (:mod:`robot.admission`): False if not (the bot is stopping)."""
+        redelivery); it starts in its turn (:mod:`robot.admission`). False when not taken: the bot is
+        stopping, or its handling failed and the sender could not even be told to try again."""
         async with self.admission.turn() as admitted:
             if admitted:
-                await self._handle_turn(message)
-        return admitted
+                return await self._handle_turn(message)
+        return False
 
-    async def _handle_turn(self, message: Message) -> None:
+    async def _handle_turn(self, message: Message) -> bool:
         bot, ident = self.bot, (message.platform, message.message_id)
         if ident in self._handling:
             log.info("%s message %s redelivered while being handled: ignored", *ident)
-            return
+            return True
         ignored = self.ignored(message.chat)  # not answered, so not recorded either
         # A message the model will answer has its history window read in the same unit of work as
         # its record: one round trip to the database fewer per message.
@@ -154,20 +151,31 @@ class Pipeline:
                 fresh = None
             if fresh is False:
                 log.info("duplicate %s message %s ignored", *ident)
-                return
+                return True
             if fresh:
                 self._unmarked.add(ident)
-            await self._handle(message, context[0] if fresh and context else None)
+            try:
+                await self._handle(message, context[0] if fresh and context else None)
+            except Exception:
+                # Nothing said (a unit the failing database refused, the direct send as well): acknowledged
+                # as it is, the message would be lost. The sender is told to try again; if not even that
+                # goes out, it is not taken (left to the platform's redelivery, and robot.parked).
+                if ident in self.replies.said or not self._addressed(message):
+                    raise
+                log.exception("handling %s message %s failed; telling the sender to try again", *ident)
+                return await self.replies.sorry(message)
             unmarked = ident in self._unmarked
         finally:
             self._handling.discard(ident)
             self._unmarked.discard(ident)
+            self.replies.said.discard(ident)
         if fresh and unmarked:  # answered without a reply (or its enqueue failed): marked on its own
             try:
                 await bot.dedupe.done(*ident)
             except Exception as exc:  # retried: a redelivery meanwhile would be answered again
                 bot.pending.add(lambda db: bot.dedupe.done_sync(db, *ident), "marking {} message {} handled"
                                 .format(*ident), exc, idempotent=True)
+        return True
 
     def _for_model(self, message: Message) -> bool:
         """Whether the model is likely to answer ``message`` (answered, not as a command; no database)."""
@@ -175,6 +183,23 @@ class Pipeline:
             return False
         answer, explicit, text = self.gate(message)
         return answer and bool(text.strip()) and not (explicit and parse_command(text) is not None)
+
+    def _addressed(self, message: Message) -> bool:
+        """Whether ``message`` asks for an answer, as far as is known without the database."""
+        answer, explicit, text = self.gate(message)
+        return not message.from_bot and answer and (explicit or (self.bot.router is not None and bool(text.strip())))
+
+    async def _replied_to_bot(self, message: Message) -> bool:
+        """Whether ``message`` is a reply to one of the bot's own messages (its outbox's receipts). Only
+        a hint: with the database failing it is taken as not, and the message answered if addressed."""
+        if not message.reply_to or message.reply_to_bot:
+            return False
+        try:
+            return await self.bot.outbox.is_own_message(message.chat, str(message.reply_to))
+        except Exception:
+            log.exception("reading whether %s message %s replies to the bot failed", message.platform,
+                          message.message_id)
+            return False
 
     async def _handle(self, message: Message, context: list[HistoryEntry] | None = None) -> None:
         bot = self.bot
@@ -189,9 +214,7 @@ class Pipeline:
             return
         if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), answer_text):
             return
-        replied = bool(message.reply_to) and not message.reply_to_bot and await bot.outbox.is_own_message(
-            message.chat, str(message.reply_to))
-        answer, explicit, text = self.gate(message, replied_to_bot=replied)
+        answer, explicit, text = self.gate(message, replied_to_bot=await self._replied_to_bot(message))
         # Unaddressed (a [gate] always group) a line is the model's alone: "/usr/bin/…", "/shrug" are talk, not
         # unknown commands, and without a model it is left alone rather than told "no model" line after line.
         if not answer or not (explicit or (bot.router is not None and text.strip())):
@@ -298,8 +321,12 @@ class Pipeline:
         assert bot.router is not None
         channel = bot.channels.get(message.platform)
         if history is None:
-            history = await bot.history.recent(message.chat, _CONTEXT, before=message.timestamp,
-                                               before_message=message.message_id)
+            try:
+                history = await bot.history.recent(message.chat, _CONTEXT, before=message.timestamp,
+                                                   before_message=message.message_id)
+            except Exception:  # the database failing: answered without the chat's context rather than not at all
+                log.exception("reading the history of %s failed; answering without it", message.chat.key)
+                history = []
         streaming = channel is not None and channel.capabilities.streaming and bot.settings.llm.stream
 
         async def on_text(delta: str) -> None:
@@ -359,41 +386,5 @@ class Pipeline:
         return out
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
-        """Queue replies; in a group each @-mentions the person answered."""
-        mention = (message.sender.user_id,) if message.chat.kind == "group" else ()
-        out = [
-            OutgoingMessage(key=reply_key(message.platform, message.chat.chat_id, message.message_id, i),
-                            chat=message.chat, text=text, mention=mention, reply_to=message.message_id)
-            for i, text in enumerate(t for t in texts if t.strip())
-        ]
-        if not out:
-            return
-        bot, ident = self.bot, (message.platform, message.message_id)
-        mark = ident in self._unmarked
-
-        def enqueue(db: Tx) -> None:
-            # The message is marked handled in the unit that queues its reply (one unit fewer per
-            # message): once the reply is durable a redelivery has nothing left to do.
-            bot.outbox.enqueue_many_sync(db, out)
-            if mark:
-                bot.dedupe.done_sync(db, *ident)
-
-        try:
-            # Durable where a database crash could undo the commit: nothing would queue the reply again.
-            await bot.db.transaction(enqueue, durable=not bot.db.crash_safe)
-            if mark:
-                self._unmarked.discard(ident)
-            for item in out:
-                bot.outbox.notify(item.chat.platform, item.chat.key, item.chat.account)
-        except CommitUnknown as exc:  # (a connection lost at COMMIT) maybe queued: sent directly too, it went twice
-            bot.pending.add(enqueue, f"queueing the reply to {message.platform} message {message.message_id}", exc,
-                            idempotent=True)  # (a queued key is kept as it is: retrying until it lands is safe)
-        except Exception:
-            # The database cannot take the reply (disk full, locked): say it now rather than never.
-            log.exception("queueing the reply to %s message %s failed; sending it directly",
-                          message.platform, message.message_id)
-            channel = self.bot.channels.get(message.platform)
-            if channel is None:
-                raise
-            for item in out:
-                await channel.send(item)
+        """Queue replies (:meth:`robot.replies.Replies.reply`)."""
+        await self.replies.reply(message, texts)
