@@ -72,7 +72,11 @@ class RateLimiter:
     no model (a separate, generous limit).
 
     A refused member is told how long to wait (:meth:`wait_s`) and is silent only until then: a
-    message refused after that wait gets a new notice, so the bot never goes quiet unannounced.
+    message refused after that wait gets a new notice. A refusal by the chat's limit gets one notice for
+    the whole chat (:meth:`refused_by_chat`), then silence until the chat's bucket has refilled, at least
+    ``chat_quiet_s``. Every notice in a chat, personal ones included, spends from the chat's notice bucket
+    (``notice_per_minute``, ``notice_burst``): with it empty a refusal is silent, so a raid's notices never
+    outnumber its answers.
     A command that did call a model is charged afterwards (:meth:`charge`) to the model buckets;
     while those are in debt, the person's commands are refused too. A refusal takes no token.
     """
@@ -85,11 +89,19 @@ class RateLimiter:
     max_tracked: int = 10_000
     command_per_minute: float = 30.0
     command_burst: int = 20
+    notice_per_minute: float = 3.0
+    notice_burst: int = 3
+    chat_quiet_s: float = 60.0
     _users: dict[str, TokenBucket] = field(default_factory=dict)
     _chats: dict[str, TokenBucket] = field(default_factory=dict)
     _commands: dict[str, TokenBucket] = field(default_factory=dict)
+    _notices: dict[str, TokenBucket] = field(default_factory=dict)  #: per chat: each notice in it spends one
     #: (user, command?) -> the monotonic time until which the person was told to wait.
     _noticed: dict[tuple[str, bool], float] = field(default_factory=dict)
+    #: Prune again only above this many (and max_tracked) or after _prune_at: while more than max_tracked
+    #: are active a prune frees nothing, and scanning them all on every check cost milliseconds each.
+    _prune_above: int = 0
+    _prune_at: float = float("-inf")
 
     def _buckets(self, chat_key: str, user_key: str, command: bool) -> list[TokenBucket]:
         if command:
@@ -100,7 +112,8 @@ class RateLimiter:
     def check(self, chat_key: str, user_key: str, *, command: bool = False) -> RateDecision:
         """``command``: a /command, which calls no model (its own limit)."""
         now = self.monotonic()
-        if len(self._users) + len(self._chats) + len(self._commands) > self.max_tracked:
+        tracked = self._tracked()
+        if tracked > self.max_tracked and (tracked > self._prune_above or now >= self._prune_at):
             self._prune(now)
         buckets = self._buckets(chat_key, user_key, command)
         # Every bucket has a token before any is taken: a refusal by the chat's costs the person's nothing.
@@ -112,13 +125,27 @@ class RateLimiter:
             self._noticed.pop((user_key, command), None)
             return RateDecision.ALLOW
         key = (user_key, command)
-        if not command and buckets[0].wait_s(now) <= 0:  # the chat's limit, not the person's: one notice for the
-            key = (f"chat>{chat_key}", False)  # chat (a raid of 60 members got 50 notices for a burst of 10)
+        chat_wide = not command and buckets[0].wait_s(now) <= 0  # the chat's limit, not the person's: one notice
+        if chat_wide:  # for the chat (a raid of 60 members got 50 notices for a burst of 10)
+            key = (f"chat>{chat_key}", False)
         told = self._noticed.get(key)
         if told is not None and now < told:
             return RateDecision.SILENT
-        self._noticed[key] = now + self.wait_s(chat_key, user_key, command=command)
+        notices = self._notices.setdefault(chat_key, TokenBucket(self.notice_per_minute / 60, self.notice_burst))
+        if not notices.take(now):  # a raid told one member after another got more notices than answers
+            return RateDecision.SILENT
+        wait = self.wait_s(chat_key, user_key, command=command)
+        if chat_wide:  # a sustained raid drains the chat again at each token: not a notice every refill
+            wait = max(wait, buckets[1].wait_s(now, tokens=buckets[1].burst), self.chat_quiet_s)
+        self._noticed[key] = now + wait
         return RateDecision.NOTICE
+
+    def refused_by_chat(self, chat_key: str, user_key: str) -> bool:
+        """Whether this person's model requests are refused by the chat's limit, not their own: its notice is
+        for the whole chat."""
+        now = self.monotonic()
+        chat, user = self._chats.get(chat_key), self._users.get(user_key)
+        return chat is not None and chat.wait_s(now) > 0 and (user is None or user.wait_s(now) <= 0)
 
     def wait_s(self, chat_key: str, user_key: str, *, command: bool = False) -> float:
         """Seconds until this person's next message (or command) would be allowed."""
@@ -137,12 +164,19 @@ class RateLimiter:
         for bucket in self._buckets(chat_key, user_key, False):
             bucket.spend(now)
 
+    def _tracked(self) -> int:
+        return (len(self._users) + len(self._chats) + len(self._commands) + len(self._notices)
+                + len(self._noticed))
 
     def _prune(self, now: float) -> None:
-        """Forget buckets that have refilled completely: they behave exactly like new ones."""
-        for buckets in (self._users, self._chats, self._commands):
-            full = [k for k, b in buckets.items() if b.tokens + (now - b.stamp) * b.rate >= b.burst]
+        """Forget buckets that have refilled completely (they behave exactly like new ones) and waits that are
+        over. A drained bucket is kept, however many there are: forgetting it would lift its limit. The next
+        prune waits until twice as many are tracked, or 30 s: a check costs O(1) amortised, memory stays
+        within twice what is active."""
+        for buckets in (self._users, self._chats, self._commands, self._notices):
+            full = [k for k, b in buckets.items() if b.level(now) >= b.burst]
             for key in full:
                 del buckets[key]
         for told in [k for k, until in self._noticed.items() if until <= now]:
             del self._noticed[told]
+        self._prune_above, self._prune_at = 2 * self._tracked(), now + 30.0

@@ -136,6 +136,43 @@ def test_a_busy_chat_is_limited_without_touching_other_chats() -> None:
     assert limiter.check("quiet", "u3") is ALLOW
 
 
+def test_a_raided_group_gets_a_few_notices_not_one_every_refill() -> None:
+    """The default limits, 60 members each @-ing the bot once a second for two minutes: the chat's
+    answers are what its bucket allows, and the notices a handful (106 before: one every 2 s)."""
+    clock = [1000.0]
+    limiter = RateLimiter(user_per_minute=6, user_burst=4, chat_per_minute=30, chat_burst=10,
+                          monotonic=lambda: clock[0])
+    got: list[tuple[str, RateDecision]] = []
+    for _ in range(120):
+        got += [(f"u{u}", limiter.check("raid", f"u{u}")) for u in range(60)]
+        clock[0] += 1.0
+    notices = [who for who, decision in got if decision is NOTICE]
+    assert sum(decision is ALLOW for _, decision in got) == 10 + 119 // 2  # its burst, then one every 2 s
+    assert len(notices) <= 3 + 3 * 2  # the chat's notice bucket: 3, then 3 a minute
+    assert limiter.check("quiet", "u1") is ALLOW  # another chat is untouched
+
+
+def test_after_a_chat_wide_notice_the_chat_stays_quiet_for_a_minute() -> None:
+    clock = [0.0]
+    limiter = RateLimiter(user_per_minute=600, user_burst=100, chat_per_minute=60, chat_burst=2,
+                          monotonic=lambda: clock[0])
+    assert [limiter.check("g", f"u{i}") for i in range(4)] == [ALLOW, ALLOW, NOTICE, SILENT]
+    clock[0] = 30.0  # refilled; a new burst is refused again, within the minute: no second notice
+    assert [limiter.check("g", f"u{i}") for i in range(4)] == [ALLOW, ALLOW, SILENT, SILENT]
+    assert limiter.refused_by_chat("g", "u3")  # what the notice would be about: the whole group
+    clock[0] = 61.0
+    assert [limiter.check("g", f"u{i}") for i in range(4)] == [ALLOW, ALLOW, NOTICE, SILENT]
+    assert not limiter.refused_by_chat("quiet", "u1")
+
+
+def test_personal_notices_in_one_chat_are_capped_by_the_chats_notice_bucket() -> None:
+    limiter = RateLimiter(user_per_minute=1, user_burst=1, chat_per_minute=6000, chat_burst=1000,
+                          monotonic=lambda: 0.0)
+    got = [limiter.check("g", f"u{i}") for i in range(20) for _ in range(2)]
+    assert got.count(ALLOW) == 20 and got.count(NOTICE) == 3  # 20 flooders, 3 of them told
+    assert limiter.check("other", "u5") is NOTICE  # u5 was not told in g; another chat's notices are its own
+
+
 async def test_a_flood_in_a_bot_gets_one_notice_and_only_the_flooder_is_slowed(make_bot: Any) -> None:
     model = ScriptedModel(lambda req: text("answer"))
     bot, ch = await make_bot(model, limits={"user_burst": 2, "user_per_minute": 0.01, "chat_burst": 100})
@@ -239,6 +276,47 @@ def test_idle_rate_buckets_are_forgotten_so_memory_stays_bounded() -> None:
         clock[0] += 1.0  # each user's bucket refills within a second
     assert len(limiter._users) + len(limiter._chats) <= 110
     assert limiter.check("chat0", "user999") is RateDecision.ALLOW
+
+
+def test_many_active_buckets_are_not_all_scanned_on_every_check() -> None:
+    """More than ``max_tracked`` buckets, none refilled yet (all active in the last seconds): a check
+    scanned all of them each time, freeing nothing; pruning is amortised, memory stays bounded."""
+    clock = [5000.0]
+    limiter = RateLimiter(6, 4, 30, 10, monotonic=lambda: clock[0], max_tracked=1000)
+    scanned = [0]
+    prune = limiter._prune
+
+    def counted(now: float) -> None:
+        scanned[0] += len(limiter._users) + len(limiter._chats) + len(limiter._commands)
+        prune(now)
+
+    limiter._prune = counted  # type: ignore[method-assign]
+    for i in range(1500):
+        limiter.check(f"p{i}", f"u{i}")
+    scanned[0] = 0
+    for j in range(1000):
+        limiter.check(f"g{j % 50}", f"x{j}")
+    assert scanned[0] <= 2 * 5000  # it was 1000 scans of 3000+ buckets
+    tracked = lambda: len(limiter._users) + len(limiter._chats) + len(limiter._commands)  # noqa: E731
+    # Every bucket that spent a token is kept (forgetting it would lift its limit)
+    assert all(f"u{i}" in limiter._users and f"p{i}" in limiter._chats for i in range(1500))
+    assert all(f"g{j}" in limiter._chats for j in range(50))
+    clock[0] += 3600.0  # all idle and refilled: the next prune frees them
+    for j in range(5000):
+        limiter.check(f"late{j}", f"late{j}")
+        if tracked() < 1000:
+            break
+    assert tracked() < 1000
+
+
+def test_a_drained_bucket_outlives_pruning_so_its_flood_stays_refused() -> None:
+    clock = [0.0]
+    limiter = RateLimiter(1, 1, 6000, 1000, monotonic=lambda: clock[0], max_tracked=10)
+    assert [limiter.check("g", "flooder") for _ in range(2)] == [ALLOW, NOTICE]
+    for i in range(200):  # many others come and go, each refilled within a second
+        clock[0] += 0.2
+        limiter.check(f"c{i}", f"u{i}", command=True)
+        assert limiter.check("g", "flooder") is SILENT
 
 
 # --- reservations -------------------------------------------------------------------------------
