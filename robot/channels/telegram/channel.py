@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -59,6 +60,7 @@ from robot.channels.telegram.convert import (
 from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.telegram.state import TelegramState
 from robot.channels.telegram.webhook import WebhookIntake
+from robot.channels.typing_indicator import TypingIndicators
 from robot.message import ChatRef, Message, OutgoingMessage
 
 __all__ = ["TelegramChannel"]
@@ -73,6 +75,8 @@ class TelegramChannel(WebhookIntake):
 
     platform = "telegram"
     account_leases = True  # getUpdates has one consumer per bot: one process polls (and sends for) it
+    typing_refresh_s = 4.5  # Telegram shows a chat action for about five seconds
+    typing_max_s = 600.0  # "typing" stops this long after a chat's latest run started, even if none ended
 
     def __init__(self, settings: TelegramSettings, data_dir: Path | str = "data",
                  *, session: aiohttp.ClientSession | None = None) -> None:
@@ -92,7 +96,7 @@ class TelegramChannel(WebhookIntake):
         self._commit: asyncio.Task[bool] | None = None
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
-        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._typing = TypingIndicators("telegram")
         self._spooled: dict[str, asyncio.Task[bool]] = {}
         self._names: dict[int, str] = {}  # user id -> name, from their messages: a mention's label
         self._stopping = asyncio.Event()
@@ -120,12 +124,11 @@ class TelegramChannel(WebhookIntake):
     async def stop(self) -> None:
         self._stopping.set()
         await self.stop_serving()
-        tasks = [t for t in (self._poller, *self._typing.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._typing.clear()
-        self._poller = None
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        await self._typing.close()
         await self.finish_deliveries(grace_s=2.0)
         if self._commit is not None:
             await asyncio.gather(self._commit, return_exceptions=True)
@@ -288,12 +291,13 @@ class TelegramChannel(WebhookIntake):
             raise ChannelUnavailable("telegram channel is not started")
         if message.chat.account and self.bot_id and message.chat.account != self.bot_id:
             raise SendRejected(f"telegram bot {message.chat.account} is not this bot ({self.bot_id})")
-        await self._stop_typing(message.chat)
-        prefix, entities = await self._mentions(message)
-        receipt = SendReceipt()
-        for i, part in enumerate(split_utf16(prefix + message.text)):
-            receipt = await self._send_part(message, part, [e for e in entities if i == 0 and
-                                                            e["offset"] + e["length"] <= utf16_len(part)])
+        # A message clears the chat's "typing": back after it while other runs there go on.
+        async with self._typing.paused(message.chat.key):
+            prefix, entities = await self._mentions(message)
+            receipt = SendReceipt()
+            for i, part in enumerate(split_utf16(prefix + message.text)):
+                receipt = await self._send_part(message, part, [e for e in entities if i == 0 and
+                                                                e["offset"] + e["length"] <= utf16_len(part)])
         return receipt
 
     async def _mentions(self, message: OutgoingMessage) -> tuple[str, list[dict[str, Any]]]:
@@ -367,28 +371,18 @@ class TelegramChannel(WebhookIntake):
 
     # --- typing -------------------------------------------------------------------------------
     async def typing(self, chat: ChatRef, active: bool) -> None:
-        if not self.settings.typing or self.api is None or self._stopping.is_set():
-            return
-        if active and chat.key not in self._typing:
-            self._typing[chat.key] = asyncio.create_task(self._keep_typing(chat))
-        elif not active:
-            await self._stop_typing(chat)
+        """Show "typing" while any run in the chat goes on (runs counted: the last one's end clears it)."""
+        if not active:
+            await self._typing.end(chat.key)
+        elif self.settings.typing and self.api is not None and not self._stopping.is_set():
+            self._typing.begin(chat.key, functools.partial(self._show_typing, chat), every=self.typing_refresh_s,
+                               max_s=self.typing_max_s)
 
-    async def _stop_typing(self, chat: ChatRef) -> None:
-        task = self._typing.pop(chat.key, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _keep_typing(self, chat: ChatRef) -> None:
+    async def _show_typing(self, chat: ChatRef) -> bool:
         assert self.api is not None
         chat_id, thread = self._target(chat)
         payload: dict[str, Any] = {"chat_id": chat_id, "action": "typing"}
         if thread is not None:
             payload["message_thread_id"] = thread
-        try:
-            while True:  # the indicator lasts about five seconds
-                await self.api.call("sendChatAction", payload)
-                await asyncio.sleep(4.5)
-        except TelegramError as exc:
-            log.debug("telegram: typing indicator failed: %s", exc)
+        await self.api.call("sendChatAction", payload)
+        return True

@@ -32,6 +32,7 @@ from robot.channels.base import (
     transport_failure,
 )
 from robot.channels.state_store import ChannelState
+from robot.channels.typing_indicator import TypingIndicators
 from robot.channels.weixin.api import (
     MESSAGE_TYPE_BOT,
     TYPING_CANCEL,
@@ -57,6 +58,7 @@ class WeixinChannel(Channel):
 
     platform = PLATFORM
     account_leases = True  # one long poll per account: one process polls (and sends for) it
+    typing_max_s = 600.0  # "typing" stops this long after a chat's latest run started, even if none ended
 
     def __init__(self, settings: WeixinSettings, data_dir: Path | str = "data",
                  *, session: aiohttp.ClientSession | None = None) -> None:
@@ -67,7 +69,7 @@ class WeixinChannel(Channel):
         self._session = session
         self._own_session = session is None
         self.accounts: dict[str, LiveAccount] = {}
-        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._typing = TypingIndicators("weixin")
         self._stopping = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
 
@@ -128,16 +130,13 @@ class WeixinChannel(Channel):
 
     async def stop(self) -> None:
         self._stopping.set()
-        for task in self._typing.values():
-            task.cancel()
         pollers = [acc.poller for acc in self.accounts.values() if acc.poller is not None]
         if self._watcher is not None:
             pollers.append(self._watcher)
             self._watcher = None
         for task in pollers:
             task.cancel()
-        await asyncio.gather(*pollers, *self._typing.values(), return_exceptions=True)
-        self._typing.clear()
+        await asyncio.gather(*pollers, self._typing.close(), return_exceptions=True)
         # Give handed-over messages a moment, then write the cursors their batches earned.
         await self.finish_deliveries(grace_s=2.0)
         commits = [acc.commit for acc in self.accounts.values() if acc.commit is not None]
@@ -328,7 +327,10 @@ class WeixinChannel(Channel):
         if not self.accounts:
             raise ChannelUnavailable("no weixin account is logged in (run `qunbot login weixin`)")
         acc = self._account_for(message.chat)
-        await self._stop_typing(acc, message.chat)
+        async with self._typing.paused(f"{acc.bot_id}|{message.chat.chat_id}"):  # back after it if runs go on
+            return await self._send(acc, message)
+
+    async def _send(self, acc: LiveAccount, message: OutgoingMessage) -> SendReceipt:
         token = acc.tokens.get(message.chat.chat_id) or acc.forgotten_token(message.chat.chat_id) \
             or await self.state.context_token(acc.bot_id, message.chat.chat_id)  # learned by the last holder
         if not token:
@@ -353,40 +355,31 @@ class WeixinChannel(Channel):
 
     # --- typing -------------------------------------------------------------------------------
     async def typing(self, chat: ChatRef, active: bool) -> None:
-        """Show (or clear) "typing" in a private chat while the model works."""
-        if not self.settings.typing or chat.kind != "private" or self._stopping.is_set():
+        """Show "typing" in a private chat while any run in it goes on (the last one's end clears it)."""
+        if chat.kind != "private":
             return
         try:
             acc = self._account_for(chat)
         except SendRejected:
             return
-        if active:
-            key = f"{acc.bot_id}|{chat.chat_id}"
-            if key not in self._typing:
-                self._typing[key] = asyncio.create_task(self._keep_typing(acc, chat.chat_id),
-                                                        name=f"weixin-typing-{key}")
-        else:
-            await self._stop_typing(acc, chat)
+        key, user_id = f"{acc.bot_id}|{chat.chat_id}", chat.chat_id
+        if not active:
+            await self._typing.end(key)
+            return
+        if not self.settings.typing or self._stopping.is_set():
+            return
+        ticket: str | None = None  # asked once per spell of typing (getconfig)
 
-    async def _stop_typing(self, acc: LiveAccount, chat: ChatRef) -> None:
-        task = self._typing.pop(f"{acc.bot_id}|{chat.chat_id}", None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _keep_typing(self, acc: LiveAccount, user_id: str) -> None:
-        ticket = ""
-        try:
-            ticket = await acc.api.typing_ticket(user_id, acc.tokens.get(user_id))
-            if not ticket:
-                return
-            while True:
-                await acc.api.send_typing(user_id, ticket)
-                await asyncio.sleep(self.settings.typing_refresh_s)
-        except WeixinError as exc:
-            log.debug("weixin %s: typing indicator failed: %s", acc.bot_id, exc)
-        except asyncio.CancelledError:
+        async def show() -> bool:
+            nonlocal ticket
+            if ticket is None:
+                ticket = await acc.api.typing_ticket(user_id, acc.tokens.get(user_id))
             if ticket:
-                with contextlib.suppress(WeixinError):
-                    await asyncio.shield(acc.api.send_typing(user_id, ticket, TYPING_CANCEL))
-            raise
+                await acc.api.send_typing(user_id, ticket)
+            return bool(ticket)
+
+        async def clear() -> None:
+            if ticket:
+                await acc.api.send_typing(user_id, ticket, TYPING_CANCEL)
+
+        self._typing.begin(key, show, clear, every=self.settings.typing_refresh_s, max_s=self.typing_max_s)

@@ -22,6 +22,7 @@ from robot.channels.state_store import ChannelState
 from robot.channels.telegram import TelegramChannel, TelegramSettings, split_utf16
 from robot.channels.telegram.convert import read_entities
 from robot.channels.telegram.testing import FakeBotAPI
+from robot.hooks import observe
 from robot.message import ChatRef, Message, OutgoingMessage
 from robot.plugin import Plugin
 from robot.store import Database, iso, parse_iso
@@ -385,6 +386,62 @@ async def test_typing_is_shown_while_the_model_runs(tmp_path: Path, fake: FakeBo
     await until(lambda: (777, "typing") in fake.actions)
     release.set()
     await until(lambda: bool(fake.sent))
+
+
+async def test_typing_lasts_while_any_run_in_the_chat_goes_on(tmp_path: Path, fake: FakeBotAPI, make_bot: Any,
+                                                             until: Until) -> None:
+    """Two members ask at once: the quick answer does not end the group's "typing…" (Telegram clears it
+    when a message arrives) while the other question is still worked on; the last answer ends it."""
+    slow_done = asyncio.Event()
+
+    async def answer(request: Any) -> Any:
+        if "慢" in str(request.messages[-1]["content"]):
+            await slow_done.wait()
+        return text("答")
+
+    channel = TelegramChannel(settings(tmp_path, fake))
+    channel.typing_refresh_s = 0.05
+    await make_bot(ScriptedModel(answer), channel=channel, data_dir=tmp_path)
+    for user, question in ((ALICE, "@qun_test_bot 慢问题"), (778, "@qun_test_bot 快问题")):
+        fake.message(GROUP, user, question, entities=[mention(question, "@qun_test_bot")])
+    await until(lambda: len(fake.sent) == 1)
+    await asyncio.sleep(0.3)  # the slow run goes on: typing is back after the reply, and refreshed
+    first = fake.calls.index("sendmessage")
+    assert fake.calls[first:].count("sendchataction") >= 3
+    slow_done.set()
+    await until(lambda: len(fake.sent) == 2)
+    await asyncio.sleep(0.2)
+    last = len(fake.calls) - fake.calls[::-1].index("sendmessage")
+    assert "sendchataction" not in fake.calls[last:]  # the last run's end stops it
+    assert {chat for chat, _ in fake.actions} == {GROUP["id"]} and not fake.errors
+
+
+async def test_a_failed_or_cancelled_run_ends_its_own_typing_only(tmp_path: Path, fake: FakeBotAPI, running: Any,
+                                                                   until: Until) -> None:
+    """Each run turns typing off on its way out, even cancelled: the chat's other run keeps it on."""
+    chat = ChatRef(platform="telegram", chat_id=str(GROUP["id"]), kind="group", account=BOT_ID)
+    async with running(TelegramChannel(settings(tmp_path, fake))) as channel:
+        channel.typing_refresh_s = 0.05
+
+        async def run(done: asyncio.Event) -> None:  # as the pipeline calls it
+            async with contextlib.AsyncExitStack() as stack:
+                await observe(channel.typing(chat, True), "typing")
+                stack.push_async_callback(lambda: observe(channel.typing(chat, False), "typing"))
+                await done.wait()
+
+        cancelled, other = asyncio.create_task(run(asyncio.Event())), asyncio.Event()
+        going = asyncio.create_task(run(other))
+        await until(lambda: bool(fake.actions))
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        shown = len(fake.actions)
+        await asyncio.sleep(0.3)
+        assert len(fake.actions) >= shown + 3  # still refreshed for the run going on
+        other.set()
+        await going
+        shown = len(fake.actions)
+        await asyncio.sleep(0.2)
+        assert len(fake.actions) == shown  # the last run's end stopped it
 
 
 async def test_malformed_updates_are_skipped(tmp_path: Path, fake: FakeBotAPI, running: Any,

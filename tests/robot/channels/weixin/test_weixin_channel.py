@@ -164,6 +164,55 @@ async def test_a_reply_uses_the_latest_context_token_and_shows_typing_while_the_
     assert not fake.errors
 
 
+async def test_typing_lasts_while_any_run_in_the_chat_goes_on(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    """Two quick messages: the first answer does not end "typing" while the second is still worked on."""
+    log_in(tmp_path, fake)
+    slow_done = asyncio.Event()
+
+    async def answer(request: Any) -> Any:
+        if "慢" in str(request.messages[-1]["content"]):
+            await slow_done.wait()
+        return text("答")
+
+    await make_bot(ScriptedModel(answer), channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="慢问题")
+    fake.inject(TOKEN, ALICE, text="快问题")
+    await until(lambda: len(fake.sent) == 1)
+    await asyncio.sleep(0.3)  # the slow run goes on: typing is back after the reply, and refreshed
+
+    def typing_after(n: int) -> list[int]:
+        """The statuses of the sendtyping calls after the n-th sendmessage."""
+        sends = [i for i, (name, _) in enumerate(fake.requests) if name == "sendmessage"]
+        return [body["status"] for name, body in fake.requests[sends[n - 1]:] if name == "sendtyping"]
+
+    assert typing_after(1).count(1) >= 3
+    slow_done.set()
+    await until(lambda: len(fake.sent) == 2)
+    await asyncio.sleep(0.2)
+    assert typing_after(2) == [] and fake.typing[-1][2] == 2  # cleared with the last run, before its answer
+    assert not fake.errors
+
+
+async def test_typing_stops_after_its_maximum_even_if_a_run_never_ends(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, until: Until) -> None:
+    """A safety net: a run whose end never comes does not leave "typing" on; the next run shows it again."""
+    log_in(tmp_path, fake)
+    chat = ChatRef(platform="weixin", chat_id=ALICE, kind="private")
+    async with running(WeixinChannel(settings(tmp_path))) as channel:
+        channel.typing_max_s = 0.3
+        await channel.typing(chat, True)  # and never False
+        await asyncio.sleep(0.6)
+        shown = len(fake.typing)
+        await asyncio.sleep(0.2)
+        assert len(fake.typing) == shown and fake.typing[-1][2] == 2  # stopped, and cleared
+        await channel.typing(chat, True)  # the count started afresh: this run's end clears it
+        await until(lambda: fake.typing[-1][2] == 1)
+        await channel.typing(chat, False)
+        assert fake.typing[-1][2] == 2
+    assert not fake.errors
+
+
 async def test_context_tokens_survive_a_restart_so_a_later_notice_goes_out(
         tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
     log_in(tmp_path, fake)
