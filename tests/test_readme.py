@@ -19,6 +19,7 @@ from typing import Any
 
 from robot.cli import builtin_template
 from robot.config_file import load_settings
+from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -183,7 +184,7 @@ print("RESULTS " + json.dumps(results, ensure_ascii=False))
 
 async def _run_qunbot(commands: list[tuple[list[str], dict[str, str]]], cwd: Path,
                       env: dict[str, str]) -> tuple[list[tuple[list[str], int]], str]:
-    proc = await asyncio.create_subprocess_exec(
+    proc = await warm_python.create_subprocess_exec(  # forked by a Python with its third-party imports done
         sys.executable, "-c", _DRIVER, json.dumps(commands), cwd=cwd, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:

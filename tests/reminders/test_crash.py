@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm_python
+from tests.warm_python import WarmProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTENT = "崩溃测试"
 
@@ -61,16 +64,18 @@ async def _worker(mode: str, data_dir: Path, out: Path, delay_s: float) -> None:
 
 
 # --- the tests -----------------------------------------------------------------------------------
-def _spawn(mode: str, data: Path, out: Path, delay_s: float, crash_at: str | None = None) -> subprocess.Popen[str]:
+def _spawn(mode: str, data: Path, out: Path, delay_s: float, crash_at: str | None = None) -> WarmProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("QUNBOT_REMINDERS_CRASH_AT", None)
     if crash_at:
         env["QUNBOT_REMINDERS_CRASH_AT"] = crash_at
-    return subprocess.Popen([sys.executable, __file__, mode, str(data), str(out), str(delay_s)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, text=True)
+    # A process of its own each time (killed, restarted), forked by a Python whose third-party imports
+    # are done (tests/warm_python.py): this project's modules are imported afresh by each.
+    return warm_python.popen([sys.executable, __file__, mode, str(data), str(out), str(delay_s)], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, text=True)
 
 
-def _create(data: Path, out: Path, delay_s: float, crash_at: str | None = None) -> tuple[subprocess.Popen[str], str, datetime]:
+def _create(data: Path, out: Path, delay_s: float, crash_at: str | None = None) -> tuple[WarmProcess, str, datetime]:
     proc = _spawn("create", data, out, delay_s, crash_at)
     assert proc.stdout is not None
     ready = proc.stdout.readline().split()

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -21,6 +20,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+
+from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE_ID = "m-remind-1"
@@ -78,9 +79,13 @@ WHEN = (datetime.now(UTC) + timedelta(days=1)).astimezone(ZoneInfo("Asia/Shangha
 
 def _run(mode: str, data: Path, out: Path) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, mode, str(data), str(out), WHEN], cwd=ROOT, env=env,
-                          timeout=60, check=False)
-    return proc.returncode
+    # A process of its own each time (killed, restarted), forked by a Python whose third-party imports
+    # are done (tests/warm_python.py): this project's modules are imported afresh by each.
+    proc = warm_python.popen([sys.executable, __file__, mode, str(data), str(out), WHEN], cwd=ROOT, env=env)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        proc.kill()  # (a no-op once it has exited)
 
 
 def _sent(out: Path) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""The ``qunbot`` command, called in-process (and ``qunbot run`` once as a real process)."""
+"""The ``qunbot`` command, called in-process (and as a real process where signals, stdio or the exit matter:
+each forked by a Python whose third-party imports are done, tests/warm_python.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from robot.message import ChatRef, OutgoingMessage
 from robot.outbox import Outbox
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.store import Database
+from tests import warm_python
 from tests.robot.conftest import console_ready
 
 PLUGIN_MODULE = "qb_cli_plugin"
@@ -318,7 +320,7 @@ async def test_run_serves_until_sigterm_then_exits_cleanly(plugin_dir: Path, sto
     await db.close()
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")])}
-    proc = await asyncio.create_subprocess_exec(
+    proc = await warm_python.create_subprocess_exec(
         sys.executable, "-m", "robot.cli", "--config", str(cfg), "run", cwd=plugin_dir, env=env,
         stdin=asyncio.subprocess.PIPE,  # left open: a console read is pending when the signal comes
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -358,7 +360,7 @@ async def test_quickstart_run_with_no_config_serves_the_playground_and_stops_on_
         port = sock.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
     env["QUNBOT_CHANNELS__WEB__PORT"] = str(port)  # the default 8765 may be taken on a shared machine
-    proc = await asyncio.create_subprocess_exec(
+    proc = await warm_python.create_subprocess_exec(
         sys.executable, "-m", "robot.cli", "run", cwd=tmp_path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
@@ -522,13 +524,25 @@ def test_tools_shows_whole_descriptions_and_explains_the_flags(
 
 
 def test_tools_json_into_head_exits_quietly(tmp_path: Path) -> None:
+    """`qunbot tools --json | head -n 2` (with pipefail): head leaves after two lines, qunbot says nothing, exits 0."""
     import subprocess
+    import tempfile
 
-    done = subprocess.run(["bash", "-o", "pipefail", "-c",
-                           f"'{sys.executable}' -m robot.cli tools --json | head -n 2"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert done.stdout == '[\n  {\n'
-    assert done.stderr == "" and done.returncode == 0
+    read, write = os.pipe()
+    with tempfile.TemporaryFile() as err:  # the pipeline's stderr
+        try:
+            head = subprocess.Popen(["head", "-n", "2"], stdin=read, stdout=subprocess.PIPE, stderr=err, text=True)
+            proc = warm_python.popen([sys.executable, "-m", "robot.cli", "tools", "--json"], cwd=tmp_path,
+                                     stdout=write, stderr=err.fileno())
+        finally:
+            os.close(read)
+            os.close(write)
+        out, _ = head.communicate(timeout=60)
+        code = proc.wait(timeout=60)
+        err.seek(0)
+        stderr = err.read().decode()
+    assert out == '[\n  {\n'
+    assert stderr == "" and code == 0 and head.returncode == 0
 
 
 async def test_doctor_says_search_is_off_and_prints_no_http_log_lines(tmp_path: Path) -> None:
@@ -537,7 +551,7 @@ async def test_doctor_says_search_is_off_and_prints_no_http_log_lines(tmp_path: 
         cfg = tmp_path / "qunbot.toml"
         cfg.write_text(f'[llm]\nmodel = "fake-model"\nbase_url = "{server.base_url}"\napi_key = "{SECRET}"\n'
                        f'[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
-        proc = await asyncio.create_subprocess_exec(
+        proc = await warm_python.create_subprocess_exec(
             sys.executable, "-m", "robot.cli", "doctor", "--config", str(cfg), cwd=tmp_path, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         async with asyncio.timeout(60):
@@ -620,7 +634,7 @@ async def test_a_model_url_with_credentials_never_reaches_the_log(tmp_path: Path
         url = server.base_url.replace("http://", "http://user:URLPASS@")
         (tmp_path / "qunbot.toml").write_text(f'[llm]\nmodel = "fake-model"\nbase_url = "{url}"\n'
                                               f'api_key = "{SECRET}"\n', encoding="utf-8")
-        proc = await asyncio.create_subprocess_exec(
+        proc = await warm_python.create_subprocess_exec(
             sys.executable, "-m", "robot.cli", "chat", "--log-level", level, cwd=tmp_path, env=env,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         async with asyncio.timeout(60):
@@ -633,7 +647,7 @@ async def test_a_model_url_with_credentials_never_reaches_the_log(tmp_path: Path
 async def test_chat_group_keeps_logs_off_the_screen_and_the_bots_name_addresses_it(tmp_path: Path) -> None:
     """The README's `qunbot chat --group`, typed into: members talk, then `qunbot: /summary`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
-    proc = await asyncio.create_subprocess_exec(
+    proc = await warm_python.create_subprocess_exec(
         sys.executable, "-m", "robot.cli", "chat", "--group", cwd=tmp_path, env=env,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     lines = "小明: 今晚七点开会\n阿强: 收到，我带投影仪\n小明: 记得带电脑\nqunbot: /summary\n"
@@ -709,8 +723,8 @@ async def test_a_second_bot_process_on_the_same_sqlite_file_is_refused_until_the
     cfg = config(plugin_dir, "[channels.console]\nenabled = true\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")])}
 
-    async def start(command: str = "run") -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
+    async def start(command: str = "run") -> warm_python.AsyncWarmProcess:
+        return await warm_python.create_subprocess_exec(
             sys.executable, "-m", "robot.cli", "--config", str(cfg), command, cwd=plugin_dir, env=env,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
@@ -826,7 +840,7 @@ async def test_ctrl_c_while_a_database_does_not_answer_stops_at_once(tmp_path: P
     cfg.write_text(f'[bot]\nplugins = []\n[storage]\nurl = "postgresql://q:pw@127.0.0.1:{port}/q"\n'
                    f'[channels.web]\nport = {closed_port()}\n', encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QUNBOT_", "OPENAI_", "PERPLEXITY_"))}
-    proc = await asyncio.create_subprocess_exec(
+    proc = await asyncio.create_subprocess_exec(  # a fresh interpreter: forked warm, it missed 7 s twice under load
         sys.executable, "-m", "robot.cli", "run", "--config", str(cfg), cwd=tmp_path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
