@@ -2,19 +2,25 @@
 database's, the live processes and their accounts, and the outbox rows waiting for an account that
 no process holds.
 
-It reads the database as it stands and writes nothing (no migration is applied): a table that is
-not there yet reads as empty. The URL is shown with its password redacted, and errors too.
+It reads the database as it stands and writes nothing (no migration is applied), without waiting for
+another program's writer: a table that is not there yet reads as empty. It fails a database ``qunbot
+run`` would refuse: a component's schema newer than this qunbot's (its plugins' too), an SQLite file this
+user cannot write, or one ``PRAGMA quick_check`` finds damaged. The URL is shown with its password
+redacted, and errors too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from robot import secret_key
+from robot.bot import Bot
 from robot.channels.base import ACCOUNT_LEASE, CHANNEL_LEASE
 from robot.config import Settings
 from robot.outbox_store import LEASED_PLATFORMS, ONE_PROCESS_PLATFORMS
@@ -63,7 +69,7 @@ def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
 async def _read(db: Engine, fn: Callable[[Tx], T], empty: T) -> T:
     """``fn``'s rows, or ``empty`` when its table does not exist yet (a database no bot has used)."""
     try:
-        return await db.run(fn)
+        return await db.read(fn)
     except StorageError:
         raise
     except Exception as exc:
@@ -88,9 +94,12 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
             return [Check(True, "storage", f"{where} (not created yet: no process has run)")]
     else:
         where = f"PostgreSQL {redact_dsn(url)}"
+    known = await _known_schemas(settings)
     try:
-        await db.open()
+        await db.open_to_read()
         try:
+            if refused := await _refused(db, known):
+                return [Check(False, "storage", f"{where}: {refused}")]
             stamp = iso(now or db.now())  # the database's time, as the processes' leases are written in
             none: list[dict[str, Any]] = []
             leases = await _read(db, lambda tx: tx.query(
@@ -131,7 +140,7 @@ async def weixin_logins(settings: Settings) -> set[str]:
     db = settings.storage.engine(settings.bot.data_dir)
     if isinstance(db, SQLiteDatabase) and not await asyncio.to_thread(Path(db.path).is_file):
         return set()
-    await db.open()
+    await db.open_to_read()
     try:
         none: list[dict[str, Any]] = []
         rows = await _read(db, lambda tx: tx.query(
@@ -139,6 +148,56 @@ async def weixin_logins(settings: Settings) -> set[str]:
     finally:
         await db.close()
     return {str(r["account"]) for r in rows}
+
+
+async def _known_schemas(settings: Settings) -> dict[str, int]:
+    """Each component's schema version this qunbot knows, the configured plugins' too: what a bot registers
+    as it starts, here on a scratch in-memory database (a plugin that fails is left out: its line says why)."""
+    with tempfile.TemporaryDirectory(prefix="qunbot-doctor-") as scratch:
+        local = settings.model_copy(update={"bot": settings.bot.model_copy(update={"data_dir": Path(scratch)})})
+        choices: tuple[list[str] | None, ...] = (None, [])  # the configured plugins; failing that, none
+        for plugins in choices:
+            try:
+                bot = Bot(local, channels=[], plugins=plugins, database=":memory:")
+            except Exception:
+                continue
+            try:
+                await bot.start()
+            except Exception:  # (start stopped what it started; the schemas registered so far are known)
+                return bot.db.schemas()
+            await bot.stop(flush_timeout_s=0)
+            return bot.db.schemas()
+    return {}
+
+
+async def _refused(db: Engine, known: dict[str, int]) -> str:
+    """Why ``qunbot run`` would refuse or fail on ``db`` (a newer schema; SQLite: a file this user cannot
+    write, a damaged page), or ""."""
+    none: list[dict[str, Any]] = []
+    rows = await _read(db, lambda tx: tx.query("SELECT component, version FROM schema_version ORDER BY component"),
+                       none)
+    for row in rows:
+        have, mine = int(row["version"]), known.get(str(row["component"]))
+        if mine is not None and have > mine:
+            return (f"{str(row['component'])!r} is at schema version {have}, newer than this qunbot knows ({mine}): "
+                    "upgrade qunbot (or restore a backup)")
+    if not isinstance(db, SQLiteDatabase):
+        return ""
+    if why := await asyncio.to_thread(_unwritable, Path(db.where)):
+        return why + ": `qunbot run` as this user cannot start on it"
+    said = await db.read(lambda tx: tx.execute("PRAGMA quick_check(3)").fetchall())
+    found = [line for r in said for line in str(r[0]).splitlines() if not line.startswith("*** in database")]
+    return "" if found == ["ok"] else f"damaged (PRAGMA quick_check: {'; '.join(found)[:200]}): restore a backup"
+
+
+def _unwritable(path: Path) -> str:
+    """Why this user cannot write the SQLite file ``path`` (its WAL, its SHM, their folder), or ""."""
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists() and not os.access(file, os.W_OK):
+            return f"this user cannot write {file}"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return f"this user cannot create files in {path.parent} (SQLite's -wal and -shm)"
+    return ""
 
 
 async def _key_check(path: Path, stored: str | None) -> Check:

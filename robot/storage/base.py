@@ -234,6 +234,10 @@ class Engine:
             raise ValueError(f"two different schemas registered for {component!r}")
         self._migrations[component] = list(steps)
 
+    def schemas(self) -> dict[str, int]:
+        """Each registered component's schema version (what this code knows)."""
+        return {component: len(steps) for component, steps in self._migrations.items()}
+
     async def ensure(self, component: str, steps: Sequence[Step]) -> None:
         """Register a schema and, if the database is already open, bring it up to date now (plugins)."""
         self.migrate(component, steps)
@@ -290,6 +294,17 @@ class Engine:
 
     async def close(self) -> None:
         raise NotImplementedError
+
+    async def open_to_read(self) -> None:
+        """Open for :meth:`read` alone (``qunbot doctor``): apply no migration, write nothing, wait for
+        no writer. PostgreSQL's :meth:`open` with no migration registered does just that."""
+        await self.open()
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn(tx)``, which only reads, without waiting for any writer: SQLite's units otherwise
+        open with the write lock (another program's write transaction holds them up). PostgreSQL's
+        reads never wait for writers: this is :meth:`run`."""
+        return await self.run(fn)
 
     def hold_ordinary(self, until: float | None) -> None:
         """Start no unit that is not urgent before ``until`` (``time.monotonic()``; None: start them

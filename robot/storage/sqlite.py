@@ -22,7 +22,6 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
-import os
 import queue
 import sqlite3
 import threading
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from robot.storage import sqlitefile
 from robot.storage.base import SCHEMA_TABLE, Dialect, Engine, Step, StorageError, unit_error
 from robot.storage.sqlitetx import SQLiteTx
 
@@ -69,6 +69,10 @@ class SQLiteDatabase(Engine):
     """An SQLite file (or ``":memory:"``) served by a single dedicated thread."""
 
     dialect: Dialect = "sqlite"
+    #: How long a statement waits for another connection's lock before "database is locked" (tests shorten it).
+    busy_timeout_s = 30.0
+    #: The first pause before truncating the WAL again, when a reader held a checkpoint up (it doubles).
+    checkpoint_retry_s = 0.5
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -91,11 +95,15 @@ class SQLiteDatabase(Engine):
         #: First pass of a group without savepoints (see the module's docstring); False: always with them.
         self.optimistic = True
         self.thread_busy_s = 0.0  # wall time the writer spent on groups (CPU plus waits for the GIL): for the bench
+        self._truncating: asyncio.Task[None] | None = None  # trying again to truncate the WAL (see checkpoint)
 
     # -- the writer thread -----------------------------------------------------------------------
 
     def _settle(self, job: _Job, result: Any = None, error: BaseException | None = None) -> None:
-        """Finish ``job`` (thread side): its async caller hears at :meth:`_wake`, once per group."""
+        """Finish ``job`` (thread side): its async caller hears at :meth:`_wake`, once per group. Once open,
+        an error saying the file cannot be used (read-only, damaged) is a StorageError naming it."""
+        if error is not None and self.opened:
+            error = sqlitefile.unusable(error, self.where)
         job.done, job.result, job.error = True, result, None if error is None else unit_error(error)
         if job.waiter is not None:
             self._settled.append(job)
@@ -140,13 +148,14 @@ class SQLiteDatabase(Engine):
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
             if self.path != ":memory:":
-                _private_files(self.path)
-            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+                sqlitefile.private_files(self.path)
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=self.busy_timeout_s)
             # Deleted rows are overwritten, not just unlinked: /forget me leaves no copy in free pages.
             conn.execute("PRAGMA secure_delete=ON")
             if self.path != ":memory:":
                 conn.execute("PRAGMA journal_mode=WAL")
-                _private_files(self.path)  # SQLite gives the WAL and SHM the database's mode
+                sqlitefile.private_files(self.path)  # SQLite gives the WAL and SHM the database's mode
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             self._conn = conn
@@ -312,9 +321,23 @@ class SQLiteDatabase(Engine):
         try:
             await self._call(lambda tx: None, raw=True)
             await self._apply(dict(self._migrations))
+            await self._call(sqlitefile.probe_write, raw=True)  # read-only: fails here, not at the first write
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the database {self.where}: {exc}") from exc
         self.opened = True
+
+    async def open_to_read(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:  # (the schema's first page: a file that is no database fails here)
+            await self._call(lambda tx: tx.execute("SELECT count(*) FROM sqlite_master").fetchall(), raw=True)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the database {self.where}: {exc}") from exc
+        self.opened = True
+
+    async def read(self, fn: Callable[[SQLiteTx], T]) -> T:
+        """Run ``fn`` on the writer thread in a deferred, query-only transaction: it takes no write
+        lock, so it waits for no other program's writer (a unit of :meth:`run` opens with one)."""
+        return await self._call(lambda tx: sqlitefile.read_only(tx, fn), raw=True)
 
     async def run(self, fn: Callable[[SQLiteTx], T], *, urgent: bool = False) -> T:
         return await self._call(fn, urgent=urgent)
@@ -337,11 +360,27 @@ class SQLiteDatabase(Engine):
         return await self._call(fn, raw=True)
 
     async def checkpoint(self) -> None:
-        """Copy the WAL into the database and truncate it to zero bytes (after a forget: no old copies)."""
-        if self.path != ":memory:":
-            await self.run_raw(lambda tx: tx.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        """Copy the WAL into the database and truncate it to zero bytes (after a forget: no old copies).
+
+        Another program reading the file (a sqlite3 shell, a backup) holds the truncation up while it
+        reads: this waits a moment only, as the writer thread every unit of work needs waits with it,
+        and a task tries again, pausing longer each time, until a truncation completes."""
+        if self.path == ":memory:":
+            return
+        done = False
+        try:
+            done = await self.run_raw(sqlitefile.truncate_wal)
+        finally:
+            if not done and (self._truncating is None or self._truncating.done()):
+                retry = sqlitefile.keep_truncating(lambda: self.run_raw(sqlitefile.truncate_wal), self.where,
+                                                   self.checkpoint_retry_s)
+                self._truncating = asyncio.create_task(retry, name="qunbot-wal-truncate")
 
     async def close(self) -> None:
+        if self._truncating is not None:  # (closing the connection checkpoints, if no reader is left)
+            self._truncating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._truncating
         if self._thread is None:
             return
 
@@ -357,13 +396,3 @@ class SQLiteDatabase(Engine):
         await asyncio.to_thread(thread.join)
         self.opened = False
 
-
-def _private_files(path: str) -> None:
-    """The database, WAL and SHM readable by the owner only (created so, tightened if found looser)."""
-    if not Path(path).exists():
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    for name in (path, path + "-wal", path + "-shm"):
-        file = Path(name)
-        with contextlib.suppress(FileNotFoundError):
-            if file.stat().st_mode & 0o077:
-                file.chmod(0o600)

@@ -4,6 +4,9 @@ accounts, and the outbox rows waiting for an account no process holds; on both e
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +139,76 @@ async def test_doctor_says_whether_this_data_dirs_secret_key_is_the_databases(
     assert not missing.ok and "does not exist" in missing.detail
     assert not (data / "secret.key").exists()  # the doctor writes nothing
     assert original.hex() not in replaced.detail + missing.detail
+
+
+async def _used_database(data: Path, plugins: list[str]) -> Settings:
+    """Settings whose SQLite database a bot with ``plugins`` has started on and stopped."""
+    settings = Settings(bot={"data_dir": data, "plugins": plugins})
+    bot = Bot(settings, channels=[MemoryChannel()])
+    await bot.start()
+    await bot.stop()
+    return settings
+
+
+def _damage(db: Path, table: str) -> None:
+    """Overwrite ``table``'s root page with junk SQLite reads as a leaf page (a bad sector, a torn copy)."""
+    conn = sqlite3.connect(db)
+    page = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", [table]).fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    raw = bytearray(db.read_bytes())
+    raw[(page - 1) * size:page * size] = bytes([0x0d]) + bytes(range(256)) * (size // 256 - 1) + bytes(255)
+    db.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(("component", "plugins"), [("outbox", []), ("reminders", ["reminders"])])
+async def test_doctor_fails_a_database_whose_schema_is_newer_than_this_qunbot(
+        tmp_path: Path, component: str, plugins: list[str]) -> None:
+    """`qunbot run` refuses it ("newer than this qunbot knows"); the doctor said "ok storage"."""
+    settings = await _used_database(tmp_path / "data", plugins)
+    db = tmp_path / "data" / "qunbot.sqlite3"
+    with sqlite3.connect(db) as conn:
+        known = conn.execute("SELECT version FROM schema_version WHERE component = ?", [component]).fetchone()[0]
+        conn.execute("UPDATE schema_version SET version = 99 WHERE component = ?", [component])
+    check = (await storage_checks(settings))[0]
+    assert check == Check(False, "storage", f"SQLite {db}: {component!r} is at schema version 99, newer than this "
+                                            f"qunbot knows ({known}): upgrade qunbot (or restore a backup)")
+
+
+async def test_doctor_fails_a_database_this_user_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = await _used_database(tmp_path / "data", [])
+    db = tmp_path / "data" / "qunbot.sqlite3"
+    db.chmod(0o400)
+    if os.geteuid() == 0:  # (permissions do not stop root, who may run the tests)
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (Path(p) == db and mode & os.W_OK)
+                            and access(p, mode, **kw))
+    check = (await storage_checks(settings))[0]
+    assert not check.ok and check.what == "storage"
+    assert check.detail == f"SQLite {db}: this user cannot write {db}: `qunbot run` as this user cannot start on it"
+
+
+async def test_doctor_fails_a_database_with_a_damaged_page(tmp_path: Path) -> None:
+    settings = await _used_database(tmp_path / "data", [])
+    db = tmp_path / "data" / "qunbot.sqlite3"
+    _damage(db, "history")
+    check = (await storage_checks(settings))[0]
+    assert not check.ok and check.what == "storage"
+    assert check.detail.startswith(f"SQLite {db}: damaged (PRAGMA quick_check: ")
+
+
+async def test_doctor_reads_a_database_another_program_is_writing_without_waiting_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An owner's sqlite3 shell mid-UPDATE: the doctor waited 30 s per read, then said FAIL "database is locked"."""
+    settings = await _used_database(tmp_path / "data", [])
+    monkeypatch.setattr(SQLiteDatabase, "busy_timeout_s", 0.5)  # stands for the 30 s wait
+    other = sqlite3.connect(tmp_path / "data" / "qunbot.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        began = time.monotonic()
+        checks = await storage_checks(settings)
+        assert time.monotonic() - began < 2
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert checks[0] == Check(True, "storage", f"SQLite {tmp_path / 'data' / 'qunbot.sqlite3'}")
