@@ -217,9 +217,9 @@ async def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]
         return []
     cutoff = iso(datetime.now(UTC) - timedelta(days=days))
     try:
-        await db.open()
+        await db.open_to_read()  # (doctor: another program's write transaction must not hold it up)
         try:
-            rows = await db.run(lambda tx: tx.execute(
+            rows = await db.read(lambda tx: tx.execute(
                 "SELECT chat, coalesce(error, '') FROM outbox WHERE status = 'failed' AND sent_at >= ? "
                 "ORDER BY sent_at DESC LIMIT 100", [cutoff]).fetchall())
         finally:

@@ -212,3 +212,26 @@ async def test_doctor_reads_a_database_another_program_is_writing_without_waitin
         other.execute("ROLLBACK")
         other.close()
     assert checks[0] == Check(True, "storage", f"SQLite {tmp_path / 'data' / 'qunbot.sqlite3'}")
+
+
+async def test_doctor_lists_the_messages_given_up_without_waiting_for_another_programs_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The list of replies given up (doctor's last lines) opened the database for writing: 30 s more."""
+    from robot.maintenance import undelivered
+
+    settings = await _used_database(tmp_path / "data", [])
+    db = SQLiteDatabase(tmp_path / "data" / "qunbot.sqlite3")
+    outbox = Outbox(db)
+    await db.open()
+    await outbox.enqueue(row("k1", "onebot", "1"))
+    await db.run(lambda tx: tx.execute("UPDATE outbox SET status = 'failed', error = 'refused', sent_at = created_at"))
+    await db.close()
+    monkeypatch.setattr(SQLiteDatabase, "busy_timeout_s", 0.5)  # stands for the 30 s wait
+    other = sqlite3.connect(tmp_path / "data" / "qunbot.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        given_up = await undelivered(settings)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert given_up == [{"chat": "onebot:group:g", "error": "refused"}]
