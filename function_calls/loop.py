@@ -30,6 +30,7 @@ from function_calls.model import (
     failed_usage,
 )
 from function_calls.run import Approver, EventCallback, RunResult, RunState, StopReason, ToolTrace
+from function_calls.stops import STOP_TEXTS, TOO_COMPLEX, TOO_LARGE, UNREADABLE, busy, told_text
 from function_calls.tokens import estimate_messages
 from function_calls.tool import Tool, Toolset
 
@@ -38,23 +39,10 @@ __all__ = ["EventCallback", "RunResult", "RunState", "Runner", "StopReason", "To
 log = logging.getLogger(__name__)
 
 
-_STOP_TEXT = {
-    # The loop guards' details are English diagnostics: they stay in the result and the trace.
-    StopReason.LOOP_CRITICAL: "我好像在原地打转（同样的操作重复了多次），先停下来了。请换个说法或稍后再试。",
-    StopReason.LOOP_BREAKER: "本次请求重复调用过多，已强制停止。",
-    StopReason.TOOL_RETRIES_EXHAUSTED: "我没能正确使用工具 {detail}，请换个说法再试。",
-    StopReason.MODEL_ERROR: "AI 服务暂时不可用（{detail}），请稍后再试。",
-    StopReason.DAILY_BUDGET: "今天的 AI 用量已达上限，明天再来吧。",
-    StopReason.AWAITING_APPROVAL: "这个操作需要管理员批准：{detail}",
-    StopReason.EMPTY_ANSWER: "我这次没能给出回答（{detail}），请换个说法再试。",
-}
-
 #: Below this many tokens left in the run's cap, the cap on a turn's output is sent as ``max_tokens``; above,
 #: none is (a model refuses one above its own limit, and every model takes this many) and a streamed turn
 #: is left once it passes what is left (``ModelRequest.output_limit``; half as much again once it was sent).
 _OUTPUT_CAP = 4096
-_UNREADABLE = "暂时无法核对 AI 用量额度，请稍后再试。"
-_TOO_LARGE = "这个请求太长了，超出了单次对话的用量上限，请精简后再问。"
 _FINAL_NOTE = (
     "[qunbot] The budget for this request is used up ({why}). Do not call tools. "
     "Answer the user now with what you already know, and say briefly what is left undone."
@@ -106,7 +94,7 @@ class Runner:
             except Exception:  # fail closed: what is left may be far below the run cap (a hold of 300 tokens)
                 log.exception("budget hook failed; the run is refused")
                 return self._finish(state, StopReason.DAILY_BUDGET, detector, detail="the budget could not be read",
-                                    text=_UNREADABLE)
+                                    told=UNREADABLE)
             if left is not None and left <= 0:
                 return self._finish(state, StopReason.DAILY_BUDGET, detector)
             if left is not None and state.usage.total_tokens + left < token_cap:  # (a resumed run's is spent)
@@ -177,11 +165,11 @@ class Runner:
             try:
                 response = await self._call_model(env, _request(state.messages, defs, left), on_text, token_cap)
             except ModelAPIError as exc:
-                busy = f"AI 服务繁忙，请{_wait_text(exc.retry_after)}后再试。" if isinstance(exc, _TooLongToWait) else ""
                 # The person reads Chinese; the trace and the logs keep the provider's English detail.
                 shown = f"接口返回 HTTP {exc.status}" if exc.status else "连接不上或超时" if exc.network else "返回的内容无法读取"
-                busy = busy or _STOP_TEXT[StopReason.MODEL_ERROR].format(detail=shown)
-                return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc), text=busy)
+                head, tail = STOP_TEXTS[StopReason.MODEL_ERROR]
+                told = busy(exc.retry_after) if isinstance(exc, _TooLongToWait) else (head.format(detail=shown), tail)
+                return self._finish(state, StopReason.MODEL_ERROR, env.detector, detail=str(exc), told=told)
             state.messages.append(response.as_message())
             if not response.tool_calls:
                 if not response.text.strip() and not state.user_messages:
@@ -198,7 +186,7 @@ class Runner:
             capped = await self._recheck(env, token_cap, daily_cap)
             if capped is None:
                 return self._finish(state, StopReason.DAILY_BUDGET, env.detector, detail="the budget could not be read",
-                                    text=_UNREADABLE)
+                                    told=UNREADABLE)
             token_cap, daily_cap = capped
 
     def _share(self, env: CallExecutor, token_cap: int, read: int, calls: int) -> Allowance:
@@ -300,7 +288,7 @@ class Runner:
         if state.usage.total_tokens + cost > 2 * token_cap:
             # The run with its last answer never spends more than twice its cap (a pasted novel, a
             # tool's huge page): past that the person is told, the model not asked again.
-            return self._finish(state, reason, env.detector, detail=why, text=_TOO_LARGE)
+            return self._finish(state, reason, env.detector, detail=why, told=TOO_LARGE)
         try:  # nor more than is left today (42,203 were recorded against a cap of 30,000)
             day = await self.budget.remaining(env.caller) if self.budget is not None else None
         except Exception:
@@ -318,16 +306,18 @@ class Runner:
             text = ""
         if text:
             state.messages.append({"role": "assistant", "content": text})
-        elif not state.user_messages:
-            text = "这个请求太复杂了，我在限额内没能完成，请拆小一点再问。"
-        return self._finish(state, reason, env.detector, text=text, detail=why)
+        return self._finish(state, reason, env.detector, text=text, detail=why,
+                            told=None if text or state.user_messages else TOO_COMPLEX)
 
     def _finish(self, state: RunState, stop: StopReason, detector: LoopDetector, *, text: str = "",
-                detail: str = "") -> RunResult:
+                detail: str = "", told: tuple[str, str] | None = None) -> RunResult:
+        """The run's result. ``text``: the model's answer; without one the person is ``told`` (by default
+        the stop's text), and, unless the run only paused, which of its calls took effect."""
         state.loop = detector.snapshot()
-        template = _STOP_TEXT.get(stop)
-        if template and not text.strip():
-            text = template.format(detail=detail)
+        if told is None and (template := STOP_TEXTS.get(stop)):
+            told = template[0].format(detail=detail), template[1]
+        if told is not None and not text.strip():
+            text = told_text(told, () if stop is StopReason.AWAITING_APPROVAL else state.trace)
         replies = [*state.user_messages, *([text] if text.strip() else [])]
         return RunResult(stop=stop, text=text, replies=replies, detail=detail, usage=state.usage,
                          trace=list(state.trace), state=state)
@@ -335,15 +325,6 @@ class Runner:
 
 class _TooLongToWait(ModelAPIError):
     """The provider's Retry-After is beyond the run's patience: the user is told when to retry."""
-
-
-def _wait_text(seconds: float | None) -> str:
-    seconds = seconds or 0.0
-    if seconds < 90:
-        return f" {max(1, round(seconds))} 秒"
-    if seconds < 5400:
-        return f"约 {round(seconds / 60)} 分钟"
-    return f"约 {round(seconds / 3600)} 小时"
 
 
 _DEFINITION_TOKENS: weakref.WeakKeyDictionary[Tool, dict[bool, int]] = weakref.WeakKeyDictionary()

@@ -77,7 +77,9 @@ async def test_reliability_scenario_a_model_that_never_stops_is_stopped() -> Non
     assert len(model.requests) == 8
     assert result.replies and "原地打转" in result.replies[0]
     assert "8" in result.detail
-    assert not re.search(r"[A-Za-z]{3,}", result.replies[0])  # the person reads Chinese; the detail is the trace's
+    told, ran = result.replies[0].split("。已执行：")  # the calls that took effect are named as they were made
+    assert not re.search(r"[A-Za-z]{3,}", told)  # the person reads Chinese; the detail is the trace's
+    assert ran.startswith('retry_me（q="x"）×7。')
     # Bounded cost: eight requests, each no larger than the last (prompts only grow), plus small answers.
     last_prompt = estimate_messages(model.requests[-1].messages, model.requests[-1].tools)
     bound = 8 * last_prompt + 8 * 50
