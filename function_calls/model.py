@@ -7,7 +7,8 @@ Provider failures become :class:`~function_calls.errors.ModelAPIError`, classifi
 Whatever a provider streams, :meth:`OpenAIChatModel.complete` returns a response or raises
 ``ModelAPIError``: missing, regenerated or reused ids and indexes, ``arguments`` sent as a JSON
 object (llama.cpp), no ``finish_reason`` before ``[DONE]``, ``reasoning_content`` (DeepSeek,
-Qwen). A failing ``on_text`` callback is the bot's fault: it is logged and streaming stops.
+Qwen), thinking or tool calls written in ``content`` (:mod:`function_calls.inline`: never shown), an error
+sent with HTTP 200. A failing ``on_text`` callback is the bot's fault: it is logged and streaming stops.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import openai
 from pydantic import BaseModel, Field
 
 from function_calls.errors import ModelAPIError
+from function_calls.inline import ContentReader, read_content
 from function_calls.problems import mend_text
-from function_calls.provider_errors import classify_status, translate_error
+from function_calls.provider_errors import body_error, classify_status, not_a_stream, translate_error
 from function_calls.reply import (
     Received,
     Shower,
@@ -34,7 +36,7 @@ from function_calls.reply import (
     bill,
     check_finish,
     complete_json,
-    made_up_id,
+    mended,
     output_of,
     reasoning_of,
     reported,
@@ -242,25 +244,26 @@ class OpenAIChatModel:
             if isinstance(exc, openai.APITimeoutError):  # sent: the provider may have done the work
                 error.billed_output = 0
             raise error from None
+        failed = body_error(resp) if isinstance(resp, str) else body_error(  # (a body not JSON comes as a str)
+            {"error": getattr(resp, "error", None), "choices": getattr(resp, "choices", None)})
+        if failed is not None:  # HTTP 200 with an error body (a relay): nothing was done, nothing billed
+            raise failed
         try:
             choice = resp.choices[0] if resp.choices else None
             if choice is None or choice.message is None:
                 raise ModelAPIError("the model returned no choices", retryable=True)
             message = choice.message
-            calls: list[ToolCall] = []
-            for c in message.tool_calls or []:
-                if getattr(c, "function", None) is None:
-                    continue
-                call_id = str_or_none(getattr(c, "id", None))
-                if not call_id or any(call_id == seen.id for seen in calls):  # ids alike: results would mix
-                    call_id = made_up_id()
-                calls.append(ToolCall(id=call_id, name=str_or_none(getattr(c.function, "name", None)) or "",
-                                      arguments=mend_text(as_text(getattr(c.function, "arguments", None)))))
-            text = mend_text(text_of(message.content))
+            content = read_content(mend_text(text_of(message.content)))
+            calls = mended([ToolCall(id=str_or_none(getattr(c, "id", None)) or "",
+                                     name=str_or_none(getattr(c.function, "name", None)) or "",
+                                     arguments=as_text(getattr(c.function, "arguments", None)))
+                            for c in message.tool_calls or [] if getattr(c, "function", None) is not None]
+                           + content.calls)  # (a JSON escape in a call written as text may be half an emoji)
+            text = content.text
             finish = str_or_none(choice.finish_reason)
             check_finish(finish, shown=False)
             response = ModelResponse(text=text, tool_calls=calls, finish_reason=finish,
-                                     reasoning=mend_text(reasoning_of(message)))
+                                     reasoning=mend_text(reasoning_of(message)) + content.reasoning)
             response.usage = self._usage(resp.usage, request, response)
         except ModelAPIError as error:  # the provider answered: it billed what it did
             raise bill(error, getattr(resp, "usage", None), output_of(resp)) from None
@@ -275,7 +278,7 @@ class OpenAIChatModel:
     async def _complete_stream(self, request: ModelRequest, shower: Shower, got: Received) -> ModelResponse:
         text_parts: list[str] = []
         thoughts: list[str] = []
-        acc = ToolCallAccumulator()
+        acc, reader = ToolCallAccumulator(), ContentReader()
         finish: str | None = None
         usage_obj: Any = None
         received = capped = False
@@ -292,6 +295,15 @@ class OpenAIChatModel:
             self.stream = False  # once the unstreamed request worked: a 400 it refuses too changes nothing
             return response
         try:
+            failed = await not_a_stream(getattr(stream, "response", None))
+        except Exception as exc:  # (reading the body failed: the stream broke off)
+            failed = ModelAPIError(f"the model stream broke off ({type(exc).__name__})", retryable=True, network=True)
+            failed.billed_output = 0
+        if failed is not None:  # HTTP 200 with an error body or a page (a relay, a portal): nothing was done
+            with contextlib.suppress(Exception):
+                await stream.close()
+            raise failed
+        try:
             async for chunk in stream:
                 received = True
                 if getattr(chunk, "usage", None) is not None:
@@ -304,7 +316,8 @@ class OpenAIChatModel:
                     if content:
                         text_parts.append(content)
                         got.add(content)
-                        await shower.show(content)
+                        if shown := reader.feed(content):  # (what may be thinking or a call is held back)
+                            await shower.show(shown)
                     if thought := reasoning_of(delta):
                         thoughts.append(thought)
                         got.add(thought)
@@ -332,7 +345,10 @@ class OpenAIChatModel:
         finally:
             with contextlib.suppress(Exception):  # left early (its cap, a deadline): the connection goes now
                 await stream.close()
+        if rest := reader.finish():
+            await shower.show(rest)
         calls = [c for c in acc.result() if not capped or complete_json(c.arguments)]  # (one cut off: never made)
+        calls += reader.calls
         try:
             if finish is None:
                 # [DONE] without a finish_reason is common (some vLLM / Ollama builds). What cannot be
@@ -346,9 +362,9 @@ class OpenAIChatModel:
             check_finish(finish, shown=shower.shown)
         except ModelAPIError as error:  # read: the provider did the work and billed it
             raise bill(error, usage_obj, got.tokens) from None
-        calls = [c.model_copy(update={"arguments": mend_text(c.arguments)}) for c in calls]  # (a pair split by deltas
-        response = ModelResponse(text=mend_text("".join(text_parts)), tool_calls=calls,  # is joined again first)
-                                 finish_reason=finish, reasoning=mend_text("".join(thoughts)))
+        # (mended once whole: a surrogate pair split by deltas is joined again first)
+        response = ModelResponse(text=mend_text(reader.text), tool_calls=mended(calls), finish_reason=finish,
+                                 reasoning=mend_text("".join(thoughts) + reader.reasoning))
         response.usage = self._usage(usage_obj, request, response, got.tokens if capped else 0)
         return response
 

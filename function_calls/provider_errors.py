@@ -2,13 +2,17 @@
 
 One classification decides what is worth retrying (408, 409, 429, 5xx, timeouts and connection
 errors; not 400, 401, 403, 404, 422 or 429 ``insufficient_quota``); ``x-should-retry`` overrides
-it, and an ``{"error": ...}`` event inside a 200 stream counts as the HTTP status it names.
+it, and an ``{"error": ...}`` event inside a 200 stream counts as the HTTP status it names, as does an
+``{"error": ...}`` body sent with HTTP 200 (one-api / new-api relays). A 200 whose body is no reply at all
+(a captive portal's page, a misrouted ``base_url``) is not retried. Neither is billed: nothing was done.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import math
+import re
 import time
 from datetime import UTC
 from typing import Any
@@ -17,7 +21,7 @@ import openai
 
 from function_calls.errors import ModelAPIError
 
-__all__ = ["classify_status", "translate_error"]
+__all__ = ["body_error", "classify_status", "not_a_stream", "translate_error"]
 
 
 def classify_status(status: int, code: str | None) -> bool:
@@ -123,3 +127,36 @@ def translate_error(exc: Exception, *, text_shown: bool = False) -> ModelAPIErro
             )
         return ModelAPIError(f"the model stream failed: {type(exc).__name__}", retryable=True, text_shown=text_shown)
     return ModelAPIError(f"the model call failed: {type(exc).__name__}", retryable=False, text_shown=text_shown)
+
+
+def body_error(body: Any, *, what: str = "") -> ModelAPIError | None:
+    """The failure an HTTP 200 body stands for: its top-level ``error`` object classified like its status,
+    or, when the body is not JSON (an HTML page), one not retried (``what`` names it, a content type);
+    ``None`` for any other JSON. Nothing was done: ``billed_output`` stays ``None``."""
+    if isinstance(body, bytes | str):
+        try:
+            body = json.loads(body)
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            return ModelAPIError(f"the model endpoint answered HTTP 200 with no reply ({what or 'not JSON'})")
+    error = body.get("error") if isinstance(body, dict) and not body.get("choices") else None
+    if not error:
+        return None
+    status, code = _event_status(error)
+    if status is None:  # (as an error event of no known status: maybe transient)
+        return ModelAPIError("the model endpoint answered HTTP 200 with an error", code=code, retryable=True)
+    return ModelAPIError(f"the model endpoint answered HTTP 200 with an error (HTTP {status}"
+                         + (f", {code})" if code else ")"), status=status, code=code,
+                         retryable=classify_status(status, code))
+
+
+async def not_a_stream(response: Any) -> ModelAPIError | None:
+    """The failure a streamed request's 200 answer stands for when it is no event stream (its content type is
+    not ``text/event-stream`` and it has no ``data:`` line): read whole and classified by :func:`body_error`.
+    ``None`` when it is a stream (read as one: an empty body is a stream cut short). ``response``: httpx's."""
+    kind = str(response.headers.get("content-type", "")) if response is not None else "text/event-stream"
+    if "event-stream" in kind.lower():
+        return None
+    body = await response.aread()  # (kept: a stream sent under another type is then read from it as usual)
+    if not body.strip() or re.search(rb"^data:", body, re.M):
+        return None
+    return body_error(body, what=kind.split(";")[0].strip() or "no content type")

@@ -15,10 +15,11 @@ import openai
 from pydantic import BaseModel, ConfigDict
 
 from function_calls.errors import ModelAPIError
+from function_calls.problems import mend_text
 from function_calls.tokens import estimate_tokens, wide_chars
 
 __all__ = ["ABORTED", "Received", "Shower", "TextCallback", "ToolCall", "ToolCallAccumulator", "as_text", "bill",
-           "check_finish", "complete_json", "count", "made_up_id", "output_of", "reasoning_of", "reported",
+           "check_finish", "complete_json", "count", "made_up_id", "mended", "output_of", "reasoning_of", "reported",
            "str_or_none", "stream_limit", "stream_refused", "text_of"]
 
 TextCallback = Callable[[str], Awaitable[None]]
@@ -128,6 +129,18 @@ def made_up_id() -> str:
     return f"call_{secrets.token_hex(8)}"
 
 
+def mended(calls: list[ToolCall]) -> list[ToolCall]:
+    """``calls`` as the next request can carry them: lone surrogates in names, ids and arguments made U+FFFD
+    (a name that is then no tool's is told to the model), and ids made alike by that made up anew."""
+    out: list[ToolCall] = []
+    for c in calls:
+        call_id = mend_text(c.id)
+        if not call_id or any(call_id == seen.id for seen in out):  # ids alike: the results would mix
+            call_id = made_up_id()
+        out.append(ToolCall(id=call_id, name=mend_text(c.name), arguments=mend_text(c.arguments)))
+    return out
+
+
 class Shower:
     """Passes streamed text to ``on_text``; a callback that raises is logged once and not called again."""
 
@@ -199,7 +212,8 @@ class ToolCallAccumulator:
     A delta continues the call its index points to (or else the call seen last) unless it names
     another tool, or names a tool after that call's arguments are complete JSON, or brings a new
     id with a name, or a new id after complete arguments: then it starts a call. An id already
-    seen under another index is one id reused for two calls: the second gets an id of its own.
+    seen under another index, or whose call that delta does not continue (by the same rules), is
+    one id reused for two calls: the second gets an id of its own.
     """
 
     calls: list[_Partial] = field(default_factory=list)
@@ -211,7 +225,10 @@ class ToolCallAccumulator:
         index = index if isinstance(index, int) and not isinstance(index, bool) else None
         call_id, name, args = str_or_none(call_id), str_or_none(name), as_text(arguments)
         part = self._by_id.get(call_id) if call_id else None
-        if part is not None and index is not None and self._by_index.get(index) is not part \
+        if part is not None and call_id and not self._continues(part, None, name):
+            part = self._new(call_id)  # the same id for another call (a relay's call_0 for each): an id made up
+            self._by_id[call_id] = part
+        elif part is not None and index is not None and self._by_index.get(index) is not part \
                 and part in self._by_index.values():
             part = None  # its id under another index: one id reused for two calls (ids numbered per turn)
         if part is None:

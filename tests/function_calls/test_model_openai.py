@@ -185,6 +185,21 @@ def test_one_id_reused_under_two_indexes_is_two_calls_with_ids_of_their_own() ->
     assert (second.name, second.arguments) == ("weather", '{"city": "上海"}') and second.id != "call_0"
 
 
+@pytest.mark.parametrize("index", [0, None])
+def test_one_id_sent_for_two_whole_calls_is_two_calls(index: int | None) -> None:
+    """Relays that number ids per turn can send every call as ``call_0`` at index 0 (or none): the second
+    whole call is not glued onto the first (``{"city": "北京"}{}``: neither would run)."""
+    acc = ToolCallAccumulator()
+    acc.feed(index, "call_0", "weather", '{"city": "北京"}')
+    acc.feed(index, "call_0", "ping", "{}")
+    acc.feed(index, "call_0", "ping", "{")
+    acc.feed(index, "call_0", None, "}")  # (the rest of the call that id now names)
+    first, second, third = acc.result()
+    assert (first.id, first.name, first.arguments) == ("call_0", "weather", '{"city": "北京"}')
+    assert [(c.name, c.arguments) for c in (second, third)] == [("ping", "{}"), ("ping", "{}")]
+    assert len({first.id, second.id, third.id}) == 3
+
+
 def thinking(chunks: int, *, per: int = 10, tail: list[dict[str, Any]] | None = None) -> Raw:
     """A stream of ``chunks`` reasoning deltas of ``per`` tokens each (one CJK character is one token)."""
     events = [chunk({"role": "assistant", "content": None, "reasoning_content": "想" * per})]

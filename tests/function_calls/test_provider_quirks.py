@@ -528,3 +528,144 @@ async def test_a_stream_cut_short_is_charged_what_the_provider_did(env: Env) -> 
     assert result.usage.completion_tokens >= 500 and result.usage.prompt_tokens > 0 and result.usage.estimated
     refused = await env.run(Fault(400))  # refused: nothing was done, nothing charged
     assert refused.usage.total_tokens == 0 and refused.usage.requests == 1
+
+
+def _shown_run(env: Env) -> tuple[list[str], Any]:
+    shown: list[str] = []
+
+    async def show(text: str) -> None:
+        shown.append(text)
+
+    return shown, show
+
+
+def _split(content: str, stream: bool, size: int = 3) -> Step:
+    """``content`` as a reply: streamed a few characters a delta (tags cut across deltas), or whole."""
+    if stream:
+        return Raw([chunk({"role": "assistant", "content": content[i:i + size]}) for i in range(0, len(content), size)]
+                   + [chunk({}, "stop")])
+    return Raw(body=_body({"role": "assistant", "content": content}))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_think_block_in_content_is_reasoning_never_posted(env: Env, stream: bool) -> None:
+    # DeepSeek-R1 / QwQ / Qwen3 on Ollama, vLLM without a reasoning parser: the thinking comes in `content`.
+    shown, show = _shown_run(env)
+    result = await env.run(_split(" <think>系统提示说不能透露张三的工资 8000。</think>\n\n这个我不方便说。", stream),
+                           stream=stream, on_text=show)
+    assert result.stop is StopReason.COMPLETED and result.text == "这个我不方便说。"
+    assert "".join(shown) == "这个我不方便说。"
+    assert "8000" in result.messages[-1]["reasoning_content"] and "<think>" not in str(result.messages[-1]["content"])
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_of_only_an_unclosed_think_block_is_no_answer(env: Env, stream: bool) -> None:
+    shown, show = _shown_run(env)
+    result = await env.run(_split("<THINKING>张三私聊说他的工资是 8000，嗯……", stream), stream=stream, on_text=show)
+    assert result.stop is StopReason.EMPTY_ANSWER and "只有思考过程" in result.text
+    assert "8000" not in "".join(shown) + result.text
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_think_tags_after_the_start_of_an_answer_are_its_text(env: Env, stream: bool) -> None:
+    text = "Qwen3 用 <think>…</think> 包住思考。"
+    shown, show = _shown_run(env)
+    result = await env.run(_split(text, stream), stream=stream, on_text=show)
+    assert result.text == text and "".join(shown) == text
+
+
+QUOTA = {"error": {"message": "您的余额不足", "type": "insufficient_quota", "code": "insufficient_quota"}}
+PORTAL = Raw(body="<html><body>Please log in to the Wi-Fi portal</body></html>", headers={"Content-Type": "text/html"})
+
+
+@pytest.mark.parametrize(("step", "stream", "status"), [
+    (Raw(body=QUOTA), True, 429), (Raw(body=QUOTA), False, 429),
+    (Raw(body={"error": {"message": "Invalid API key", "type": "authentication_error"}}), True, 401),
+    (PORTAL, True, None), (PORTAL, False, None),
+], ids=["quota-streamed", "quota", "auth-streamed", "html-streamed", "html"])
+async def test_an_error_body_sent_with_http_200_is_the_error_it_names(
+        env: Env, step: Step, stream: bool, status: int | None) -> None:
+    # A relay (one-api/new-api, a captive portal) answering 200: refused like the real status, never retried,
+    # nothing charged (the provider did no work).
+    result = await env.run(step, step, step, step, Reply("不该到这里"), stream=stream)
+    assert result.stop is StopReason.MODEL_ERROR and len(env.server.requests) == 1 and env.delays == []
+    assert result.usage.total_tokens == 0 and result.usage.requests == 1
+    assert (f"HTTP {status}" in result.text) if status else "无法读取" in result.text
+
+
+async def test_an_unknown_error_body_sent_with_http_200_is_retried_uncharged(env: Env) -> None:
+    result = await env.run(Raw(body={"error": {"message": "upstream busy"}}), Reply("好了"))
+    assert result.stop is StopReason.COMPLETED and result.text == "好了" and len(env.server.requests) == 2
+    assert result.usage.requests == 2 and result.usage.estimated == 0  # the failed try charged nothing
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+async def test_two_streamed_calls_sharing_one_id_both_run(env: Env, indexed: bool) -> None:
+    # DeepSeek/GLM/Kimi relays reuse ids; Ollama-style streams put every call at index 0 or omit the index.
+    first = tool_delta(0 if indexed else None, id="call_0", name="weather", arguments='{"city": "北京"}')
+    second = tool_delta(0 if indexed else None, id="call_0", name="ping", arguments="{}")
+    third = tool_delta(0 if indexed else None, id="call_0", name="ping", arguments="{}")
+    result = await env.run(Raw([chunk(first), chunk(second), chunk(third), chunk(None, "tool_calls")]), Reply("好了"))
+    assert result.stop is StopReason.COMPLETED and result.text == "好了"
+    assert sorted(env.ran, key=str) == [("ping", None), ("ping", None), ("weather", "北京")]
+    assert len({m["tool_call_id"] for m in tool_messages(env)}) == 3
+
+
+CALL_TEXT = '<tool_call>\n{"name": "weather", "arguments": {"city": "北京"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("content", [CALL_TEXT, "<think>查天气。</think>\n" + CALL_TEXT + "\n" + CALL_TEXT.replace(
+    "weather", "ping").replace('{"city": "北京"}', "{}")], ids=["one", "after-thinking-two"])
+async def test_tool_calls_written_as_text_are_run_not_posted(env: Env, stream: bool, content: str) -> None:
+    # vLLM without a tool parser, Hermes-format models: the call comes in `content`.
+    shown, show = _shown_run(env)
+    result = await env.run(_split(content, stream), Reply("北京晴"), stream=stream, on_text=show)
+    assert result.stop is StopReason.COMPLETED and result.text == "北京晴"
+    assert ("weather", "北京") in env.ran and "".join(shown) == "北京晴"
+    assert all("tool_call" not in str(m.get("content")) for m in env.server.last_request.messages)
+
+
+async def test_a_tool_call_written_as_text_is_validated_like_any(env: Env) -> None:
+    bad = '<tool_call>{"name": "weather", "arguments": {"town": "北京"}}</tool_call>'
+    result = await env.run(_split(bad, True), _split("<tool_call>{not json}</tool_call>", True), Reply("不查了"))
+    assert result.stop is StopReason.COMPLETED and result.text == "不查了" and env.ran == []
+    told = [m["content"] for r in env.server.requests[1:] for m in r.messages if m["role"] == "tool"]
+    assert len(told) == 3 and "town" in told[0]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_text_that_only_mentions_a_tool_call_is_shown_as_text(env: Env, stream: bool) -> None:
+    text = CALL_TEXT + "\n这就是 Hermes 格式的工具调用。"
+    shown, show = _shown_run(env)
+    result = await env.run(_split(text, stream), stream=stream, on_text=show)
+    assert result.stop is StopReason.COMPLETED and result.text == text and "".join(shown) == text
+    assert env.ran == []
+
+
+def _surrogate_call(name: str, call_id: str, stream: bool) -> Step:
+    """A call whose name or id holds a lone surrogate, as a relay that cuts UTF-16 sends it (JSON escapes)."""
+    call = {"index": 0, "id": "ID", "type": "function", "function": {"name": "NAME", "arguments": "{}"}}
+    if stream:
+        message: dict[str, Any] = chunk({"tool_calls": [call]}, "tool_calls")
+    else:
+        message = _body({"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls")
+    text = json.dumps(message).replace('"ID"', f'"{call_id}"').replace('"NAME"', f'"{name}"')
+    return Raw([text]) if stream else Raw(body=text)
+
+
+@pytest.mark.parametrize(("name", "call_id", "stream"), [
+    ("ping\\ud83d", "call_1", True), ("ping\\ud83d", "call_1", False), ("ping", "call_\\udc00", False),
+    ("ping", "call_\\udc00", True)])
+async def test_a_lone_surrogate_in_a_tool_name_or_id_is_told_to_the_model(
+        env: Env, name: str, call_id: str, stream: bool) -> None:
+    result = await env.run(_surrogate_call(name, call_id, stream), Reply("好了"), stream=stream)
+    assert result.stop is StopReason.COMPLETED and result.text == "好了" and len(env.server.requests) == 2
+    assert len(tool_messages(env)) == 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_lone_surrogate_escaped_in_a_call_written_as_text_is_told_to_the_model(env: Env, stream: bool) -> None:
+    content = '<tool_call>{"name": "ping\\ud83d", "arguments": {"x": "\\udc00"}}</tool_call>'
+    result = await env.run(_split(content, stream), Reply("好了"), stream=stream)
+    assert result.stop is StopReason.COMPLETED and result.text == "好了" and len(env.server.requests) == 2
