@@ -245,8 +245,8 @@ class StorageSection(_Section):
 
 
 class OutboxSection(_Section):
-    max_in_flight: int = Field(4, ge=1, le=64, description="sends awaiting the platform at once, per channel: a "
-                               "crash can resend at most these")
+    max_in_flight: int = Field(4, ge=1, le=64, description="sends awaiting the platform at once, per channel, "
+                               "and as many more slow ones: a crash can resend at most twice these")
     max_attempts: int = Field(6, ge=1, le=100, description="tries of a message whose send fails for now before it "
                               "is given up (a channel that is down does not count)")
     burst_priority_s: float = Field(2.0, ge=0, le=10, description="a burst of sends (more than 64 chats at once: "

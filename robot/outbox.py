@@ -1,9 +1,10 @@
 """The durable outbox: every outgoing message is committed to the database before it is sent.
 
 Each chat is a lane of its own: a worker per channel starts a lane for every chat with due rows
-(a queued row names its chat), and the lane sends that chat's rows in order. Lanes never wait for
-each other, so one slow or failing chat delays no other; at most ``max_in_flight`` sends are
-awaiting the platform at once per channel, which bounds the duplicates a crash can cause (below).
+(a queued row names its chat), and the lane sends that chat's rows in order, one at a time. At most
+``max_in_flight`` sends are awaiting the platform at once per channel, and as many more slow ones
+(:class:`_Slots`), which bounds the duplicates a crash can cause (below): a send unanswered after
+``slow_s`` and a retry wait in slots of their own, so chats whose peer never answers delay no other.
 
 Failures are classified (see :mod:`robot.channels.base`):
 
@@ -20,7 +21,7 @@ across a restart: pending rows are due again at start.
 Long texts go out in parts within the channel's limit; ``parts_sent`` is committed after each
 part, so a restart resumes at the first unsent part and never repeats one. The duplicate window:
 a crash between the platform's acknowledgement and the commit that marks a row sent resends that
-row once at the next start; at most ``max_in_flight`` rows (per channel) can be in that window.
+row once at the next start; at most twice ``max_in_flight`` rows (per channel) can be in that window.
 A database that goes away (or crashes and loses its last commits) while the process runs resends
 nothing: the keys delivered lately are remembered, and such a row is marked when it comes back.
 Platforms that take a client message id can use ``OutgoingMessage.key`` to make that resend
@@ -36,14 +37,14 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from robot.admission import Crowd
-from robot.channels.base import ACCOUNT_LEASE, Channel, ChannelUnavailable, SendFailed, SendRejected
-from robot.message import ChatRef, OutgoingMessage
+from robot.channels.base import ACCOUNT_LEASE, Channel
+from robot.message import OutgoingMessage
 from robot.outbox_claims import CLAIM_LIMIT, Claimed, Scope, claim_many_sync, release_sync
-from robot.outbox_store import SCHEMA, OutboxRows, said_of
+from robot.outbox_store import SCHEMA, OutboxRows
 from robot.storage import Tx
 from robot.storage.batch import Batched
 from robot.storage.leases import LeaseKeeper, process_id
@@ -53,7 +54,36 @@ from robot.text_parts import split_text
 __all__ = ["Outbox", "split_text"]
 
 log = logging.getLogger(__name__)
-_REMEMBERED = 10_000  # sends whose key a process keeps (a database loses well under a second of commits)
+
+
+class _Slots:
+    """A channel's sends awaiting the platform: ``size`` at once, and ``size`` more that are slow.
+
+    A send still unanswered after ``slow_s`` (a peer that never answers) moves to a slow slot when
+    one is free, and a retry (a send that timed out before; OneBot first waits for its late answer)
+    waits for one: chats that get no answer hold up each other, never the chats that do."""
+
+    def __init__(self, size: int, slow_s: float) -> None:
+        self.fast, self.slow, self.slow_s = asyncio.Semaphore(size), asyncio.Semaphore(size), slow_s
+
+    async def run(self, send: Callable[[], Awaitable[str]], *, retry: bool) -> str:
+        """``send()`` in a slot, and its outcome."""
+        slot = self.slow if retry else self.fast
+        await slot.acquire()
+        task = asyncio.ensure_future(send())
+        try:
+            if not retry:
+                await asyncio.wait([task], timeout=self.slow_s)
+                if not task.done() and not self.slow.locked():
+                    await self.slow.acquire()  # (free: taken at once)
+                    slot.release()
+                    slot = self.slow
+            return await task
+        finally:
+            if not task.done():  # the lane was cancelled (a stop that cuts sends off): its send too
+                task.cancel()
+                await asyncio.wait([task])
+            slot.release()
 
 
 class Outbox(OutboxRows):
@@ -76,6 +106,7 @@ class Outbox(OutboxRows):
         leases: LeaseKeeper | None = None,
         claim_s: float = 60.0,
         priority_s: float = 0.0,
+        slow_s: float = 1.0,
     ) -> None:
         self.db = db
         self.bot_id = bot_id
@@ -83,6 +114,7 @@ class Outbox(OutboxRows):
         self.clock = clock
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.max_in_flight, self.max_attempts, self.park_s = max_in_flight, max_attempts, park_s
+        self.slow_s = slow_s  #: seconds after which a send unanswered stops holding a slot (see _Slots)
         #: Which accounts this process holds: it sends only their rows (see :meth:`scope`).
         self.leases = leases
         self.claim_s = claim_s
@@ -248,7 +280,7 @@ class Outbox(OutboxRows):
     async def _worker(self, platform: str, channel: Channel) -> None:
         wake, parked, hints = self._wake[platform], self._parked[platform], self._hints.setdefault(platform, set())
         lanes: dict[str, asyncio.Task[bool]] = {}
-        sem = asyncio.Semaphore(self.max_in_flight)
+        slots = _Slots(self.max_in_flight, self.slow_s)
         self._scan.add(platform)  # rows left from before the start
         deadline = 0.0  # (monotonic) when the next row waiting out a retry is due
         try:
@@ -256,7 +288,7 @@ class Outbox(OutboxRows):
                 wake.clear()
                 await self._rescope(platform)
                 chats: list[str] = []
-                if platform in self._scan or time.monotonic() >= deadline:
+                if scanned := platform in self._scan or time.monotonic() >= deadline:
                     self._scan.discard(platform)
                     try:
                         chats, wait = await self._due_chats(platform, set(lanes))
@@ -271,9 +303,12 @@ class Outbox(OutboxRows):
                     if parked.get(chat, 0.0) > clock or chat in lanes:
                         continue
                     parked.pop(chat, None)
-                    lane = asyncio.create_task(self._lane(platform, channel, chat, sem), name=f"outbox-{chat}")
+                    lane = asyncio.create_task(self._lane(platform, channel, chat, slots), name=f"outbox-{chat}")
                     lanes[chat] = lane
                     lane.add_done_callback(functools.partial(self._lane_done, lanes, platform, chat, wake))
+                if scanned:  # parked till now yet not due: nothing left to send (its rows deleted: /forget me)
+                    for chat in [c for c, until in parked.items() if until <= clock and c not in lanes]:
+                        del parked[chat]  # (else the worker woke every 10 ms to read every due row)
                 self.crowd.sending(platform, len(lanes))
                 timeout = max(0.0, deadline - clock)
                 if parked:
@@ -310,7 +345,7 @@ class Outbox(OutboxRows):
             self._scan.add(platform)
         wake.set()
 
-    async def _lane(self, platform: str, channel: Channel, chat: str, sem: asyncio.Semaphore) -> bool:
+    async def _lane(self, platform: str, channel: Channel, chat: str, slots: _Slots) -> bool:
         """Send one chat's due rows in order: True when none is left, False when one waits (retry, park)."""
         try:
             while not self._stopping:
@@ -325,15 +360,11 @@ class Outbox(OutboxRows):
                         # with them, parked till then (rescanned at once, its later rows due, it spun)
                         self._parked[platform][chat] = time.monotonic() + wait
                         return False
-                    connects, key = self._connects.get(platform, 0), str(row["key"])
-                    async with sem:  # (checked once it may send: lanes wait here for each other)
-                        if self._stopping or not self.scope(platform).covers(str(row.get("account") or "")):
-                            return False  # the account was lost meanwhile: its new holder sends the rest
-                        self._sending.add(key)
-                        try:
-                            outcome = await self._send_row(channel, row)
-                        finally:
-                            self._sending.discard(key)
+                    connects = self._connects.get(platform, 0)
+                    send = functools.partial(self._attempt, platform, channel, row)
+                    outcome = await slots.run(send, retry=int(str(row["attempts"])) > 0)
+                    if outcome == "lost":  # the account was lost meanwhile: its new holder sends the rest
+                        return False
                     if outcome == "parked":
                         if self._connects.get(platform, 0) != connects:
                             break  # it reconnected while this send failed: try again now, not after park_s
@@ -352,46 +383,14 @@ class Outbox(OutboxRows):
             self._parked[platform][chat] = time.monotonic() + self.park_s
         return False
 
-    async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:
-        """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""
+    async def _attempt(self, platform: str, channel: Channel, row: dict[str, object]) -> str:
+        """Send a row, in its slot: :meth:`_send_row`'s outcome, or "lost" when it may not go now."""
+        # (checked once it has its slot: lanes wait for one, and meanwhile a stop or lease may come)
+        if self._stopping or not self.scope(platform).covers(str(row.get("account") or "")):
+            return "lost"
         key = str(row["key"])
-        chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
-        parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
-        mention = tuple(json.loads(str(row["mention"])))
-        # What this process delivered lately stays known after its mark: a database cut off, or one
-        # that crashed and lost its last commits (a mark, a firing: PostgreSQL commits without
-        # waiting for its log's flush), has the row claimed again; it is then marked, not resent.
-        done, receipt = self._delivered.get(key, (0, None))
-        for index in range(max(done, int(str(row["parts_sent"]))), len(parts)):
-            out = OutgoingMessage(
-                key=f"{key}#{index}" if len(parts) > 1 else key, chat=chat, text=parts[index],
-                mention=mention if index == 0 else (), reply_to=str(row["reply_to"]) if row["reply_to"] else None,
-            )
-            said = said_of(parts, index)  # what the chat has seen of it, should this part be its last
-            try:
-                sent = await channel.send(out)
-            except SendRejected as exc:
-                return await self._fail(chat, key, f"refused: {exc}", said=said)
-            except SendFailed as exc:
-                attempts = int(str(row["attempts"])) + 1
-                return await self._retry(chat, key, attempts, str(exc), exc.retry_after_s, said=said)
-            except ChannelUnavailable as exc:
-                if exc.retry_after_s:  # the platform's flood wait: not a failure of this message, and uncapped
-                    wait = [iso(self.clock() + timedelta(seconds=exc.retry_after_s)), str(exc)[:500], key]
-                    await self._update("UPDATE outbox SET next_at = ?, error = ? WHERE key = ?", wait)
-                    return "retry"
-                note = [str(exc)[:500], key]  # not connected: park, the backoff does not grow
-                await self._update("UPDATE outbox SET error = ? WHERE key = ?", note)
-                return "parked"
-            except Exception as exc:  # a channel bug: retried like a transient failure, and logged
-                log.exception("outbox %s: unexpected send failure", chat.key)
-                attempts = int(str(row["attempts"])) + 1
-                return await self._retry(chat, key, attempts, f"{type(exc).__name__}: {exc}", said=said)
-            receipt = sent.platform_message_id if sent else None
-            self._delivered[key] = (index + 1, receipt)
-            if len(self._delivered) > _REMEMBERED:
-                del self._delivered[next(iter(self._delivered))]
-            if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
-                await self._set_parts(key, index + 1, chat, receipt)
-        await self._mark(key, "sent", receipt=receipt, parts=len(parts))
-        return "sent"
+        self._sending.add(key)
+        try:
+            return await self._send_row(channel, row)
+        finally:
+            self._sending.discard(key)

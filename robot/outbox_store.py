@@ -12,13 +12,14 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 
-from robot.channels.base import Channel
+from robot.channels.base import Channel, ChannelUnavailable, SendFailed, SendRejected
 from robot.history import HistoryStore, Said
 from robot.message import ChatRef, OutgoingMessage
 from robot.outbox_claims import Scope, order_by
 from robot.storage import Engine, Step, Tx, iso, parse_iso
 from robot.storage.base import columns, in_chunks, padded, unnest
 from robot.storage.batch import Batched
+from robot.text_parts import split_text
 
 __all__ = ["LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "queue_sync", "said_of"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
@@ -27,6 +28,7 @@ log = logging.getLogger("robot.outbox")
 LEASED_PLATFORMS = ("onebot", "telegram", "weixin")
 #: The platforms whose channel runs in one process at a time (``Channel.one_process``).
 ONE_PROCESS_PLATFORMS = ("console", "web", "wecom")
+_REMEMBERED = 10_000  # sends whose key a process keeps (a database loses well under a second of commits)
 
 
 def _v1(tx: Tx) -> None:
@@ -121,8 +123,8 @@ def said_of(parts: Sequence[str], sent: int) -> str:
 
 
 class OutboxRows:
-    """The outbox's queries that send nothing: queueing, inspection (and waiting on it: :meth:`flush`),
-    pruning, moves, marks (a base of :class:`robot.outbox.Outbox`)."""
+    """The outbox's queries: queueing, inspection (and waiting on it: :meth:`flush`), pruning, moves,
+    and one row's send with its marks (a base of :class:`robot.outbox.Outbox`, whose lanes send)."""
 
     db: Engine
     _marks: Batched[list[object], None]
@@ -135,6 +137,7 @@ class OutboxRows:
     scope: Callable[[str], Scope]
     _channels: dict[str, Channel]
     claims_for: Callable[[Sequence[OutgoingMessage]], list[tuple[str, str] | None]]
+    _delivered: dict[str, tuple[int, str | None]]  # key: parts sent, receipt (see _send_row)
 
     def enqueue_sync(self, db: Tx, message: OutgoingMessage) -> bool:
         """Insert within the caller's transaction; False when the key was already queued (idempotent).
@@ -244,6 +247,50 @@ class OutboxRows:
             return chats, wait
 
         return await self.db.run(work, urgent=True)
+
+    async def _send_row(self, channel: Channel, row: dict[str, object]) -> str:
+        """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""
+        key = str(row["key"])
+        chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
+        parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
+        mention = tuple(json.loads(str(row["mention"])))
+        # What this process delivered lately stays known after its mark: a database cut off, or one
+        # that crashed and lost its last commits (a mark, a firing: PostgreSQL commits without
+        # waiting for its log's flush), has the row claimed again; it is then marked, not resent.
+        done, receipt = self._delivered.get(key, (0, None))
+        for index in range(max(done, int(str(row["parts_sent"]))), len(parts)):
+            out = OutgoingMessage(
+                key=f"{key}#{index}" if len(parts) > 1 else key, chat=chat, text=parts[index],
+                mention=mention if index == 0 else (), reply_to=str(row["reply_to"]) if row["reply_to"] else None,
+            )
+            said = said_of(parts, index)  # what the chat has seen of it, should this part be its last
+            try:
+                sent = await channel.send(out)
+            except SendRejected as exc:
+                return await self._fail(chat, key, f"refused: {exc}", said=said)
+            except SendFailed as exc:
+                attempts = int(str(row["attempts"])) + 1
+                return await self._retry(chat, key, attempts, str(exc), exc.retry_after_s, said=said)
+            except ChannelUnavailable as exc:
+                if exc.retry_after_s:  # the platform's flood wait: not a failure of this message, and uncapped
+                    wait = [iso(self.clock() + timedelta(seconds=exc.retry_after_s)), str(exc)[:500], key]
+                    await self._update("UPDATE outbox SET next_at = ?, error = ? WHERE key = ?", wait)
+                    return "retry"
+                note = [str(exc)[:500], key]  # not connected: park, the backoff does not grow
+                await self._update("UPDATE outbox SET error = ? WHERE key = ?", note)
+                return "parked"
+            except Exception as exc:  # a channel bug: retried like a transient failure, and logged
+                log.exception("outbox %s: unexpected send failure", chat.key)
+                attempts = int(str(row["attempts"])) + 1
+                return await self._retry(chat, key, attempts, f"{type(exc).__name__}: {exc}", said=said)
+            receipt = sent.platform_message_id if sent else None
+            self._delivered[key] = (index + 1, receipt)
+            if len(self._delivered) > _REMEMBERED:
+                del self._delivered[next(iter(self._delivered))]
+            if index + 1 < len(parts):  # the last part's count is committed with the 'sent' mark
+                await self._set_parts(key, index + 1, chat, receipt)
+        await self._mark(key, "sent", receipt=receipt, parts=len(parts))
+        return "sent"
 
     async def _retry(self, chat: ChatRef, key: str, attempts: int, error: str, at_least_s: float | None = None,
                      *, said: str = "") -> str:

@@ -180,17 +180,65 @@ async def test_one_chat_that_never_gets_an_answer_delays_no_other(rig: Rig) -> N
     await ch.wait_sent(3, timeout=5)
 
 
+async def test_as_many_chats_that_never_get_an_answer_as_there_are_slots_delay_no_other(rig: Rig) -> None:
+    """Four QQ groups whose sends NapCat never answered held all four slots for the action timeout
+    (30 s): every other chat's replies waited that long."""
+    ch = StuckChannel({"s1", "s2", "s3"})
+    outbox = await rig.up(ch, max_in_flight=2, slow_s=0.05)
+    await outbox.enqueue(*(out(f"stuck{i}", "hello", chat=ChatRef(platform="memory", chat_id=f"s{i}", kind="group"))
+                           for i in (1, 2, 3)))
+    await outbox.enqueue(out("free1", "for g2", chat=G2))
+    await ch.wait_sent(1, timeout=3)
+    await outbox.enqueue(out("free2", "again for g2", chat=G2))
+    await ch.wait_sent(2, timeout=3)
+    assert [m.text for m in ch.sent] == ["for g2", "again for g2"] and ch.most_in_flight <= 4
+    ch.release.set()
+    await ch.wait_sent(5, timeout=5)
+
+
+class SilentOnRetry(MemoryChannel):
+    """Fails the first send of ``silent`` chats at once (a timeout), then hangs on their retries (OneBot
+    waits ``action_timeout_s`` for a timed-out send's late answer before it sends again)."""
+
+    def __init__(self, silent: set[str]) -> None:
+        super().__init__()
+        self.silent, self.tried = silent, set[str]()
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        if message.chat.chat_id in self.silent:
+            if message.key not in self.tried:
+                self.tried.add(message.key)
+                raise SendFailed("no answer in time")
+            await asyncio.Event().wait()
+        return await super().send(message)
+
+
+async def test_retries_of_chats_that_never_get_an_answer_delay_no_other(rig: Rig) -> None:
+    ch = SilentOnRetry({"s1", "s2"})
+    outbox = await rig.up(ch, max_in_flight=2, slow_s=30.0)  # (no send outlives slow_s here)
+    await outbox.enqueue(*(out(f"stuck{i}", "hello", chat=ChatRef(platform="memory", chat_id=f"s{i}", kind="group"))
+                           for i in (1, 2)))
+    async with asyncio.timeout(5):
+        while len(ch.tried) < 2:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # their retries are under way
+    await outbox.enqueue(out("free1", "for g2", chat=G2))
+    await ch.wait_sent(1, timeout=3)
+    assert [m.text for m in ch.sent] == ["for g2"]
+
+
 async def test_sends_in_flight_are_bounded(rig: Rig) -> None:
     chats = [ChatRef(platform="memory", chat_id=f"c{i}", kind="group") for i in range(10)]
     ch = StuckChannel({c.chat_id for c in chats})
-    outbox = await rig.up(ch, max_in_flight=3)
+    outbox = await rig.up(ch, max_in_flight=3, slow_s=0.05)
     await outbox.enqueue(*(out(f"k{i}", f"m{i}", chat=c) for i, c in enumerate(chats)))
     for _ in range(50):
         await asyncio.sleep(0.01)
-    assert ch.in_flight == ch.most_in_flight == 3  # a crash now could resend at most these three
+    # Three, and three more that have waited over slow_s: a crash now could resend at most these six.
+    assert ch.in_flight == ch.most_in_flight == 6
     ch.release.set()
     await ch.wait_sent(10, timeout=5)
-    assert ch.most_in_flight == 3
+    assert ch.most_in_flight == 6
 
 
 class FlakyChannel(MemoryChannel):

@@ -60,6 +60,39 @@ async def test_a_chat_waiting_out_a_retry_sleeps_till_then(tmp_path: Path) -> No
         await db.close()
 
 
+async def test_a_chat_whose_waiting_rows_are_deleted_leaves_the_worker_idle(tmp_path: Path) -> None:
+    """Rows waiting out a retry deleted meanwhile (/forget me all): the chat stayed parked with a time
+    past, and the worker read every due row 84 times a second until that chat got another message."""
+    db = Database(tmp_path / "o.sqlite3")
+    outbox = Outbox(db, retry_base_s=0.2, retry_max_s=0.2)
+    HistoryStore(db)
+    await db.open()
+    outbox.register(FailsFirstOnce())
+    scans, due_chats = [0], outbox._due_chats
+
+    async def counted(platform: str, busy: set[str]):  # type: ignore[no-untyped-def]
+        scans[0] += 1
+        return await due_chats(platform, busy)
+
+    outbox._due_chats = counted  # type: ignore[method-assign]
+    try:
+        await outbox.enqueue(OutgoingMessage(key="a", chat=G1, text="first"),
+                             OutgoingMessage(key="b", chat=G1, text="second"))
+        await outbox.start()
+        async with asyncio.timeout(5):
+            while G1.key not in outbox._parked["memory"]:  # "a" failed once: the chat waits out its retry
+                await asyncio.sleep(0.01)
+        await db.run(lambda tx: tx.execute("DELETE FROM outbox WHERE status = 'pending'"))  # (privacy's delete)
+        await asyncio.sleep(0.4)  # past the retry
+        scans[0] = 0
+        await asyncio.sleep(0.5)
+        assert scans[0] <= 2  # (it read 40 times)
+        assert await outbox.pending() == 0
+    finally:
+        await outbox.stop(0.1)
+        await db.close()
+
+
 async def test_a_write_that_keeps_failing_parks_the_chat_instead_of_spinning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A full disk (SQLite's max_page_count): the claim's write fails every time; the chat is

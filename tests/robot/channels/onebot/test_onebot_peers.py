@@ -618,3 +618,31 @@ async def test_a_message_the_implementation_drops_its_socket_on_is_given_up_afte
 
 async def _statuses(outbox: Outbox, expected: dict[str, str]) -> bool:
     return {str(row["key"]): row["status"] for row in await outbox.rows()} == expected
+
+
+DEAD_GROUPS = ("900001", "900002", "900003")
+
+
+class Unanswering(OneBotTestPeer):
+    """NapCat hanging on the sends to some groups (:data:`DEAD_GROUPS`): never answers them."""
+
+    def _answer(self, frame: Any) -> dict[str, Any] | None:
+        if frame.get("action") == "send_group_msg" and str(frame["params"]["group_id"]) in DEAD_GROUPS:
+            return None
+        return super()._answer(frame)
+
+
+async def test_groups_whose_sends_never_get_an_answer_hold_up_no_other_groups_replies(
+    running: Running, tmp_path: Path
+) -> None:
+    """As many unanswered groups as the outbox has slots held them all for action_timeout_s (30 s):
+    every other group's replies waited that long, twice on a retry."""
+    async with running(reverse(action_timeout_s=30)) as ch, Unanswering(self_id=10001, access_token=TOKEN) as p:
+        await p.connect(ch.url)
+        await asyncio.wait_for(ch.wait_connected(), 5)
+        async with outbox_on(ch, tmp_path, max_in_flight=2, slow_s=0.05) as outbox:
+            await outbox.enqueue(*(OutgoingMessage(key=f"dead{g}", chat=GROUP_A.model_copy(update={"chat_id": g}),
+                                                   text="在吗") for g in DEAD_GROUPS))
+            await outbox.enqueue(OutgoingMessage(key="alive", chat=GROUP_A, text="好的"))
+            await p.wait_for_action(lambda f: f["params"].get("group_id") == 123456, timeout=3)
+            assert len(sends(p)) == 4  # (the third unanswered group waits: twice max_in_flight in flight)
