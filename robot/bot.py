@@ -29,7 +29,7 @@ from function_calls import (
     ToolResult,
     Toolset,
 )
-from robot import privacy
+from robot import privacy, stopping
 from robot.approvals import Approvals
 from robot.ask_user import Questions, ask_user
 from robot.channels.base import Channel, NotTaken, PanelProvider
@@ -149,7 +149,8 @@ class Bot:
         self.parked = ParkedMessages(self.db, self.clock)  # what came as it stopped: handled at the next start
         self.forgetters.append(Forgetter("parked", "条未处理的消息", self.parked.forget))
         self._replay: asyncio.Task[None] | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: dict[asyncio.Task[None], Message] = {}  #: the messages being handled, by their task
+        self._cut: set[asyncio.Task[None]] = set()  #: those the stop cut short (robot.stopping.cut_short)
         self._housekeeping: asyncio.Task[None] | None = None
         self.started = False
         # Set once every plugin is set up: a plugin's start-up (reminders catching up) may call
@@ -295,18 +296,32 @@ class Bot:
     # --- lifecycle ------------------------------------------------------------------------
     async def handle(self, message: Message) -> None:
         """The channels' sink. Errors are logged, never raised into a channel, but :class:`NotTaken` for a
-        message that arrives while the bot stops, or that failed with nobody told: left to redelivery."""
+        message that arrives while the bot stops, or that failed with nobody told: left to redelivery, and
+        kept for the next start (:mod:`robot.parked`), as is one whose handling the stop cuts short."""
         task = asyncio.current_task()
         if task is not None:
-            self._inflight.add(task)
+            self._inflight[task] = message
         try:
             taken = await self.pipeline.handle(message)
+        except asyncio.CancelledError:
+            if self.started:
+                raise
+            # Cut short by the stop (its channel's grace ran out, or robot.stopping.cut_short): OneBot and the
+            # web page never send it again, so it is kept unless its reply is queued. The bot's own cut is no
+            # cancellation of the caller's: to the caller the message was taken (kept), or NotTaken.
+            kept = await self.parked.park_unanswered(message)
+            if task is None or task not in self._cut or task.uncancel():
+                raise
+            if not kept:
+                raise NotTaken(f"{message.platform} message {message.message_id}: cut short by the stop") from None
+            return
         except Exception:
             log.exception("handling %s message %s failed", message.platform, message.message_id)
             return
         finally:
             if task is not None:
-                self._inflight.discard(task)
+                self._inflight.pop(task, None)
+                self._cut.discard(task)
         if not taken:
             await self.parked.park(message)
             raise NotTaken(f"{message.platform} message {message.message_id}: not taken (stopping, or failing)")
@@ -361,39 +376,9 @@ class Bot:
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
         """Finish in-flight work, stop plugins, flush the outbox, then close the channels (last: the outbox
-        can still deliver) and the store; what was not delivered stays stored and goes out at the next start."""
+        can still deliver) and the store; what was not delivered stays stored and goes out at the next start,
+        and what was cut short is answered then (:mod:`robot.stopping`)."""
         if not self.started:
             return
         self.started = False
-        await self.one_process.stop()
-        if self._inflight:
-            await asyncio.wait(self._inflight, timeout=flush_timeout_s)
-        for channel in self.channels.values():  # from now on, messages are left to the platforms' redelivery
-            channel.stop_taking()  # (and kept for the next start: robot.parked)
-        self.pipeline.admission.close()  # what has not started by now would meet a closed store
-        for plugin in self.plugins:
-            if plugin.teardown is not None and plugin.name in self._deps:
-                try:
-                    await plugin.teardown(self._deps[plugin.name])
-                except Exception:
-                    log.exception("plugin %s teardown failed", plugin.name)
-        await self.approvals.stop(flush_timeout_s)
-        for task in (self._housekeeping, self._replay):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self.outbox.stop(flush_timeout_s)
-        for channel in self.channels.values():
-            try:
-                await channel.stop()
-            except Exception:
-                log.exception("stopping channel %s failed", channel.platform)
-        if self._inflight:  # messages that arrived while the outbox was flushing
-            await asyncio.wait(self._inflight, timeout=flush_timeout_s)
-        close = getattr(self.model, "aclose", None)
-        if close is not None:
-            await close()
-        await self.pending.stop()  # what the database refused meanwhile: one last try
-        await self.leases.stop()
-        await self.db.close()
+        await stopping.stop(self, flush_timeout_s)

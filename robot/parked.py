@@ -1,13 +1,14 @@
-"""Messages the bot turned away as it stopped (:class:`robot.NotTaken`), kept to be answered later.
+"""Messages the bot turned away as it stopped (:class:`robot.NotTaken`), or whose handling the stop cut
+short (:mod:`robot.stopping`), kept to be answered later.
 
 Some platforms never send a message again once their channel took it: OneBot's sockets, a WeCom
-callback answered "success", the web playground. What the stopping bot no longer takes is kept here
-and answered at the next start, or by another process still running on the same database (every
-:attr:`ParkedMessages.every_s`). A channel whose platform does redeliver (a poll cursor, a
-callback's retry) leaves the message unacknowledged as well: the pipeline's dedupe drops the
-second copy. A row lives until it was handled (a day at most, then dropped with a warning), and
-``/forget me`` clears the person's (:meth:`ParkedMessages.forget`, a :class:`~robot.privacy.Forgetter`
-of the bot's).
+callback answered "success", the web playground. What the stopping bot no longer takes, or no longer
+answers, is kept here (not one whose reply is queued) and answered at the next start, or by another
+process still running on the same database (every :attr:`ParkedMessages.every_s`). A channel whose
+platform does redeliver (a poll cursor, a callback's retry) leaves the message unacknowledged as
+well: the pipeline's dedupe drops the second copy. A row lives until it was handled (a day at most,
+then dropped with a warning), and ``/forget me`` clears the person's (:meth:`ParkedMessages.forget`,
+a :class:`~robot.privacy.Forgetter` of the bot's).
 """
 
 from __future__ import annotations
@@ -42,14 +43,32 @@ class ParkedMessages:
 
     async def park(self, message: Message) -> None:
         """Keep ``message`` for the next start (its ``raw`` payload is not kept)."""
+        await self._park(message, unless_handled=False)
+
+    async def park_unanswered(self, message: Message) -> bool:
+        """:meth:`park` a message the stop cut short, unless the pipeline marked it handled (the unit
+        queueing its reply does): it has its answer. False when the database refused it."""
+        return await self._park(message, unless_handled=True)
+
+    async def _park(self, message: Message, *, unless_handled: bool) -> bool:
         body = message.model_copy(update={"raw": None}).model_dump_json()
-        row = [message.platform, message.message_id, message.chat.key, message.sender.user_id, body, iso(self.clock())]
+        ident = [message.platform, message.message_id]
+        row = [*ident, message.chat.key, message.sender.user_id, body, iso(self.clock())]
+
+        def keep(db: Tx) -> None:
+            # (were the mark committed just after this, the replay's dedupe drops the copy: answered once)
+            if unless_handled and db.execute("SELECT 1 FROM seen WHERE platform = ? AND message_id = ? "
+                                             "AND handled = 1", ident).fetchone() is not None:
+                return
+            db.execute("INSERT INTO parked_messages (platform, message_id, chat, user_id, body, parked_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (platform, message_id) DO NOTHING", row)
+
         try:
-            await self.db.run(lambda db: db.execute(
-                "INSERT INTO parked_messages (platform, message_id, chat, user_id, body, parked_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (platform, message_id) DO NOTHING", row), urgent=True)
+            await self.db.transaction(keep, urgent=True)
         except Exception:  # (a database going away as the bot stops): the platform's redelivery, if any, is left
             log.exception("%s message %s: could not keep it for the next start", message.platform, message.message_id)
+            return False
+        return True
 
     async def forget(self, request: ForgetRequest) -> int:
         """``/forget me``: the person's messages kept, in the chats the request covers."""

@@ -83,6 +83,10 @@ class Pipeline:
                 return rest.lstrip(" ,，:：、~～")
         return None
 
+    def in_hand(self, message: Message) -> bool:
+        """Whether ``message`` has had its turn and is being handled now."""
+        return (message.platform, message.message_id) in self._handling
+
     def is_command(self, text: str) -> bool:  # a core's or a tool's /command (not any text after a slash)
         command = parse_command(text)
         return command is not None and (command.name in _CORE_COMMANDS
@@ -330,7 +334,7 @@ class Pipeline:
         streaming = channel is not None and channel.capabilities.streaming and bot.settings.llm.stream
 
         async def on_text(delta: str) -> None:
-            if streaming and channel is not None:
+            if channel is not None:
                 await channel.stream_delta(message.chat, message.message_id, delta)
 
         async def on_event(event: dict[str, Any]) -> None:
@@ -352,7 +356,8 @@ class Pipeline:
             result = await bot.router.chat(
                 text, caller=caller, tools=tools,
                 history=[h.turn() for h in history if h.message_id != message.message_id],
-                zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock, on_text=on_text,
+                zone=bot.zone_for(message.chat), deps_for=bot.deps_for, clock=bot.clock,
+                on_text=on_text if streaming else None,  # (shown nothing, a broken stream is retried)
                 on_event=on_event, context=[m for e in extras for m in e.messages], sent=message.timestamp,
             )
         for extra in extras:

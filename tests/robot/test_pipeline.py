@@ -465,6 +465,30 @@ async def test_a_failing_model_is_explained_without_internals(make_bot: Any) -> 
     assert "AI 服务暂时不可用" in sent.text and "Traceback" not in sent.text
 
 
+async def test_a_stream_broken_off_on_a_channel_that_cannot_stream_is_retried(make_bot: Any) -> None:
+    # OneBot, Telegram, WeChat show nothing before the answer is whole: a stream cut after its first words
+    # counted as "text already shown" there and was never retried; the person got the error instead.
+    from function_calls.testing import FakeOpenAIServer, Reply
+    from robot.channels.base import Capabilities
+
+    plain = MemoryChannel()
+    plain.capabilities = Capabilities(max_text_len=4000, streaming=False)
+    async with FakeOpenAIServer() as server:
+        server.script(Reply("北京今天晴，最高 25 度，适合出门。", break_after=3), Reply("北京今天晴，25 度。"))
+        bot, ch = await make_bot(channel=plain, plugins=[],
+                                 llm={"base_url": server.base_url, "api_key": "k", "model": "fake-model"})
+        assert bot.router is not None
+
+        async def no_wait(_: float) -> None:
+            return None
+
+        bot.router.runner.sleep = no_wait
+        await ch.inject("北京天气？", at_bot=True)
+        (sent,) = await ch.wait_sent(1)
+        await bot.stop()
+    assert sent.text == "北京今天晴，25 度。" and len(server.requests) == 2 and ch.deltas == []
+
+
 async def test_stop_waits_for_in_flight_work_and_flushes(make_bot: Any) -> None:
     model = echo_model()
     bot, ch = await make_bot(model)
