@@ -85,3 +85,13 @@ class RunResult(BaseModel):
     @property
     def messages(self) -> list[dict[str, Any]]:
         return self.state.messages
+
+    def tier_tokens(self) -> dict[str, int]:
+        """Tokens per model tier: what tools report in ``data["tiers"]`` (the model tiers' sub-runs); the
+        rest is the run's own model's, ``execute``."""
+        tiers: dict[str, int] = {}
+        for trace in self.trace:
+            for tier, tokens in ((trace.data or {}).get("tiers") or {}).items():
+                tiers[tier] = tiers.get(tier, 0) + int(tokens)
+        tiers["execute"] = tiers.get("execute", 0) + self.usage.total_tokens - sum(tiers.values())
+        return tiers

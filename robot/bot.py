@@ -66,6 +66,8 @@ __all__ = ["Bot", "build_channels"]
 log = logging.getLogger(__name__)
 #: The tool names the run in progress is limited to (see Bot.tool_scope); None: no limit.
 _SCOPE: ContextVar[frozenset[str] | None] = ContextVar("qunbot_tool_scope", default=None)
+#: Inside robot.parked's replay: a message that fails again is NotTaken, so its row stays kept.
+_REPLAYING: ContextVar[bool] = ContextVar("qunbot_replaying", default=False)
 
 
 class Bot:
@@ -323,8 +325,20 @@ class Bot:
                 self._inflight.pop(task, None)
                 self._cut.discard(task)
         if not taken:
-            await self.parked.park(message)
+            kept = await self.parked.park(message)
+            if kept and self.started and not _REPLAYING.get():
+                # Failing while the bot runs: kept, robot.parked hands it over again within every_s. Taken, as
+                # far as its channel knows (a poll cursor held back froze for every later message).
+                return
             raise NotTaken(f"{message.platform} message {message.message_id}: not taken (stopping, or failing)")
+
+    async def _replayed(self, message: Message) -> None:
+        """:meth:`handle` for a message robot.parked kept: failing again, it stays kept (NotTaken)."""
+        token = _REPLAYING.set(True)
+        try:
+            await self.handle(message)
+        finally:
+            _REPLAYING.reset(token)
 
     async def start(self) -> None:
         """Open the store, set up plugins, start the channels, then the outbox.
@@ -354,7 +368,7 @@ class Bot:
             for channel in self.channels.values():
                 await channel.publish_commands(menu)
             self._housekeeping = asyncio.create_task(housekeep(self), name="qunbot-housekeeping")
-            self._replay = asyncio.create_task(self.parked.keep_replaying(self.handle), name="qunbot-parked")
+            self._replay = asyncio.create_task(self.parked.keep_replaying(self._replayed), name="qunbot-parked")
             self.one_process.started()
         except BaseException:
             await self.stop(flush_timeout_s=0)

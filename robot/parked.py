@@ -41,9 +41,9 @@ class ParkedMessages:
         self.every_s = 30.0  #: how often a running process looks for messages another one kept
         db.migrate("parked", [_SCHEMA])
 
-    async def park(self, message: Message) -> None:
-        """Keep ``message`` for the next start (its ``raw`` payload is not kept)."""
-        await self._park(message, unless_handled=False)
+    async def park(self, message: Message) -> bool:
+        """Keep ``message`` for the next start (its ``raw`` payload is not kept); False when the database refused."""
+        return await self._park(message, unless_handled=False)
 
     async def park_unanswered(self, message: Message) -> bool:
         """:meth:`park` a message the stop cut short, unless the pipeline marked it handled (the unit

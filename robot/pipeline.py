@@ -7,6 +7,7 @@ into the outbox, each keyed by the incoming message so a redelivery cannot doubl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from function_calls import ArgumentError, Caller, RunResult, StopReason, ToolError, Toolset
+from function_calls import ArgumentError, Caller, StopReason, ToolError, Toolset
 from robot.admission import Admission
 from robot.commands import CommandError, clip, format_argument_error, help_text, parse_command, refusal
 from robot.history import HistoryEntry
@@ -28,7 +29,7 @@ from robot.storage import Tx
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline", "reply_key", "tier_tokens"]
+__all__ = ["NO_LLM_REPLY", "Pipeline", "reply_key"]
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +47,6 @@ APPROVALS_HELP = (
     "需要确认的操作会给出一个 5 位确认码：/approve 码 批准，/deny 码 [理由] 拒绝，/pending 查看等待中的请求。"
     "需要你本人确认的操作，也可以在本群（或私聊）直接回复“确认”“好的”或“yes”（只对你最近的一个请求有效）。"
 )
-
-
-def tier_tokens(result: RunResult) -> dict[str, int]:
-    """Tokens per model tier: what tools report in ``data["tiers"]``; the rest is the execute tier."""
-    tiers: dict[str, int] = {}
-    for trace in result.trace:
-        for tier, tokens in ((trace.data or {}).get("tiers") or {}).items():
-            tiers[tier] = tiers.get(tier, 0) + int(tokens)
-    tiers["execute"] = tiers.get("execute", 0) + result.usage.total_tokens - sum(tiers.values())
-    return tiers
 
 
 def _names(entries: Sequence[str], chat: ChatRef) -> bool:
@@ -160,11 +151,15 @@ class Pipeline:
                 self._unmarked.add(ident)
             try:
                 await self._handle(message, context[0] if fresh and context else None)
+            except asyncio.CancelledError:  # the stop cut it short: kept to be answered again, unless a call
+                if ident in self.replies.ran and ident not in self.replies.said:  # took effect (it would twice)
+                    await self.replies.stopped(message)
+                raise
             except Exception:
                 # Nothing said (a unit the failing database refused, the direct send as well): acknowledged
-                # as it is, the message would be lost. The sender is told to try again; if not even that
-                # goes out, it is not taken (left to the platform's redelivery, and robot.parked).
-                if ident in self.replies.said or not self._addressed(message):
+                # as it is, the message would be lost. The sender is told to try again (or, once a call took
+                # effect, what ran); if not even that goes out, it is not taken (robot.parked keeps it).
+                if ident in self.replies.said or not (self._addressed(message) or ident in self.replies.ran):
                     raise
                 log.exception("handling %s message %s failed; telling the sender to try again", *ident)
                 return await self.replies.sorry(message)
@@ -173,6 +168,7 @@ class Pipeline:
             self._handling.discard(ident)
             self._unmarked.discard(ident)
             self.replies.said.discard(ident)
+            self.replies.ran.pop(ident, None)
         if fresh and unmarked:  # answered without a reply (or its enqueue failed): marked on its own
             try:
                 await bot.dedupe.done(*ident)
@@ -338,6 +334,7 @@ class Pipeline:
                 await channel.stream_delta(message.chat, message.message_id, delta)
 
         async def on_event(event: dict[str, Any]) -> None:
+            self.replies.took_effect(message, event)
             if channel is not None:
                 await observe(channel.trace(message.chat, {**event, "message_id": message.message_id}), "trace")
 
@@ -368,7 +365,7 @@ class Pipeline:
                     log.exception("settling a context hook failed")
         await on_event({"type": "run_end", "stop": result.stop.value, "detail": result.detail,
                         "tokens": result.usage.total_tokens, "model_calls": result.usage.requests,
-                        "tiers": tier_tokens(result)})
+                        "tiers": result.tier_tokens()})
         replies = result.replies
         if result.stop is StopReason.AWAITING_APPROVAL:
             ask = await bot.approvals.pause(result, caller, message.chat, tools=tools.names(),

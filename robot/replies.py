@@ -7,6 +7,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from function_calls import ToolTrace
+from function_calls.stops import told_text
 from robot.channels.base import Channel
 from robot.message import Message, OutgoingMessage
 from robot.storage import Tx
@@ -21,6 +23,9 @@ __all__ = ["RETRY_NOTICE", "Replies", "reply_key", "send_directly"]
 log = logging.getLogger(__name__)
 
 RETRY_NOTICE = "抱歉，我这边暂时出了点问题，没能处理这条消息，请稍后再试。"
+#: Told instead, once a tool call of the message's run took effect (asked again, a payment went twice).
+_FAILED_AFTER = ("抱歉，我这边出了点问题，这条消息没能处理完", "")
+_STOPPED_AFTER = ("机器人正在停止，这条消息没能处理完", "")
 
 
 def reply_key(platform: str, chat_id: str, message_id: str, index: int = 0) -> str:
@@ -58,6 +63,25 @@ class Replies:
         self.bot, self._unmarked = bot, unmarked
         #: Messages in hand something was queued or said for (the pipeline discards them when done).
         self.said: set[tuple[str, str]] = set()
+        #: The tool calls that took effect in the run of each message in hand (the pipeline discards them).
+        self.ran: dict[tuple[str, str], list[ToolTrace]] = {}
+
+    def took_effect(self, message: Message, event: dict[str, object]) -> None:
+        """Note a run's ``tool`` event (:class:`ToolTrace` fields) for ``message`` unless the call failed."""
+        if event.get("type") == "tool" and not event.get("is_error"):
+            self.ran.setdefault((message.platform, message.message_id), []).append(ToolTrace(
+                call_id=str(event.get("call_id", "")), name=str(event.get("name", "")),
+                arguments=str(event.get("arguments", "")), result=""))
+
+    async def stopped(self, message: Message) -> None:
+        """A run cut short by the stop after some of its calls took effect: the message is not kept to be
+        answered again (its calls would run twice); the sender is told what ran, at the next start at worst."""
+        done = self.ran.get((message.platform, message.message_id), [])
+        try:
+            await self.reply(message, [told_text(_STOPPED_AFTER, done)])  # (marks it handled: not kept)
+        except Exception:
+            log.exception("telling the sender of %s message %s what ran before the stop failed", message.platform,
+                          message.message_id)
 
     async def reply(self, message: Message, texts: Sequence[str]) -> None:
         """Queue replies; in a group each @-mentions the person answered."""
@@ -105,9 +129,10 @@ class Replies:
         channel = self.bot.channels.get(message.platform)
         if channel is None:
             return False
+        done = self.ran.get((message.platform, message.message_id))
         notice = OutgoingMessage(
             key=reply_key(message.platform, message.chat.chat_id, message.message_id) + ":retry", chat=message.chat,
-            text=RETRY_NOTICE, mention=(message.sender.user_id,) if message.chat.kind == "group" else (),
+            text=told_text(_FAILED_AFTER, done) if done else RETRY_NOTICE, mention=(message.sender.user_id,) if message.chat.kind == "group" else (),
             reply_to=message.message_id)
         try:
             await send_directly(channel, [notice])

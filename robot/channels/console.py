@@ -54,7 +54,7 @@ class ConsoleChannel(Channel):
         #: Seconds a stop gives the line being answered, after the bot's own grace (``Bot.stop``).
         self.stop_grace_s = 2.0
         #: Where a line still unanswered then is kept for the next start (``qunbot chat``: ``bot.parked.park``).
-        self.park: Callable[[Message], Awaitable[None]] | None = None
+        self.park: Callable[[Message], Awaitable[object]] | None = None
         self._streaming: dict[str, str] = {}
         self._line_open = False
         self._names: dict[str, str] = {user: user}

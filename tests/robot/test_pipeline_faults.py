@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from function_calls.testing import ScriptedModel, text
+from function_calls.testing import ScriptedModel, call, text
 from robot.bot import Bot
 from robot.channels.base import NotTaken, SendRejected
 from robot.message import ChatRef, Message, OutgoingMessage, Sender
@@ -78,18 +78,44 @@ async def test_a_message_the_failing_database_keeps_from_answering_gets_a_try_ag
     assert said.reply_to == "q1" and "请稍后再试" in said.text and said.mention == ("u1",)
 
 
-async def test_a_message_nobody_can_be_told_about_is_not_taken(make_bot: Any) -> None:
-    # Neither answered nor told: the channel must not acknowledge it (a poll cursor stays, a callback fails).
+async def test_a_message_nobody_can_be_told_about_is_kept_and_tried_again(make_bot: Any) -> None:
+    # Neither answered nor told: it is kept (robot.parked) and handed over again until it is answered. Its
+    # channel is not told NotTaken while the bot runs: a poll cursor held back froze for every later message.
     bot, ch = await make_bot(ScriptedModel(lambda req: text("模型的回答"), record=False))
+    hold = bot.budget.for_run
 
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise sqlite3.OperationalError("database is locked")
 
     bot.budget.for_run = refused
     ch.down = True
-    with pytest.raises(NotTaken):
-        await bot.handle(asked("q1", "明天几点开会？"))
-    assert ch.sent == []
+    await bot.handle(asked("q1", "明天几点开会？"))
+    kept = "SELECT message_id FROM parked_messages"
+    assert ch.sent == [] and await bot.db.run(lambda db: db.execute(kept).fetchall()) == [("q1",)]
+    await bot.parked.replay(bot._replayed)  # still failing: still kept
+    assert ch.sent == [] and await bot.db.run(lambda db: db.execute(kept).fetchall()) == [("q1",)]
+    bot.budget.for_run, ch.down = hold, False
+    await bot.parked.replay(bot._replayed)
+    await bot.outbox.flush()
+    assert [m.text for m in ch.sent] == ["模型的回答"] and await bot.db.run(lambda db: db.execute(kept).fetchall()) == []
+    with pytest.raises(NotTaken):  # (stopping: the platform's redelivery, if any, is left to it)
+        bot.started = False
+        bot.budget.for_run, ch.down = refused, True
+        await bot.handle(asked("q2", "还有呢？"))
+
+
+async def test_a_run_that_failed_after_a_call_took_effect_says_what_ran_not_try_again(make_bot: Any) -> None:
+    # "请稍后再试" after a payment went through: asked again, it paid twice.
+    bot, ch = await make_bot(ScriptedModel([call("note", {"text": "转账5元"}), text("好了")]))
+
+    async def refused(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    bot.pipeline.replies.reply = refused  # type: ignore[method-assign]
+    await bot.handle(asked("q1", "转5元给小王"))
+    (said,) = ch.sent
+    assert "已执行：note（text=\"转账5元\"）" in said.text and "请勿直接重复请求" in said.text
+    assert "请稍后再试" not in said.text
 
 
 @pytest.mark.parametrize("full", [False, True])

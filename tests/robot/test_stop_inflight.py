@@ -9,16 +9,24 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from function_calls import ModelRequest
-from function_calls.testing import ScriptedModel, text
+from pydantic import BaseModel
+
+from function_calls import ModelRequest, ToolContext, ToolResult, Toolset, tool_function
+from function_calls.testing import ScriptedModel, call, text
 from robot.channels.onebot import OneBotChannel, OneBotSettings, OneBotTestPeer
 from robot.message import ChatRef
+from robot.plugin import Plugin
 from robot.testing import MemoryChannel
 from tests.robot.conftest import eventually
 
 G1 = ChatRef(platform="memory", chat_id="g1", kind="group")
 AT_BOT: dict[str, Any] = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "onebot_v11.json")
                                     .read_text("utf-8"))["events"]["group_message_at_bot"]
+
+
+class PayArgs(BaseModel):
+    to: str
+    amount: int
 
 
 def slow_model(started: list[str]) -> ScriptedModel:
@@ -112,3 +120,40 @@ async def test_a_message_whose_reply_was_queued_is_not_kept_to_be_answered_again
     await again.parked.replay(again.handle)
     await again.outbox.flush()
     assert [m.text for m in ch.sent] == ["noted for u1: 牛奶 x1"] and ch2.sent == []
+
+
+async def test_a_question_cut_short_after_a_call_took_effect_is_not_run_again_but_told_what_ran(
+        make_bot: Any, tmp_path: Path) -> None:
+    """Kept to be answered again, its run would take its calls again (a payment twice): the sender is told
+    what ran, at the next start, and nothing runs twice."""
+    turns: list[str] = []
+    paid: list[int] = []
+
+    @tool_function
+    async def pay(ctx: ToolContext[object], args: PayArgs) -> ToolResult:
+        """Pay someone."""
+        paid.append(args.amount)
+        return ToolResult(content=f"paid {args.amount}")
+
+    async def script(request: ModelRequest) -> Any:
+        turns.append("turn")
+        if len(turns) == 1:
+            return call("pay", {"to": "小王", "amount": 5})
+        await asyncio.Event().wait()  # the answer after the call never comes before the stop
+
+    payments = Plugin("payments", Toolset("payments", [pay]))
+    bot, ch = await make_bot(ScriptedModel(script), plugins=[payments])
+    asking = asyncio.create_task(ch.inject("转5元给小王", at_bot=True, message_id="q1"))
+    await eventually(lambda: len(turns) == 2)
+    await bot.stop(flush_timeout_s=0.05)
+    async with asyncio.timeout(5):
+        await asyncio.gather(asking, return_exceptions=True)
+    assert rows(bot.db.path, "SELECT * FROM parked_messages") == []
+
+    model = echo_model()
+    again, ch2 = await make_bot(model, data_dir=tmp_path, plugins=[payments])
+    await again.parked.replay(again.handle)
+    await again.outbox.flush()
+    told = [m.text for m in ch.sent + ch2.sent if "已执行" in m.text]
+    assert len(told) == 1 and "pay（to=\"小王\", amount=5）" in told[0] and "请勿直接重复请求" in told[0]
+    assert model.requests == [] and paid == [5]  # not answered again: paid once
