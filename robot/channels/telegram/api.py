@@ -12,7 +12,8 @@ Errors::
         ├── TelegramHTTPError      network failure or an unreadable answer (retry later)
         └── TelegramApiError       ``ok: false``: error_code and description
             ├── TooManyRequests    429 with ``parameters.retry_after`` seconds
-            └── ChatMigrated       400 with ``parameters.migrate_to_chat_id``
+            ├── ChatMigrated       400 with ``parameters.migrate_to_chat_id``
+            └── TokenRefused       401 or 404: the bot token is wrong or revoked (no call can work)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import aiohttp
 from robot.channels.base import ChannelError
 
 __all__ = ["ChatMigrated", "TelegramApi", "TelegramApiError", "TelegramError", "TelegramHTTPError",
-           "TooManyRequests", "utf16_len"]
+           "TokenRefused", "TooManyRequests", "utf16_len"]
 
 
 def utf16_len(text: str) -> int:
@@ -66,6 +67,10 @@ class ChatMigrated(TelegramApiError):
         return int(self.parameters["migrate_to_chat_id"])
 
 
+class TokenRefused(TelegramApiError):
+    """401 (or 404 on the bot's URL): the token is wrong or was revoked in @BotFather; nothing can be sent."""
+
+
 class TelegramApi:
     """``await api.call("sendMessage", {...})`` returns the ``result`` or raises."""
 
@@ -96,6 +101,8 @@ class TelegramApi:
         params = answer.get("parameters") if isinstance(answer.get("parameters"), dict) else {}
         if code == 429:
             raise TooManyRequests(method, code, description, params)
+        if code in (401, 404):  # Telegram answers 404 to a malformed token's URL (and to no method we call)
+            raise TokenRefused(method, code, description, params)
         if isinstance(params, dict) and "migrate_to_chat_id" in params:
             raise ChatMigrated(method, code, description, params)
         if code >= 500:

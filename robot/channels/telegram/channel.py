@@ -44,19 +44,19 @@ from robot.channels.telegram.api import (
     TelegramApi,
     TelegramApiError,
     TelegramError,
+    TokenRefused,
     TooManyRequests,
     utf16_len,
 )
 from robot.channels.telegram.convert import (
     LIMIT,
-    mention_prefix,
     placeholder,
     read_entities,
     sender_of,
     split_utf16,
     start_as_help,
-    user_name,
 )
+from robot.channels.telegram.names import MentionNames
 from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.telegram.state import TelegramState
 from robot.channels.telegram.webhook import WebhookIntake
@@ -67,7 +67,6 @@ __all__ = ["TelegramChannel"]
 
 log = logging.getLogger(__name__)
 _COMMAND = re.compile(r"^[a-z0-9_]{1,32}$")
-_MENTIONS = 20  # people @-ed in one message at most
 
 
 class TelegramChannel(WebhookIntake):
@@ -98,7 +97,8 @@ class TelegramChannel(WebhookIntake):
         self._url: str | None = None
         self._typing = TypingIndicators("telegram")
         self._spooled: dict[str, asyncio.Task[bool]] = {}
-        self._names: dict[int, str] = {}  # user id -> name, from their messages: a mention's label
+        self.names = MentionNames(self._target)
+        self._refused_at: float | None = None  # when the owner was told that Telegram refuses the token
         self._stopping = asyncio.Event()
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -170,10 +170,13 @@ class TelegramChannel(WebhookIntake):
                 delay = min(self.settings.backoff_max_s, self.settings.retry_delay_s * 2 ** min(failures - 1, 10))
                 if isinstance(exc, TooManyRequests):
                     delay = max(delay, exc.retry_after)
+                if isinstance(exc, TokenRefused):
+                    self._refused(exc)
                 log.warning("telegram: getUpdates failed (%s); retrying in %.0f s", exc, delay)
                 pause = delay
                 continue
             failures = 0
+            self._token_works(asked)
             if not isinstance(updates, list) or not updates:  # answered empty at once (timeout 0, a proxy):
                 pause = self.settings.retry_delay_s if time.monotonic() - asked < 1 else 0.0  # no busy loop
                 continue
@@ -188,6 +191,18 @@ class TelegramChannel(WebhookIntake):
                 return  # not on disk and not taken (the bot stops): left unconfirmed, Telegram sends it again
             offset = max(ids) + 1
             self._commit = asyncio.create_task(self._save_offset(self._commit, batch, offset))
+
+    def _refused(self, exc: TokenRefused) -> None:
+        """Tell the owner, once until a call works again, that only a new token helps."""
+        if self._refused_at is None:
+            self._refused_at = time.monotonic()
+            log.error("telegram: %s: the bot token is wrong or was revoked; messages wait. Put the token "
+                      "@BotFather shows into [channels.telegram] token and restart qunbot", exc)
+
+    def _token_works(self, asked: float) -> None:
+        """A call made at ``asked`` worked: a refusal told before it is over (not one told while it was out)."""
+        if self._refused_at is not None and asked > self._refused_at:
+            self._refused_at = None
 
     async def _save_offset(self, previous: asyncio.Task[bool] | None, batch: list[asyncio.Task[bool]], at: int) -> bool:
         """Save ``at`` once this batch (and every earlier one) was taken by the bot; whether it was."""
@@ -246,7 +261,7 @@ class TelegramChannel(WebhookIntake):
             reply = {}
         who = sender_of(msg, chat_id)
         if who.user_id.isdigit():
-            self._remember_name(int(who.user_id), who.name)
+            self.names.remember(int(who.user_id), who.name)
         return Message(
             chat=ChatRef(platform=self.platform, chat_id=key_id, kind="private" if chat_type == "private" else "group",
                          account=self.bot_id),
@@ -293,40 +308,12 @@ class TelegramChannel(WebhookIntake):
             raise SendRejected(f"telegram bot {message.chat.account} is not this bot ({self.bot_id})")
         # A message clears the chat's "typing": back after it while other runs there go on.
         async with self._typing.paused(message.chat.key):
-            prefix, entities = await self._mentions(message)
+            prefix, entities = await self.names.prefix(self.api, message)
             receipt = SendReceipt()
             for i, part in enumerate(split_utf16(prefix + message.text)):
                 receipt = await self._send_part(message, part, [e for e in entities if i == 0 and
                                                                 e["offset"] + e["length"] <= utf16_len(part)])
         return receipt
-
-    async def _mentions(self, message: OutgoingMessage) -> tuple[str, list[dict[str, Any]]]:
-        """The labels of the people to @ in a group (a reminder's owner, approvers) and their entities. Not on
-        a reply: its quote notifies the one it answers; not for an id that is no user's (a chat's, anonymous)."""
-        if message.chat.kind != "group" or message.reply_to:
-            return "", []
-        ids = [int(m) for m in dict.fromkeys(message.mention) if m.isdigit()][:_MENTIONS]
-        return mention_prefix([(uid, await self._name_of(message.chat, uid)) for uid in ids])
-
-    async def _name_of(self, chat: ChatRef, user_id: int) -> str:
-        """The name of ``user_id``: seen in a message, else asked (getChatMember); else the id."""
-        if user_id not in self._names and self.api is not None:
-            try:
-                member = await self.api.call("getChatMember", {"chat_id": self._target(chat)[0], "user_id": user_id},
-                                             timeout_s=5)
-            except TelegramError as exc:
-                log.debug("telegram: getChatMember failed: %s", exc)
-                self._remember_name(user_id, "")  # not asked again per send: the id stands in until they speak
-            else:
-                if isinstance(member, dict) and isinstance(member.get("user"), dict):
-                    self._remember_name(user_id, user_name(member["user"]))
-        return self._names.get(user_id) or str(user_id)
-
-    def _remember_name(self, user_id: int, name: str) -> None:
-        self._names.pop(user_id, None)
-        self._names[user_id] = name
-        if len(self._names) > 4096:  # the least recently seen goes
-            self._names.pop(next(iter(self._names)))
 
     async def _send_part(self, message: OutgoingMessage, text: str, entities: list[dict[str, Any]]) -> SendReceipt:
         assert self.api is not None
@@ -342,6 +329,7 @@ class TelegramChannel(WebhookIntake):
                 if reply_id.isdigit() and where == str(chat_id):
                     payload["reply_parameters"] = {"message_id": int(reply_id), "allow_sending_without_reply": True}
             try:
+                asked = time.monotonic()
                 result = await self.api.call("sendMessage", payload)
             except ChatMigrated as exc:
                 moving = self._remember_migration(chat_id, str(exc.new_chat_id))
@@ -351,10 +339,14 @@ class TelegramChannel(WebhookIntake):
             except TooManyRequests as exc:
                 raise ChannelUnavailable(f"telegram flood control: retry after {exc.retry_after:g} s",
                                          retry_after_s=exc.retry_after) from None
+            except TokenRefused as exc:  # no message can go: they wait for the fixed token, none is failed
+                self._refused(exc)
+                raise ChannelUnavailable(f"telegram refuses the bot token ({exc})") from None
             except TelegramApiError as exc:
                 raise SendRejected(str(exc)) from None
             except TelegramError as exc:
                 raise transport_failure(str(exc), exc) from None
+            self._token_works(asked)
             mid = result.get("message_id") if isinstance(result, dict) else None
             return SendReceipt(platform_message_id=f"{chat_id}:{mid}" if mid is not None else None)
         raise SendRejected(f"telegram chat {message.chat.chat_id} keeps migrating")

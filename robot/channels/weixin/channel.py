@@ -17,6 +17,7 @@ import functools
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import aiohttp
@@ -33,8 +34,8 @@ from robot.channels.base import (
 )
 from robot.channels.state_store import ChannelState
 from robot.channels.typing_indicator import TypingIndicators
+from robot.channels.weixin import tokens
 from robot.channels.weixin.api import (
-    MESSAGE_TYPE_BOT,
     TYPING_CANCEL,
     SessionExpired,
     WeixinApi,
@@ -42,8 +43,8 @@ from robot.channels.weixin.api import (
     WeixinError,
     WeixinMessage,
 )
-from robot.channels.weixin.convert import PLATFORM, chat_id_of, flatten_markdown, to_message
-from robot.channels.weixin.live import FORGOTTEN_GRACE_S, LiveAccount
+from robot.channels.weixin.convert import PLATFORM, flatten_markdown, to_message
+from robot.channels.weixin.live import LiveAccount
 from robot.channels.weixin.settings import WeixinSettings
 from robot.channels.weixin.state import WeixinAccount, WeixinState
 from robot.message import ChatRef, OutgoingMessage
@@ -72,6 +73,7 @@ class WeixinChannel(Channel):
         self._typing = TypingIndicators("weixin")
         self._stopping = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
+        self._following = False  # listening for other processes' forgets
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -154,6 +156,14 @@ class WeixinChannel(Channel):
 
     def attach_state(self, store: ChannelState) -> None:
         self.state.attach(store)
+        if not self._following:  # another process's /forget me drops the person's tokens here too
+            self._following = True
+            store.db.subscribe(tokens.FORGOTTEN_TOKENS, self._forgotten_elsewhere)
+            store.db.after_gap(lambda: tokens.keep_stored(self.state, self.accounts.values()))
+
+    def _forgotten_elsewhere(self, payload: str) -> Awaitable[None] | None:
+        recheck = tokens.drop_forgotten(self.state, self.accounts.values(), payload)
+        return tokens.keep_stored(self.state, recheck) if recheck else None
 
     def attach_forgetters(self, forgetters: list[Forgetter]) -> None:
         forgetter = Forgetter("weixin-context-tokens", "个微信会话凭据", self._forget)
@@ -161,26 +171,8 @@ class WeixinChannel(Channel):
             forgetters.append(forgetter)
 
     async def _forget(self, request: ForgetRequest) -> int:
-        """``/forget me``: drop the person's private-chat ``context_token`` on every account.
-
-        A group's token stays: it belongs to the group's latest message (anyone's), and without it
-        the group's reminders could not go out.
-        """
-        if request.platform != self.platform:
-            return 0
-        chats = {c.chat_id for c in request.chats if c.kind == "private" and c.platform == self.platform}
-        if request.everywhere:
-            chats.add(request.user_id)
-        deadline = time.monotonic() + FORGOTTEN_GRACE_S
-        removed = 0
-        for acc in self.accounts.values():
-            gone = {chat: acc.tokens.pop(chat) for chat in chats if chat in acc.tokens}
-            if gone:
-                removed += len(gone)
-                acc.forgotten.update({chat: (token, deadline) for chat, token in gone.items()})
-                await self.state.save_context_tokens(acc.bot_id, acc.tokens)  # an OSError fails the forget
-        # Every account's stored tokens too: another process may have learned some after this one read them.
-        return removed + await self.state.forget_context_tokens(chats, skip=set())
+        """``/forget me``: drop the person's private-chat ``context_token`` on every account, in every process."""
+        return await tokens.forget(self.state, self.accounts.values(), request)
 
     def location(self) -> str | None:
         return f"personal WeChat, accounts: {', '.join(self.accounts) or 'none logged in'}"
@@ -259,32 +251,22 @@ class WeixinChannel(Channel):
         return True
 
     async def _remember_tokens(self, acc: LiveAccount, raw: list[dict[str, object]]) -> None:
-        changed = False
-        for item in raw:
-            try:  # the chat as to_message reads it (a numeric or padded id was kept under another key)
-                msg = WeixinMessage.model_validate(item)
-            except ValueError:
-                continue
-            token, chat_id = msg.context_token, chat_id_of(msg)
-            if token and chat_id and msg.message_type != MESSAGE_TYPE_BOT and acc.tokens.get(chat_id) != token:
-                acc.tokens[chat_id] = token
-                acc.forgotten.pop(chat_id, None)
-                changed = True
-        if changed:
-            try:
-                await self.state.save_context_tokens(acc.bot_id, acc.tokens)
-            except OSError:
-                log.exception("weixin %s: could not save context tokens", acc.bot_id)
+        await tokens.remember(self.state, acc, raw)
+
+    @staticmethod
+    def _mark_expired(acc: LiveAccount) -> None:
+        """Flag the account's session as expired (a poll or a send saw errcode -14); told once per expiry."""
+        if not acc.expired:
+            acc.expired = True
+            log.error("weixin %s: 微信登录已失效（errcode -14）。请运行 `qunbot login weixin` 重新登录；"
+                      "the session expired, log in again", acc.bot_id)
 
     async def _session_expired(self, acc: LiveAccount, failed: WeixinApi) -> None:
         """Wait (up to ``session_pause_s``) for a new login after ``failed``'s token expired."""
         if acc.api is not failed:  # the account scan swapped a new login in while that poll was out
             return
         expired = acc.account.bot_token  # (compared with what is stored: the scan may swap it in first)
-        if not acc.expired:
-            acc.expired = True
-            log.error("weixin %s: 微信登录已失效（errcode -14）。请运行 `qunbot login weixin` 重新登录；"
-                      "the session expired, log in again", acc.bot_id)
+        self._mark_expired(acc)
         # Wait out the pause, but pick up a new login (a changed token on disk) at once.
         waited = 0.0
         acc.renewed.clear()
@@ -344,7 +326,7 @@ class WeixinChannel(Channel):
         try:
             mid = await acc.api.send_text(message.chat.chat_id, text, context_token=token, client_id=client_id)
         except SessionExpired as exc:
-            acc.expired = True
+            self._mark_expired(acc)
             raise ChannelUnavailable(f"weixin account {acc.bot_id}: session expired, run `qunbot login weixin`") \
                 from exc
         except WeixinApiError as exc:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import re
 from datetime import UTC, datetime
 
@@ -17,9 +20,10 @@ from robot.channels.weixin.api import (
 )
 from robot.message import ChatRef, Message, Sender
 
-__all__ = ["flatten_markdown", "item_text", "message_id_of", "to_message"]
+__all__ = ["flatten_markdown", "item_text", "made_up_id", "message_id_of", "to_message"]
 
 PLATFORM = "weixin"
+log = logging.getLogger(__name__)
 
 
 def item_text(item: MessageItem) -> str:
@@ -49,6 +53,17 @@ def message_id_of(msg: WeixinMessage) -> str | None:
     return None
 
 
+def made_up_id(msg: WeixinMessage) -> str:
+    """An id for a message that came without one, the same each time the message comes again (a replay
+    after a restart): a digest of who sent what, when, with which token. ``seq`` counts only when there
+    is no time (it is the message's place in the server's stream, not a property of the message)."""
+    what = [msg.from_user_id, msg.group_id, msg.create_time_ms, msg.context_token,
+            [item.model_dump(mode="json", exclude_none=True) for item in msg.item_list],
+            msg.seq if msg.create_time_ms is None else None]
+    digest = hashlib.sha256(json.dumps(what, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+    return f"qunbot-{digest[:32]}"
+
+
 def chat_id_of(msg: WeixinMessage) -> str:
     """The chat a message belongs to (its context token is kept under it, where a reply looks for it)."""
     return (msg.group_id or "").strip() or msg.from_user_id
@@ -59,8 +74,9 @@ def to_message(account: str, msg: WeixinMessage) -> Message | None:
     if msg.message_type == MESSAGE_TYPE_BOT or not msg.from_user_id:
         return None
     message_id = message_id_of(msg)
-    if message_id is None:
-        return None
+    if message_id is None:  # the reference client makes one up too: the message is not lost
+        message_id = made_up_id(msg)
+        log.warning("weixin %s: a message with no message_id (seq %s); handled as %s", account, msg.seq, message_id)
     parts: list[str] = []
     reply_to: str | None = None
     for item in msg.item_list:

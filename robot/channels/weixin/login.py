@@ -10,7 +10,10 @@ pairing number asked for on ``need_verifycode``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TextIO
@@ -43,7 +46,37 @@ def draw_qr(content: str, out: TextIO) -> None:
 
 
 async def _ask_stdin(prompt: str) -> str:
-    return (await asyncio.to_thread(input, prompt)).strip()
+    # A daemon thread reading the file descriptor, not to_thread(input): one left blocked after the
+    # deadline must not keep the process from exiting (asyncio.run waits for the executor's threads,
+    # and a daemon thread holding sys.stdin's lock aborts the interpreter's shutdown).
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[str] = loop.create_future()
+
+    def settle(line: bytes | None) -> None:
+        if answer.done():
+            return
+        if line is None:
+            answer.set_exception(EOFError("stdin closed"))
+        else:
+            answer.set_result(line.decode("utf-8", "replace").strip())
+
+    def read() -> None:
+        line = b""
+        try:
+            while not line.endswith(b"\n"):
+                chunk = os.read(sys.stdin.fileno(), 256)
+                if not chunk:
+                    break
+                line += chunk
+        except (OSError, ValueError):  # no usable stdin
+            line = b""
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for this answer
+            loop.call_soon_threadsafe(settle, line or None)
+
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    threading.Thread(target=read, name="weixin-login-input", daemon=True).start()
+    return await answer
 
 
 async def login(settings: WeixinSettings, state: WeixinState, *, out: TextIO = sys.stdout,
@@ -87,7 +120,11 @@ async def _login(settings: WeixinSettings, state: WeixinState, out: TextIO, sess
                     out.write("已扫码，请在手机上确认……\n")
                     told_scanned = True
             case "need_verifycode":
-                verify = await ask_code("输入手机微信上显示的数字：" if verify is None else "数字不匹配，请重新输入：")
+                prompt = "输入手机微信上显示的数字：" if verify is None else "数字不匹配，请重新输入："
+                try:  # nobody may answer (the page closed): the deadline holds here too
+                    verify = await asyncio.wait_for(ask_code(prompt), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    break
                 continue
             case "expired" | "verify_code_blocked":
                 codes += 1

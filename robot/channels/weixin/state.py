@@ -237,6 +237,15 @@ class WeixinState:
                 await store.update(_PLATFORM, bot_id, put, gone)
             self._saved[bot_id] = dict(tokens)
 
+    def forgotten_elsewhere(self, chats: set[str] | None, bot_id: str | None = None) -> None:
+        """Another process deleted the tokens of ``chats`` (None: any of ``bot_id``'s): the next save here
+        neither deletes them again (one learned since may be stored) nor counts them as kept."""
+        for account, saved in self._saved.items():
+            if chats is None and account == bot_id:
+                saved.clear()
+            for chat in chats or ():
+                saved.pop(chat, None)
+
     async def forget_context_tokens(self, chats: set[str], *, skip: set[str]) -> int:
         """Delete the tokens of ``chats`` from every stored account but ``skip``; how many went."""
         store = await self._db()

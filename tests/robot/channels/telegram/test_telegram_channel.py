@@ -741,3 +741,28 @@ async def test_a_batch_that_cannot_be_spooled_is_confirmed_only_once_the_bot_too
         assert all(o <= update["update_id"] for o in fake.offsets)  # not confirmed while only in memory
         release.set()
         await until(lambda: any(o > update["update_id"] for o in fake.offsets))
+
+
+async def test_a_revoked_token_keeps_queued_messages_waiting_and_says_so_once(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until, caplog: pytest.LogCaptureFixture) -> None:
+    """The token revoked in @BotFather while running: every queued reply and reminder was marked failed for
+    good (401 read as this message's refusal). They wait for the fixed token, and the log says so once."""
+    bot, _ = await make_bot(channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    bot.outbox.park_s = 0.05
+    real, fake.token = fake.token, f"{BOT_ID}:NEW-token"  # the old token now gets 401 Unauthorized
+    chat = ChatRef(platform="telegram", chat_id=str(ALICE), kind="private", account=BOT_ID)
+    for i in range(3):
+        await bot.send(chat, f"提醒 {i}", key=f"rem-{i}")
+
+    async def tried() -> bool:  # (the chat's rows go in order: the first one is tried again and again)
+        return any(r["key"] == "rem-0" and (r["error"] or r["status"] != "pending") for r in await bot.outbox.rows())
+
+    await until(tried)
+    await asyncio.sleep(0.3)  # several more tries
+    rows = [r for r in await bot.outbox.rows() if str(r["key"]).startswith("rem-")]
+    assert {r["status"] for r in rows} == {"pending"}, rows
+    told = [r for r in caplog.records if r.levelname == "ERROR" and "token" in r.getMessage()]
+    assert len(told) == 1 and "BotFather" in told[0].getMessage() and "NEW-token" not in caplog.text
+    assert "TEST-token" not in caplog.text
+    fake.token = real  # the owner put the right token back
+    await until(lambda: sorted(s.text for s in fake.sent) == [f"提醒 {i}" for i in range(3)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +17,7 @@ from pydantic import SecretStr
 
 from function_calls import Toolset
 from function_calls.testing import ScriptedModel, text
-from robot.channels.base import SendRejected
+from robot.channels.base import ChannelUnavailable, SendRejected
 from robot.channels.state_store import ChannelState
 from robot.channels.weixin import WeixinAccount, WeixinChannel, WeixinSettings, WeixinState
 from robot.channels.weixin.testing import FakeILinkServer
@@ -266,6 +267,32 @@ async def test_long_replies_are_split_to_the_text_limit(
     assert len({s.client_id for s in fake.sent}) == len(fake.sent)
 
 
+async def test_a_long_code_answer_arrives_verbatim_in_every_part(
+        tmp_path: Path, fake: FakeILinkServer, make_bot: Any, until: Until) -> None:
+    """Parts after the first lost their opening fence, so WeChat's flattening read the code as prose:
+    ``def __init__`` became ``def init``, ``# comments`` lost their mark, indentation went."""
+    log_in(tmp_path, fake)
+    bot, _ = await make_bot(channel=WeixinChannel(settings(tmp_path, max_text_len=400, typing=False)),
+                            data_dir=tmp_path)
+    fake.inject(TOKEN, ALICE, text="hi")
+
+    async def settled() -> bool:
+        return bool(fake.sent) and await bot.outbox.pending() == 0
+
+    await until(settled)  # the no-LLM notice went out; the user's token is known now
+    fake.sent.clear()
+    code = [line for i in range(30) for line in (f"class Thing{i}:", f"    # keep {i}",
+                                                  "    def __init__(self, *args, **kwargs):",
+                                                  f"        self.x = {i}  # __dunder__ stays")]
+    answer = "下面是代码：\n\n```python\n" + "\n".join(code) + "\n```\n\n就是这样。"
+    await bot.send(ChatRef(platform="weixin", chat_id=ALICE, kind="private", account=BOT), answer, key="code")
+    await until(settled)
+    got = [line for s in fake.sent for line in s.text.splitlines()]
+    assert len(fake.sent) > 3 and all(len(s.text) <= 400 for s in fake.sent)
+    assert [line for line in got if line not in ("下面是代码：", "就是这样。", "")] == code
+    assert "```" not in "".join(s.text for s in fake.sent)
+
+
 async def test_each_account_polls_and_replies_through_its_own_token(
         tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
     log_in(tmp_path, fake)
@@ -350,6 +377,30 @@ async def test_session_expiry_is_told_once_and_a_new_login_resumes(
     assert message.text == "又能收到了"
 
 
+async def test_a_session_expiry_first_seen_by_a_send_is_told_once(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message],
+        caplog: pytest.LogCaptureFixture, until: Until) -> None:
+    """A reminder hit errcode -14 while the poller backed off: the flag was set without a word, and the
+    poller, seeing it set, never said it either; the owner never learnt to log in again."""
+    log_in(tmp_path, fake)
+    channel = WeixinChannel(settings(tmp_path, retry_delay_s=0.5, backoff_max_s=0.5, session_pause_s=0.1,
+                                     typing=False))
+    with caplog.at_level(logging.WARNING):
+        async with running(channel):
+            fake.inject(TOKEN, ALICE, text="你好")
+            await asyncio.wait_for(inbox.get(), 5)
+            fake.fail_next = [502]  # the poller backs off half a second
+            await until(lambda: not fake.fail_next)
+            fake.expire(TOKEN)
+            with pytest.raises(ChannelUnavailable, match="expired"):
+                await channel.send(OutgoingMessage(key="r1", chat=ChatRef(
+                    platform="weixin", chat_id=ALICE, kind="private", account=BOT), text="提醒：开会"))
+            polls = sum(1 for n, _ in fake.requests if n == "getupdates")
+            await until(lambda: sum(1 for n, _ in fake.requests if n == "getupdates") >= polls + 2)
+    told = [r for r in caplog.records if "qunbot login weixin" in r.getMessage() and r.levelno == logging.ERROR]
+    assert len(told) == 1 and TOKEN not in told[0].getMessage()
+
+
 async def test_a_database_error_while_a_session_is_expired_does_not_end_the_polling(
         tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message], until: Until) -> None:
     """Waiting out an expired session re-reads the stored login every step: one failed read (the
@@ -394,6 +445,27 @@ async def test_a_malformed_message_is_skipped_and_the_rest_arrive(
     async with running(WeixinChannel(settings(tmp_path))):
         message = await asyncio.wait_for(inbox.get(), 5)
     assert message.text == "好的"
+
+
+async def test_a_message_without_an_id_arrives_under_one_made_up_from_its_content(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The server left the optional id out: the message was dropped without a word and the cursor moved
+    past it. The reference client makes an id up; this one stays the same when the message comes again."""
+    from robot.channels.weixin.api import WeixinMessage
+    from robot.channels.weixin.convert import to_message
+
+    log_in(tmp_path, fake)
+    raw = fake.inject(TOKEN, ALICE, text="明天 9 点提醒我开会")
+    del raw["message_id"]
+    fake.inject(TOKEN, ALICE, text="下一条")
+    with caplog.at_level(logging.WARNING):
+        async with running(WeixinChannel(settings(tmp_path, typing=False))):
+            got = [await asyncio.wait_for(inbox.get(), 5) for _ in range(2)]
+    assert [m.text for m in got] == ["明天 9 点提醒我开会", "下一条"]
+    again = to_message(BOT, WeixinMessage.model_validate(raw))  # a redelivery: the bot's dedupe drops it
+    assert again is not None and again.message_id == got[0].message_id != got[1].message_id
+    assert any("no message_id" in r.getMessage() for r in caplog.records)
 
 
 async def test_an_entry_that_is_not_a_message_is_skipped_and_its_batch_still_arrives(
@@ -573,6 +645,73 @@ async def test_forget_me_all_deletes_tokens_another_process_learned_after_this_o
         removed = await channel._forget(ForgetRequest(platform="weixin", user_id=ALICE, chats=(), everywhere=True))
         assert await other.load_context_tokens(BOT2) == {"bob@im.wechat": "ctx-bob"}
     assert removed == 1
+
+
+async def test_forget_me_all_in_one_process_stops_another_process_writing_to_the_person(
+        tmp_path: Path, fake: FakeILinkServer, pg_url: str) -> None:
+    """Two processes on one PostgreSQL, each serving one account; Alice talked to both. After her
+    ``/forget me all`` on account 1, the process serving account 2 still held her token in memory
+    and its next reminder went out to her."""
+    from robot.storage.postgres import PostgresDatabase
+
+    log_in(tmp_path, fake)
+    log_in(tmp_path, fake, BOT2, TOKEN2)
+    dbs = [PostgresDatabase(pg_url, max_size=2) for _ in range(2)]
+    stores = [ChannelState(db, tmp_path / "secret.key") for db in dbs]
+    inbox: asyncio.Queue[Message] = asyncio.Queue()
+    procs = [WeixinChannel(settings(tmp_path, typing=False, accounts=[bot])) for bot in (BOT, BOT2)]
+    for db in dbs:
+        await db.open()
+    try:
+        for channel, store in zip(procs, stores, strict=True):
+            channel.attach_state(store)
+            channel.bind(inbox.put)  # type: ignore[arg-type]
+            await channel.start()
+        fake.inject(TOKEN, ALICE, text="你好 1")
+        fake.inject(TOKEN2, ALICE, text="你好 2")
+        await asyncio.wait_for(inbox.get(), 5)
+        await asyncio.wait_for(inbox.get(), 5)
+        alice = ChatRef(platform="weixin", chat_id=ALICE, kind="private", account=BOT)
+        assert await procs[0]._forget(ForgetRequest(platform="weixin", user_id=ALICE, chats=(alice,),
+                                                    everywhere=True)) >= 2
+        later = OutgoingMessage(key="later", chat=alice.model_copy(update={"account": BOT2}), text="每日摘要")
+        with contextlib.suppress(TimeoutError):  # (the other process hears of it a moment later)
+            async with asyncio.timeout(3):
+                while ALICE in procs[1].accounts[BOT2].tokens:
+                    await asyncio.sleep(0.02)
+        with pytest.raises(SendRejected, match="context_token"):
+            await procs[1].send(later)
+    finally:
+        for channel in procs:
+            await channel.stop()
+        for db in dbs:
+            await db.close()
+    assert not [s for s in fake.sent if s.to_user_id == ALICE]
+
+
+async def test_after_notices_may_have_been_missed_only_the_stored_tokens_are_used(
+        tmp_path: Path, fake: FakeILinkServer, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    """The LISTEN connection was cut while another process forgot Alice: her token must not stay usable here."""
+    log_in(tmp_path, fake)
+    channel = WeixinChannel(settings(tmp_path, typing=False))
+    async with other_process(tmp_path, channel) as other, running(channel):
+        fake.inject(TOKEN, ALICE, text="你好")
+        fake.inject(TOKEN, "bob@im.wechat", text="我是 Bob")
+        await asyncio.wait_for(inbox.get(), 5)
+        await asyncio.wait_for(inbox.get(), 5)
+        await other.forget_context_tokens({ALICE}, skip=set())  # its notice never arrived
+        assert channel.state.store is not None
+        channel.state.store.db._gap()
+        with pytest.raises(SendRejected, match="context_token"):
+            async with asyncio.timeout(3):
+                while True:  # (the re-read runs in the background)
+                    await channel.send(OutgoingMessage(key="x", chat=ChatRef(
+                        platform="weixin", chat_id=ALICE, kind="private", account=BOT), text="还在吗"))
+                    fake.sent.clear()
+                    await asyncio.sleep(0.02)
+        await channel.send(OutgoingMessage(key="y", chat=ChatRef(
+            platform="weixin", chat_id="bob@im.wechat", kind="private", account=BOT), text="Bob 你好"))
+    assert [s.to_user_id for s in fake.sent] == ["bob@im.wechat"]
 
 
 async def test_a_message_arriving_while_the_bot_stops_is_handled_after_the_restart(

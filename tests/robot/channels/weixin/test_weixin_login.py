@@ -68,6 +68,55 @@ async def test_a_pairing_number_is_asked_for_and_sent(tmp_path: Path) -> None:
     assert len(asked) == 1
 
 
+async def test_the_deadline_holds_while_the_pairing_number_is_awaited(tmp_path: Path) -> None:
+    """Nobody typed the number (the page was closed): the login waited for ever, past its deadline."""
+    import asyncio
+
+    async def never(prompt: str) -> str:
+        await asyncio.Event().wait()
+        return ""
+
+    async with FakeILinkServer() as fake:
+        fake.qr_script = [{"status": "need_verifycode"}]
+        with pytest.raises(LoginFailed, match="登录超时"):
+            async with asyncio.timeout(5):
+                await login(cfg(fake), WeixinState(tmp_path), out=io.StringIO(), ask_code=never, timeout_s=0.3,
+                            poll_interval_s=0)
+
+
+async def test_a_playground_login_stuck_on_the_pairing_number_ends_and_the_next_start_shows_a_new_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import functools
+
+    import aiohttp
+    from aiohttp import web
+
+    from robot.channels.weixin import web_login
+
+    async with FakeILinkServer() as fake:
+        fake.qr_script = [{"status": "need_verifycode"}]
+        monkeypatch.setattr(web_login, "login", functools.partial(login, timeout_s=0.3, poll_interval_s=0.02))
+        runner = web.AppRunner(web_login.login_app(cfg(fake), WeixinState(tmp_path)))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        try:
+            async with aiohttp.ClientSession() as http:
+                await http.post(url + "start")
+                status: dict[str, Any] = {}
+                async with asyncio.timeout(5):
+                    while status.get("state") != "done":
+                        await asyncio.sleep(0.05)
+                        status = await (await http.get(url + "status")).json()
+                assert "登录超时" in status["message"] and not status["needs_code"]
+                again = await (await http.post(url + "start")).json()
+        finally:
+            await runner.cleanup()
+    assert again["state"] == "running" and fake.qrcodes_issued == 2
+
+
 async def test_codes_that_keep_expiring_end_the_login_with_a_clear_error(tmp_path: Path) -> None:
     async with FakeILinkServer() as fake:
         fake.qr_script = [{"status": "expired"}] * 3
