@@ -350,6 +350,7 @@ class Bot:
         self.started, self.pipeline.admission.closed = True, False  # (closed by a stop before)
         try:
             await self.channel_state.check_key()  # the database's secret.key: before anything seals or signs
+            await self.history.restore_moves()  # chats given new ids: the gate's and zones' entries for old ones
             await self.leases.start()
             await self.one_process.start()  # web, console, WeCom: in one process, the others stand by
             for plugin in self.plugins:

@@ -31,7 +31,7 @@ from robot.channels.telegram.settings import TelegramSettings
 from robot.channels.wecom.settings import WeComSettings
 from robot.channels.weixin.settings import WeixinSettings
 from robot.config_values import chat_key, check_url, check_zone, clean_key, qualified
-from robot.message import group_key
+from robot.message import ChatRef, group_key
 
 if TYPE_CHECKING:
     from robot.storage import Engine
@@ -369,8 +369,12 @@ class Settings(BaseSettings):
 
     def zone_for(self, chat_key: str) -> ZoneInfo:
         """A chat's zone: ``[bot] zones`` for that chat, else the bot's ``timezone``."""
-        zones = self.bot.zones  # (a forum topic: its own, else its group's)
-        return ZoneInfo(zones.get(chat_key) or zones.get(group_key(chat_key), self.bot.timezone))
+        zones = self.bot.zones  # (a forum topic: its own, else its group's; a moved chat: its old id's too)
+        try:
+            names: tuple[str, ...] = ChatRef.from_key(chat_key).setting_names
+        except ValueError:
+            names = (chat_key, group_key(chat_key))
+        return ZoneInfo(next((zones[n] for n in names if n in zones), self.bot.timezone))
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # Plugin tables are plain dicts until section() validates them: they may hold API keys.

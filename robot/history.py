@@ -11,7 +11,7 @@ from typing import NamedTuple
 from pydantic import ConfigDict
 
 from function_calls import HistoryTurn
-from robot.message import ChatRef, Message
+from robot.message import ChatRef, Message, chat_moved
 from robot.storage import Tx
 from robot.storage.base import columns, padded, render_step, unnest
 from robot.store import Engine, iso, parse_iso
@@ -44,6 +44,8 @@ def _entry(row: dict[str, object]) -> HistoryEntry:
 ADDRESSEES = ("CREATE TABLE IF NOT EXISTS history_to (user_id TEXT NOT NULL, history_id BIGINT NOT NULL, "
               "PRIMARY KEY (user_id, history_id)); "
               "CREATE INDEX IF NOT EXISTS history_to_history ON history_to (history_id)")
+#: Chats the platform gave a new id: what an owner set for the old one still holds (robot.message.chat_moved).
+MOVES = "CREATE TABLE IF NOT EXISTS chat_moves (new_key TEXT PRIMARY KEY, old_key TEXT NOT NULL)"
 #: The bot messages of a chat addressed to a person (``?`` = chat, the person twice).
 TO_USER = ("chat = ? AND from_bot = 1 AND (to_user = ? OR id IN "
            "(SELECT history_id FROM history_to WHERE user_id = ?))")
@@ -144,7 +146,7 @@ class HistoryStore:
         self.max_messages = max_messages
         self.max_age = max_age
         self.max_text_chars = max_text_chars
-        db.migrate("history", [self._schema, ADDRESSEES])
+        db.migrate("history", [self._schema, ADDRESSEES, MOVES])
 
     @staticmethod
     def _schema(db: Tx) -> None:
@@ -316,9 +318,22 @@ class HistoryStore:
         return await self.db.run(work)
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> int:
-        """The platform renamed a chat: its messages now belong to ``new``; returns how many."""
-        return await self.db.run(lambda db: db.execute(
-            "UPDATE history SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+        """The platform renamed a chat: its messages now belong to ``new`` (the move is kept: see
+        :meth:`restore_moves`); returns how many."""
+        def work(db: Tx) -> int:
+            db.execute("INSERT INTO chat_moves (new_key, old_key) VALUES (?, ?) ON CONFLICT (new_key) DO UPDATE "
+                       "SET old_key = excluded.old_key", [new.key, old.key])
+            return int(db.execute("UPDATE history SET chat = ? WHERE chat = ?", [new.key, old.key]).rowcount)
+
+        moved = await self.db.transaction(work)
+        chat_moved(old.key, new.key)
+        return moved
+
+    async def restore_moves(self) -> None:
+        """:func:`robot.message.chat_moved` for every chat the platform gave a new id (at start)."""
+        for new_key, old_key in await self.db.run(lambda db: db.execute(
+                "SELECT new_key, old_key FROM chat_moves").fetchall()):
+            chat_moved(str(old_key), str(new_key))
 
     async def forget_user(self, chat: ChatRef, user_id: str) -> int:
         """Delete one person's stored messages in one chat; returns how many."""

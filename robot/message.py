@@ -9,7 +9,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from function_calls import Caller
 from function_calls.problems import mend_text
 
-__all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender", "group_key"]
+__all__ = ["ChatKind", "ChatRef", "Message", "OutgoingMessage", "Role", "Sender", "chat_moved", "group_key"]
 
 ChatKind = Literal["group", "private"]
 #: Text as UTF-8 can carry it: a peer's lone surrogate (half an emoji) becomes U+FFFD at the boundary,
@@ -27,6 +27,17 @@ def group_key(key: str) -> str:
     kind, _, chat_id = rest.partition(":")
     base, slash, thread = chat_id.partition("/")
     return f"{platform}:{kind}:{base}" if kind == "group" and slash and base and thread else key
+
+
+#: Chats the platform gave a new id (new key -> old key: a Telegram group become a supergroup), so that what
+#: an owner set for the old id (the gate's lists, zones, summary prompts) still holds (see ChatRef.setting_names).
+_FORMER: dict[str, str] = {}
+
+
+def chat_moved(old_key: str, new_key: str) -> None:
+    """Record that the chat ``old_key`` is now ``new_key`` (robot.Bot.move_chat does, and at start)."""
+    if old_key != new_key:
+        _FORMER[new_key] = old_key
 
 
 class ChatRef(BaseModel):
@@ -57,9 +68,14 @@ class ChatRef(BaseModel):
     @property
     def setting_names(self) -> tuple[str, ...]:
         """The names a per-chat setting may give this chat, the most specific first: its key, ``platform:id``
-        (any chat of that id), then the same two of the group it is a forum topic of."""
-        group = self.group_key
-        names = (self.key, f"{self.platform}:{self.chat_id}", group, f"{self.platform}:{group.split(':', 2)[2]}")
+        (any chat of that id), those of its former ids (:func:`chat_moved`), then the same of the group it is a
+        forum topic of."""
+        names: list[str] = []
+        for key in (self.key, self.group_key):
+            for _ in range(8):  # (the old id's setting after the new one's; a chain of moves, never a loop)
+                names += [key, f"{self.platform}:{key.split(':', 2)[2]}"]
+                if (key := _FORMER.get(key, "")) == "":
+                    break
         return tuple(dict.fromkeys(names))
 
     @classmethod

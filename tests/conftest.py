@@ -51,6 +51,16 @@ def _stand_alone() -> Iterator[None]:
         pytest.fail(f"this test read files outside the repository (copy fixtures into tests/): {found}")
 
 
+@pytest.fixture(autouse=True)
+def _chat_moves() -> Iterator[None]:
+    """Chats given new ids are a process-wide record (robot.message.chat_moved): one test's move must not
+    make another's chat an alias of some old id."""
+    import robot.message
+
+    yield
+    robot.message._FORMER.clear()
+
+
 # -- PostgreSQL: a real throwaway cluster (initdb in a temp folder, loopback port), one per session --------
 
 

@@ -153,6 +153,6 @@ async def test_a_v01_sqlite_file_keeps_its_messages_and_gains_the_new_columns(tm
         def version(tx: Tx) -> int:
             return int(tx.execute("SELECT version FROM schema_version WHERE component = 'history'").fetchone()[0])
 
-        assert await db.run(version) == 2  # step 2: history_to (every person a bot message addresses)
+        assert await db.run(version) == 3  # step 2: history_to (every person a bot message addresses); 3: chat_moves
     finally:
         await db.close()

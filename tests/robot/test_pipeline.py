@@ -654,3 +654,23 @@ def test_only_a_groups_thread_takes_its_groups_settings(key: str, group: str) ->
     from robot.message import group_key
 
     assert group_key(key) == group
+
+
+async def test_a_chat_given_a_new_id_is_held_to_what_was_set_for_its_old_one(make_bot: Any, tmp_path: Any) -> None:
+    """A Telegram group become a supergroup (a new id) escaped its [gate] never entry: read, stored and
+    answered; its zone was lost. The old id's settings hold for the new one, after a restart too."""
+    import robot.message
+
+    old, new = ChatRef(platform="memory", chat_id="g1", kind="group"), ChatRef(platform="memory", chat_id="g9", kind="group")
+    settings: dict[str, Any] = {"gate": {"never": ["memory:g1"]}, "bot": {"zones": {"memory:g1": "Europe/Berlin"}}}
+    bot, ch = await make_bot(ScriptedModel(lambda req: text("答")), **settings)
+    await bot.move_chat(old, new)
+    await ch.inject("工资表：张三 30000", chat=new)
+    await ch.inject("/help", chat=new, at_bot=True)
+    assert ch.sent == [] and str(bot.zone_for(new)) == "Europe/Berlin"
+    assert await bot.db.run(lambda db: db.execute("SELECT count(*) FROM history").fetchone()[0]) == 0
+    await bot.stop()
+    robot.message._FORMER.clear()  # a new process knows only what the database kept
+    again, ch2 = await make_bot(ScriptedModel(lambda req: text("答")), data_dir=tmp_path, **settings)
+    await ch2.inject("/help", chat=new, at_bot=True)
+    assert ch2.sent == [] and str(again.zone_for(new)) == "Europe/Berlin"

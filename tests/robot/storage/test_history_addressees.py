@@ -101,7 +101,7 @@ async def test_a_history_at_schema_version_1_gains_the_addressees_table(engine: 
     try:
         version = await engine.run(lambda tx: tx.execute(
             "SELECT version FROM schema_version WHERE component = 'history'").fetchone())
-        assert version is not None and version[0] == 2
+        assert version is not None and version[0] == 3  # (3: chat_moves)
         await engine.run(lambda tx: HistoryStore.insert_sync(tx, G1, "bot", "bot", "after", T0, from_bot=True,
                                                              to_user="u1", to_users=("u1", "u2")))
         assert [e.text for e in await history.recent(G1)] == ["before", "after"]
