@@ -34,10 +34,15 @@ def group_key(key: str) -> str:
 _FORMER: dict[str, str] = {}
 
 
+#: setting_names by chat key: asked several times a message (the gate's lists, zones), the same until a move.
+_NAMES: dict[str, tuple[str, ...]] = {}
+
+
 def chat_moved(old_key: str, new_key: str) -> None:
     """Record that the chat ``old_key`` is now ``new_key`` (robot.Bot.move_chat does, and at start)."""
     if old_key != new_key:
         _FORMER[new_key] = old_key
+        _NAMES.clear()
 
 
 class ChatRef(BaseModel):
@@ -70,13 +75,20 @@ class ChatRef(BaseModel):
         """The names a per-chat setting may give this chat, the most specific first: its key, ``platform:id``
         (any chat of that id), those of its former ids (:func:`chat_moved`), then the same of the group it is a
         forum topic of."""
+        me = f"{self.platform}:{self.kind}:{self.chat_id}"
+        known = _NAMES.get(me)
+        if known is not None:
+            return known
         names: list[str] = []
-        for key in (self.key, self.group_key):
+        for key in (me, group_key(me)):
             for _ in range(8):  # (the old id's setting after the new one's; a chain of moves, never a loop)
                 names += [key, f"{self.platform}:{key.split(':', 2)[2]}"]
                 if (key := _FORMER.get(key, "")) == "":
                     break
-        return tuple(dict.fromkeys(names))
+        if len(_NAMES) >= 10_000:  # a bound, not a policy
+            _NAMES.clear()
+        found = _NAMES[me] = tuple(dict.fromkeys(names))
+        return found
 
     @classmethod
     def of(cls, caller: Caller) -> ChatRef:

@@ -3,7 +3,7 @@
 Each chat is a lane of its own: a worker per channel starts a lane for every chat with due rows
 (a queued row names its chat), and the lane sends that chat's rows in order, one at a time. At most
 ``max_in_flight`` sends are awaiting the platform at once per channel, and as many more slow ones
-(:class:`_Slots`), which bounds the duplicates a crash can cause (below): a send unanswered after
+(:class:`robot.outbox_slots.Slots`), which bounds the duplicates a crash can cause (below): a send unanswered after
 ``slow_s`` and a retry wait in slots of their own, so chats whose peer never answers delay no other.
 
 Failures are classified (see :mod:`robot.channels.base`):
@@ -37,13 +37,14 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from robot.admission import Crowd
 from robot.channels.base import ACCOUNT_LEASE, Channel
 from robot.message import OutgoingMessage
 from robot.outbox_claims import CLAIM_LIMIT, Claimed, Scope, claim_many_sync, release_sync
+from robot.outbox_slots import Slots
 from robot.outbox_store import SCHEMA, OutboxRows
 from robot.storage import Tx
 from robot.storage.batch import Batched
@@ -54,36 +55,6 @@ from robot.text_parts import split_text
 __all__ = ["Outbox", "split_text"]
 
 log = logging.getLogger(__name__)
-
-
-class _Slots:
-    """A channel's sends awaiting the platform: ``size`` at once, and ``size`` more that are slow.
-
-    A send still unanswered after ``slow_s`` (a peer that never answers) moves to a slow slot when
-    one is free, and a retry (a send that timed out before; OneBot first waits for its late answer)
-    waits for one: chats that get no answer hold up each other, never the chats that do."""
-
-    def __init__(self, size: int, slow_s: float) -> None:
-        self.fast, self.slow, self.slow_s = asyncio.Semaphore(size), asyncio.Semaphore(size), slow_s
-
-    async def run(self, send: Callable[[], Awaitable[str]], *, retry: bool) -> str:
-        """``send()`` in a slot, and its outcome."""
-        slot = self.slow if retry else self.fast
-        await slot.acquire()
-        task = asyncio.ensure_future(send())
-        try:
-            if not retry:
-                await asyncio.wait([task], timeout=self.slow_s)
-                if not task.done() and not self.slow.locked():
-                    await self.slow.acquire()  # (free: taken at once)
-                    slot.release()
-                    slot = self.slow
-            return await task
-        finally:
-            if not task.done():  # the lane was cancelled (a stop that cuts sends off): its send too
-                task.cancel()
-                await asyncio.wait([task])
-            slot.release()
 
 
 class Outbox(OutboxRows):
@@ -114,7 +85,7 @@ class Outbox(OutboxRows):
         self.clock = clock
         self.retry_base_s, self.retry_max_s = retry_base_s, retry_max_s
         self.max_in_flight, self.max_attempts, self.park_s = max_in_flight, max_attempts, park_s
-        self.slow_s = slow_s  #: seconds after which a send unanswered stops holding a slot (see _Slots)
+        self.slow_s = slow_s  #: seconds after which a send unanswered stops holding a slot (see Slots)
         #: Which accounts this process holds: it sends only their rows (see :meth:`scope`).
         self.leases = leases
         self.claim_s = claim_s
@@ -280,7 +251,7 @@ class Outbox(OutboxRows):
     async def _worker(self, platform: str, channel: Channel) -> None:
         wake, parked, hints = self._wake[platform], self._parked[platform], self._hints.setdefault(platform, set())
         lanes: dict[str, asyncio.Task[bool]] = {}
-        slots = _Slots(self.max_in_flight, self.slow_s)
+        slots = Slots(self.max_in_flight, self.slow_s)
         self._scan.add(platform)  # rows left from before the start
         deadline = 0.0  # (monotonic) when the next row waiting out a retry is due
         try:
@@ -345,7 +316,7 @@ class Outbox(OutboxRows):
             self._scan.add(platform)
         wake.set()
 
-    async def _lane(self, platform: str, channel: Channel, chat: str, slots: _Slots) -> bool:
+    async def _lane(self, platform: str, channel: Channel, chat: str, slots: Slots) -> bool:
         """Send one chat's due rows in order: True when none is left, False when one waits (retry, park)."""
         try:
             while not self._stopping:

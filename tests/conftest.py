@@ -59,6 +59,7 @@ def _chat_moves() -> Iterator[None]:
 
     yield
     robot.message._FORMER.clear()
+    robot.message._NAMES.clear()
 
 
 # -- PostgreSQL: a real throwaway cluster (initdb in a temp folder, loopback port), one per session --------

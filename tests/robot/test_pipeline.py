@@ -671,6 +671,7 @@ async def test_a_chat_given_a_new_id_is_held_to_what_was_set_for_its_old_one(mak
     assert await bot.db.run(lambda db: db.execute("SELECT count(*) FROM history").fetchone()[0]) == 0
     await bot.stop()
     robot.message._FORMER.clear()  # a new process knows only what the database kept
+    robot.message._NAMES.clear()
     again, ch2 = await make_bot(ScriptedModel(lambda req: text("答")), data_dir=tmp_path, **settings)
     await ch2.inject("/help", chat=new, at_bot=True)
     assert ch2.sent == [] and str(again.zone_for(new)) == "Europe/Berlin"
