@@ -29,7 +29,7 @@ from robot.storage import Tx
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["NO_LLM_REPLY", "Pipeline", "reply_key"]
+__all__ = ["CHAT_RATE_NOTICE", "NO_LLM_REPLY", "RATE_NOTICE", "Pipeline", "reply_key"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ NO_LLM_REPLY = (
 _CONTEXT = 40  # history messages offered to the model (within its token window)
 _AFTER_NAME = frozenset(",，:：、~～!！?？。")  # not "." nor "@": qunbot.com, qunbot@example.com call nobody
 RATE_NOTICE = "你发得有点快，请 {seconds} 秒后再找我（在那之前我不会回复你）。"
+CHAT_RATE_NOTICE = "群里找我的消息有点多，请大家 {seconds} 秒后再找我。"  # (the chat's own limit: for everyone)
 _APPROVE, _DENY, _PENDING = ("approve", "批准"), ("deny", "拒绝"), ("pending", "待批准")
 _CORE_COMMANDS = frozenset({"help", "帮助", *_APPROVE, *_DENY, *_PENDING})
 APPROVALS_HELP = (
@@ -228,7 +229,8 @@ class Pipeline:
                 return
             if decision is RateDecision.NOTICE:
                 wait = math.ceil(bot.limiter.wait_s(chat_key, user_key, command=is_command))
-                await self.reply(message, [RATE_NOTICE.format(seconds=max(1, wait))])
+                said = CHAT_RATE_NOTICE if bot.limiter.refused_by_chat(chat_key, user_key) else RATE_NOTICE
+                await self.reply(message, [said.format(seconds=max(1, wait))])
                 return
         limit = bot.settings.limits.max_message_chars
         if len(text) > limit:

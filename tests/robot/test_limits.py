@@ -191,6 +191,19 @@ async def test_a_flood_in_a_bot_gets_one_notice_and_only_the_flooder_is_slowed(m
     assert len(await bot.history.recent(G1)) == 8 + 5  # everything is still recorded
 
 
+async def test_a_chat_over_its_own_limit_is_told_as_a_whole(make_bot: Any) -> None:
+    """The chat's limit refused a member: the notice spoke to that one ("你发得有点快") though it meant everyone."""
+    model = ScriptedModel(lambda req: text("answer"))
+    bot, ch = await make_bot(model, limits={"user_burst": 100, "chat_burst": 2, "chat_per_minute": 0.01})
+    for i in range(4):
+        await ch.inject(f"question {i}", at_bot=True, user=f"u{i}")
+    await ch.wait_sent(3)
+    await bot.outbox.flush()
+    texts = [m.text for m in ch.sent]
+    assert texts[:2] == ["answer", "answer"] and len(texts) == 3
+    assert texts[2].startswith("群里找我的消息有点多，请大家") and "你发得有点快" not in texts[2]
+
+
 # --- daily budgets -----------------------------------------------------------------------------
 
 def caller(user: str = "u1", chat: str = "g1") -> Caller:
