@@ -63,23 +63,28 @@ def done_calls(trace: Sequence[ToolTrace]) -> str:
     return "、".join(shown[:_SHOWN_CALLS]) + more
 
 
-def describe_call(name: str, arguments: str, limit: int = _ARGS_CHARS) -> str:
+def describe_call(name: str, arguments: str, limit: int = _ARGS_CHARS, *, floor: int = 16, brackets: str = "（）",
+                  bounded: bool = True) -> str:
     """``name（key=value, …）`` for people: values as JSON (a string cannot pose as more keys), runs of
-    spaces folded, each cut to its share of ``limit`` so that none hides the others."""
+    spaces folded, each cut to its share of ``limit`` (at least ``floor``) so that none hides the others (a
+    padded memo hid the amount after it: an approver saw ``amount=5`` and approved 50000). ``bounded``: keys
+    cut to a share too and the whole to twice ``limit`` (a call with 100 keys); an approval's notice
+    (:func:`robot.snapshots.describe_call`) shows every key in full instead."""
     try:
         args = json.loads(arguments or "{}")
     except (ValueError, TypeError, RecursionError):
         args = arguments
     items = list(args.items()) if isinstance(args, dict) else [("", args)]
-    share = max(16, limit // max(1, len(items)))
+    share = max(floor, limit // max(1, len(items)))
     shown = []
     for key, value in items:
         try:
             text = re.sub(r"\s+", " ", json.dumps(value, ensure_ascii=False))
-        except (ValueError, RecursionError):  # (a stop text must never fail)
+        except (ValueError, RecursionError):  # (a description must never fail)
             text = "…"
         text = text if len(text) <= share else f"{text[:share - 1]}…（共 {len(text)} 字）"
-        shown.append(f"{key[:share]}={text}" if key else text)
+        shown.append(f"{key[:share] if bounded else key}={text}" if key else text)
     joined = ", ".join(shown)
-    joined = joined if len(joined) <= 2 * limit else f"{joined[:2 * limit - 1]}…"  # (a call with 100 keys)
-    return mend_text(f"{name}（{joined}）")  # (half an emoji in an argument must not stop the reply)
+    if bounded and len(joined) > 2 * limit:
+        joined = f"{joined[:2 * limit - 1]}…"
+    return mend_text(f"{name}{brackets[0]}{joined}{brackets[1]}")  # (half an emoji in an argument must not stop it)

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import secrets
 import uuid
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from function_calls import Caller, RunState, ToolCall
+from function_calls import Caller, RunState, ToolCall, stops
 from robot.message import ChatRef
 from robot.storage import Tx
 from robot.storage.base import as_stored
@@ -266,21 +265,9 @@ def notice_prefix(chat: ChatRef) -> str:
 
 
 def describe_call(call: ToolCall, limit: int = 160) -> str:
-    """``name(key=value, …)`` for people: every key shown, each value quoted as JSON (a string cannot pose as
-    more keys), runs of spaces folded, and each cut to its share of ``limit`` (a padded memo hid the amount
-    after it: the approver saw ``amount=5`` and approved 50000)."""
-    try:
-        args = json.loads(call.arguments or "{}")
-    except (ValueError, TypeError):
-        args = call.arguments or ""
-    items = list(args.items()) if isinstance(args, dict) else [("", args)]
-    share = max(24, limit // max(1, len(items)))
-    shown = []
-    for key, value in items:
-        text = re.sub(r"\s+", " ", json.dumps(value, ensure_ascii=False))
-        text = text if len(text) <= share else f"{text[:share - 1]}…（共 {len(text)} 字）"
-        shown.append(f"{key}={text}" if key else text)
-    return f"{call.name}({', '.join(shown)})"
+    """``name(key=value, …)`` for an approver: every key shown, each value quoted as JSON and cut to its share
+    of ``limit`` (see :func:`function_calls.stops.describe_call`)."""
+    return stops.describe_call(call.name, call.arguments, limit, floor=24, brackets="()", bounded=False)
 
 
 def stored_caller(row: Row, is_admin: Callable[[str, str], bool]) -> Caller:
