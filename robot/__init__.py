@@ -25,6 +25,7 @@ from robot.hooks import ContextHook, ForgetHook, RunExtras
 from robot.limits import BudgetExceeded, DailyBudget, Reservation
 from robot.message import ChatKind, ChatRef, Message, OutgoingMessage, Role, Sender, group_key
 from robot.outbox import Outbox
+from robot.parked import KEEP
 from robot.pipeline import reply_key
 from robot.plugin import Plugin, PluginError, load_plugin
 from robot.privacy import ForgetRequest, Forgetter, bytewise
@@ -32,6 +33,7 @@ from robot.storage.base import columns, in_chunks, unnest
 from robot.store import Database, Engine, StorageError, Tx, iso, parse_iso, utcnow
 
 __all__ = [
+    "KEEP",
     "AskUserArgs",
     "Bot",
     "BudgetExceeded",

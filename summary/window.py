@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-from robot import ChatRef, Engine, ForgetRequest, HistoryEntry, Tx, bytewise, iso, parse_iso
+from robot import KEEP, ChatRef, Engine, ForgetRequest, HistoryEntry, Tx, bytewise, iso, parse_iso
 from summary.extractive import HEADER, PRIVATE_HEADER
 from summary.signals import weekday
 
@@ -45,8 +45,6 @@ __all__ = [
 ]
 
 MARKS_TABLE = "summary_marks"
-#: The longest a message waits for its answer (robot.parked.KEEP): a "sent" time older than this is a wrong clock.
-_KEPT = timedelta(days=1)
 _SETTLE_S = 3.0  # the longest a summary's read waits for the writes in flight on PostgreSQL (see _settled)
 OPTOUT_TABLE = "summary_optout"
 
@@ -214,7 +212,7 @@ async def said_at(db: Engine, chat: ChatRef, message_id: str, user_id: str, now:
     def work(db: Tx) -> object:
         row = db.execute("SELECT ts FROM history WHERE chat = ? AND ts >= ? AND ts < ? AND from_bot = 0 AND "
                          "message_id = ? AND user_id = ? ORDER BY id DESC LIMIT 1",
-                         [chat.key, iso(now - _KEPT), iso(now), message_id, user_id]).fetchone()
+                         [chat.key, iso(now - KEEP), iso(now), message_id, user_id]).fetchone()
         return None if row is None else row[0]
 
     ts = await db.run(work)
