@@ -21,8 +21,9 @@ from robot.redact import redact_text, redact_url
 __all__ = ["doctor"]
 
 
-async def _switched_off(settings: Settings) -> dict[str, str]:
-    """Plugins whose tools are off (say, search without an API key), set up against a scratch database."""
+async def _switched_off(settings: Settings) -> tuple[dict[str, str], dict[str, int]]:
+    """Plugins whose tools are off (say, search without an API key), set up against a scratch database; and
+    each component's schema version this qunbot knows, which that set-up registered (the storage check's)."""
     with tempfile.TemporaryDirectory(prefix="qunbot-doctor-") as scratch:
         # Its data dir too is the scratch one: it wrote a new secret.key into the real one when none was there
         # (then misreported as "not the key the database was first used with"), in a folder made 0755.
@@ -32,7 +33,7 @@ async def _switched_off(settings: Settings) -> dict[str, str]:
         try:
             blocked = bot.unavailable_tools()
             return {p.name: blocked[p.tools.names()[0]] for p in bot.plugins
-                    if p.tools.names() and p.tools.names()[0] in blocked}
+                    if p.tools.names() and p.tools.names()[0] in blocked}, bot.db.schemas()
         finally:
             await bot.stop(flush_timeout_s=0)
 
@@ -86,19 +87,21 @@ async def doctor(settings: Settings, source: Path | None) -> int:
         print(f"{'ok ' if ok else 'FAIL'} {what}" + (f": {detail}" if detail else ""))
 
     report(True, "config", str(source) if source else "built-in defaults (no qunbot.toml)")
+    schemas: dict[str, int] | None = None  # (the plugins failing: the storage check sets up its own)
     try:
         plugins = load_plugins(settings)
         for plugin in plugins:
             if plugin.settings_model is not None:
                 settings.section(plugin.name, plugin.settings_model)
         report(True, "plugins", ", ".join(f"{p.name} ({len(p.tools)} tools)" for p in plugins))
-        for name, reason in (await _switched_off(settings)).items():
+        off, schemas = await _switched_off(settings)
+        for name, reason in off.items():
             print(f"off {name}: {reason}")
     except (PluginError, ConfigError) as exc:
         report(False, "plugins", str(exc))
     except Exception as exc:  # a plugin's settings or deps failed: the report goes on with the next check
         report(False, "plugins", f"failed: {type(exc).__name__}: {redact_text(str(exc))[:200]}")
-    for check in await storage_checks(settings):
+    for check in await storage_checks(settings, known=schemas):
         report(*check)
     try:  # the storage check above has said why the database cannot be read: the other checks go on
         failed = await maintenance.undelivered(settings)

@@ -78,8 +78,11 @@ async def _read(db: Engine, fn: Callable[[Tx], T], empty: T) -> T:
         raise
 
 
-async def storage_checks(settings: Settings, now: datetime | None = None) -> list[Check]:
-    """The storage engine, each live process with the accounts it holds, and the rows no process can send."""
+async def storage_checks(settings: Settings, now: datetime | None = None, *,
+                         known: dict[str, int] | None = None) -> list[Check]:
+    """The storage engine, each live process with the accounts it holds, and the rows no process can send.
+    ``known``: each component's schema version this qunbot knows, when a scratch bot already said (else one
+    is set up here)."""
     url = settings.storage.url.get_secret_value().strip()
     try:
         db = settings.storage.engine(settings.bot.data_dir)
@@ -94,7 +97,7 @@ async def storage_checks(settings: Settings, now: datetime | None = None) -> lis
             return [Check(True, "storage", f"{where} (not created yet: no process has run)")]
     else:
         where = f"PostgreSQL {redact_dsn(url)}"
-    known = await _known_schemas(settings)
+    known = known if known is not None else await _known_schemas(settings)
     try:
         await db.open_to_read()
         try:
