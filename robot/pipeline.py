@@ -187,8 +187,12 @@ class Pipeline:
 
     def _addressed(self, message: Message) -> bool:
         """Whether ``message`` asks for an answer, as far as is known without the database."""
-        answer, explicit, text = self.gate(message)
-        return not message.from_bot and answer and (explicit or (self.bot.router is not None and bool(text.strip())))
+        return not message.from_bot and self._asks(*self.gate(message))
+
+    def _asks(self, answer: bool, explicit: bool, text: str) -> bool:
+        """Whether what the gate said (:meth:`gate`) is answered. Unaddressed (a [gate] always group) a line is the
+        model's alone, and without a model it is left alone rather than told "no model" line after line."""
+        return answer and (explicit or (self.bot.router is not None and bool(text.strip())))
 
     async def _replied_to_bot(self, message: Message) -> bool:
         """Whether ``message`` is a reply to one of the bot's own messages (its outbox's receipts). Only
@@ -216,11 +220,9 @@ class Pipeline:
         if await bot.approvals.intercept(message.chat, bot.caller_for(message, addressed=False), answer_text):
             return
         answer, explicit, text = self.gate(message, replied_to_bot=await self._replied_to_bot(message))
-        # Unaddressed (a [gate] always group) a line is the model's alone: "/usr/bin/…", "/shrug" are talk, not
-        # unknown commands, and without a model it is left alone rather than told "no model" line after line.
-        if not answer or not (explicit or (bot.router is not None and text.strip())):
+        if not self._asks(answer, explicit, text):
             return
-        command = parse_command(text) if explicit else None
+        command = parse_command(text) if explicit else None  # ("/usr/bin/…" unaddressed is talk, not a command)
         # Every answer, the "too long" notice included, spends rate: a flood of huge messages gets one notice.
         if message.platform not in bot.settings.limits.exempt_platforms:
             chat_key, user_key, is_command = message.chat.group_key, message.qualified_sender, command is not None
