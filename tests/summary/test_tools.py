@@ -118,6 +118,8 @@ async def test_default_window_is_since_the_last_summary_and_the_mark_moves(tmp_p
     assert third.user_messages[0] == "【群聊总结】自上次总结以来：没有可以总结的新消息。"
 
 
+@pytest.mark.unrehearsed(reason="its slow unit waits on an event the test sets: a rehearsal runs it twice, the second "
+                         "time in a transaction begun after the summary's horizon (seen to fail once under load)")
 async def test_on_postgresql_a_message_stored_slowly_is_in_the_next_summary_not_behind_the_mark(
         tmp_path: Path, pg_url: str) -> None:
     # PostgreSQL gives the slower unit's message an id at INSERT and shows it at COMMIT: a younger
