@@ -112,6 +112,9 @@ async def test_a_playground_login_stuck_on_the_pairing_number_ends_and_the_next_
                         status = await (await http.get(url + "status")).json()
                 assert "登录超时" in status["message"] and not status["needs_code"]
                 again = await (await http.post(url + "start")).json()
+                async with asyncio.timeout(5):  # (the new login asks for its code in a task of its own)
+                    while fake.qrcodes_issued < 2:
+                        await asyncio.sleep(0.02)
         finally:
             await runner.cleanup()
     assert again["state"] == "running" and fake.qrcodes_issued == 2
