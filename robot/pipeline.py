@@ -25,6 +25,7 @@ from robot.limits import BudgetExceeded, RateDecision
 from robot.message import ChatRef, Message
 from robot.replies import Replies, reply_key
 from robot.storage import Tx
+from robot.turns import SenderTurns, Ticket
 
 if TYPE_CHECKING:
     from robot.bot import Bot
@@ -55,6 +56,10 @@ def _names(entries: Sequence[str], chat: ChatRef) -> bool:
     return any(name in entries for name in chat.setting_names)
 
 
+def _turn_key(message: Message) -> str:
+    return f"{message.chat.key}\n{message.qualified_sender}"
+
+
 class Pipeline:
     """The bot's message path; stateless apart from the bot it serves and the messages in hand."""
 
@@ -65,6 +70,7 @@ class Pipeline:
         self._unmarked: set[tuple[str, str]] = set()
         self.admission = Admission(bot.settings.limits.messages_at_once, bot.outbox.crowd)
         self.replies = Replies(bot, self._unmarked)
+        self.turns, self._tickets = SenderTurns(), dict[tuple[str, str], Ticket]()  # a member's runs in order
 
     def _name_prefix(self, text: str, platform: str = "") -> str | None:
         """The text after the bot's name (``[bot] name``, or its own on the platform: OneBot's ``bot_name``)
@@ -139,6 +145,8 @@ class Pipeline:
                                                           before_message=message.message_id)]
 
         self._handling.add(ident)  # before the dedupe's await: a copy arriving meanwhile ran too
+        if early:  # its place in its member's line, in the order messages arrive (robot.turns)
+            self._tickets[ident] = self.turns.enter(_turn_key(message))
         try:
             try:
                 fresh: bool | None = await bot.dedupe.receive(*ident, bot.clock(), record)
@@ -168,6 +176,8 @@ class Pipeline:
         finally:
             self._handling.discard(ident)
             self._unmarked.discard(ident)
+            if (ticket := self._tickets.pop(ident, None)) is not None:
+                ticket.leave()
             self.replies.said.discard(ident)
             self.replies.ran.pop(ident, None)
         if fresh and unmarked:  # answered without a reply (or its enqueue failed): marked on its own
@@ -244,7 +254,7 @@ class Pipeline:
             reply_text = await self.run_command(caller, command.name, command.rest, message.timestamp)
             await self.reply(message, [reply_text])
             await bot.approvals.announce()
-            await self.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
+            await self.replies.trace_command(message, command.name, command.rest, reply_text, time.perf_counter() - started)
         elif bot.router is None:
             await self.reply(message, [NO_LLM_REPLY])
         elif not text.strip():  # a bare @ or the bot's name alone: no empty turn for the model (some refuse it)
@@ -304,29 +314,21 @@ class Pipeline:
             bot.limiter.charge(ChatRef.of(caller).group_key, caller.qualified_user)
         return "\n".join(result.user_messages) if result.user_messages else result.content
 
-    async def trace_command(self, message: Message, name: str, rest: str, answer: str, seconds: float) -> None:
-        """Show a /command in the channel's tool trace like a model's tool call (and refresh side panels)."""
-        channel = self.bot.channels.get(message.platform)
-        if channel is None:
-            return
-        tool = self.bot.tools.resolve(name)
-        base = {"message_id": message.message_id}
-        await observe(channel.trace(message.chat, {
-            **base, "type": "tool", "call_id": f"cmd-{name}", "name": f"/{name}" + (
-                f" ({tool.name})" if tool and tool.name != name else ""), "arguments": rest, "result": answer,
-            "is_error": False, "duration_ms": seconds * 1000, "note": ""}), "trace")
-        await observe(channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
-                                                   "tokens": 0, "model_calls": 0}), "trace")
-
     async def run_llm(self, message: Message, caller: Caller, text: str,
                       history: list[HistoryEntry] | None = None) -> None:
         """Answer with the model; ``history``: the chat's window before ``message`` if already read."""
         bot = self.bot
         assert bot.router is not None
         channel = bot.channels.get(message.platform)
+        ident = (message.platform, message.message_id)
+        if (ticket := self._tickets.get(ident)) is None:  # (answered though not foreseen: a reply to the bot)
+            ticket = self._tickets[ident] = self.turns.enter(_turn_key(message))
+        until = message.timestamp
+        if await ticket.wait():  # the member's run ahead ended meanwhile: the window runs to now, its answer in it
+            history, until = None, max(until, bot.clock())
         if history is None:
             try:
-                history = await bot.history.recent(message.chat, _CONTEXT, before=message.timestamp,
+                history = await bot.history.recent(message.chat, _CONTEXT, before=until,
                                                    before_message=message.message_id)
             except Exception:  # the database failing: answered without the chat's context rather than not at all
                 log.exception("reading the history of %s failed; answering without it", message.chat.key)

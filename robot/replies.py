@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from function_calls import ToolTrace
 from function_calls.stops import told_text
 from robot.channels.base import Channel
+from robot.hooks import observe
 from robot.message import Message, OutgoingMessage
 from robot.storage import Tx
 from robot.storage.base import CommitUnknown
@@ -141,3 +142,17 @@ class Replies:
                           message.message_id)
             return False
         return True
+
+    async def trace_command(self, message: Message, name: str, rest: str, answer: str, seconds: float) -> None:
+        """Show a /command in the channel's tool trace like a model's tool call (and refresh side panels)."""
+        channel = self.bot.channels.get(message.platform)
+        if channel is None:
+            return
+        tool = self.bot.tools.resolve(name)
+        base = {"message_id": message.message_id}
+        await observe(channel.trace(message.chat, {
+            **base, "type": "tool", "call_id": f"cmd-{name}", "name": f"/{name}" + (
+                f" ({tool.name})" if tool and tool.name != name else ""), "arguments": rest, "result": answer,
+            "is_error": False, "duration_ms": seconds * 1000, "note": ""}), "trace")
+        await observe(channel.trace(message.chat, {**base, "type": "run_end", "stop": "command", "detail": "",
+                                                   "tokens": 0, "model_calls": 0}), "trace")
