@@ -39,6 +39,7 @@ from robot.channels.base import (
     transport_failure,
 )
 from robot.channels.state_store import ChannelState
+from robot.channels.telegram.albums import Albums
 from robot.channels.telegram.api import (
     ChatMigrated,
     TelegramApi,
@@ -100,6 +101,7 @@ class TelegramChannel(WebhookIntake):
         self.names = MentionNames(self._target)
         self._refused_at: float | None = None  # when the owner was told that Telegram refuses the token
         self._stopping = asyncio.Event()
+        self.albums = Albums(self._deliver_logged)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -223,7 +225,10 @@ class TelegramChannel(WebhookIntake):
             return None
         if message is None:
             return None
-        task = asyncio.create_task(self._deliver_logged(message), name=f"telegram-deliver-{message.message_id}")
+        if (group := update["message"].get("media_group_id")) is not None:  # a part of an album: one message
+            task = self.albums.add(f"{message.chat.key}/{group}", message, placeholder(update["message"]))
+        else:
+            task = asyncio.create_task(self._deliver_logged(message), name=f"telegram-deliver-{message.message_id}")
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
         return task

@@ -766,3 +766,68 @@ async def test_a_revoked_token_keeps_queued_messages_waiting_and_says_so_once(
     assert "TEST-token" not in caplog.text
     fake.token = real  # the owner put the right token back
     await until(lambda: sorted(s.text for s in fake.sent) == [f"提醒 {i}" for i in range(3)])
+
+
+def _album_part(fake: FakeBotAPI, chat: dict[str, Any], group: str, **extra: Any) -> dict[str, Any]:
+    """One update of an album as Telegram sends it: each part its own message, sharing ``media_group_id``."""
+    return fake.message(chat, ALICE, media_group_id=group, photo=_PHOTO, **extra)
+
+
+async def test_an_album_in_a_private_chat_is_one_question_answered_once(
+        tmp_path: Path, fake: FakeBotAPI, make_bot: Any, until: Until) -> None:
+    """Three photos sent together got three answers (each part its own message); they are one question now."""
+    model = ScriptedModel(lambda r: text("看到了"))
+    bot, _ = await make_bot(model, channel=TelegramChannel(settings(tmp_path, fake)), data_dir=tmp_path)
+    first = _album_part(fake, PRIVATE, "1357", caption="这几张图里有什么？")
+    _album_part(fake, PRIVATE, "1357")
+    last = _album_part(fake, PRIVATE, "1357")
+    await until(lambda: bool(fake.sent))
+    await until(lambda: any(o > last["update_id"] for o in fake.offsets))  # every part confirmed
+    await asyncio.sleep(0.3)
+    assert [s.text for s in fake.sent] == ["看到了"]
+    assert len(model.requests) == 1
+    assert model.requests[0].messages[-1]["content"] == "[图片] [图片] [图片] 这几张图里有什么？"
+    assert fake.sent[0].reply_to in (None, first["message"]["message_id"])
+    rows = await bot.history.recent(ChatRef(platform="telegram", chat_id=str(ALICE), kind="private"), 10)
+    assert [r.text for r in rows if not r.from_bot] == ["[图片] [图片] [图片] 这几张图里有什么？"]
+
+
+async def test_a_group_album_mentioning_the_bot_in_its_caption_addresses_it_as_one_message(
+        tmp_path: Path, fake: FakeBotAPI, running: Any, inbox: asyncio.Queue[Message]) -> None:
+    caption = "@qun_test_bot 哪张好看？"
+    _album_part(fake, GROUP, "9", caption=caption, caption_entities=[mention(caption, "@qun_test_bot")])
+    fake.message(GROUP, ALICE, media_group_id="9", video={"file_id": "v", "file_unique_id": "w", "width": 1,
+                                                          "height": 1, "duration": 2})
+    fake.message(GROUP, ALICE, "另一条")  # not of the album: its own message
+    _album_part(fake, GROUP, "10")  # another album
+    async with running(TelegramChannel(settings(tmp_path, fake))):
+        got = [await asyncio.wait_for(inbox.get(), 5) for _ in range(3)]
+        await asyncio.sleep(1.2)
+        assert inbox.empty()
+    by_text = {m.text: m for m in got}
+    assert set(by_text) == {"[图片] [视频] 哪张好看？", "另一条", "[图片]"}
+    album = by_text["[图片] [视频] 哪张好看？"]
+    assert album.mentions_bot and not by_text["[图片]"].mentions_bot and album.chat.chat_id == "-100500"
+
+
+@pytest.mark.parametrize(("caption", "expected"), [
+    ("/remind 明天9点 交这些表", "/remind 明天9点 交这些表 [图片] [图片]"),  # a /command caption stays one
+    ("", "[图片] [图片]"),
+])
+def test_an_albums_parts_merge_around_its_caption(tmp_path: Path, caption: str, expected: str) -> None:
+    from robot.channels.telegram.albums import merged
+    from robot.channels.telegram.convert import placeholder
+
+    channel = TelegramChannel(TelegramSettings(enabled=True, token="1:x", state_dir=tmp_path))
+    channel.bot_id, channel.username = BOT_ID, "qun_test_bot"
+    parts, markers = [], []
+    for i, extra in enumerate(({"caption": caption} if caption else {}, {})):
+        msg = {"message_id": 20 - i, "date": 1_790_000_000, "chat": PRIVATE, "media_group_id": "5",
+               "from": {"id": ALICE, "first_name": "Alice"}, "photo": _PHOTO, **extra}
+        message = channel.to_message({"update_id": i, "message": msg})
+        assert message is not None
+        parts.append(message)
+        markers.append(placeholder(msg))
+    album = merged(parts, markers)
+    assert album.text == expected
+    assert album.message_id == f"{ALICE}:19"  # the first part's id (a redelivered album is a duplicate)
