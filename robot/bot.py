@@ -386,7 +386,7 @@ class Bot:
         channel.attach_panels(self.panels)
         channel.attach_forgetters(self.forgetters)
         channel.attach_chats(self.history.recent, self.zone_for)
-        channel.bind_recalls(self.history.forget_message)
+        channel.bind_recalls(lambda chat, id_, sender: self.history.forget_message(chat, id_, sender, receipts=True))
         channel.attach_state(self.channel_state)
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:

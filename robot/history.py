@@ -342,17 +342,26 @@ class HistoryStore:
             "DELETE FROM history WHERE chat = ? AND user_id = ? AND from_bot = 0", [chat.key, user_id]
         ).rowcount)
 
-    async def forget_message(self, chat: ChatRef, message_id: str, sender: str | None = None) -> int:
-        """Delete one stored incoming message, recalled on its platform, by its id in ``chat``: only if
-        ``sender`` wrote it (when known); returns how many rows went. Every process drops its copies."""
+    async def forget_message(self, chat: ChatRef, message_id: str, sender: str | None = None, *,
+                             receipts: bool = False) -> int:
+        """Delete one stored message, recalled on its platform, by its id in ``chat`` as received: a member's
+        only if ``sender`` wrote it (when known). ``receipts`` (the bot's, beside the outbox's tables): also the
+        bot's own (``sender`` its account: an admin recalled it), by its send's receipt. Returns how many rows
+        went. Every process drops its copies."""
         if not message_id:
             return 0
         where, params = "chat = ? AND message_id = ? AND from_bot = 0", [chat.key, message_id]
         if sender is not None:
             where, params = where + " AND user_id = ?", [*params, sender]
+        own = receipts and (sender is None or (bool(chat.account) and sender == chat.account))
 
         def work(db: Tx) -> int:
             removed = int(db.execute(f"DELETE FROM history WHERE {where}", params).rowcount)
+            if own:  # (the bot's rows carry their outbox key; a part's receipt takes the whole message)
+                removed += int(db.execute(
+                    "DELETE FROM history WHERE chat = ? AND from_bot = 1 AND message_id IN (SELECT key FROM outbox "
+                    "WHERE chat = ? AND receipt = ? UNION SELECT key FROM outbox_parts WHERE chat = ? AND receipt = ?)",
+                    [chat.key, *[chat.key, message_id] * 2]).rowcount)
             if removed:
                 db.notify(FORGOTTEN, json.dumps([chat.key]))
             return removed

@@ -229,8 +229,10 @@ async def test_a_flood_reaches_the_provider_a_few_requests_at_a_time_and_each_me
                 await peer.connect(channel.url)
                 await asyncio.wait_for(channel.wait_connected(), 5)
                 for i in range(count):
-                    question = f"第{i}个问题"
+                    question = f"第{i}个问题"  # (from 40 members: one member's questions are answered in turn)
+                    who = 30000 + i % 40
                     await peer.send_event(AT_BOT, message_id=5000 + i, raw_message=f"[CQ:at,qq=10001] {question}",
+                                          user_id=who, sender={**AT_BOT["sender"], "user_id": who},
                                           message=[{"type": "at", "data": {"qq": "10001"}},
                                                    {"type": "text", "data": {"text": f" {question}"}}])
                 await until(lambda: sum(map(is_group_send, peer.actions)) >= count, timeout=60)
@@ -270,6 +272,27 @@ async def test_a_recalled_message_leaves_the_history(rig: Rig, until: Until) -> 
     await until(lambda: _has(texts, 1))
     await asyncio.sleep(0.1)
     assert await texts() == ["留着"]
+
+
+async def test_the_bots_message_an_admin_recalls_leaves_the_history(rig: Rig, until: Until) -> None:
+    """An admin recalls (撤回) what the bot said (a wrong answer, someone's number it repeated): the model read
+    it again in every later window. Its history row goes, found by the send's receipt; other rows stay."""
+    group = ChatRef(platform="onebot", chat_id="123456", kind="group", account="10001")
+    rig.server.script(Reply("张三的电话是 13800001111"), Reply("留着的回答"))
+
+    async def said() -> list[str]:
+        return [e.text for e in await rig.bot.history.recent(group) if e.from_bot]
+
+    await rig.peer.send_event(AT_BOT, message_id=4001)
+    first = await rig.peer.wait_for_action(is_group_send, timeout=10)
+    await rig.peer.send_event(AT_BOT, message_id=4002)
+    await until(lambda: _has(said, 2))
+    receipt = 3001  # the peer's message id for the bot's first send (OneBotTestPeer numbers them from 3001)
+    assert "13800001111" in texts(first)
+    await rig.peer.send_event({"time": 1, "self_id": 10001, "post_type": "notice", "notice_type": "group_recall",
+                               "group_id": 123456, "user_id": 10001, "operator_id": 30001, "message_id": receipt})
+    await until(lambda: _has(said, 1))
+    assert [t for t in await said() if "13800001111" in t] == []
 
 
 async def _has(texts: Callable[[], Awaitable[list[str]]], n: int) -> bool:

@@ -104,17 +104,18 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
 
 
 def recall_from_event(event: Mapping[str, Any], *, self_id: str | None = None) -> Recall | None:
-    """A ``group_recall`` / ``friend_recall`` notice as the message it takes back; ``None`` for other
-    events, incomplete ones and the bot's own messages (not stored as received).
+    """A ``group_recall`` / ``friend_recall`` notice as the message it takes back; ``None`` for other events
+    and incomplete ones.
 
-    The sender is ``user_id`` (who wrote it), not ``operator_id``: an admin may recall a member's message.
+    The sender is ``user_id`` (who wrote it), not ``operator_id``: an admin may recall a member's message, or
+    the bot's (then the sender is the bot's account: its history row is found by the outbox's receipt).
     """
     notice = event.get("notice_type")
     if notice not in ("group_recall", "friend_recall"):
         return None
     bot_id = _id(event.get("self_id")) or self_id
     user_id, message_id = _id(event.get("user_id")), _id(event.get("message_id"))
-    if user_id is None or message_id is None or user_id == bot_id:
+    if user_id is None or message_id is None:
         return None
     if notice == "group_recall":
         group_id = _id(event.get("group_id"))

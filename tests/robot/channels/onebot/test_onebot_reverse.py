@@ -323,7 +323,8 @@ def test_recall_notices_name_the_recalled_message_its_chat_and_its_author() -> N
     private = ChatRef(platform="onebot", chat_id="20002", kind="private", account="10001")
     assert recall_from_event(friend) == (private, "private:20002:7", "20002")
     assert recall_from_event({**group, "user_id": 80000000})[2] is None  # type: ignore[index]  # anonymous
-    assert recall_from_event({**group, "user_id": 10001}) is None  # the bot's own message
+    # the bot's own message (an admin recalled it): its history row is found by the send's receipt
+    assert recall_from_event({**group, "user_id": 10001}) == (GROUP, "group:123456:2001", "10001")
     assert recall_from_event({**group, "group_id": None}) is None
     assert recall_from_event({**group, "message_id": None}) is None
     assert recall_from_event({**group, "notice_type": "group_increase"}) is None
