@@ -112,8 +112,9 @@ class CallExecutor:
             return await self.call_one(call)
         except Exception as exc:
             log.exception("tool call %s failed in the executor", call.name)
-            return self._refuse(call, f"`{call.name}` failed internally ({type(exc).__name__}); not run.",
-                                note="internal error")
+            # (it may have failed after the handler ran: not told as refused, it is named as maybe run)
+            return self._refuse(call, f"`{call.name}` failed internally ({type(exc).__name__}); it may have run.",
+                                note="internal error", refused=False)
 
     async def call_one(self, call: ToolCall) -> Outcome:
         start = time.perf_counter()
@@ -123,10 +124,10 @@ class CallExecutor:
         return outcome
 
     def _refuse(self, call: ToolCall, content: str, stop: StopReason | None = None, detail: str = "",
-                note: str = "") -> Outcome:
+                note: str = "", *, refused: bool = True) -> Outcome:
         result = ToolResult(content=content, is_error=True)
         trace = ToolTrace(call_id=call.id, name=call.name, arguments=call.arguments, result=content,
-                          is_error=True, note=note or (stop.value if stop else ""))
+                          is_error=True, note=note or (stop.value if stop else ""), refused=refused)
         return Outcome(call, result, trace, stop, detail)
 
     async def _call_one(self, call: ToolCall) -> Outcome:
@@ -190,6 +191,10 @@ class CallExecutor:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():  # the run itself is being cancelled: pass it on
+                # ...told first: cut in flight, the call may have acted (a payment sent, its answer not back)
+                await self.emit({"type": "tool", **ToolTrace(
+                    call_id=call.id, name=tool.name, arguments=call.arguments, result="cut short by the stop",
+                    is_error=True, note="cancelled", read_only=tool.read_only).model_dump()})
                 raise
             log.warning("tool %s was cancelled from inside (a future it awaited)", tool.name)
             result = ToolResult.error(f"`{tool.name}` was cancelled before it finished.")
@@ -208,5 +213,5 @@ class CallExecutor:
                 f"\n\n[qunbot] Warning: {signal.reason}. This is not making progress: change your approach "
                 "or answer the user with what you have.")})
         trace = ToolTrace(call_id=call.id, name=tool.name, arguments=call.arguments, result=result.content,
-                          is_error=result.is_error, note=note, data=result.data)
+                          is_error=result.is_error, note=note, data=result.data, read_only=tool.read_only)
         return Outcome(call, result, trace)

@@ -45,6 +45,11 @@ class ToolTrace(BaseModel):
     arguments: str
     result: str
     is_error: bool = False
+    #: Refused before its handler ran (arguments, permission, approval, a guard): it did nothing. An error
+    #: after the handler started (raised, timed out, cut by the stop) leaves this False: it may have acted.
+    refused: bool = False
+    #: Its tool is declared ``read_only``: whatever happened, it changed nothing.
+    read_only: bool = False
     duration_ms: float = 0.0
     note: str = ""
     #: The tool result's ``data`` (e.g. the model tiers' token usage).

@@ -1,8 +1,9 @@
 """What a run that stops short tells the person, and which of its tool calls already took effect.
 
 Each text is a pair: what happened, and what to do about it ("请稍后再试"). Once a call of the run took
-effect (a payment), the second part gives way to the calls that did and a warning not to simply ask
-again: asking again would run them twice.
+effect (a payment), or may have (it failed or was cut after it started), the second part gives way to
+those calls and a warning not to simply ask again: asking again would run them twice. A refused call
+never ran, and a ``read_only`` tool's changed nothing: neither is named.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Sequence
 from function_calls.problems import mend_text
 from function_calls.run import StopReason, ToolTrace
 
-__all__ = ["STOP_TEXTS", "TOO_COMPLEX", "TOO_LARGE", "UNREADABLE", "busy", "describe_call", "done_calls", "told_text"]
+__all__ = ["STOP_TEXTS", "TOO_COMPLEX", "TOO_LARGE", "UNREADABLE", "busy", "describe_call", "done_calls",
+           "may_have_acted", "maybe_calls", "told_text"]
 
 #: Each text as (what happened, what to do: with its punctuation, left out once a call took effect).
 STOP_TEXTS: dict[StopReason, tuple[str, str]] = {
@@ -49,15 +51,32 @@ def busy(seconds: float | None) -> tuple[str, str]:
 
 
 def told_text(told: tuple[str, str], trace: Sequence[ToolTrace]) -> str:
-    """``told`` as it reads when no call took effect; else what happened, the calls that did, and no retry."""
-    done = done_calls(trace)
-    return f"{told[0]}。已执行：{done}。{_AGAIN}" if done else told[0] + told[1]
+    """``told`` as it reads when no call may have acted; else what happened, the calls that did and those
+    that may have (failed or cut after they started: a payment whose answer timed out), and no retry."""
+    said = "。".join(f"{head}：{calls}" for head, calls in (("已执行", done_calls(trace)),
+                                                           ("可能已执行", maybe_calls(trace))) if calls)
+    return f"{told[0]}。{said}。{_AGAIN}" if said else told[0] + told[1]
+
+
+def may_have_acted(call: ToolTrace) -> bool:
+    """Whether a call may have changed something: its handler started (a refused call never ran) and its
+    tool is not declared ``read_only``."""
+    return not (call.refused or call.read_only)
 
 
 def done_calls(trace: Sequence[ToolTrace]) -> str:
-    """The calls that ran without an error (a refused call never ran), each once with how often, the first
-    few only; "" when none did."""
-    counts = Counter((t.name, t.arguments) for t in trace if not t.is_error)
+    """The calls that may have acted and ran without an error: see :func:`_listed`."""
+    return _listed([t for t in trace if may_have_acted(t) and not t.is_error])
+
+
+def maybe_calls(trace: Sequence[ToolTrace]) -> str:
+    """The calls that may have acted but ended in an error (raised, timed out, cut): see :func:`_listed`."""
+    return _listed([t for t in trace if may_have_acted(t) and t.is_error])
+
+
+def _listed(trace: Sequence[ToolTrace]) -> str:
+    """Each call once with how often, the first few only; "" when there are none."""
+    counts = Counter((t.name, t.arguments) for t in trace)
     shown = [describe_call(name, args) + (f"×{n}" if n > 1 else "") for (name, args), n in counts.items()]
     more = f" 等 {counts.total()} 次调用" if len(shown) > _SHOWN_CALLS else ""
     return "、".join(shown[:_SHOWN_CALLS]) + more

@@ -64,6 +64,8 @@ class Tool:
     sequential: bool = False
     aliases: tuple[str, ...] = ()
     hash_exclude: tuple[str, ...] = ()
+    #: Declared free of side effects: a run stopped short neither names its calls nor warns not to ask again.
+    read_only: bool = False
     #: False when OpenAI's strict mode cannot describe its arguments (a dict field): with ``strict_tools``
     #: it is still sent, and checked, non-strict (``strict: false``).
     strict_ok: bool = True
@@ -246,6 +248,7 @@ def tool_function(
     sequential: bool = False,
     aliases: Sequence[str] = (),
     hash_exclude: Sequence[str] = (),
+    read_only: bool = False,
 ) -> Callable[[Handler], Tool]: ...
 def tool_function(
     fn: Handler | None = None,
@@ -264,6 +267,7 @@ def tool_function(
     sequential: bool = False,
     aliases: Sequence[str] = (),
     hash_exclude: Sequence[str] = (),
+    read_only: bool = False,
 ) -> Tool | Callable[[Handler], Tool]:
     """Declare a tool: ``async def f(ctx: ToolContext[D], args: Model) -> ToolResult | str``.
 
@@ -299,7 +303,7 @@ def tool_function(
             require_at=require_at, admin_only=admin_only, group_admin=group_admin,
             confirm="admin" if confirm is True else (confirm or None), retries=retries,
             timeout_s=timeout_s, sequential=sequential,
-            aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude),
+            aliases=tuple(a.lstrip("/") for a in aliases), hash_exclude=tuple(hash_exclude), read_only=read_only,
             strict_ok=where is None, _takes_ctx=takes_ctx, _validator=validator_cls(params),
             _strict_validator=validator_cls(strict),
         )

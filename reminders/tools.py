@@ -223,7 +223,7 @@ def _check_command(deps: ReminderDeps, content: str, caller: Caller) -> None:
                     user_message=f"设置提醒失败：只有{who}可以在这里定时执行 /{name}。")
 
 
-@tool_function(aliases=["reminders"])
+@tool_function(aliases=["reminders"], read_only=True)
 async def reminder_list(ctx: ToolContext[ReminderDeps]) -> ToolResult:
     """列出我的提醒 (list the asking person's active reminders, with ids for reminder_delete: in a group this
     chat's only; in a private chat all of theirs, each marked with where it fires)."""

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from function_calls import ToolTrace
-from function_calls.stops import told_text
+from function_calls.stops import may_have_acted, told_text
 from robot.channels.base import Channel
 from robot.hooks import observe
 from robot.message import Message, OutgoingMessage
@@ -68,11 +68,15 @@ class Replies:
         self.ran: dict[tuple[str, str], list[ToolTrace]] = {}
 
     def took_effect(self, message: Message, event: dict[str, object]) -> None:
-        """Note a run's ``tool`` event (:class:`ToolTrace` fields) for ``message`` unless the call failed."""
-        if event.get("type") == "tool" and not event.get("is_error"):
-            self.ran.setdefault((message.platform, message.message_id), []).append(ToolTrace(
-                call_id=str(event.get("call_id", "")), name=str(event.get("name", "")),
-                arguments=str(event.get("arguments", "")), result=""))
+        """Note a run's ``tool`` event (:class:`ToolTrace` fields) for ``message`` if the call may have acted:
+        it ran, or failed or was cut after it started (not refused, not a ``read_only`` tool's)."""
+        if event.get("type") != "tool":
+            return
+        trace = ToolTrace(call_id=str(event.get("call_id", "")), name=str(event.get("name", "")),
+                          arguments=str(event.get("arguments", "")), result="", is_error=bool(event.get("is_error")),
+                          refused=bool(event.get("refused")), read_only=bool(event.get("read_only")))
+        if may_have_acted(trace):
+            self.ran.setdefault((message.platform, message.message_id), []).append(trace)
 
     async def stopped(self, message: Message) -> None:
         """A run cut short by the stop after some of its calls took effect: the message is not kept to be

@@ -157,7 +157,7 @@ async def _search(client: PerplexityClient, query: str, recency: Recency | None,
 
 
 @tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"],
-               timeout_s=_TOOL_TIMEOUT_S)
+               timeout_s=_TOOL_TIMEOUT_S, read_only=True)  # (a search spends quota, and changes nothing)
 async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> ToolResult:
     """联网搜索 (web search through Perplexity): current facts, news, prices, weather; returns an answer with
     numbered citations [n] and its sources."""

@@ -52,6 +52,7 @@ async def test_bare_decorator_takes_name_and_docstring_and_defaults() -> None:
     assert weather.description == "Look up the weather.\n\nMore detail for the model."
     assert (weather.retries, weather.timeout_s, weather.scope) == (2, 30.0, "both")
     assert not (weather.require_at or weather.admin_only or weather.confirm or weather.sequential)
+    assert not weather.read_only  # undeclared, a call may have changed something (the safe reading)
     assert weather.args_model is Args
     assert (await weather.invoke(ctx(), Args(city="Paris"))).content == "Paris"
 
@@ -60,6 +61,7 @@ def test_every_option_is_kept() -> None:
     @tool_function(
         name="set_it", description="Overridden.", examples=["do it", "again"], scope="group", require_at=True,
         admin_only=True, confirm=True, retries=5, timeout_s=2.5, sequential=True, aliases=["/s", "si"],
+        read_only=True,
     )
     async def original(a: Args) -> ToolResult:
         """Docstring loses to description=."""
@@ -69,7 +71,7 @@ def test_every_option_is_kept() -> None:
     assert original.description == "Overridden."
     assert original.examples == ("do it", "again")
     assert (original.scope, original.require_at, original.admin_only, original.confirm) == ("group", True, True, "admin")
-    assert (original.retries, original.timeout_s, original.sequential) == (5, 2.5, True)
+    assert (original.retries, original.timeout_s, original.sequential, original.read_only) == (5, 2.5, True, True)
     assert original.aliases == ("s", "si")
     assert original.definition()["function"]["name"] == "set_it"
     assert original.definition()["function"]["description"] == "Overridden."
@@ -417,3 +419,13 @@ def test_tool_context_clock_and_zone() -> None:
     assert c.now() == fixed
     assert c.local_now().hour == 0 and c.local_now().day == 2
     assert c.local_now().utcoffset() is not None
+
+
+def test_the_built_in_tools_that_change_nothing_are_declared_read_only() -> None:
+    from reminders.tools import reminder_delete, reminder_list, reminder_set
+    from search.tools import deep_research, perplexity_search
+    from summary.tools import summary
+
+    assert reminder_list.read_only and perplexity_search.read_only
+    # A summary moves the chat's mark, and may opt someone out, schedule a digest or send a private copy.
+    assert not any(t.read_only for t in (reminder_set, reminder_delete, deep_research, summary))

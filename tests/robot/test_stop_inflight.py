@@ -157,3 +157,61 @@ async def test_a_question_cut_short_after_a_call_took_effect_is_not_run_again_bu
     told = [m.text for m in ch.sent + ch2.sent if "已执行" in m.text]
     assert len(told) == 1 and "pay（to=\"小王\", amount=5）" in told[0] and "请勿直接重复请求" in told[0]
     assert model.requests == [] and paid == [5]  # not answered again: paid once
+
+
+async def test_a_call_the_stop_cuts_in_flight_is_told_as_maybe_run_and_not_run_again(
+        make_bot: Any, tmp_path: Path) -> None:
+    """A payment whose answer had not come back when the stop cut it may have gone through: kept to be
+    answered again, it would be sent twice. The sender is told it may have run instead."""
+    started = asyncio.Event()
+
+    @tool_function
+    async def pay(ctx: ToolContext[object], args: PayArgs) -> ToolResult:
+        """Pay someone."""
+        started.set()
+        await asyncio.Event().wait()  # the bank's answer never comes before the stop
+        return ToolResult(content="paid")
+
+    payments = Plugin("payments", Toolset("payments", [pay]))
+    bot, ch = await make_bot(ScriptedModel(lambda r: call("pay", {"to": "小王", "amount": 5})), plugins=[payments])
+    asking = asyncio.create_task(ch.inject("转5元给小王", at_bot=True, message_id="q1"))
+    await asyncio.wait_for(started.wait(), 5)
+    await bot.stop(flush_timeout_s=0.05)
+    async with asyncio.timeout(5):
+        await asyncio.gather(asking, return_exceptions=True)
+    assert rows(bot.db.path, "SELECT * FROM parked_messages") == []
+
+    model = echo_model()
+    again, ch2 = await make_bot(model, data_dir=tmp_path, plugins=[payments])
+    await again.parked.replay(again.handle)
+    await again.outbox.flush()
+    told = [m.text for m in ch.sent + ch2.sent if "已执行" in m.text]
+    assert len(told) == 1 and "可能已执行：pay（to=\"小王\", amount=5）" in told[0] and "请勿直接重复请求" in told[0]
+    assert model.requests == []
+
+
+async def test_a_question_cut_short_after_only_read_only_calls_is_answered_again(
+        make_bot: Any, tmp_path: Path) -> None:
+    """A lookup changed nothing: the question is kept and answered at the next start, as one without calls."""
+    turns: list[str] = []
+
+    @tool_function(read_only=True)
+    async def balance(ctx: ToolContext[object]) -> ToolResult:
+        """Look up the balance."""
+        return ToolResult(content="12 元")
+
+    async def script(request: ModelRequest) -> Any:
+        turns.append("turn")
+        if len(turns) == 1:
+            return call("balance", {})
+        await asyncio.Event().wait()
+
+    lookups = Plugin("lookups", Toolset("lookups", [balance]))
+    bot, ch = await make_bot(ScriptedModel(script), plugins=[lookups])
+    asking = asyncio.create_task(ch.inject("我还有多少钱", at_bot=True, message_id="q1"))
+    await eventually(lambda: len(turns) == 2)
+    await bot.stop(flush_timeout_s=0.05)
+    async with asyncio.timeout(5):
+        await asyncio.gather(asking, return_exceptions=True)
+    assert [r[0] for r in rows(bot.db.path, "SELECT message_id FROM parked_messages")] == ["q1"]
+    assert [m.text for m in ch.sent] == []
