@@ -14,9 +14,10 @@ from robot.bot import Bot
 from robot.channels.telegram.settings import TelegramSettings
 from robot.config import ConfigError, Settings
 from robot.config_file import load_plugins
-from robot.doctor_storage import storage_checks, weixin_logins
+from robot.doctor_storage import reading, weixin_logins
 from robot.plugin import PluginError
 from robot.redact import redact_text, redact_url
+from robot.storage import Engine
 
 __all__ = ["doctor"]
 
@@ -56,18 +57,18 @@ async def _telegram(settings: TelegramSettings) -> tuple[bool, str, str]:
     return True, "channel telegram", f"@{name or '?'} answers at {redact_url(settings.api_base)}"
 
 
-async def _weixin(settings: Settings) -> tuple[bool, str, str]:
-    """Whom ``qunbot run`` would serve on personal WeChat: it starts with no account, and only logs it."""
+async def _weixin(settings: Settings, stored: set[str] | str) -> tuple[bool, str, str]:
+    """Whom ``qunbot run`` would serve on personal WeChat: it starts with no account, and only logs it.
+    ``stored``: the accounts logged in in the database, or why they could not be read."""
     from robot.channels.weixin import WeixinState
 
     cfg, what = settings.channels.weixin, "channel weixin"
     root = cfg.state_dir or settings.bot.data_dir / "weixin"
     # Files an older qunbot left are imported at the next start: they count as logged in
     logged = {a.bot_id for a in await asyncio.to_thread(WeixinState(root).load_accounts_sync)}
-    try:
-        logged |= await weixin_logins(settings)
-    except Exception as exc:  # (the storage line says why; no text: it may quote a DSN)
-        return False, what, f"cannot read the logins from the database ({type(exc).__name__})"
+    if isinstance(stored, str):
+        return False, what, f"cannot read the logins from the database ({stored})"
+    logged |= stored
     missing = sorted(set(cfg.accounts) - logged)
     if missing:
         return False, what, (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not logged in "
@@ -75,6 +76,17 @@ async def _weixin(settings: Settings) -> tuple[bool, str, str]:
     if not logged:
         return False, what, "no account is logged in: run `qunbot login weixin`"
     return True, what, f"serves {', '.join(sorted(set(cfg.accounts) or logged))}"
+
+
+async def _logins(db: Engine | None, found: bool) -> set[str] | str:
+    """The Weixin accounts logged in in ``db`` (None: no database yet if ``found``, else one that cannot be
+    read), or why they cannot be read (no text: it may quote a DSN)."""
+    if db is None:
+        return set() if found else "the storage line says why"
+    try:
+        return await weixin_logins(db)
+    except Exception as exc:
+        return type(exc).__name__
 
 
 async def doctor(settings: Settings, source: Path | None) -> int:
@@ -101,12 +113,14 @@ async def doctor(settings: Settings, source: Path | None) -> int:
         report(False, "plugins", str(exc))
     except Exception as exc:  # a plugin's settings or deps failed: the report goes on with the next check
         report(False, "plugins", f"failed: {type(exc).__name__}: {redact_text(str(exc))[:200]}")
-    for check in await storage_checks(settings, known=schemas):
-        report(*check)
-    try:  # the storage check above has said why the database cannot be read: the other checks go on
-        failed = await maintenance.undelivered(settings)
-    except Exception:
-        failed = []
+    stored: set[str] | str = set()  # the Weixin logins in the database
+    async with reading(settings, known=schemas) as (checks, db):  # opened once, for every check that reads it
+        for check in checks:
+            report(*check)
+        # (no database, or one that cannot be read: the storage line above has said so; the other checks go on)
+        failed = await maintenance.undelivered(settings, db=db) if db is not None else []
+        if settings.channels.weixin.enabled:
+            stored = await _logins(db, checks[0].ok)
     if failed:
         newest = failed[0]
         report(False, "outbox", f"{len(failed)} message(s) could not be delivered in the last 7 days; newest to "
@@ -161,6 +175,6 @@ async def doctor(settings: Settings, source: Path | None) -> int:
     if ch.telegram.enabled:
         report(*await _telegram(ch.telegram))
     if ch.weixin.enabled:
-        report(*await _weixin(settings))
+        report(*await _weixin(settings, stored))
     print("all good" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0

@@ -12,9 +12,10 @@ redacted, and errors too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -29,7 +30,7 @@ from robot.storage import Engine, SQLiteDatabase, StorageError, Tx, iso
 from robot.storage.leases import PROCESS_PREFIX
 from robot.storage.postgres import redact_dsn
 
-__all__ = ["Check", "storage_checks", "waiting_sync", "weixin_logins"]
+__all__ = ["Check", "reading", "storage_checks", "waiting_sync", "weixin_logins"]
 
 T = TypeVar("T")
 
@@ -83,18 +84,39 @@ async def storage_checks(settings: Settings, now: datetime | None = None, *,
     """The storage engine, each live process with the accounts it holds, and the rows no process can send.
     ``known``: each component's schema version this qunbot knows, when a scratch bot already said (else one
     is set up here)."""
+    async with reading(settings, now, known=known) as (checks, _):
+        return checks
+
+
+@contextlib.asynccontextmanager
+async def reading(settings: Settings, now: datetime | None = None, *,
+                  known: dict[str, int] | None = None) -> AsyncIterator[tuple[list[Check], Engine | None]]:
+    """:func:`storage_checks`' lines, and the database they read, still open to read for the doctor's other
+    checks (one connection for the whole report) and closed on leaving; None when there is no database yet
+    or it cannot be opened (the first line says which)."""
+    checks, db = await _checked(settings, now, known)
+    try:
+        yield checks, db
+    finally:
+        if db is not None:
+            await db.close()
+
+
+async def _checked(settings: Settings, now: datetime | None,
+                   known: dict[str, int] | None) -> tuple[list[Check], Engine | None]:
     url = settings.storage.url.get_secret_value().strip()
     try:
         db = settings.storage.engine(settings.bot.data_dir)
     except (StorageError, OSError) as exc:  # (a data dir it cannot create: the report went no further)
-        return [Check(False, "storage", str(exc) if isinstance(exc, StorageError) else f"{exc.strerror}: {exc.filename}")]
+        return [Check(False, "storage", str(exc) if isinstance(exc, StorageError) else
+                      f"{exc.strerror}: {exc.filename}")], None
     if isinstance(db, SQLiteDatabase):
         where = f"SQLite {db.where}"
         folder = Path(db.path).parent
         if await asyncio.to_thread(lambda: folder.exists() and not folder.is_dir()):  # (it said "not created yet")
-            return [Check(False, "storage", f"{folder} is not a directory: `qunbot run` cannot create {db.where}")]
+            return [Check(False, "storage", f"{folder} is not a directory: `qunbot run` cannot create {db.where}")], None
         if not await asyncio.to_thread(Path(db.path).is_file):
-            return [Check(True, "storage", f"{where} (not created yet: no process has run)")]
+            return [Check(True, "storage", f"{where} (not created yet: no process has run)")], None
     else:
         where = f"PostgreSQL {redact_dsn(url)}"
     known = known if known is not None else await _known_schemas(settings)
@@ -102,7 +124,7 @@ async def storage_checks(settings: Settings, now: datetime | None = None, *,
         await db.open_to_read()
         try:
             if refused := await _refused(db, known):
-                return [Check(False, "storage", f"{where}: {refused}")]
+                return [Check(False, "storage", f"{where}: {refused}")], db
             stamp = iso(now or db.now())  # the database's time, as the processes' leases are written in
             none: list[dict[str, Any]] = []
             leases = await _read(db, lambda tx: tx.query(
@@ -111,10 +133,11 @@ async def storage_checks(settings: Settings, now: datetime | None = None, *,
             waiting = await _read(db, lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held, ONE_PROCESS_PLATFORMS),
                                    none)
             stored = await _read(db, secret_key.stored_sync, None)
-        finally:
+        except BaseException:
             await db.close()
+            raise
     except Exception as exc:  # unreachable, refused, newer than this code: the reason, never the password
-        return [Check(False, "storage", f"{where}: {redact_dsn(str(exc), url)[:300]}")]
+        return [Check(False, "storage", f"{where}: {redact_dsn(str(exc), url)[:300]}")], None
     checks = [Check(True, "storage", where)]
     if db.dialect == "postgresql":  # leases and claims keep the database's time; logs keep this machine's
         off = db.skew.total_seconds()
@@ -131,25 +154,18 @@ async def storage_checks(settings: Settings, now: datetime | None = None, *,
                   ", which no running process holds"
         checks.append(Check(False, "outbox", f"{row['n']} message(s) for {row['platform']} wait for {why} "
                                              f"(oldest queued {row['oldest'][:19]})"))
-    return checks
+    return checks, db
 
 
-async def weixin_logins(settings: Settings) -> set[str]:
-    """The Weixin bot ids logged in in the database (none before its first start).
+async def weixin_logins(db: Engine) -> set[str]:
+    """The Weixin bot ids logged in in ``db`` (opened by :func:`reading`; none before its first start).
 
     Only the ids are read, never the sealed values: whether this data_dir's ``secret.key`` opens them
     is the ``secret.key`` line's business.
     """
-    db = settings.storage.engine(settings.bot.data_dir)
-    if isinstance(db, SQLiteDatabase) and not await asyncio.to_thread(Path(db.path).is_file):
-        return set()
-    await db.open_to_read()
-    try:
-        none: list[dict[str, Any]] = []
-        rows = await _read(db, lambda tx: tx.query(
-            "SELECT account FROM channel_state WHERE platform = 'weixin' AND key = 'account'"), none)
-    finally:
-        await db.close()
+    none: list[dict[str, Any]] = []
+    rows = await _read(db, lambda tx: tx.query(
+        "SELECT account FROM channel_state WHERE platform = 'weixin' AND key = 'account'"), none)
     return {str(r["account"]) for r in rows}
 
 

@@ -8,16 +8,26 @@ import logging
 import os
 import sqlite3
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import SecretStr
 
 from robot import secret_key
 from robot.config import Settings
 from robot.snapshots import SnapshotStore
-from robot.storage import POSTGRES_SCHEMES, SQLITE_FILE, Engine, SQLiteDatabase, iso, open_database
+from robot.storage import (
+    POSTGRES_SCHEMES,
+    SQLITE_FILE,
+    Engine,
+    SQLiteDatabase,
+    StorageError,
+    Tx,
+    iso,
+    open_database,
+)
 from robot.storage.copy import (
     CopyError,
     copy_sync,
@@ -35,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["COMMANDS", "add_parsers", "adopt_secret", "backup", "copy_db", "housekeep", "pending", "run",
            "undelivered"]
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 COMMANDS = ("backup", "pending", "copy-db", "adopt-secret")  #: the subcommands this module runs
 
@@ -121,24 +132,53 @@ def _engine(settings: Settings) -> Engine | None:
 
 
 async def pending(settings: Settings, everything: bool) -> int:
-    """``qunbot pending``: the snapshots waiting for a person (no run state or arguments shown)."""
+    """``qunbot pending``: the snapshots waiting for a person (no run state or arguments shown).
+
+    It reads the database as it stands, writing nothing: a running bot's database is not upgraded under
+    it, and a read-only file or another program's write transaction does not stop it."""
     db = _engine(settings)
     if db is None:
         print(f"no database at {settings.bot.data_dir / SQLITE_FILE}: nothing is waiting")
         return 0
-    store = SnapshotStore(db)
+    probe = Engine()
+    SnapshotStore(probe)  # (registers the snapshots schema on a bare engine: how many steps this code knows)
+    known = probe.schemas()["snapshots"]
+    where = "WHERE status = 'pending' " if not everything else ""
     try:
-        await db.open()
-        rows = await store.with_status(None if everything else "pending")
+        await db.open_to_read()
+        versions = await _read_or_none(db, lambda tx: tx.execute(
+            "SELECT version FROM schema_version WHERE component = 'snapshots'").fetchall())
+        have = int(versions[0][0]) if versions else 0
+        rows = None if have > known else await _read_or_none(db, lambda tx: tx.query(
+            f"SELECT code, status, kind, approver, requester, chat, expires_at FROM snapshots {where}"
+            "ORDER BY created_at DESC"))
     finally:
         await db.close()
+    if have != known and (rows is not None or have > known):  # (no snapshots table at all: nothing waits)
+        print(f"error: the database {db.where} holds 'snapshots' at schema version {have}, " + (
+              f"newer than this qunbot knows ({known}): upgrade qunbot" if have > known else
+              f"older than this qunbot's ({known}): start the bot once (`qunbot run`) to upgrade it, then "
+              "run `qunbot pending` again"), file=sys.stderr)
+        return 2
     if not rows:
         print("nothing is waiting")
-    for row in rows:
+    for row in rows or []:
         who = "answer" if row["kind"] == "input" else f"{row['approver']} approval"
         print(f"{row['code']}  {row['status']:<11} {who:<18} {row['requester']} in {row['chat']}  "
               f"expires {row['expires_at'][:16].replace('T', ' ')} UTC")
     return 0
+
+
+async def _read_or_none(db: Engine, fn: Callable[[Tx], T]) -> T | None:
+    """``db.read(fn)``, or None when the table it reads does not exist (no process created it yet)."""
+    try:
+        return await db.read(fn)
+    except StorageError:
+        raise
+    except Exception as exc:
+        if "no such table" in str(exc) or "does not exist" in str(exc):
+            return None
+        raise
 
 
 def backup(settings: Settings, target: str, force: bool) -> int:
@@ -210,20 +250,24 @@ def backup(settings: Settings, target: str, force: bool) -> int:
     return 0
 
 
-async def undelivered(settings: Settings, days: int = 7) -> list[dict[str, str]]:
-    """Outgoing messages given up in the last ``days`` (newest first); [] without a database."""
-    db = _engine(settings)
-    if db is None:
+async def undelivered(settings: Settings, days: int = 7, *, db: Engine | None = None) -> list[dict[str, str]]:
+    """Outgoing messages given up in the last ``days`` (newest first); [] without a database. ``db``: the
+    database already opened to read (doctor's), read and left open; else it is opened here to read."""
+    own = db is None
+    engine = _engine(settings) if db is None else db
+    if engine is None:
         return []
     cutoff = iso(datetime.now(UTC) - timedelta(days=days))
     try:
-        await db.open_to_read()  # (doctor: another program's write transaction must not hold it up)
+        if own:
+            await engine.open_to_read()  # (doctor: another program's write transaction must not hold it up)
         try:
-            rows = await db.read(lambda tx: tx.execute(
+            rows = await engine.read(lambda tx: tx.execute(
                 "SELECT chat, coalesce(error, '') FROM outbox WHERE status = 'failed' AND sent_at >= ? "
                 "ORDER BY sent_at DESC LIMIT 100", [cutoff]).fetchall())
         finally:
-            await db.close()
+            if own:
+                await engine.close()
     except Exception as exc:  # no outbox table yet, an unreachable server (doctor reports it on its own line)
         log.debug("undelivered: cannot read the outbox (%s)", type(exc).__name__)  # (no traceback: it may quote a DSN)
         return []

@@ -215,6 +215,7 @@ class Engine:
         #: Why this process must stop, once another one upgraded the schema past this code (else "").
         self.outdated = ""
         self.opened = False
+        self.reading = False  #: opened by :meth:`open_to_read`: for reads alone
         #: This machine's clock, and the database's minus it (PostgreSQL measures it at open and every
         #: few minutes; an SQLite file is used from one machine).
         self.local: Callable[[], datetime] = utcnow
@@ -296,14 +297,15 @@ class Engine:
         raise NotImplementedError
 
     async def open_to_read(self) -> None:
-        """Open for :meth:`read` alone (``qunbot doctor``): apply no migration, write nothing, wait for
-        no writer. PostgreSQL's :meth:`open` with no migration registered does just that."""
+        """Open for :meth:`read` alone (``qunbot doctor``, ``qunbot pending``): apply no migration (even
+        one registered), create nothing, write nothing, wait for no writer."""
+        self.reading = True
         await self.open()
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn(tx)``, which only reads, without waiting for any writer: SQLite's units otherwise
         open with the write lock (another program's write transaction holds them up). PostgreSQL's
-        reads never wait for writers: this is :meth:`run`."""
+        reads never wait for writers: this is :meth:`run` in a read-only transaction."""
         return await self.run(fn)
 
     def hold_ordinary(self, until: float | None) -> None:

@@ -4,12 +4,14 @@ SQLite's ``?`` placeholders and text PostgreSQL can store (see :mod:`robot.stora
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from robot.storage.base import Dialect, as_stored
 
-__all__ = ["CHANNEL", "PostgresTx"]
+__all__ = ["CHANNEL", "PostgresTx", "read_only"]
+
+T = TypeVar("T")
 
 CHANNEL = "qunbot"  #: the one LISTEN/NOTIFY channel; what a notification is for travels in its payload
 _sql_cache: dict[str, str] = {}
@@ -91,3 +93,9 @@ class PostgresTx:
             notes, self.notes = self.notes, []
             self.conn.execute("SELECT pg_notify(%s, note) FROM unnest(%s::text[]) WITH ORDINALITY AS n(note, i) "
                               "ORDER BY i", (CHANNEL, _clean(notes)))
+
+
+def read_only(tx: PostgresTx, fn: Callable[[PostgresTx], T]) -> T:
+    """``fn(tx)`` in a transaction made read-only first: a statement in it that would write fails."""
+    tx.execute("SET TRANSACTION READ ONLY")
+    return fn(tx)

@@ -31,7 +31,7 @@ from robot.storage.base import (
 )
 from robot.storage.lanes import Lanes
 from robot.storage.pgnet import Listener, Pooled, shut, tcp_settings
-from robot.storage.pgtx import PostgresTx
+from robot.storage.pgtx import PostgresTx, read_only
 
 __all__ = ["PostgresDatabase", "PostgresTx", "redact_dsn"]
 
@@ -148,7 +148,8 @@ class PostgresDatabase(Engine):
             # setting) fails now, with the server's reason, not as a pool that never fills.
             await self._call(self._try_connect)
             await self._call(lambda: self._pool.open(wait=True, timeout=15))
-            await self._apply(dict(self._migrations))
+            if not self.reading:  # (open_to_read: not even schema_version is created)
+                await self._apply(dict(self._migrations))
             await self._check_clock()
         except StorageError:
             await self.close()
@@ -302,6 +303,10 @@ class PostgresDatabase(Engine):
             if own is not None and own in self._busy:
                 shut(own)
             raise
+
+    async def read(self, fn: Callable[[PostgresTx], T]) -> T:
+        """:meth:`run` in a read-only transaction: a read that would write fails instead."""
+        return await self.run(lambda tx: read_only(tx, fn))
 
     def run_sync(self, fn: Callable[[PostgresTx], T]) -> T:
         return self._work(fn, True)

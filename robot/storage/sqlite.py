@@ -147,18 +147,7 @@ class SQLiteDatabase(Engine):
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
-            if self.path != ":memory:":
-                sqlitefile.private_files(self.path)
-            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                   timeout=self.busy_timeout_s)
-            # Deleted rows are overwritten, not just unlinked: /forget me leaves no copy in free pages.
-            conn.execute("PRAGMA secure_delete=ON")
-            if self.path != ":memory:":
-                conn.execute("PRAGMA journal_mode=WAL")
-                sqlitefile.private_files(self.path)  # SQLite gives the WAL and SHM the database's mode
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            self._conn = conn
+            self._conn = sqlitefile.connect(self.path, self.busy_timeout_s, reading=self.reading)
         return self._conn
 
     def _serve(self) -> None:
@@ -328,6 +317,7 @@ class SQLiteDatabase(Engine):
 
     async def open_to_read(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.reading = True  # (its connection is SQLite's read-only one: see sqlitefile.connect)
         try:  # (the schema's first page: a file that is no database fails here)
             await self._call(lambda tx: tx.execute("SELECT count(*) FROM sqlite_master").fetchall(), raw=True)
         except sqlite3.Error as exc:

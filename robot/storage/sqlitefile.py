@@ -17,8 +17,8 @@ from typing import TypeVar
 from robot.storage.base import StorageError
 from robot.storage.sqlitetx import SQLiteTx
 
-__all__ = ["UnusableDatabase", "keep_truncating", "private_files", "probe_write", "read_only", "truncate_wal",
-           "unusable"]
+__all__ = ["UnusableDatabase", "connect", "keep_truncating", "private_files", "probe_write", "read_only",
+           "truncate_wal", "unusable"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -55,6 +55,26 @@ def private_files(path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             if file.stat().st_mode & 0o077:
                 file.chmod(0o600)
+
+
+def connect(path: str, timeout_s: float, *, reading: bool = False) -> sqlite3.Connection:
+    """The engine's connection to ``path`` (WAL, its files private). ``reading``: SQLite's read-only
+    mode, for commands that only read: it creates no database, changes no file's mode and writes nothing
+    into the database (SQLite may add the empty -wal and -shm files every reader of a WAL file needs)."""
+    if reading and path != ":memory:":
+        return sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                               isolation_level=None, timeout=timeout_s)
+    if path != ":memory:":
+        private_files(path)
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=timeout_s)
+    # Deleted rows are overwritten, not just unlinked: /forget me leaves no copy in free pages.
+    conn.execute("PRAGMA secure_delete=ON")
+    if path != ":memory:":
+        conn.execute("PRAGMA journal_mode=WAL")
+        private_files(path)  # SQLite gives the WAL and SHM the database's mode
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
 
 
 def probe_write(tx: SQLiteTx) -> None:

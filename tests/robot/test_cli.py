@@ -11,8 +11,10 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -877,3 +879,132 @@ async def test_doctor_checks_the_telegram_token_and_the_webhook_port(
     assert "FAIL channel telegram: getMe: 401 Unauthorized" in out
     assert f"FAIL channel telegram: cannot listen on 127.0.0.1:{port}" in out and "2 problem(s)" in out
     assert "wrong-token" not in out
+
+
+async def _waiting_database(data: Path) -> Path:
+    """A database as a bot leaves it, with one run waiting for an admin's approval (code ABCD2345)."""
+    from robot.snapshots import SnapshotStore
+
+    db = Database(data / "qunbot.sqlite3")
+    SnapshotStore(db)
+    await db.open()
+    try:
+        await db.run(lambda tx: tx.execute(
+            "INSERT INTO snapshots (id, code, kind, approver, status, requester, chat, caller, state, origin, "
+            "created_at, expires_at, mac) VALUES ('s1', 'ABCD2345', 'approval', 'admin', 'pending', 'memory:u1', "
+            "'memory:group:g1', '{}', '{}', '{}', '2026-01-01T00:00:00.000000Z', '2999-01-01T00:00:00.000000Z', "
+            "'x')"))
+    finally:
+        await db.close()
+    return data / "qunbot.sqlite3"
+
+
+def _as_it_stands(path: Path) -> tuple[int, int, list[tuple[str, int]], list[str]]:
+    """The file's mode and mtime, its schema versions and the snapshots table's columns."""
+    with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
+        versions = conn.execute("SELECT component, version FROM schema_version ORDER BY component").fetchall()
+        columns = [str(c[1]) for c in conn.execute("PRAGMA table_info(snapshots)")]
+    st = path.stat()
+    return st.st_mode, st.st_mtime_ns, versions, columns
+
+
+async def test_pending_reads_a_read_only_database_as_it_stands_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It opened the database for writing: a file made read-only came back 0600 (writable), and the schema
+    of a running older bot's database was upgraded under it."""
+    path = await _waiting_database(tmp_path / "data")
+    path.chmod(0o444)
+    before = _as_it_stands(path)
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\ndata_dir = "{tmp_path / "data"}"\n', encoding="utf-8")
+    assert await asyncio.to_thread(main, ["pending", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "ABCD2345" in out and "admin approval" in out and "memory:u1 in memory:group:g1" in out
+    assert _as_it_stands(path) == before
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+
+
+@pytest.mark.parametrize(("version", "says"), [
+    (1, "older than this qunbot's (3): start the bot once (`qunbot run`) to upgrade it"),
+    (99, "newer than this qunbot knows (3): upgrade qunbot")])
+async def test_pending_on_a_schema_other_than_this_qunbots_says_so_in_one_line_and_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], version: int, says: str) -> None:
+    """An older schema was upgraded (a running older bot then faced a schema newer than its code)."""
+    path = await _waiting_database(tmp_path / "data")
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        if version < 3:  # as an older qunbot left it: no runner, no ran
+            conn.execute("ALTER TABLE snapshots DROP COLUMN ran")
+            conn.execute("ALTER TABLE snapshots DROP COLUMN runner")
+        conn.execute("UPDATE schema_version SET version = ? WHERE component = 'snapshots'", [version])
+    before = _as_it_stands(path)
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\ndata_dir = "{tmp_path / "data"}"\n', encoding="utf-8")
+    assert await asyncio.to_thread(main, ["pending", "--config", str(cfg)]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err
+    assert f"'snapshots' at schema version {version}, {says}" in captured.err, captured.err
+    assert "ABCD2345" not in captured.out and _as_it_stands(path) == before
+
+
+async def test_pending_does_not_wait_for_another_programs_writer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An owner's sqlite3 shell mid-UPDATE (or a bot's long write): pending waited 30 s, then "database is locked"."""
+    from robot.storage import SQLiteDatabase
+
+    path = await _waiting_database(tmp_path / "data")
+    monkeypatch.setattr(SQLiteDatabase, "busy_timeout_s", 0.5)  # stands for the 30 s wait
+    cfg = tmp_path / "qunbot.toml"
+    cfg.write_text(f'[bot]\nplugins = []\ndata_dir = "{tmp_path / "data"}"\n', encoding="utf-8")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+        assert await asyncio.to_thread(main, ["pending", "--config", str(cfg)]) == 0
+        assert time.monotonic() - began < 2
+        other.execute("ROLLBACK")
+    assert "ABCD2345" in capsys.readouterr().out
+
+
+async def test_pending_on_postgresql_needs_no_write_and_upgrades_no_older_schema(
+        pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A login that may only read was refused (pending created and upgraded tables at open), and a shared
+    database's older schema was upgraded under the processes still running the older qunbot."""
+    import uuid
+
+    import psycopg
+
+    from robot.snapshots import SnapshotStore
+    from robot.storage.postgres import PostgresDatabase
+
+    db = PostgresDatabase(pg_url, max_size=1)
+    SnapshotStore(db)
+    await db.open()
+    await db.run(lambda tx: tx.execute(
+        "INSERT INTO snapshots (id, code, kind, approver, status, requester, chat, caller, state, origin, created_at, "
+        "expires_at, mac) VALUES ('s1', 'ABCD2345', 'input', 'requester', 'pending', 'memory:u1', 'memory:group:g1', "
+        "'{}', '{}', '{}', '2026-01-01T00:00:00.000000Z', '2999-01-01T00:00:00.000000Z', 'x')"))
+    await db.close()
+    reader = "qb_reader_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {reader} LOGIN")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}")
+    cfg = tmp_path / "qunbot.toml"
+
+    def pending(url: str) -> int:
+        cfg.write_text(f'[bot]\nplugins = []\ndata_dir = "{tmp_path / "data"}"\n[storage]\nurl = "{url}"\n',
+                       encoding="utf-8")
+        return main(["pending", "--config", str(cfg)])
+
+    try:
+        assert await asyncio.to_thread(pending, pg_url.replace("postgres@", f"{reader}@")) == 0
+        assert "ABCD2345" in capsys.readouterr().out
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {reader}")
+            conn.execute(f"DROP ROLE {reader}")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE snapshots DROP COLUMN ran, DROP COLUMN runner")
+        conn.execute("UPDATE schema_version SET version = 1 WHERE component = 'snapshots'")
+    assert await asyncio.to_thread(pending, pg_url) == 2
+    assert "older than this qunbot's (3)" in capsys.readouterr().err
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM schema_version WHERE component = 'snapshots'").fetchone() == (1,)

@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,32 @@ async def test_doctor_passes_weixin_accounts_logged_in_in_the_database_or_left_i
     assert await asyncio.to_thread(main, ["doctor", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "ok  channel weixin: serves old@im.bot, real@im.bot" in out and out.rstrip().endswith("all good")
+
+
+async def test_doctor_opens_the_database_once_for_all_its_checks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its Weixin check (and its list of replies given up) opened the database again, each: three
+    connections (PostgreSQL: three pools and LISTEN sessions) for one report."""
+    from robot.storage import SQLiteDatabase
+
+    data = tmp_path / "data"
+    await _log_in_to_database(data, "real@im.bot")
+    opens: list[str] = []
+
+    def counting(name: str) -> Callable[[SQLiteDatabase], Awaitable[None]]:
+        real = getattr(SQLiteDatabase, name)
+
+        async def counted(self: SQLiteDatabase) -> None:
+            if Path(self.path) == data / "qunbot.sqlite3":  # (not the doctor's scratch databases)
+                opens.append(name)
+            await real(self)
+
+        return counted
+
+    for name in ("open", "open_to_read"):
+        monkeypatch.setattr(SQLiteDatabase, name, counting(name))
+    cfg = _config(tmp_path, WEIXIN + 'accounts = ["real@im.bot"]\n')
+    assert await asyncio.to_thread(main, ["doctor", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "ok  channel weixin: serves real@im.bot" in out and out.rstrip().endswith("all good")
+    assert opens == ["open_to_read"]

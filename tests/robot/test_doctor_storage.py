@@ -235,3 +235,25 @@ async def test_doctor_lists_the_messages_given_up_without_waiting_for_another_pr
         other.execute("ROLLBACK")
         other.close()
     assert given_up == [{"chat": "onebot:group:g", "error": "refused"}]
+
+
+async def test_doctor_leaves_a_read_only_database_file_as_it_found_it(tmp_path: Path) -> None:
+    """Opening it made a file the owner had made read-only 0600 (writable again) behind their back."""
+    settings = await _used_database(tmp_path / "data", [])
+    db = tmp_path / "data" / "qunbot.sqlite3"
+    db.chmod(0o444)
+    before = db.stat()
+    await storage_checks(settings)
+    after = db.stat()
+    assert (oct(after.st_mode), after.st_mtime_ns) == (oct(before.st_mode), before.st_mtime_ns)
+
+
+async def test_doctor_creates_nothing_in_an_empty_postgresql_database(pg_url: str) -> None:
+    """It created the schema_version table (a write, which a login that may only read is refused)."""
+    import psycopg
+
+    (check, *_) = await storage_checks(Settings(storage={"url": pg_url}))
+    assert check.ok, check
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT table_name FROM information_schema.tables "
+                            "WHERE table_schema = 'public'").fetchall() == []
