@@ -176,7 +176,8 @@ async def test_typing_lasts_while_any_run_in_the_chat_goes_on(
             await slow_done.wait()
         return text("答")
 
-    await make_bot(ScriptedModel(answer), channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    bot, _ = await make_bot(ScriptedModel(answer), channel=WeixinChannel(settings(tmp_path)), data_dir=tmp_path)
+    bot.pipeline.turns.wait_s = 0.05  # (her second question waits for the first this long at most: then both run)
     fake.inject(TOKEN, ALICE, text="慢问题")
     fake.inject(TOKEN, ALICE, text="快问题")
     await until(lambda: len(fake.sent) == 1)
