@@ -169,8 +169,10 @@ class PerplexityClient:
         request = Request(query, system, recency or self._settings.search_recency_filter)
         try:
             return await self._dispatch(self._sdk, request)
-        except WireError as exc:
-            raise SearchUnavailable(str(exc)) from None
+        except WireError as exc:  # an HTTP 200 (billed) that holds no usable answer
+            unusable = SearchUnavailable(str(exc))
+            unusable.billed = True
+            raise unusable from None
         except (openai.OpenAIError, TimeoutError, ValueError) as exc:
             # ValueError: a body that is not JSON at all.
             # "from None": SDK errors carry the request (and so the key) and raw server text.
@@ -320,6 +322,16 @@ class PerplexityClient:
 
     # -- errors ----------------------------------------------------------------------------
     def _translate(self, exc: BaseException) -> SearchError:
+        error = self._translated(exc)
+        # Sent and not refused: Perplexity may be answering (and billing) still, or answered unreadably.
+        # Only a connection that never opened surely sent nothing (the SDK's transport, httpx or httpx2,
+        # raises its ConnectError then: matched by name, as the SDK's major versions differ in the module).
+        never_sent = isinstance(exc, openai.APIConnectionError) and not isinstance(exc, openai.APITimeoutError) \
+            and any(cls.__name__ == "ConnectError" for cls in type(exc.__cause__).__mro__)
+        error.billed = not isinstance(exc, openai.APIStatusError) and not never_sent
+        return error
+
+    def _translated(self, exc: BaseException) -> SearchError:
         if isinstance(exc, openai.APITimeoutError | TimeoutError):
             return SearchUnavailable(f"Perplexity did not answer within {self._settings.timeout_s:g} s")
         if isinstance(exc, openai.APIConnectionError):

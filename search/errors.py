@@ -15,6 +15,9 @@ class SearchError(Exception):
         self.status_code = status_code
         #: Requests sent before this failure (a retry's refusal may follow an attempt Perplexity took).
         self.attempts = 1
+        #: Perplexity may have taken (and billed) the request: it timed out after sending, or answered
+        #: HTTP 200 unusably. False only when it refused (4xx), failed (5xx) or was never reached.
+        self.billed = False
 
 
 class SearchNotConfigured(SearchError):

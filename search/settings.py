@@ -92,13 +92,14 @@ class SearchSettings(BaseModel):
     )
     max_sources: int = Field(default=5, ge=0, le=20)
     user_rate_per_hour: int = Field(default=20, ge=0,
-                                    description="answered searches one user may have per hour; 0 turns search off")
+                                    description="searches one user may have per hour, timed-out and unusable ones "
+                                                "too (billed); 0 turns search off")
     chat_rate_per_hour: int = Field(default=60, ge=0,
-                                    description="answered searches one chat (a forum group: all its topics) may have "
-                                                "per hour; 0 turns search off")
+                                    description="searches one chat (a forum group: all its topics) may have per "
+                                                "hour, timed-out and unusable ones too (billed); 0 turns search off")
     bot_rate_per_hour: int = Field(default=200, ge=0,
-                                   description="answered searches the whole bot may have per hour (caps the bill); "
-                                   "0 turns search off")
+                                   description="searches the whole bot may have per hour, timed-out and unusable "
+                                               "ones too (billed; this caps the bill); 0 turns search off")
     research_per_user_day: int = Field(
         default=0, ge=0, le=100,
         description="deep research runs (sonar-deep-research in background mode, minutes and about a dollar "

@@ -51,7 +51,7 @@ class WindowLimiter:
 
     Checking (:meth:`wait_time`) and recording (:meth:`acquire`) are separate, so a caller can
     check several limiters before using a slot in any, and give a slot back (:meth:`release`)
-    when the work it paid for failed.
+    when the work it was for failed before anything was billed.
     """
 
     limit: int
@@ -91,7 +91,7 @@ class WindowLimiter:
         return stamp
 
     def release(self, key: str, stamp: float) -> None:
-        """Give back the event recorded at ``stamp`` (the work it was for failed)."""
+        """Give back the event recorded at ``stamp`` (the work it was for failed unbilled)."""
         events = self._events.get(key)
         if events is not None and stamp in events:
             events.remove(stamp)
@@ -135,25 +135,36 @@ def _minutes(seconds: float) -> int:
     return max(1, round(seconds / 60))
 
 
-async def _search(client: PerplexityClient, query: str, recency: Recency | None, within_s: float) -> SearchAnswer:
+async def _search(client: PerplexityClient, query: str, recency: Recency | None, within_s: float,
+                  give_back: Callable[[], None]) -> SearchAnswer:
+    """The search's answer, or a ToolError; ``give_back`` runs when nothing can have been billed (a refusal,
+    a 5xx, nothing sent). A timeout or an unusable HTTP 200 keeps the slot: Perplexity bills those."""
     try:
         async with asyncio.timeout(within_s):
             return await client.search(query, recency=recency)
     except TimeoutError:  # the client turns its own timeouts into SearchUnavailable: this is the deadline
         raise ToolError(f"the search took longer than {within_s:g} s; tell the user to retry later",
                         user_message=f"搜索超时（{within_s:g} 秒内没有结果），请稍后再试。") from None
-    except SearchAuthError as exc:
-        log.warning("perplexity rejected the key: %s", exc)
-        raise ToolError("the search service rejected the bot's API key; tell the user search is unavailable",
-                        user_message="搜索服务拒绝了本机器人的 API key，请管理员检查 [search] api_key。") from None
-    except SearchRateLimited:
-        raise ToolError("the search service is rate limiting; tell the user to retry in a minute",
-                        user_message="搜索服务繁忙（被限流），请稍后再试。") from None
-    except SearchUnavailable as exc:
-        raise ToolError(f"the search service is unavailable ({exc}); tell the user to retry later",
-                        user_message="搜索服务暂时不可用（超时或故障），请稍后再试。") from None
     except SearchError as exc:
-        raise ToolError(f"search failed: {exc}", user_message=f"搜索失败：{exc}") from None
+        if not exc.billed:
+            give_back()
+        raise _tool_error(exc) from None
+
+
+def _tool_error(exc: SearchError) -> ToolError:
+    if isinstance(exc, SearchAuthError):
+        log.warning("perplexity rejected the key: %s", exc)
+        return ToolError("the search service rejected the bot's API key; tell the user search is unavailable",
+                         user_message="搜索服务拒绝了本机器人的 API key，请管理员检查 [search] api_key。")
+    if isinstance(exc, SearchRateLimited):
+        return ToolError("the search service is rate limiting; tell the user to retry in a minute",
+                         user_message="搜索服务繁忙（被限流），请稍后再试。")
+    if isinstance(exc, SearchUnavailable):
+        # The owner's log gets the cause (e.g. "raise [search] max_output_tokens"); SearchError text has no key.
+        log.warning("perplexity search failed: %s", exc)
+        return ToolError(f"the search service is unavailable ({exc}); tell the user to retry later",
+                         user_message="搜索服务暂时不可用（超时或故障），请稍后再试。")
+    return ToolError(f"search failed: {exc}", user_message=f"搜索失败：{exc}")
 
 
 @tool_function(examples=["搜一下今天上海的天气", "查查 Python 3.14 有什么新特性"], aliases=["search"],
@@ -178,15 +189,15 @@ async def perplexity_search(ctx: ToolContext[SearchDeps], args: SearchArgs) -> T
         if wait:
             text = f"{who}的搜索次数已达上限（每小时 {limiter.limit} 次），请 {_minutes(wait)} 分钟后再试。"
             raise ToolError(f"search limit reached; tell the user: {text}", user_message=text)
-    # Slots are taken now (no await since the checks, so concurrent searches cannot overshoot)
-    # and given back if the search fails: only answered searches count.
+    # Slots are taken now (no await since the checks, so concurrent searches cannot overshoot) and given
+    # back only if the search cannot have been billed; a cut (timeout, stop) may follow a sent request: kept.
     taken = [(limiter, key, limiter.acquire(key)) for limiter, key, _ in checks]
-    try:
-        answer = await _search(deps.client, args.query, args.recency, 2 * deps.settings.timeout_s)
-    except BaseException:
+
+    def give_back() -> None:
         for limiter, key, stamp in taken:
             limiter.release(key, stamp)
-        raise
+
+    answer = await _search(deps.client, args.query, args.recency, 2 * deps.settings.timeout_s, give_back)
     settings = deps.settings
     if ctx.via != "model":  # a typed /command, or one a reminder runs: posted to the chat as it is
         return ToolResult.reply(format_answer(answer, max_chars=settings.max_answer_chars,

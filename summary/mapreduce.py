@@ -35,6 +35,7 @@ from function_calls import (
     Usage,
     estimate_messages,
     estimate_tokens,
+    failed_usage,
 )
 from robot import HistoryEntry
 from summary.extractive import Speaker, Speakers, mention_names, one_line
@@ -203,10 +204,12 @@ class _Session:
                     raise self._failed()
                 try:
                     response = await self.model.complete(ModelRequest(messages=messages, max_tokens=max_tokens))
-                except ModelAPIError as exc:  # billed all the same when it timed out or broke off (estimated)
-                    out = exc.billed_output
-                    self._add(Usage(requests=1) if out is None else Usage(
-                        prompt_tokens=estimate_messages(messages), completion_tokens=out, requests=1, estimated=1))
+                except (ModelAPIError, asyncio.CancelledError) as exc:
+                    # Billed all the same when it timed out, broke off or was cut (a tool timeout, a stop):
+                    # the provider has the prompt (estimated).
+                    self._add(failed_usage(exc, estimate_messages(messages)))
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
                     if attempt == 0 and exc.retryable:
                         await asyncio.sleep(min(1.0 if exc.retry_after is None else exc.retry_after, 5.0))
                         continue

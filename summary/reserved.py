@@ -1,19 +1,21 @@
 """A summary's map-reduce held against the daily token budgets: the estimate is reserved first, and
-each model call is charged as it ends (a summary cut short by its timeout is charged too)."""
+each model call is charged as it ends (a summary cut short by its timeout is charged too). One the
+model calls is also held to what its request has left (``ToolContext.allowance``)."""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from zoneinfo import ZoneInfo
 
-from function_calls import Caller, ChatModel, estimate_tokens
+from function_calls import Allowance, Caller, ChatModel, Usage, estimate_tokens
 from robot import BudgetExceeded, DailyBudget, HistoryEntry
-from summary.mapreduce import MapReduceResult, map_reduce
+from summary.mapreduce import MapReduceResult, SummaryUnaffordable, map_reduce
 from summary.settings import PROMPT_ALLOWANCE, SummarySettings
 
-__all__ = ["estimate_cost", "map_reduce_reserved"]
+__all__ = ["Reserved", "estimate_cost", "map_reduce_reserved"]
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +39,49 @@ def estimate_cost(entries: Sequence[HistoryEntry], settings: SummarySettings, in
         cost, pieces = cost + groups * (cap + out_cap), groups
 
 
+@dataclass
+class Reserved:
+    """A summary's map-reduce (None: not even its newest part was affordable) and whether the calling
+    request's allowance, not the day's budget, bounded what it could spend."""
+
+    done: MapReduceResult | None
+    run_bound: bool = False
+
+
 async def map_reduce_reserved(budget: DailyBudget | None, model: ChatModel, settings: SummarySettings, caller: Caller,
                               entries: Sequence[HistoryEntry], zone: ZoneInfo, where: str,
-                              instructions: str | None) -> MapReduceResult | None:
+                              instructions: str | None, allowance: Allowance | None = None) -> Reserved:
     """:func:`map_reduce` with its estimated cost (or what is left today, then only the newest part that fits
-    is summarised) held against the budgets first; None when not even a part fits."""
-    if budget is None:
-        return await map_reduce(entries, model, settings, zone=zone, where=where, instructions=instructions)
+    is summarised) held against the budgets first, and taken from ``allowance`` (what the request that
+    called it has left of ``[llm] max_run_tokens``; the unspent part goes back to it)."""
     # A quarter more than the estimate, which can fall short of the real chunks (the unspent part goes
     # back at once); the hold is the ceiling whatever the estimate said (it once let 126k through 100k)
     estimate = estimate_cost(entries, settings, instructions) * 5 // 4
+    taken = estimate if allowance is None else allowance.take(estimate)
+    bound, spent = taken < estimate, [0]
+    hold_spend: Callable[[Usage], None] | None = None
+
+    def spend(usage: Usage) -> None:
+        spent[0] += usage.total_tokens
+        if hold_spend is not None:
+            hold_spend(usage)
+
     try:
-        async with budget.reserve(caller, estimate, at_least=1) as hold:
-            return await map_reduce(entries, model, settings, zone=zone, where=where, token_budget=hold.held,
-                                    instructions=instructions, spend=hold.spend)
+        if taken <= 0:
+            return Reserved(None, bound)
+        if budget is None:
+            return Reserved(await map_reduce(entries, model, settings, zone=zone, where=where, instructions=instructions,
+                                             token_budget=taken if bound else None, spend=spend), bound)
+        async with budget.reserve(caller, taken, at_least=1) as hold:
+            bound, hold_spend = bound and hold.held >= taken, hold.spend  # (else the day's room bounds it)
+            done = await map_reduce(entries, model, settings, zone=zone, where=where, token_budget=hold.held,
+                                    instructions=instructions, spend=spend)
+            return Reserved(done, bound)
+    except SummaryUnaffordable:
+        return Reserved(None, bound)
     except BudgetExceeded as exc:
         log.info("summary for %s refused by the budget: %s", caller.qualified_user, exc)
-        return None
+        return Reserved(None)
+    finally:
+        if allowance is not None:  # cut short too: its calls in flight were charged as they were cut
+            allowance.give_back(taken - spent[0])

@@ -5,14 +5,16 @@ arguments): since the chat's last summary by default (the last ``default_hours``
 was none), or the last ``hours`` hours, or the last ``messages`` messages; the message that
 asked is never part of it (see :mod:`summary.window`). Noise (stickers, 哈哈, +1, see
 :mod:`summary.signals`) is dropped first. With a model every other message is map-reduced (see
-:mod:`summary.mapreduce`) within what is left of the daily token budget; if that cannot cover
-the whole window, the newest part is summarised and the reply names the period left out.
+:mod:`summary.mapreduce`) within what is left of the daily token budget (and, called by the model,
+of what its request has left: ``ToolContext.allowance``); if that cannot cover the whole window, the
+newest part is summarised and the reply names the period left out.
 Without a model, or when the budget cannot pay for any of it, it gives the extractive summary.
 The summary is the answer (no further model turn); "since the last summary" moves the mark, but
 not when the model fails midway (the extractive summary is shown: asking again covers the same
 messages). CPU-heavy steps run in a worker thread: thousands of messages do not stall the bot.
 
-On ``/forget me`` (:mod:`robot.privacy`) earlier summaries in the chats go too (they may quote them).
+On ``/forget me`` (:mod:`robot.privacy`) earlier summaries in the chats go too (they may quote them);
+on ``/forget me all`` also in every chat whose summaries read them (:mod:`summary.authors`).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from function_calls import (
     tool_function,
 )
 from robot import ChatRef, DailyBudget, Engine, Forgetter, HistoryEntry, HistoryStore
+from summary.authors import create_authors_table, record_authors
 from summary.digest import schedule_digest, schedule_words, send_to_me
 from summary.extractive import HEADER, PRIVATE_HEADER, Speakers, extractive_summary
-from summary.mapreduce import SummaryFailed, SummaryUnaffordable
+from summary.mapreduce import SummaryFailed
 from summary.reserved import estimate_cost, map_reduce_reserved
 from summary.settings import SummarySettings
 from summary.signals import is_noise
@@ -62,16 +65,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "SummaryArgs",
-    "SummaryDeps",
-    "Window",
-    "conversation",
-    "estimate_cost",
-    "setup",
-    "summary",
-    "toolset",
-]
+__all__ = ["SummaryArgs", "SummaryDeps", "Window", "conversation", "estimate_cost", "setup", "summary", "toolset"]
 
 class SummaryArgs(BaseModel):
     """Which messages to summarise; no window field means "since the last summary"."""
@@ -143,7 +137,7 @@ class SummaryDeps:
 async def setup(bot: Bot) -> SummaryDeps:
     """Read ``[summary]``, register the summaries' part of ``/forget me``, build the deps."""
     settings = bot.settings.section("summary", SummarySettings)
-    await bot.db.ensure("summary", [create_marks_table])
+    await bot.db.ensure("summary", [create_marks_table, create_authors_table])  # (append only)
     bot.forgetters.append(Forgetter("summary", "条可能引用你的聊天总结",
                                     lambda request: bot.db.transaction(lambda d: forget_summaries_sync(d, request))))
     core = ("help", "帮助", "approve", "批准", "deny", "拒绝", "pending", "待批准")  # robot.pipeline's own
@@ -323,6 +317,7 @@ async def _summarise(ctx: ToolContext[SummaryDeps], args: SummaryArgs, chat: Cha
     head = HEADER if chat.kind == "group" else PRIVATE_HEADER
     if not entries:
         return ToolResult.reply(f"{head}{window.title}：没有可以总结的新消息。", data=_data(Usage(), 0, "empty"))
+    await record_authors(deps.db, chat, (e.user_id for e in entries), ctx.now(), deps.history.max_age)
     settings = deps.settings
     # Only the fetch limit cuts: the opted-out and other members' messages are no "cut" (their count is theirs)
     note = f"（这段时间共 {window.total} 条，只看最近 {fetched} 条）" if window.total > fetched else ""
@@ -356,25 +351,25 @@ async def _summarise(ctx: ToolContext[SummaryDeps], args: SummaryArgs, chat: Cha
     deps.last_run[cooled] = ctx.now()
     where = "群聊" if chat.kind == "group" else "私聊"
     prompt = settings.prompt_for(chat) or None
-    try:
-        done = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, zone,
-                                         where, prompt)
-    except SummaryUnaffordable:
-        done = None
+    try:  # called by the model: within what its request has left too (a typed one: the day's budgets)
+        reserved = await map_reduce_reserved(deps.budget, deps.model, deps.settings, caller, meaningful, zone,
+                                             where, prompt, ctx.allowance)
     except SummaryFailed as exc:
         text = await asyncio.to_thread(
             extract, "（AI 总结暂时失败，以下为自动摘录；稍后再试会重新总结这些消息）")
         return ToolResult.reply(text, usage=exc.usage, data=_data(exc.usage, len(entries), "fallback",
                                                                    error=exc.reason,
                                                                    largest_request_tokens=exc.largest_request))
+    done, why = reserved.done, "这次请求剩余的 AI 用量" if reserved.run_bound else "今天剩余的 AI 用量"
     if done is None:  # the budget cannot pay for even the newest part
         deps.last_run.pop(cooled, None)  # nothing was spent
-        text = await asyncio.to_thread(extract, "（今天剩余的 AI 用量不够总结这些消息，以下为自动摘录）")
+        text = await asyncio.to_thread(extract, f"（{why}不够总结这些消息，以下为自动摘录）")
         await _set_mark(deps, chat, window)
         return ToolResult.reply(text, data=_data(Usage(), len(entries), "budget"))
     header = f"{head}{window.title} · {len(entries)} 条消息 · {people} 人发言"
     if done.partial and done.covered is not None and done.left_out is not None:
-        why = "今天剩余的 AI 用量" if left is not None and done.chunks_used < settings.max_chunks else "单次总结的上限"
+        if done.chunks_used >= settings.max_chunks or not (reserved.run_bound or left is not None):
+            why = "单次总结的上限"
         note += (f"（{why}只够总结 {done.covered.describe(zone)} 的 {done.messages_used} 条；"
                  f"{done.left_out.describe(zone)} 的消息没有总结）")
     text = "\n".join(part for part in (header, note, done.text) if part)

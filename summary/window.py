@@ -23,6 +23,7 @@ from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from robot import KEEP, ChatRef, Engine, ForgetRequest, HistoryEntry, Tx, bytewise, iso, parse_iso
+from summary.authors import forget_authors_sync, move_authors_sync, quoted_chats_sync, quoting_label_sync
 from summary.extractive import HEADER, PRIVATE_HEADER
 from summary.signals import weekday
 
@@ -57,7 +58,7 @@ def create_marks_table(db: Tx) -> None:
 
 
 def move_chat_sync(db: Tx, old: str, new: str) -> None:
-    """A chat's new id (a Telegram group become a supergroup): its mark and opt-outs follow it, or
+    """A chat's new id (a Telegram group become a supergroup): its mark, opt-outs and authors follow it, or
     an opted-out member's messages would be summarised from the next message on."""
     db.execute(f"INSERT INTO {OPTOUT_TABLE} (chat, user_id) SELECT ?, user_id FROM {OPTOUT_TABLE} WHERE chat = ? "
                "ON CONFLICT (chat, user_id) DO NOTHING", [new, old])
@@ -66,6 +67,7 @@ def move_chat_sync(db: Tx, old: str, new: str) -> None:
                f"THEN excluded.last_id ELSE {MARKS_TABLE}.last_id END", [new, old])
     for table in (OPTOUT_TABLE, MARKS_TABLE):
         db.execute(f"DELETE FROM {table} WHERE chat = ?", [old])
+    move_authors_sync(db, old, new)
     # Admins' private copies ("/summary #<group>") are titled by the group's id: retitled, or /forget me there
     # would no longer find them (it looks for the new id's title).
     was, now = ChatRef.from_key(old), ChatRef.from_key(new)
@@ -315,14 +317,20 @@ async def _settled(db: Engine) -> None:
 
 def forget_summaries_sync(db: Tx, request: ForgetRequest) -> int:
     """The summaries' part of ``/forget me``: every earlier summary in the chats forgotten, and admins'
-    private copies of them (``/summary #<group>``).
+    private copies of them (``/summary #<group>``); for ``/forget me all`` also in every chat whose
+    summaries read the person (:mod:`summary.authors`: their messages there may have aged out).
 
     Summaries quote members' messages; which ones quote this person cannot be told reliably
     (names change, quotes are cut), so they all go.
     """
-    private, gone = f"{request.platform}:private:", 0
+    private, gone, chats = f"{request.platform}:private:", 0, list(request.chats)
+    if request.everywhere:
+        known = {chat.key for chat in chats}
+        chats += [chat for chat in quoted_chats_sync(db, request.platform, request.user_id) if chat.key not in known]
+        gone += quoting_label_sync(db, request.platform, request.user_id)  # (stored before authors were)
+    forget_authors_sync(db, request.user_id, chats)
     c = bytewise(db)  # a key range is a prefix only bytewise
-    for chat in request.chats:
+    for chat in chats:
         heads = [chat.key, len(HEADER), HEADER, len(PRIVATE_HEADER), PRIVATE_HEADER]
         gone += db.execute("DELETE FROM history WHERE chat = ? AND from_bot = 1 AND (substr(text, 1, ?) = ? OR "
                            "substr(text, 1, ?) = ?)", heads).rowcount

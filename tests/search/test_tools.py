@@ -17,7 +17,7 @@ from robot.config import Settings
 from robot.message import ChatRef, OutgoingMessage
 from robot.testing import MemoryChannel
 from search.testing import FakePerplexityServer
-from search.tools import WindowLimiter
+from search.tools import SearchDeps, WindowLimiter
 
 KEY = "pplx-secret-key-123"
 
@@ -241,6 +241,48 @@ async def test_a_failed_search_does_not_count_against_the_limits(
                           ("/search q1", {"user": "alice"}), ("/search q1", {"user": "alice"}))
     assert "暂时不可用" in sent[0].text
     assert "[1]" in sent[1].text  # the retry after the failure is answered, not refused
+
+
+async def test_a_search_perplexity_answered_and_billed_counts_even_when_unusable(
+        tmp_path: Path, perplexity: FakePerplexityServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Every unusable answer gave its hourly slot back: with all three caps at 1, six paid searches (HTTP 200,
+    the reasoning spent max_output_tokens) reached Perplexity in one hour. A billed answer counts; the owner's
+    log says why it was unusable."""
+    perplexity.answer("", cut_off=True)
+    limits = {"user_rate_per_hour": 1, "chat_rate_per_hour": 1, "bot_rate_per_hour": 1}
+    with caplog.at_level("WARNING", logger="search.tools"):
+        sent = await exchange(tmp_path, chat_cfg(perplexity, **limits),
+                              ("/search q1", {"user": "alice"}), ("/search q2", {"user": "alice"}))
+    assert "暂时不可用" in sent[0].text and "已达上限" in sent[1].text, [m.text for m in sent]
+    assert len(perplexity.requests_to("chat")) == 1
+    assert "max_output_tokens" in caplog.text and KEY not in caplog.text
+
+
+async def test_a_search_that_timed_out_after_sending_counts(tmp_path: Path,
+                                                            perplexity: FakePerplexityServer) -> None:
+    """Perplexity keeps working (and bills) after the bot stopped waiting: the slot went back, so with the caps
+    at 1 every search was sent."""
+    perplexity.delay(0.5)
+    sent = await exchange(tmp_path, chat_cfg(perplexity, timeout_s=0.1, user_rate_per_hour=1),
+                          ("/search q1", {"user": "bob"}), ("/search q2", {"user": "bob"}))
+    assert "暂时不可用" in sent[0].text and "已达上限" in sent[1].text, [m.text for m in sent]
+    assert len(perplexity.requests_to("chat")) == 1
+
+
+async def test_a_search_that_never_reached_perplexity_does_not_count() -> None:
+    """A connection refused sends nothing, so nothing is billed: the slot goes back."""
+    async with FakePerplexityServer(api_key=KEY) as gone:
+        base_url = gone.base_url  # (its port is closed once it stops)
+    settings = search.SearchSettings(api_key=KEY, base_url=base_url, endpoint="chat")
+    async with search.PerplexityClient(settings, retry_backoff_s=0) as client:
+        deps = SearchDeps(settings, client, per_user=WindowLimiter(1), per_chat=WindowLimiter(1),
+                          per_bot=WindowLimiter(1))
+        ctx: ToolContext[Any] = ToolContext(deps=deps, caller=Caller(platform="memory", user_id="carol",
+                                                                     chat_id="g1", chat_kind="group"))
+        for _ in range(2):
+            with pytest.raises(ToolError) as failed:
+                await search.perplexity_search.invoke(ctx, search.perplexity_search.parse_arguments({"query": "q"}))
+            assert failed.value.user_message is not None and "暂时不可用" in failed.value.user_message
 
 
 async def test_the_chat_limit_in_a_private_chat_does_not_say_group(

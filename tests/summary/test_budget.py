@@ -146,3 +146,53 @@ async def test_a_budget_that_cannot_be_read_keeps_the_mark(tmp_path: Path) -> No
         assert (result.data or {})["mode"] == "budget" and await read_mark(bot.db, G1) is None
         bot.budget.remaining = real  # type: ignore[method-assign]
         assert (await run_tool(bot, SummaryArgs())).data["mode"] == "llm"  # type: ignore[index]
+
+
+# -- a summary the model calls keeps to what its request has left ([llm] max_run_tokens) ---------------------
+
+async def test_a_summary_the_model_calls_keeps_to_the_requests_token_cap(tmp_path: Path) -> None:
+    """The request's cap was ignored: one request spent 16,745 tokens with max_run_tokens = 6000 (at most
+    twice that, the README says); deep_think and plan take theirs from what the request has left."""
+    from tests.summary.test_tools import ago, running
+
+    spent: list[int] = []
+    inner = ScriptedModel(lambda r: call("summary", {"hours": 24}) if r.tools else text("要点：周五发版，小王订会议室。" * 5))
+
+    async def counting(request: ModelRequest) -> ModelResponse:
+        response = await inner.complete(request)
+        spent.append(response.usage.total_tokens)
+        return response.model_copy(update={"usage": response.usage.model_copy(update={"requests": 1})})
+
+    cap = 9000  # the summary's part: about 4000 (the run reads its answer and may write one more)
+    async with running(tmp_path, ScriptedModel(counting), llm={"max_run_tokens": cap},
+                       summary={"max_request_tokens": 1000, "chunk_output_tokens": 200}) as (_bot, ch):
+        for n in range(150):
+            await ch.inject(f"第{n}条：我们周五下午三点在三楼会议室讨论下个季度的发布计划，记得带电脑和充电器。",
+                            user=f"m{n % 7}", at=ago(200 - n))
+        await ch.inject("帮我总结一下最近24小时的群聊", user="u9", at_bot=True)
+        reply = (await ch.wait_sent(1))[0].text
+    assert sum(spent) <= cap, spent
+    assert "这次请求剩余的 AI 用量只够总结" in reply and "的消息没有总结" in reply, reply
+
+
+async def test_a_summary_the_request_cannot_afford_is_extractive_and_gives_back_what_it_took(
+        tmp_path: Path) -> None:
+    from function_calls import Allowance, ToolContext
+    from tests.summary.test_tools import G1, ago, running, summariser
+
+    model = summariser()
+    async with running(tmp_path, model) as (bot, ch):
+        for n in range(5):
+            await ch.inject(f"第{n}条：周六去爬山，记得带水。", user=str(n), at=ago(10 - n))
+        caller = Caller(platform="memory", user_id="9", user_name="9", chat_id=G1.chat_id, chat_kind="group")
+        results = []
+        for left in (50, 20_000):
+            allowance = Allowance(left)
+            ctx: ToolContext[Any] = ToolContext(deps=bot.deps_for(summary.summary), caller=caller, zone=bot.zone,
+                                                clock=bot.clock, allowance=allowance, via="model")
+            result = await summary.summary.invoke(ctx, SummaryArgs(hours=1))
+            used = result.usage.total_tokens if result.usage is not None else 0
+            results.append(((result.data or {}).get("mode"), result.user_messages[0], allowance.left, used))
+    (mode, reply, after, used), (mode2, _, after2, used2) = results
+    assert mode == "budget" and "这次请求剩余的 AI 用量不够总结这些消息" in reply and after == 50 and used == 0, results
+    assert mode2 == "llm" and used2 > 0 and after2 == 20_000 - used2, results

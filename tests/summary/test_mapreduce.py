@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from function_calls import ModelAPIError, ModelRequest, ModelResponse, estimate_messages, estimate_tokens
+from function_calls import (
+    ModelAPIError,
+    ModelRequest,
+    ModelResponse,
+    Usage,
+    estimate_messages,
+    estimate_tokens,
+)
 from function_calls.testing import ScriptedModel, text
 from robot.history import HistoryEntry
 from summary.extractive import Speakers
@@ -198,6 +206,31 @@ async def test_a_request_that_timed_out_is_counted_as_the_provider_bills_it() ->
     result = await map_reduce(entries(3), model, SummarySettings(), zone=ZONE)
     assert result.usage.requests == 2 and result.usage.estimated == 1
     assert result.usage.prompt_tokens >= 2 * estimate_messages(model.requests[1].messages) - 10
+
+
+async def test_a_summary_cut_short_charges_the_calls_it_had_in_flight() -> None:
+    """A summary cut by its tool's timeout (or the bot stopping) charged only the calls that had finished:
+    four map prompts the provider already had (and bills) were charged nothing."""
+    started: list[int] = []
+
+    class Hung:
+        name = "hung"
+
+        async def complete(self, request: ModelRequest, **_: object) -> ModelResponse:
+            started.append(estimate_messages(request.messages))
+            await asyncio.sleep(3600)  # a slow provider, still generating
+            raise AssertionError
+
+    spent: list[Usage] = []
+    settings = SummarySettings(max_request_tokens=900, chunk_output_tokens=100, concurrency=4)
+    task = asyncio.create_task(map_reduce(entries(300), Hung(), settings, zone=ZONE, spend=spent.append))
+    while len(started) < 4:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    charged = sum(spent, Usage())
+    assert charged.requests == 4 and charged.prompt_tokens >= sum(started), (charged, started)
 
 
 def test_truncate_tokens_cuts_to_the_limit() -> None:

@@ -373,6 +373,56 @@ async def test_forget_me_also_removes_earlier_summaries_that_may_quote_the_calle
     assert any(t.startswith("【群聊总结】") and "那边的话" in t for t in there)  # another chat: untouched
 
 
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
+async def test_forget_me_all_removes_summaries_quoting_them_after_their_messages_aged_out(
+        tmp_path: Path, request: pytest.FixtureRequest, storage: str) -> None:
+    """``/forget me all`` in private left a group's summary that quoted the person's phone number once their
+    own messages there had aged out of [history]: the group was no longer among their traces. Summaries
+    stored before their authors were recorded go by the ``(<id>)`` label they quote the person with."""
+    clock = Clock()
+    sections: dict[str, Any] = {"history": {"retention_days": 1}}
+    if storage == "postgresql":
+        sections["storage"] = {"url": request.getfixturevalue("pg_url")}
+    g3 = ChatRef(platform="memory", chat_id="g3", kind="group")
+    model = ScriptedModel(lambda r: text("小明说他的手机号是 13912345678" if "139" in str(r.messages) else "别的话题"))
+    async with running(tmp_path, model, clock, **sections) as (bot, ch):
+        await ch.inject("我的手机号是 13912345678", user="1", name="小明", chat=G1, at=clock.now)
+        await ch.inject("别的群的话", user="2", chat=G2, at=clock.now)
+        clock.now += timedelta(hours=12)
+        await ch.inject("好的，周五见", user="2", chat=G1, at=clock.now)
+        for chat, key in ((G1, "s1"), (G2, "s2")):
+            await bot.send(chat, (await run_tool(bot, SummaryArgs(), user="2", chat=chat)).user_messages[0], key=key)
+        await bot.send(g3, "【群聊总结】最近 24 小时\n- 小明(1): 我的手机号是 13912345678", key="s3")  # (an older one)
+        await ch.wait_sent(3)
+        clock.now += timedelta(hours=13)  # 小明's message is past the day kept; the summaries are not
+        await bot.history.apply_retention(clock.now)
+        assert not [h for h in await bot.history.recent(G1, 50) if h.user_id == "1"]
+        await ch.inject("/forget me all", user="1", chat=ChatRef(platform="memory", chat_id="1", kind="private"),
+                        at=clock.now)
+        reply = (await ch.wait_sent(4))[-1].text
+        left = [h.text for chat in (G1, G2, g3) for h in await bot.history.recent(chat, 50)]
+        recorded = await bot.db.run(lambda db: db.execute("SELECT chat, user_id FROM summary_authors").fetchall())
+    assert not any("13912345678" in t for t in left), left
+    assert sorted(tuple(r) for r in recorded) == [("memory:group:g1", "2"), ("memory:group:g2", "2")]  # theirs went
+    assert "2 条可能引用你的聊天总结" in reply, reply
+    assert any(t.startswith("【群聊总结】") and "别的话题" in t for t in left)  # they never spoke in g2: kept
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
+async def test_who_a_summary_read_follows_its_chat_to_a_new_id(tmp_path: Path, request: pytest.FixtureRequest,
+                                                               storage: str) -> None:
+    """A Telegram group become a supergroup: its summaries move with its history, so who they read does too."""
+    sections: dict[str, Any] = {} if storage == "sqlite" else {"storage": {"url": request.getfixturevalue("pg_url")}}
+    g9 = ChatRef(platform="memory", chat_id="g9", kind="group")
+    async with running(tmp_path, None, **sections) as (bot, ch):
+        for chat, user in ((G1, "1"), (G1, "2"), (g9, "2")):
+            await ch.inject("说过的话", user=user, chat=chat, at=ago(5))
+            await run_tool(bot, SummaryArgs(), user="3", chat=chat)
+        await bot.move_chat(G1, g9)
+        rows = await bot.db.run(lambda db: db.execute("SELECT chat, user_id FROM summary_authors").fetchall())
+    assert sorted(tuple(r) for r in rows) == [("memory:group:g9", "1"), ("memory:group:g9", "2")]
+
+
 async def test_forget_needs_the_explicit_target_me(tmp_path: Path) -> None:
     async with running(tmp_path) as (bot, ch):
         await ch.inject("留着", user="1", at=ago(5))
