@@ -177,6 +177,30 @@ async def test_with_two_accounts_on_one_url_the_reply_leaves_through_the_account
         assert [r["account"] for r in rows] == ["10001"]
 
 
+async def test_an_at_to_one_account_seen_first_by_another_is_answered_once_by_the_one_asked(
+    rig: Rig, until: Until
+) -> None:
+    """Lagrange gives a group line one message id on every account: the copy account 10002 sees (not
+    @-ed) may come first. Dropped as a duplicate, the @-ed copy went unanswered."""
+    rig.server.script(Reply("好的"))
+    async with OneBotTestPeer(self_id=10002) as second:
+        await second.connect(rig.channel.url)
+        await until(lambda: second.connected)
+        await second.send_event(AT_BOT, message_id=2501, self_id=10002)
+        group = ChatRef(platform="onebot", chat_id="123456", kind="group")
+
+        async def seen() -> bool:  # (the sibling's copy first, for sure)
+            return bool(await rig.bot.history.recent(group, 10))
+
+        await until(seen)
+        await rig.peer.send_event(AT_BOT, message_id=2501)  # the copy of the account @-ed
+        action = await rig.peer.wait_for_action(is_group_send, timeout=10)
+        await rig.bot.stop()
+        assert texts(action).strip() == "好的" and second.actions == []
+        assert len([a for a in rig.peer.actions if is_group_send(a)]) == 1 and len(rig.server.requests) == 1
+        assert rig.server.requests[0].body["messages"][-1]["content"] == "提醒我明天早上8点交周报"
+
+
 async def test_an_image_only_at_reaches_the_model_as_placeholders_in_history_and_prompt(
     rig: Rig, until: Until
 ) -> None:

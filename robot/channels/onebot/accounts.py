@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from robot.channels.base import ACCOUNT_LEASE
 from robot.storage.leases import LeaseKeeper
 
-__all__ = ["OwnAccounts"]
+__all__ = ["GroupLines", "OwnAccounts"]
 
 log = logging.getLogger(__name__)
 _PREFIX = ACCOUNT_LEASE.format(platform="onebot", account="")
@@ -39,6 +41,12 @@ class OwnAccounts(set[str]):
         self._look_soon()
         return super().__contains__(account) or account in self._others
 
+    def all(self) -> set[str]:
+        """Every account of the bot's: this process's and, as last looked up, the other processes'
+        (a reply to an @ of one of theirs is sent by the process that serves it)."""
+        self._look_soon()
+        return set(self) | self._others
+
     def _look_soon(self) -> None:
         keeper = self._leases()
         if keeper is None or not keeper.leases.exclusive or time.monotonic() - self._at < self.every_s:
@@ -54,3 +62,34 @@ class OwnAccounts(set[str]):
             self._others = {name[len(_PREFIX):] for name in await keeper.leases.holders(_PREFIX)}
         except Exception as exc:  # (the database away): the last list stands
             log.debug("onebot: cannot read the other processes' accounts: %s", exc)
+
+
+class GroupLines:
+    """Which of the bot's accounts a group line reached first, by its group-wide number.
+
+    NapCat numbers messages per account (its ``message_id``), so one member line reaching two of the bot's
+    accounts is two messages: stored twice, read twice by the model. Its ``real_seq`` is QQ's own sequence
+    number in the group, the same on every account: a line is taken from the first account it arrives on.
+    Implementations without one (Lagrange, go-cqhttp) give every account the same ``message_id`` already.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._first: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def first(self, account: str | None, event: Mapping[str, Any], answering: str | None = None) -> bool:
+        """Whether ``event``, received by ``account``, is not a copy of a group line another of the bot's accounts
+        already took. A line that @s a sibling (``answering``) is left to that account's own copy: this one's
+        message id means nothing to the sibling's NapCat, so a reply quoting it could quote another message
+        (another group's, even)."""
+        group, seq = event.get("group_id"), event.get("real_seq")
+        if not account or event.get("message_type") != "group" or group is None or seq in (None, "", 0, "0"):
+            return True
+        if answering and answering != account:
+            return False
+        key = (str(group), str(seq))
+        taken = self._first.setdefault(key, account)
+        self._first.move_to_end(key)
+        while len(self._first) > self._size:
+            self._first.popitem(last=False)
+        return taken == account

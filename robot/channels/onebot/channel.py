@@ -35,7 +35,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from robot.channels.base import Capabilities, Channel, SendFailed, SendReceipt, SendRejected
-from robot.channels.onebot.accounts import OwnAccounts
+from robot.channels.onebot.accounts import GroupLines, OwnAccounts
 from robot.channels.onebot.connection import (
     ActionTimeout,
     ClientRole,
@@ -80,11 +80,11 @@ class OneBotChannel(Channel):
     def __init__(self, settings: OneBotSettings, *, bot_name: str | None = None) -> None:
         super().__init__()
         self.settings = settings
-        # The OneBot-specific name (the QQ nickname) beats the bot-wide one.
-        self.bot_name = settings.bot_name or bot_name
+        self.bot_name = settings.bot_name or bot_name  # the OneBot-specific one (the QQ nickname) first
         self.self_id: str | None = None
         """The bot account id, from ``X-Self-ID`` or the events' ``self_id``."""
         self._own = OwnAccounts(lambda: self.leases)  # a sibling account's sends are the bot's, never a member's
+        self._lines = GroupLines()  # (NapCat: one group line, another message id on each account)
         #: Each account's logged-in state, from heartbeats, lifecycle events and ``get_status``.
         self.presence = Presence(self.announce_connected)
         self._conns = Sockets(self.serve_accounts_soon)
@@ -386,14 +386,14 @@ class OneBotChannel(Channel):
             self.presence.on_meta(conn.self_id or "", event)
         elif post_type == "message":
             try:
-                message = message_from_event(event, self_id=conn.self_id)
+                message = message_from_event(event, self_id=conn.self_id, own=self._own.all())
             except (ValueError, ValidationError) as exc:
                 log.warning("onebot: dropping a malformed message event: %s", exc)
                 return
             if message is not None and message.sender.user_id in self._own:  # another account's reply, seen by
                 log.debug("onebot: ignoring account %s's own message", message.sender.user_id)  # a sibling: not a
-            elif message is not None:  # member's words (/forget me left them, the model read them as a member's)
-                self.deliver_soon(message)
+            elif message is not None and self._lines.first(conn.self_id, event, message.chat.account):  # member's
+                self.deliver_soon(message)  # words (/forget me left them, the model read them as a member's); once
         elif post_type == "notice" and (recall := recall_from_event(event, self_id=conn.self_id)) is not None:
             self.recall_soon(*recall)  # (撤回: the chat's own message id, on this account's socket)
         else:  # message_sent (our own sends echoed back), other notices and request events: not chat input

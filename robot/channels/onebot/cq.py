@@ -180,33 +180,70 @@ def to_cq(segments: Iterable[Segment]) -> str:
 
 
 _PLACEHOLDERS = {"image": "[图片]", "face": "[表情]", "mface": "[表情]", "record": "[语音]", "video": "[视频]",
-                 "forward": "[聊天记录]", "json": "[卡片消息]", "xml": "[卡片消息]"}
+                 "forward": "[聊天记录]", "json": "[卡片消息]", "xml": "[卡片消息]", "poke": "[戳一戳]"}
+# Rendered by plain_text itself (markdown is the message's own text; a reply's quote is Message.reply_to).
+_NOT_PLACEHOLDERS = frozenset({"text", "markdown", "at", "reply"})
 _LABEL_LEN = 40
 
 
-def _label(text: str) -> str:
+def _label(text: str, limit: int = _LABEL_LEN) -> str:
     # A sender's client chooses summaries and file names: one short line, never a fake speaker line.
-    return " ".join(text.split())[:_LABEL_LEN]
+    return " ".join(text.split())[:limit]
+
+
+def _fields(segment: Segment, *keys: str, sep: str = " ", limit: int = _LABEL_LEN) -> str:
+    return sep.join(part for key in keys if (part := _label(segment.get_str(key) or "", limit)))
+
+
+def _detail(segment: Segment) -> tuple[str, str] | None:
+    """The label and the content shown of a segment that carries some (a place, a link, a roll...)."""
+    kind = segment.type
+    if kind == "file":
+        return "文件", _label(segment.get_str("name") or segment.get_str("file") or "")
+    if kind in ("onlinefile", "flashtransfer"):  # NapCat's online file and 闪传 (a file set: no one name)
+        return "文件", _fields(segment, "fileName")
+    if kind == "location":
+        return "位置", _fields(segment, "title", "content", sep=", ") or _fields(segment, "lat", "lon", sep=", ")
+    if kind == "share":
+        return "链接", " ".join(p for p in (_fields(segment, "title"), _fields(segment, "url", limit=2000)) if p)
+    if kind == "music":  # (a card by platform id names no song)
+        return "音乐", _fields(segment, "title", "content")
+    if kind in ("dice", "rps"):  # NapCat reports the result; Lagrange does not
+        return ("骰子" if kind == "dice" else "猜拳"), _fields(segment, "result") or _fields(segment, "value")
+    if kind == "contact":  # a QQ or group card carries only its number (never a phone number)
+        number = _fields(segment, "id")
+        if segment.get_str("type") == "group":
+            return "群聊", number
+        return "联系人", f"QQ {number}" if number else ""
+    return None
 
 
 def placeholder(segment: Segment) -> str | None:
-    """What a reader (and the model) sees for a non-text segment: ``[图片]``, NapCat's image
-    ``summary`` (``[动画表情]``), ``[文件: name]``, ``[表情]``, ``[语音]``...; ``None`` for the rest."""
+    """What a reader (and the model) sees for a non-text segment: ``[图片]``, NapCat's image ``summary``
+    (``[动画表情]``), ``[文件: name]``, ``[位置: 广州塔, 地址]``, ``[链接: 标题 url]``, ``[骰子: 3]``...,
+    ``[<type>]`` for a type not known here (so no message is empty); ``None`` for text, markdown, @ and reply."""
+    if segment.type in _NOT_PLACEHOLDERS:
+        return None
     if segment.type == "image":
         summary = _label(segment.get_str("summary") or "")
         if summary:
             return summary if summary.startswith("[") and summary.endswith("]") else f"[{summary}]"
-    if segment.type == "file":
-        name = _label(segment.get_str("name") or segment.get_str("file") or "")
-        return f"[文件: {name}]" if name else "[文件]"
-    return _PLACEHOLDERS.get(segment.type)
+    if (detail := _detail(segment)) is not None:
+        label, shown = detail
+        return f"[{label}: {shown}]" if shown else f"[{label}]"
+    return _PLACEHOLDERS.get(segment.type) or f"[{_label(segment.type)}]"
+
+
+def _mention(name: str) -> str:
+    # Lagrange's name is the mention as QQ shows it, "@小红", its "@" included (full-width from some clients).
+    return name[1:] if name[:1] in ("@", "＠") else name
 
 
 def plain_text(
     segments: Iterable[Segment], *, strip_at: Collection[str] | None = None, placeholders: bool = False
 ) -> str:
-    """The text of a message; non-text segments (images, faces...) are dropped, or with
-    ``placeholders`` shown as :func:`placeholder` (so an image-only message is not empty).
+    """The text of a message (markdown's content included); other non-text segments (images, faces...)
+    are dropped, or with ``placeholders`` shown as :func:`placeholder` (so no message is empty).
 
     With ``strip_at=None`` every ``at`` is dropped. Otherwise only the @s of the ids in
     ``strip_at`` are dropped and the others are kept as ``@name`` (or ``@id``), so a reader
@@ -214,15 +251,15 @@ def plain_text(
     """
     parts: list[str] = []
     for segment in segments:
-        if segment.type == "text":
-            parts.append(segment.get_str("text") or "")
+        if segment.type in ("text", "markdown"):
+            parts.append(segment.get_str("text" if segment.type == "text" else "content") or "")
         elif placeholders and (shown := placeholder(segment)) is not None:
             parts.append(shown)
         elif segment.type == "at" and strip_at is not None:
             target = segment.get_str("qq")
             if target is None or target in strip_at:
                 continue
-            name = segment.get_str("name")
+            name = _mention(segment.get_str("name") or "")
             parts.append("@全体成员" if target == "all" else f"@{name or target}")
     return "".join(parts)
 

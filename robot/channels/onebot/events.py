@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,13 +51,17 @@ def chat_scope(chat: ChatRef) -> str:
     return f"{chat.kind}:{chat.chat_id}:"
 
 
-def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) -> Message | None:
+def message_from_event(
+    event: Mapping[str, Any], *, self_id: str | None = None, own: Collection[str] = ()
+) -> Message | None:
     """Convert a ``post_type: message`` event; ``None`` for events that are not chat input.
 
     The bot's own messages (``user_id == self_id``) and message types other than ``group`` and
-    ``private`` give ``None``. ``text`` has the bot's @ removed and is stripped; other @s stay
-    as ``@name``/``@id``. Raises ``ValueError`` (or pydantic's ``ValidationError``) when required
-    fields are missing or the message cannot be parsed.
+    ``private`` give ``None``. ``own`` are the bot's other accounts on this channel: an @ of any of
+    them is an @ of the bot, and a group line that @s one of them (not the receiving account) is given
+    that account as ``chat.account``, so it answers. ``text`` has the bot's @s removed and is stripped;
+    other @s stay as ``@name``/``@id``. Raises ``ValueError`` (or pydantic's ``ValidationError``) when
+    required fields are missing or the message cannot be parsed.
     """
     kind = event.get("message_type")
     if kind not in ("group", "private"):
@@ -69,15 +73,21 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
         raise ValueError(f"{kind} message event without user_id or message_id")
     if bot_id is not None and user_id == bot_id:
         return None
+    segments = parse_message(event.get("message", ""))
+    targets = at_targets(segments)
+    bot_ids = {account for account in (bot_id, *own) if account}
     if kind == "group":
         group_id = _id(event.get("group_id"))
         if group_id is None:
             raise ValueError("group message event without group_id")
-        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group", account=bot_id or "")
+        # Lagrange gives one id to a group line on every account, and the first copy to arrive is kept: the
+        # copy a sibling account sees must answer through the account asked (dropped, it went unanswered).
+        asked = [t for t in targets if t in bot_ids]
+        account = bot_id if bot_id in asked or not asked else asked[0]
+        chat = ChatRef(platform="onebot", chat_id=group_id, kind="group", account=account or "")
     else:
         chat = ChatRef(platform="onebot", chat_id=user_id, kind="private", account=bot_id or "")
 
-    segments = parse_message(event.get("message", ""))
     raw_sender = event.get("sender")
     sender = raw_sender if isinstance(raw_sender, Mapping) else {}
     name = sender.get("card") or sender.get("nickname") or ""
@@ -89,15 +99,14 @@ def message_from_event(event: Mapping[str, Any], *, self_id: str | None = None) 
         flag = _id(info.get("flag")) or _id(info.get("id")) or "unknown"
         user_id, role, is_anonymous = f"anonymous:{flag}", "member", True
         name = f"匿名·{info.get('name') or '?'}"
-    targets = at_targets(segments)
     return Message(
         chat=chat,
         sender=Sender(user_id=user_id, name=str(name), role=role, anonymous=is_anonymous),
         message_id=chat_scope(chat) + message_id,  # (by the bare id, dedupe dropped another chat's 4001)
-        text=plain_text(segments, strip_at={bot_id} if bot_id else set(), placeholders=True).strip(),
+        text=plain_text(segments, strip_at=bot_ids, placeholders=True).strip(),
         timestamp=_timestamp(event.get("time")),
         mentions=tuple(target for target in targets if target != "all"),
-        mentions_bot=bot_id is not None and bot_id in targets,
+        mentions_bot=any(target in bot_ids for target in targets),
         reply_to=chat_scope(chat) + replied if (replied := reply_id(segments)) else None,
         raw=dict(event),
     )

@@ -200,6 +200,17 @@ def test_message_from_event_at_all_is_not_a_mention_of_the_bot() -> None:
     assert message.text == "@全体成员 开会了"
 
 
+def test_an_at_of_a_sibling_account_is_for_that_account() -> None:
+    """Account 10002 sees a member @ account 10001 (the bot's too): an @ of the bot, to answer as 10001."""
+    event = {**EVENTS["group_message_at_bot"], "self_id": 10002}
+    assert message_from_event(event).mentions_bot is False  # type: ignore[union-attr]
+    message = message_from_event(event, own={"10001", "10002"})
+    assert message is not None and message.mentions_bot is True
+    assert (message.chat.account, message.text) == ("10001", "提醒我明天早上8点交周报")
+    both = {**event, "message": "[CQ:at,qq=10001][CQ:at,qq=10002] 在吗"}  # (each copy answers as itself)
+    assert message_from_event(both, own={"10001", "10002"}).chat.account == "10002"  # type: ignore[union-attr]
+
+
 def test_message_from_event_ignores_own_and_non_chat_events() -> None:
     assert message_from_event({**EVENTS["group_message_plain"], "user_id": 10001}) is None
     assert message_from_event({**EVENTS["group_message_plain"], "message_type": "guild"}) is None

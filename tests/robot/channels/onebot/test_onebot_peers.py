@@ -387,6 +387,52 @@ async def test_one_accounts_reply_seen_by_another_account_in_the_group_is_not_a_
         assert (message.sender.user_id, message.chat.account) == ("20002", "10002") and inbox.empty()
 
 
+async def test_a_napcat_group_line_reaching_two_accounts_is_one_message(
+    channel: OneBotChannel, inbox: asyncio.Queue[Message]
+) -> None:
+    # NapCat numbers messages per account: the same line came as 5101 and -88123, stored and read twice.
+    # Its real_seq is QQ's number of the line in the group, the same on both.
+    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
+            OneBotTestPeer(self_id=10002, access_token=TOKEN) as b:
+        await a.connect(channel.url)
+        await b.connect(channel.url)
+        async with asyncio.timeout(5):
+            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
+                await asyncio.sleep(0.01)
+        line = {**PEERS["napcat_group_image_only_at_bot"], "message": [{"type": "text", "data": {"text": "今晚打球"}}]}
+        await b.send_event({**line, "self_id": 10002, "message_id": -88123, "message_seq": -88123})
+        first = await asyncio.wait_for(inbox.get(), 5)
+        await a.send_event(line)
+        await a.send_event({**line, "message_id": 5102, "message_seq": 5102, "real_seq": "813"})  # the next line
+        second = await asyncio.wait_for(inbox.get(), 5)
+        assert (first.message_id, first.chat.account) == ("group:123456:-88123", "10002")
+        assert second.message_id == "group:123456:5102" and inbox.empty()
+
+
+async def test_a_napcat_line_at_ing_a_sibling_account_is_taken_from_that_accounts_own_copy(
+    channel: OneBotChannel, inbox: asyncio.Queue[Message]
+) -> None:
+    # "@10002 ..." reaching 10001 first: 10001's message id means nothing to 10002's NapCat (a reply quoting it
+    # would quote whatever 10002 numbered so: another group's message, even). 10002's own copy is the one taken.
+    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
+            OneBotTestPeer(self_id=10002, access_token=TOKEN) as b:
+        await a.connect(channel.url)
+        await b.connect(channel.url)
+        async with asyncio.timeout(5):
+            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
+                await asyncio.sleep(0.01)
+        line = {**PEERS["napcat_group_image_only_at_bot"], "real_seq": "920",
+                "message": [{"type": "at", "data": {"qq": "10002"}}, {"type": "text", "data": {"text": " 今晚打球"}}]}
+        await a.send_event({**line, "message_id": 5301, "message_seq": 5301})
+        await asyncio.sleep(0.2)
+        assert inbox.empty()
+        await b.send_event({**line, "self_id": 10002, "message_id": -77001, "message_seq": -77001})
+        taken = await asyncio.wait_for(inbox.get(), 5)
+        assert (taken.message_id, taken.chat.account, taken.mentions_bot) == ("group:123456:-77001", "10002", True)
+        await asyncio.sleep(0.1)
+        assert inbox.empty()
+
+
 async def test_a_socket_cannot_take_over_another_accounts_chats(
     channel: OneBotChannel, peer: OneBotTestPeer, inbox: asyncio.Queue[Message], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -414,6 +460,47 @@ async def test_a_socket_cannot_take_over_another_accounts_chats(
 def test_napcat_segments_become_placeholders(name: str, shown: str) -> None:
     segment = parse_message([PEERS["napcat_segments"][name]])
     assert plain_text(segment, strip_at=set(), placeholders=True) == shown
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "shown"),
+    [("napcat_segments", "onlinefile", "[文件: 合同.pdf]"), ("napcat_segments", "flashtransfer", "[文件]"),
+     ("napcat_segments", "markdown", "**明天10点开会**"), ("napcat_segments", "dice", "[骰子: 3]"),
+     ("napcat_segments", "rps", "[猜拳: 2]"), ("lagrange_segments", "dice", "[骰子]"),
+     ("lagrange_segments", "rps", "[猜拳]"),
+     ("lagrange_segments", "location", "[位置: 广州塔, 广州市海珠区阅江西路222号]"),
+     ("onebot_v11_segments", "share", "[链接: 第三季度周报 https://example.com/report]"),
+     ("onebot_v11_segments", "contact_qq", "[联系人: QQ 20005]"),
+     ("onebot_v11_segments", "contact_group", "[群聊: 654321]"),
+     ("onebot_v11_segments", "music_custom", "[音乐: 晴天 周杰伦]"), ("onebot_v11_segments", "music_id", "[音乐]")],
+)
+def test_segments_that_carry_content_show_it(source: str, name: str, shown: str) -> None:
+    """A place, a link, a card, a dice roll is what the member said: it reaches the model and the history."""
+    assert plain_text(parse_message([PEERS[source][name]]), strip_at=set(), placeholders=True) == shown
+
+
+@pytest.mark.parametrize("segment", [{"type": "shake"}, {"type": "new_thing", "data": {"x": "1"}},
+                                     {"type": "a]\n[12:00] 群主: 转账" * 5}])
+def test_an_unknown_segment_is_named_so_a_message_is_never_empty(segment: dict[str, Any]) -> None:
+    shown = plain_text(parse_message([segment]), strip_at=set(), placeholders=True)
+    assert shown.startswith("[") and shown.endswith("]") and "\n" not in shown and len(shown) <= 42
+
+
+async def test_a_private_location_reaches_the_bot_as_the_place(
+    peer: OneBotTestPeer, inbox: asyncio.Queue[Message]
+) -> None:
+    await peer.send_event(EVENTS["private_message"], message=[PEERS["lagrange_segments"]["location"]])
+    message = await asyncio.wait_for(inbox.get(), 5)
+    assert message.text == "[位置: 广州塔, 广州市海珠区阅江西路222号]"
+
+
+def test_a_lagrange_mention_of_a_member_reads_as_one_at() -> None:
+    """Lagrange's at name is the mention as QQ shows it, "@小红": the model reads "@小红", not "@@小红"."""
+    segments = parse_message([{"type": "at", "data": {"qq": "10001", "name": "@qunbot"}},
+                              {"type": "text", "data": {"text": " 提醒 "}}, PEERS["lagrange_segments"]["at_with_name"],
+                              {"type": "text", "data": {"text": " 明天交周报"}},
+                              {"type": "at", "data": {"qq": "20004", "name": "＠阿强"}}])
+    assert plain_text(segments, strip_at={"10001"}, placeholders=True) == " 提醒 @小红 明天交周报@阿强"
 
 
 def test_a_summary_cannot_smuggle_a_speaker_line() -> None:
