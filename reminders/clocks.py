@@ -83,7 +83,7 @@ _NIGHT = frozenset({"晚上", "夜里", "夜间", "晚", "今晚", "今夜", "�
 
 def clock(cur: Cursor, period: str | None) -> tuple[dt_time, int, bool] | None:
     """A time of day at the cursor, a day carry (1 for "今晚12点" = midnight, "晚上1点" = 01:00 next day),
-    and whether it could be either half of the day ("3点", "at 3": no 下午, no pm, no HH:MM)."""
+    and whether it could be either half of the day ("3点", "12点", "at 3": no 下午, no pm, no HH:MM, no noon)."""
     start = cur.pos
     p = cur.take(_PERIOD_ZH)
     period = p[0] if p else period
@@ -109,7 +109,8 @@ def clock(cur: Cursor, period: str | None) -> tuple[dt_time, int, bool] | None:
         cur.pos = start
         return None
     carry = 0
-    either_half = period is None and ampm is None and m is not None and m.re is not _CLOCK and 1 <= hour <= 11
+    either_half = (period is None and ampm is None and m is not None and m.re is not _CLOCK
+                   and not m.groupdict().get("word") and 1 <= hour <= 12)
     if ampm:
         if not 1 <= hour <= 12:
             raise PhraseError(f"时间 {hour}{ampm} 不存在。")

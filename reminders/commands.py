@@ -1,7 +1,9 @@
 """``/remind`` without a model: a time phrase and the content (``/remind 明天8点 开会``, see
 :mod:`reminders.phrases`), or the structured form (``/remind once "2026-11-24 08:00" 开会``,
 ``/remind weekly 周一 09:30 周报``). Either way the result is ``reminder_set``'s arguments, validated
-like a model's. What cannot be read gets a Chinese reply with three examples that work.
+like a model's. What cannot be read gets a Chinese reply with three examples that work. A one-time
+time is checked against when the message was sent (``line.now``): ``reminder_set`` relies on that to keep
+one that passed only while the message waited.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from reminders.phrases import EXAMPLES, PhraseError, parse_phrase
+from reminders.schedule import ScheduleError, first_fire, parse_schedule
 from reminders.weekdays import weekday_number, weekday_set
 from robot import CommandError, CommandLine, CommandSyntax, split_words
 
@@ -81,6 +84,22 @@ def _structured(rest: str) -> dict[str, Any]:
     return args
 
 
+def _ahead_when_sent(args: dict[str, Any], line: CommandLine) -> dict[str, Any]:
+    """A one-time ``time`` already past when the message was sent is refused here, as a phrase's is:
+    ``reminder_set`` keeps a typed one whose time passed only while the message waited (it fires late)."""
+    if str(args.get("type", "")).lower() != "once" or not isinstance(args.get("time"), str):
+        return args
+    try:
+        schedule = parse_schedule("once", args["time"], line.zone.key, None)
+    except ScheduleError:
+        return args  # malformed: the tool explains it
+    try:
+        first_fire(schedule, line.now)
+    except ScheduleError as exc:
+        raise CommandError(f"设置提醒失败：{exc.user_message or '时间无效。'}") from None
+    return args
+
+
 def remind_command(line: CommandLine) -> dict[str, Any]:
     """``/remind`` -> ``reminder_set`` arguments: a time phrase and the content (``/remind 明天8点 开会``),
     or the structured form (``/remind once "2026-11-24 08:00" 开会``). A trailing ``prompt`` (or
@@ -90,7 +109,7 @@ def remind_command(line: CommandLine) -> dict[str, Any]:
         raise _unparsed("请写上提醒时间和内容。", line)
     first = rest.split(maxsplit=1)[0].lower()
     if first in _STRUCTURED or _KEYED.search(rest):
-        return _structured(rest)
+        return _ahead_when_sent(_structured(rest), line)
     mode: str | None = None
     if m := _MODE.search(rest):
         mode = (m["named"] or m["bare"]).lower()

@@ -108,8 +108,8 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
         text = answer if r.mode != "text" and answer else f"⏰ 提醒：{r.content}"
         if late > ON_TIME:
             text += f"\n（迟到提醒：原定 {format_local(latest, r.zone, seconds=seconds)}）"
-            if count > 1:
-                text += f"\n（另有 {count - 1} 次在机器人离线期间错过）"
+        if count > 1:  # also when back on time for this one: the earlier ones were still missed
+            text += f"\n（另有 {count - 1} 次在机器人离线期间错过）"
     status = "active" if following is not None else ("missed" if outcome == "missed" else "done")
     reported = r.failure_reported if outcome == "missed" else outcome == "failed"
     after = r.evolve(next_fire=following, last_fired=latest, status=status, updated_at=now,
@@ -143,7 +143,8 @@ def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, Draft | None]],
     (at most ``MERGE_MAX``); ``across_owners`` (``[reminders] merge_chat``, the default), those of
     everyone in the chat do (owners mentioned): twenty people's "09:00 standup" is one send, not
     twenty; the history records every person it mentions, so ``/forget me`` by any of them removes
-    it. Late, missed or failed ones, and scheduled prompts, keep their own message.
+    it. Late, missed or failed ones, those with earlier occurrences missed, and scheduled prompts, keep
+    their own message.
     """
     messages: list[OutgoingMessage] = []
     keys: list[str | None] = [None] * len(fired)
@@ -152,7 +153,7 @@ def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, Draft | None]],
         if message is None:
             continue
         if (before.mode == "text" and outcome == "delivered" and after.last_fired is not None
-                and now - after.last_fired <= ON_TIME):
+                and now - after.last_fired <= ON_TIME and before.next_fire == after.last_fired):
             owner = "" if across_owners else before.owner
             groups.setdefault((before.chat, before.account, owner, after.last_fired), []).append(index)
         else:

@@ -10,7 +10,7 @@ would send) and the content after the phrase. What it understands::
     5pm tomorrow / 3pm friday / at 10 tonight / 下午3点 明天 (the day after the clock, standing alone)
     at 3.30pm / 9.15am (a dot only with at or am/pm)
     8点 / 下午3点 / 8:30 / 8am / 明天中午 (the next such time: today, or tomorrow if it has passed; 今天3点
-    said at noon is 15:00, as 3点 is)
+    said at noon is 15:00, as 3点 is; 12点 said at 22:30 is the midnight 1.5 hours on, 中午12点 noon)
     每天 8:00 / 每周五 18:00 / 工作日 9:00 / 周末 10:00 / 每周一三五 7:00 / 每周1,3,5 7:00 (周1 = Monday)
     每周五晚上12点 (the midnight that ends Friday: Saturday 00:00, as for one day)
     every day 8am / daily 8:00 / every friday 6pm / weekdays 9:00
@@ -287,18 +287,28 @@ def _parse(text: str, zone: ZoneInfo, now: datetime) -> Phrase:
     content = _content(text, index, cur)
     if day_ is None:  # a bare time: the next one; "3点" at noon is 15:00 today, not 03:00 tomorrow
         day_, carry = today + timedelta(days=carry), 0
-        if _resolve_first(day_, tod, zone, now) is None:
-            later = tod.replace(hour=tod.hour + 12) if either_half else tod  # either_half: 1..11 o'clock
-            if either_half and _resolve_first(day_, later, zone, now) is not None:
-                tod = later
+        if either_half and tod.hour == 12 and _resolve_first(day_, tod.replace(hour=0), zone, now) is not None:
+            tod = tod.replace(hour=0)  # "12点半" said at 00:10: 00:30, before noon's
+        elif _resolve_first(day_, tod, zone, now) is None:
+            later = _other_half(day_, tod)
+            if either_half and _resolve_first(*later, zone, now) is not None:
+                day_, tod = later
             else:
                 day_ += timedelta(days=1)
-    elif day_ == today and either_half and not carry and _resolve_first(day_, tod, zone, now) is None \
+    elif day_ == today and either_half and tod.hour < 12 and not carry \
+            and _resolve_first(day_, tod, zone, now) is None \
             and _resolve_first(day_, tod.replace(hour=tod.hour + 12), zone, now) is not None:
-        tod = tod.replace(hour=tod.hour + 12)  # "今天3点" at noon: 15:00, as a bare "3点" reads
+        tod = tod.replace(hour=tod.hour + 12)  # "今天3点" at noon: 15:00; "今天12点" is not tomorrow's 00:00
     elif not strict and carry == 0 and _resolve_first(day_, tod, zone, now) is None:
         day_ += timedelta(days=7)  # "周一 9:30" on a Monday afternoon: next Monday
     return _once(day_ + timedelta(days=carry), tod, zone, now, content)
+
+
+def _other_half(day: date, tod: dt_time) -> tuple[date, dt_time]:
+    """The same clock in the other half of the day, after it: 3点 -> 15:00, 12点 -> the midnight that ends it."""
+    if tod.hour == 12:
+        return day + timedelta(days=1), tod.replace(hour=0)
+    return day, tod.replace(hour=tod.hour + 12)
 
 
 def _resolve_first(day: date, tod: dt_time, zone: ZoneInfo, now: datetime) -> datetime | None:

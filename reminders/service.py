@@ -242,7 +242,8 @@ class ReminderService(Passes):
 
     # --- requests from tools ---------------------------------------------------------------
     async def create(self, caller: Caller, schedule: Schedule, content: str, mode: Mode, *,
-                     confirm: Callable[[Reminder, str], str] | None = None) -> Reminder:
+                     confirm: Callable[[Reminder, str], str] | None = None,
+                     ahead_since: datetime | None = None) -> Reminder:
         """Store a new reminder (limits checked atomically) and arm it. Raises ScheduleError/ReminderError.
 
         Idempotent per request: the same message (``caller.message_id``) asking for the same
@@ -251,6 +252,8 @@ class ReminderService(Passes):
         ``confirm(reminder, short_id)`` is the confirmation the pipeline will send as the message's
         first reply: it is queued in the same transaction, under the pipeline's key, so the
         reminder is never stored without its confirmation (the pipeline's own enqueue is then a no-op).
+        ``ahead_since``: the one-time time was checked to be after this instant (a typed ``/remind``, when
+        it was sent); passed since, only while the message waited, it is kept and due at once (late).
         """
         now = self.clock()
         chat = ChatRef.of(caller)
@@ -265,7 +268,7 @@ class ReminderService(Passes):
         reminder = Reminder(
             id=new_id(), owner=caller.qualified_user, owner_name=caller.user_name or caller.user_id, chat=chat.key,
             type=schedule.kind, wall=schedule.wall, zone=schedule.zone, weekday=schedule.weekday, content=content,
-            mode=mode, created_at=now, updated_at=now, next_fire=first_fire(schedule, now), account=chat.account,
+            mode=mode, created_at=now, updated_at=now, next_fire=_first(schedule, now, ahead_since), account=chat.account,
             source=source,
         )
 
@@ -316,3 +319,16 @@ class ReminderService(Passes):
         for rid in ids:
             self.disarm(rid)
         return len(ids)
+
+
+def _first(schedule: Schedule, now: datetime, ahead_since: datetime | None) -> datetime:
+    """The first fire; a one-time one past ``now`` but after ``ahead_since`` is kept (due at once)."""
+    try:
+        return first_fire(schedule, now)
+    except ScheduleError as exc:
+        if ahead_since is None or ahead_since >= now:
+            raise
+        try:
+            return first_fire(schedule, ahead_since)
+        except ScheduleError:
+            raise exc from None

@@ -124,10 +124,15 @@ class ReminderStore:
 
         mine = count("SELECT count(*) FROM reminders WHERE owner = ? AND status = 'active'", [reminder.owner])
         if mine >= limits.max_per_user:
-            raise LimitError(f"you already have {mine} active reminders (limit {limits.max_per_user}); "
-                             "delete some with reminder_delete first",
-                             user_message=f"你已经有 {mine} 个提醒了（上限 {limits.max_per_user} 个），"
-                             "请先删除一些（/unremind 编号）。")
+            # The limit counts every chat, a group's listing only its own: say where they are
+            mine_here = count("SELECT count(*) FROM reminders WHERE owner = ? AND chat = ? AND status = 'active'",
+                              [reminder.owner, reminder.chat])
+            raise LimitError(f"you already have {mine} active reminders (limit {limits.max_per_user}), "
+                             f"{mine_here} in this chat and {mine - mine_here} in other chats; delete some with "
+                             "reminder_delete first (in a private chat with the bot reminder_list shows them all)",
+                             user_message=f"你已经有 {mine} 个提醒了（上限 {limits.max_per_user} 个）：本聊天 "
+                             f"{mine_here} 个，其他聊天 {mine - mine_here} 个。请先删除一些：私聊机器人发送 "
+                             "/reminders 可查看全部，/unremind 编号 删除。")
         here = count("SELECT count(*) FROM reminders WHERE chat = ? AND status = 'active'", [reminder.chat])
         if here >= limits.max_per_chat:
             raise LimitError(f"this chat already has {here} active reminders (limit {limits.max_per_chat})",

@@ -24,7 +24,7 @@ from reminders.schedule import ScheduleError, days_mask, describe, parse_schedul
 from reminders.service import ReminderService
 from reminders.settings import ReminderSettings
 from reminders.store import Reminder, ReminderError, ReminderStore
-from robot import ChatRef, iso
+from robot import KEEP, ChatRef, iso
 
 __all__ = [
     "DeleteArgs",
@@ -169,7 +169,10 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
     what = {"prompt": "定时任务", "command": "定时命令"}.get(args.mode, "提醒")
 
     def confirmation(made: Reminder, short: str) -> str:
-        return f"好的，已设置{what} #{short}：{describe(schedule, made.next_fire)}\n内容：{made.content}"
+        text = f"好的，已设置{what} #{short}：{describe(schedule, made.next_fire)}\n内容：{made.content}"
+        if made.status == "active" and made.next_fire is not None and made.next_fire <= ctx.now():
+            text += "\n（消息处理晚了，时间已过，马上提醒）"
+        return text
 
     try:
         if args.days is not None and args.type != "weekdays":
@@ -183,8 +186,11 @@ async def reminder_set(ctx: ToolContext[ReminderDeps], args: ReminderArgs) -> To
         # A typed /remind (the pipeline's "cmd-" call, not another tool's call_tool) answers exactly this
         # text as the message's first reply: it commits with the reminder.
         typed = ctx.via == "command" and ctx.tool_call_id.startswith("cmd-")
+        # Its parser checked a one-time time against when it was sent (kept at most KEEP): one that
+        # passed only while the message waited is kept, and fires at once with a late note.
         reminder = await deps.service.create(ctx.caller, schedule, content, args.mode,
-                                             confirm=confirmation if typed else None)
+                                             confirm=confirmation if typed else None,
+                                             ahead_since=ctx.now() - KEEP if typed else None)
     except (ScheduleError, ReminderError) as exc:
         raise ToolError(str(exc), user_message=f"设置提醒失败：{exc.user_message or '时间或参数无效。'}") from None
     short = (await deps.store.short_ids([reminder.id]))[reminder.id]

@@ -118,6 +118,17 @@ async def test_down_for_days_sends_one_late_message_counting_the_missed_ones(rig
         "⏰ 提醒：喝水\n（迟到提醒：原定 2030-01-11 08:00）\n（另有 3 次在机器人离线期间错过）"]
 
 
+async def test_back_just_after_an_occurrence_still_reports_the_ones_missed_before(rig_factory: Factory) -> None:
+    """Restarted 30 s after today's 08:00 (on time): the three days missed before are still told,
+    and that reminder keeps its own message rather than merging with one due at the same instant."""
+    rig = await rig_factory(at(SH, "2030-01-07 12:00"))
+    await rig.add("daily", "08:00", "喝水")
+    rig.clock.now = at(SH, "2030-01-10 20:00")  # Bob's was set last night: nothing of his was missed
+    await rig.add("daily", "08:00", "早会", caller=ALICE.model_copy(update={"user_id": "u2", "user_name": "Bob"}))
+    assert await rig.fire(at(SH, "2030-01-11 08:00:30")) == 2
+    assert sorted(await rig.texts()) == ["⏰ 提醒：喝水\n（另有 3 次在机器人离线期间错过）", "⏰ 提醒：早会"]
+
+
 async def test_beyond_grace_the_owner_is_told_it_was_missed(rig_factory: Factory) -> None:
     rig = await rig_factory(at(SH, "2030-01-07 07:00"))
     once = await rig.add("once", "2030-01-07 08:00", "开会")

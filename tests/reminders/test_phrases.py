@@ -266,12 +266,13 @@ def test_any_text_either_is_refused_or_fires_in_the_future_in_the_chats_zone(
     assert got.content == got.content.strip()
 
 
-def test_a_bare_noon_already_past_is_tomorrows_noon_not_a_crash() -> None:
-    """Found by the property test: "12点" at 12:00 sharp tried hour 24."""
+def test_a_bare_noon_already_past_is_the_next_midnight_not_a_crash() -> None:
+    """Found by the property test: "12点" at 12:00 sharp tried hour 24. The next 12 o'clock is midnight."""
     zone = ZoneInfo("Asia/Shanghai")
     now = datetime(2026, 11, 23, 4, 0, tzinfo=UTC)  # 12:00 in Shanghai
     got = parse_phrase("12点 吃饭", zone, now)
-    assert got.first.astimezone(zone) == datetime(2026, 11, 24, 12, 0, tzinfo=zone)
+    assert got.first.astimezone(zone) == datetime(2026, 11, 24, 0, 0, tzinfo=zone)
+    assert parse_phrase("中午12点 吃饭", zone, now).first == datetime(2026, 11, 24, 12, 0, tzinfo=zone)
 
 
 @pytest.mark.parametrize(("text", "now", "hours"), [
@@ -287,3 +288,44 @@ def test_a_relative_time_ending_in_a_repeated_hour_never_fires_early(text: str, 
     stored = first_fire(parse_schedule("once", phrase.time, zone.key, None), now)  # as reminder_set resolves it
     due = now + timedelta(hours=hours)
     assert due - timedelta(seconds=30) <= stored <= due + timedelta(hours=1)
+
+
+@pytest.mark.parametrize(("text", "at"), [
+    ("12点 睡觉", "2030-01-08 00:00"),  # the next 12 o'clock is tonight's midnight, not noon tomorrow
+    ("12点半 睡觉", "2030-01-08 00:30"),
+    ("十二点 睡觉", "2030-01-08 00:00"),
+    ("at 12 sleep", "2030-01-08 00:00"),
+    ("11点 睡觉", "2030-01-07 23:00"),
+    # A half said stays that half
+    ("中午12点 吃饭", "2030-01-08 12:00"),
+    ("晚上12点 睡觉", "2030-01-08 00:00"),
+    ("12pm lunch", "2030-01-08 12:00"),
+    ("12am sleep", "2030-01-08 00:00"),
+    ("noon lunch", "2030-01-08 12:00"),
+    ("12:00 吃饭", "2030-01-08 12:00"),  # HH:MM is a 24-hour clock
+    ("明天12点 吃饭", "2030-01-08 12:00"),
+])
+def test_a_bare_twelve_oclock_is_the_next_one_late_in_the_evening(text: str, at: str) -> None:
+    now = datetime(2030, 1, 7, 14, 30, tzinfo=UTC)  # Monday 22:30 in Shanghai
+    assert read(text, SH, now).first.strftime("%Y-%m-%d %H:%M") == at
+
+
+def test_a_bare_twelve_oclock_in_the_morning_is_todays_noon() -> None:
+    now = datetime(2030, 1, 7, 1, 0, tzinfo=UTC)  # 09:00 in Shanghai
+    assert read("12点 吃饭", SH, now).first.strftime("%Y-%m-%d %H:%M") == "2030-01-07 12:00"
+    assert read("今天12点 吃饭", SH, now).first.strftime("%Y-%m-%d %H:%M") == "2030-01-07 12:00"
+    just_after_midnight = datetime(2030, 1, 6, 16, 10, tzinfo=UTC)  # 00:10 in Shanghai
+    assert read("12点半 睡觉", SH, just_after_midnight).first.strftime("%Y-%m-%d %H:%M") == "2030-01-07 00:30"
+
+
+@settings(max_examples=150, deadline=None)
+@given(hour=st.integers(1, 12), half=st.booleans(), zone=st.sampled_from(["Asia/Shanghai", "UTC"]), now=NOWS)
+def test_a_bare_hour_is_the_next_time_the_clock_shows_it(hour: int, half: bool, zone: str, now: datetime) -> None:
+    """"N点" with no half of the day said: the earliest N o'clock (either half) after now."""
+    tz = ZoneInfo(zone)
+    today = now.astimezone(tz).date()
+    minute = 30 if half else 0
+    candidates = [datetime.combine(today + timedelta(days=d), datetime.min.time(), tz).replace(hour=h, minute=minute)
+                  for d in (0, 1) for h in (hour % 12, hour % 12 + 12)]
+    want = min(c for c in candidates if c > now)
+    assert read(f"{hour}点{'半' if half else ''} 开会", tz, now).first == want

@@ -88,7 +88,7 @@ def search_then_answer(request: ModelRequest) -> ModelResponse:
 
 async def test_a_prompt_runs_with_the_reminders_stored_zone_not_the_chats_current_one(rig_factory: Factory) -> None:
     model = ScriptedModel([text("柏林今天多云")])
-    rig = await rig_factory(at(SH, "2030-01-07 12:00"), model)
+    rig = await rig_factory(at(SH, "2030-01-07 16:00"), model)  # 09:00 in Berlin: Tuesday's 08:00 is the first
     # The chat itself has no [bot] zones entry: Shanghai.
     await rig.add("daily", "08:00", "天气", zone=BERLIN, mode="prompt")
     await rig.fire(at(BERLIN, "2030-01-08 08:00"))

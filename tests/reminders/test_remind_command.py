@@ -217,3 +217,35 @@ async def test_a_stamp_from_a_wrong_clock_does_not_move_a_time_phrase(start: Sta
                          at=datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC))
     reply = (await chat.ch.wait_sent(1))[0].text
     assert "2030-01-08 00:10" in reply, reply
+
+
+@pytest.mark.parametrize("line", ["/remind 10分钟后 喝水", '/remind once "2030-01-07 12:10" 喝水'])
+async def test_a_remind_handled_after_its_time_is_kept_and_fires_at_once_as_late(start: Start, line: str) -> None:
+    """Sent 12:00, handled 12:15 (a backlog after a restart, a message kept at a stop): its time was
+    ahead when it was said, so it is not refused as past: set, and sent at once with a late note."""
+    from datetime import timedelta
+    from zoneinfo import ZoneInfo
+
+    chat = await start()
+    sent = datetime(2030, 1, 7, 12, 0, tzinfo=ZoneInfo("Asia/Shanghai"))
+    chat.clock.now = (sent + timedelta(minutes=15)).astimezone(UTC)
+    await chat.ch.inject(line, chat=chat.ch.chat("g1"), at_bot=True, at=sent.astimezone(UTC))
+    reply = (await chat.ch.wait_sent(1))[0].text
+    assert reply.startswith("好的，已设置提醒 #") and "已过" in reply, reply
+    texts = [m.text for m in await chat.ch.wait_sent(2)]
+    assert texts[1] == "⏰ 提醒：喝水\n（迟到提醒：原定 2030-01-07 12:10）", texts
+    assert await chat.active() == []
+
+
+@pytest.mark.parametrize("line", ["/remind once \"2030-01-07 11:50\" 喝水", "/remind 今天11:50 喝水"])
+async def test_a_remind_whose_time_had_passed_when_it_was_sent_is_still_refused(start: Start, line: str) -> None:
+    from datetime import timedelta
+    from zoneinfo import ZoneInfo
+
+    chat = await start()
+    sent = datetime(2030, 1, 7, 12, 0, tzinfo=ZoneInfo("Asia/Shanghai"))
+    chat.clock.now = (sent + timedelta(minutes=15)).astimezone(UTC)
+    await chat.ch.inject(line, chat=chat.ch.chat("g1"), at_bot=True, at=sent.astimezone(UTC))
+    reply = (await chat.ch.wait_sent(1))[0].text
+    assert "已经过去" in reply, reply
+    assert await chat.deps.store.for_owner("memory:u1") == []

@@ -80,6 +80,19 @@ async def test_limits_per_user_per_chat_and_content_length(start: Start) -> None
     assert (await chat.say("/remind daily 08:00 喝水", user="u3", chat="g2")).startswith("好的")
 
 
+async def test_the_per_person_limit_says_where_the_reminders_are_and_how_to_see_them(start: Start) -> None:
+    """The limit counts every chat, but a group's /reminders shows only that group's: the refusal says
+    how many are here and elsewhere, and that /reminders in private lists them all."""
+    chat = await start(cfg={"max_per_user": 3})
+    for i in range(3):
+        assert (await chat.say(f"/remind daily 08:0{i} 喝水", chat="g1")).startswith("好的")
+    refused = await chat.say("/remind daily 09:00 开会", chat="g2")
+    assert "上限 3 个" in refused and "本聊天 0 个" in refused and "其他聊天 3 个" in refused
+    assert "私聊" in refused and "/reminders" in refused and "/unremind" in refused
+    listed = await chat.say("/reminders", chat="u1", kind="private")  # what the refusal points at
+    assert "共 3 个" in listed
+
+
 async def test_creation_rate_limit_recovers_after_ten_minutes(start: Start) -> None:
     chat = await start(cfg={"create_per_10min": 2})
     r1 = await chat.say("/remind daily 08:00 a")
