@@ -44,7 +44,7 @@ from robot.commands import (
     refusal,
 )
 from robot.config import Settings
-from robot.config_file import check_tables
+from robot.config_file import check_config
 from robot.history import HistoryStore
 from robot.hooks import ContextHook, ForgetHook
 from robot.limits import DailyBudget, RateLimiter
@@ -53,7 +53,7 @@ from robot.message import ChatRef, Message, OutgoingMessage
 from robot.outbox import Outbox
 from robot.parked import KEEP, ParkedMessages
 from robot.pipeline import _CORE_COMMANDS, Pipeline
-from robot.plugin import Plugin, distinct, load_plugin, set_up
+from robot.plugin import Plugin, distinct, load_plugin, not_in_setup, set_up, withheld
 from robot.privacy import Forgetter
 from robot.scheduled import run_scheduled
 from robot.storage import Engine, Pending
@@ -79,7 +79,7 @@ class Bot:
         self.settings, self.zone = settings, settings.zone
         specs = plugins if plugins is not None else settings.bot.plugins
         self.plugins: list[Plugin[Any]] = distinct([p if isinstance(p, Plugin) else load_plugin(p) for p in specs])
-        check_tables(settings, [p.name for p in self.plugins])
+        check_config(settings, self.plugins)
         store = settings.storage
         self.db: Engine = Database(database) if database else store.engine(settings.bot.data_dir)
         self.clock: Callable[[], datetime] = clock or self.db.now  # the database's time: see Engine.now
@@ -136,6 +136,7 @@ class Bot:
                 raise ToolDefinitionError(f"tool {tool.name!r}: /{clash[0]} is a built-in command; choose another name")
         self.tools = merged
         self._deps: dict[str, Any] = {}
+        self._failing_checks: set[str] = set()  #: plugins whose ``unavailable`` raises (logged once)
         #: Side panels plugins offer (the web playground shows them), e.g. a chat's reminders.
         self.panels: dict[str, PanelProvider] = {}
         #: What plugins delete on ``/forget me`` (reminders, summaries, memories); see :mod:`robot.privacy`.
@@ -165,15 +166,8 @@ class Bot:
         return self._deps.get(plugin.name, self) if plugin else self
 
     def unavailable_tools(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for plugin in self.plugins:
-            if plugin.unavailable is not None and plugin.name in self._deps:
-                reason = plugin.unavailable(self._deps[plugin.name])
-                if isinstance(reason, str) and reason:
-                    out.update({t.name: reason for t in plugin.tools})
-                elif reason and not isinstance(reason, str):
-                    out.update({t.name: reason[t.name] for t in plugin.tools if reason.get(t.name)})
-        return out
+        """``{tool name: reason}`` for the tools plugins withhold now (see :func:`robot.plugin.withheld`)."""
+        return withheld(self.plugins, self._deps, self._failing_checks)
 
     def offered_tools(self) -> Toolset:
         """The tools a run may be offered now; inside :meth:`tool_scope`, only the scope's."""
@@ -245,7 +239,8 @@ class Bot:
         """Run one tool by name or alias as ``caller``, no LLM: how a plugin uses another plugin's tool and
         a stored command runs. ``arguments``: a command line or an arguments object. A typed ``/command``'s
         checks apply; a ``confirm`` tool is refused (nobody is there). Raises :class:`ToolError` (Chinese
-        ``user_message``) for anything refused or failed."""
+        ``user_message``) for anything refused or failed; :class:`PluginError` when awaited in a plugin's setup."""
+        not_in_setup(f"bot.call_tool({name!r})")
         await self._plugins_ready.wait()
         tool = self.tools.resolve(name)
         if tool is None or tool.confirm == "input":

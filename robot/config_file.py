@@ -17,7 +17,7 @@ from pydantic_settings import SettingsError
 from robot.config import ConfigError, Settings, _explain
 from robot.plugin import Plugin, load_plugin
 
-__all__ = ["check_tables", "load_plugins", "load_settings"]
+__all__ = ["check_config", "check_tables", "load_plugins", "load_settings"]
 
 
 def _find_config(path: str | Path | None) -> Path | None:
@@ -119,6 +119,16 @@ def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
         hint = f"did you mean [{close[0]}]?" if close else f"known tables: {', '.join(known)}"
         raise ConfigError(f"unknown table [{name}]: {hint} (a plugin's table is read only when the plugin is "
                           "listed in [bot] plugins)")
+
+
+def check_config(settings: Settings, plugins: Iterable[Plugin[Any]]) -> None:
+    """:func:`check_tables`, then each plugin's ``[name]`` table against its ``settings_model``, as ``qunbot
+    doctor`` does: a bad value or a misspelt key stops the start, named, rather than surfacing later."""
+    plugins = list(plugins)
+    check_tables(settings, [p.name for p in plugins])
+    for plugin in plugins:
+        if plugin.settings_model is not None:
+            settings.section(plugin.name, plugin.settings_model)
 
 
 def load_plugins(settings: Settings) -> list[Plugin[object]]:

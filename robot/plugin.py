@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -26,9 +28,14 @@ from robot.redact import redact_text
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["Plugin", "PluginError", "distinct", "load_plugin", "set_up"]
+__all__ = ["Plugin", "PluginError", "distinct", "load_plugin", "not_in_setup", "set_up", "withheld"]
 
 D = TypeVar("D")
+log = logging.getLogger(__name__)
+#: Why a plugin's tools are withheld when its own ``unavailable`` check fails.
+CHECK_FAILED = "插件自检出错"
+#: The task running a plugin's setup, and the plugin (a task the setup starts inherits this, but is another task).
+_SETTING_UP: ContextVar[tuple[asyncio.Task[Any] | None, str] | None] = ContextVar("qunbot_setting_up", default=None)
 
 
 class PluginError(Exception):
@@ -111,9 +118,49 @@ async def set_up(plugin: Plugin[Any], bot: Bot) -> Any:
     """``plugin``'s deps from its ``setup``; a failure is a :class:`PluginError` naming the plugin (a
     line for the owner, not a traceback ending in some library's frame)."""
     assert plugin.setup is not None
+    token = _SETTING_UP.set((asyncio.current_task(), plugin.name))
     try:
         return await plugin.setup(bot)
     except (PluginError, ConfigError, asyncio.CancelledError):  # (a setting of its table: named already)
         raise
     except Exception as exc:
         raise PluginError(f"plugin {plugin.name!r}: setup failed: {type(exc).__name__}: {redact_text(str(exc))[:200]}") from exc
+    finally:
+        _SETTING_UP.reset(token)
+
+
+def not_in_setup(what: str) -> None:
+    """Raise :class:`PluginError` if a plugin's ``setup`` is awaiting ``what`` itself: ``what`` waits until
+    every plugin is set up, that one included, so the start would hang for ever."""
+    held = _SETTING_UP.get()
+    if held is not None and held[0] is asyncio.current_task():
+        raise PluginError(f"plugin {held[1]!r}: {what} awaited inside its setup would wait for ever for the plugins "
+                          "to be set up; call it later, or from a task the setup starts")
+
+
+def withheld(plugins: Iterable[Plugin[Any]], deps: Mapping[str, Any], failing: set[str]) -> dict[str, str]:
+    """``{tool name: reason}`` for the tools the set-up ``plugins``' ``unavailable`` withhold now. A check that
+    raises withholds all its plugin's tools (fail closed) rather than every message failing; it is logged
+    once until it works again (``failing``: the plugins whose check is failing, kept by the caller)."""
+    out: dict[str, str] = {}
+    for plugin in plugins:
+        if plugin.unavailable is None or plugin.name not in deps:
+            continue
+        try:
+            reason = plugin.unavailable(deps[plugin.name])
+            if isinstance(reason, str):
+                off = {t.name: reason for t in plugin.tools} if reason else {}
+            else:
+                off = {t.name: str(reason[t.name]) for t in plugin.tools if reason and reason.get(t.name)}
+        except Exception as exc:
+            if plugin.name not in failing:  # (asked at every message: once per streak, not a log flood)
+                log.error("plugin %s: unavailable() failed: %s: %s; its tools are withheld until it works",
+                          plugin.name, type(exc).__name__, redact_text(str(exc))[:200])
+            failing.add(plugin.name)
+            off = {t.name: CHECK_FAILED for t in plugin.tools}
+        else:
+            if plugin.name in failing:
+                failing.discard(plugin.name)
+                log.info("plugin %s: unavailable() works again", plugin.name)
+        out.update(off)
+    return out

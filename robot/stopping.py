@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from robot.bot import Bot
 
-__all__ = ["CUT_WAIT_S", "cut_short", "stop"]
+__all__ = ["CUT_WAIT_S", "TEARDOWN_S", "cut_short", "stop"]
 
 log = logging.getLogger(__name__)
 #: How long handling cancelled by the stop may take to keep its message (one unit of work) before the store closes.
 CUT_WAIT_S = 5.0
+#: How long each plugin's teardown may take (a client close whose server never answers) before it is left.
+TEARDOWN_S = 5.0
 
 
 async def cut_short(bot: Bot, wait_s: float = CUT_WAIT_S) -> None:
@@ -39,6 +42,25 @@ async def cut_short(bot: Bot, wait_s: float = CUT_WAIT_S) -> None:
     if rest := [t for t in running if not t.done()]:
         _cancel(bot, rest)
         await asyncio.wait(rest, timeout=wait_s)
+
+
+async def _tear_down(name: str, teardown: Callable[[Any], Awaitable[None]], deps: Any) -> None:
+    """Await a plugin's teardown for :data:`TEARDOWN_S` at most: one that hangs (or swallows its cancellation)
+    must not keep the outbox from being flushed and the process from exiting."""
+    try:
+        task = asyncio.ensure_future(teardown(deps))
+    except Exception:
+        log.exception("plugin %s teardown failed", name)
+        return
+    try:
+        await asyncio.wait([task], timeout=TEARDOWN_S)
+    finally:
+        if not task.done():  # (the stop itself cancelled too: the teardown goes with it)
+            task.cancel()
+    if not task.done():
+        log.error("plugin %s teardown did not finish within %g s: left behind", name, TEARDOWN_S)
+    elif not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("plugin %s teardown failed", name, exc_info=exc)
 
 
 def _cancel(bot: Bot, tasks: list[asyncio.Task[None]]) -> None:
@@ -58,10 +80,7 @@ async def stop(bot: Bot, flush_timeout_s: float) -> None:
     bot.pipeline.admission.close()  # what has not started by now would meet a closed store
     for plugin in bot.plugins:
         if plugin.teardown is not None and plugin.name in bot._deps:
-            try:
-                await plugin.teardown(bot._deps[plugin.name])
-            except Exception:
-                log.exception("plugin %s teardown failed", plugin.name)
+            await _tear_down(plugin.name, plugin.teardown, bot._deps[plugin.name])
     await bot.approvals.stop(flush_timeout_s)
     for task in (bot._housekeeping, bot._replay):
         if task is not None:
