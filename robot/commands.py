@@ -8,8 +8,6 @@ validation as a model's arguments. A plugin can give a tool its own command synt
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
@@ -20,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 from function_calls import ArgumentError, Caller, Tool, Toolset
 from function_calls.errors import FieldProblem
+from robot.command_values import DATE, TIME, coerce, fits, is_list, is_object, is_text, schema_branches
 
 __all__ = [
     "CommandError",
@@ -89,93 +88,6 @@ def parse_command(text: str) -> ParsedCommand | None:
                          rest.strip())
 
 
-def _branches(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """The alternatives a field accepts (``anyOf``/``oneOf`` branches, nested ones flattened)."""
-    subs = schema.get("anyOf") or schema.get("oneOf")
-    return [b for sub in subs for b in _branches(sub)] if isinstance(subs, list) else [schema]
-
-
-def _kinds(branch: dict[str, Any]) -> list[Any]:
-    return kind if isinstance(kind := branch.get("type"), list) else [kind]
-
-
-_DATE = re.compile(r"^(\d{4})[-/](\d{1,2})[-/](\d{1,2})$")
-_TIME = re.compile(r"^(\d{1,2})[:：](\d{2})(?:[:：](\d{2}))?$")
-
-
-def _when(fmt: str, raw: str) -> str | None:
-    """A typed date, time or both in ISO form (``2026/12/1 9：30``), or None if it is not one."""
-    day, _, clock = raw.partition(" ") if fmt == "date-time" else (raw, "", raw)
-    d, t = _DATE.match(day) if fmt != "time" else None, _TIME.match(clock) if fmt != "date" else None
-    if (fmt != "time" and not d) or (fmt != "date" and not t):
-        return raw if fmt == "date-time" and re.match(r"^\d{4}-\d{2}-\d{2}T", raw) else None
-    iso_day = f"{d[1]}-{int(d[2]):02d}-{int(d[3]):02d}" if d else ""
-    iso_time = f"{int(t[1]):02d}:{t[2]}" + (f":{t[3]}" if t[3] else "") if t else ""
-    return " ".join(p for p in (iso_day, iso_time) if p)
-
-
-def _coerce(schema: dict[str, Any], raw: str) -> Any:
-    """A typed value as the field's type: the first alternative it reads as (number, choice, list...)."""
-    branches = _branches(schema)
-    kinds = {k for b in branches for k in _kinds(b)}
-    if "null" in kinds and raw.lower() in ("none", "null", ""):
-        return None
-    with contextlib.suppress(ValueError):
-        if "integer" in kinds or "number" in kinds:  # (5 for a Decimal: not 5.0)
-            return int(raw) if "integer" in kinds or re.fullmatch(r"[-+]?\d+", raw) else float(raw)
-    if "boolean" in kinds and raw.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-        return raw.lower() in ("true", "yes", "1", "on")
-    if ("array" in kinds and raw[:1] == "[") or ("object" in kinds and raw[:1] == "{"):
-        with contextlib.suppress(ValueError):
-            return json.loads(raw)
-    if (array := next((b for b in branches if "array" in _kinds(b)), None)) is not None:
-        parts, fixed = [p.strip() for p in re.split(r"[,，]", raw) if raw.strip()], array.get("prefixItems", [])
-        return [_coerce(fixed[i] if i < len(fixed) else array.get("items", {}), p) for i, p in enumerate(parts)]
-    when = [b["format"] for b in branches if b.get("format") in ("date", "time", "date-time")]
-    return next((iso for fmt in when if (iso := _when(fmt, raw)) is not None), raw)  # (else validation says)
-
-
-def _is_text(schema: dict[str, Any]) -> bool:
-    """Free text: strings only, without a format, pattern or choices (a date is not free text)."""
-    return all(set(_kinds(b)) <= {"string", "null"} and "string" in _kinds(b)
-               and not {"format", "pattern", "enum"} & b.keys() for b in _branches(schema) if b != {"type": "null"})
-
-
-def _is_object(schema: dict[str, Any]) -> bool:
-    """Typed by name only, as JSON: every alternative is an object (a model, a dict)."""
-    return {k for b in _branches(schema) for k in _kinds(b)} - {"null"} == {"object"}
-
-
-def _is_list(schema: dict[str, Any]) -> bool:
-    return any("array" in _kinds(b) for b in _branches(schema))
-
-
-def _fits(schema: dict[str, Any], value: Any) -> bool:
-    """Whether a coerced positional value plausibly belongs to this field (some alternative takes it)."""
-    for branch in _branches(schema):
-        kinds, fmt, pattern = _kinds(branch), branch.get("format"), branch.get("pattern")
-        if "enum" in branch:
-            ok = value in branch["enum"]
-        elif isinstance(value, list):
-            ok = "array" in kinds and all(_fits(branch.get("items", {}), v) for v in value)
-        elif not isinstance(value, str):  # (a number, a boolean or null, read as this field's own type)
-            ok = True
-        elif "string" not in kinds:
-            ok = False
-        elif fmt in ("date", "time", "date-time"):
-            ok = _when(fmt, value) is not None
-        elif isinstance(pattern, str):
-            try:
-                ok = re.search(pattern, value) is not None
-            except re.error:  # (a Python-only pattern: validation decides)
-                ok = True
-        else:  # (a uuid, an email: validation decides) a number's string form (Decimal) takes no word
-            ok = fmt is not None or _is_text(schema)
-        if ok:
-            return True
-    return False
-
-
 @dataclass(frozen=True)
 class Word:
     """A word of a command line: its value (quotes taken off) and where it was typed (``line[start:end]``)."""
@@ -223,6 +135,8 @@ def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
     choice is expected), and any surplus, continues the text (or list) field before it, as typed
     (spaces, quotes, backslashes), so ``/remind daily 08:00 起床 喝水`` needs no quotes; an unquoted
     ``2026-11-22 15:00`` stays one value unless a date field comes next (then its time follows).
+    A word is in one place: when the text runs on over words later fields took by position, those
+    fields give them back (``/todo 买 2 斤苹果`` sets no priority); values for them go after the text.
     """
     props: dict[str, Any] = tool.parameters.get("properties", {})
     args: dict[str, Any] = {}
@@ -231,48 +145,60 @@ def build_arguments(tool: Tool, rest: str) -> dict[str, Any]:
     for word in split_words(rest):
         key, eq, value = word.text.partition("=")
         if eq and key in props:
-            args[key] = _coerce(props[key], value)
+            args[key] = coerce(props[key], value)
             named.append(word)
         else:
             positional.append(word)
-    free = [n for n in props if n not in args and not _is_object(props[n])]
+    free = [n for n in props if n not in args and not is_object(props[n])]
     last: str | None = None  # the text or list field that takes more words
     spans: dict[str, tuple[int, int]] = {}  # a text field that took more words: where they were typed
+    taken: list[tuple[str, Word]] = []  # fields filled by position since ``last``: undone if its text runs on
     i = 0
     while i < len(positional):
         word, i = positional[i], i + 1
         field = props[free[0]] if free else None
-        split = field is not None and any(b.get("format") in ("date", "time") for b in _branches(field))
-        if i < len(positional) and not split and _DATE.match(word.text) and _TIME.match(positional[i].text):
+        split = field is not None and any(b.get("format") in ("date", "time") for b in schema_branches(field))
+        if i < len(positional) and not split and DATE.match(word.text) and TIME.match(positional[i].text):
             word, i = Word(f"{word.text} {positional[i].text}", word.start, positional[i].end), i + 1
-        value = _coerce(field, word.text) if field is not None else word.text
+        value = coerce(field, word.text) if field is not None else word.text
         # A second plain text field (deep_think's context) is filled by name only: it took all but the
         # question's first word. A list of words after text takes a word only with its commas.
-        second = field is not None and last is not None and _is_text(props[last]) and (
-            _is_text(field) or (_is_list(field) and "," not in word.text and "，" not in word.text))
-        if field is not None and not second and (_fits(field, value) or last is None):
+        second = field is not None and last is not None and is_text(props[last]) and (
+            is_text(field) or (is_list(field) and "," not in word.text and "，" not in word.text))
+        if field is not None and not second and (fits(field, value) or last is None):
             name = free.pop(0)
             args[name] = value
-            if _is_text(props[name]) or (_is_list(props[name]) and isinstance(value, list)):
-                last, spans[name] = name, (word.start, word.end)
-        elif last is not None and not _is_text(props[last]):  # (a list: more items)
-            more = _coerce(props[last], word.text)
+            if is_text(props[name]) or (is_list(props[name]) and isinstance(value, list)):
+                last, spans[name], taken = name, (word.start, word.end), []
+            else:
+                taken.append((name, word))
+        elif last is not None and not is_text(props[last]):  # (a list: more items)
+            more = coerce(props[last], word.text)
             args[last] = [*args[last], *(more if isinstance(more, list) else [word.text])]
         elif last is not None:
-            start = spans[last][0]
-            spans[last] = (start, word.end)
+            # The text now runs over the words later fields took: they stay in the text only (a word
+            # is in one place: "/remember my group locker code" is not a group memory), and those fields
+            # are free again for words typed after the text. Values typed by name are never undone.
+            for name, _ in taken:
+                del args[name]
+            free = sorted([*free, *(name for name, _ in taken)], key=list(props).index)
+            start, between = spans[last][0], [w.text for _, w in taken]
+            spans[last], taken = (start, word.end), []
             whole = not any(start < w.start < word.end for w in named)  # (else the words, a space between)
-            args[last] = rest[start:word.end] if whole else f"{args[last]} {word.text}"
+            args[last] = rest[start:word.end] if whole else " ".join([args[last], *between, word.text])
         else:
             raise CommandError(f"/{tool.name} 不需要这么多参数：{clip(word.text)}")
     return args
 
 
 def usage_line(tool: Tool) -> str:
-    """``/name <required> [optional] [list,…] [object={…}]`` (an object field is typed by name, as JSON)."""
+    """``/name <required> [optional] [list,…] [object={…}] [more=…]`` (an object field is typed by name,
+    as JSON; so is a text field after another one, which ``build_arguments`` never fills by position)."""
     props: dict[str, Any] = tool.parameters.get("properties", {})
     required = set(tool.parameters.get("required", []))
-    shown = {n: f"{n}={{…}}" if _is_object(s) else f"{n},…" if _is_list(s) else n for n, s in props.items()}
+    texts = [n for n, s in props.items() if is_text(s)]
+    shown = {n: f"{n}={{…}}" if is_object(s) else f"{n}=…" if n in texts[1:] else f"{n},…" if is_list(s) else n
+             for n, s in props.items()}
     parts = [f"<{shown[n]}>" if n in required else f"[{shown[n]}]" for n in props]
     return " ".join([f"/{tool.aliases[0] if tool.aliases else tool.name}", *parts])
 

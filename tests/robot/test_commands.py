@@ -79,6 +79,39 @@ def test_a_second_plain_text_field_is_filled_by_name_only() -> None:
                                                                               "context": "we met on Monday"}
 
 
+def test_a_second_text_field_is_shown_as_typed_by_name() -> None:
+    # /help showed "/send <to> <message>", but "/send alice hello" went all into `to` and was refused.
+    send = _typed_tools()["send"]
+    assert usage_line(send) == "/send <to> <message=…>"
+    assert parsed(send, 'alice message="hello there"') == SendArgs(to="alice", message="hello there")
+    assert "/send <to> <message=…> — Send." in help_text(Toolset("t", [send]), PRIVATE, {})
+
+
+def test_a_word_typed_inside_the_text_stays_only_in_the_text() -> None:
+    # "/remember my group locker code is 4711" was saved as a group memory; "/todo 买 2 斤苹果" got priority 2.
+    from memory.tools import remember
+
+    assert build_arguments(remember, "my group locker code is 4711") == {"content": "my group locker code is 4711"}
+    assert build_arguments(remember, "my locker code is 4711 group") == {"content": "my locker code is 4711",
+                                                                          "scope": "group"}
+    todo = _typed_tools()["todo"]
+    assert parsed(todo, "买 2 斤苹果") == TodoArgs(text="买 2 斤苹果")
+    assert parsed(todo, "call mom 3 times") == TodoArgs(text="call mom 3 times")
+    assert parsed(todo, "call mom 3 yes") == TodoArgs(text="call mom", priority=3, done=True)  # values at the end
+    assert parsed(todo, "a 2 done=yes b") == TodoArgs(text="a 2 b", done=True)  # a key between: not undone
+    assert parsed(todo, "a priority=3 2 b") == TodoArgs(text="a 2 b", priority=3)
+    assert parsed(_typed_tools()["count"], "apples 5 red") == CountArgs(what="apples", n=5, colour="red")
+    with pytest.raises(ArgumentError, match=r"required|missing"):
+        parsed(_typed_tools()["count"], "apples 5 green")  # a required field undone: asked for
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "买", "2", "3", "9", "yes", "no", "x"]), min_size=1, max_size=8))
+def test_each_typed_word_fills_one_field(words: list[str]) -> None:
+    args = build_arguments(_typed_tools()["todo"], " ".join(words))
+    assert len(args["text"].split()) + ("priority" in args) + ("done" in args) == len(words)
+
+
 async def test_commands_validate_like_model_calls(make_bot: Any) -> None:
     _bot, ch = await make_bot(None)
     await ch.inject("/n milk 9")  # times <= 5
@@ -358,6 +391,23 @@ class MeetArgs(BaseModel):
     what: str
 
 
+class SendArgs(BaseModel):
+    to: str
+    message: str
+
+
+class TodoArgs(BaseModel):
+    text: str
+    priority: int = Field(1, ge=1, le=3)
+    done: bool = False
+
+
+class CountArgs(BaseModel):
+    what: str
+    n: int
+    colour: Literal["red", "blue"] | None = None
+
+
 class MixArgs(BaseModel):
     what: str
     more: list[str] | None = None
@@ -391,7 +441,19 @@ def _typed_tools() -> dict[str, Any]:
         """Mix."""
         return ""
 
-    return {f.__name__: tool_function(f) for f in (tip, book, tag, shape, meet, mix)}
+    async def send(args: SendArgs) -> str:
+        """Send."""
+        return ""
+
+    async def todo(args: TodoArgs) -> str:
+        """Todo."""
+        return ""
+
+    async def count(args: CountArgs) -> str:
+        """Count."""
+        return ""
+
+    return {f.__name__: tool_function(f) for f in (tip, book, tag, shape, meet, mix, send, todo, count)}
 
 
 def parsed(tool: Any, line: str) -> Any:
