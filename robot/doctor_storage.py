@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from robot import secret_key
 from robot.bot import Bot
@@ -32,7 +32,6 @@ from robot.storage.postgres import redact_dsn
 
 __all__ = ["Check", "reading", "storage_checks", "waiting_sync", "weixin_logins"]
 
-T = TypeVar("T")
 
 
 class Check(NamedTuple):
@@ -65,18 +64,6 @@ def waiting_sync(tx: Tx, leased: Sequence[str], held: Sequence[str],
             if (CHANNEL_LEASE.format(platform=g["platform"]) not in names if g["platform"] in one_process
                 else ACCOUNT_LEASE.format(platform=g["platform"], account=g["account"]) not in names if g["account"]
                 else g["platform"] not in serving)]
-
-
-async def _read(db: Engine, fn: Callable[[Tx], T], empty: T) -> T:
-    """``fn``'s rows, or ``empty`` when its table does not exist yet (a database no bot has used)."""
-    try:
-        return await db.read(fn)
-    except StorageError:
-        raise
-    except Exception as exc:
-        if "no such table" in str(exc) or "does not exist" in str(exc):
-            return empty
-        raise
 
 
 async def storage_checks(settings: Settings, now: datetime | None = None, *,
@@ -127,12 +114,12 @@ async def _checked(settings: Settings, now: datetime | None,
                 return [Check(False, "storage", f"{where}: {refused}")], db
             stamp = iso(now or db.now())  # the database's time, as the processes' leases are written in
             none: list[dict[str, Any]] = []
-            leases = await _read(db, lambda tx: tx.query(
+            leases = await db.read_present(lambda tx: tx.query(
                 "SELECT name, holder FROM leases WHERE expires_at >= ? ORDER BY name", [stamp]), none)
             held = [str(r["name"]) for r in leases if not str(r["name"]).startswith(PROCESS_PREFIX)]
-            waiting = await _read(db, lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held, ONE_PROCESS_PLATFORMS),
-                                   none)
-            stored = await _read(db, secret_key.stored_sync, None)
+            waiting = await db.read_present(
+                lambda tx: waiting_sync(tx, LEASED_PLATFORMS, held, ONE_PROCESS_PLATFORMS), none)
+            stored = await db.read_present(secret_key.stored_sync, None)
         except BaseException:
             await db.close()
             raise
@@ -164,7 +151,7 @@ async def weixin_logins(db: Engine) -> set[str]:
     is the ``secret.key`` line's business.
     """
     none: list[dict[str, Any]] = []
-    rows = await _read(db, lambda tx: tx.query(
+    rows = await db.read_present(lambda tx: tx.query(
         "SELECT account FROM channel_state WHERE platform = 'weixin' AND key = 'account'"), none)
     return {str(r["account"]) for r in rows}
 
@@ -193,8 +180,8 @@ async def _refused(db: Engine, known: dict[str, int]) -> str:
     """Why ``qunbot run`` would refuse or fail on ``db`` (a newer schema; SQLite: a file this user cannot
     write, a damaged page), or ""."""
     none: list[dict[str, Any]] = []
-    rows = await _read(db, lambda tx: tx.query("SELECT component, version FROM schema_version ORDER BY component"),
-                       none)
+    rows = await db.read_present(
+        lambda tx: tx.query("SELECT component, version FROM schema_version ORDER BY component"), none)
     for row in rows:
         have, mine = int(row["version"]), known.get(str(row["component"]))
         if mine is not None and have > mine:

@@ -8,10 +8,9 @@ import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
@@ -23,8 +22,6 @@ from robot.storage import (
     SQLITE_FILE,
     Engine,
     SQLiteDatabase,
-    StorageError,
-    Tx,
     iso,
     open_database,
 )
@@ -45,7 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["COMMANDS", "add_parsers", "adopt_secret", "backup", "copy_db", "housekeep", "pending", "run",
            "undelivered"]
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 COMMANDS = ("backup", "pending", "copy-db", "adopt-secret")  #: the subcommands this module runs
 
@@ -146,12 +142,12 @@ async def pending(settings: Settings, everything: bool) -> int:
     where = "WHERE status = 'pending' " if not everything else ""
     try:
         await db.open_to_read()
-        versions = await _read_or_none(db, lambda tx: tx.execute(
-            "SELECT version FROM schema_version WHERE component = 'snapshots'").fetchall())
+        versions = await db.read_present(lambda tx: tx.execute(
+            "SELECT version FROM schema_version WHERE component = 'snapshots'").fetchall(), None)
         have = int(versions[0][0]) if versions else 0
-        rows = None if have > known else await _read_or_none(db, lambda tx: tx.query(
+        rows = None if have > known else await db.read_present(lambda tx: tx.query(
             f"SELECT code, status, kind, approver, requester, chat, expires_at FROM snapshots {where}"
-            "ORDER BY created_at DESC"))
+            "ORDER BY created_at DESC"), None)
     finally:
         await db.close()
     if have != known and (rows is not None or have > known):  # (no snapshots table at all: nothing waits)
@@ -167,18 +163,6 @@ async def pending(settings: Settings, everything: bool) -> int:
         print(f"{row['code']}  {row['status']:<11} {who:<18} {row['requester']} in {row['chat']}  "
               f"expires {row['expires_at'][:16].replace('T', ' ')} UTC")
     return 0
-
-
-async def _read_or_none(db: Engine, fn: Callable[[Tx], T]) -> T | None:
-    """``db.read(fn)``, or None when the table it reads does not exist (no process created it yet)."""
-    try:
-        return await db.read(fn)
-    except StorageError:
-        raise
-    except Exception as exc:
-        if "no such table" in str(exc) or "does not exist" in str(exc):
-            return None
-        raise
 
 
 def backup(settings: Settings, target: str, force: bool) -> int:

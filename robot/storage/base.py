@@ -26,6 +26,7 @@ __all__ = ["CommitUnknown", "Cursor", "Dialect", "Engine", "Listener", "Step", "
            "mend_params", "mend_rows", "parse_iso", "ticks", "unit_error", "utcnow"]
 
 T = TypeVar("T")
+E = TypeVar("E")
 Dialect = Literal["sqlite", "postgresql"]
 log = logging.getLogger(__name__)
 
@@ -307,6 +308,17 @@ class Engine:
         open with the write lock (another program's write transaction holds them up). PostgreSQL's
         reads never wait for writers: this is :meth:`run` in a read-only transaction."""
         return await self.run(fn)
+
+    async def read_present(self, fn: Callable[[Tx], T], empty: E) -> T | E:
+        """:meth:`read`, or ``empty`` when the table ``fn`` reads does not exist (a database no bot has used)."""
+        try:
+            return await self.read(fn)
+        except StorageError:
+            raise
+        except Exception as exc:
+            if "no such table" in str(exc) or "does not exist" in str(exc):
+                return empty
+            raise
 
     def hold_ordinary(self, until: float | None) -> None:
         """Start no unit that is not urgent before ``until`` (``time.monotonic()``; None: start them
