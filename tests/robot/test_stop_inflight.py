@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,25 @@ def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
         return db.execute(sql).fetchall()
     finally:
         db.close()
+
+
+async def stop_mid_run(bot: Any, ch: Any, question: str, reached: Callable[[], Awaitable[object]]) -> None:
+    """Ask ``question`` (as q1), wait until ``reached``, then stop the bot and let the handling it cut end."""
+    asking = asyncio.create_task(ch.inject(question, at_bot=True, message_id="q1"))
+    await reached()
+    await bot.stop(flush_timeout_s=0.05)
+    async with asyncio.timeout(5):
+        await asyncio.gather(asking, return_exceptions=True)
+
+
+async def told_at_next_start(make_bot: Any, tmp_path: Path, plugins: list[Plugin[Any]],
+                             ch: Any) -> tuple[list[str], ScriptedModel]:
+    """Start again on the same data and replay what was kept: the "what ran" notices sent, and the model."""
+    model = echo_model()
+    again, ch2 = await make_bot(model, data_dir=tmp_path, plugins=plugins)
+    await again.parked.replay(again.handle)
+    await again.outbox.flush()
+    return [m.text for m in ch.sent + ch2.sent if "已执行" in m.text], model
 
 
 async def test_questions_still_with_the_model_at_a_stop_are_answered_once_at_the_next_start(
@@ -143,18 +163,10 @@ async def test_a_question_cut_short_after_a_call_took_effect_is_not_run_again_bu
 
     payments = Plugin("payments", Toolset("payments", [pay]))
     bot, ch = await make_bot(ScriptedModel(script), plugins=[payments])
-    asking = asyncio.create_task(ch.inject("转5元给小王", at_bot=True, message_id="q1"))
-    await eventually(lambda: len(turns) == 2)
-    await bot.stop(flush_timeout_s=0.05)
-    async with asyncio.timeout(5):
-        await asyncio.gather(asking, return_exceptions=True)
+    await stop_mid_run(bot, ch, "转5元给小王", lambda: eventually(lambda: len(turns) == 2))
     assert rows(bot.db.path, "SELECT * FROM parked_messages") == []
 
-    model = echo_model()
-    again, ch2 = await make_bot(model, data_dir=tmp_path, plugins=[payments])
-    await again.parked.replay(again.handle)
-    await again.outbox.flush()
-    told = [m.text for m in ch.sent + ch2.sent if "已执行" in m.text]
+    told, model = await told_at_next_start(make_bot, tmp_path, [payments], ch)
     assert len(told) == 1 and "pay（to=\"小王\", amount=5）" in told[0] and "请勿直接重复请求" in told[0]
     assert model.requests == [] and paid == [5]  # not answered again: paid once
 
@@ -174,18 +186,10 @@ async def test_a_call_the_stop_cuts_in_flight_is_told_as_maybe_run_and_not_run_a
 
     payments = Plugin("payments", Toolset("payments", [pay]))
     bot, ch = await make_bot(ScriptedModel(lambda r: call("pay", {"to": "小王", "amount": 5})), plugins=[payments])
-    asking = asyncio.create_task(ch.inject("转5元给小王", at_bot=True, message_id="q1"))
-    await asyncio.wait_for(started.wait(), 5)
-    await bot.stop(flush_timeout_s=0.05)
-    async with asyncio.timeout(5):
-        await asyncio.gather(asking, return_exceptions=True)
+    await stop_mid_run(bot, ch, "转5元给小王", lambda: asyncio.wait_for(started.wait(), 5))
     assert rows(bot.db.path, "SELECT * FROM parked_messages") == []
 
-    model = echo_model()
-    again, ch2 = await make_bot(model, data_dir=tmp_path, plugins=[payments])
-    await again.parked.replay(again.handle)
-    await again.outbox.flush()
-    told = [m.text for m in ch.sent + ch2.sent if "已执行" in m.text]
+    told, model = await told_at_next_start(make_bot, tmp_path, [payments], ch)
     assert len(told) == 1 and "可能已执行：pay（to=\"小王\", amount=5）" in told[0] and "请勿直接重复请求" in told[0]
     assert model.requests == []
 
@@ -208,10 +212,6 @@ async def test_a_question_cut_short_after_only_read_only_calls_is_answered_again
 
     lookups = Plugin("lookups", Toolset("lookups", [balance]))
     bot, ch = await make_bot(ScriptedModel(script), plugins=[lookups])
-    asking = asyncio.create_task(ch.inject("我还有多少钱", at_bot=True, message_id="q1"))
-    await eventually(lambda: len(turns) == 2)
-    await bot.stop(flush_timeout_s=0.05)
-    async with asyncio.timeout(5):
-        await asyncio.gather(asking, return_exceptions=True)
+    await stop_mid_run(bot, ch, "我还有多少钱", lambda: eventually(lambda: len(turns) == 2))
     assert [r[0] for r in rows(bot.db.path, "SELECT message_id FROM parked_messages")] == ["q1"]
     assert [m.text for m in ch.sent] == []
