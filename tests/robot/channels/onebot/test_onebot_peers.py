@@ -79,6 +79,19 @@ async def connected(running: Running, **overrides: Any) -> AsyncIterator[tuple[O
         yield ch, p
 
 
+@contextlib.asynccontextmanager
+async def two_accounts(channel: OneBotChannel, **second: Any) -> AsyncIterator[tuple[OneBotTestPeer, OneBotTestPeer]]:
+    """Accounts 10001 and 10002 (``second``: more of its peer's options), both connected to ``channel``."""
+    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
+            OneBotTestPeer(self_id=10002, access_token=TOKEN, **second) as b:
+        await a.connect(channel.url)
+        await b.connect(channel.url)
+        async with asyncio.timeout(5):
+            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
+                await asyncio.sleep(0.01)
+        yield a, b
+
+
 def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.ERROR]
 
@@ -342,13 +355,7 @@ def test_without_a_token_only_loopback_peers_are_accepted(remote: str, token: st
 async def test_two_accounts_on_one_url_each_reply_through_their_own_socket(
     channel: OneBotChannel, inbox: asyncio.Queue[Message]
 ) -> None:
-    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
-            OneBotTestPeer(self_id=10002, access_token=TOKEN, first_message_id=9001) as b:
-        await a.connect(channel.url)
-        await b.connect(channel.url)  # the newer socket
-        async with asyncio.timeout(5):
-            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
-                await asyncio.sleep(0.01)
+    async with two_accounts(channel, first_message_id=9001) as (a, b):  # (b's the newer socket)
         await a.send_event(EVENTS["group_message_at_bot"])
         message = await asyncio.wait_for(inbox.get(), 5)
         assert message.chat.account == "10001" and message.chat.key == "onebot:group:123456"
@@ -372,13 +379,7 @@ async def test_one_accounts_reply_seen_by_another_account_in_the_group_is_not_a_
 ) -> None:
     # QQ shows account 10001's reply to account 10002, a member of the same group too: taken as member
     # 10001's words, it outlived /forget me and reached the model as a member's message.
-    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
-            OneBotTestPeer(self_id=10002, access_token=TOKEN, first_message_id=9001) as b:
-        await a.connect(channel.url)
-        await b.connect(channel.url)
-        async with asyncio.timeout(5):
-            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
-                await asyncio.sleep(0.01)
+    async with two_accounts(channel, first_message_id=9001) as (_, b):
         echo = {**EVENTS["group_message_at_bot"], "self_id": 10002, "user_id": 10001, "message_id": 7001,
                 "message": [{"type": "text", "data": {"text": "好的，记下了"}}], "raw_message": "好的，记下了"}
         await b.send_event(echo)
@@ -392,13 +393,7 @@ async def test_a_napcat_group_line_reaching_two_accounts_is_one_message(
 ) -> None:
     # NapCat numbers messages per account: the same line came as 5101 and -88123, stored and read twice.
     # Its real_seq is QQ's number of the line in the group, the same on both.
-    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
-            OneBotTestPeer(self_id=10002, access_token=TOKEN) as b:
-        await a.connect(channel.url)
-        await b.connect(channel.url)
-        async with asyncio.timeout(5):
-            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
-                await asyncio.sleep(0.01)
+    async with two_accounts(channel) as (a, b):
         line = {**PEERS["napcat_group_image_only_at_bot"], "message": [{"type": "text", "data": {"text": "今晚打球"}}]}
         await b.send_event({**line, "self_id": 10002, "message_id": -88123, "message_seq": -88123})
         first = await asyncio.wait_for(inbox.get(), 5)
@@ -414,13 +409,7 @@ async def test_a_napcat_line_at_ing_a_sibling_account_is_taken_from_that_account
 ) -> None:
     # "@10002 ..." reaching 10001 first: 10001's message id means nothing to 10002's NapCat (a reply quoting it
     # would quote whatever 10002 numbered so: another group's message, even). 10002's own copy is the one taken.
-    async with OneBotTestPeer(self_id=10001, access_token=TOKEN) as a, \
-            OneBotTestPeer(self_id=10002, access_token=TOKEN) as b:
-        await a.connect(channel.url)
-        await b.connect(channel.url)
-        async with asyncio.timeout(5):
-            while len([c for c in channel._conns.all() if c.carries_actions]) < 2:
-                await asyncio.sleep(0.01)
+    async with two_accounts(channel) as (a, b):
         line = {**PEERS["napcat_group_image_only_at_bot"], "real_seq": "920",
                 "message": [{"type": "at", "data": {"qq": "10002"}}, {"type": "text", "data": {"text": " 今晚打球"}}]}
         await a.send_event({**line, "message_id": 5301, "message_seq": 5301})
