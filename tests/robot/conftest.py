@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import pytest
 from pydantic import BaseModel, Field
 
-from function_calls import ChatModel, ToolContext, ToolError, ToolResult, Toolset, tool_function
+from function_calls import ChatModel, Tool, ToolContext, ToolError, ToolResult, Toolset, tool_function
 from robot.bot import Bot
 from robot.channels.base import Channel
 from robot.config import Settings
@@ -78,6 +78,20 @@ async def poke(ctx: ToolContext[object]) -> ToolResult:
 
 
 TEST_TOOLS = Toolset("testkit", [note, purge, mute, kick, whisper, poke])
+
+
+class Amount(BaseModel):
+    amount: int = Field(ge=0)
+
+
+def admin_transfer(done: list[int]) -> Tool:
+    """A ``transfer`` tool an admin must approve; each run's amount goes into ``done``."""
+    @tool_function(confirm="admin")
+    async def transfer(ctx: ToolContext[object], args: Amount) -> ToolResult:
+        """Move money (an admin must approve)."""
+        done.append(args.amount)
+        return ToolResult(content=f"transferred {args.amount}")
+    return transfer
 
 
 @pytest.fixture

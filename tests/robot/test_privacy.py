@@ -8,17 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, Field
 
 import reminders
 from function_calls import (
     ModelRequest,
     ModelResponse,
-    ToolContext,
-    ToolResult,
     Toolset,
     tokens,
-    tool_function,
 )
 from function_calls.testing import ScriptedModel, call, text
 from robot import ForgetRequest, Forgetter, history
@@ -26,6 +22,7 @@ from robot.cli import main
 from robot.message import ChatRef
 from robot.plugin import Plugin
 from robot.redact import redact_url
+from tests.robot.conftest import admin_transfer
 
 from .conftest import TEST_TOOLS
 
@@ -342,18 +339,8 @@ async def test_a_reply_still_waiting_to_go_out_never_goes_after_forget_me(make_b
     assert not [m.text for m in ch.sent if SECRET in m.text or SECRET_ZH in m.text]
 
 
-class Amount(BaseModel):
-    amount: int = Field(ge=0)
-
-
 TRANSFERRED: list[int] = []
-
-
-@tool_function(confirm="admin")
-async def transfer(ctx: ToolContext[object], args: Amount) -> ToolResult:
-    """Move money (an admin must approve)."""
-    TRANSFERRED.append(args.amount)
-    return ToolResult(content=f"transferred {args.amount}")
+transfer = admin_transfer(TRANSFERRED)
 
 
 @pytest.mark.parametrize("storage", ["sqlite", "postgresql"])

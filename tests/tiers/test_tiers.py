@@ -17,12 +17,11 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from pydantic import BaseModel, Field
 
 import memory
 import tiers
 import tiers.tools
-from function_calls import ModelRequest, ModelResponse, ToolContext, ToolResult, Toolset, Usage, tool_function
+from function_calls import ModelRequest, ModelResponse, Toolset, Usage
 from function_calls.testing import Call, Delay, FakeOpenAIServer, Fault, Reply, ScriptedModel, call, text
 from function_calls.testing.server import Usage as ServerUsage
 from robot.bot import Bot
@@ -30,6 +29,7 @@ from robot.config import Settings
 from robot.config_file import load_settings
 from robot.plugin import Plugin
 from robot.testing import MemoryChannel
+from tests.robot.conftest import admin_transfer
 from tiers import strip_reasoning
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -292,18 +292,8 @@ async def test_a_background_plan_stopped_by_a_restart_tells_the_chat(tmp_path: P
         assert ch.sent[1].mention == ("u1",)
 
 
-class Amount(BaseModel):
-    amount: int = Field(ge=0)
-
-
 TRANSFERS: list[int] = []
-
-
-@tool_function(confirm="admin")
-async def transfer(ctx: ToolContext[object], args: Amount) -> ToolResult:
-    """Move money (an admin must approve)."""
-    TRANSFERS.append(args.amount)
-    return ToolResult(content=f"transferred {args.amount}")
+transfer = admin_transfer(TRANSFERS)
 
 
 async def test_a_plans_step_says_honestly_that_it_cannot_ask_for_approval(tmp_path: Path) -> None:
