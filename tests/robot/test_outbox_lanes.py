@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,18 @@ class FailsFirstOnce(MemoryChannel):
         return await super().send(message)
 
 
+def count_calls(obj: object, name: str) -> list[int]:
+    """Wrap ``obj``'s async method ``name`` so that its calls are counted: the list's one item."""
+    count, real = [0], getattr(obj, name)
+
+    async def counted(*args: Any) -> Any:
+        count[0] += 1
+        return await real(*args)
+
+    setattr(obj, name, counted)
+    return count
+
+
 async def test_a_chat_waiting_out_a_retry_sleeps_till_then(tmp_path: Path) -> None:
     """Row A waits out a 2 s backoff, row B behind it is due: the chat is listed as due, but its lane
     must not be started again and again (it claimed 1,300 times a second) until A is due."""
@@ -38,13 +51,7 @@ async def test_a_chat_waiting_out_a_retry_sleeps_till_then(tmp_path: Path) -> No
     await db.open()
     channel = FailsFirstOnce()
     outbox.register(channel)
-    claims, claim = [0], outbox._claim
-
-    async def counted(platform: str, chat: str):  # type: ignore[no-untyped-def]
-        claims[0] += 1
-        return await claim(platform, chat)
-
-    outbox._claim = counted  # type: ignore[method-assign]
+    claims = count_calls(outbox, "_claim")
     try:
         await outbox.enqueue(OutgoingMessage(key="a", chat=G1, text="first"),
                              OutgoingMessage(key="b", chat=G1, text="second"))
@@ -68,13 +75,7 @@ async def test_a_chat_whose_waiting_rows_are_deleted_leaves_the_worker_idle(tmp_
     HistoryStore(db)
     await db.open()
     outbox.register(FailsFirstOnce())
-    scans, due_chats = [0], outbox._due_chats
-
-    async def counted(platform: str, busy: set[str]):  # type: ignore[no-untyped-def]
-        scans[0] += 1
-        return await due_chats(platform, busy)
-
-    outbox._due_chats = counted  # type: ignore[method-assign]
+    scans = count_calls(outbox, "_due_chats")
     try:
         await outbox.enqueue(OutgoingMessage(key="a", chat=G1, text="first"),
                              OutgoingMessage(key="b", chat=G1, text="second"))
