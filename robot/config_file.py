@@ -17,7 +17,7 @@ from pydantic_settings import SettingsError
 from robot.config import ConfigError, Settings, _explain
 from robot.plugin import Plugin, load_plugin
 
-__all__ = ["check_config", "check_tables", "load_plugins", "load_settings"]
+__all__ = ["check_config", "check_plugin_settings", "check_tables", "load_plugins", "load_settings"]
 
 
 def _find_config(path: str | Path | None) -> Path | None:
@@ -121,14 +121,19 @@ def check_tables(settings: Settings, plugins: Iterable[str]) -> None:
                           "listed in [bot] plugins)")
 
 
-def check_config(settings: Settings, plugins: Iterable[Plugin[Any]]) -> None:
-    """:func:`check_tables`, then each plugin's ``[name]`` table against its ``settings_model``, as ``qunbot
-    doctor`` does: a bad value or a misspelt key stops the start, named, rather than surfacing later."""
-    plugins = list(plugins)
-    check_tables(settings, [p.name for p in plugins])
+def check_plugin_settings(settings: Settings, plugins: Iterable[Plugin[Any]]) -> None:
+    """Each plugin's ``[name]`` table against its ``settings_model``: a bad value or a misspelt key is a
+    :class:`ConfigError` naming it, rather than surfacing later."""
     for plugin in plugins:
         if plugin.settings_model is not None:
             settings.section(plugin.name, plugin.settings_model)
+
+
+def check_config(settings: Settings, plugins: Iterable[Plugin[Any]]) -> None:
+    """:func:`check_tables`, then :func:`check_plugin_settings` (the start: ``qunbot doctor`` does the same)."""
+    plugins = list(plugins)
+    check_tables(settings, [p.name for p in plugins])
+    check_plugin_settings(settings, plugins)
 
 
 def load_plugins(settings: Settings) -> list[Plugin[object]]:

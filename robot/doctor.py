@@ -13,7 +13,7 @@ from robot import maintenance
 from robot.bot import Bot
 from robot.channels.telegram.settings import TelegramSettings
 from robot.config import ConfigError, Settings
-from robot.config_file import load_plugins
+from robot.config_file import check_plugin_settings, load_plugins
 from robot.doctor_storage import reading, weixin_logins
 from robot.plugin import PluginError
 from robot.redact import redact_text, redact_url
@@ -102,9 +102,7 @@ async def doctor(settings: Settings, source: Path | None) -> int:
     schemas: dict[str, int] | None = None  # (the plugins failing: the storage check sets up its own)
     try:
         plugins = load_plugins(settings)
-        for plugin in plugins:
-            if plugin.settings_model is not None:
-                settings.section(plugin.name, plugin.settings_model)
+        check_plugin_settings(settings, plugins)
         report(True, "plugins", ", ".join(f"{p.name} ({len(p.tools)} tools)" for p in plugins))
         off, schemas = await _switched_off(settings)
         for name, reason in off.items():
