@@ -73,9 +73,16 @@ class Draft(NamedTuple):
     chat: ChatRef
     text: str
     mention: tuple[str, ...]
+    late_note: str = ""  #: added should it go out late after all (its channel down): OutgoingMessage.late_note
 
     def message(self) -> OutgoingMessage:
-        return OutgoingMessage(key=self.key, chat=self.chat, text=self.text, mention=self.mention)
+        return OutgoingMessage(key=self.key, chat=self.chat, text=self.text, mention=self.mention,
+                               late_note=self.late_note)
+
+
+def late_note(at: datetime, r: Reminder) -> str:
+    """What a message for ``r`` due ``at`` adds if the outbox sends it late (:data:`robot.outbox_store.LATE`)."""
+    return f"\n（迟到提醒：原定 {format_local(at, r.zone, seconds=not r.wall.endswith(':00'))}）"
 
 
 def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None = None,
@@ -86,6 +93,7 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
     late = now - latest
     seconds = not r.wall.endswith(":00")
     text: str | None
+    note = ""  # (added by the outbox if it goes out late: a channel down when it fired on time)
     if late > grace:
         outcome: Outcome = "missed"
         key = f"rem:{r.id}:{iso(latest)}:missed"
@@ -107,7 +115,9 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
         outcome, key = "delivered", f"rem:{r.id}:{iso(latest)}"
         text = answer if r.mode != "text" and answer else f"⏰ 提醒：{r.content}"
         if late > ON_TIME:
-            text += f"\n（迟到提醒：原定 {format_local(latest, r.zone, seconds=seconds)}）"
+            text += late_note(latest, r)
+        else:
+            note = late_note(latest, r)
         if count > 1:  # also when back on time for this one: the earlier ones were still missed
             text += f"\n（另有 {count - 1} 次在机器人离线期间错过）"
     status = "active" if following is not None else ("missed" if outcome == "missed" else "done")
@@ -117,7 +127,7 @@ def compose(r: Reminder, now: datetime, grace: timedelta, *, answer: str | None 
     if text is None:
         return after, outcome, None
     chat = r.chat_ref
-    return after, outcome, Draft(key, chat, text, (r.owner_id,) if chat.kind == "group" else ())
+    return after, outcome, Draft(key, chat, text, (r.owner_id,) if chat.kind == "group" else (), note)
 
 
 def skip(r: Reminder, now: datetime) -> tuple[Reminder, Outcome, None]:
@@ -173,7 +183,8 @@ def merge(fired: Sequence[tuple[Reminder, Reminder, Outcome, Draft | None]],
             lines = [f"· {r.owner_name}：{r.content}" if group else f"· {r.content}" for r in rs]
             merged = OutgoingMessage(key=f"rem:{rs[0].id}:{iso(at)}:+{len(rs) - 1}", chat=chat,
                                      text=f"⏰ 提醒（{len(rs)} 条）：\n" + "\n".join(lines),
-                                     mention=tuple(dict.fromkeys(r.owner_id for r in rs)) if group else ())
+                                     mention=tuple(dict.fromkeys(r.owner_id for r in rs)) if group else (),
+                                     late_note=late_note(at, rs[0]))
             messages.append(merged)
             for i in part:
                 keys[i] = merged.key

@@ -159,3 +159,6 @@ class OutgoingMessage(BaseModel):
     #: recorded as the history row's ``to_user``, so that person's ``/forget me`` takes it.
     about: str | None = None
     created_at: AwareDatetime | None = None
+    #: Appended if it goes out more than :data:`robot.outbox_store.LATE` after it was queued, none of it sent
+    #: before (a reminder queued while its channel was down: "（迟到提醒：原定 12:10）").
+    late_note: str = ""

@@ -21,13 +21,15 @@ from robot.storage.base import columns, in_chunks, padded, unnest
 from robot.storage.batch import Batched
 from robot.text_parts import split_text
 
-__all__ = ["LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "queue_sync", "said_of"]
+__all__ = ["LATE", "LEASED_PLATFORMS", "ONE_PROCESS_PLATFORMS", "SCHEMA", "OutboxRows", "queue_sync", "said_of"]
 #: The sending outbox's logger: its marks (retries, failures) are logged under it.
 log = logging.getLogger("robot.outbox")
 #: The platforms whose channels serve an account from one process at a time (``Channel.account_leases``).
 LEASED_PLATFORMS = ("onebot", "telegram", "weixin")
 #: The platforms whose channel runs in one process at a time (``Channel.one_process``).
 ONE_PROCESS_PLATFORMS = ("console", "web", "wecom")
+#: A row going out this long after it was queued is late: its ``late_note`` is added (a channel was down).
+LATE = timedelta(seconds=60)
 _REMEMBERED = 10_000  # sends whose key a process keeps (a database loses well under a second of commits)
 
 
@@ -57,14 +59,16 @@ SCHEMA: list[Step] = [
     "CREATE TABLE IF NOT EXISTS outbox_parts (key TEXT NOT NULL, chat TEXT NOT NULL, receipt TEXT NOT NULL); "
     "CREATE INDEX IF NOT EXISTS outbox_parts_receipt ON outbox_parts (chat, receipt); "
     "CREATE INDEX IF NOT EXISTS outbox_parts_key ON outbox_parts (key)",
+    # What a row adds when it goes out late (OutgoingMessage.late_note).
+    "ALTER TABLE outbox ADD COLUMN late_note TEXT NOT NULL DEFAULT ''",
 ]
 
 
 _QUEUE_INTO = ("INSERT INTO outbox (key, platform, chat, account, text, mention, reply_to, status, next_at, created_at, "
-               "claimed_by, claimed_until) ")
+               "claimed_by, claimed_until, late_note) ")
 _QUEUE = _QUEUE_INTO + "VALUES "
-_QUEUED_ROW = "(?,?,?,?,?,?,?, 'pending', ?, ?, ?, ?)"
-_ROWS_PER_QUEUE = 64  # rows per INSERT (704 parameters: below either engine's limit)
+_QUEUED_ROW = "(?,?,?,?,?,?,?, 'pending', ?, ?, ?, ?, ?)"
+_ROWS_PER_QUEUE = 64  # rows per INSERT (768 parameters: below either engine's limit)
 
 
 def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_id: str, bot_name: str,
@@ -79,15 +83,15 @@ def queue_sync(tx: Tx, messages: Sequence[OutgoingMessage], now: datetime, bot_i
     """
     claims = claims or [None] * len(messages)
     rows = [[m.key, m.chat.platform, m.chat.key, m.chat.account, m.text, json.dumps(list(m.mention)), m.reply_to,
-             *[iso(m.created_at or now)] * 2, *(claim or (None, None))]  # next_at, created_at, claim
+             *[iso(m.created_at or now)] * 2, *(claim or (None, None)), m.late_note]  # next_at, created_at, claim
             for m, claim in zip(messages, claims, strict=True)]
     new: set[str] = set()
     if len(rows) == 1:  # a reply: the common case, no RETURNING to read
         if tx.execute(_QUEUE + _QUEUED_ROW + " ON CONFLICT (key) DO NOTHING", rows[0]).rowcount == 1:
             new.add(messages[0].key)
     elif tx.dialect == "postgresql" and rows:  # rows keep their order: the chat's order (seq) is theirs
-        sql = (_QUEUE_INTO + "SELECT k, p, c, a, t, m, r, 'pending', n, cr, cb, cu FROM "
-               + unnest(*["text"] * 11) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, cb, cu, i) ORDER BY i "
+        sql = (_QUEUE_INTO + "SELECT k, p, c, a, t, m, r, 'pending', n, cr, cb, cu, ln FROM "
+               + unnest(*["text"] * 12) + " WITH ORDINALITY AS v(k, p, c, a, t, m, r, n, cr, cb, cu, ln, i) ORDER BY i "
                "ON CONFLICT (key) DO NOTHING RETURNING key")
         new.update(str(r[0]) for r in tx.execute(sql, columns(rows)).fetchall())
     else:
@@ -252,12 +256,17 @@ class OutboxRows:
         """Send one row (its unsent parts); "sent", "failed", "retry" or "parked"."""
         key = str(row["key"])
         chat = ChatRef.from_key(str(row["chat"]), str(row.get("account") or ""))
-        parts = split_text(str(row["text"]), channel.capabilities.max_text_len)
         mention = tuple(json.loads(str(row["mention"])))
         # What this process delivered lately stays known after its mark: a database cut off, or one
         # that crashed and lost its last commits (a mark, a firing: PostgreSQL commits without
         # waiting for its log's flush), has the row claimed again; it is then marked, not resent.
         done, receipt = self._delivered.get(key, (0, None))
+        text, late = str(row["text"]), str(row.get("late_note") or "")
+        # Only while none of it went out: the parts still to send continue the ones sent (the note is at the end)
+        if late and not done and not int(str(row["parts_sent"])) \
+                and self.clock() - parse_iso(str(row["created_at"])) > LATE:
+            text += late
+        parts = split_text(text, channel.capabilities.max_text_len)
         for index in range(max(done, int(str(row["parts_sent"]))), len(parts)):
             out = OutgoingMessage(
                 key=f"{key}#{index}" if len(parts) > 1 else key, chat=chat, text=parts[index],

@@ -129,6 +129,23 @@ async def test_back_just_after_an_occurrence_still_reports_the_ones_missed_befor
     assert sorted(await rig.texts()) == ["⏰ 提醒：喝水\n（另有 3 次在机器人离线期间错过）", "⏰ 提醒：早会"]
 
 
+async def test_reminders_held_up_by_their_channel_say_they_are_late_when_they_go_out(rig_factory: Factory) -> None:
+    """Due while the chat's channel was down (the bot running: a bridge offline, a session expired), they went
+    out when it came back, hours later, as if on time: three identical "⏰ 提醒：吃药" after three days."""
+    rig = await rig_factory(at(SH, "2030-01-07 12:00"))
+    await rig.add("once", "2030-01-07 12:10", "去接孩子")
+    await rig.add("daily", "08:00", "吃药")
+    rig.ch.down = True
+    for when in ("2030-01-07 12:10", "2030-01-08 08:00", "2030-01-09 08:00"):
+        rig.clock.now = at(SH, when)
+        assert (await rig.service.fire_due(rig.clock.now)).delivered == 1  # on time: queued, not sent
+    rig.clock.now = at(SH, "2030-01-09 20:10")
+    rig.ch.down = False
+    assert await rig.texts() == ["⏰ 提醒：去接孩子\n（迟到提醒：原定 2030-01-07 12:10）",
+                                 "⏰ 提醒：吃药\n（迟到提醒：原定 2030-01-08 08:00）",
+                                 "⏰ 提醒：吃药\n（迟到提醒：原定 2030-01-09 08:00）"]
+
+
 async def test_beyond_grace_the_owner_is_told_it_was_missed(rig_factory: Factory) -> None:
     rig = await rig_factory(at(SH, "2030-01-07 07:00"))
     once = await rig.add("once", "2030-01-07 08:00", "开会")

@@ -148,6 +148,26 @@ async def test_parked_while_the_channel_is_down_and_sent_at_once_when_it_reconne
     assert [(m.text, m.mention) for m in ch.sent] == [("later", ("u1",))]
 
 
+async def test_a_late_note_is_added_only_to_a_message_going_out_late_with_none_of_it_sent(rig: Rig) -> None:
+    """A reminder queued on time while its channel was down went out hours later as if on time: its
+    ``late_note`` says otherwise. On time, nothing is added; once a part went out, the rest continue it."""
+    ch = MemoryChannel(max_text_len=10)
+    outbox = await rig.up(ch, start=False)
+    hours_ago = datetime.now(UTC) - timedelta(hours=8)
+    note = "\n（迟到）"
+    await outbox.enqueue(OutgoingMessage(key="late", chat=G1, text="吃药", late_note=note, created_at=hours_ago),
+                         OutgoingMessage(key="on-time", chat=G1, text="喝水", late_note=note),
+                         OutgoingMessage(key="half", chat=G2, text="aaaaaaaaa\nbbbbbbbbb", late_note=note,
+                                         created_at=hours_ago))
+    assert rig.db is not None
+    await rig.db.run(lambda tx: tx.execute("UPDATE outbox SET parts_sent = 1 WHERE key = 'half'"))  # (a crash after it)
+    await outbox.start()
+    await ch.wait_sent(3, timeout=5)
+    await outbox.flush()
+    assert sorted(m.text for m in ch.sent) == sorted(["吃药\n（迟到）", "喝水", "bbbbbbbbb"])
+    assert len(ch.sent) == 3  # ("half": its second part, and no third one for the note)
+
+
 class StuckChannel(MemoryChannel):
     """Never answers for ``stuck`` chats (like a peer that never acknowledges); counts sends in flight."""
 
